@@ -1,0 +1,1 @@
+//! Calibration of σ, q or steps to a target ε (placeholder).

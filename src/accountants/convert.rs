@@ -1,0 +1,1 @@
+//! RDP → (ε, δ) conversions (placeholder, filled with the RDP accountant).

@@ -1,0 +1,192 @@
+//! Accountants: turn a [`DpEvent`] into (ε, δ) statements.
+//!
+//! Every accountant answers through the [`Accountant`] trait and says what kind of number it
+//! gives ([`BoundKind`]): an auditor's tool never presents an estimate as a bound.
+
+pub mod calibrate;
+pub mod clt;
+pub mod convert;
+pub mod gdp;
+pub mod pld;
+pub mod rdp;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Result};
+use crate::events::{DpEvent, Neighbouring};
+
+/// What kind of number an accountant returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundKind {
+    /// The true value (up to floating point, rounded to the safe side).
+    Exact,
+    /// A sound upper bound on ε (or δ): the truth is never above it.
+    UpperBound,
+    /// An approximation (e.g. the GDP central limit theorem): may be below the truth.
+    Estimate,
+}
+
+impl BoundKind {
+    /// True when a budget may be checked against this number.
+    pub fn is_sound(self) -> bool {
+        !matches!(self, BoundKind::Estimate)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BoundKind::Exact => "exact",
+            BoundKind::UpperBound => "upper_bound",
+            BoundKind::Estimate => "estimate",
+        }
+    }
+}
+
+/// Which accountant (CLI `--accountant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountantKind {
+    Gdp,
+    Clt,
+    Rdp,
+    Pld,
+}
+
+impl AccountantKind {
+    pub const ALL: [AccountantKind; 4] = [
+        AccountantKind::Gdp,
+        AccountantKind::Clt,
+        AccountantKind::Rdp,
+        AccountantKind::Pld,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccountantKind::Gdp => "gdp",
+            AccountantKind::Clt => "clt",
+            AccountantKind::Rdp => "rdp",
+            AccountantKind::Pld => "pld",
+        }
+    }
+    /// A boxed accountant with default settings.
+    pub fn build(self) -> Box<dyn Accountant> {
+        match self {
+            AccountantKind::Gdp => Box::new(gdp::GdpAccountant),
+            AccountantKind::Clt => Box::new(clt::CltAccountant::default()),
+            AccountantKind::Rdp => Box::new(rdp::RdpAccountant::default()),
+            AccountantKind::Pld => Box::new(pld::PldAccountant::default()),
+        }
+    }
+}
+
+impl std::str::FromStr for AccountantKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "gdp" => Ok(AccountantKind::Gdp),
+            "clt" => Ok(AccountantKind::Clt),
+            "rdp" => Ok(AccountantKind::Rdp),
+            "pld" => Ok(AccountantKind::Pld),
+            other => Err(Error::field(
+                "--accountant",
+                format!("unknown accountant `{other}` (expected gdp, clt, rdp, pld or all)"),
+            )),
+        }
+    }
+}
+
+/// A free-form diagnostic attached to a result (validity conditions, warnings).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Diagnostic {
+    /// Stable machine-readable code, e.g. `clt_step_dominates`.
+    pub code: String,
+    pub message: String,
+    /// True when the condition invalidates (or strongly undermines) the number.
+    pub severe: bool,
+}
+
+/// One accountant's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountResult {
+    pub accountant: AccountantKind,
+    pub epsilon: f64,
+    pub delta: f64,
+    pub kind: BoundKind,
+    /// Extra numbers worth showing (e.g. `mu`, `rdp_order`, `truncation_mass`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub details: BTreeMap<String, f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl AccountResult {
+    pub fn new(accountant: AccountantKind, epsilon: f64, delta: f64, kind: BoundKind) -> Self {
+        AccountResult {
+            accountant,
+            epsilon,
+            delta,
+            kind,
+            details: BTreeMap::new(),
+            diagnostics: Vec::new(),
+        }
+    }
+    pub fn with_detail(mut self, key: &str, value: f64) -> Self {
+        self.details.insert(key.to_string(), value);
+        self
+    }
+    pub fn with_diagnostic(mut self, code: &str, message: impl Into<String>, severe: bool) -> Self {
+        self.diagnostics.push(Diagnostic {
+            code: code.into(),
+            message: message.into(),
+            severe,
+        });
+        self
+    }
+}
+
+/// The interface every accountant implements. `supports` and the accounting itself must
+/// agree: implementations derive both from the same walk over the event (usually
+/// [`DpEvent::components`]).
+pub trait Accountant: Send + Sync {
+    fn kind(&self) -> AccountantKind;
+    /// Ok if this accountant can account `event` under `neighbouring`; otherwise an
+    /// `Unsupported` error naming the offending sub-event (its path in the tree).
+    fn supports(&self, event: &DpEvent, neighbouring: Neighbouring) -> Result<()>;
+    /// ε at the given δ.
+    fn epsilon(
+        &self,
+        event: &DpEvent,
+        neighbouring: Neighbouring,
+        delta: f64,
+    ) -> Result<AccountResult>;
+    /// δ at the given ε (the result's `delta` field holds it).
+    fn delta(
+        &self,
+        event: &DpEvent,
+        neighbouring: Neighbouring,
+        epsilon: f64,
+    ) -> Result<AccountResult>;
+}
+
+/// Validates a δ given by a user.
+pub fn check_delta(delta: f64) -> Result<()> {
+    if !(delta > 0.0 && delta < 1.0) {
+        return Err(Error::field(
+            "delta",
+            format!("δ must be in (0, 1), got {delta}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates an ε given by a user.
+pub fn check_epsilon(epsilon: f64) -> Result<()> {
+    if !(epsilon >= 0.0 && epsilon.is_finite()) {
+        return Err(Error::field(
+            "epsilon",
+            format!("ε must be finite and ≥ 0, got {epsilon}"),
+        ));
+    }
+    Ok(())
+}

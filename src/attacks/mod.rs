@@ -1,0 +1,1 @@
+//! attacks (placeholder; see ../shared/DESIGN.md).

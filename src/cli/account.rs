@@ -1,0 +1,8 @@
+//! `dpaudit account` (placeholder).
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    Err(crate::Error::input("`account` is not yet implemented").into())
+}

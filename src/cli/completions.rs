@@ -1,0 +1,16 @@
+//! `dpaudit completions <shell>`: shell completions generated from the clap definition.
+
+use clap::CommandFactory;
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Example:\n  dpaudit completions bash > /etc/bash_completion.d/dpaudit")]
+pub struct Args {
+    /// bash, zsh, fish, elvish or powershell
+    pub shell: clap_complete::Shell,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let mut cmd = super::Cli::command();
+    clap_complete::generate(args.shell, &mut cmd, "dpaudit", &mut std::io::stdout());
+    Ok(super::EXIT_OK)
+}

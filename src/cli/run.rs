@@ -1,0 +1,8 @@
+//! `dpaudit run` (placeholder).
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    Err(crate::Error::input("`run` is not yet implemented").into())
+}

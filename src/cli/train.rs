@@ -1,0 +1,8 @@
+//! `dpaudit train` (placeholder).
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    Err(crate::Error::input("`train` is not yet implemented").into())
+}

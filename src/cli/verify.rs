@@ -1,0 +1,8 @@
+//! `dpaudit verify` (placeholder).
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    Err(crate::Error::input("`verify` is not yet implemented").into())
+}

@@ -1,0 +1,1 @@
+//! diffusion (placeholder; see ../shared/DESIGN.md).

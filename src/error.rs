@@ -1,0 +1,164 @@
+//! One library error type. Every error carries a kind (which decides the exit code) and,
+//! where known, the file, line and field that caused it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// What went wrong, coarsely. Decides the process exit code (see [`Error::exit_code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The user's input (a flag, a config file, a data file) is invalid. Exit code 2.
+    Input,
+    /// An accountant cannot handle (part of) an event tree. Exit code 2.
+    Unsupported,
+    /// A numeric routine could not produce a sound answer (e.g. no bracket for a root). Exit 2.
+    Numeric,
+    /// Reading or writing a file failed. Exit code 2.
+    Io,
+    /// A model / tensor operation failed (candle). Exit code 2.
+    Model,
+}
+
+/// The library error: a kind, a message, and optional location context.
+#[derive(Debug, Clone)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub file: Option<PathBuf>,
+    pub line: Option<usize>,
+    pub field: Option<String>,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            file: None,
+            line: None,
+            field: None,
+        }
+    }
+    /// Invalid user input.
+    pub fn input(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Input, message)
+    }
+    /// Invalid value of a named field or flag.
+    pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::input(message).with_field(field)
+    }
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unsupported, message)
+    }
+    pub fn numeric(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Numeric, message)
+    }
+    pub fn model(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Model, message)
+    }
+    pub fn io(path: &Path, err: &std::io::Error) -> Self {
+        Self::new(ErrorKind::Io, err.to_string()).with_file(path)
+    }
+    pub fn with_file(mut self, file: impl AsRef<Path>) -> Self {
+        if self.file.is_none() {
+            self.file = Some(file.as_ref().to_path_buf());
+        }
+        self
+    }
+    pub fn with_line(mut self, line: usize) -> Self {
+        if self.line.is_none() {
+            self.line = Some(line);
+        }
+        self
+    }
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(match self.field.take() {
+            // Nested fields read outer.inner.
+            Some(inner) => format!("{}.{}", field.into(), inner),
+            None => field.into(),
+        });
+        self
+    }
+    /// Process exit code for this error: every library error is a usage/input error (2).
+    pub fn exit_code(&self) -> i32 {
+        2
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{}", file.display())?;
+            if let Some(line) = self.line {
+                write!(f, ":{line}")?;
+            }
+            write!(f, ": ")?;
+        } else if let Some(line) = self.line {
+            write!(f, "line {line}: ")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, "field `{field}`: ")?;
+        }
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        Error::model(e.to_string())
+    }
+}
+
+/// Turns a TOML parse/deserialise error into an [`Error`] with file, line and field.
+pub fn from_toml(path: &Path, src: &str, err: toml::de::Error) -> Error {
+    let mut e = Error::input(err.message().to_string()).with_file(path);
+    if let Some(span) = err.span() {
+        let line = src[..span.start.min(src.len())].matches('\n').count() + 1;
+        e = e.with_line(line);
+    }
+    e
+}
+
+/// Reads a whole text file with an I/O error that names it.
+pub fn read_to_string(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, &e))
+}
+
+/// Parses a TOML file into `T` with file/line/field context on failure.
+pub fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let src = read_to_string(path)?;
+    toml::from_str(&src).map_err(|e| from_toml(path, &src, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Cfg {
+        a: f64,
+    }
+
+    #[test]
+    fn toml_errors_name_file_and_line() {
+        let src = "\n\nb = 1\n";
+        let err = toml::from_str::<Cfg>(src).unwrap_err();
+        let e = from_toml(Path::new("x.toml"), src, err);
+        let s = e.to_string();
+        assert!(s.starts_with("x.toml:3: "), "{s}");
+        assert!(s.contains("unknown field `b`"), "{s}");
+    }
+
+    #[test]
+    fn nested_fields_join() {
+        let e = Error::field("sigma", "must be > 0").with_field("event");
+        assert_eq!(e.to_string(), "field `event.sigma`: must be > 0");
+    }
+}

@@ -1,0 +1,494 @@
+//! The DpEvent tree: *what happened*, kept apart from *how it is accounted*.
+//!
+//! Contract (as dp_accounting's `dp_event.py`): a variant's meaning never changes; new kinds of
+//! events are added as new variants. `Gaussian { noise_multiplier }` means noise with standard
+//! deviation `noise_multiplier × Δ₂`, where Δ₂ is the L2 sensitivity under the stated
+//! [`Neighbouring`] relation.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// Which datasets are neighbours. Stated explicitly with every accounted event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Neighbouring {
+    /// D' = D ∪ {x} or D \ {x} (the relation Poisson subsampling amplifies under).
+    #[default]
+    AddRemove,
+    /// D' = D with one record replaced (the relation sampling without replacement needs).
+    ReplaceOne,
+}
+
+impl fmt::Display for Neighbouring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Neighbouring::AddRemove => "add/remove one",
+            Neighbouring::ReplaceOne => "replace one",
+        })
+    }
+}
+
+/// An immutable tree describing the privacy-relevant operations that ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DpEvent {
+    /// Nothing that touches private data.
+    NoOp,
+    /// Gaussian mechanism with noise std = `noise_multiplier` × L2 sensitivity.
+    /// A μ-GDP step is `Gaussian { noise_multiplier: 1/μ }`.
+    Gaussian { noise_multiplier: f64 },
+    /// A mechanism known only to be (ε, δ)-DP.
+    EpsilonDelta { epsilon: f64, delta: f64 },
+    /// Each record is included independently with probability `q`, then `event` runs.
+    PoissonSampled { q: f64, event: Box<DpEvent> },
+    /// A uniformly random subset of exactly `m` of the `n` records, then `event` runs.
+    SampledWithoutReplacement { n: u64, m: u64, event: Box<DpEvent> },
+    /// The events run one after another (adaptively).
+    Composed { events: Vec<DpEvent> },
+    /// `event` runs `count` times.
+    SelfComposed { event: Box<DpEvent>, count: u64 },
+}
+
+/// How a homogeneous component is sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Sampling {
+    Full,
+    Poisson { q: f64 },
+    WithoutReplacement { n: u64, m: u64 },
+}
+
+/// A privacy-costing leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Mechanism {
+    Gaussian { noise_multiplier: f64 },
+    EpsilonDelta { epsilon: f64, delta: f64 },
+}
+
+/// One homogeneous part of a pipeline: a (possibly sampled) mechanism run `count` times.
+/// Most accountants work on the list of components ([`DpEvent::components`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Component {
+    pub sampling: Sampling,
+    pub mechanism: Mechanism,
+    pub count: u64,
+}
+
+impl DpEvent {
+    pub fn gaussian(noise_multiplier: f64) -> Self {
+        DpEvent::Gaussian { noise_multiplier }
+    }
+    /// A μ-GDP Gaussian step (noise multiplier 1/μ).
+    pub fn gdp(mu: f64) -> Self {
+        DpEvent::Gaussian {
+            noise_multiplier: 1.0 / mu,
+        }
+    }
+    pub fn poisson(q: f64, event: DpEvent) -> Self {
+        DpEvent::PoissonSampled {
+            q,
+            event: Box::new(event),
+        }
+    }
+    pub fn repeat(event: DpEvent, count: u64) -> Self {
+        DpEvent::SelfComposed {
+            event: Box::new(event),
+            count,
+        }
+    }
+    /// The DP-SGD shape: `steps` × Poisson(q) ∘ Gaussian(σ).
+    pub fn dpsgd(noise_multiplier: f64, q: f64, steps: u64) -> Self {
+        let step = if q >= 1.0 {
+            Self::gaussian(noise_multiplier)
+        } else {
+            Self::poisson(q, Self::gaussian(noise_multiplier))
+        };
+        Self::repeat(step, steps)
+    }
+
+    /// Short name of the variant, as in the serialised `type`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            DpEvent::NoOp => "no_op",
+            DpEvent::Gaussian { .. } => "gaussian",
+            DpEvent::EpsilonDelta { .. } => "epsilon_delta",
+            DpEvent::PoissonSampled { .. } => "poisson_sampled",
+            DpEvent::SampledWithoutReplacement { .. } => "sampled_without_replacement",
+            DpEvent::Composed { .. } => "composed",
+            DpEvent::SelfComposed { .. } => "self_composed",
+        }
+    }
+
+    /// Checks every parameter once (validate once, then trust). Errors name the path of the
+    /// offending field, e.g. `event.events[1].q`.
+    pub fn validate(&self) -> Result<()> {
+        self.validate_at("event")
+    }
+
+    fn validate_at(&self, path: &str) -> Result<()> {
+        let bad = |field: &str, msg: String| Err(Error::field(format!("{path}.{field}"), msg));
+        match self {
+            DpEvent::NoOp => Ok(()),
+            DpEvent::Gaussian {
+                noise_multiplier: s,
+            } => {
+                if !(s.is_finite() && *s > 0.0) {
+                    return bad(
+                        "noise_multiplier",
+                        format!("must be a finite number > 0, got {s}"),
+                    );
+                }
+                Ok(())
+            }
+            DpEvent::EpsilonDelta { epsilon, delta } => {
+                if !(epsilon.is_finite() && *epsilon >= 0.0) {
+                    return bad("epsilon", format!("must be finite and ≥ 0, got {epsilon}"));
+                }
+                if !(*delta >= 0.0 && *delta <= 1.0) {
+                    return bad("delta", format!("must be in [0, 1], got {delta}"));
+                }
+                Ok(())
+            }
+            DpEvent::PoissonSampled { q, event } => {
+                if !(*q > 0.0 && *q <= 1.0) {
+                    return bad(
+                        "q",
+                        format!("sampling probability must be in (0, 1], got {q}"),
+                    );
+                }
+                event.validate_at(&format!("{path}.event"))
+            }
+            DpEvent::SampledWithoutReplacement { n, m, event } => {
+                if *n == 0 {
+                    return bad("n", "dataset size must be ≥ 1".into());
+                }
+                if *m == 0 || m > n {
+                    return bad("m", format!("sample size must be in 1..={n}, got {m}"));
+                }
+                event.validate_at(&format!("{path}.event"))
+            }
+            DpEvent::Composed { events } => {
+                for (i, e) in events.iter().enumerate() {
+                    e.validate_at(&format!("{path}.events[{i}]"))?;
+                }
+                Ok(())
+            }
+            DpEvent::SelfComposed { event, .. } => event.validate_at(&format!("{path}.event")),
+        }
+    }
+
+    /// Flattens the tree into homogeneous components, merging equal ones. Nested sampling
+    /// (a sampled event inside another sampling wrapper) and sampling around anything but a
+    /// single mechanism are reported as unsupported with their path.
+    pub fn components(&self) -> Result<Vec<Component>> {
+        let mut out: Vec<Component> = Vec::new();
+        self.collect("event", 1, &mut out)?;
+        Ok(out)
+    }
+
+    fn collect(&self, path: &str, mult: u64, out: &mut Vec<Component>) -> Result<()> {
+        let push =
+            |out: &mut Vec<Component>, sampling: Sampling, mechanism: Mechanism, count: u64| {
+                if count == 0 {
+                    return;
+                }
+                if let Some(c) = out
+                    .iter_mut()
+                    .find(|c| c.sampling == sampling && c.mechanism == mechanism)
+                {
+                    c.count = c.count.saturating_add(count);
+                } else {
+                    out.push(Component {
+                        sampling,
+                        mechanism,
+                        count,
+                    });
+                }
+            };
+        let leaf = |e: &DpEvent| -> Option<Mechanism> {
+            match e {
+                DpEvent::Gaussian { noise_multiplier } => Some(Mechanism::Gaussian {
+                    noise_multiplier: *noise_multiplier,
+                }),
+                DpEvent::EpsilonDelta { epsilon, delta } => Some(Mechanism::EpsilonDelta {
+                    epsilon: *epsilon,
+                    delta: *delta,
+                }),
+                _ => None,
+            }
+        };
+        match self {
+            DpEvent::NoOp => Ok(()),
+            DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } => {
+                push(out, Sampling::Full, leaf(self).unwrap(), mult);
+                Ok(())
+            }
+            DpEvent::PoissonSampled { q, event } => {
+                let (inner, count) = unwrap_repeat(event);
+                let Some(m) = leaf(inner) else {
+                    return Err(Error::unsupported(format!(
+                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
+                        inner.type_name()
+                    )));
+                };
+                let s = if *q >= 1.0 {
+                    Sampling::Full
+                } else {
+                    Sampling::Poisson { q: *q }
+                };
+                push(out, s, m, mult.saturating_mul(count));
+                Ok(())
+            }
+            DpEvent::SampledWithoutReplacement { n, m: size, event } => {
+                let (inner, count) = unwrap_repeat(event);
+                let Some(m) = leaf(inner) else {
+                    return Err(Error::unsupported(format!(
+                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
+                        inner.type_name()
+                    )));
+                };
+                push(
+                    out,
+                    Sampling::WithoutReplacement { n: *n, m: *size },
+                    m,
+                    mult.saturating_mul(count),
+                );
+                Ok(())
+            }
+            DpEvent::Composed { events } => {
+                for (i, e) in events.iter().enumerate() {
+                    e.collect(&format!("{path}.events[{i}]"), mult, out)?;
+                }
+                Ok(())
+            }
+            DpEvent::SelfComposed { event, count } => {
+                event.collect(&format!("{path}.event"), mult.saturating_mul(*count), out)
+            }
+        }
+    }
+
+    /// Builds a tree back from components (used by builders and ledgers).
+    pub fn from_components(components: &[Component]) -> DpEvent {
+        let mut b = EventBuilder::new();
+        for c in components {
+            let leaf = match c.mechanism {
+                Mechanism::Gaussian { noise_multiplier } => DpEvent::Gaussian { noise_multiplier },
+                Mechanism::EpsilonDelta { epsilon, delta } => {
+                    DpEvent::EpsilonDelta { epsilon, delta }
+                }
+            };
+            let ev = match c.sampling {
+                Sampling::Full => leaf,
+                Sampling::Poisson { q } => DpEvent::poisson(q, leaf),
+                Sampling::WithoutReplacement { n, m } => DpEvent::SampledWithoutReplacement {
+                    n,
+                    m,
+                    event: Box::new(leaf),
+                },
+            };
+            b.push_n(ev, c.count);
+        }
+        b.build()
+    }
+
+    /// Printable ledger: one line per node, indented.
+    pub fn ledger(&self) -> String {
+        let mut s = String::new();
+        self.write_ledger(0, &mut s);
+        s
+    }
+
+    fn write_ledger(&self, depth: usize, s: &mut String) {
+        let pad = "  ".repeat(depth);
+        match self {
+            DpEvent::NoOp => s.push_str(&format!("{pad}no-op\n")),
+            DpEvent::Gaussian { noise_multiplier } => s.push_str(&format!(
+                "{pad}Gaussian(noise_multiplier = {noise_multiplier}, μ = {})\n",
+                1.0 / noise_multiplier
+            )),
+            DpEvent::EpsilonDelta { epsilon, delta } => {
+                s.push_str(&format!("{pad}(ε = {epsilon}, δ = {delta})-DP\n"))
+            }
+            DpEvent::PoissonSampled { q, event } => {
+                s.push_str(&format!("{pad}Poisson sample (q = {q}) of:\n"));
+                event.write_ledger(depth + 1, s);
+            }
+            DpEvent::SampledWithoutReplacement { n, m, event } => {
+                s.push_str(&format!(
+                    "{pad}sample {m} of {n} without replacement, then:\n"
+                ));
+                event.write_ledger(depth + 1, s);
+            }
+            DpEvent::Composed { events } => {
+                s.push_str(&format!("{pad}compose {} events:\n", events.len()));
+                for e in events {
+                    e.write_ledger(depth + 1, s);
+                }
+            }
+            DpEvent::SelfComposed { event, count } => {
+                s.push_str(&format!("{pad}{count} × :\n"));
+                event.write_ledger(depth + 1, s);
+            }
+        }
+    }
+}
+
+fn unwrap_repeat(e: &DpEvent) -> (&DpEvent, u64) {
+    match e {
+        DpEvent::SelfComposed { event, count } => {
+            let (inner, c) = unwrap_repeat(event);
+            (inner, c.saturating_mul(*count))
+        }
+        other => (other, 1),
+    }
+}
+
+impl fmt::Display for DpEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.ledger())
+    }
+}
+
+/// Accumulates events as they happen; consecutive repeats merge into `SelfComposed`.
+#[derive(Debug, Default, Clone)]
+pub struct EventBuilder {
+    parts: Vec<(DpEvent, u64)>,
+}
+
+impl EventBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn push(&mut self, event: DpEvent) -> &mut Self {
+        self.push_n(event, 1)
+    }
+    pub fn push_n(&mut self, event: DpEvent, count: u64) -> &mut Self {
+        if count == 0 || event == DpEvent::NoOp {
+            return self;
+        }
+        let (event, count) = match event {
+            DpEvent::SelfComposed { event, count: c } => (*event, c.saturating_mul(count)),
+            e => (e, count),
+        };
+        match self.parts.last_mut() {
+            Some((last, n)) if *last == event => *n = n.saturating_add(count),
+            _ => self.parts.push((event, count)),
+        }
+        self
+    }
+    /// Number of events pushed so far (counting repeats).
+    pub fn len(&self) -> u64 {
+        self.parts.iter().map(|(_, n)| *n).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+    pub fn build(&self) -> DpEvent {
+        let mut evs: Vec<DpEvent> = self
+            .parts
+            .iter()
+            .map(|(e, n)| {
+                if *n == 1 {
+                    e.clone()
+                } else {
+                    DpEvent::repeat(e.clone(), *n)
+                }
+            })
+            .collect();
+        match evs.len() {
+            0 => DpEvent::NoOp,
+            1 => evs.pop().unwrap(),
+            _ => DpEvent::Composed { events: evs },
+        }
+    }
+}
+
+/// The event-file format read by `dpaudit account/calibrate/check`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventFile {
+    pub schema_version: u32,
+    #[serde(default)]
+    pub neighbouring: Neighbouring,
+    /// Optional δ (flags override).
+    pub delta: Option<f64>,
+    pub event: DpEvent,
+}
+
+impl EventFile {
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        let f: EventFile = crate::error::load_toml(path)?;
+        if f.schema_version != 1 {
+            return Err(Error::field(
+                "schema_version",
+                format!(
+                    "unsupported schema_version {} (this dpaudit reads 1)",
+                    f.schema_version
+                ),
+            )
+            .with_file(path));
+        }
+        f.event.validate().map_err(|e| e.with_file(path))?;
+        Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_merges_repeats() {
+        let mut b = EventBuilder::new();
+        let step = DpEvent::poisson(0.01, DpEvent::gaussian(1.0));
+        for _ in 0..5 {
+            b.push(step.clone());
+        }
+        b.push(DpEvent::gaussian(2.0));
+        b.push_n(step.clone(), 3);
+        let ev = b.build();
+        let comps = ev.components().unwrap();
+        assert_eq!(comps.len(), 2);
+        assert_eq!(comps[0].count, 8);
+        assert_eq!(comps[1].count, 1);
+        assert_eq!(b.len(), 9);
+    }
+
+    #[test]
+    fn toml_round_trip_and_errors() {
+        let src = r#"
+schema_version = 1
+neighbouring = "add_remove"
+[event]
+type = "self_composed"
+count = 100
+[event.event]
+type = "poisson_sampled"
+q = 0.01
+[event.event.event]
+type = "gaussian"
+noise_multiplier = 1.1
+"#;
+        let f: EventFile = toml::from_str(src).unwrap();
+        assert_eq!(f.event, DpEvent::dpsgd(1.1, 0.01, 100));
+        let bad = src.replace("q = 0.01", "q = 1.5");
+        let f: EventFile = toml::from_str(&bad).unwrap();
+        let e = f.event.validate().unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("event.event.q"));
+    }
+
+    #[test]
+    fn sampling_around_composition_is_named() {
+        let ev = DpEvent::Composed {
+            events: vec![
+                DpEvent::gaussian(1.0),
+                DpEvent::poisson(0.1, DpEvent::Composed { events: vec![] }),
+            ],
+        };
+        let e = ev.components().unwrap_err();
+        assert!(e.message.contains("event.events[1].event"), "{}", e.message);
+    }
+}

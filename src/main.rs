@@ -1,0 +1,6 @@
+//! Thin binary: parse the command line, call the library, map the outcome to an exit code
+//! (0 ok, 1 a claim/budget is violated, 2 usage or input error).
+
+fn main() {
+    std::process::exit(dpaudit::cli::main_with_args(std::env::args_os()));
+}

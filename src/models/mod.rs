@@ -1,0 +1,1 @@
+//! models (placeholder; see ../shared/DESIGN.md).

@@ -1,0 +1,1 @@
+//! pipelines (placeholder; see ../shared/DESIGN.md).

@@ -1,0 +1,1 @@
+//! report (placeholder; see ../shared/DESIGN.md).

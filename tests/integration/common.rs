@@ -1,0 +1,48 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Path of the repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs the real `dpaudit` binary with `args` from the repository root.
+pub fn dpaudit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("spawn dpaudit")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Reads a CSV with a header from `fixtures/` into rows of (column → string) maps.
+pub fn read_csv(rel: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let mut rdr = csv::Reader::from_path(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    let headers = rdr.headers().unwrap().clone();
+    rdr.records()
+        .map(|r| {
+            let r = r.unwrap();
+            headers
+                .iter()
+                .zip(r.iter())
+                .map(|(h, v)| (h.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Relative difference |a − b| / max(|b|, tiny).
+pub fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-300)
+}
