@@ -5,7 +5,12 @@ mod integration {
     mod accountants;
     mod analyze;
     mod attacks;
+    mod check;
+    mod cli_account;
+    mod clt;
     pub mod common;
     mod pipelines;
+    mod pld;
+    mod rdp;
     mod reports;
 }

@@ -14,20 +14,10 @@ impl Accountant for CltAccountant {
     fn supports(&self, _event: &DpEvent, _neighbouring: Neighbouring) -> Result<()> {
         Err(Error::unsupported("clt: not yet implemented"))
     }
-    fn epsilon(
-        &self,
-        _event: &DpEvent,
-        _neighbouring: Neighbouring,
-        _delta: f64,
-    ) -> Result<AccountResult> {
+    fn epsilon(&self, _event: &DpEvent, _neighbouring: Neighbouring, _delta: f64) -> Result<AccountResult> {
         Err(Error::unsupported("clt: not yet implemented"))
     }
-    fn delta(
-        &self,
-        _event: &DpEvent,
-        _neighbouring: Neighbouring,
-        _epsilon: f64,
-    ) -> Result<AccountResult> {
+    fn delta(&self, _event: &DpEvent, _neighbouring: Neighbouring, _epsilon: f64) -> Result<AccountResult> {
         Err(Error::unsupported("clt: not yet implemented"))
     }
 }

@@ -91,26 +91,13 @@ impl Accountant for GdpAccountant {
     fn supports(&self, event: &DpEvent, _neighbouring: Neighbouring) -> Result<()> {
         composed_mu(event).map(|_| ())
     }
-    fn epsilon(
-        &self,
-        event: &DpEvent,
-        _neighbouring: Neighbouring,
-        delta: f64,
-    ) -> Result<AccountResult> {
+    fn epsilon(&self, event: &DpEvent, _neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
         let mu = composed_mu(event)?;
         let eps = epsilon_for_delta(mu, delta)?;
-        Ok(
-            AccountResult::new(AccountantKind::Gdp, eps, delta, BoundKind::Exact)
-                .with_detail("mu", mu),
-        )
+        Ok(AccountResult::new(AccountantKind::Gdp, eps, delta, BoundKind::Exact).with_detail("mu", mu))
     }
-    fn delta(
-        &self,
-        event: &DpEvent,
-        _neighbouring: Neighbouring,
-        epsilon: f64,
-    ) -> Result<AccountResult> {
+    fn delta(&self, event: &DpEvent, _neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         let mu = composed_mu(event)?;
         Ok(AccountResult::new(

@@ -154,28 +154,15 @@ pub trait Accountant: Send + Sync {
     /// `Unsupported` error naming the offending sub-event (its path in the tree).
     fn supports(&self, event: &DpEvent, neighbouring: Neighbouring) -> Result<()>;
     /// ε at the given δ.
-    fn epsilon(
-        &self,
-        event: &DpEvent,
-        neighbouring: Neighbouring,
-        delta: f64,
-    ) -> Result<AccountResult>;
+    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult>;
     /// δ at the given ε (the result's `delta` field holds it).
-    fn delta(
-        &self,
-        event: &DpEvent,
-        neighbouring: Neighbouring,
-        epsilon: f64,
-    ) -> Result<AccountResult>;
+    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult>;
 }
 
 /// Validates a δ given by a user.
 pub fn check_delta(delta: f64) -> Result<()> {
     if !(delta > 0.0 && delta < 1.0) {
-        return Err(Error::field(
-            "delta",
-            format!("δ must be in (0, 1), got {delta}"),
-        ));
+        return Err(Error::field("delta", format!("δ must be in (0, 1), got {delta}")));
     }
     Ok(())
 }

@@ -14,20 +14,10 @@ impl Accountant for RdpAccountant {
     fn supports(&self, _event: &DpEvent, _neighbouring: Neighbouring) -> Result<()> {
         Err(Error::unsupported("rdp: not yet implemented"))
     }
-    fn epsilon(
-        &self,
-        _event: &DpEvent,
-        _neighbouring: Neighbouring,
-        _delta: f64,
-    ) -> Result<AccountResult> {
+    fn epsilon(&self, _event: &DpEvent, _neighbouring: Neighbouring, _delta: f64) -> Result<AccountResult> {
         Err(Error::unsupported("rdp: not yet implemented"))
     }
-    fn delta(
-        &self,
-        _event: &DpEvent,
-        _neighbouring: Neighbouring,
-        _epsilon: f64,
-    ) -> Result<AccountResult> {
+    fn delta(&self, _event: &DpEvent, _neighbouring: Neighbouring, _epsilon: f64) -> Result<AccountResult> {
         Err(Error::unsupported("rdp: not yet implemented"))
     }
 }

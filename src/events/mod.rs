@@ -132,14 +132,9 @@ impl DpEvent {
         let bad = |field: &str, msg: String| Err(Error::field(format!("{path}.{field}"), msg));
         match self {
             DpEvent::NoOp => Ok(()),
-            DpEvent::Gaussian {
-                noise_multiplier: s,
-            } => {
+            DpEvent::Gaussian { noise_multiplier: s } => {
                 if !(s.is_finite() && *s > 0.0) {
-                    return bad(
-                        "noise_multiplier",
-                        format!("must be a finite number > 0, got {s}"),
-                    );
+                    return bad("noise_multiplier", format!("must be a finite number > 0, got {s}"));
                 }
                 Ok(())
             }
@@ -154,10 +149,7 @@ impl DpEvent {
             }
             DpEvent::PoissonSampled { q, event } => {
                 if !(*q > 0.0 && *q <= 1.0) {
-                    return bad(
-                        "q",
-                        format!("sampling probability must be in (0, 1], got {q}"),
-                    );
+                    return bad("q", format!("sampling probability must be in (0, 1], got {q}"));
                 }
                 event.validate_at(&format!("{path}.event"))
             }
@@ -190,24 +182,23 @@ impl DpEvent {
     }
 
     fn collect(&self, path: &str, mult: u64, out: &mut Vec<Component>) -> Result<()> {
-        let push =
-            |out: &mut Vec<Component>, sampling: Sampling, mechanism: Mechanism, count: u64| {
-                if count == 0 {
-                    return;
-                }
-                if let Some(c) = out
-                    .iter_mut()
-                    .find(|c| c.sampling == sampling && c.mechanism == mechanism)
-                {
-                    c.count = c.count.saturating_add(count);
-                } else {
-                    out.push(Component {
-                        sampling,
-                        mechanism,
-                        count,
-                    });
-                }
-            };
+        let push = |out: &mut Vec<Component>, sampling: Sampling, mechanism: Mechanism, count: u64| {
+            if count == 0 {
+                return;
+            }
+            if let Some(c) = out
+                .iter_mut()
+                .find(|c| c.sampling == sampling && c.mechanism == mechanism)
+            {
+                c.count = c.count.saturating_add(count);
+            } else {
+                out.push(Component {
+                    sampling,
+                    mechanism,
+                    count,
+                });
+            }
+        };
         let leaf = |e: &DpEvent| -> Option<Mechanism> {
             match e {
                 DpEvent::Gaussian { noise_multiplier } => Some(Mechanism::Gaussian {
@@ -276,9 +267,7 @@ impl DpEvent {
         for c in components {
             let leaf = match c.mechanism {
                 Mechanism::Gaussian { noise_multiplier } => DpEvent::Gaussian { noise_multiplier },
-                Mechanism::EpsilonDelta { epsilon, delta } => {
-                    DpEvent::EpsilonDelta { epsilon, delta }
-                }
+                Mechanism::EpsilonDelta { epsilon, delta } => DpEvent::EpsilonDelta { epsilon, delta },
             };
             let ev = match c.sampling {
                 Sampling::Full => leaf,
@@ -309,17 +298,13 @@ impl DpEvent {
                 "{pad}Gaussian(noise_multiplier = {noise_multiplier}, μ = {})\n",
                 1.0 / noise_multiplier
             )),
-            DpEvent::EpsilonDelta { epsilon, delta } => {
-                s.push_str(&format!("{pad}(ε = {epsilon}, δ = {delta})-DP\n"))
-            }
+            DpEvent::EpsilonDelta { epsilon, delta } => s.push_str(&format!("{pad}(ε = {epsilon}, δ = {delta})-DP\n")),
             DpEvent::PoissonSampled { q, event } => {
                 s.push_str(&format!("{pad}Poisson sample (q = {q}) of:\n"));
                 event.write_ledger(depth + 1, s);
             }
             DpEvent::SampledWithoutReplacement { n, m, event } => {
-                s.push_str(&format!(
-                    "{pad}sample {m} of {n} without replacement, then:\n"
-                ));
+                s.push_str(&format!("{pad}sample {m} of {n} without replacement, then:\n"));
                 event.write_ledger(depth + 1, s);
             }
             DpEvent::Composed { events } => {
@@ -424,10 +409,7 @@ impl EventFile {
         if f.schema_version != 1 {
             return Err(Error::field(
                 "schema_version",
-                format!(
-                    "unsupported schema_version {} (this dpaudit reads 1)",
-                    f.schema_version
-                ),
+                format!("unsupported schema_version {} (this dpaudit reads 1)", f.schema_version),
             )
             .with_file(path));
         }

@@ -5,19 +5,11 @@ use crate::error::{Error, Result};
 /// Brent's method (Brent 1973, ch. 4) for f(a)·f(b) ≤ 0. Returns a bracket `(lo, hi)` with
 /// f(lo) and f(hi) of opposite sign (or one of them exactly 0) and hi − lo ≤ tolerance, so the
 /// caller can pick the side that is safe for its use.
-pub fn brent<F: FnMut(f64) -> f64>(
-    mut f: F,
-    a: f64,
-    b: f64,
-    rel: f64,
-    abs: f64,
-) -> Result<(f64, f64)> {
+pub fn brent<F: FnMut(f64) -> f64>(mut f: F, a: f64, b: f64, rel: f64, abs: f64) -> Result<(f64, f64)> {
     let (mut a, mut b) = (a, b);
     let (mut fa, mut fb) = (f(a), f(b));
     if fa.is_nan() || fb.is_nan() {
-        return Err(Error::numeric(format!(
-            "root finder: NaN at bracket end ({a}, {b})"
-        )));
+        return Err(Error::numeric(format!("root finder: NaN at bracket end ({a}, {b})")));
     }
     if fa == 0.0 {
         return Ok((a, a));
@@ -26,9 +18,7 @@ pub fn brent<F: FnMut(f64) -> f64>(
         return Ok((b, b));
     }
     if fa.signum() == fb.signum() {
-        return Err(Error::numeric(format!(
-            "root finder: no sign change on [{a}, {b}]"
-        )));
+        return Err(Error::numeric(format!("root finder: no sign change on [{a}, {b}]")));
     }
     let (mut c, mut fc) = (a, fa);
     let mut d = b - a;
@@ -90,17 +80,11 @@ pub fn brent<F: FnMut(f64) -> f64>(
             return Err(Error::numeric(format!("root finder: NaN at {b}")));
         }
     }
-    Err(Error::numeric(
-        "root finder: no convergence in 500 iterations",
-    ))
+    Err(Error::numeric("root finder: no convergence in 500 iterations"))
 }
 
 /// Doubles `hi` (starting from `start` > 0) until `pred(hi)` holds; errors after `max_doublings`.
-pub fn expand_upper<F: FnMut(f64) -> bool>(
-    mut pred: F,
-    start: f64,
-    max_doublings: usize,
-) -> Result<f64> {
+pub fn expand_upper<F: FnMut(f64) -> bool>(mut pred: F, start: f64, max_doublings: usize) -> Result<f64> {
     let mut hi = start;
     for _ in 0..max_doublings {
         if pred(hi) {
@@ -114,20 +98,9 @@ pub fn expand_upper<F: FnMut(f64) -> bool>(
 /// For an increasing function g on [lo, ∞) with g(lo) ≤ target, finds x with g(x) = target,
 /// expanding the upper end as needed, and returns the *upper* end of the final bracket (the
 /// safe side when x is an ε). Use [`brent`] directly when the safe side is the lower end.
-pub fn find_increasing_root<F: FnMut(f64) -> f64>(
-    mut g: F,
-    target: f64,
-    lo: f64,
-    start_hi: f64,
-) -> Result<f64> {
+pub fn find_increasing_root<F: FnMut(f64) -> f64>(mut g: F, target: f64, lo: f64, start_hi: f64) -> Result<f64> {
     let hi = expand_upper(|x| g(x) >= target, start_hi.max(lo + 1e-12), 1100)?;
-    let (_, up) = brent(
-        |x| g(x) - target,
-        lo,
-        hi,
-        super::tol::ROOT_REL,
-        super::tol::ROOT_ABS,
-    )?;
+    let (_, up) = brent(|x| g(x) - target, lo, hi, super::tol::ROOT_REL, super::tol::ROOT_ABS)?;
     Ok(up)
 }
 
