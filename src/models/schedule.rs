@@ -124,7 +124,11 @@ impl Schedule {
             }
             (f_num * t as f64 / d).round() as i64
         } else {
-            s.parse::<i64>().map_err(|_| bad())?
+            let v = s.parse::<i64>().map_err(|_| bad())?;
+            if v >= t as i64 {
+                return Err(bad());
+            }
+            v
         };
         // "T" means the last step T−1.
         let v = v.min(t as i64 - 1);
@@ -165,5 +169,6 @@ mod tests {
         assert_eq!(s.parse_timestep("42").unwrap(), 42);
         assert!(s.parse_timestep("x").is_err());
         assert!(s.parse_timestep("-3").is_err());
+        assert!(s.parse_timestep("1000").is_err());
     }
 }
