@@ -397,6 +397,16 @@ pub fn to_markdown(r: &Report) -> String {
         s.push('\n');
     }
 
+    if !r.plots.is_empty() {
+        let _ = writeln!(s, "## Plots\n");
+        for p in &r.plots {
+            let _ = writeln!(s, "![{}](plot-{}.svg)\n", p.title, p.id);
+            if let Some(c) = &p.caption {
+                let _ = writeln!(s, "*{c}*\n");
+            }
+        }
+    }
+
     let _ = writeln!(s, "## Assumptions\n");
     for (name, value) in assumption_lines(r) {
         let _ = writeln!(s, "- **{name}**: {value}");
@@ -420,16 +430,6 @@ pub fn to_markdown(r: &Report) -> String {
             let _ = writeln!(s, "\n{n}");
         }
         s.push('\n');
-    }
-
-    if !r.plots.is_empty() {
-        let _ = writeln!(s, "## Plots\n");
-        for p in &r.plots {
-            let _ = writeln!(s, "![{}](plot-{}.svg)\n", p.title, p.id);
-            if let Some(c) = &p.caption {
-                let _ = writeln!(s, "*{c}*\n");
-            }
-        }
     }
 
     if !r.inputs.is_empty() {
@@ -643,16 +643,6 @@ pub fn to_html(r: &Report) -> Result<String> {
         let _ = writeln!(s, "</ul>");
     }
 
-    let _ = writeln!(s, "<h2>Assumptions</h2>\n<ul>");
-    for (name, value) in assumption_lines(r) {
-        let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&name), esc(&value));
-    }
-    let _ = writeln!(s, "</ul>");
-
-    if let Some(ev) = &r.event {
-        let _ = writeln!(s, "<h2>Accounted event</h2>\n<pre>{}</pre>", esc(&ev.ledger()));
-    }
-
     if !r.plots.is_empty() {
         let _ = writeln!(s, "<h2>Plots</h2>");
         for p in &r.plots {
@@ -663,6 +653,16 @@ pub fn to_html(r: &Report) -> Result<String> {
             }
             let _ = writeln!(s, "</figure>");
         }
+    }
+
+    let _ = writeln!(s, "<h2>Assumptions</h2>\n<ul>");
+    for (name, value) in assumption_lines(r) {
+        let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&name), esc(&value));
+    }
+    let _ = writeln!(s, "</ul>");
+
+    if let Some(ev) = &r.event {
+        let _ = writeln!(s, "<h2>Accounted event</h2>\n<pre>{}</pre>", esc(&ev.ledger()));
     }
 
     for t in &r.tables {

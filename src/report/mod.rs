@@ -9,7 +9,9 @@
 //!
 //! See `docs/reports.md` for how a command fills the model.
 
+pub mod build;
 pub mod export;
+pub mod junit;
 pub mod num;
 pub mod output;
 pub mod plot;
@@ -459,6 +461,23 @@ impl Report {
             }
         }
         Ok(())
+    }
+}
+
+/// The current command line, shell-quoted, with the program name shown as `dpaudit` (for
+/// [`Report::command`]).
+pub fn command_line() -> String {
+    let mut parts = vec!["dpaudit".to_string()];
+    parts.extend(std::env::args().skip(1).map(|a| shell_quote(&a)));
+    parts.join(" ")
+}
+
+fn shell_quote(a: &str) -> String {
+    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
     }
 }
 

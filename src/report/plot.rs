@@ -336,7 +336,7 @@ const PALETTE: [RGBColor; 7] = [
 
 fn colour(i: usize, s: &Series) -> RGBColor {
     if s.style == LineStyle::Dotted {
-        RGBColor(110, 110, 110)
+        RGBColor(90, 90, 90)
     } else {
         PALETTE[i % (PALETTE.len() - 1)]
     }
@@ -488,13 +488,13 @@ where
         .y_label_formatter(&tick)
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 16))
-        .light_line_style(RGBColor(235, 235, 235))
-        .bold_line_style(RGBColor(205, 205, 205))
+        .light_line_style(RGBColor(248, 248, 248))
+        .bold_line_style(RGBColor(215, 215, 215))
         .draw()
         .map_err(e)?;
     for (i, (s, p)) in plot.series.iter().zip(pts).enumerate() {
         let c = colour(i, s);
-        let width = if s.style == LineStyle::Dotted { 1 } else { 2 };
+        let width = 2;
         let style = ShapeStyle {
             color: c.to_rgba(),
             filled: false,
@@ -508,7 +508,7 @@ where
                 .draw_series(DashedLineSeries::new(p.iter().copied(), 9, 6, style))
                 .map_err(e)?,
             LineStyle::Dotted => chart
-                .draw_series(DashedLineSeries::new(p.iter().copied(), 2, 4, style))
+                .draw_series(DashedLineSeries::new(p.iter().copied(), 3, 5, style))
                 .map_err(e)?,
         };
         let line_style = s.style;
