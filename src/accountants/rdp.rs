@@ -82,12 +82,15 @@ pub fn rdp_gaussian(sigma: f64, alpha: f64) -> f64 {
     round_up(alpha / (2.0 * sigma * sigma))
 }
 
-/// Online ln Σ exp(tᵢ) over non-negative terms given as logs, with the count of terms.
+/// Online ln Σ exp(tᵢ) over terms given as logs: a running maximum with a rescaled,
+/// compensated (Neumaier) sum, so the rounding of the sum does not grow with the number of terms.
 #[derive(Clone, Copy)]
 struct LogSum {
     max: f64,
     scaled: f64,
+    comp: f64,
     n: usize,
+    rescales: usize,
 }
 
 impl LogSum {
@@ -95,7 +98,9 @@ impl LogSum {
         LogSum {
             max: f64::NEG_INFINITY,
             scaled: 0.0,
+            comp: 0.0,
             n: 0,
+            rescales: 0,
         }
     }
     #[inline]
@@ -104,25 +109,41 @@ impl LogSum {
         if t == f64::NEG_INFINITY {
             return;
         }
-        if t <= self.max {
-            self.scaled += (t - self.max).exp();
+        let x = if t <= self.max {
+            (t - self.max).exp()
         } else {
-            self.scaled = self.scaled * (self.max - t).exp() + 1.0;
+            let r = (self.max - t).exp();
+            self.scaled *= r;
+            self.comp *= r;
             self.max = t;
+            self.rescales += 1;
+            1.0
+        };
+        let s = self.scaled + x;
+        if self.scaled.abs() >= x.abs() {
+            self.comp += (self.scaled - s) + x;
+        } else {
+            self.comp += (x - s) + self.scaled;
         }
+        self.scaled = s;
     }
     fn value(&self) -> f64 {
         if self.max == f64::NEG_INFINITY {
             f64::NEG_INFINITY
         } else {
-            self.max + self.scaled.ln()
+            self.max + (self.scaled + self.comp).ln()
         }
     }
-    /// The log-sum moved up by a relative allowance for the summation (n additions and
-    /// rescalings, each ≤ 2 ulp) plus `term_rel`, the largest relative error of one term.
+    /// Bound on the relative rounding error of [`Self::value`]'s sum: each exp (1 ulp), each
+    /// rescaling (2 ulp), the compensated sum (2 ulp + n²ulp²) and the final ln.
+    fn rounding_rel(&self) -> f64 {
+        let e = f64::EPSILON;
+        (8.0 + 2.0 * self.rescales as f64 + (self.n as f64).powi(2) * e) * e
+    }
+    /// The log-sum moved up by its rounding allowance plus `term_rel`, the largest relative
+    /// error of one term.
     fn upper(&self, term_rel: f64) -> f64 {
-        let rel = term_rel + 4.0 * (self.n as f64 + 2.0) * f64::EPSILON;
-        self.value() + rel * 1.01
+        self.value() + (term_rel + self.rounding_rel()) * 1.01
     }
 }
 
@@ -196,10 +217,13 @@ fn ln_a_poisson_frac_upper(q: f64, sigma: f64, alpha: f64) -> Option<f64> {
         let e1 = log_ndtr((j - z0) / sigma);
         let ls0 = log_coef + p0[0] + p0[1] + p0[2] + e0;
         let ls1 = log_coef + p1[0] + p1[1] + p1[2] + e1;
-        let mag: f64 = p0.iter().chain(p1.iter()).map(|x| x.abs()).sum::<f64>() + e0.abs() + e1.abs();
-        // Absolute error of the term's log → relative error of the term (e^x − 1 ≤ 1.01x, x small).
-        let term_err = (coef_err + LIBM_REL * (mag + log_coef.abs() + 4.0)).exp_m1().ln();
-        err.add(log_add_exp(ls0, ls1) + term_err);
+        // Absolute error bound of each term's log (pieces of magnitude M carry ≤ LIBM_REL·M),
+        // turned into a relative error of the term (e^x − 1).
+        let mag0: f64 = p0.iter().map(|x| x.abs()).sum::<f64>() + e0.abs();
+        let mag1: f64 = p1.iter().map(|x| x.abs()).sum::<f64>() + e1.abs();
+        let base = coef_err + LIBM_REL * (log_coef.abs() + 4.0);
+        err.add(ls0 + (base + LIBM_REL * mag0).exp_m1().ln());
+        err.add(ls1 + (base + LIBM_REL * mag1).exp_m1().ln());
         if sign > 0.0 {
             pos.add(ls0);
             pos.add(ls1);
@@ -226,8 +250,8 @@ fn ln_a_poisson_frac_upper(q: f64, sigma: f64, alpha: f64) -> Option<f64> {
     }
     let a = log_sub_exp(p, n);
     // Rounding allowance: Σ|termᵢ|·(relative error of termᵢ) plus the summation error of
-    // n log-space additions (≤ 8n ulp of Σ|terms|), plus the tail bound.
-    let sum_err = abs.value() + (8.0 * (abs.n as f64 + 2.0) * f64::EPSILON).ln();
+    // both sums and their difference (relative to Σ|terms|), plus the tail bound.
+    let sum_err = abs.value() + (pos.rounding_rel() + neg.rounding_rel() + 4.0 * f64::EPSILON).ln();
     let slack = log_add_exp(log_add_exp(err.upper(0.0) + 0.01, sum_err), tail);
     Some(log_add_exp(a, slack))
 }
