@@ -555,8 +555,9 @@ struct Parts {
     full_mu_sq: f64,
 }
 
-/// Path of the first sub-event for which `bad` returns Some(reason).
-fn find_path(event: &DpEvent, path: &str, bad: &dyn Fn(&DpEvent) -> Option<String>) -> Option<(String, String)> {
+/// Path (as in [`DpEvent::validate`] errors: `event.events[1].event`) of the first sub-event for
+/// which `bad` returns `Some(reason)`, with that reason. Used to name unsupported sub-events.
+pub fn find_path(event: &DpEvent, path: &str, bad: &dyn Fn(&DpEvent) -> Option<String>) -> Option<(String, String)> {
     if let Some(r) = bad(event) {
         return Some((path.to_string(), r));
     }
