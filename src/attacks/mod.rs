@@ -1,1 +1,4 @@
-//! attacks (placeholder; see ../shared/DESIGN.md).
+//! Attacks on trained models and mechanisms; [`audit`] holds the reusable Clopper–Pearson /
+//! empirical-ε machinery.
+
+pub mod audit;
