@@ -258,7 +258,10 @@ impl ClaimsFile {
             err
         })?;
         if f.schema_version != SCHEMA_VERSION {
-            let line = src.lines().position(|l| l.trim_start().starts_with("schema_version")).map(|i| i + 1);
+            let line = src
+                .lines()
+                .position(|l| l.trim_start().starts_with("schema_version"))
+                .map(|i| i + 1);
             let mut e = Error::field(
                 "schema_version",
                 format!(
