@@ -218,8 +218,10 @@ pub struct DpaggTi {
     /// Rows as the mechanism averages them (normalised unless the fault skips it).
     pub data: Embeddings,
     pub m: usize,
+    /// Noise std actually added.
     pub sigma: f64,
-    /// Noise multiplier relative to the claimed sensitivity 2/m.
+    /// Noise multiplier the implementation claims, relative to the sensitivity 2/m (what its
+    /// ledger records). Equals σ/(2/m) unless a [`Fault`] is injected.
     pub noise_multiplier: f64,
     pub delta: f64,
     pub fault: Fault,
@@ -246,20 +248,26 @@ impl DpaggTi {
         } else {
             raw.normalised()?
         };
-        // The averaged set's claimed sensitivity is 2/m; the faulty variant uses 2/n.
-        let averaged_over = if fault == Fault::NoiseForFullN { n } else { m };
-        let sens = dpagg_ti::UNIT_SUM_SENSITIVITY / averaged_over as f64;
+        // The claimed sensitivity of the centroid is 2/m; z is the noise multiplier the code
+        // believes it uses (and records in its ledger).
+        let claimed_sens = dpagg_ti::UNIT_SUM_SENSITIVITY / m as f64;
         let z = match (sigma, rule) {
-            (Some(s), _) => s / sens,
+            (Some(s), _) => s / claimed_sens,
             (None, SigmaRule::Classic) => dpagg_ti::classic_noise_multiplier(epsilon, delta),
             (None, SigmaRule::Exact) => exact_noise_multiplier(epsilon, delta)?,
         };
-        let sigma = z * sens;
+        // The faulty variant scales the noise for a centroid over n (eq. 6 as printed) although
+        // only m are averaged.
+        let actual_sens = if fault == Fault::NoiseForFullN {
+            dpagg_ti::UNIT_SUM_SENSITIVITY / n as f64
+        } else {
+            claimed_sens
+        };
         Ok(DpaggTi {
             data,
             m,
-            sigma,
-            noise_multiplier: sigma / (dpagg_ti::UNIT_SUM_SENSITIVITY / m as f64),
+            sigma: z * actual_sens,
+            noise_multiplier: z,
             delta,
             fault,
         })
