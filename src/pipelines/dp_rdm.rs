@@ -86,7 +86,7 @@ pub fn verify(c: &DpRdmClaim) -> Result<ClaimResult> {
                  q = {q}, T = {t} queries",
                 sigma * k as f64 / 2.0
             ),
-            "Δ = 2/k",
+            "Δ = 2/k (replace-one via coupled sampling, accounted with the mixture of Eq. 1)",
             event(sigma, k, q, t, 2.0),
             Neighbouring::AddRemove,
             delta,
@@ -179,7 +179,7 @@ pub fn verify(c: &DpRdmClaim) -> Result<ClaimResult> {
 /// Prop. 3) when the RDP accountant offers it.
 fn add_classic_conversion(i: &mut Interpretation, delta: f64) {
     if let Some(ev) = &i.event {
-        if let Some(e) = crate::pipelines::rdp_classic_epsilon(ev, delta) {
+        if let Some(e) = crate::pipelines::rdp_classic_epsilon(ev, i.neighbouring, delta) {
             i.analyses.push(
                 Analysis::new("rdp_classic_conversion", e, delta, BoundKind::UpperBound, true)
                     .with_note("RDP with the classic conversion ln(1/δ)/(α − 1)"),

@@ -156,7 +156,7 @@ pub fn verify(c: &DpaggTiClaim) -> Result<ClaimResult> {
                 a.accountant = Some(kind);
                 analyses.push(a.with_note("sampling m of n without replacement, replace-one, at δ'"));
             }
-            Err(e) => unavailable.push(format!("{}: {}", kind.as_str(), e.message)),
+            Err(e) => unavailable.push(crate::pipelines::verdict::strip_prefix(kind, &e.message)),
         }
     }
 

@@ -19,14 +19,14 @@ pub mod verdict;
 
 use crate::config::claims::ClaimsFile;
 use crate::error::Result;
-use crate::events::DpEvent;
+use crate::events::{DpEvent, Neighbouring};
 
 pub use verdict::{ClaimResult, Verdict};
 
 /// RDP ε with the classic conversion ε = min_α RDP(α) + ln(1/δ)/(α − 1) (Mironov 2017, Prop. 3),
 /// or None when the RDP accountant cannot account `event`.
-pub fn rdp_classic_epsilon(event: &DpEvent, delta: f64) -> Option<f64> {
-    let _ = (event, delta);
+pub fn rdp_classic_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Option<f64> {
+    let _ = (event, neighbouring, delta);
     None
 }
 
