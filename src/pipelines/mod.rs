@@ -26,8 +26,10 @@ pub use verdict::{ClaimResult, Verdict};
 /// RDP ε with the classic conversion ε = min_α RDP(α) + ln(1/δ)/(α − 1) (Mironov 2017, Prop. 3),
 /// or None when the RDP accountant cannot account `event`.
 pub fn rdp_classic_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Option<f64> {
-    let _ = (event, neighbouring, delta);
-    None
+    use crate::accountants::{convert::Conversion, rdp::RdpAccountant, Accountant};
+    let acc = RdpAccountant::default().with_conversion(Conversion::Classic);
+    acc.supports(event, neighbouring).ok()?;
+    acc.epsilon(event, neighbouring, delta).ok().map(|r| r.epsilon)
 }
 
 /// Verifies every claim of a file, in file order (RAPID, then DP-RDM, then DPAgg-TI tables).
