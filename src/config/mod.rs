@@ -1,1 +1,2 @@
 //! config (placeholder; see ../shared/DESIGN.md).
+pub mod sampler;
