@@ -79,9 +79,10 @@ pub enum ClipScale {
     /// C is used as given (paper eq. 5).
     #[default]
     Absolute,
-    /// C_t = clip_norm · (2πt²)^{−d/2}: the clip norm in units of the peak Gaussian density at
-    /// level t (data-independent). Only with `density.kind = "trajectories"` (needs d).
-    PeakDensity,
+    /// C_t = clip_norm · (2πt²)^{−d/2} e^{−d/2}: the clip norm in units of the Gaussian density
+    /// at the typical distance √d·t of a noisy point from its record (data-independent, so the
+    /// sensitivity bound 2C_t/|D| still holds). Only with `density.kind = "trajectories"` (needs d).
+    TypicalDensity,
 }
 
 /// `[privacy]`: what the private part of sampling is.
@@ -154,7 +155,7 @@ impl SamplerConfig {
     pub fn load(path: impl AsRef<Path>) -> Result<SamplerConfig> {
         let path = path.as_ref();
         let src = error::read_to_string(path)?;
-        let mut cfg: SamplerConfig = toml::from_str(&src).map_err(|e| error::from_toml(path, &src, e))?;
+        let mut cfg: SamplerConfig = toml::from_str(&src).map_err(|e| parse_error(path, &src, e))?;
         cfg.base_dir = Some(path.parent().map(Path::to_path_buf).unwrap_or_default());
         cfg.validate().map_err(|e| locate(e, &src).with_file(path))?;
         Ok(cfg)
@@ -232,10 +233,10 @@ impl SamplerConfig {
                         "|D| is required with a constant density (missing key)".into(),
                     );
                 }
-                if p.clip_scale == ClipScale::PeakDensity {
+                if p.clip_scale == ClipScale::TypicalDensity {
                     return bad(
                         "clip_scale",
-                        "\"peak_density\" needs the data dimension: use density.kind = \"trajectories\"".into(),
+                        "\"typical_density\" needs the data dimension: use density.kind = \"trajectories\"".into(),
                     );
                 }
             }
@@ -271,6 +272,30 @@ impl SamplerConfig {
     pub fn display_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| "sampler".into())
     }
+}
+
+/// A TOML error with file and line; inside tagged tables (`[schedule]`, `[density]`) the parser
+/// only knows the table's span, so an unknown key is looked up by name after it.
+fn parse_error(path: &Path, src: &str, err: toml::de::Error) -> Error {
+    let msg = err.message().to_string();
+    let start = err.span().map(|s| s.start.min(src.len()));
+    let mut e = error::from_toml(path, src, err);
+    if let (Some(rest), Some(start)) = (msg.strip_prefix("unknown field `"), start) {
+        if let Some(key) = rest.split('`').next() {
+            let first = src[..start].matches('\n').count();
+            for (i, line) in src.lines().enumerate().skip(first) {
+                if i > first && line.trim_start().starts_with('[') {
+                    break;
+                }
+                if line.split_once('=').is_some_and(|(k, _)| k.trim() == key) {
+                    e.line = Some(i + 1);
+                    break;
+                }
+            }
+            e = e.with_field(key.to_string());
+        }
+    }
+    e
 }
 
 /// Adds the line of the offending key to a validation error, found by scanning the source

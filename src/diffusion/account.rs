@@ -122,7 +122,13 @@ pub fn plan(cfg: &SamplerConfig) -> Result<Plan> {
         DensityConfig::Constant { beta } => constant_plan(cfg, *beta),
         DensityConfig::Trajectories(tc) => {
             let path = cfg.resolve(&tc.data);
-            let data = Dataset::load_csv(&path, tc.columns, tc.value_range, tc.max_rows)?;
+            let data = Dataset::load_csv(&path, tc.columns, tc.value_range, tc.max_rows).map_err(|e| {
+                if e.kind == crate::error::ErrorKind::Io {
+                    Error::field("density.data", format!("cannot read {}: {}", path.display(), e.message))
+                } else {
+                    e
+                }
+            })?;
             if let Some(n) = cfg.privacy.dataset_size {
                 if n as usize != data.n {
                     return Err(Error::field(
@@ -138,7 +144,7 @@ pub fn plan(cfg: &SamplerConfig) -> Result<Plan> {
                 ClipScale::Absolute => ClipSpec::Absolute {
                     c: cfg.privacy.clip_norm,
                 },
-                ClipScale::PeakDensity => ClipSpec::PeakDensity {
+                ClipScale::TypicalDensity => ClipSpec::TypicalDensity {
                     c: cfg.privacy.clip_norm,
                 },
             };
@@ -564,7 +570,7 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
     }
     if let Some(bad) = mus.iter().find(|m| !m.is_finite()) {
         return Err(Error::numeric(format!(
-            "a private step has μ_t = {bad} (density far below the clip norm): lower clip_norm or use clip_scale = \"peak_density\""
+            "a private step has μ_t = {bad} (density far below the clip norm): lower clip_norm or use clip_scale = \"typical_density\""
         )));
     }
     let lines = if mus.is_empty() {

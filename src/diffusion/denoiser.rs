@@ -30,7 +30,7 @@ pub struct Dataset {
 
 impl Dataset {
     pub fn new(values: Vec<f64>, d: usize) -> Result<Self> {
-        if d == 0 || values.is_empty() || values.len() % d != 0 {
+        if d == 0 || values.is_empty() || !values.len().is_multiple_of(d) {
             return Err(Error::input(format!(
                 "dataset of {} values is not a whole number of rows of dimension {d}",
                 values.len()
@@ -177,7 +177,7 @@ impl EmpiricalDenoiser {
         mask: Option<&[bool]>,
     ) -> Result<DenoiseOutput> {
         let d = self.d;
-        if queries.len() % d != 0 || queries.is_empty() {
+        if !queries.len().is_multiple_of(d) || queries.is_empty() {
             return Err(Error::input(format!("queries must be B × {d} values")));
         }
         if !(t.is_finite() && t > 0.0) {
@@ -272,14 +272,14 @@ pub struct SamplerOptions {
     pub clip: Option<ClipSpec>,
 }
 
-/// The clipping norm C (eq. 5), possibly scaled with the peak density at each level.
+/// The clipping norm C (eq. 5), possibly scaled with the typical density at each level.
 #[derive(Debug, Clone, Copy)]
 pub enum ClipSpec {
     Absolute {
         c: f64,
     },
-    /// C_t = c · (2πt²)^{−d/2}.
-    PeakDensity {
+    /// C_t = c · (2πt²)^{−d/2} e^{−d/2} (see `ClipScale::TypicalDensity`).
+    TypicalDensity {
         c: f64,
     },
 }
@@ -289,7 +289,9 @@ impl ClipSpec {
     pub fn log_c(self, t: f64, d: usize) -> f64 {
         match self {
             ClipSpec::Absolute { c } => c.ln(),
-            ClipSpec::PeakDensity { c } => c.ln() - 0.5 * d as f64 * (2.0 * std::f64::consts::PI * t * t).ln(),
+            ClipSpec::TypicalDensity { c } => {
+                c.ln() - 0.5 * d as f64 * ((2.0 * std::f64::consts::PI * t * t).ln() + 1.0)
+            }
         }
     }
 }
@@ -343,6 +345,7 @@ pub fn sample(den: &EmpiricalDenoiser, steps: &[Step], opts: SamplerOptions) -> 
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
 
