@@ -140,18 +140,30 @@ pub struct DenoiseOutput {
 impl EmpiricalDenoiser {
     /// `dtype` F64 for accuracy (tests, small data, densities), F32 for throughput.
     pub fn new(data: &Dataset, dtype: DType, device: &Device) -> Result<Self> {
-        let x = Tensor::from_vec(data.values.clone(), (data.n, data.d), device)?;
-        let sq: Vec<f64> = (0..data.n).map(|i| data.row(i).iter().map(|v| v * v).sum()).collect();
-        let ln: Vec<f64> = sq.iter().map(|s| 0.5 * s.ln()).collect();
+        let x = Tensor::from_slice(&data.values, (data.n, data.d), device)?.to_dtype(dtype)?;
+        Self::from_tensor(&x)
+    }
+
+    /// From a records tensor X (N × d) of any float dtype; computations run in that dtype.
+    pub fn from_tensor(x: &Tensor) -> Result<Self> {
+        let (n, d) = x.dims2()?;
+        let dtype = x.dtype();
+        let sq = x.sqr()?.sum_keepdim(1)?.t()?.contiguous()?; // 1 × N
+        let ln = sq.log()?.affine(0.5, 0.0)?;
         Ok(EmpiricalDenoiser {
-            data_t: x.t()?.contiguous()?.to_dtype(dtype)?,
-            sq_norms: Tensor::from_vec(sq, (1, data.n), device)?.to_dtype(dtype)?,
-            log_norms: Tensor::from_vec(ln, (1, data.n), device)?.to_dtype(dtype)?,
-            n: data.n,
-            d: data.d,
+            data_t: x.t()?.contiguous()?,
+            sq_norms: sq,
+            log_norms: ln,
+            n,
+            d,
             dtype,
-            device: device.clone(),
+            device: x.device().clone(),
         })
+    }
+
+    /// Xᵀ (d × N), e.g. to measure the plain matmul throughput beside [`Self::denoise`].
+    pub fn records_t(&self) -> &Tensor {
+        &self.data_t
     }
 
     pub fn len(&self) -> usize {
