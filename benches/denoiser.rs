@@ -16,7 +16,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 fn setup() -> (EmpiricalDenoiser, Tensor, Vec<f64>, usize, usize, usize) {
-    let n: usize = std::env::var("DPAUDIT_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(50_000);
+    let n: usize = std::env::var("DPAUDIT_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
     let (d, b) = (3072usize, 64usize);
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let vals: Vec<f32> = (0..n * d).map(|_| rng.random_range(-1.0f32..1.0)).collect();

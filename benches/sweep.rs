@@ -21,15 +21,22 @@ fn spec(points: usize) -> SweepSpec {
 }
 
 fn bench(c: &mut Criterion) {
-    let cfg = SamplerConfig::load(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/samplers/edm-cifar10-subsampled.toml"))
-        .unwrap();
+    let cfg = SamplerConfig::load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/samplers/edm-cifar10-subsampled.toml"
+    ))
+    .unwrap();
     let full = spec(1000);
     let t = Instant::now();
     let rows = sweep::run(&cfg, &full, &|| {}).unwrap();
     let secs = t.elapsed().as_secs_f64();
     let clt_ok = rows
         .iter()
-        .filter(|r| r.accountants.iter().any(|l| l.accountant == AccountantKind::Clt && l.epsilon.is_some()))
+        .filter(|r| {
+            r.accountants
+                .iter()
+                .any(|l| l.accountant == AccountantKind::Clt && l.epsilon.is_some())
+        })
         .count();
     eprintln!(
         "sweep: {} grid points × 49 steps (gdp + clt) in {secs:.3} s on {} threads; {clt_ok} points with a CLT number",
@@ -38,7 +45,9 @@ fn bench(c: &mut Criterion) {
     );
     let mut g = c.benchmark_group("sweep");
     g.sample_size(10);
-    g.bench_function("edm_10000_points_gdp_clt", |b| b.iter(|| sweep::run(&cfg, &full, &|| {}).unwrap()));
+    g.bench_function("edm_10000_points_gdp_clt", |b| {
+        b.iter(|| sweep::run(&cfg, &full, &|| {}).unwrap())
+    });
     g.finish();
 }
 
