@@ -2,3 +2,4 @@
 //! errors.
 
 pub mod claims;
+pub mod sampler;
