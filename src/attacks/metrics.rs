@@ -8,7 +8,7 @@
 //! * [`heldout_asr`]: the threshold chosen on a calibration half, accuracy on the other half.
 //! * [`bootstrap`]: stratified percentile intervals (seeded).
 //! * [`epsilon_lower`]: an empirical ε lower bound from Clopper–Pearson bounds on a held-out test
-//!   half (Jagielski et al. 2020; Kairouz et al. 2015 Thm 2.1).
+//!   half (Jagielski et al. 2020; Kairouz et al. 2015 Thm 2.1), through [`super::audit`].
 //!
 //! ASR is the balanced accuracy: the success rate of the attacker under a uniform prior on
 //! member / non-member, which is what the theoretical limits bound.
@@ -209,46 +209,7 @@ where
     })
 }
 
-/// Regularised incomplete beta I_x(a, b).
-fn beta_reg(a: f64, b: f64, x: f64) -> f64 {
-    statrs::function::beta::beta_reg(a, b, x)
-}
-
-/// One-sided Clopper–Pearson upper bound on a binomial rate: P(p ≤ bound) ≥ 1 − α for k
-/// successes in n trials (the α-quantile of Beta(k+1, n−k), found by bisection, rounded up).
-pub fn cp_upper(k: u64, n: u64, alpha: f64) -> f64 {
-    if k >= n {
-        return 1.0;
-    }
-    let (a, b) = ((k + 1) as f64, (n - k) as f64);
-    // Find x with I_x(a, b) = 1 − α.
-    let (mut lo, mut hi) = (k as f64 / n as f64, 1.0);
-    for _ in 0..200 {
-        let mid = 0.5 * (lo + hi);
-        if beta_reg(a, b, mid) < 1.0 - alpha {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    hi
-}
-
-/// The ε any (ε, δ)-DP mechanism needs for a test with these error rates (Kairouz, Oh &
-/// Viswanath 2015, Thm 2.1): ε ≥ max(ln((1−δ−FPR)/FNR), ln((1−δ−FNR)/FPR)), floored at 0.
-pub fn epsilon_from_rates(fpr: f64, fnr: f64, delta: f64) -> f64 {
-    let one = |a: f64, b: f64| {
-        let num = 1.0 - delta - a;
-        if num <= 0.0 {
-            0.0
-        } else if b <= 0.0 {
-            f64::INFINITY
-        } else {
-            (num / b).ln().max(0.0)
-        }
-    };
-    one(fpr, fnr).max(one(fnr, fpr))
-}
+pub use super::audit::{cp_upper, epsilon_from_rates};
 
 /// Empirical ε lower bound of a membership attack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -263,46 +224,26 @@ pub struct EpsLower {
     pub test_members: u64,
 }
 
-/// ε lower bound at confidence 1 − α: the threshold maximises the Clopper–Pearson-bounded ε on the
-/// calibration half; FPR and FNR on the test half are replaced by one-sided CP upper bounds at
-/// α/2 each (Bonferroni).
+/// ε lower bound at confidence 1 − α through [`super::audit::audit_scores`]: the threshold
+/// maximises the Clopper–Pearson-bounded ε on the calibration half; FPR and FNR on the test half
+/// are replaced by one-sided CP upper bounds at α/2 each (Bonferroni).
 pub fn epsilon_lower(h: &HeldOut, delta: f64, alpha: f64) -> Result<EpsLower> {
-    if !(alpha > 0.0 && alpha < 1.0) {
-        return Err(Error::field("alpha", "must be in (0, 1)"));
-    }
-    let counts = |pos: &[f64], neg: &[f64], t: f64| {
-        (
-            neg.iter().filter(|&&s| s >= t).count() as u64,
-            pos.iter().filter(|&&s| s < t).count() as u64,
-        )
+    let scores = super::audit::AuditScores {
+        heldout_out: h.cal_neg.clone(),
+        heldout_in: h.cal_pos.clone(),
+        test_out: h.test_neg.clone(),
+        test_in: h.test_pos.clone(),
     };
-    let mut cands: Vec<f64> = h.cal_pos.iter().chain(&h.cal_neg).copied().collect();
-    cands.sort_by(f64::total_cmp);
-    cands.dedup();
-    let mut best = (f64::NEG_INFINITY, cands[0]);
-    for &t in &cands {
-        let (fp, fneg) = counts(&h.cal_pos, &h.cal_neg, t);
-        let e = epsilon_from_rates(
-            cp_upper(fp, h.cal_neg.len() as u64, alpha / 2.0),
-            cp_upper(fneg, h.cal_pos.len() as u64, alpha / 2.0),
-            delta,
-        );
-        if e > best.0 {
-            best = (e, t);
-        }
-    }
-    let th = best.1;
-    let (fp, fneg) = counts(&h.test_pos, &h.test_neg, th);
-    let (nn, np) = (h.test_neg.len() as u64, h.test_pos.len() as u64);
+    let o = super::audit::audit_scores(&scores, delta, alpha)?;
     Ok(EpsLower {
-        epsilon_lower: epsilon_from_rates(cp_upper(fp, nn, alpha / 2.0), cp_upper(fneg, np, alpha / 2.0), delta),
-        delta,
-        confidence: 1.0 - alpha,
-        threshold: th,
-        false_positives: fp,
-        false_negatives: fneg,
-        test_nonmembers: nn,
-        test_members: np,
+        epsilon_lower: o.epsilon_lower,
+        delta: o.delta,
+        confidence: o.confidence,
+        threshold: o.threshold,
+        false_positives: o.false_positives,
+        false_negatives: o.false_negatives,
+        test_nonmembers: o.test_out,
+        test_members: o.test_in,
     })
 }
 
