@@ -67,5 +67,10 @@ fn sweep_load(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, sweep_load);
+criterion_group! {
+    name = benches;
+    // No plots: criterion's plotters backend needs system fonts (see ../shared/STACK.md).
+    config = Criterion::default().without_plots();
+    targets = bench, sweep_load
+}
 criterion_main!(benches);
