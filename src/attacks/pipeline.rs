@@ -287,3 +287,230 @@ pub fn run(
         elapsed_s: start.elapsed().as_secs_f64(),
     })
 }
+
+impl MiaReport {
+    /// The shared report model (for `--format md|html`): facts, the attack table, the null
+    /// test, the cosine profile, the Table-2 comparison, and the ROC of each attack (at its
+    /// best step) against the theoretical TPR limit.
+    pub fn to_report(&self, command: &str) -> crate::report::Report {
+        use crate::report::{plot, Axis, Cell, Column, LegendPosition, LineStyle, Plot, Report, Scale, Series, Table};
+        let f = crate::report::export::fmt_num;
+        let mut r = Report::new(format!("Membership inference on {}", self.target.checkpoint), command);
+        r.seed = Some(self.seed);
+        r.event = self.event.clone();
+        r.delta = Some(self.delta);
+        for (role, p) in [
+            ("checkpoint", &self.target.checkpoint),
+            ("data", &self.data),
+            ("split", &self.split),
+        ] {
+            let _ = r.add_input(role, std::path::Path::new(p));
+        }
+        r.assumptions.neighbouring = self.event.as_ref().map(|_| crate::events::Neighbouring::AddRemove);
+        let t = &self.target;
+        r.fact("model", format!("{} ({} parameters)", t.arch, t.parameters));
+        r.fact(
+            "trained on",
+            format!("{} ({} rows), {} steps", t.trained_on, t.train_rows, t.steps),
+        );
+        r.fact("training command", t.command.clone());
+        r.fact("device", self.device.clone());
+        match &t.dp {
+            None => {
+                r.fact("DP", "none: no theoretical limit applies");
+            }
+            Some(dp) => {
+                r.fact(
+                    "DP",
+                    format!(
+                        "σ = {}, C = {}, q = {}, {} steps",
+                        dp.noise_multiplier, dp.clip, dp.sample_rate, dp.steps
+                    ),
+                );
+            }
+        }
+        for g in &self.guarantees {
+            r.fact(
+                format!("accounted ε ({}, {})", g.source, g.kind.as_str()),
+                format!("{} at δ = {}", f(g.epsilon), f(g.delta)),
+            );
+        }
+        for s in &self.accountants_skipped {
+            r.warn("accountant_skipped", s.clone(), false);
+        }
+        let cols = [
+            "attack",
+            "t",
+            "labels",
+            "AUC",
+            "AUC lo",
+            "AUC hi",
+            "TPR@1%FPR",
+            "TPR@0.1%FPR",
+            "ASR held-out",
+            "lo",
+            "hi",
+            "ASR oracle",
+            "lo",
+            "hi",
+            "ε lower",
+            "ASR limit",
+            "TPR@1% limit",
+        ];
+        let row = |a: &AttackResult| -> Vec<Cell> {
+            vec![
+                a.attack.as_str().into(),
+                a.t.into(),
+                (if a.shuffled_labels { "shuffled" } else { "true" }).into(),
+                a.auc.into(),
+                a.auc_ci.lo.into(),
+                a.auc_ci.hi.into(),
+                a.tpr_at_1pct_fpr.into(),
+                a.tpr_at_01pct_fpr.into(),
+                a.asr_heldout.into(),
+                a.asr_heldout_ci.lo.into(),
+                a.asr_heldout_ci.hi.into(),
+                a.asr_oracle.into(),
+                a.asr_oracle_ci.lo.into(),
+                a.asr_oracle_ci.hi.into(),
+                a.eps_lower.epsilon_lower.into(),
+                a.limits.as_ref().map(|l| l.asr).into(),
+                a.limits.as_ref().map(|l| l.tpr_at_1pct).into(),
+            ]
+        };
+        let note = format!(
+            "{:.0}% stratified bootstrap intervals; ε lower: Clopper–Pearson at confidence {:.2}, δ = {}, threshold from a held-out half. Limits from the tightest sound guarantee.",
+            self.confidence * 100.0,
+            self.confidence,
+            f(self.delta)
+        );
+        r.tables.push(Table {
+            id: "attacks".into(),
+            title: "Attacks".into(),
+            columns: cols.iter().map(|c| Column::new(c)).collect(),
+            rows: self.results.iter().map(row).collect(),
+            note: Some(note.clone()),
+        });
+        if !self.null_results.is_empty() {
+            r.tables.push(Table {
+                id: "null-test".into(),
+                title: "Null test (labels shuffled at random; ε lower should be 0)".into(),
+                columns: cols.iter().map(|c| Column::new(c)).collect(),
+                rows: self.null_results.iter().map(row).collect(),
+                note: Some(note),
+            });
+        }
+        if !self.cosine.is_empty() {
+            r.tables.push(Table {
+                id: "cosine".into(),
+                title: "Cosine between empirical and neural denoising directions (Figure 1)".into(),
+                columns: vec![
+                    Column::new("t"),
+                    Column::new("log SNR"),
+                    Column::new("mean"),
+                    Column::new("min"),
+                ],
+                rows: self
+                    .cosine
+                    .iter()
+                    .map(|c| vec![c.t.into(), c.log_snr.into(), c.cosine_mean.into(), c.cosine_min.into()])
+                    .collect(),
+                note: None,
+            });
+            r.plots.push(Plot {
+                id: "cosine".into(),
+                title: "Empirical vs neural denoiser: cosine of denoising directions".into(),
+                x: Axis::new("log SNR", "nats", Scale::Linear),
+                y: Axis::new("cosine similarity", "", Scale::Linear),
+                series: vec![Series::new(
+                    "mean over held-out queries",
+                    self.cosine.iter().map(|c| c.log_snr).collect(),
+                    self.cosine.iter().map(|c| c.cosine_mean).collect(),
+                )
+                .with_markers()],
+                legend: LegendPosition::LowerLeft,
+                caption: None,
+            });
+        }
+        if let Some(tb) = &self.table2 {
+            let mut columns = vec![Column::new("quantity")];
+            columns.extend(tb.rows.iter().map(|x| Column::new(&format!("{} ({})", x.label, x.t))));
+            let mut rows = vec![{
+                let mut v: Vec<Cell> = vec!["cosine similarity".into()];
+                v.extend(tb.rows.iter().map(|x| Cell::from(x.cosine)));
+                v
+            }];
+            for (i, p) in tb.rates.iter().enumerate() {
+                let mut v: Vec<Cell> = vec![format!("theoretical ASR at p = {p}").into()];
+                v.extend(tb.rows.iter().map(|x| Cell::from(x.theoretical_asr[i])));
+                rows.push(v);
+            }
+            for (name, g) in [
+                (
+                    "numerical ASR (SecMI)",
+                    (|x: &Table2Row| x.asr_secmi) as fn(&Table2Row) -> f64,
+                ),
+                ("numerical ASR (loss)", |x| x.asr_loss),
+                ("numerical ASR (empirical)", |x| x.asr_empirical),
+            ] {
+                let mut v: Vec<Cell> = vec![name.into()];
+                v.extend(tb.rows.iter().map(|x| Cell::from(g(x))));
+                rows.push(v);
+            }
+            r.tables.push(Table {
+                id: "table2".into(),
+                title: "Table-2-style comparison (diffusion-sampling-privacy §6.4)".into(),
+                columns,
+                rows,
+                note: Some(tb.note.clone()),
+            });
+        }
+        // ROC of each attack at its best step, against the theoretical limit.
+        let mut series = Vec::new();
+        for kind in [
+            AttackKind::Loss,
+            AttackKind::Secmi,
+            AttackKind::Pia,
+            AttackKind::Empirical,
+        ] {
+            let best = self
+                .results
+                .iter()
+                .filter(|a| a.attack == kind)
+                .max_by(|a, b| a.auc.total_cmp(&b.auc));
+            if let Some(a) = best {
+                if let Some(roc) = &a.roc {
+                    series.push(Series::new(
+                        format!("{} at t = {}", kind.as_str(), a.t),
+                        roc.fpr.clone(),
+                        roc.tpr.clone(),
+                    ));
+                }
+            }
+        }
+        if !series.is_empty() {
+            let grid = plot::alpha_grid(200);
+            if let Some((_, src)) = theory::tightest(&self.guarantees, |g| g.asr_limit()) {
+                let lim: Vec<f64> = grid
+                    .iter()
+                    .map(|&x| theory::tightest(&self.guarantees, |g| g.tpr_limit(x)).map_or(1.0, |v| v.0))
+                    .collect();
+                series.push(
+                    Series::new(format!("theoretical TPR limit ({src})"), grid.clone(), lim)
+                        .with_style(LineStyle::Dashed),
+                );
+            }
+            series.push(Series::new("chance", vec![0.0, 1.0], vec![0.0, 1.0]).with_style(LineStyle::Dotted));
+            r.plots.push(Plot {
+                id: "roc".into(),
+                title: "ROC of each attack (best step) against the theoretical limit".into(),
+                x: Axis::new("false positive rate", "probability", Scale::Linear),
+                y: Axis::new("true positive rate", "probability", Scale::Linear),
+                series,
+                legend: LegendPosition::LowerRight,
+                caption: Some("An attack's ROC must stay below a sound limit; the dashed curve is TPR ≤ Φ(Φ⁻¹(FPR) + μ) or the (ε, δ) region.".into()),
+            });
+        }
+        r
+    }
+}

@@ -4,8 +4,6 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
 use crate::attacks::mia::{AttackKind, AttackResult, MetricOpts, ScoreOpts};
 use crate::attacks::pipeline::{self, MiaPlan, MiaReport, Table2Opts};
 use crate::cli::common::Format;
@@ -28,6 +26,9 @@ Examples:
 
   # The ROC of every attack with the theoretical TPR limit, for plotting:
   dpaudit mia --checkpoint models/digits-rapid.toml --roc-out roc.csv
+
+Formats: text (default), json and csv (this command's own records), md and html (the shared
+report: tables, the ROC against the theoretical limit, the cosine profile).
 
 Exit codes: 0 ok; 1 an attack's ε lower bound exceeds the accounted ε (the accounting or the
 training is wrong); 2 bad input (e.g. checkpoint and config do not match).";
@@ -315,9 +316,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.table2_rates.iter().any(|p| !(*p > 0.0 && *p <= 1.0)) {
         return Err(Error::field("--table2-rates", "rates must be in (0, 1]").into());
     }
-    if matches!(a.format, Format::Md | Format::Html) {
-        return Err(Error::field("--format", "mia writes text, json or csv").into());
-    }
     let dev = device::select(a.device)?;
     let dev_name = device::describe(&dev);
     eprintln!("device: {dev_name}");
@@ -368,23 +366,21 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
     }
     let total = (plan.attacks.len() * plan.timesteps.len() + plan.table2.as_ref().map_or(0, |t| t.steps.len())) as u64;
-    let bar = if a.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}")
-            .unwrap()
-            .progress_chars("=> "),
-    );
-    bar.set_prefix("mia");
+    let bar = crate::report::progress::bar(total, a.quiet, "mia");
     let report = pipeline::run(&ck, &data, &split, &plan, &dev_name, Some(&bar))?;
     bar.finish_and_clear();
     let body = match a.format {
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Csv => csv(&report),
-        _ => text(&report),
+        Format::Md => String::from_utf8(crate::report::export(
+            &report.to_report(&crate::report::command_line()),
+            crate::report::ExportFormat::Md,
+        )?)?,
+        Format::Html => String::from_utf8(crate::report::export(
+            &report.to_report(&crate::report::command_line()),
+            crate::report::ExportFormat::Html,
+        )?)?,
+        Format::Text => text(&report),
     };
     match &a.out {
         Some(p) => {

@@ -4,8 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
 use crate::error::Error;
 use crate::models::checkpoint::{self, Card, DataInfo, DpInfo, RapidInfo, TrainingInfo};
 use crate::models::data::{indices_sha256, sha256_file, Part};
@@ -142,31 +140,12 @@ pub struct Args {
     pub rapid_v: usize,
 }
 
-fn bar(len: u64, quiet: bool, what: &str) -> ProgressBar {
-    let b = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr())
-    };
-    b.set_style(
-        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {msg}")
-            .unwrap()
-            .progress_chars("=> "),
-    );
-    b.set_prefix(what.to_string());
-    b
+fn bar(len: u64, quiet: bool, what: &str) -> indicatif::ProgressBar {
+    crate::report::progress::bar(len, quiet, what)
 }
 
 fn command_line() -> String {
-    let mut parts: Vec<String> = std::env::args().collect();
-    if !parts.is_empty() {
-        parts[0] = "dpaudit".into();
-    }
-    parts
-        .iter()
-        .map(|p| if p.contains(' ') { format!("'{p}'") } else { p.clone() })
-        .collect::<Vec<_>>()
-        .join(" ")
+    crate::report::command_line()
 }
 
 fn path_str(p: &Path) -> String {

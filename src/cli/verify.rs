@@ -9,11 +9,13 @@ use crate::cli::common::Format;
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
 use crate::config::claims::ClaimsFile;
 use crate::pipelines::{self, ClaimResult, Verdict};
+use crate::report::{self, Cell, Column, Report, Status, Table};
 
 const EXAMPLE: &str = "\
 Examples:
   dpaudit verify fixtures/claims/dp-rdm.toml
-  dpaudit verify fixtures/claims/rapid-scenarios.toml --format json --out reports/verify
+  dpaudit verify fixtures/claims/rapid-scenarios.toml --format json
+  dpaudit verify fixtures/claims/dp-rdm-cifar10.toml --out reports/verify --force   # md, html, csv, json
   dpaudit verify fixtures/claims/dpagg-ti.toml --format csv
 
 Verdicts: holds (with margin), holds only under <interpretation>, violated (by how much),
@@ -30,9 +32,13 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
-    /// Write `verify.<ext>` into this folder instead of printing.
+    /// Also write the report in every format (report.json/.md/.html, report-*.csv) and the
+    /// detailed verify.json into this existing folder.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Overwrite files from an earlier run in --out.
+    #[arg(long)]
+    pub force: bool,
     /// Exit 1 unless every claim holds under every interpretation.
     #[arg(long)]
     pub strict: bool,
@@ -55,6 +61,11 @@ pub struct Summary {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    // A bad output folder fails before any accounting.
+    let out_dir = match &args.out {
+        Some(d) => Some(report::OutputDir::open(d, args.force)?),
+        None => None,
+    };
     let mut claims = Vec::new();
     let mut files = Vec::new();
     for p in &args.claims {
@@ -73,18 +84,19 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     let out = VerifyOutput { files, claims, summary };
-    let (bytes, ext) = render(&out, args.format)?;
-    match &args.out {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, &e))?;
-            let p = dir.join(format!("verify.{ext}"));
-            pipelines::mechanisms::write_atomic(&p, &bytes)?;
+    let (bytes, _) = render(&out, args.format)?;
+    if let Some(dir) = &out_dir {
+        let rep = to_report(&out)?;
+        let mut written = report::write_all(&rep, dir)?;
+        let detail = serde_json::to_vec_pretty(&out)?;
+        written.extend(dir.write_files(&[("verify.json".to_string(), detail)])?);
+        for p in written {
             eprintln!("wrote {}", p.display());
         }
-        None => {
-            use std::io::Write;
-            std::io::stdout().write_all(&bytes)?;
-        }
+    }
+    {
+        use std::io::Write;
+        std::io::stdout().write_all(&bytes)?;
     }
     let s = &out.summary;
     let code = if s.violated > 0 || (args.strict && (s.holds_only_under > 0 || s.undecided > 0)) {
@@ -104,8 +116,14 @@ pub fn render(out: &VerifyOutput, format: Format) -> crate::Result<(Vec<u8>, &'s
         ),
         Format::Csv => (csv_rows(out)?, "csv"),
         Format::Text => (text(out).into_bytes(), "txt"),
-        Format::Md => (markdown(out).into_bytes(), "md"),
-        Format::Html => (html(out).into_bytes(), "html"),
+        Format::Md => (
+            crate::report::export(&to_report(out)?, crate::report::ExportFormat::Md)?,
+            "md",
+        ),
+        Format::Html => (
+            crate::report::export(&to_report(out)?, crate::report::ExportFormat::Html)?,
+            "html",
+        ),
     })
 }
 
@@ -244,124 +262,157 @@ fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
     w.into_inner().map_err(|e| crate::Error::input(e.to_string()))
 }
 
-fn markdown(out: &VerifyOutput) -> String {
-    let mut s = String::from("# dpaudit verify\n\n");
-    let _ = writeln!(s, "Files: {}\n", out.files.join(", "));
-    s.push_str("| claim | pipeline | dataset | claimed (ε, δ) | verdict |\n|---|---|---|---|---|\n");
-    for c in &out.claims {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | ({}, {:.3e}) | {} |",
-            c.id,
-            c.pipeline,
-            c.dataset,
-            c.claimed_epsilon,
-            c.claimed_delta,
-            c.verdict.describe()
-        );
+/// Fills the shared report model: one verdict per claim (PASS holds, FAIL violated,
+/// INCONCLUSIVE holds only under some interpretations or undecided), warnings for failed
+/// validity checks and findings, and tables of claims, analyses, checks and calibrations.
+pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
+    let mut r = Report::new(
+        format!("dpaudit verify: {}", out.files.join(", ")),
+        report::command_line(),
+    );
+    for f in &out.files {
+        r.add_input("claims", std::path::Path::new(f))?;
     }
+    let m = &out.summary;
+    r.fact("claims", out.claims.len().to_string())
+        .fact("hold", m.holds.to_string())
+        .fact("hold only under some interpretation", m.holds_only_under.to_string())
+        .fact("violated", m.violated.to_string())
+        .fact("undecided", m.undecided.to_string());
+    let mut claims = Table {
+        id: "claims".into(),
+        title: "Claims and verdicts".into(),
+        columns: [
+            "claim",
+            "pipeline",
+            "dataset",
+            "source",
+            "claimed ε",
+            "δ",
+            "verdict",
+            "detail",
+        ]
+        .iter()
+        .map(|c| Column::new(c))
+        .collect(),
+        rows: vec![],
+        note: Some("Only sound analyses (exact GDP, RDP, PLD, theorems applied within their range) decide.".into()),
+    };
+    let mut analyses = Table {
+        id: "analyses".into(),
+        title: "ε per claim, interpretation and method".into(),
+        columns: [
+            "claim",
+            "interpretation",
+            "neighbouring",
+            "sensitivity",
+            "method",
+            "ε",
+            "δ",
+            "kind",
+            "sound",
+            "note",
+        ]
+        .iter()
+        .map(|c| Column::new(c))
+        .collect(),
+        rows: vec![],
+        note: None,
+    };
+    let mut checks = Table {
+        id: "checks".into(),
+        title: "Validity-range checks".into(),
+        columns: ["claim", "check", "ok", "message"]
+            .iter()
+            .map(|c| Column::new(c))
+            .collect(),
+        rows: vec![],
+        note: None,
+    };
+    let mut cals = Table {
+        id: "calibrations".into(),
+        title: "Calibrations (what an omitted or alternative parameter would have to be)".into(),
+        columns: ["claim", "what", "value", "description"]
+            .iter()
+            .map(|c| Column::new(c))
+            .collect(),
+        rows: vec![],
+        note: None,
+    };
     for c in &out.claims {
-        let _ = writeln!(
-            s,
-            "\n## {}\n\nSource: {}. Verdict: **{}**.\n",
-            c.id,
-            c.source,
-            c.verdict.describe()
-        );
+        let best = c
+            .interpretations
+            .iter()
+            .filter_map(|i| i.best())
+            .max_by(|a, b| a.epsilon.total_cmp(&b.epsilon));
+        let (status, eps) = match &c.verdict {
+            Verdict::Holds { .. } => (Status::Pass, best.map(|a| a.epsilon)),
+            Verdict::Violated { best_epsilon, .. } => (Status::Fail, Some(*best_epsilon)),
+            _ => (Status::Inconclusive, None),
+        };
+        r.verdicts.push(report::Verdict {
+            subject: format!("{} ({})", c.id, c.pipeline),
+            status,
+            budget: Some(c.claimed_epsilon),
+            epsilon: eps,
+            delta: Some(c.claimed_delta),
+            accountant: best.and_then(|a| a.accountant).filter(|_| eps.is_some()),
+            bound: best.map(|a| a.kind).filter(|_| eps.is_some()),
+            margin: eps.map(|e| c.claimed_epsilon - e),
+            message: c.verdict.describe(),
+        });
+        claims.rows.push(vec![
+            Cell::from(c.id.as_str()),
+            Cell::from(c.pipeline.as_str()),
+            Cell::from(c.dataset.as_str()),
+            Cell::from(c.source.as_str()),
+            Cell::from(c.claimed_epsilon),
+            Cell::from(c.claimed_delta),
+            Cell::from(c.verdict.label()),
+            Cell::from(c.verdict.describe()),
+        ]);
         for i in &c.interpretations {
-            let _ = writeln!(
-                s,
-                "**{}** — {} ({}, {})\n",
-                i.id, i.description, i.neighbouring, i.sensitivity
-            );
-            s.push_str("| method | ε | δ | kind | sound | note |\n|---|---|---|---|---|---|\n");
             for a in &i.analyses {
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {:.3e} | {} | {} | {} |",
-                    a.method,
-                    fmt_eps(a.epsilon),
-                    a.delta,
-                    a.kind.as_str(),
-                    a.sound,
-                    a.note
-                );
+                analyses.rows.push(vec![
+                    Cell::from(c.id.as_str()),
+                    Cell::from(i.id.as_str()),
+                    Cell::from(i.neighbouring.to_string()),
+                    Cell::from(i.sensitivity.as_str()),
+                    Cell::from(a.method.as_str()),
+                    Cell::from(a.epsilon),
+                    Cell::from(a.delta),
+                    Cell::from(a.kind.as_str()),
+                    Cell::from(if a.sound { "yes" } else { "no" }),
+                    Cell::from(a.note.as_str()),
+                ]);
             }
-            s.push('\n');
         }
         for ch in &c.checks {
-            let _ = writeln!(
-                s,
-                "- {} `{}`: {}",
-                if ch.ok { "ok" } else { "**warning**" },
-                ch.code,
-                ch.message
-            );
+            checks.rows.push(vec![
+                Cell::from(c.id.as_str()),
+                Cell::from(ch.code.as_str()),
+                Cell::from(if ch.ok { "yes" } else { "no" }),
+                Cell::from(ch.message.as_str()),
+            ]);
+            if !ch.ok {
+                r.warn(&ch.code, format!("{}: {}", c.id, ch.message), false);
+            }
         }
         for f in &c.findings {
-            let _ = writeln!(s, "- finding: {f}");
+            r.warn("finding", format!("{}: {f}", c.id), false);
         }
         for k in &c.calibrations {
-            let _ = writeln!(s, "- calibration `{}` = {:.6}: {}", k.what, k.value, k.description);
+            cals.rows.push(vec![
+                Cell::from(c.id.as_str()),
+                Cell::from(k.what.as_str()),
+                Cell::from(k.value),
+                Cell::from(k.description.as_str()),
+            ]);
         }
     }
-    s
-}
-
-fn esc(t: &str) -> String {
-    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
-fn html(out: &VerifyOutput) -> String {
-    let mut s = String::from(
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dpaudit verify</title></head><body>\n<h1>dpaudit verify</h1>\n",
-    );
-    s.push_str("<table border=\"1\"><tr><th>claim</th><th>pipeline</th><th>dataset</th><th>ε</th><th>δ</th><th>verdict</th></tr>\n");
-    for c in &out.claims {
-        let _ = writeln!(
-            s,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3e}</td><td>{}</td></tr>",
-            esc(&c.id),
-            esc(&c.pipeline),
-            esc(&c.dataset),
-            c.claimed_epsilon,
-            c.claimed_delta,
-            esc(&c.verdict.describe())
-        );
+    r.tables = vec![claims, analyses, checks];
+    if !cals.rows.is_empty() {
+        r.tables.push(cals);
     }
-    s.push_str("</table>\n");
-    for c in &out.claims {
-        let _ = writeln!(s, "<h2>{}</h2><p>{}</p>", esc(&c.id), esc(&c.source));
-        for i in &c.interpretations {
-            let _ = writeln!(s, "<h3>{}</h3><p>{}</p><ul>", esc(&i.id), esc(&i.description));
-            for a in &i.analyses {
-                let _ = writeln!(
-                    s,
-                    "<li>{}: ε = {} at δ = {:.3e} ({}, sound: {})</li>",
-                    esc(&a.method),
-                    fmt_eps(a.epsilon),
-                    a.delta,
-                    a.kind.as_str(),
-                    a.sound
-                );
-            }
-            s.push_str("</ul>\n");
-        }
-        s.push_str("<ul>");
-        for ch in &c.checks {
-            let _ = writeln!(
-                s,
-                "<li>{} {}: {}</li>",
-                if ch.ok { "ok" } else { "WARNING" },
-                esc(&ch.code),
-                esc(&ch.message)
-            );
-        }
-        for f in &c.findings {
-            let _ = writeln!(s, "<li>finding: {}</li>", esc(f));
-        }
-        s.push_str("</ul>\n");
-    }
-    s.push_str("</body></html>\n");
-    s
+    Ok(r)
 }
