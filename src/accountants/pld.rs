@@ -39,6 +39,12 @@ const TAIL_REL_ERR: f64 = 8.0 * U;
 /// algorithms", §24.1, gives 4.3u per radix-2 level; 10u covers rustfft's radix-4/8 butterflies).
 const FFT_ERR_PER_LEVEL: f64 = 10.0 * U;
 
+/// Largest privacy loss (nats) one step's grid holds; P-mass above goes to +∞ (counted in δ).
+const MAX_STEP_LOSS: f64 = 200.0;
+/// When the composed +∞ mass reaches this, no useful δ can be certified: the finite part is not
+/// composed and δ(ε) = 1 is reported for every ε (trivially sound).
+const HOPELESS_INF_MASS: f64 = 0.1;
+
 /// The PLD accountant. Defaults follow dp_accounting's `PLDAccountant` (grid 1e-4, pessimistic).
 #[derive(Debug, Clone)]
 pub struct PldAccountant {
@@ -193,6 +199,9 @@ fn nmass(a: &Tails, b: &Tails) -> (f64, f64) {
 /// ln(1 − q + q·e^y): the remove-direction privacy loss of Poisson(q) ∘ Gaussian at
 /// y = (2x − 1)/(2σ²) (Mironov, Talwar & Zhang 2019, §3; Koskela et al. 2020, §6.2).
 fn log_mix(q: f64, y: f64) -> f64 {
+    if q >= 1.0 {
+        return y;
+    }
     if y > 0.0 {
         y + (q + (1.0 - q) * (-y).exp()).ln()
     } else {
@@ -202,6 +211,9 @@ fn log_mix(q: f64, y: f64) -> f64 {
 
 /// ln((e^ε − 1 + q)/q), the inverse of [`log_mix`] in y; −∞ where e^ε ≤ 1 − q.
 fn inv_log_mix(q: f64, eps: f64) -> f64 {
+    if q >= 1.0 {
+        return eps;
+    }
     if eps > 0.0 {
         eps + (-(1.0 - q) * (-eps).exp()).ln_1p() - q.ln()
     } else {
@@ -264,6 +276,9 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         )));
     }
     let i_lo = (eps_lo / h).floor() as i64;
+    // Losses above MAX_STEP_LOSS in one step go to +∞ (sound; only matters for nearly blatant
+    // steps, where ε at any useful δ is far beyond meaningful values anyway).
+    let eps_hi = eps_hi.min(MAX_STEP_LOSS.max(eps_lo + h));
     let mut i_hi = ((eps_hi / h).ceil() as i64).max(i_lo + 1);
     if (i_hi - i_lo + 1) as usize > max_points {
         i_hi = i_lo + max_points as i64 - 1;
@@ -570,7 +585,7 @@ fn compose(
         rel_inflation,
         fft_len: 0,
     };
-    if parts.iter().any(|(d, _)| d.probs.is_empty()) {
+    if parts.iter().any(|(d, _)| d.probs.is_empty()) || inf_mass >= HOPELESS_INF_MASS {
         return Ok(empty(1.0));
     }
     if parts.is_empty() {
@@ -585,6 +600,8 @@ fn compose(
     // Chernoff window: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL).
     let ts: Vec<f64> = (0..48).map(|i| 1e-7 * 10f64.powf(i as f64 * 8.7 / 47.0)).collect();
     let lam = |t: f64| -> f64 { parts.iter().map(|(d, c)| *c as f64 * log_mgf(d, t)).sum() };
+    let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
+    let t_start = std::time::Instant::now();
     let lam_pos: Vec<f64> = ts.par_iter().map(|&t| lam(t)).collect();
     let lam_neg: Vec<f64> = ts.par_iter().map(|&t| lam(-t)).collect();
     let ln_tau = (tau_window / 2.0).ln();
@@ -631,6 +648,9 @@ fn compose(
     let window_tail_mass = (bound_hi(upper) + bound_lo(lower)) * (1.0 + 1e-9);
     let width = (upper - lower + 1) as usize;
     let n = fft_len(width);
+    if timing {
+        eprintln!("pld timing: chernoff {:?}", t_start.elapsed());
+    }
     let levels = (n as f64).log2().ceil();
     let kappa = FFT_ERR_PER_LEVEL * levels;
     let mut planner = FftPlanner::<f64>::new();
@@ -666,8 +686,17 @@ fn compose(
             let ea = kappa * l1 * (1.0 + 1e-9);
             let t = *count as f64;
             let (mut sum_m2, mut max_m, mut g, mut round2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+            // Below m_min, m^{T−1} < e^{−745}: the power and its error bound are exactly 0 in f64
+            // (underflow; what is dropped is below N·1e-320, inside the 1e-300 added to ι), so skip
+            // the transcendental work there.
+            let m_min = if t > 1.0 { (-745.0 / (t - 1.0)).exp() } else { 0.0 };
             for c in buf.iter_mut() {
-                let r = c.norm();
+                let r2 = c.norm_sqr();
+                if t > 1.0 && r2.sqrt() + ea < m_min {
+                    *c = Complex64::new(0.0, 0.0);
+                    continue;
+                }
+                let r = r2.sqrt();
                 let m = r + ea;
                 // |A^T − Â^T| ≤ T |ΔA| m^{T−1} (mean value theorem), m ≥ max(|A|, |Â|).
                 let m_pow = ((t - 1.0) * m.ln()).exp();
@@ -691,6 +720,9 @@ fn compose(
             (buf, prop_cw.min(prop_nw) + round2.sqrt(), g)
         })
         .reduce(identity, combine);
+    if timing {
+        eprintln!("pld timing: fft+powers {:?}", t_start.elapsed());
+    }
     let norm_y: f64 = buf.iter().map(|c| c.norm_sqr()).sum::<f64>().sqrt();
     inv.process(&mut buf);
     let scale = 1.0 / n as f64;
@@ -711,6 +743,34 @@ fn compose(
         rel_inflation,
         fft_len: n,
     })
+}
+
+/// Exact hockey-stick δ(ε) of ONE Poisson(q) ∘ Gaussian(σ) step (sensitivity 1), the worse of
+/// the two directions, in closed form (remove: qΦ̄((x*−1)/σ) − (e^ε − 1 + q)Φ̄(x*/σ) with
+/// x* = σ² ln((e^ε − 1 + q)/q) + ½; add: the mirror image; Balle & Wang 2018, Thm 8, for q = 1).
+/// Not rounded either way: use it as a *lower* reference (a composition's ε is never below the ε of
+/// one of its steps), never as a bound to certify with.
+pub fn single_step_delta_exact(q: f64, sigma: f64, eps: f64) -> f64 {
+    let s2 = sigma * sigma;
+    let remove = {
+        let w = inv_log_mix(q, eps);
+        if w == f64::NEG_INFINITY {
+            -eps.exp_m1()
+        } else {
+            let x = s2 * w + 0.5;
+            q * numeric::ndtr_sf((x - 1.0) / sigma) - (eps.exp_m1() + q) * numeric::ndtr_sf(x / sigma)
+        }
+    };
+    let add = {
+        let w = inv_log_mix(q, -eps);
+        if w == f64::NEG_INFINITY {
+            0.0
+        } else {
+            let x = s2 * w + 0.5;
+            (q - (1.0 - q) * eps.exp_m1()) * numeric::ndtr(x / sigma) - q * eps.exp() * numeric::ndtr((x - 1.0) / sigma)
+        }
+    };
+    remove.max(add).max(0.0)
 }
 
 /// Turns an event's components into PLD leaves with counts, or an `Unsupported` error saying
@@ -795,6 +855,44 @@ impl PldAccountant {
             }
         }
         let total: f64 = merged.iter().map(|(_, c)| *c as f64).sum::<f64>().max(1.0);
+        // Nearly blatant steps: the P-mass above MAX_STEP_LOSS is a lower bound on each leaf's
+        // +∞ mass; if the composed +∞ mass already reaches HOPELESS_INF_MASS, report δ = 1.
+        let log_keep: f64 = merged
+            .iter()
+            .map(|&(l, c)| match l {
+                Leaf::SampledGaussian { q, sigma } => {
+                    let x = sigma * sigma * inv_log_mix(q, MAX_STEP_LOSS) + 0.5;
+                    let tail = (1.0 - q) * numeric::ndtr_sf(x / sigma) + q * numeric::ndtr_sf((x - 1.0) / sigma);
+                    c as f64 * (-tail.min(1.0)).ln_1p()
+                }
+                Leaf::EpsilonDelta { delta, .. } => c as f64 * (-delta).ln_1p(),
+            })
+            .sum();
+        if -log_keep.exp_m1() >= HOPELESS_INF_MASS {
+            let dirs = if merged.iter().all(|(l, _)| l.symmetric()) {
+                1
+            } else {
+                2
+            };
+            let hopeless = |direction| ComposedDirection {
+                direction,
+                h,
+                lo: 0,
+                probs: Vec::new(),
+                inf_mass: 1.0,
+                window_tail_mass: 0.0,
+                roundoff: 0.0,
+                rel_inflation: 1.0,
+                fft_len: 0,
+            };
+            return Ok(ComposedPld {
+                directions: [Direction::Remove, Direction::Add][..dirs]
+                    .iter()
+                    .map(|&d| hopeless(d))
+                    .collect(),
+                value_discretization_interval: h,
+            });
+        }
         // Budget: half to per-step upper tails (→ ∞-mass), a quarter to each window tail.
         let tau_step = self.tail_mass_truncation / (2.0 * total);
         let tau_window = self.tail_mass_truncation / 2.0;
@@ -814,6 +912,10 @@ impl PldAccountant {
                         leaf_pld(l, d, h, tau_step, self.max_grid_points).map(|p| (p, c))
                     })
                     .collect::<Result<Vec<_>>>()?;
+                if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+                    let pts: usize = parts.iter().map(|(p, _)| p.probs.len()).sum();
+                    eprintln!("pld timing: discretised {} leaves, {pts} points", parts.len());
+                }
                 compose(&parts, dir, h, tau_window, self.max_grid_points)
             })
             .collect::<Result<Vec<_>>>()?;
