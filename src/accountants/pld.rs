@@ -598,22 +598,42 @@ fn compose(
     let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * *c as i64).sum();
     let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * *c as i64).sum();
     // Chernoff window: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL).
-    let ts: Vec<f64> = (0..48).map(|i| 1e-7 * 10f64.powf(i as f64 * 8.7 / 47.0)).collect();
     let lam = |t: f64| -> f64 { parts.iter().map(|(d, c)| *c as f64 * log_mgf(d, t)).sum() };
     let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
     let t_start = std::time::Instant::now();
-    let lam_pos: Vec<f64> = ts.par_iter().map(|&t| lam(t)).collect();
-    let lam_neg: Vec<f64> = ts.par_iter().map(|&t| lam(-t)).collect();
     let ln_tau = (tau_window / 2.0).ln();
+    // Chernoff exponents: a coarse geometric grid of t (grid units), then a finer grid between
+    // the neighbours of the best coarse point. Every evaluated t gives a valid bound.
+    let coarse: Vec<f64> = (0..16).map(|i| 1e-7 * 10f64.powf(i as f64 * 8.7 / 15.0)).collect();
+    let refine = |sign: f64| -> Vec<(f64, f64)> {
+        let score = |t: f64, l: f64| {
+            if sign > 0.0 {
+                (l - ln_tau) / t
+            } else {
+                -((ln_tau - l) / t)
+            }
+        };
+        let mut pts: Vec<(f64, f64)> = coarse.par_iter().map(|&t| (t, lam(sign * t))).collect();
+        let best = (0..pts.len())
+            .min_by(|&a, &b| score(pts[a].0, pts[a].1).total_cmp(&score(pts[b].0, pts[b].1)))
+            .unwrap();
+        let lo_t = coarse[best.saturating_sub(1)];
+        let hi_t = coarse[(best + 1).min(coarse.len() - 1)];
+        let fine: Vec<f64> = (1..9).map(|i| lo_t * (hi_t / lo_t).powf(i as f64 / 9.0)).collect();
+        pts.extend(fine.par_iter().map(|&t| (t, lam(sign * t))).collect::<Vec<_>>());
+        pts
+    };
+    let pos = refine(1.0);
+    let neg = refine(-1.0);
     let mut upper = triv_hi;
-    for (&t, &l) in ts.iter().zip(&lam_pos) {
+    for &(t, l) in &pos {
         let u = ((l - ln_tau) / t).ceil();
         if u.is_finite() && u < upper as f64 {
             upper = u as i64;
         }
     }
     let mut lower = triv_lo;
-    for (&t, &l) in ts.iter().zip(&lam_neg) {
+    for &(t, l) in &neg {
         let v = ((ln_tau - l) / t).floor();
         if v.is_finite() && v > lower as f64 {
             lower = v as i64;
@@ -630,18 +650,16 @@ fn compose(
         if u >= triv_hi {
             return 0.0;
         }
-        ts.iter()
-            .zip(&lam_pos)
-            .map(|(&t, &l)| (l - t * (u as f64 + 1.0)).exp())
+        pos.iter()
+            .map(|&(t, l)| (l - t * (u as f64 + 1.0)).exp())
             .fold(1.0, f64::min)
     };
     let bound_lo = |v: i64| -> f64 {
         if v <= triv_lo {
             return 0.0;
         }
-        ts.iter()
-            .zip(&lam_neg)
-            .map(|(&t, &l)| (l + t * (v as f64 - 1.0)).exp())
+        neg.iter()
+            .map(|&(t, l)| (l + t * (v as f64 - 1.0)).exp())
             .fold(1.0, f64::min)
     };
     // Mass strictly above `upper` / strictly below `lower`.
@@ -669,62 +687,86 @@ fn compose(
         }
         (y1, e1 * g2 + g1 * e2 + 4.0 * U * norm2.sqrt(), g1 * g2)
     };
+    // Per thread: the running product, a transform buffer and FFT scratch (no per-leaf allocation).
+    let scratch_len = fwd.get_inplace_scratch_len();
+    let per_thread = parts.len().div_ceil(rayon::current_num_threads()).max(1);
     let (mut buf, err_l2, _) = parts
         .par_iter()
-        .map(|(d, count)| {
-            let mut buf = vec![Complex64::new(0.0, 0.0); n];
-            let nn = n as i64;
-            let (mut l1, mut l2) = (0.0, 0.0);
-            for (k, &p) in d.probs.iter().enumerate() {
-                buf[(d.lo + k as i64).rem_euclid(nn) as usize].re += p;
-                l1 += p;
-                l2 += p * p;
-            }
-            let l2 = l2.sqrt();
-            fwd.process(&mut buf);
-            // Componentwise forward error |ΔA_k| ≤ κ‖a‖₁; normwise ‖ΔA‖₂ ≤ κ√N‖a‖₂ (Higham Thm 24.2).
-            let ea = kappa * l1 * (1.0 + 1e-9);
-            let t = *count as f64;
-            let (mut sum_m2, mut max_m, mut g, mut round2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-            // Below m_min, m^{T−1} < e^{−745}: the power and its error bound are exactly 0 in f64
-            // (underflow; what is dropped is below N·1e-320, inside the 1e-300 added to ι), so skip
-            // the transcendental work there.
-            let m_min = if t > 1.0 { (-745.0 / (t - 1.0)).exp() } else { 0.0 };
-            for c in buf.iter_mut() {
-                let r2 = c.norm_sqr();
-                if t > 1.0 && r2.sqrt() + ea < m_min {
-                    *c = Complex64::new(0.0, 0.0);
-                    continue;
+        .with_min_len(per_thread)
+        .fold(
+            || {
+                let (y, e, g) = identity();
+                (
+                    y,
+                    e,
+                    g,
+                    vec![Complex64::new(0.0, 0.0); n],
+                    vec![Complex64::new(0.0, 0.0); scratch_len],
+                )
+            },
+            |(mut y, e, g, mut buf, mut scratch), (d, count)| {
+                buf.iter_mut().for_each(|c| *c = Complex64::new(0.0, 0.0));
+                let nn = n as i64;
+                let (mut l1, mut l2) = (0.0, 0.0);
+                for (k, &p) in d.probs.iter().enumerate() {
+                    buf[(d.lo + k as i64).rem_euclid(nn) as usize].re += p;
+                    l1 += p;
+                    l2 += p * p;
                 }
-                let r = r2.sqrt();
-                let m = r + ea;
-                // |A^T − Â^T| ≤ T |ΔA| m^{T−1} (mean value theorem), m ≥ max(|A|, |Â|).
-                let m_pow = ((t - 1.0) * m.ln()).exp();
-                sum_m2 += m_pow * m_pow;
-                max_m = max_m.max(m_pow);
-                g = g.max(m_pow * m);
-                if r == 0.0 {
-                    *c = Complex64::new(0.0, 0.0);
-                    continue;
+                let l2 = l2.sqrt();
+                fwd.process_with_scratch(&mut buf, &mut scratch);
+                // Componentwise forward error |ΔA_k| ≤ κ‖a‖₁; normwise ‖ΔA‖₂ ≤ κ√N‖a‖₂ (Higham Thm 24.2).
+                let ea = kappa * l1 * (1.0 + 1e-9);
+                let t = *count as f64;
+                let (mut sum_m2, mut max_m, mut g_leaf, mut round2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+                // Below m_min, m^{T−1} < e^{−745}: the power and its error bound are exactly 0 in f64
+                // (underflow; what is dropped is below N·1e-320, inside the 1e-300 added to ι), so skip
+                // the transcendental work there.
+                let m_min = if t > 1.0 { (-745.0 / (t - 1.0)).exp() } else { 0.0 };
+                for c in buf.iter_mut() {
+                    let r2 = c.norm_sqr();
+                    if t > 1.0 && r2.sqrt() + ea < m_min {
+                        *c = Complex64::new(0.0, 0.0);
+                        continue;
+                    }
+                    let r = r2.sqrt();
+                    let m = r + ea;
+                    // |A^T − Â^T| ≤ T |ΔA| m^{T−1} (mean value theorem), m ≥ max(|A|, |Â|).
+                    let m_pow = ((t - 1.0) * m.ln()).exp();
+                    sum_m2 += m_pow * m_pow;
+                    max_m = max_m.max(m_pow);
+                    g_leaf = g_leaf.max(m_pow * m);
+                    if r == 0.0 {
+                        *c = Complex64::new(0.0, 0.0);
+                        continue;
+                    }
+                    let lr = r.ln();
+                    let mag = (t * lr).exp();
+                    let pw = Complex64::from_polar(mag, t * c.arg());
+                    // Rounding of exp(T ln r) and of the angle T·θ.
+                    let rel = 4.0 * U * t * (lr.abs() + std::f64::consts::PI + 1.0) + 8.0 * U;
+                    round2 += (mag * rel) * (mag * rel);
+                    *c = pw;
                 }
-                let lr = r.ln();
-                let mag = (t * lr).exp();
-                let pw = Complex64::from_polar(mag, t * c.arg());
-                // Rounding of exp(T ln r) and of the angle T·θ.
-                let rel = 4.0 * U * t * (lr.abs() + std::f64::consts::PI + 1.0) + 8.0 * U;
-                round2 += (mag * rel) * (mag * rel);
-                *c = pw;
-            }
-            let prop_cw = t * ea * sum_m2.sqrt();
-            let prop_nw = t * max_m * kappa * sqrt_n * l2;
-            (buf, prop_cw.min(prop_nw) + round2.sqrt(), g)
-        })
+                let prop_cw = t * ea * sum_m2.sqrt();
+                let prop_nw = t * max_m * kappa * sqrt_n * l2;
+                let (e2, g2) = (prop_cw.min(prop_nw) + round2.sqrt(), g_leaf);
+                let mut norm2 = 0.0;
+                for (yk, bk) in y.iter_mut().zip(buf.iter()) {
+                    *yk *= *bk;
+                    norm2 += yk.norm_sqr();
+                }
+                (y, e * g2 + g * e2 + 4.0 * U * norm2.sqrt(), g * g2, buf, scratch)
+            },
+        )
+        .map(|(y, e, g, _, _)| (y, e, g))
         .reduce(identity, combine);
     if timing {
         eprintln!("pld timing: fft+powers {:?}", t_start.elapsed());
     }
     let norm_y: f64 = buf.iter().map(|c| c.norm_sqr()).sum::<f64>().sqrt();
-    inv.process(&mut buf);
+    let mut scratch = vec![Complex64::new(0.0, 0.0); inv.get_inplace_scratch_len()];
+    inv.process_with_scratch(&mut buf, &mut scratch);
     let scale = 1.0 / n as f64;
     // ‖Δc‖₁ ≤ √N ‖Δc‖₂ = ‖ΔY‖₂ + κ‖Y‖₂ (inverse FFT is √N × unitary, then scaled by 1/N).
     let roundoff = (err_l2 + kappa * norm_y) * (1.0 + 1e-9) + 4.0 * U * width as f64 / n as f64;
