@@ -1,1 +1,407 @@
-//! Calibration of σ, q or steps to a target ε (placeholder).
+//! Calibration: the noise multiplier, sampling rate or number of steps that meets a target ε
+//! at a given δ, for any [`Accountant`], landing on the safe side.
+//!
+//! ε is monotone in each parameter (decreasing in σ, increasing in q and in the number of
+//! steps), so a bracketing search is enough: exponential expansion until the target is
+//! bracketed, then Brent's method ([`crate::numeric::brent`]) on ln σ / ln q, or bisection on
+//! the integer steps. The end of the final bracket on the safe side is taken, then *re-checked*
+//! with the accountant; if rounding or a non-smooth accountant (PLD discretisation) put it on
+//! the wrong side, it is moved further to the safe side until the accountant agrees.
+
+use super::{check_delta, AccountResult, Accountant, BoundKind};
+use crate::error::{Error, Result};
+use crate::events::{DpEvent, Neighbouring};
+use crate::numeric::{brent, tol};
+
+/// Which parameter is solved for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SolveFor {
+    NoiseMultiplier,
+    SampleRate,
+    Steps,
+}
+
+impl SolveFor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SolveFor::NoiseMultiplier => "noise-multiplier",
+            SolveFor::SampleRate => "sample-rate",
+            SolveFor::Steps => "steps",
+        }
+    }
+}
+
+/// The DP-SGD shape `steps × Poisson(q) ∘ Gaussian(σ)`; the parameter being solved for is
+/// ignored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DpSgd {
+    pub noise_multiplier: f64,
+    pub sample_rate: f64,
+    pub steps: u64,
+}
+
+impl DpSgd {
+    fn event(&self) -> DpEvent {
+        DpEvent::dpsgd(self.noise_multiplier, self.sample_rate, self.steps)
+    }
+}
+
+/// The answer of a calibration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    pub solve_for: SolveFor,
+    /// The value found (σ, q, or steps as f64), on the safe side of the target.
+    pub value: f64,
+    /// The accountant's answer at `value` (ε ≤ target).
+    pub result: AccountResult,
+    /// The event that was accounted at `value`.
+    pub event: DpEvent,
+    /// Accountant calls made.
+    pub evaluations: usize,
+}
+
+/// Search limits.
+const SIGMA_MIN: f64 = 1e-4;
+const SIGMA_MAX: f64 = 1e6;
+const Q_MIN: f64 = 1e-12;
+const STEPS_MAX: u64 = 1 << 50;
+
+fn estimate_note(acc: &dyn Accountant, kind: Option<BoundKind>) -> String {
+    match kind {
+        Some(BoundKind::Estimate) => format!(
+            " (note: the {} accountant gives an estimate, not a bound: the calibrated value is not a guarantee)",
+            acc.kind().as_str()
+        ),
+        _ => String::new(),
+    }
+}
+
+/// Finds the parameter `solve_for` of a DP-SGD-style event so that `acc` reports ε ≤ `target`
+/// at `delta`; the other parameters come from `fixed`.
+pub fn calibrate_dpsgd(
+    acc: &dyn Accountant,
+    neighbouring: Neighbouring,
+    delta: f64,
+    target: f64,
+    fixed: DpSgd,
+    solve_for: SolveFor,
+) -> Result<Calibration> {
+    let make: Box<dyn Fn(f64) -> DpEvent> = match solve_for {
+        SolveFor::NoiseMultiplier => Box::new(move |s| {
+            DpSgd {
+                noise_multiplier: s,
+                ..fixed
+            }
+            .event()
+        }),
+        SolveFor::SampleRate => Box::new(move |q| {
+            DpSgd {
+                sample_rate: q,
+                ..fixed
+            }
+            .event()
+        }),
+        SolveFor::Steps => Box::new(move |n| {
+            DpSgd {
+                steps: n as u64,
+                ..fixed
+            }
+            .event()
+        }),
+    };
+    calibrate(acc, neighbouring, delta, target, solve_for, &*make)
+}
+
+/// Generic calibration: `make(x)` builds the event for parameter value x (σ > 0, q ∈ (0, 1],
+/// or an integer number of steps ≥ 1, according to `solve_for`). ε must be monotone in x
+/// (decreasing for σ, increasing for q and steps).
+pub fn calibrate(
+    acc: &dyn Accountant,
+    neighbouring: Neighbouring,
+    delta: f64,
+    target: f64,
+    solve_for: SolveFor,
+    make: &dyn Fn(f64) -> DpEvent,
+) -> Result<Calibration> {
+    check_delta(delta)?;
+    if !(target > 0.0 && target.is_finite()) {
+        return Err(Error::field(
+            "target-epsilon",
+            format!("target ε must be finite and > 0, got {target}"),
+        ));
+    }
+    let mut evals = 0usize;
+    let mut last_kind = None;
+    let mut eps_at = |x: f64| -> Result<AccountResult> {
+        evals += 1;
+        let r = acc.epsilon(&make(x), neighbouring, delta)?;
+        last_kind = Some(r.kind);
+        Ok(r)
+    };
+    let value = match solve_for {
+        SolveFor::NoiseMultiplier => {
+            // ε decreasing in σ: search ln σ. Bracket [lo, hi] with ε(lo) > target ≥ ε(hi).
+            let mut hi = 1.0f64;
+            let mut e_hi = eps_at(hi)?.epsilon;
+            let mut lo;
+            if e_hi > target {
+                loop {
+                    lo = hi;
+                    hi *= 2.0;
+                    if hi > SIGMA_MAX {
+                        return Err(Error::numeric(format!(
+                            "target ε = {target} at δ = {delta} is unreachable: even σ = {SIGMA_MAX:e} gives ε = {e_hi}{}",
+                            estimate_note(acc, last_kind)
+                        )));
+                    }
+                    e_hi = eps_at(hi)?.epsilon;
+                    if e_hi <= target {
+                        break;
+                    }
+                }
+            } else {
+                lo = hi;
+                loop {
+                    lo /= 2.0;
+                    if lo < SIGMA_MIN {
+                        // Any σ ≥ SIGMA_MIN meets the target: report the smallest searched.
+                        lo = SIGMA_MIN;
+                        break;
+                    }
+                    let e = eps_at(lo)?.epsilon;
+                    if e > target {
+                        break;
+                    }
+                    hi = lo;
+                }
+            }
+            if lo == SIGMA_MIN && eps_at(lo)?.epsilon <= target {
+                lo
+            } else {
+                let (_, up) = brent(
+                    |l| match eps_at(l.exp()) {
+                        Ok(r) => r.epsilon - target,
+                        Err(_) => f64::NAN,
+                    },
+                    lo.ln(),
+                    hi.ln(),
+                    tol::CALIBRATE_REL,
+                    tol::CALIBRATE_REL,
+                )?;
+                up.exp().max(lo).min(hi)
+            }
+        }
+        SolveFor::SampleRate => {
+            // ε increasing in q: search ln q on [Q_MIN, 1].
+            let e1 = eps_at(1.0)?.epsilon;
+            if e1 <= target {
+                1.0
+            } else {
+                let e_min = eps_at(Q_MIN)?.epsilon;
+                if e_min > target {
+                    return Err(Error::numeric(format!(
+                        "target ε = {target} at δ = {delta} is unreachable: even q = {Q_MIN:e} gives ε = {e_min}{}",
+                        estimate_note(acc, last_kind)
+                    )));
+                }
+                let (down, _) = brent(
+                    |l| match eps_at(l.exp()) {
+                        Ok(r) => r.epsilon - target,
+                        Err(_) => f64::NAN,
+                    },
+                    Q_MIN.ln(),
+                    0.0,
+                    tol::CALIBRATE_REL,
+                    tol::CALIBRATE_REL,
+                )?;
+                down.exp().clamp(Q_MIN, 1.0)
+            }
+        }
+        SolveFor::Steps => {
+            // ε increasing in steps: largest n with ε(n) ≤ target.
+            let e1 = eps_at(1.0)?.epsilon;
+            if e1 > target {
+                return Err(Error::numeric(format!(
+                    "target ε = {target} at δ = {delta} is unreachable: a single step already gives ε = {e1}{}",
+                    estimate_note(acc, last_kind)
+                )));
+            }
+            let mut lo = 1u64;
+            let mut hi = 2u64;
+            loop {
+                if eps_at(hi as f64)?.epsilon > target {
+                    break;
+                }
+                lo = hi;
+                hi = hi.saturating_mul(2);
+                if hi > STEPS_MAX {
+                    return Err(Error::numeric(format!(
+                        "the target ε = {target} is met for every number of steps up to {lo}: no finite answer{}",
+                        estimate_note(acc, last_kind)
+                    )));
+                }
+            }
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if eps_at(mid as f64)?.epsilon <= target {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo as f64
+        }
+    };
+    // Re-check with the accountant and step to the safe side if needed.
+    let mut x = value;
+    let mut r = eps_at(x)?;
+    let mut factor = 1e-9;
+    for _ in 0..200 {
+        if r.epsilon <= target {
+            break;
+        }
+        x = match solve_for {
+            SolveFor::NoiseMultiplier => x * (1.0 + factor),
+            SolveFor::SampleRate => x * (1.0 - factor.min(0.5)),
+            SolveFor::Steps => {
+                if x <= 1.0 {
+                    return Err(Error::numeric(format!(
+                        "target ε = {target} is unreachable: a single step gives ε = {}{}",
+                        r.epsilon,
+                        estimate_note(acc, last_kind)
+                    )));
+                }
+                x - 1.0
+            }
+        };
+        factor *= 4.0;
+        r = eps_at(x)?;
+    }
+    if r.epsilon > target {
+        return Err(Error::numeric(format!(
+            "calibration could not reach the safe side of ε = {target} (last ε = {} at {} = {x}){}",
+            r.epsilon,
+            solve_for.as_str(),
+            estimate_note(acc, last_kind)
+        )));
+    }
+    Ok(Calibration {
+        solve_for,
+        value: x,
+        event: make(x),
+        result: r,
+        evaluations: evals,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accountants::{clt::CltAccountant, gdp::GdpAccountant, AccountantKind};
+
+    fn fixed() -> DpSgd {
+        DpSgd {
+            noise_multiplier: 1.1,
+            sample_rate: 0.01,
+            steps: 1000,
+        }
+    }
+
+    #[test]
+    fn gdp_noise_multiplier_lands_on_safe_side_and_is_tight() {
+        let acc = GdpAccountant;
+        for &target in &[0.5, 1.0, 3.0, 8.0, 50.0] {
+            let f = DpSgd {
+                sample_rate: 1.0,
+                steps: 100,
+                ..fixed()
+            };
+            let c = calibrate_dpsgd(
+                &acc,
+                Neighbouring::AddRemove,
+                1e-5,
+                target,
+                f,
+                SolveFor::NoiseMultiplier,
+            )
+            .unwrap();
+            let again = acc.epsilon(&c.event, Neighbouring::AddRemove, 1e-5).unwrap();
+            assert!(again.epsilon <= target, "{target}: {}", again.epsilon);
+            // Tight: a slightly smaller σ exceeds the target.
+            let f2 = DpSgd {
+                noise_multiplier: c.value * (1.0 - 1e-5),
+                ..f
+            };
+            let e2 = acc.epsilon(&f2.event(), Neighbouring::AddRemove, 1e-5).unwrap().epsilon;
+            assert!(e2 > target, "{target}: not tight, {e2}");
+        }
+    }
+
+    #[test]
+    fn steps_and_sample_rate_with_clt() {
+        let acc = CltAccountant;
+        let c = calibrate_dpsgd(&acc, Neighbouring::AddRemove, 1e-5, 2.0, fixed(), SolveFor::Steps).unwrap();
+        assert!(c.result.epsilon <= 2.0);
+        assert_eq!(c.result.kind, BoundKind::Estimate);
+        let n = c.value as u64;
+        let over = acc
+            .epsilon(
+                &DpSgd {
+                    steps: n + 1,
+                    ..fixed()
+                }
+                .event(),
+                Neighbouring::AddRemove,
+                1e-5,
+            )
+            .unwrap();
+        assert!(over.epsilon > 2.0, "steps not maximal: {n}");
+
+        let c = calibrate_dpsgd(&acc, Neighbouring::AddRemove, 1e-5, 1.0, fixed(), SolveFor::SampleRate).unwrap();
+        let again = acc.epsilon(&c.event, Neighbouring::AddRemove, 1e-5).unwrap();
+        assert!(again.epsilon <= 1.0);
+        assert!(again.epsilon > 0.999, "{}", again.epsilon);
+    }
+
+    #[test]
+    fn unreachable_targets_are_clear_errors() {
+        let acc = CltAccountant;
+        // One full-batch step at σ = 0.1 already exceeds ε = 0.01.
+        let f = DpSgd {
+            noise_multiplier: 0.1,
+            sample_rate: 1.0,
+            steps: 1,
+        };
+        let e = calibrate_dpsgd(&acc, Neighbouring::AddRemove, 1e-5, 0.01, f, SolveFor::Steps).unwrap_err();
+        assert!(e.message.contains("unreachable"), "{}", e.message);
+        // Subsampled: the error says the number is an estimate.
+        let f = DpSgd {
+            noise_multiplier: 0.05,
+            sample_rate: 0.5,
+            steps: 1,
+        };
+        let e = calibrate_dpsgd(&acc, Neighbouring::AddRemove, 1e-5, 1e-3, f, SolveFor::Steps).unwrap_err();
+        assert!(e.message.contains("estimate"), "{}", e.message);
+        // Bad target.
+        assert!(calibrate_dpsgd(&acc, Neighbouring::AddRemove, 1e-5, f64::NAN, fixed(), SolveFor::Steps).is_err());
+    }
+
+    #[test]
+    fn every_accountant_calibrates_to_safe_side_or_errors() {
+        for k in AccountantKind::ALL {
+            let acc = k.build();
+            if let Ok(c) = calibrate_dpsgd(
+                &*acc,
+                Neighbouring::AddRemove,
+                1e-5,
+                3.0,
+                fixed(),
+                SolveFor::NoiseMultiplier,
+            ) {
+                let again = acc.epsilon(&c.event, Neighbouring::AddRemove, 1e-5).unwrap();
+                assert!(again.epsilon <= 3.0, "{k:?}: {}", again.epsilon);
+            }
+        }
+    }
+}

@@ -1,1 +1,627 @@
-//! report (placeholder; see ../shared/DESIGN.md).
+//! One serialisable [`Report`] that every command fills, and exporters that turn it into bytes:
+//! Markdown, self-contained HTML (plots inline as SVG), CSV (tables) and JSON (the model itself).
+//!
+//! A command builds a `Report` (inputs with SHA-256 hashes, the accounted [`DpEvent`], the
+//! assumptions, each accountant's [`AccountResult`], verdicts, warnings, tables and plot specs),
+//! then hands it to [`export`] (one format, bytes) or [`write_all`] (every format into an
+//! [`output::OutputDir`]). Exporters read only the model, never a command's internals, so a JSON
+//! report read back with [`from_json`] renders to the same Markdown and HTML.
+//!
+//! See `docs/reports.md` for how a command fills the model.
+
+pub mod build;
+pub mod export;
+pub mod junit;
+pub mod num;
+pub mod output;
+pub mod plot;
+pub mod progress;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::accountants::{AccountResult, AccountantKind, BoundKind, Diagnostic};
+use crate::error::{Error, Result};
+use crate::events::{DpEvent, Neighbouring};
+
+pub use export::{export, from_json, to_csv_files, to_html, to_json, to_markdown, write_all, ExportFormat};
+pub use output::OutputDir;
+pub use plot::{Axis, LegendPosition, LineStyle, Plot, Scale, Series};
+
+/// Version of the JSON report format written and read by this dpaudit.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Everything a reviewer needs to judge one dpaudit result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    /// Always [`SCHEMA_VERSION`] when written by this dpaudit.
+    pub schema_version: u32,
+    pub title: String,
+    /// The command line that produced the report (for reproduction), e.g.
+    /// `dpaudit check fixtures/events/dpsgd.toml --max-epsilon 8`.
+    pub command: String,
+    pub tool: Tool,
+    /// RNG seed, when the command used randomness.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Files read, with their SHA-256 hashes.
+    #[serde(default)]
+    pub inputs: Vec<Input>,
+    #[serde(default)]
+    pub assumptions: Assumptions,
+    /// The accounted event tree (rendered as a ledger).
+    #[serde(default)]
+    pub event: Option<DpEvent>,
+    /// The δ at which ε was computed (when one δ applies to the whole report).
+    #[serde(default, with = "num::opt")]
+    pub delta: Option<f64>,
+    /// Each accountant's answer, with its [`BoundKind`].
+    #[serde(default, with = "results_serde")]
+    pub results: Vec<AccountResult>,
+    /// Accountants that could not account the event, and why.
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+    #[serde(default)]
+    pub verdicts: Vec<Verdict>,
+    #[serde(default)]
+    pub warnings: Vec<Diagnostic>,
+    /// Headline facts (name → formatted value), shown near the top.
+    #[serde(default)]
+    pub summary: Vec<Fact>,
+    #[serde(default)]
+    pub tables: Vec<Table>,
+    #[serde(default)]
+    pub plots: Vec<Plot>,
+}
+
+/// The tool that wrote the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+}
+
+impl Tool {
+    /// This dpaudit build.
+    pub fn current() -> Self {
+        Tool {
+            name: env!("CARGO_PKG_NAME").to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+/// An input file and its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// What the file is, e.g. `event file`, `sampler config`, `dataset`.
+    pub role: String,
+    /// The path as given on the command line.
+    pub path: String,
+    /// Lower-case hex SHA-256 of the file's bytes.
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+impl Input {
+    /// Hashes the file at `path`.
+    pub fn from_file(role: &str, path: &Path) -> Result<Self> {
+        let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+        Ok(Self::from_bytes(role, &path.display().to_string(), &data))
+    }
+    pub fn from_bytes(role: &str, path: &str, data: &[u8]) -> Self {
+        Input {
+            role: role.to_string(),
+            path: path.to_string(),
+            sha256: sha256_hex(data),
+            bytes: data.len() as u64,
+        }
+    }
+}
+
+/// Lower-case hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(data);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the accounting assumed. Every report states these explicitly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Assumptions {
+    pub neighbouring: Option<Neighbouring>,
+    /// e.g. `Poisson, q = 0.01`, `full batch`, `without replacement, 64 of 50000`.
+    #[serde(default)]
+    pub sampling: Option<String>,
+    /// e.g. `A: t = t_i, Δt = t_i − t_{i+1}` for diffusion step conventions.
+    #[serde(default)]
+    pub step_convention: Option<String>,
+    /// Anything else the numbers depend on.
+    #[serde(default)]
+    pub other: Vec<Fact>,
+}
+
+/// A named, already formatted value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fact {
+    pub name: String,
+    pub value: String,
+}
+
+impl Fact {
+    pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
+        Fact {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// An accountant that did not produce a result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Skipped {
+    pub accountant: AccountantKind,
+    pub reason: String,
+}
+
+/// Outcome of one check (a budget, a published claim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    Fail,
+    /// No sound number was available to decide.
+    Inconclusive,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Fail => "FAIL",
+            Status::Inconclusive => "INCONCLUSIVE",
+        }
+    }
+}
+
+/// One verdict: a budget or claim compared with a **sound** ε (never an estimate).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verdict {
+    /// What was checked, e.g. `ε budget` or a claim's name.
+    pub subject: String,
+    pub status: Status,
+    /// The ε the subject allows (budget or claimed ε).
+    #[serde(default, with = "num::opt")]
+    pub budget: Option<f64>,
+    /// The sound ε it was compared with.
+    #[serde(default, with = "num::opt")]
+    pub epsilon: Option<f64>,
+    /// The δ at which `epsilon` holds.
+    #[serde(default, with = "num::opt")]
+    pub delta: Option<f64>,
+    /// Which accountant gave `epsilon`, and what kind of number it is.
+    #[serde(default)]
+    pub accountant: Option<AccountantKind>,
+    #[serde(default)]
+    pub bound: Option<BoundKind>,
+    /// `budget − epsilon` (negative when over budget).
+    #[serde(default, with = "num::opt")]
+    pub margin: Option<f64>,
+    pub message: String,
+}
+
+/// A table of rows (per-step values, sweep points, …). Exported as one CSV file each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Table {
+    /// Stable identifier, used in file names (`report-<id>.csv`): `[a-z0-9_-]+`.
+    pub id: String,
+    pub title: String,
+    pub columns: Vec<Column>,
+    pub rows: Vec<Vec<Cell>>,
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// A table column with an optional unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Column {
+    pub name: String,
+    #[serde(default)]
+    pub unit: Option<String>,
+}
+
+impl Column {
+    pub fn new(name: &str) -> Self {
+        Column {
+            name: name.to_string(),
+            unit: None,
+        }
+    }
+    pub fn with_unit(name: &str, unit: &str) -> Self {
+        Column {
+            name: name.to_string(),
+            unit: Some(unit.to_string()),
+        }
+    }
+    /// `name [unit]` or `name`.
+    pub fn header(&self) -> String {
+        match &self.unit {
+            Some(u) if !u.is_empty() => format!("{} [{}]", self.name, u),
+            _ => self.name.clone(),
+        }
+    }
+}
+
+/// A table cell. In JSON: integers as integers, floats as floats (non-finite as `"inf"`,
+/// `"-inf"`, `"nan"`), text as strings, empty as `null`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell {
+    Int(i64),
+    Num(f64),
+    Text(String),
+    Empty,
+}
+
+impl From<f64> for Cell {
+    fn from(x: f64) -> Self {
+        Cell::Num(x)
+    }
+}
+impl From<i64> for Cell {
+    fn from(x: i64) -> Self {
+        Cell::Int(x)
+    }
+}
+impl From<u64> for Cell {
+    fn from(x: u64) -> Self {
+        Cell::Int(x.min(i64::MAX as u64) as i64)
+    }
+}
+impl From<usize> for Cell {
+    fn from(x: usize) -> Self {
+        Cell::Int(x as i64)
+    }
+}
+impl From<&str> for Cell {
+    fn from(x: &str) -> Self {
+        Cell::Text(x.to_string())
+    }
+}
+impl From<String> for Cell {
+    fn from(x: String) -> Self {
+        Cell::Text(x)
+    }
+}
+impl<T: Into<Cell>> From<Option<T>> for Cell {
+    fn from(x: Option<T>) -> Self {
+        x.map(Into::into).unwrap_or(Cell::Empty)
+    }
+}
+
+impl Serialize for Cell {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Cell::Int(i) => s.serialize_i64(*i),
+            Cell::Num(x) => num::serialize(x, s),
+            Cell::Text(t) => s.serialize_str(t),
+            Cell::Empty => s.serialize_none(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Cell {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Cell;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number, a string or null")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Cell, E> {
+                Ok(Cell::Int(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Cell, E> {
+                Ok(Cell::from(v))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Cell, E> {
+                Ok(Cell::Num(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Cell, E> {
+                Ok(match num::parse_non_finite(v) {
+                    Some(x) => Cell::Num(x),
+                    None => Cell::Text(v.to_string()),
+                })
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Cell, E> {
+                Ok(Cell::Empty)
+            }
+            fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Cell, E> {
+                Ok(Cell::Empty)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Report {
+    /// An empty report for `command` (the command line, for reproduction).
+    pub fn new(title: impl Into<String>, command: impl Into<String>) -> Self {
+        Report {
+            schema_version: SCHEMA_VERSION,
+            title: title.into(),
+            command: command.into(),
+            tool: Tool::current(),
+            seed: None,
+            inputs: Vec::new(),
+            assumptions: Assumptions::default(),
+            event: None,
+            delta: None,
+            results: Vec::new(),
+            skipped: Vec::new(),
+            verdicts: Vec::new(),
+            warnings: Vec::new(),
+            summary: Vec::new(),
+            tables: Vec::new(),
+            plots: Vec::new(),
+        }
+    }
+
+    /// Records an input file with its hash.
+    pub fn add_input(&mut self, role: &str, path: &Path) -> Result<&mut Self> {
+        self.inputs.push(Input::from_file(role, path)?);
+        Ok(self)
+    }
+
+    /// Adds a warning (deduplicated by code and message).
+    pub fn warn(&mut self, code: &str, message: impl Into<String>, severe: bool) -> &mut Self {
+        let d = Diagnostic {
+            code: code.to_string(),
+            message: message.into(),
+            severe,
+        };
+        if !self.warnings.contains(&d) {
+            self.warnings.push(d);
+        }
+        self
+    }
+
+    pub fn fact(&mut self, name: impl Into<String>, value: impl Into<String>) -> &mut Self {
+        self.summary.push(Fact::new(name, value));
+        self
+    }
+
+    /// The smallest ε among results whose kind is sound (exact or upper bound): the number a
+    /// budget may be checked against. `None` when no sound accountant produced a result.
+    pub fn sound_epsilon(&self) -> Option<&AccountResult> {
+        self.results
+            .iter()
+            .filter(|r| r.kind.is_sound() && !r.epsilon.is_nan())
+            .min_by(|a, b| a.epsilon.total_cmp(&b.epsilon))
+    }
+
+    /// Checks the model before export: identifiers usable as file names, rectangular tables,
+    /// series with matching x/y lengths.
+    pub fn validate(&self) -> Result<()> {
+        if self.schema_version != SCHEMA_VERSION {
+            return Err(Error::field(
+                "schema_version",
+                format!(
+                    "unsupported report schema_version {} (this dpaudit reads {SCHEMA_VERSION})",
+                    self.schema_version
+                ),
+            ));
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for (i, t) in self.tables.iter().enumerate() {
+            check_id(&t.id).map_err(|e| e.with_field(format!("tables[{i}].id")))?;
+            if !ids.insert(format!("t:{}", t.id)) {
+                return Err(Error::field(
+                    format!("tables[{i}].id"),
+                    format!("duplicate table id `{}`", t.id),
+                ));
+            }
+            for (r, row) in t.rows.iter().enumerate() {
+                if row.len() != t.columns.len() {
+                    return Err(Error::field(
+                        format!("tables[{i}].rows[{r}]"),
+                        format!(
+                            "row has {} cells but the table has {} columns",
+                            row.len(),
+                            t.columns.len()
+                        ),
+                    ));
+                }
+            }
+        }
+        for (i, p) in self.plots.iter().enumerate() {
+            check_id(&p.id).map_err(|e| e.with_field(format!("plots[{i}].id")))?;
+            if !ids.insert(format!("p:{}", p.id)) {
+                return Err(Error::field(
+                    format!("plots[{i}].id"),
+                    format!("duplicate plot id `{}`", p.id),
+                ));
+            }
+            for (s, series) in p.series.iter().enumerate() {
+                if series.x.len() != series.y.len() {
+                    return Err(Error::field(
+                        format!("plots[{i}].series[{s}]"),
+                        format!("x has {} values but y has {}", series.x.len(), series.y.len()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The current command line, shell-quoted, with the program name shown as `dpaudit` (for
+/// [`Report::command`]).
+pub fn command_line() -> String {
+    let mut parts = vec!["dpaudit".to_string()];
+    parts.extend(std::env::args().skip(1).map(|a| shell_quote(&a)));
+    parts.join(" ")
+}
+
+fn shell_quote(a: &str) -> String {
+    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
+}
+
+fn check_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::input(format!(
+            "identifier `{id}` must be 1–64 characters of a-z, 0-9, `_` or `-` (it names files)"
+        )))
+    }
+}
+
+/// Serialises `Vec<AccountResult>` so that non-finite ε/δ (e.g. ε = ∞ for a blatantly
+/// non-private mechanism) survive JSON. Field names mirror [`AccountResult`].
+mod results_serde {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Repr {
+        accountant: AccountantKind,
+        #[serde(with = "num")]
+        epsilon: f64,
+        #[serde(with = "num")]
+        delta: f64,
+        kind: BoundKind,
+        #[serde(default, with = "num::map")]
+        details: BTreeMap<String, f64>,
+        #[serde(default)]
+        diagnostics: Vec<Diagnostic>,
+    }
+
+    pub fn serialize<S: serde::Serializer>(v: &[AccountResult], s: S) -> std::result::Result<S::Ok, S::Error> {
+        let reprs: Vec<Repr> = v
+            .iter()
+            .map(|r| Repr {
+                accountant: r.accountant,
+                epsilon: r.epsilon,
+                delta: r.delta,
+                kind: r.kind,
+                details: r.details.clone(),
+                diagnostics: r.diagnostics.clone(),
+            })
+            .collect();
+        reprs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<AccountResult>, D::Error> {
+        let reprs: Vec<Repr> = Vec::deserialize(d)?;
+        Ok(reprs
+            .into_iter()
+            .map(|r| {
+                let mut a = AccountResult::new(r.accountant, r.epsilon, r.delta, r.kind);
+                a.details = r.details;
+                a.diagnostics = r.diagnostics;
+                a
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_and_non_finite_numbers_round_trip() {
+        let mut r = Report::new("t", "dpaudit test");
+        r.delta = Some(1e-5);
+        r.results.push(
+            AccountResult::new(AccountantKind::Pld, f64::INFINITY, 1e-5, BoundKind::UpperBound)
+                .with_detail("mu", f64::INFINITY),
+        );
+        r.tables.push(Table {
+            id: "steps".into(),
+            title: "Steps".into(),
+            columns: vec![Column::new("a"), Column::new("b"), Column::new("c"), Column::new("d")],
+            rows: vec![vec![
+                Cell::Int(3),
+                Cell::Num(3.0),
+                Cell::Num(f64::NEG_INFINITY),
+                Cell::Text("x".into()),
+            ]],
+            note: None,
+        });
+        let js = serde_json::to_string(&r).unwrap();
+        assert!(js.contains("\"inf\""), "{js}");
+        let back: Report = serde_json::from_str(&js).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn sound_epsilon_ignores_estimates() {
+        let mut r = Report::new("t", "x");
+        r.results
+            .push(AccountResult::new(AccountantKind::Clt, 0.5, 1e-5, BoundKind::Estimate));
+        r.results.push(AccountResult::new(
+            AccountantKind::Rdp,
+            1.4,
+            1e-5,
+            BoundKind::UpperBound,
+        ));
+        r.results.push(AccountResult::new(
+            AccountantKind::Pld,
+            0.8,
+            1e-5,
+            BoundKind::UpperBound,
+        ));
+        let s = r.sound_epsilon().unwrap();
+        assert_eq!(s.accountant, AccountantKind::Pld);
+        r.results.retain(|x| x.kind == BoundKind::Estimate);
+        assert!(r.sound_epsilon().is_none());
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let r = Report::new("t", "x");
+        let mut v = serde_json::to_value(&r).unwrap();
+        v["surprise"] = serde_json::json!(1);
+        let e = serde_json::from_value::<Report>(v).unwrap_err();
+        assert!(e.to_string().contains("unknown field `surprise`"), "{e}");
+    }
+
+    #[test]
+    fn validate_names_bad_ids_and_ragged_rows() {
+        let mut r = Report::new("t", "x");
+        r.tables.push(Table {
+            id: "Bad Id".into(),
+            title: "t".into(),
+            columns: vec![Column::new("a")],
+            rows: vec![],
+            note: None,
+        });
+        let e = r.validate().unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("tables[0].id"));
+        r.tables[0].id = "ok".into();
+        r.tables[0].rows.push(vec![]);
+        let e = r.validate().unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("tables[0].rows[0]"));
+    }
+}

@@ -1,1 +1,582 @@
-//! Integration tests: analyze.
+//! Integration tests: `dpaudit analyze` / `sweep` and the diffusion library against the reference
+//! tables (fixtures/reference, computed with scipy / dp-accounting 0.6.0, see its README), golden
+//! outputs of the shipped sampler fixtures, and every bad-config case through the real binary.
+
+use super::common::{dpaudit, read_csv, rel, root, stderr, stdout};
+use dpaudit::accountants::{AccountantKind, BoundKind};
+use dpaudit::config::sampler::SamplerConfig;
+use dpaudit::diffusion::account::{self, clt_validity};
+use dpaudit::events::Neighbouring;
+
+fn edm_config(sigma_min: f64, c: f64, conv: &str, p: f64) -> SamplerConfig {
+    let conv = match conv {
+        "A_t_i" => "A",
+        "B_t_next" => "B",
+        "C_t_i_plus_last_to_0" => "C",
+        other => panic!("unknown convention {other}"),
+    };
+    SamplerConfig::from_toml_str(&format!(
+        r#"
+schema_version = 1
+convention = "{conv}"
+[schedule]
+kind = "edm"
+sigma_min = {sigma_min:?}
+sigma_max = 80.0
+rho = 7.0
+levels = 50
+[privacy]
+clip_norm = {c:?}
+dataset_size = 50000
+subsample_rate = {p:?}
+[density]
+kind = "constant"
+beta = 1.0
+"#
+    ))
+    .unwrap()
+}
+
+fn f(r: &std::collections::HashMap<String, String>, k: &str) -> f64 {
+    r[k].parse().unwrap_or_else(|_| panic!("{k} = {}", r[k]))
+}
+
+/// fixtures/reference/edm_fullbatch.csv (scipy; ε cross-checked with dp_accounting): every row's
+/// max step μ and total μ within 1e-9 relative, and the exact GDP ε.
+#[test]
+fn edm_fullbatch_reference_rows() {
+    let rows = read_csv("fixtures/reference/edm_fullbatch.csv");
+    assert_eq!(rows.len(), 54);
+    for r in &rows {
+        let cfg = edm_config(f(r, "sigma_min"), f(r, "C"), &r["convention"], 1.0);
+        let plan = account::plan(&cfg).unwrap();
+        let mus = plan.private_mus();
+        assert_eq!(mus.len(), f(r, "n_steps") as usize);
+        let max = mus.iter().cloned().fold(0.0, f64::max);
+        let total = account::full_batch_mu(&mus, 1);
+        assert!(rel(max, f(r, "max_step_mu")) < 1e-9, "{r:?}: max {max}");
+        assert!(rel(total, f(r, "total_mu")) < 1e-9, "{r:?}: total {total}");
+        let a = account::analyze(&cfg, &[AccountantKind::Gdp]).unwrap();
+        let g = &a.accountants[0];
+        assert_eq!(g.kind, Some(BoundKind::Exact));
+        let eps = g.epsilon.unwrap();
+        let want = f(r, "eps_delta_1e-5");
+        // The reference ε itself agrees with dp_accounting's to ~3e-11 relative.
+        assert!(rel(eps, want) < 1e-9, "{r:?}: ε {eps}");
+    }
+}
+
+/// The paper's Figure 6 number: μ ≈ 787 with the shipped fixture (convention C, 2C/(β|D|) = 1).
+#[test]
+fn paper_figure6_fixture_gives_787() {
+    let cfg = SamplerConfig::load(root().join("fixtures/samplers/edm-cifar10-paper.toml")).unwrap();
+    let a = account::analyze(&cfg, &[AccountantKind::Gdp]).unwrap();
+    let want = read_csv("fixtures/reference/edm_fullbatch.csv")
+        .into_iter()
+        .find(|r| {
+            r["sigma_min"] == "0.002" && r["C_label"] == "unit_2C_over_betaD_eq_1" && r["convention"].starts_with('C')
+        })
+        .unwrap();
+    assert!(rel(a.full_batch_mu, f(&want, "total_mu")) < 1e-9);
+    assert!((a.full_batch_mu - 787.6).abs() < 0.05, "{}", a.full_batch_mu);
+    let o = dpaudit(&[
+        "analyze",
+        "fixtures/samplers/edm-cifar10-paper.toml",
+        "--accountant",
+        "gdp",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(
+        s.contains("full-batch GDP μ over all private steps and samples: 787.6196"),
+        "{s}"
+    );
+    assert!(s.contains("step convention C:"), "{s}");
+}
+
+/// fixtures/reference/edm_perstep_sigmamin0.002.csv: each step's t, Δt and μ (C = √3072).
+#[test]
+fn edm_perstep_reference() {
+    let rows = read_csv("fixtures/reference/edm_perstep_sigmamin0.002.csv");
+    for conv in ["A_t_i", "B_t_next", "C_t_i_plus_last_to_0"] {
+        let cfg = edm_config(0.002, 3072f64.sqrt(), conv, 1.0);
+        let plan = account::plan(&cfg).unwrap();
+        let want: Vec<_> = rows.iter().filter(|r| r["convention"] == conv).collect();
+        assert_eq!(want.len(), plan.steps.len());
+        for (s, r) in plan.steps.iter().zip(want) {
+            assert!(rel(s.t_from, f(r, "t_from")) < 1e-12);
+            assert!((s.t_to - f(r, "t_to")).abs() <= 1e-12 * s.t_from);
+            assert!(rel(s.dt, f(r, "delta_t")) < 1e-9);
+            assert!(rel(s.mu, f(r, "mu_step(C=sqrt3072)")) < 1e-9, "{conv} step {}", s.index);
+        }
+    }
+}
+
+fn not_yet(line: &account::AccountantLine) -> bool {
+    line.epsilon.is_none() && line.status.contains("not yet implemented")
+}
+
+/// fixtures/reference/clt_edm.csv: the subsampled CLT (DRS Thm 3.5 with per-step kl, κ₂) within
+/// 1e-6, and the PLD ε (dp_accounting 0.6.0, grid 1e-4) within 1 % above the exact value.
+/// Until the CLT / PLD accountants are merged they report "not yet implemented", and only the
+/// full-batch μ and the validity diagnostics are checked.
+#[test]
+fn clt_edm_reference_rows() {
+    let rows = read_csv("fixtures/reference/clt_edm.csv");
+    assert_eq!(rows.len(), 135);
+    let mut checked_clt = 0;
+    let mut checked_pld = 0;
+    for (i, r) in rows.iter().enumerate() {
+        let c = match r["C_label"].as_str() {
+            "1" => 1.0,
+            "sqrt3072" => 3072f64.sqrt(),
+            _ => 25_000.0,
+        };
+        let p = f(r, "p");
+        let cfg = edm_config(f(r, "sigma_min"), c, &r["convention"], p);
+        let mus = account::plan(&cfg).unwrap().private_mus();
+        assert!(rel(account::full_batch_mu(&mus, 1), f(r, "fullbatch_mu")) < 1e-9);
+        let clt = account::clt_line(&mus, p, 1, Neighbouring::AddRemove, 1e-5);
+        let clt_eps_ref = f(r, "clt_eps_delta_1e-5");
+        // "skipped(max mu>3)" where the reference PLD was not run.
+        let pld_ref: f64 = r["exact_pld_eps_delta_1e-5"].parse().unwrap_or(f64::NAN);
+        // Rows where the CLT is far below the exact ε must carry a severe diagnostic.
+        if pld_ref > 2.0 * clt_eps_ref + 0.01 {
+            let d = clt_validity(&mus, p, 1, 1e-5, Some(clt_eps_ref));
+            assert!(
+                d.iter().any(|d| d.severe),
+                "row {i}: CLT {clt_eps_ref} vs exact {pld_ref}: no warning {d:?}"
+            );
+        }
+        if let (false, Some(mu)) = (not_yet(&clt), clt.mu) {
+            assert!(rel(mu, f(r, "clt_mu")) < 1e-6, "row {i}: clt μ {mu}");
+            let e = clt.epsilon.unwrap();
+            assert!(
+                (e - clt_eps_ref).abs() <= 1e-6 * clt_eps_ref.max(1e-3),
+                "row {i}: clt ε {e}"
+            );
+            assert_eq!(clt.kind, Some(BoundKind::Estimate));
+            checked_clt += 1;
+        }
+        if i % 9 == 0 && pld_ref.is_finite() && pld_ref > 0.0 && pld_ref < 50.0 {
+            let pld = account::bound_line(AccountantKind::Pld, &mus, p, 1, Neighbouring::AddRemove, 1e-5);
+            if !not_yet(&pld) {
+                let e = pld.epsilon.unwrap();
+                assert!(
+                    e >= pld_ref * (1.0 - 1e-9) && e <= pld_ref * 1.01,
+                    "row {i}: pld ε {e} vs {pld_ref}"
+                );
+                checked_pld += 1;
+            }
+        }
+    }
+    eprintln!("clt rows checked: {checked_clt}, pld rows checked: {checked_pld}");
+}
+
+/// Trajectory density on the real digits data (fixtures/data/digits.csv.gz): finite μ_t at every
+/// step, min ≤ median ≤ max, the accounted μ_t is the max.
+#[test]
+fn digits_trajectory_density_is_finite() {
+    let cfg = SamplerConfig::load(root().join("fixtures/samplers/digits-trajectories.toml")).unwrap();
+    let plan = account::plan(&cfg).unwrap();
+    assert_eq!(plan.dataset_size, 1797);
+    for s in &plan.steps {
+        let (lo, med, hi) = (s.mu_min.unwrap(), s.mu_median.unwrap(), s.mu_max.unwrap());
+        assert!(
+            lo.is_finite() && hi.is_finite() && lo > 0.0,
+            "step {}: {lo} {hi}",
+            s.index
+        );
+        assert!(lo <= med && med <= hi && s.mu == hi);
+    }
+    let a = dpaudit::diffusion::sampler_accounting(&cfg).unwrap();
+    assert_eq!(a.event.components().unwrap().len(), plan.steps.len());
+}
+
+fn golden(name: &str, got: &str) {
+    let path = root().join("fixtures/golden").join(name);
+    if std::env::var_os("DPAUDIT_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with DPAUDIT_BLESS=1 to create)", path.display()));
+    if want != got {
+        let line = want.lines().zip(got.lines()).position(|(a, b)| a != b);
+        panic!(
+            "{name} differs from the golden file (first differing line {line:?}); rerun with DPAUDIT_BLESS=1 if intended\n--- got ---\n{got}"
+        );
+    }
+}
+
+/// Golden outputs of `analyze` for every shipped fixture (exact GDP only, so that they do not
+/// move when other accountants change). Regenerate with DPAUDIT_BLESS=1.
+#[test]
+fn golden_analyze_outputs() {
+    let dir = root().join("fixtures/samplers");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5);
+    for n in names {
+        let stem = n.trim_end_matches(".toml");
+        let path = format!("fixtures/samplers/{n}");
+        for (fmt, ext) in [("text", "txt"), ("json", "json")] {
+            let o = dpaudit(&["analyze", &path, "--accountant", "gdp", "--format", fmt]);
+            assert_eq!(o.status.code(), Some(0), "{n}: {}", stderr(&o));
+            golden(&format!("analyze-{stem}.{ext}"), &stdout(&o));
+        }
+    }
+}
+
+/// With every accountant, each line either has a number with its kind or says why not; the CLT
+/// is never the guarantee.
+#[test]
+fn all_accountants_are_reported_with_kind_or_reason() {
+    let o = dpaudit(&[
+        "analyze",
+        "fixtures/samplers/edm-cifar10-subsampled.toml",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let lines = v["accountants"].as_array().unwrap();
+    assert_eq!(lines.len(), 4);
+    for l in lines {
+        let status = l["status"].as_str().unwrap();
+        if l["epsilon"].is_null() {
+            assert!(status.starts_with("unavailable: "), "{l}");
+        } else {
+            assert!(!l["kind"].is_null(), "{l}");
+        }
+    }
+    assert_ne!(v["guarantee"]["accountant"], "clt");
+    assert_eq!(v["convention"], "A");
+    // The last step carries 60 % of Σμ²: the CLT's "no step dominates" condition fails.
+    let warn = v["warnings"].to_string();
+    assert!(warn.contains("clt_step_dominates"), "{warn}");
+    let clt = lines.iter().find(|l| l["accountant"] == "clt").unwrap();
+    let st = clt["status"].as_str().unwrap();
+    assert!(
+        st.starts_with("not a guarantee") || st.starts_with("unavailable"),
+        "{st}"
+    );
+}
+
+#[test]
+fn csv_and_text_state_the_convention() {
+    let o = dpaudit(&[
+        "analyze",
+        "fixtures/samplers/ddpm-linear-ddim50.toml",
+        "--format",
+        "csv",
+        "--accountant",
+        "gdp",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let s = stdout(&o);
+    assert!(s.starts_with("convention,step,"));
+    assert!(s.lines().skip(1).all(|l| l.starts_with("A,")));
+    let o = dpaudit(&[
+        "sweep",
+        "fixtures/samplers/ddpm-linear-ddim50.toml",
+        "--steps",
+        "10,20",
+        "--format",
+        "text",
+        "-q",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("step convention A"));
+}
+
+/// The sweep output is identical run to run and independent of the thread count.
+#[test]
+fn sweep_is_deterministic() {
+    let args = [
+        "sweep",
+        "fixtures/samplers/edm-cifar10-subsampled.toml",
+        "--sigma-min",
+        "0.002..5",
+        "--points",
+        "25",
+        "--log",
+        "--subsample-rate",
+        "1,0.5,0.01",
+        "--samples",
+        "1,10",
+        "--format",
+        "csv",
+    ];
+    let a = dpaudit(&args);
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let b = dpaudit(&args);
+    let c = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+        .args(args)
+        .current_dir(root())
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&a), stdout(&b));
+    assert_eq!(stdout(&a), stdout(&c));
+    let s = stdout(&a);
+    assert_eq!(s.lines().count(), 1 + 25 * 3 * 2);
+    let header = s.lines().next().unwrap();
+    for col in [
+        "gdp_epsilon",
+        "gdp_kind",
+        "gdp_status",
+        "clt_epsilon",
+        "clt_kind",
+        "clt_status",
+        "convention",
+    ] {
+        assert!(header.split(',').any(|h| h == col), "{header}");
+    }
+    // First row: σ_min = 0.002, p = 1, S = 1 is the reference row (C = 1, convention A).
+    let row1: Vec<&str> = s.lines().nth(1).unwrap().split(',').collect();
+    let full_mu: f64 = row1[8].parse().unwrap();
+    assert!(rel(full_mu, 0.013876295022582965) < 1e-9);
+    assert!(s.lines().nth(1).unwrap().contains(",exact,"));
+}
+
+fn write_cfg(dir: &tempfile::TempDir, name: &str, body: &str) -> String {
+    let p = dir.path().join(name);
+    std::fs::write(&p, body).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+const GOOD: &str = "schema_version = 1
+convention = \"A\"
+[schedule]
+kind = \"edm\"
+sigma_min = 0.002
+sigma_max = 80.0
+rho = 7.0
+levels = 50
+[privacy]
+clip_norm = 1.0
+dataset_size = 50000
+subsample_rate = 0.5
+[density]
+kind = \"constant\"
+beta = 1.0
+";
+
+/// Every bad-config case: exit 2, a message naming file, line and field, never a panic.
+#[test]
+fn bad_configs_exit_2_with_file_line_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, String, &str, Option<usize>)> = vec![
+        (
+            "unknown-top",
+            GOOD.replace("convention", "colour = 1\nconvention"),
+            "unknown field `colour`",
+            Some(2),
+        ),
+        (
+            "unknown-schedule",
+            GOOD.replace("rho = 7.0", "rho = 7.0\nsteps = 3"),
+            "unknown field `steps`",
+            Some(8),
+        ),
+        (
+            "unknown-privacy",
+            GOOD.replace("clip_norm", "clipnorm"),
+            "unknown field `clipnorm`",
+            Some(10),
+        ),
+        (
+            "sigma-order",
+            GOOD.replace("sigma_min = 0.002", "sigma_min = 80.0"),
+            "schedule.sigma_min",
+            Some(5),
+        ),
+        (
+            "sigma-order-2",
+            GOOD.replace("sigma_min = 0.002", "sigma_min = 100.0"),
+            "σ_min must be < σ_max",
+            Some(5),
+        ),
+        (
+            "p-zero",
+            GOOD.replace("subsample_rate = 0.5", "subsample_rate = 0.0"),
+            "privacy.subsample_rate",
+            Some(12),
+        ),
+        (
+            "p-above-one",
+            GOOD.replace("subsample_rate = 0.5", "subsample_rate = 1.5"),
+            "p must be in (0, 1]",
+            Some(12),
+        ),
+        (
+            "p-negative",
+            GOOD.replace("subsample_rate = 0.5", "subsample_rate = -0.1"),
+            "privacy.subsample_rate",
+            Some(12),
+        ),
+        (
+            "n-one",
+            GOOD.replace("levels = 50", "levels = 1"),
+            "schedule.levels",
+            Some(8),
+        ),
+        (
+            "n-zero",
+            GOOD.replace("levels = 50", "levels = 0"),
+            "N must be ≥ 2",
+            Some(8),
+        ),
+        (
+            "n-negative",
+            GOOD.replace("levels = 50", "levels = -3"),
+            "expected usize",
+            None,
+        ),
+        (
+            "schema",
+            GOOD.replace("schema_version = 1", "schema_version = 2"),
+            "schema_version",
+            Some(1),
+        ),
+        (
+            "wrong-type",
+            GOOD.replace("rho = 7.0", "rho = \"seven\""),
+            "invalid type",
+            None,
+        ),
+        (
+            "samples-zero",
+            GOOD.replace("dataset_size = 50000", "dataset_size = 50000\nsamples = 0"),
+            "privacy.samples",
+            Some(12),
+        ),
+        (
+            "switch-one",
+            GOOD.replace("dataset_size = 50000", "dataset_size = 50000\nswitch_at = 1.0"),
+            "privacy.switch_at",
+            Some(12),
+        ),
+        (
+            "no-size",
+            GOOD.replace("dataset_size = 50000\n", ""),
+            "privacy.dataset_size",
+            None,
+        ),
+        (
+            "delta",
+            GOOD.replace("convention", "delta = 2.0\nconvention"),
+            "delta",
+            Some(2),
+        ),
+        (
+            "beta",
+            GOOD.replace("beta = 1.0", "beta = 0.0"),
+            "density.beta",
+            Some(15),
+        ),
+        (
+            "clip",
+            GOOD.replace("clip_norm = 1.0", "clip_norm = -1.0"),
+            "privacy.clip_norm",
+            Some(10),
+        ),
+        (
+            "convention",
+            GOOD.replace("convention = \"A\"", "convention = \"D\""),
+            "unknown variant `D`",
+            Some(2),
+        ),
+        (
+            "kind",
+            GOOD.replace("kind = \"edm\"", "kind = \"vp\""),
+            "unknown variant `vp`",
+            None,
+        ),
+        (
+            "missing-data",
+            GOOD.replace(
+                "kind = \"constant\"\nbeta = 1.0",
+                "kind = \"trajectories\"\ndata = \"nope.csv\"",
+            ),
+            "nope.csv",
+            None,
+        ),
+        (
+            "ddim-too-many",
+            GOOD.replace(
+                "kind = \"edm\"\nsigma_min = 0.002\nsigma_max = 80.0\nrho = 7.0\nlevels = 50",
+                "kind = \"ddpm_linear\"\nbeta_start = 1e-4\nbeta_end = 0.02\ntimesteps = 10\nlevels = 50",
+            ),
+            "schedule.levels",
+            Some(8),
+        ),
+    ];
+    for (name, body, needle, line) in cases {
+        let path = write_cfg(&dir, &format!("{name}.toml"), &body);
+        for cmd in ["analyze", "sweep"] {
+            let needle = if name == "missing-data" && cmd == "sweep" {
+                "constant density"
+            } else {
+                needle
+            };
+            let o = dpaudit(&[cmd, &path]);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{name} ({cmd}): {err}");
+            assert!(!err.contains("panicked"), "{name}: {err}");
+            assert!(
+                err.contains(&format!("{name}.toml")),
+                "{name} ({cmd}) names no file: {err}"
+            );
+            assert!(err.contains(needle), "{name} ({cmd}): `{needle}` not in {err}");
+            if let Some(l) = line {
+                assert!(
+                    err.contains(&format!("{name}.toml:{l}:")),
+                    "{name} ({cmd}): no line {l} in {err}"
+                );
+            }
+        }
+    }
+    let o = dpaudit(&["analyze", "does/not/exist.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("does/not/exist.toml"));
+}
+
+#[test]
+fn bad_sweep_flags_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--sigma-min", "5..1"], "--sigma-min"),
+        (&["--sigma-min", "abc"], "--sigma-min"),
+        (&["--sigma-min", "0.01..1", "--points", "0"], "--points"),
+        (&["--subsample-rate", "0"], "privacy.subsample_rate"),
+        (&["--subsample-rate", "1,x"], "--subsample-rate"),
+        (&["--switch-at", "1.5"], "privacy.switch_at"),
+        (&["--steps", "1"], "schedule.levels"),
+        (&["--accountant", "foo"], "--accountant"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["sweep", "fixtures/samplers/edm-cifar10-subsampled.toml"];
+        args.extend_from_slice(extra);
+        let o = dpaudit(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(needle) && !err.contains("panicked"), "{extra:?}: {err}");
+    }
+    let o = dpaudit(&[
+        "sweep",
+        "fixtures/samplers/ddpm-linear-ddim50.toml",
+        "--sigma-min",
+        "0.01..1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("EDM"));
+    let o = dpaudit(&["sweep", "fixtures/samplers/digits-trajectories.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("constant density"));
+}

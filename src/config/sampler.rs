@@ -1,0 +1,383 @@
+//! Sampler configuration (TOML, `schema_version = 1`), read by `dpaudit analyze`, `sweep` and
+//! `check`. Every table denies unknown keys; semantic errors name file, line and field.
+//!
+//! ```toml
+//! schema_version = 1
+//! name = "edm-cifar10-paper"
+//! convention = "C"              # step convention A | B | C (see docs/diffusion.md)
+//! delta = 1e-5
+//! neighbouring = "add_remove"   # or "replace_one"
+//!
+//! [schedule]
+//! kind = "edm"                  # edm | ddpm_linear | ddpm_cosine | flow_matching
+//! sigma_min = 0.002
+//! sigma_max = 80.0
+//! rho = 7.0
+//! levels = 50
+//!
+//! [privacy]
+//! clip_norm = 1.0               # C
+//! dataset_size = 50000          # |D|
+//! subsample_rate = 1.0          # p in (0, 1]
+//! samples = 1                   # S generated samples (composed S times)
+//! switch_at = 0.0               # fraction of the steps run by a public denoiser first
+//! # private_steps = 1           # how many steps the empirical denoiser runs after the switch
+//! # stop_at = 0.05              # stop at the first noise level ≤ stop_at
+//!
+//! [density]
+//! kind = "constant"             # or "trajectories" (data = "digits.csv.gz", ...)
+//! beta = 1.0
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+use crate::diffusion::schedule::{Convention, Schedule};
+use crate::error::{self, Error, Result};
+use crate::events::Neighbouring;
+
+/// The schema version this dpaudit reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A whole sampler configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplerConfig {
+    pub schema_version: u32,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Step convention (stated in every output).
+    pub convention: Convention,
+    #[serde(default = "default_delta")]
+    pub delta: f64,
+    #[serde(default)]
+    pub neighbouring: Neighbouring,
+    pub schedule: Schedule,
+    pub privacy: PrivacyConfig,
+    pub density: DensityConfig,
+    /// Directory of the file the config came from (relative data paths resolve against it).
+    #[serde(skip)]
+    pub base_dir: Option<PathBuf>,
+}
+
+fn default_delta() -> f64 {
+    1e-5
+}
+fn one() -> f64 {
+    1.0
+}
+fn one_u64() -> u64 {
+    1
+}
+
+/// How the clipping norm C is scaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClipScale {
+    /// C is used as given (paper eq. 5).
+    #[default]
+    Absolute,
+    /// C_t = clip_norm · (2πt²)^{−d/2} e^{−d/2}: the clip norm in units of the Gaussian density
+    /// at the typical distance √d·t of a noisy point from its record (data-independent, so the
+    /// sensitivity bound 2C_t/|D| still holds). Only with `density.kind = "trajectories"` (needs d).
+    TypicalDensity,
+}
+
+/// `[privacy]`: what the private part of sampling is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrivacyConfig {
+    /// Clipping norm C of v(x₀; x_t) (paper eq. 5).
+    #[serde(default = "one")]
+    pub clip_norm: f64,
+    #[serde(default)]
+    pub clip_scale: ClipScale,
+    /// |D|; required with a constant density, taken from the data file otherwise.
+    #[serde(default)]
+    pub dataset_size: Option<u64>,
+    /// Poisson subsampling rate p ∈ (0, 1] of the empirical denoiser at every private step.
+    #[serde(default = "one")]
+    pub subsample_rate: f64,
+    /// Number of generated samples S (each composes all private steps once).
+    #[serde(default = "one_u64")]
+    pub samples: u64,
+    /// Fraction of the steps run first by a public (non-private) denoiser, in [0, 1).
+    #[serde(default)]
+    pub switch_at: f64,
+    /// Number of steps the empirical denoiser runs after the switch (default: all the rest).
+    #[serde(default)]
+    pub private_steps: Option<usize>,
+    /// Early stop: sampling stops at the first noise level ≤ `stop_at`.
+    #[serde(default)]
+    pub stop_at: Option<f64>,
+}
+
+/// `[density]`: p_t(x_t) in μ_t = 2C/(p_t(x_t)|D|)·√(2Δt/t³).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DensityConfig {
+    /// p_t(x_t) ≡ β (the paper's §6 setting, β = 1).
+    Constant { beta: f64 },
+    /// p_t(x_t) evaluated along real trajectories of the empirical denoiser on a data file.
+    Trajectories(TrajectoryConfig),
+}
+
+/// Density from trajectories of the empirical denoiser.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrajectoryConfig {
+    /// CSV (optionally .gz) of numeric rows, no header; relative to the config file.
+    pub data: PathBuf,
+    /// Use the first `columns` columns as the record (e.g. 64 for digits: drops the label).
+    #[serde(default)]
+    pub columns: Option<usize>,
+    /// Affine map of the raw values [lo, hi] onto [−1, 1].
+    #[serde(default)]
+    pub value_range: Option<[f64; 2]>,
+    /// Use only the first `max_rows` rows (keeps small analyses fast).
+    #[serde(default)]
+    pub max_rows: Option<usize>,
+    /// Number of trajectories (min/median/max of μ_t are reported across them).
+    #[serde(default = "default_trajectories")]
+    pub trajectories: usize,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_trajectories() -> usize {
+    8
+}
+
+impl SamplerConfig {
+    /// Reads, parses and validates a sampler configuration. Errors carry file, line and field.
+    pub fn load(path: impl AsRef<Path>) -> Result<SamplerConfig> {
+        let path = path.as_ref();
+        let src = error::read_to_string(path)?;
+        let mut cfg: SamplerConfig = toml::from_str(&src).map_err(|e| parse_error(path, &src, e))?;
+        cfg.base_dir = Some(path.parent().map(Path::to_path_buf).unwrap_or_default());
+        cfg.validate().map_err(|e| locate(e, &src).with_file(path))?;
+        Ok(cfg)
+    }
+
+    /// Parses from a string (no file context; relative data paths resolve against `.`).
+    pub fn from_toml_str(src: &str) -> Result<SamplerConfig> {
+        let cfg: SamplerConfig = toml::from_str(src).map_err(|e| error::from_toml(Path::new("<string>"), src, e))?;
+        cfg.validate().map_err(|e| locate(e, src))?;
+        Ok(cfg)
+    }
+
+    /// Checks every value once; errors name the field as `table.key`.
+    pub fn validate(&self) -> Result<()> {
+        if self.schema_version != SCHEMA_VERSION {
+            return Err(Error::field(
+                "schema_version",
+                format!(
+                    "unsupported schema_version {} (this dpaudit reads {SCHEMA_VERSION})",
+                    self.schema_version
+                ),
+            ));
+        }
+        if !(self.delta > 0.0 && self.delta < 1.0) {
+            return Err(Error::field(
+                "delta",
+                format!("δ must be in (0, 1), got {}", self.delta),
+            ));
+        }
+        self.schedule.validate().map_err(|e| e.with_field("schedule"))?;
+        let p = &self.privacy;
+        let bad = |f: &str, m: String| Err(Error::field(format!("privacy.{f}"), m));
+        if !(p.clip_norm.is_finite() && p.clip_norm > 0.0) {
+            return bad(
+                "clip_norm",
+                format!("C must be a finite number > 0, got {}", p.clip_norm),
+            );
+        }
+        if !(p.subsample_rate > 0.0 && p.subsample_rate <= 1.0) {
+            return bad(
+                "subsample_rate",
+                format!("p must be in (0, 1], got {}", p.subsample_rate),
+            );
+        }
+        if p.samples == 0 {
+            return bad("samples", "S must be ≥ 1".into());
+        }
+        if !(p.switch_at >= 0.0 && p.switch_at < 1.0) {
+            return bad("switch_at", format!("must be in [0, 1), got {}", p.switch_at));
+        }
+        if p.private_steps == Some(0) {
+            return bad("private_steps", "must be ≥ 1 (omit it for all remaining steps)".into());
+        }
+        if let Some(s) = p.stop_at {
+            if !(s.is_finite() && s >= 0.0) {
+                return bad("stop_at", format!("must be a finite noise level ≥ 0, got {s}"));
+            }
+        }
+        if let Some(n) = p.dataset_size {
+            if n < 2 {
+                return bad("dataset_size", format!("|D| must be ≥ 2, got {n}"));
+            }
+        }
+        match &self.density {
+            DensityConfig::Constant { beta } => {
+                if !(beta.is_finite() && *beta > 0.0) {
+                    return Err(Error::field(
+                        "density.beta",
+                        format!("β must be finite and > 0, got {beta}"),
+                    ));
+                }
+                if p.dataset_size.is_none() {
+                    return bad(
+                        "dataset_size",
+                        "|D| is required with a constant density (missing key)".into(),
+                    );
+                }
+                if p.clip_scale == ClipScale::TypicalDensity {
+                    return bad(
+                        "clip_scale",
+                        "\"typical_density\" needs the data dimension: use density.kind = \"trajectories\"".into(),
+                    );
+                }
+            }
+            DensityConfig::Trajectories(t) => {
+                if t.trajectories == 0 {
+                    return Err(Error::field("density.trajectories", "must be ≥ 1"));
+                }
+                if let Some([lo, hi]) = t.value_range {
+                    if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+                        return Err(Error::field(
+                            "density.value_range",
+                            format!("need lo < hi, got [{lo}, {hi}]"),
+                        ));
+                    }
+                }
+                if t.columns == Some(0) || t.max_rows.is_some_and(|m| m < 2) {
+                    return Err(Error::field("density.columns", "columns must be ≥ 1 and max_rows ≥ 2"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Path of a data file named in the config, resolved against the config's directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        match &self.base_dir {
+            Some(b) if p.is_relative() => b.join(p),
+            _ => p.to_path_buf(),
+        }
+    }
+
+    /// A short name for outputs.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| "sampler".into())
+    }
+}
+
+/// A TOML error with file and line; inside tagged tables (`[schedule]`, `[density]`) the parser
+/// only knows the table's span, so an unknown key is looked up by name after it.
+fn parse_error(path: &Path, src: &str, err: toml::de::Error) -> Error {
+    let msg = err.message().to_string();
+    let start = err.span().map(|s| s.start.min(src.len()));
+    let mut e = error::from_toml(path, src, err);
+    if let (Some(rest), Some(start)) = (msg.strip_prefix("unknown field `"), start) {
+        if let Some(key) = rest.split('`').next() {
+            let first = src[..start].matches('\n').count();
+            for (i, line) in src.lines().enumerate().skip(first) {
+                if i > first && line.trim_start().starts_with('[') {
+                    break;
+                }
+                if line.split_once('=').is_some_and(|(k, _)| k.trim() == key) {
+                    e.line = Some(i + 1);
+                    break;
+                }
+            }
+            e = e.with_field(key.to_string());
+        }
+    }
+    e
+}
+
+/// Adds the line of the offending key to a validation error, found by scanning the source
+/// for `key =` inside the right `[table]`.
+fn locate(e: Error, src: &str) -> Error {
+    let Some(field) = e.field.clone() else { return e };
+    let (table, key) = match field.rsplit_once('.') {
+        Some((t, k)) => (t.to_string(), k.to_string()),
+        None => (String::new(), field.clone()),
+    };
+    let mut current = String::new();
+    let mut table_line = None;
+    for (i, line) in src.lines().enumerate() {
+        let l = line.trim();
+        if l.starts_with('[') {
+            current = l.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+            if current == table {
+                table_line = Some(i + 1);
+            }
+            continue;
+        }
+        if current == table {
+            if let Some((k, _)) = l.split_once('=') {
+                if k.trim() == key {
+                    return e.with_line(i + 1);
+                }
+            }
+        }
+    }
+    match table_line {
+        Some(l) => e.with_line(l),
+        None => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAPER: &str = r#"
+schema_version = 1
+convention = "C"
+[schedule]
+kind = "edm"
+sigma_min = 0.002
+sigma_max = 80.0
+rho = 7.0
+levels = 50
+[privacy]
+clip_norm = 1.0
+dataset_size = 50000
+[density]
+kind = "constant"
+beta = 1.0
+"#;
+
+    #[test]
+    fn parses_and_defaults() {
+        let c = SamplerConfig::from_toml_str(PAPER).unwrap();
+        assert_eq!(c.privacy.subsample_rate, 1.0);
+        assert_eq!(c.privacy.samples, 1);
+        assert_eq!(c.delta, 1e-5);
+    }
+
+    #[test]
+    fn semantic_errors_name_line_and_field() {
+        let bad = PAPER.replace("sigma_min = 0.002", "sigma_min = 100.0");
+        let e = SamplerConfig::from_toml_str(&bad).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("schedule.sigma_min"));
+        assert_eq!(e.line, Some(6));
+        let bad = PAPER.replace("dataset_size = 50000", "dataset_size = 50000\nsubsample_rate = 0.0");
+        let e = SamplerConfig::from_toml_str(&bad).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("privacy.subsample_rate"));
+        assert_eq!(e.line, Some(13));
+    }
+
+    #[test]
+    fn unknown_keys_rejected() {
+        let bad = PAPER.replace("rho = 7.0", "rho = 7.0\nsteps = 3");
+        assert!(SamplerConfig::from_toml_str(&bad).is_err());
+        let bad = PAPER.replace("clip_norm = 1.0", "clipnorm = 1.0");
+        let e = SamplerConfig::from_toml_str(&bad).unwrap_err();
+        assert!(e.to_string().contains("clipnorm"), "{e}");
+    }
+}

@@ -1,0 +1,664 @@
+//! From a sampler configuration to per-step μ_t, a [`DpEvent`], and (ε, δ) from each
+//! accountant, with the CLT's validity checks and the critical-window view.
+//!
+//! Full batch: the private steps are μ_t-GDP (§3.1) and compose exactly (§3.2, DRS Cor. 3.3),
+//! S samples compose S times. Subsampled at rate p (§4): each private step is the Poisson
+//! subsampled Gaussian C_p(G_{μ_t}); the paper uses the GDP CLT (DRS Thm 3.5, App. A), which is an
+//! **estimate**; dpaudit prints it next to the PLD and RDP upper bounds.
+
+use serde::{Deserialize, Serialize};
+
+use super::denoiser::{sample, ClipSpec, Dataset, EmpiricalDenoiser, SamplerOptions};
+use super::schedule::{steps as make_steps, Convention, Step};
+use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
+use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
+use crate::config::sampler::{ClipScale, DensityConfig, SamplerConfig};
+use crate::error::{Error, Result};
+use crate::events::{DpEvent, EventBuilder, Neighbouring};
+use crate::numeric;
+
+/// One step of the analysis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepRow {
+    pub index: usize,
+    pub t_from: f64,
+    pub t_to: f64,
+    /// t in the formula (per the convention).
+    pub t: f64,
+    pub dt: f64,
+    pub role: StepRole,
+    /// μ_t of this step if run privately (trajectory density: the maximum over trajectories).
+    pub mu: f64,
+    /// Trajectory density only: min / median / max of μ_t across trajectories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mu_min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mu_median: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mu_max: Option<f64>,
+    /// Full-batch GDP μ of the private steps up to and including this one, for one sample.
+    pub cumulative_mu: f64,
+}
+
+/// Per-step μ_t for a configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub convention: Convention,
+    pub steps: Vec<StepRow>,
+    pub dataset_size: u64,
+    /// How p_t(x_t) was obtained.
+    pub density: String,
+}
+
+impl Plan {
+    /// μ_t of the private steps, in generation order.
+    pub fn private_mus(&self) -> Vec<f64> {
+        self.steps
+            .iter()
+            .filter(|s| s.role == StepRole::Private)
+            .map(|s| s.mu)
+            .collect()
+    }
+}
+
+/// Per-step μ_t with a constant density β (no allocation beyond the step list).
+pub fn constant_plan(cfg: &SamplerConfig, beta: f64) -> Result<Plan> {
+    let n = cfg
+        .privacy
+        .dataset_size
+        .ok_or_else(|| Error::field("privacy.dataset_size", "|D| is required with a constant density"))?;
+    let levels = cfg.schedule.levels().map_err(|e| e.with_field("schedule"))?;
+    let steps = make_steps(&levels, cfg.convention);
+    let roles = roles(&steps, &cfg.privacy);
+    let mus: Vec<f64> = steps
+        .iter()
+        .map(|s| mu_constant(cfg.privacy.clip_norm, beta, n as f64, s.t, s.dt))
+        .collect();
+    Ok(Plan {
+        convention: cfg.convention,
+        steps: rows(&steps, &roles, &mus, None),
+        dataset_size: n,
+        density: format!(
+            "constant β = {beta}; 2C/(β|D|) = {}",
+            2.0 * cfg.privacy.clip_norm / (beta * n as f64)
+        ),
+    })
+}
+
+fn rows(steps: &[Step], roles: &[StepRole], mus: &[f64], spread: Option<&[(f64, f64, f64)]>) -> Vec<StepRow> {
+    let mut acc = 0.0f64;
+    steps
+        .iter()
+        .zip(roles)
+        .zip(mus)
+        .enumerate()
+        .map(|(i, ((s, r), mu))| {
+            if *r == StepRole::Private {
+                acc += mu * mu;
+            }
+            StepRow {
+                index: s.index,
+                t_from: s.t_from,
+                t_to: s.t_to,
+                t: s.t,
+                dt: s.dt,
+                role: *r,
+                mu: *mu,
+                mu_min: spread.map(|v| v[i].0),
+                mu_median: spread.map(|v| v[i].1),
+                mu_max: spread.map(|v| v[i].2),
+                cumulative_mu: acc.sqrt(),
+            }
+        })
+        .collect()
+}
+
+/// Per-step μ_t for the configuration: constant β, or p_t(x_t) along `trajectories` real
+/// trajectories of the (clipped) empirical denoiser on the data file, in log space. The μ_t used
+/// for accounting is the maximum over trajectories.
+pub fn plan(cfg: &SamplerConfig) -> Result<Plan> {
+    match &cfg.density {
+        DensityConfig::Constant { beta } => constant_plan(cfg, *beta),
+        DensityConfig::Trajectories(tc) => {
+            let path = cfg.resolve(&tc.data);
+            let data = Dataset::load_csv(&path, tc.columns, tc.value_range, tc.max_rows).map_err(|e| {
+                if e.kind == crate::error::ErrorKind::Io {
+                    Error::field("density.data", format!("cannot read {}: {}", path.display(), e.message))
+                } else {
+                    e
+                }
+            })?;
+            if let Some(n) = cfg.privacy.dataset_size {
+                if n as usize != data.n {
+                    return Err(Error::field(
+                        "privacy.dataset_size",
+                        format!("|D| = {n} but {} has {} rows", path.display(), data.n),
+                    ));
+                }
+            }
+            let levels = cfg.schedule.levels().map_err(|e| e.with_field("schedule"))?;
+            let steps = make_steps(&levels, cfg.convention);
+            let roles = roles(&steps, &cfg.privacy);
+            let clip = match cfg.privacy.clip_scale {
+                ClipScale::Absolute => ClipSpec::Absolute {
+                    c: cfg.privacy.clip_norm,
+                },
+                ClipScale::TypicalDensity => ClipSpec::TypicalDensity {
+                    c: cfg.privacy.clip_norm,
+                },
+            };
+            let den = EmpiricalDenoiser::new(&data, candle_core::DType::F64, &candle_core::Device::Cpu)?;
+            // Trajectories of the full-batch, clipped empirical denoiser; public steps are run
+            // by the empirical denoiser too (no public model here), their μ is not accounted.
+            let run = sample(
+                &den,
+                &steps,
+                SamplerOptions {
+                    trajectories: tc.trajectories,
+                    seed: tc.seed,
+                    subsample_rate: 1.0,
+                    clip: Some(clip),
+                },
+            )?;
+            let n = data.n as f64;
+            let mut mus = Vec::with_capacity(steps.len());
+            let mut spread = Vec::with_capacity(steps.len());
+            for (s, lp) in steps.iter().zip(&run.log_density) {
+                let lc = clip.log_c(s.t, data.d);
+                let mut v: Vec<f64> = lp.iter().map(|l| log_mu(lc, *l, n, s.t, s.dt).exp()).collect();
+                v.sort_by(|a, b| a.total_cmp(b));
+                let med = if v.len() % 2 == 1 {
+                    v[v.len() / 2]
+                } else {
+                    0.5 * (v[v.len() / 2 - 1] + v[v.len() / 2])
+                };
+                let (lo, hi) = (v[0], v[v.len() - 1]);
+                mus.push(hi);
+                spread.push((lo, med, hi));
+            }
+            Ok(Plan {
+                convention: cfg.convention,
+                steps: rows(&steps, &roles, &mus, Some(&spread)),
+                dataset_size: data.n as u64,
+                density: format!(
+                    "p_t(x_t) along {} trajectories of the empirical denoiser on {} ({} × {}, seed {}); μ_t accounted = max over trajectories",
+                    tc.trajectories,
+                    tc.data.display(),
+                    data.n,
+                    data.d,
+                    tc.seed
+                ),
+            })
+        }
+    }
+}
+
+/// The event of one sampler run: private steps in order (Poisson-subsampled at rate p < 1),
+/// all composed `samples` times.
+pub fn event_from_mus(private_mus: &[f64], subsample_rate: f64, samples: u64) -> DpEvent {
+    let mut b = EventBuilder::new();
+    for &mu in private_mus {
+        let g = DpEvent::gdp(mu);
+        b.push(if subsample_rate < 1.0 {
+            DpEvent::poisson(subsample_rate, g)
+        } else {
+            g
+        });
+    }
+    let one = b.build();
+    if samples == 1 || one == DpEvent::NoOp {
+        one
+    } else {
+        DpEvent::repeat(one, samples)
+    }
+}
+
+/// What `dpaudit check` (and anyone else) needs to account a sampler configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplerAccounting {
+    pub event: DpEvent,
+    pub neighbouring: Neighbouring,
+    pub delta: f64,
+    pub convention: Convention,
+}
+
+/// Accounts a sampler configuration: the [`DpEvent`] of all private steps over all samples, the
+/// neighbouring relation and δ of the config. Library entry point for `dpaudit check`.
+pub fn sampler_accounting(cfg: &SamplerConfig) -> Result<SamplerAccounting> {
+    let p = plan(cfg)?;
+    let mus = p.private_mus();
+    if let Some(bad) = mus.iter().find(|m| !(m.is_finite() && **m > 0.0)) {
+        return Err(Error::numeric(format!(
+            "a private step has μ_t = {bad}: the density/clip setting gives no finite per-step privacy"
+        )));
+    }
+    Ok(SamplerAccounting {
+        event: event_from_mus(&mus, cfg.privacy.subsample_rate, cfg.privacy.samples),
+        neighbouring: cfg.neighbouring,
+        delta: cfg.delta,
+        convention: cfg.convention,
+    })
+}
+
+/// One accountant's line in an output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountantLine {
+    pub accountant: AccountantKind,
+    /// None when the accountant is unavailable.
+    pub kind: Option<BoundKind>,
+    pub epsilon: Option<f64>,
+    pub delta: f64,
+    /// The μ behind the number (GDP μ, CLT μ) when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mu: Option<f64>,
+    /// `ok`, `not a guarantee: …` (CLT whose conditions fail) or `unavailable: <reason>`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl AccountantLine {
+    fn unavailable(a: AccountantKind, delta: f64, reason: impl std::fmt::Display) -> Self {
+        AccountantLine {
+            accountant: a,
+            kind: None,
+            epsilon: None,
+            delta,
+            mu: None,
+            status: format!("unavailable: {reason}"),
+            note: None,
+            diagnostics: Vec::new(),
+        }
+    }
+    fn from_result(r: AccountResult) -> Self {
+        let mu = r.details.get("mu").copied();
+        AccountantLine {
+            accountant: r.accountant,
+            kind: Some(r.kind),
+            epsilon: Some(r.epsilon),
+            delta: r.delta,
+            mu,
+            status: "ok".into(),
+            note: None,
+            diagnostics: r.diagnostics,
+        }
+    }
+    /// True when the line can be used as a guarantee.
+    pub fn is_guarantee(&self) -> bool {
+        self.status == "ok" && self.kind.is_some_and(|k| k.is_sound()) && self.epsilon.is_some()
+    }
+}
+
+/// Composed full-batch μ of `mus` repeated `samples` times (DRS Cor. 3.3).
+pub fn full_batch_mu(mus: &[f64], samples: u64) -> f64 {
+    (samples as f64 * mus.iter().map(|m| m * m).sum::<f64>()).sqrt()
+}
+
+/// The GDP line: exact at p = 1; at p < 1 the full-batch μ is still a sound upper bound
+/// (subsampling only adds privacy: C_p(G_μ) ≥ G_μ), labelled as such.
+pub fn gdp_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64) -> AccountantLine {
+    let ev = event_from_mus(mus, 1.0, samples);
+    match AccountantKind::Gdp.build().epsilon(&ev, nb, delta) {
+        Ok(r) => {
+            let mut l = AccountantLine::from_result(r);
+            if l.mu.is_none() {
+                l.mu = Some(full_batch_mu(mus, samples));
+            }
+            if p < 1.0 {
+                l.kind = Some(BoundKind::UpperBound);
+                l.note = Some("full-batch μ: ignores the amplification by subsampling".into());
+            }
+            l
+        }
+        Err(e) => AccountantLine::unavailable(AccountantKind::Gdp, delta, e),
+    }
+}
+
+/// ε from the CLT (DRS Thm 3.5 on C_p(G_{μ_t}), App. A): always an estimate.
+pub fn clt_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64) -> AccountantLine {
+    let ev = event_from_mus(mus, p, samples);
+    let mut line = match AccountantKind::Clt.build().epsilon(&ev, nb, delta) {
+        Ok(r) => AccountantLine::from_result(r),
+        Err(e) => AccountantLine::unavailable(AccountantKind::Clt, delta, e),
+    };
+    if line.epsilon.is_some() {
+        line.kind = Some(BoundKind::Estimate);
+    }
+    let diags = clt_validity(mus, p, samples, delta, line.epsilon);
+    let severe: Vec<&str> = diags.iter().filter(|d| d.severe).map(|d| d.code.as_str()).collect();
+    if line.status == "ok" && (!severe.is_empty() || line.diagnostics.iter().any(|d| d.severe)) {
+        let mut codes: Vec<&str> = severe;
+        codes.extend(line.diagnostics.iter().filter(|d| d.severe).map(|d| d.code.as_str()));
+        line.status = format!("not a guarantee: {}", codes.join(", "));
+    }
+    line.diagnostics.extend(diags);
+    line
+}
+
+/// A bound-giving accountant (PLD, RDP) through the trait.
+pub fn bound_line(
+    a: AccountantKind,
+    mus: &[f64],
+    p: f64,
+    samples: u64,
+    nb: Neighbouring,
+    delta: f64,
+) -> AccountantLine {
+    let ev = event_from_mus(mus, p, samples);
+    match a.build().epsilon(&ev, nb, delta) {
+        Ok(r) => AccountantLine::from_result(r),
+        Err(e) => AccountantLine::unavailable(a, delta, e),
+    }
+}
+
+/// Lines for the requested accountants.
+pub fn account_mus(
+    mus: &[f64],
+    p: f64,
+    samples: u64,
+    nb: Neighbouring,
+    delta: f64,
+    accountants: &[AccountantKind],
+) -> Vec<AccountantLine> {
+    accountants
+        .iter()
+        .map(|&a| match a {
+            AccountantKind::Gdp => gdp_line(mus, p, samples, nb, delta),
+            AccountantKind::Clt => clt_line(mus, p, samples, nb, delta),
+            other => bound_line(other, mus, p, samples, nb, delta),
+        })
+        .collect()
+}
+
+/// μ at which one μ-GDP step is "nearly blatant": G_μ(δ) ≤ δ, i.e. μ ≥ 2Φ⁻¹(1 − δ): a test
+/// with both error rates ≤ δ exists (DRS Def. 2.5).
+pub fn blatant_mu(delta: f64) -> f64 {
+    2.0 * numeric::ndtri_sf(delta)
+}
+
+/// A rigorous lower bound on δ(ε) of the composition of `m` Poisson(p)-subsampled μ-GDP steps
+/// (each with μ ≥ `mu`): for the event A = {some step's output > τ},
+/// δ(ε) ≥ P₁(A) − e^ε P₀(A) ≥ 1 − (1 − pΦ(μ − τ))^m − e^ε(1 − Φ(τ)^m), maximised over τ
+/// (the dominating pair of C_p(G_μ), DRS §4.1; independent steps, as every accountant assumes).
+pub fn blatant_delta_lower_bound(p: f64, mu: f64, m: f64, epsilon: f64) -> f64 {
+    let f = |tau: f64| {
+        let a = p * numeric::ndtr(mu - tau);
+        let p1 = -(m * (-a).ln_1p()).exp_m1();
+        let p0 = -(m * numeric::log_ndtr(tau)).exp_m1();
+        p1 - (epsilon + p0.ln()).exp()
+    };
+    // Golden-section search on [0, μ + 10] (the bound is unimodal in τ for these shapes),
+    // plus a coarse grid so a bad bracket cannot hide the maximum.
+    let (mut lo, mut hi) = (0.0f64, mu + 10.0);
+    let mut best = f64::NEG_INFINITY;
+    for i in 0..=40 {
+        best = best.max(f(hi * i as f64 / 40.0));
+    }
+    let g = 0.5 * (5f64.sqrt() - 1.0);
+    for _ in 0..80 {
+        let a = hi - g * (hi - lo);
+        let b = lo + g * (hi - lo);
+        if f(a) > f(b) {
+            hi = b;
+        } else {
+            lo = a;
+        }
+    }
+    best.max(f(0.5 * (lo + hi))).max(0.0)
+}
+
+/// The CLT's validity conditions (DRS Thm 3.5 / App. A): no step may dominate the sum, and no
+/// step may be so sharp that the subsampled mechanism is nearly blatant (then δ ≥ 1−(1−p)^{S·k}
+/// for every finite ε).
+pub fn clt_validity(mus: &[f64], p: f64, samples: u64, delta: f64, clt_eps: Option<f64>) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    if p >= 1.0 || mus.is_empty() {
+        return out;
+    }
+    // Condition 2 (max kl → 0): kl(C_p(G_μ)) ≈ p²(e^{μ²} − 1)/2 for small p·μ; compare the
+    // largest step's share of Σ over all S·n steps, in log space.
+    let lw: Vec<f64> = mus.iter().map(|m| log_expm1(m * m)).collect();
+    let lmax = lw.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let ltot = numeric::log_sum_exp(&lw) + (samples as f64).ln();
+    let share = (lmax - ltot).exp();
+    if share >= 0.2 {
+        out.push(Diagnostic {
+            code: "clt_step_dominates".into(),
+            message: format!(
+                "one step carries {:.0}% of Σ(e^{{μ_t²}} − 1) over all {} private steps: the CLT's condition max kl → 0 fails{}",
+                100.0 * share,
+                samples as usize * mus.len(),
+                if share >= 0.5 { "; the CLT number is not a guarantee" } else { "" }
+            ),
+            severe: share >= 0.5,
+        });
+    }
+    let mu_b = blatant_mu(delta);
+    let k = mus.iter().filter(|m| **m >= mu_b).count();
+    if k > 0 {
+        let m = (samples as f64) * k as f64;
+        let limit = -(m * (-p).ln_1p()).exp_m1();
+        let mu_k = mus.iter().cloned().filter(|m| *m >= mu_b).fold(f64::INFINITY, f64::min);
+        let lb = clt_eps.map(|e| blatant_delta_lower_bound(p, mu_k, m, e));
+        let severe = limit > delta || lb.is_some_and(|l| l > delta);
+        let mut msg = format!(
+            "{k} private step(s) per sample have μ_t ≥ 2Φ⁻¹(1−δ) = {mu_b:.3} (nearly blatant when sampled): \
+             δ ≥ 1−(1−p)^{{S·k}} = {limit:.4e} for every finite ε in the limit"
+        );
+        if let (Some(l), Some(e)) = (lb, clt_eps) {
+            msg.push_str(&format!("; at the CLT's ε = {e:.6} the true δ is at least {l:.4e}"));
+        }
+        if severe {
+            msg.push_str(&format!(
+                " > δ = {delta:e}: no finite ε of this size holds; the CLT number is NOT a guarantee"
+            ));
+        }
+        out.push(Diagnostic {
+            code: "clt_nearly_blatant".into(),
+            message: msg,
+            severe,
+        });
+    }
+    out
+}
+
+/// ln(e^x − 1) for x > 0, stable at both ends.
+fn log_expm1(x: f64) -> f64 {
+    if x > 30.0 {
+        x + (-(-x).exp()).ln_1p()
+    } else if x <= 0.0 {
+        f64::NEG_INFINITY
+    } else {
+        x.exp_m1().ln()
+    }
+}
+
+/// One row of the critical-window view: ε if sampling stops after this step, and ε if the
+/// empirical denoiser takes over at this step (§6.3, Figure 10; App. D).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowRow {
+    pub index: usize,
+    /// Stop after this step: the level reached.
+    pub stop_level: f64,
+    pub stop_mu: f64,
+    pub stop_epsilon: f64,
+    /// Trade-off: smallest type II error at type I error 0.05 (G_μ(0.05)).
+    pub stop_type2_at_0_05: f64,
+    /// Switch to the empirical denoiser at this step's start level.
+    pub switch_level: f64,
+    pub switch_mu: f64,
+    pub switch_epsilon: f64,
+    pub switch_type2_at_0_05: f64,
+}
+
+/// Critical-window view on the full-batch GDP composition over all samples (exact at p = 1; a
+/// sound upper bound at p < 1). Stop: the configured private steps up to step j. Switch: the
+/// steps from j on (as many as `private_steps`, else all that run) taken as private.
+pub fn critical_window(cfg: &SamplerConfig, plan: &Plan) -> Result<Vec<WindowRow>> {
+    let s = cfg.privacy.samples as f64;
+    let run: Vec<&StepRow> = plan.steps.iter().filter(|r| r.role != StepRole::Skipped).collect();
+    let mut out = Vec::with_capacity(run.len());
+    let mut stop_acc = 0.0f64;
+    for (j, r) in run.iter().enumerate() {
+        if r.role == StepRole::Private {
+            stop_acc += r.mu * r.mu;
+        }
+        let take = cfg.privacy.private_steps.unwrap_or(usize::MAX);
+        let sw: f64 = run[j..].iter().take(take).map(|x| x.mu * x.mu).sum();
+        let stop_mu = (s * stop_acc).sqrt();
+        let switch_mu = (s * sw).sqrt();
+        out.push(WindowRow {
+            index: r.index,
+            stop_level: r.t_to,
+            stop_mu,
+            stop_epsilon: gdp::epsilon_for_delta(stop_mu, cfg.delta)?,
+            stop_type2_at_0_05: gdp::tradeoff(stop_mu, 0.05),
+            switch_level: r.t_from,
+            switch_mu,
+            switch_epsilon: gdp::epsilon_for_delta(switch_mu, cfg.delta)?,
+            switch_type2_at_0_05: gdp::tradeoff(switch_mu, 0.05),
+        });
+    }
+    Ok(out)
+}
+
+/// The whole analysis of a configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Analysis {
+    pub name: String,
+    pub schedule: String,
+    pub convention: Convention,
+    pub convention_text: String,
+    pub neighbouring: Neighbouring,
+    pub delta: f64,
+    pub clip_norm: f64,
+    pub dataset_size: u64,
+    pub density: String,
+    pub subsample_rate: f64,
+    pub samples: u64,
+    pub private_steps: usize,
+    pub steps: Vec<StepRow>,
+    /// Full-batch GDP μ over all private steps and samples.
+    pub full_batch_mu: f64,
+    pub accountants: Vec<AccountantLine>,
+    /// The smallest ε among sound lines (exact or upper bound), if any.
+    pub guarantee: Option<AccountantLine>,
+    pub warnings: Vec<Diagnostic>,
+    pub window: Vec<WindowRow>,
+    pub event: DpEvent,
+    pub ledger: String,
+}
+
+/// Runs the analysis of `cfg` with the given accountants.
+pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<Analysis> {
+    let plan = plan(cfg)?;
+    let mus = plan.private_mus();
+    let p = cfg.privacy.subsample_rate;
+    let s = cfg.privacy.samples;
+    let mut warnings = Vec::new();
+    if mus.is_empty() {
+        warnings.push(Diagnostic {
+            code: "no_private_steps".into(),
+            message: "no step runs the empirical denoiser (switch/stop settings): nothing is spent".into(),
+            severe: false,
+        });
+    }
+    if let Some(bad) = mus.iter().find(|m| !m.is_finite()) {
+        return Err(Error::numeric(format!(
+            "a private step has μ_t = {bad} (density far below the clip norm): lower clip_norm or use clip_scale = \"typical_density\""
+        )));
+    }
+    let lines = if mus.is_empty() {
+        Vec::new()
+    } else {
+        account_mus(&mus, p, s, cfg.neighbouring, cfg.delta, accountants)
+    };
+    for l in &lines {
+        for d in &l.diagnostics {
+            if !warnings
+                .iter()
+                .any(|w: &Diagnostic| w.code == d.code && w.message == d.message)
+            {
+                warnings.push(d.clone());
+            }
+        }
+    }
+    if matches!(cfg.density, DensityConfig::Trajectories(_)) {
+        warnings.push(Diagnostic {
+            code: "data_dependent_density".into(),
+            message:
+                "p_t(x_t) was computed from the private data itself: the μ_t it gives describe these trajectories, \
+                      they are not a data-independent DP guarantee"
+                    .into(),
+            severe: false,
+        });
+    }
+    let guarantee = lines
+        .iter()
+        .filter(|l| l.is_guarantee())
+        .min_by(|a, b| a.epsilon.unwrap().total_cmp(&b.epsilon.unwrap()))
+        .cloned();
+    let event = event_from_mus(&mus, p, s);
+    let window = critical_window(cfg, &plan)?;
+    Ok(Analysis {
+        name: cfg.display_name(),
+        schedule: cfg.schedule.describe(),
+        convention: cfg.convention,
+        convention_text: cfg.convention.describe().to_string(),
+        neighbouring: cfg.neighbouring,
+        delta: cfg.delta,
+        clip_norm: cfg.privacy.clip_norm,
+        dataset_size: plan.dataset_size,
+        density: plan.density.clone(),
+        subsample_rate: p,
+        samples: s,
+        private_steps: mus.len(),
+        full_batch_mu: full_batch_mu(&mus, s),
+        accountants: lines,
+        guarantee,
+        warnings,
+        window,
+        ledger: event.ledger(),
+        event,
+        steps: plan.steps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blatant_bound_approaches_limit() {
+        // μ = 40 is far past blatant: the bound is ≈ 1 − (1−p)^m at moderate ε.
+        let lb = blatant_delta_lower_bound(0.01, 40.0, 50.0, 5.0);
+        let limit = 1.0 - 0.99f64.powi(50);
+        assert!(lb <= limit && lb > 0.99 * limit, "{lb} {limit}");
+        // Small μ gives a tiny or zero bound.
+        assert!(blatant_delta_lower_bound(0.01, 0.1, 50.0, 1.0) < 1e-6);
+    }
+
+    #[test]
+    fn validity_flags_sharp_steps() {
+        let mus = [0.01, 0.02, 30.0];
+        let d = clt_validity(&mus, 0.01, 1, 1e-5, Some(0.5));
+        assert!(d.iter().any(|x| x.code == "clt_nearly_blatant" && x.severe));
+        assert!(d.iter().any(|x| x.code == "clt_step_dominates" && x.severe));
+        let d = clt_validity(&[0.01; 50], 0.01, 1, 1e-5, Some(0.5));
+        assert!(d.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn event_shape() {
+        let ev = event_from_mus(&[1.0, 1.0, 2.0], 0.5, 10);
+        let c = ev.components().unwrap();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].count, 20);
+        assert_eq!(c[1].count, 10);
+    }
+}

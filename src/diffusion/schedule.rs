@@ -1,0 +1,580 @@
+//! Noise schedules, all mapped to the variance-exploding form x_t = x₀ + t·ε that the
+//! per-step analysis uses (diffusion-sampling-privacy.md §2.1: "our framework is adoptable to any
+//! diffusion processes such as DDPM or Flow Matching").
+//!
+//! - EDM / Karras et al. (2022) eq. (5): t_i = (σ_max^{1/ρ} + i/(N−1)(σ_min^{1/ρ} − σ_max^{1/ρ}))^ρ.
+//! - DDPM (Ho et al. 2020): x_k = √ᾱ_k x₀ + √(1−ᾱ_k) ε, so x_k/√ᾱ_k = x₀ + t ε with
+//!   t = √((1−ᾱ_k)/ᾱ_k). Linear β (Ho et al. §4) and cosine ᾱ (Nichol & Dhariwal 2021 eq. 17,
+//!   β clipped at `max_beta`). DDIM (Song et al. 2021) runs a sub-sequence of the timesteps.
+//! - Flow matching / rectified flow: x_s = (1−s)x₀ + s ε, so x_s/(1−s) = x₀ + t ε, t = s/(1−s).
+//!
+//! A schedule yields decreasing noise levels t_0 > t_1 > … > t_{N−1}; a [`Convention`] turns
+//! them into steps (t, Δt).
+
+use serde::{Deserialize, Serialize};
+use std::f64::consts::FRAC_PI_2;
+
+use crate::error::{Error, Result};
+
+/// How the DDIM sub-sequence of timesteps is chosen (names as in `diffusers`' `timestep_spacing`
+/// and the DDIM paper's "quadratic" choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Spacing {
+    /// τ_i = i·⌊T/S⌋, i = 0..S (diffusers "leading").
+    #[default]
+    Leading,
+    /// τ_i = round(T − i·T/S) − 1 (diffusers "trailing"; includes the last timestep T−1).
+    Trailing,
+    /// τ_i = round(i·(T−1)/(S−1)) (diffusers "linspace").
+    Linspace,
+    /// τ_i = ⌊(i·√(0.8T)/(S−1))²⌋ (DDIM paper, "quadratic" for CIFAR-10).
+    Quadratic,
+}
+
+/// The schedule part of a sampler configuration (`[schedule]`, tagged by `kind`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Schedule {
+    /// EDM / Karras: `levels` = N noise levels from σ_max down to σ_min.
+    Edm {
+        sigma_min: f64,
+        sigma_max: f64,
+        rho: f64,
+        levels: usize,
+    },
+    /// DDPM with a linear β schedule over `timesteps` training steps; `levels` (default all)
+    /// picks a DDIM sub-sequence with `spacing`.
+    DdpmLinear {
+        beta_start: f64,
+        beta_end: f64,
+        timesteps: usize,
+        #[serde(default)]
+        levels: Option<usize>,
+        #[serde(default)]
+        spacing: Spacing,
+    },
+    /// DDPM with the cosine ᾱ schedule (offset `s`, β clipped at `max_beta`).
+    DdpmCosine {
+        #[serde(default = "default_cosine_s")]
+        s: f64,
+        #[serde(default = "default_max_beta")]
+        max_beta: f64,
+        timesteps: usize,
+        #[serde(default)]
+        levels: Option<usize>,
+        #[serde(default)]
+        spacing: Spacing,
+    },
+    /// Rectified flow / flow matching: `levels` equally spaced noise fractions from `s_max`
+    /// down to `s_min` (both in (0, 1)).
+    FlowMatching { s_min: f64, s_max: f64, levels: usize },
+}
+
+fn default_cosine_s() -> f64 {
+    0.008
+}
+fn default_max_beta() -> f64 {
+    0.999
+}
+
+/// Step conventions (../shared/reference/README.md). Levels t_0 > … > t_{N−1}.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Convention {
+    /// A step from t_i to t_{i+1} uses t = t_i and Δt = t_i − t_{i+1} (N−1 steps).
+    A,
+    /// The same Δt with t = t_{i+1} (N−1 steps).
+    B,
+    /// Like A, plus the final step from t_{N−1} to 0 (Δt = t_{N−1}; N steps). The paper's
+    /// §3.2 indexing Δt_i = t_i − t_{i−1} with t_{−1} = 0; gives its Figure 6 μ ≈ 787.6.
+    C,
+}
+
+impl Convention {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Convention::A => "A",
+            Convention::B => "B",
+            Convention::C => "C",
+        }
+    }
+    /// One line that every output prints.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Convention::A => "A: a step t_i → t_{i+1} uses t = t_i, Δt = t_i − t_{i+1} (N−1 steps)",
+            Convention::B => "B: a step t_i → t_{i+1} uses t = t_{i+1}, Δt = t_i − t_{i+1} (N−1 steps)",
+            Convention::C => {
+                "C: a step t_i → t_{i+1} uses t = t_i, Δt = t_i − t_{i+1}, plus the final step t_{N−1} → 0 (N steps; paper §3.2)"
+            }
+        }
+    }
+}
+
+/// One sampling step in generation order.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// Index in generation order (0 = the noisiest step).
+    pub index: usize,
+    /// Noise level the step starts from.
+    pub t_from: f64,
+    /// Noise level the step ends at.
+    pub t_to: f64,
+    /// The t used in the sensitivity formula (depends on the convention).
+    pub t: f64,
+    /// Step size Δt = t_from − t_to.
+    pub dt: f64,
+}
+
+impl Schedule {
+    /// Short human description.
+    pub fn describe(&self) -> String {
+        match self {
+            Schedule::Edm {
+                sigma_min,
+                sigma_max,
+                rho,
+                levels,
+            } => format!("EDM/Karras σ_min = {sigma_min}, σ_max = {sigma_max}, ρ = {rho}, N = {levels}"),
+            Schedule::DdpmLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                levels,
+                spacing,
+            } => format!(
+                "DDPM linear β {beta_start}..{beta_end}, T = {timesteps}, {} levels ({spacing:?} spacing), as t = √((1−ᾱ)/ᾱ)",
+                levels.unwrap_or(*timesteps)
+            ),
+            Schedule::DdpmCosine {
+                s,
+                max_beta,
+                timesteps,
+                levels,
+                spacing,
+            } => format!(
+                "DDPM cosine (s = {s}, β ≤ {max_beta}), T = {timesteps}, {} levels ({spacing:?} spacing), as t = √((1−ᾱ)/ᾱ)",
+                levels.unwrap_or(*timesteps)
+            ),
+            Schedule::FlowMatching { s_min, s_max, levels } => {
+                format!("flow matching s = {s_max}..{s_min}, N = {levels}, as t = s/(1−s)")
+            }
+        }
+    }
+
+    /// Number of noise levels N.
+    pub fn n_levels(&self) -> usize {
+        match self {
+            Schedule::Edm { levels, .. } | Schedule::FlowMatching { levels, .. } => *levels,
+            Schedule::DdpmLinear { levels, timesteps, .. } | Schedule::DdpmCosine { levels, timesteps, .. } => {
+                levels.unwrap_or(*timesteps)
+            }
+        }
+    }
+
+    /// Checks every parameter; errors name the field (relative to `[schedule]`).
+    pub fn validate(&self) -> Result<()> {
+        let pos = |name: &str, v: f64| -> Result<()> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::field(name, format!("must be a finite number > 0, got {v}")))
+            }
+        };
+        let levels_ok = |n: usize| -> Result<()> {
+            if n < 2 {
+                Err(Error::field("levels", format!("N must be ≥ 2 noise levels, got {n}")))
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Schedule::Edm {
+                sigma_min,
+                sigma_max,
+                rho,
+                levels,
+            } => {
+                pos("sigma_min", *sigma_min)?;
+                pos("sigma_max", *sigma_max)?;
+                pos("rho", *rho)?;
+                if sigma_min >= sigma_max {
+                    return Err(Error::field(
+                        "sigma_min",
+                        format!("σ_min must be < σ_max, got σ_min = {sigma_min} ≥ σ_max = {sigma_max}"),
+                    ));
+                }
+                levels_ok(*levels)
+            }
+            Schedule::DdpmLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                levels,
+                ..
+            } => {
+                for (n, v) in [("beta_start", beta_start), ("beta_end", beta_end)] {
+                    if !(v.is_finite() && *v > 0.0 && *v < 1.0) {
+                        return Err(Error::field(n, format!("β must be in (0, 1), got {v}")));
+                    }
+                }
+                if *timesteps < 2 {
+                    return Err(Error::field("timesteps", format!("must be ≥ 2, got {timesteps}")));
+                }
+                let n = levels.unwrap_or(*timesteps);
+                levels_ok(n)?;
+                if n > *timesteps {
+                    return Err(Error::field(
+                        "levels",
+                        format!("a DDIM sub-sequence has at most T = {timesteps} levels, got {n}"),
+                    ));
+                }
+                Ok(())
+            }
+            Schedule::DdpmCosine {
+                s,
+                max_beta,
+                timesteps,
+                levels,
+                ..
+            } => {
+                if !(s.is_finite() && *s >= 0.0) {
+                    return Err(Error::field("s", format!("must be finite and ≥ 0, got {s}")));
+                }
+                if !(*max_beta > 0.0 && *max_beta < 1.0) {
+                    return Err(Error::field("max_beta", format!("must be in (0, 1), got {max_beta}")));
+                }
+                if *timesteps < 2 {
+                    return Err(Error::field("timesteps", format!("must be ≥ 2, got {timesteps}")));
+                }
+                let n = levels.unwrap_or(*timesteps);
+                levels_ok(n)?;
+                if n > *timesteps {
+                    return Err(Error::field(
+                        "levels",
+                        format!("a DDIM sub-sequence has at most T = {timesteps} levels, got {n}"),
+                    ));
+                }
+                Ok(())
+            }
+            Schedule::FlowMatching { s_min, s_max, levels } => {
+                for (n, v) in [("s_min", s_min), ("s_max", s_max)] {
+                    if !(*v > 0.0 && *v < 1.0) {
+                        return Err(Error::field(n, format!("must be in (0, 1), got {v}")));
+                    }
+                }
+                if s_min >= s_max {
+                    return Err(Error::field(
+                        "s_min",
+                        format!("s_min must be < s_max, got {s_min} ≥ {s_max}"),
+                    ));
+                }
+                levels_ok(*levels)
+            }
+        }
+    }
+
+    /// Decreasing noise levels t_0 > … > t_{N−1} in the variance-exploding form.
+    pub fn levels(&self) -> Result<Vec<f64>> {
+        self.validate()?;
+        let t = match self {
+            Schedule::Edm {
+                sigma_min,
+                sigma_max,
+                rho,
+                levels,
+            } => edm_levels(*sigma_min, *sigma_max, *rho, *levels),
+            Schedule::DdpmLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                levels,
+                spacing,
+            } => {
+                let ab = alpha_bar_from_betas(&linear_betas(*beta_start, *beta_end, *timesteps));
+                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing)?;
+                idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
+            }
+            Schedule::DdpmCosine {
+                s,
+                max_beta,
+                timesteps,
+                levels,
+                spacing,
+            } => {
+                let ab = alpha_bar_from_betas(&cosine_betas(*s, *max_beta, *timesteps));
+                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing)?;
+                idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
+            }
+            Schedule::FlowMatching { s_min, s_max, levels } => (0..*levels)
+                .map(|i| {
+                    let s = s_max + (i as f64) / ((*levels - 1) as f64) * (s_min - s_max);
+                    s / (1.0 - s)
+                })
+                .collect(),
+        };
+        for w in t.windows(2) {
+            if !(w[0] > w[1] && w[1] > 0.0 && w[0].is_finite()) {
+                return Err(Error::field(
+                    "levels",
+                    format!(
+                        "the schedule does not give strictly decreasing positive finite noise levels (… {} → {} …); \
+                         choose fewer levels or another spacing",
+                        w[0], w[1]
+                    ),
+                ));
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// EDM / Karras et al. (2022) eq. (5) noise levels, i = 0..N−1 (decreasing).
+pub fn edm_levels(sigma_min: f64, sigma_max: f64, rho: f64, n: usize) -> Vec<f64> {
+    let a = sigma_max.powf(1.0 / rho);
+    let b = sigma_min.powf(1.0 / rho);
+    (0..n)
+        .map(|i| (a + (i as f64) / ((n - 1) as f64) * (b - a)).powf(rho))
+        .collect()
+}
+
+/// Ho et al. (2020) §4: β_k linear from `start` to `end` over `t` steps (k = 0..T−1).
+pub fn linear_betas(start: f64, end: f64, t: usize) -> Vec<f64> {
+    (0..t)
+        .map(|k| start + (end - start) * (k as f64) / ((t - 1) as f64))
+        .collect()
+}
+
+/// Nichol & Dhariwal (2021) eq. (17): ᾱ(u) = f(u)/f(0), f(u) = cos²((u/T + s)/(1 + s)·π/2),
+/// β_k = min(1 − ᾱ((k+1)/T)/ᾱ(k/T), max_beta) for k = 0..T−1.
+pub fn cosine_betas(s: f64, max_beta: f64, t: usize) -> Vec<f64> {
+    let f = |u: f64| (((u + s) / (1.0 + s)) * FRAC_PI_2).cos().powi(2);
+    (0..t)
+        .map(|k| {
+            let u1 = k as f64 / t as f64;
+            let u2 = (k + 1) as f64 / t as f64;
+            (1.0 - f(u2) / f(u1)).min(max_beta)
+        })
+        .collect()
+}
+
+/// ᾱ_k = Π_{j ≤ k} (1 − β_j), accumulated in log space.
+pub fn alpha_bar_from_betas(betas: &[f64]) -> Vec<f64> {
+    let mut acc = 0.0f64;
+    betas
+        .iter()
+        .map(|b| {
+            acc += (-b).ln_1p();
+            acc.exp()
+        })
+        .collect()
+}
+
+/// Variance-exploding noise level of a DDPM ᾱ: t = √((1 − ᾱ)/ᾱ).
+pub fn ve_sigma(alpha_bar: f64) -> f64 {
+    ((1.0 - alpha_bar) / alpha_bar).sqrt()
+}
+
+/// DDIM sub-sequence of `s` timesteps out of `t` (increasing, 0-based indices into ᾱ).
+pub fn ddim_timesteps(t: usize, s: usize, spacing: Spacing) -> Result<Vec<usize>> {
+    if s < 2 || s > t {
+        return Err(Error::field("levels", format!("need 2 ≤ levels ≤ T = {t}, got {s}")));
+    }
+    let mut v: Vec<usize> = match spacing {
+        Spacing::Leading => {
+            let c = t / s;
+            (0..s).map(|i| i * c).collect()
+        }
+        Spacing::Trailing => {
+            let c = t as f64 / s as f64;
+            (0..s)
+                .map(|i| ((t as f64 - i as f64 * c).round() as usize).saturating_sub(1))
+                .collect()
+        }
+        Spacing::Linspace => (0..s)
+            .map(|i| ((i as f64) * ((t - 1) as f64) / ((s - 1) as f64)).round() as usize)
+            .collect(),
+        Spacing::Quadratic => {
+            let top = (0.8 * t as f64).sqrt();
+            (0..s)
+                .map(|i| {
+                    let x = i as f64 * top / (s - 1) as f64;
+                    (x * x).floor() as usize
+                })
+                .collect()
+        }
+    };
+    v.sort_unstable();
+    let before = v.len();
+    v.dedup();
+    if v.len() != before {
+        return Err(Error::field(
+            "levels",
+            format!("{spacing:?} spacing of {s} out of {t} timesteps repeats a timestep; use fewer levels"),
+        ));
+    }
+    Ok(v)
+}
+
+/// Turns decreasing levels into steps under `convention`.
+pub fn steps(levels: &[f64], convention: Convention) -> Vec<Step> {
+    let mut out: Vec<Step> = levels
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| Step {
+            index: i,
+            t_from: w[0],
+            t_to: w[1],
+            t: if convention == Convention::B { w[1] } else { w[0] },
+            dt: w[0] - w[1],
+        })
+        .collect();
+    if convention == Convention::C {
+        if let Some(&last) = levels.last() {
+            out.push(Step {
+                index: out.len(),
+                t_from: last,
+                t_to: 0.0,
+                t: last,
+                dt: last,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rel(a: f64, b: f64) -> f64 {
+        (a - b).abs() / b.abs()
+    }
+
+    #[test]
+    fn edm_endpoints_and_monotone() {
+        let t = edm_levels(0.002, 80.0, 7.0, 50);
+        assert!(rel(t[0], 80.0) < 1e-14 && rel(t[49], 0.002) < 1e-12);
+        assert!(t.windows(2).all(|w| w[0] > w[1]));
+    }
+
+    #[test]
+    fn ddpm_linear_alpha_bar_matches_product() {
+        // Closed form: ᾱ_k = Π_{j≤k}(1 − β_j) with β_j = 1e-4 + (0.02 − 1e-4)·j/999.
+        let b = linear_betas(1e-4, 0.02, 1000);
+        let ab = alpha_bar_from_betas(&b);
+        for &k in &[0usize, 1, 10, 499, 999] {
+            let mut p = 1.0f64;
+            for j in 0..=k {
+                p *= 1.0 - (1e-4 + (0.02 - 1e-4) * j as f64 / 999.0);
+            }
+            assert!(rel(ab[k], p) < 1e-12, "k={k} {} {}", ab[k], p);
+        }
+        // The well-known values: ᾱ_0 = 0.9999, ᾱ_999 ≈ 4.04e-5 (Ho et al. schedule).
+        assert!(rel(ab[0], 0.9999) < 1e-15);
+        assert!(ab[999] > 4.0e-5 && ab[999] < 4.1e-5, "{}", ab[999]);
+        assert!(rel(ve_sigma(ab[0]), (1e-4f64 / 0.9999).sqrt()) < 1e-12);
+    }
+
+    #[test]
+    fn cosine_alpha_bar_matches_closed_form_where_unclipped() {
+        let (s, t) = (0.008, 1000);
+        let ab = alpha_bar_from_betas(&cosine_betas(s, 0.999, t));
+        let f = |u: f64| (((u + s) / (1.0 + s)) * FRAC_PI_2).cos().powi(2);
+        for k in [0usize, 10, 100, 500, 900, 990] {
+            let closed = f((k + 1) as f64 / t as f64) / f(0.0);
+            assert!(rel(ab[k], closed) < 1e-9, "k={k} {} {}", ab[k], closed);
+        }
+        // The last β is clipped at 0.999 (f(1) = 0), so ᾱ_{T−1} = ᾱ_{T−2}·0.001 > 0.
+        assert!(rel(ab[t - 1], ab[t - 2] * 0.001) < 1e-9);
+    }
+
+    #[test]
+    fn ddim_subsequences() {
+        assert_eq!(ddim_timesteps(1000, 50, Spacing::Leading).unwrap()[..3], [0, 20, 40]);
+        assert_eq!(
+            *ddim_timesteps(1000, 50, Spacing::Leading).unwrap().last().unwrap(),
+            980
+        );
+        let tr = ddim_timesteps(1000, 50, Spacing::Trailing).unwrap();
+        assert_eq!((tr[0], *tr.last().unwrap(), tr.len()), (19, 999, 50));
+        let ls = ddim_timesteps(1000, 10, Spacing::Linspace).unwrap();
+        assert_eq!(ls, vec![0, 111, 222, 333, 444, 555, 666, 777, 888, 999]);
+        // DDIM paper quadratic: ((linspace(0, √(0.8T), S))²).astype(int)
+        let q = ddim_timesteps(1000, 5, Spacing::Quadratic).unwrap();
+        assert_eq!(q, vec![0, 50, 200, 450, 800]);
+        assert!(ddim_timesteps(10, 11, Spacing::Leading).is_err());
+    }
+
+    #[test]
+    fn ddim_levels_are_the_full_schedule_subset() {
+        let full = Schedule::DdpmLinear {
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            timesteps: 1000,
+            levels: None,
+            spacing: Spacing::Leading,
+        }
+        .levels()
+        .unwrap();
+        let sub = Schedule::DdpmLinear {
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            timesteps: 1000,
+            levels: Some(50),
+            spacing: Spacing::Leading,
+        }
+        .levels()
+        .unwrap();
+        assert_eq!(sub.len(), 50);
+        // Decreasing order: sub[i] is timestep 980 − 20 i, full[i] is timestep 999 − i.
+        for (i, v) in sub.iter().enumerate() {
+            assert_eq!(*v, full[999 - (980 - 20 * i)]);
+        }
+    }
+
+    #[test]
+    fn flow_matching_mapping() {
+        let t = Schedule::FlowMatching {
+            s_min: 0.01,
+            s_max: 0.99,
+            levels: 3,
+        }
+        .levels()
+        .unwrap();
+        assert!(rel(t[0], 99.0) < 1e-12 && rel(t[1], 1.0) < 1e-12 && rel(t[2], 0.01 / 0.99) < 1e-12);
+    }
+
+    #[test]
+    fn conventions() {
+        let lv = [4.0, 2.0, 1.0];
+        let a = steps(&lv, Convention::A);
+        let b = steps(&lv, Convention::B);
+        let c = steps(&lv, Convention::C);
+        assert_eq!(a.len(), 2);
+        assert_eq!((a[0].t, a[0].dt, b[0].t, b[0].dt), (4.0, 2.0, 2.0, 2.0));
+        assert_eq!(c.len(), 3);
+        assert_eq!((c[2].t, c[2].dt, c[2].t_to), (1.0, 1.0, 0.0));
+    }
+
+    #[test]
+    fn validation_names_fields() {
+        let e = Schedule::Edm {
+            sigma_min: 80.0,
+            sigma_max: 80.0,
+            rho: 7.0,
+            levels: 50,
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("sigma_min"));
+        let e = Schedule::Edm {
+            sigma_min: 0.002,
+            sigma_max: 80.0,
+            rho: 7.0,
+            levels: 1,
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("levels"));
+    }
+}

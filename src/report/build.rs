@@ -1,0 +1,394 @@
+//! Filling a [`Report`] from an accounted event: results of several accountants, the
+//! components table, the per-step trajectory (when the event is a sequence of full-batch
+//! Gaussian steps), ε-versus-δ and trade-off plots, and budget verdicts. Used by `check`, and
+//! by any command that accounts a [`DpEvent`].
+
+use super::plot::{self, Series};
+use super::{Cell, Column, Report, Skipped, Status, Table, Verdict};
+use crate::accountants::{gdp, AccountResult, Accountant, AccountantKind, BoundKind};
+use crate::error::Result;
+use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
+
+/// δ values at which ε(δ) is evaluated for the ε-versus-δ and trade-off plots.
+pub const DELTA_GRID: [f64; 12] = [0.5, 0.2, 0.1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10];
+
+/// Longest step sequence drawn as a per-step trajectory.
+pub const MAX_TRAJECTORY_STEPS: usize = 100_000;
+
+/// What to compute besides the headline ε.
+#[derive(Debug, Clone, Copy)]
+pub struct AccountOptions {
+    /// Tables and plots (ε versus δ, trade-off curves, per-step trajectory).
+    pub curves: bool,
+}
+
+/// Runs each accountant on `event` at `delta` and records results (or why an accountant was
+/// skipped), the event, the assumptions and, with `opts.curves`, tables and plots. `tick` is
+/// called after each unit of work (for progress bars).
+pub fn account_event(
+    report: &mut Report,
+    event: &DpEvent,
+    neighbouring: Neighbouring,
+    delta: f64,
+    kinds: &[AccountantKind],
+    opts: AccountOptions,
+    tick: &mut dyn FnMut(&str),
+) -> Result<()> {
+    crate::accountants::check_delta(delta)?;
+    event.validate()?;
+    report.event = Some(event.clone());
+    report.delta = Some(delta);
+    report.assumptions.neighbouring = Some(neighbouring);
+    // An event no accountant can flatten is still reported: each accountant says why it skips it.
+    let comps = event.components().ok();
+    report.assumptions.sampling = Some(match &comps {
+        Some(c) => describe_sampling(c),
+        None => "not a supported shape (see the skipped accountants)".into(),
+    });
+
+    let mut accountants: Vec<Box<dyn Accountant>> = Vec::new();
+    for &k in kinds {
+        let acc = k.build();
+        tick(k.as_str());
+        match acc
+            .supports(event, neighbouring)
+            .and_then(|_| acc.epsilon(event, neighbouring, delta))
+        {
+            Ok(r) => {
+                report.results.push(r);
+                accountants.push(acc);
+            }
+            Err(e) => report.skipped.push(Skipped {
+                accountant: k,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    if let Some(clt) = report.results.iter().find(|r| r.kind == BoundKind::Estimate) {
+        report.warn(
+            "estimate_not_a_bound",
+            format!(
+                "the {} result (ε = {}) is an estimate, not a guarantee; budgets are checked against sound bounds only",
+                clt.accountant.as_str(),
+                super::export::fmt_num(clt.epsilon)
+            ),
+            false,
+        );
+    }
+    if !opts.curves {
+        return Ok(());
+    }
+    if let Some(c) = &comps {
+        report.tables.push(components_table(c));
+    }
+    if let Some(steps) = trajectory(event) {
+        add_trajectory(report, &steps, delta)?;
+    }
+    add_profile_plots(report, event, neighbouring, &accountants, tick);
+    Ok(())
+}
+
+/// One line describing how the components are sampled.
+pub fn describe_sampling(comps: &[Component]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for c in comps {
+        let s = match c.sampling {
+            Sampling::Full => "full batch".to_string(),
+            Sampling::Poisson { q } => format!("Poisson, q = {q}"),
+            Sampling::WithoutReplacement { n, m } => format!("without replacement, {m} of {n}"),
+        };
+        if !parts.contains(&s) {
+            parts.push(s);
+        }
+    }
+    if parts.is_empty() {
+        "none (no private steps)".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// The flattened components as a table.
+pub fn components_table(comps: &[Component]) -> Table {
+    let rows = comps
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (sampling, q): (&str, Option<f64>) = match c.sampling {
+                Sampling::Full => ("full", None),
+                Sampling::Poisson { q } => ("poisson", Some(q)),
+                Sampling::WithoutReplacement { n, m } => ("without_replacement", Some(m as f64 / n as f64)),
+            };
+            let (mech, sigma, mu, eps, del) = match c.mechanism {
+                Mechanism::Gaussian { noise_multiplier } => (
+                    "gaussian",
+                    Some(noise_multiplier),
+                    Some(1.0 / noise_multiplier),
+                    None,
+                    None,
+                ),
+                Mechanism::EpsilonDelta { epsilon, delta } => ("epsilon_delta", None, None, Some(epsilon), Some(delta)),
+            };
+            vec![
+                Cell::from(i),
+                Cell::from(sampling),
+                Cell::from(q),
+                Cell::from(mech),
+                Cell::from(sigma),
+                Cell::from(mu),
+                Cell::from(eps),
+                Cell::from(del),
+                Cell::from(c.count),
+            ]
+        })
+        .collect();
+    Table {
+        id: "components".into(),
+        title: "Components (homogeneous parts of the event)".into(),
+        columns: vec![
+            Column::new("component"),
+            Column::new("sampling"),
+            Column::with_unit("rate", "fraction"),
+            Column::new("mechanism"),
+            Column::with_unit("noise_multiplier", "× sensitivity"),
+            Column::with_unit("mu", "GDP μ per step"),
+            Column::with_unit("epsilon", "nats"),
+            Column::new("delta"),
+            Column::new("count"),
+        ],
+        rows,
+        note: Some("μ is the per-step Gaussian-DP parameter before any subsampling (1 / noise multiplier).".into()),
+    }
+}
+
+/// The event as an ordered list of per-step μ, when it is a sequence of full-batch Gaussian
+/// steps (as a diffusion sampler run by the private denoiser), at most
+/// [`MAX_TRAJECTORY_STEPS`] long.
+pub fn trajectory(event: &DpEvent) -> Option<Vec<f64>> {
+    fn walk(e: &DpEvent, out: &mut Vec<f64>) -> bool {
+        match e {
+            DpEvent::NoOp => true,
+            DpEvent::Gaussian { noise_multiplier } => {
+                out.push(1.0 / noise_multiplier);
+                out.len() <= MAX_TRAJECTORY_STEPS
+            }
+            DpEvent::Composed { events } => events.iter().all(|x| walk(x, out)),
+            DpEvent::SelfComposed { event, count } => {
+                if (*count as usize).saturating_add(out.len()) > MAX_TRAJECTORY_STEPS {
+                    return false;
+                }
+                (0..*count).all(|_| walk(event, out))
+            }
+            _ => false,
+        }
+    }
+    let mut out = Vec::new();
+    (walk(event, &mut out) && out.len() >= 2).then_some(out)
+}
+
+/// Adds the per-step table and the per-step/cumulative plots for a full-batch trajectory:
+/// cumulative μ = sqrt(Σ μ_i²) (Dong, Roth & Su 2022, Cor. 3.3) and the exact ε at `delta`.
+pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()> {
+    let mut cum_mu = Vec::with_capacity(mu.len());
+    let mut cum_eps = Vec::with_capacity(mu.len());
+    let mut sum_sq = 0.0f64;
+    for &m in mu {
+        sum_sq += m * m;
+        let c = sum_sq.sqrt();
+        cum_mu.push(c);
+        cum_eps.push(gdp::epsilon_for_delta(c, delta)?);
+    }
+    let steps: Vec<f64> = (1..=mu.len()).map(|i| i as f64).collect();
+    report.tables.push(Table {
+        id: "steps".into(),
+        title: "Per-step privacy along the trajectory".into(),
+        columns: vec![
+            Column::new("step"),
+            Column::with_unit("mu_t", "GDP μ"),
+            Column::with_unit("cumulative_mu", "GDP μ"),
+            Column::with_unit("cumulative_epsilon", "nats"),
+        ],
+        rows: (0..mu.len())
+            .map(|i| {
+                vec![
+                    Cell::from(i + 1),
+                    Cell::Num(mu[i]),
+                    Cell::Num(cum_mu[i]),
+                    Cell::Num(cum_eps[i]),
+                ]
+            })
+            .collect(),
+        note: Some(format!(
+            "Cumulative ε is the exact GDP ε at δ = {} of the steps so far.",
+            super::export::fmt_num(delta)
+        )),
+    });
+    report
+        .plots
+        .push(plot::per_step_mu(&steps, mu, "step (order of execution)", ""));
+    report.plots.push(plot::cumulative(
+        &steps,
+        vec![
+            Series::new("cumulative μ (GDP)", vec![], cum_mu),
+            Series::new(
+                format!("cumulative ε at δ = {} (exact)", super::export::fmt_num(delta)),
+                vec![],
+                cum_eps,
+            ),
+        ],
+        "μ / ε",
+        "GDP μ / nats",
+        "step (order of execution)",
+    ));
+    Ok(())
+}
+
+/// ε versus δ for each accountant that produced a result, and the trade-off curves: exact G_μ
+/// for GDP, G_μ of the CLT's μ (dashed, estimate), and the curve implied by the (ε, δ) profile
+/// for the others (a sound lower bound on their trade-off function).
+fn add_profile_plots(
+    report: &mut Report,
+    event: &DpEvent,
+    nb: Neighbouring,
+    accountants: &[Box<dyn Accountant>],
+    tick: &mut dyn FnMut(&str),
+) {
+    let mut eps_series = Vec::new();
+    let mut trade_series = Vec::new();
+    for acc in accountants {
+        tick(&format!("{} ε(δ)", acc.kind().as_str()));
+        let mut xs = Vec::new();
+        let mut ys = Vec::new();
+        let mut kind = None;
+        for &d in DELTA_GRID.iter() {
+            if let Ok(r) = acc.epsilon(event, nb, d) {
+                kind = Some(r.kind);
+                xs.push(d);
+                ys.push(r.epsilon);
+            }
+        }
+        let Some(kind) = kind else { continue };
+        let headline: Option<&AccountResult> = report.results.iter().find(|r| r.accountant == acc.kind());
+        let mu = headline.and_then(|r| r.details.get("mu").copied());
+        let name = format!("{} ({})", acc.kind().as_str(), kind.as_str().replace('_', " "));
+        match (acc.kind(), mu) {
+            (AccountantKind::Gdp | AccountantKind::Clt, Some(mu)) if mu.is_finite() => {
+                trade_series.push(plot::gdp_tradeoff_series(
+                    &format!("{name}, μ = {}", super::export::fmt_num(mu)),
+                    mu,
+                    kind,
+                ));
+            }
+            _ => {
+                let alpha = plot::alpha_grid(200);
+                let beta = plot::profile_tradeoff(&ys, &xs, &alpha);
+                let mut s = Series::for_accountant(acc.kind(), kind, alpha, beta);
+                s.name = format!("{name}, from ε(δ)");
+                trade_series.push(s);
+            }
+        }
+        eps_series.push(Series::for_accountant(acc.kind(), kind, xs, ys).with_markers());
+    }
+    if !eps_series.is_empty() {
+        report.plots.push(plot::epsilon_vs_delta(eps_series));
+        report.plots.push(plot::tradeoff(trade_series));
+    }
+}
+
+/// Compares `budget` with the smallest sound ε in the report (never an estimate) and adds the
+/// verdict. `Inconclusive` when no sound accountant produced a result.
+pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdict {
+    let delta = report.delta;
+    let v = match report.sound_epsilon() {
+        Some(r) => {
+            let pass = r.epsilon <= budget;
+            let margin = budget - r.epsilon;
+            Verdict {
+                subject: subject.to_string(),
+                status: if pass { Status::Pass } else { Status::Fail },
+                budget: Some(budget),
+                epsilon: Some(r.epsilon),
+                delta: Some(r.delta),
+                accountant: Some(r.accountant),
+                bound: Some(r.kind),
+                margin: Some(margin),
+                message: format!(
+                    "sound ε = {} ({} {}) {} budget {}",
+                    super::export::fmt_num(r.epsilon),
+                    r.accountant.as_str(),
+                    r.kind.as_str().replace('_', " "),
+                    if pass { "≤" } else { ">" },
+                    super::export::fmt_num(budget)
+                ),
+            }
+        }
+        None => Verdict {
+            subject: subject.to_string(),
+            status: Status::Inconclusive,
+            budget: Some(budget),
+            epsilon: None,
+            delta,
+            accountant: None,
+            bound: None,
+            margin: None,
+            message: "no sound accountant (exact or upper bound) could account this event".into(),
+        },
+    };
+    if v.status == Status::Fail {
+        if let Some(est) = report
+            .results
+            .iter()
+            .find(|r| !r.kind.is_sound() && r.epsilon <= budget)
+        {
+            let msg = format!(
+                "the {} estimate ε = {} is within the budget, but an estimate is not a guarantee: the sound bound exceeds it",
+                est.accountant.as_str(),
+                super::export::fmt_num(est.epsilon)
+            );
+            report.warn("estimate_within_budget", msg, true);
+        }
+    }
+    report.verdicts.push(v.clone());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trajectory_of_full_batch_sequence() {
+        let ev = DpEvent::Composed {
+            events: vec![DpEvent::gdp(0.5), DpEvent::repeat(DpEvent::gdp(0.25), 3)],
+        };
+        assert_eq!(trajectory(&ev).unwrap(), vec![0.5, 0.25, 0.25, 0.25]);
+        assert!(trajectory(&DpEvent::dpsgd(1.0, 0.01, 10)).is_none());
+    }
+
+    #[test]
+    fn full_batch_report_has_gdp_verdict_and_plots() {
+        // 4 steps of μ = 0.5 compose to μ = 1 (DRS Cor. 3.3); ε(1e-5) of 1-GDP = 4.377178095681224
+        // (fixtures/reference/gdp_conv.csv, closed form + brentq in log space).
+        let ev = DpEvent::repeat(DpEvent::gdp(0.5), 4);
+        let mut r = Report::new("t", "x");
+        account_event(
+            &mut r,
+            &ev,
+            Neighbouring::AddRemove,
+            1e-5,
+            &[AccountantKind::Gdp],
+            AccountOptions { curves: true },
+            &mut |_| {},
+        )
+        .unwrap();
+        let v = budget_verdict(&mut r, "budget", 4.0);
+        assert!((v.epsilon.unwrap() - 4.377178095681224).abs() < 1e-9, "{v:?}");
+        assert_eq!(v.status, Status::Fail);
+        assert!(v.margin.unwrap() < 0.0);
+        let v = budget_verdict(&mut r, "budget", 5.0);
+        assert_eq!(v.status, Status::Pass);
+        let ids: Vec<&str> = r.plots.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["per_step_mu", "cumulative", "epsilon_vs_delta", "tradeoff"]);
+        r.validate().unwrap();
+    }
+}

@@ -1,0 +1,742 @@
+//! Exporters: a [`Report`] to bytes. They read only the model, so a JSON report read back with
+//! [`from_json`] renders to exactly the same Markdown, HTML and CSV.
+//!
+//! File names written by [`write_all`] (stable, for `--out DIR`):
+//! `report.json`, `report.md`, `report.html`, `report-results.csv`, `report-verdicts.csv`,
+//! `report-<table id>.csv`, `plot-<plot id>.svg`, `plot-<plot id>.png`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use super::output::OutputDir;
+use super::plot;
+use super::{num, Cell, Report, Status, Table, SCHEMA_VERSION};
+use crate::accountants::BoundKind;
+use crate::error::{Error, Result};
+
+/// An export format (`--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    Md,
+    Html,
+    Csv,
+    Json,
+}
+
+/// One format as bytes. CSV gives every table one after the other, each preceded by a
+/// `# <id>: <title>` comment line and separated by an empty line (`--out` writes one file each).
+pub fn export(report: &Report, format: ExportFormat) -> Result<Vec<u8>> {
+    report.validate()?;
+    Ok(match format {
+        ExportFormat::Md => to_markdown(report).into_bytes(),
+        ExportFormat::Html => to_html(report)?.into_bytes(),
+        ExportFormat::Json => to_json(report)?.into_bytes(),
+        ExportFormat::Csv => {
+            let mut out = Vec::new();
+            for (i, (name, title, bytes)) in csv_tables(report)?.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'\n');
+                }
+                out.extend_from_slice(format!("# {name}: {title}\n").as_bytes());
+                out.extend_from_slice(&bytes);
+            }
+            out
+        }
+    })
+}
+
+/// Writes every format (and each plot as SVG and PNG) into `dir` with stable names.
+pub fn write_all(report: &Report, dir: &OutputDir) -> Result<Vec<PathBuf>> {
+    report.validate()?;
+    let mut files: Vec<(String, Vec<u8>)> = vec![
+        ("report.json".into(), to_json(report)?.into_bytes()),
+        ("report.md".into(), to_markdown(report).into_bytes()),
+        ("report.html".into(), to_html(report)?.into_bytes()),
+    ];
+    files.extend(to_csv_files(report)?);
+    for p in &report.plots {
+        files.push((format!("plot-{}.svg", p.id), plot::render_svg(p)?.into_bytes()));
+        files.push((format!("plot-{}.png", p.id), plot::render_png(p)?));
+    }
+    dir.write_files(&files)
+}
+
+/// The JSON report (pretty-printed, trailing newline).
+pub fn to_json(report: &Report) -> Result<String> {
+    let mut s = serde_json::to_string_pretty(report)
+        .map_err(|e| Error::input(format!("report could not be serialised: {e}")))?;
+    s.push('\n');
+    Ok(s)
+}
+
+/// Reads a JSON report strictly (unknown fields are errors) and checks its schema version.
+pub fn from_json(bytes: &[u8]) -> Result<Report> {
+    // Check the version first so an old/new report gets a clear message, not a field error.
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
+        match v.get("schema_version").and_then(|s| s.as_u64()) {
+            Some(n) if n != SCHEMA_VERSION as u64 => {
+                return Err(Error::field(
+                    "schema_version",
+                    format!("unsupported report schema_version {n} (this dpaudit reads {SCHEMA_VERSION})"),
+                ))
+            }
+            None if v.is_object() => {
+                return Err(Error::field(
+                    "schema_version",
+                    "missing; is this a dpaudit JSON report?",
+                ))
+            }
+            _ => {}
+        }
+    }
+    let r: Report = serde_json::from_slice(bytes).map_err(|e| {
+        let mut err = Error::input(format!("not a valid dpaudit report: {e}"));
+        if e.line() > 0 {
+            err = err.with_line(e.line());
+        }
+        err
+    })?;
+    r.validate()?;
+    Ok(r)
+}
+
+/// Each CSV file `--out` writes: `(file name, bytes)`.
+pub fn to_csv_files(report: &Report) -> Result<Vec<(String, Vec<u8>)>> {
+    Ok(csv_tables(report)?
+        .into_iter()
+        .map(|(name, _, bytes)| (format!("report-{name}.csv"), bytes))
+        .collect())
+}
+
+fn csv_tables(report: &Report) -> Result<Vec<(String, String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for t in std::iter::once(results_table(report))
+        .chain(verdicts_table(report))
+        .chain(report.tables.iter().cloned())
+    {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        let err = |e: csv::Error| Error::input(format!("CSV for table `{}`: {e}", t.id));
+        w.write_record(t.columns.iter().map(|c| c.header())).map_err(err)?;
+        for row in &t.rows {
+            w.write_record(row.iter().map(csv_cell)).map_err(err)?;
+        }
+        let bytes = w
+            .into_inner()
+            .map_err(|e| Error::input(format!("CSV for table `{}`: {e}", t.id)))?;
+        out.push((t.id.clone(), t.title.clone(), bytes));
+    }
+    Ok(out)
+}
+
+fn csv_cell(c: &Cell) -> String {
+    match c {
+        Cell::Int(i) => i.to_string(),
+        Cell::Num(x) => num::non_finite_str(*x)
+            .map(str::to_string)
+            .unwrap_or_else(|| x.to_string()),
+        Cell::Text(t) => t.clone(),
+        Cell::Empty => String::new(),
+    }
+}
+
+/// The accountant results as a table (`report-results.csv`).
+pub fn results_table(report: &Report) -> Table {
+    use super::Column;
+    let detail_keys: std::collections::BTreeSet<&String> =
+        report.results.iter().flat_map(|r| r.details.keys()).collect();
+    let mut columns = vec![
+        Column::new("accountant"),
+        Column::new("kind"),
+        Column::with_unit("epsilon", "nats"),
+        Column::new("delta"),
+    ];
+    columns.extend(detail_keys.iter().map(|k| Column::new(k)));
+    columns.push(Column::new("diagnostics"));
+    let rows = report
+        .results
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                Cell::from(r.accountant.as_str()),
+                Cell::from(r.kind.as_str()),
+                Cell::Num(r.epsilon),
+                Cell::Num(r.delta),
+            ];
+            row.extend(detail_keys.iter().map(|k| Cell::from(r.details.get(*k).copied())));
+            row.push(Cell::Text(
+                r.diagnostics
+                    .iter()
+                    .map(|d| d.code.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ));
+            row
+        })
+        .collect();
+    Table {
+        id: "results".into(),
+        title: "Accountant results".into(),
+        columns,
+        rows,
+        note: None,
+    }
+}
+
+fn verdicts_table(report: &Report) -> Option<Table> {
+    use super::Column;
+    if report.verdicts.is_empty() {
+        return None;
+    }
+    Some(Table {
+        id: "verdicts".into(),
+        title: "Verdicts".into(),
+        columns: vec![
+            Column::new("subject"),
+            Column::new("status"),
+            Column::with_unit("budget", "nats"),
+            Column::with_unit("sound_epsilon", "nats"),
+            Column::new("delta"),
+            Column::new("accountant"),
+            Column::new("bound"),
+            Column::with_unit("margin", "nats"),
+            Column::new("message"),
+        ],
+        rows: report
+            .verdicts
+            .iter()
+            .map(|v| {
+                vec![
+                    Cell::from(v.subject.as_str()),
+                    Cell::from(v.status.as_str()),
+                    Cell::from(v.budget),
+                    Cell::from(v.epsilon),
+                    Cell::from(v.delta),
+                    Cell::from(v.accountant.map(|a| a.as_str())),
+                    Cell::from(v.bound.map(|b| b.as_str())),
+                    Cell::from(v.margin),
+                    Cell::from(v.message.as_str()),
+                ]
+            })
+            .collect(),
+        note: None,
+    })
+}
+
+/// Human formatting of a number: up to 6 significant digits, scientific outside [1e-4, 1e6),
+/// `∞` for infinity. Used by Markdown, HTML and plot ticks.
+pub fn fmt_num(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "∞".into() } else { "−∞".into() };
+    }
+    if x == 0.0 {
+        return "0".into();
+    }
+    let a = x.abs();
+    if (1e-4..1e6).contains(&a) {
+        let digits = (5 - a.log10().floor() as i32).clamp(0, 10) as usize;
+        let s = format!("{x:.digits$}");
+        let s = if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        };
+        if s == "-0" {
+            "0".into()
+        } else {
+            s
+        }
+    } else {
+        let s = format!("{x:.4e}");
+        // 1.2300e-7 -> 1.23e-7
+        match s.split_once('e') {
+            Some((m, e)) => {
+                let m = if m.contains('.') {
+                    m.trim_end_matches('0').trim_end_matches('.')
+                } else {
+                    m
+                };
+                format!("{m}e{e}")
+            }
+            None => s,
+        }
+    }
+}
+
+fn fmt_opt(x: Option<f64>) -> String {
+    x.map(fmt_num).unwrap_or_else(|| "–".into())
+}
+
+fn cell_text(c: &Cell) -> String {
+    match c {
+        Cell::Int(i) => i.to_string(),
+        Cell::Num(x) => fmt_num(*x),
+        Cell::Text(t) => t.clone(),
+        Cell::Empty => "".into(),
+    }
+}
+
+fn kind_label(k: BoundKind) -> &'static str {
+    match k {
+        BoundKind::Exact => "exact",
+        BoundKind::UpperBound => "upper bound",
+        BoundKind::Estimate => "estimate (not a guarantee)",
+    }
+}
+
+/// Markdown-escapes a table cell.
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// The report as Markdown. Plots are referenced as `plot-<id>.svg` (written beside it by `--out`).
+pub fn to_markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# {}\n", r.title);
+    let _ = writeln!(s, "Generated by {} {} with:\n", r.tool.name, r.tool.version);
+    let _ = writeln!(s, "```text\n{}\n```\n", r.command);
+    if let Some(seed) = r.seed {
+        let _ = writeln!(s, "Seed: `{seed}`\n");
+    }
+
+    if !r.verdicts.is_empty() {
+        let _ = writeln!(s, "## Verdicts\n");
+        let _ = writeln!(
+            s,
+            "| status | subject | budget ε | sound ε | δ | from | margin | message |\n|---|---|---|---|---|---|---|---|"
+        );
+        for v in &r.verdicts {
+            let from = match (v.accountant, v.bound) {
+                (Some(a), Some(b)) => format!("{} ({})", a.as_str(), kind_label(b)),
+                (Some(a), None) => a.as_str().to_string(),
+                _ => "–".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| **{}** | {} | {} | {} | {} | {} | {} | {} |",
+                v.status.as_str(),
+                md_cell(&v.subject),
+                fmt_opt(v.budget),
+                fmt_opt(v.epsilon),
+                fmt_opt(v.delta),
+                from,
+                fmt_opt(v.margin),
+                md_cell(&v.message)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nBudgets are checked against the smallest **sound** ε (exact or upper bound), never an estimate.\n"
+        );
+    }
+
+    if !r.summary.is_empty() {
+        let _ = writeln!(s, "## Summary\n");
+        for f in &r.summary {
+            let _ = writeln!(s, "- **{}**: {}", f.name, f.value);
+        }
+        s.push('\n');
+    }
+
+    if !r.results.is_empty() || !r.skipped.is_empty() {
+        match r.delta {
+            Some(d) => {
+                let _ = writeln!(s, "## Accountant results at δ = {}\n", fmt_num(d));
+            }
+            None => {
+                let _ = writeln!(s, "## Accountant results\n");
+            }
+        }
+        if !r.results.is_empty() {
+            let _ = writeln!(s, "| accountant | ε | δ | kind | details |\n|---|---|---|---|---|");
+            for a in &r.results {
+                let details: Vec<String> = a
+                    .details
+                    .iter()
+                    .map(|(k, v)| format!("{k} = {}", fmt_num(*v)))
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} |",
+                    a.accountant.as_str(),
+                    fmt_num(a.epsilon),
+                    fmt_num(a.delta),
+                    kind_label(a.kind),
+                    md_cell(&details.join(", "))
+                );
+            }
+            s.push('\n');
+        }
+        for k in &r.skipped {
+            let _ = writeln!(s, "- `{}` not used: {}", k.accountant.as_str(), k.reason);
+        }
+        if !r.skipped.is_empty() {
+            s.push('\n');
+        }
+    }
+
+    let diags: Vec<_> = r
+        .warnings
+        .iter()
+        .map(|d| (None, d))
+        .chain(
+            r.results
+                .iter()
+                .flat_map(|a| a.diagnostics.iter().map(move |d| (Some(a.accountant), d))),
+        )
+        .collect();
+    if !diags.is_empty() {
+        let _ = writeln!(s, "## Warnings\n");
+        for (acc, d) in diags {
+            let sev = if d.severe { "**severe** " } else { "" };
+            let who = acc.map(|a| format!("{}: ", a.as_str())).unwrap_or_default();
+            let _ = writeln!(s, "- {sev}{who}`{}`: {}", d.code, d.message);
+        }
+        s.push('\n');
+    }
+
+    if !r.plots.is_empty() {
+        let _ = writeln!(s, "## Plots\n");
+        for p in &r.plots {
+            let _ = writeln!(s, "![{}](plot-{}.svg)\n", p.title, p.id);
+            if let Some(c) = &p.caption {
+                let _ = writeln!(s, "*{c}*\n");
+            }
+        }
+    }
+
+    let _ = writeln!(s, "## Assumptions\n");
+    for (name, value) in assumption_lines(r) {
+        let _ = writeln!(s, "- **{name}**: {value}");
+    }
+    s.push('\n');
+
+    if let Some(ev) = &r.event {
+        let _ = writeln!(s, "## Accounted event\n\n```text\n{}```\n", ev.ledger());
+    }
+
+    for t in &r.tables {
+        let _ = writeln!(s, "## {}\n", t.title);
+        let headers: Vec<String> = t.columns.iter().map(|c| md_cell(&c.header())).collect();
+        let _ = writeln!(s, "| {} |", headers.join(" | "));
+        let _ = writeln!(s, "|{}", "---|".repeat(t.columns.len()));
+        for row in &t.rows {
+            let cells: Vec<String> = row.iter().map(|c| md_cell(&cell_text(c))).collect();
+            let _ = writeln!(s, "| {} |", cells.join(" | "));
+        }
+        if let Some(n) = &t.note {
+            let _ = writeln!(s, "\n{n}");
+        }
+        s.push('\n');
+    }
+
+    if !r.inputs.is_empty() {
+        let _ = writeln!(s, "## Inputs\n");
+        let _ = writeln!(s, "| role | path | bytes | SHA-256 |\n|---|---|---|---|");
+        for i in &r.inputs {
+            let _ = writeln!(
+                s,
+                "| {} | `{}` | {} | `{}` |",
+                md_cell(&i.role),
+                md_cell(&i.path),
+                i.bytes,
+                i.sha256
+            );
+        }
+        s.push('\n');
+    }
+    while s.ends_with("\n\n") {
+        s.pop();
+    }
+    s
+}
+
+fn assumption_lines(r: &Report) -> Vec<(String, String)> {
+    let a = &r.assumptions;
+    let mut v = vec![(
+        "Neighbouring relation".to_string(),
+        a.neighbouring
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "not stated".into()),
+    )];
+    if let Some(x) = &a.sampling {
+        v.push(("Sampling".into(), x.clone()));
+    }
+    if let Some(x) = &a.step_convention {
+        v.push(("Step convention".into(), x.clone()));
+    }
+    if let Some(d) = r.delta {
+        v.push(("δ".into(), fmt_num(d)));
+    }
+    for f in &a.other {
+        v.push((f.name.clone(), f.value.clone()));
+    }
+    v
+}
+
+/// HTML-escapes text (also for attribute values).
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+const CSS: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;\
+max-width:1100px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}\
+h1{font-size:1.7em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}\
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}\
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}\
+.pass{color:#fff;background:#1a7f37;font-weight:bold}.fail{color:#fff;background:#cf222e;font-weight:bold}\
+.inconclusive{color:#000;background:#f0c000;font-weight:bold}.estimate{font-style:italic;color:#8a4b00}\
+.severe{color:#cf222e;font-weight:bold}pre{background:#f6f8fa;padding:.8em;overflow:auto}\
+figure{margin:1em 0}figcaption{color:#555;font-size:.9em}code{font-size:.9em}.meta{color:#555}";
+
+/// Makes an SVG from plotters safe to inline: drops the XML prolog and the namespace attribute
+/// (an HTML5 parser does not need it, and the page must contain no URLs at all).
+fn inline_svg(svg: &str) -> String {
+    let s = svg.trim();
+    let s = match s.strip_prefix("<?xml") {
+        Some(rest) => rest.split_once("?>").map(|(_, r)| r.trim_start()).unwrap_or(rest),
+        None => s,
+    };
+    s.replace(" xmlns=\"http://www.w3.org/2000/svg\"", "")
+}
+
+/// The report as one self-contained HTML page: inline CSS, plots inline as SVG, no scripts,
+/// no network, no references to other files.
+pub fn to_html(r: &Report) -> Result<String> {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{CSS}</style>\n</head>\n<body>",
+        esc(&r.title)
+    );
+    let _ = writeln!(s, "<h1>{}</h1>", esc(&r.title));
+    let _ = writeln!(
+        s,
+        "<p class=\"meta\">Generated by {} {} with <code>{}</code>{}</p>",
+        esc(&r.tool.name),
+        esc(&r.tool.version),
+        esc(&r.command),
+        r.seed.map(|x| format!(" · seed <code>{x}</code>")).unwrap_or_default()
+    );
+
+    if !r.verdicts.is_empty() {
+        let _ = writeln!(s, "<h2>Verdicts</h2>\n<table>\n<tr><th>status</th><th>subject</th><th>budget ε</th><th>sound ε</th><th>δ</th><th>from</th><th>margin</th><th>message</th></tr>");
+        for v in &r.verdicts {
+            let class = match v.status {
+                Status::Pass => "pass",
+                Status::Fail => "fail",
+                Status::Inconclusive => "inconclusive",
+            };
+            let from = match (v.accountant, v.bound) {
+                (Some(a), Some(b)) => format!("{} ({})", a.as_str(), kind_label(b)),
+                (Some(a), None) => a.as_str().to_string(),
+                _ => "–".into(),
+            };
+            let _ = writeln!(
+                s,
+                "<tr><td class=\"{class}\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+                v.status.as_str(),
+                esc(&v.subject),
+                fmt_opt(v.budget),
+                fmt_opt(v.epsilon),
+                fmt_opt(v.delta),
+                esc(&from),
+                fmt_opt(v.margin),
+                esc(&v.message)
+            );
+        }
+        let _ = writeln!(s, "</table>\n<p>Budgets are checked against the smallest <strong>sound</strong> ε (exact or upper bound), never an estimate.</p>");
+    }
+
+    if !r.summary.is_empty() {
+        let _ = writeln!(s, "<h2>Summary</h2>\n<ul>");
+        for f in &r.summary {
+            let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&f.name), esc(&f.value));
+        }
+        let _ = writeln!(s, "</ul>");
+    }
+
+    if !r.results.is_empty() || !r.skipped.is_empty() {
+        let head = match r.delta {
+            Some(d) => format!("Accountant results at δ = {}", fmt_num(d)),
+            None => "Accountant results".into(),
+        };
+        let _ = writeln!(s, "<h2>{}</h2>", esc(&head));
+        if !r.results.is_empty() {
+            let _ = writeln!(
+                s,
+                "<table>\n<tr><th>accountant</th><th>ε</th><th>δ</th><th>kind</th><th>details</th></tr>"
+            );
+            for a in &r.results {
+                let details: Vec<String> = a
+                    .details
+                    .iter()
+                    .map(|(k, v)| format!("{k} = {}", fmt_num(*v)))
+                    .collect();
+                let cls = if a.kind.is_sound() { "" } else { " class=\"estimate\"" };
+                let _ = writeln!(
+                    s,
+                    "<tr{cls}><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                    a.accountant.as_str(),
+                    fmt_num(a.epsilon),
+                    fmt_num(a.delta),
+                    kind_label(a.kind),
+                    esc(&details.join(", "))
+                );
+            }
+            let _ = writeln!(s, "</table>");
+        }
+        if !r.skipped.is_empty() {
+            let _ = writeln!(s, "<ul>");
+            for k in &r.skipped {
+                let _ = writeln!(
+                    s,
+                    "<li><code>{}</code> not used: {}</li>",
+                    k.accountant.as_str(),
+                    esc(&k.reason)
+                );
+            }
+            let _ = writeln!(s, "</ul>");
+        }
+    }
+
+    let diags: Vec<_> = r
+        .warnings
+        .iter()
+        .map(|d| (None, d))
+        .chain(
+            r.results
+                .iter()
+                .flat_map(|a| a.diagnostics.iter().map(move |d| (Some(a.accountant), d))),
+        )
+        .collect();
+    if !diags.is_empty() {
+        let _ = writeln!(s, "<h2>Warnings</h2>\n<ul>");
+        for (acc, d) in diags {
+            let sev = if d.severe {
+                "<span class=\"severe\">severe</span> "
+            } else {
+                ""
+            };
+            let who = acc.map(|a| format!("{}: ", a.as_str())).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "<li>{sev}{}<code>{}</code>: {}</li>",
+                esc(&who),
+                esc(&d.code),
+                esc(&d.message)
+            );
+        }
+        let _ = writeln!(s, "</ul>");
+    }
+
+    if !r.plots.is_empty() {
+        let _ = writeln!(s, "<h2>Plots</h2>");
+        for p in &r.plots {
+            let svg = plot::render_svg(p)?;
+            let _ = writeln!(s, "<figure id=\"plot-{}\">\n{}", esc(&p.id), inline_svg(&svg));
+            if let Some(c) = &p.caption {
+                let _ = writeln!(s, "<figcaption>{}</figcaption>", esc(c));
+            }
+            let _ = writeln!(s, "</figure>");
+        }
+    }
+
+    let _ = writeln!(s, "<h2>Assumptions</h2>\n<ul>");
+    for (name, value) in assumption_lines(r) {
+        let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&name), esc(&value));
+    }
+    let _ = writeln!(s, "</ul>");
+
+    if let Some(ev) = &r.event {
+        let _ = writeln!(s, "<h2>Accounted event</h2>\n<pre>{}</pre>", esc(&ev.ledger()));
+    }
+
+    for t in &r.tables {
+        let _ = writeln!(s, "<h2>{}</h2>\n<table>\n<tr>", esc(&t.title));
+        for c in &t.columns {
+            let _ = write!(s, "<th>{}</th>", esc(&c.header()));
+        }
+        let _ = writeln!(s, "</tr>");
+        for row in &t.rows {
+            let _ = write!(s, "<tr>");
+            for c in row {
+                let cls = if matches!(c, Cell::Int(_) | Cell::Num(_)) {
+                    " class=\"num\""
+                } else {
+                    ""
+                };
+                let _ = write!(s, "<td{cls}>{}</td>", esc(&cell_text(c)));
+            }
+            let _ = writeln!(s, "</tr>");
+        }
+        let _ = writeln!(s, "</table>");
+        if let Some(n) = &t.note {
+            let _ = writeln!(s, "<p>{}</p>", esc(n));
+        }
+    }
+
+    if !r.inputs.is_empty() {
+        let _ = writeln!(
+            s,
+            "<h2>Inputs</h2>\n<table>\n<tr><th>role</th><th>path</th><th>bytes</th><th>SHA-256</th></tr>"
+        );
+        for i in &r.inputs {
+            let _ = writeln!(
+                s,
+                "<tr><td>{}</td><td><code>{}</code></td><td class=\"num\">{}</td><td><code>{}</code></td></tr>",
+                esc(&i.role),
+                esc(&i.path),
+                i.bytes,
+                esc(&i.sha256)
+            );
+        }
+        let _ = writeln!(s, "</table>");
+    }
+    let _ = writeln!(s, "</body>\n</html>");
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_formatting() {
+        assert_eq!(fmt_num(0.0), "0");
+        assert_eq!(fmt_num(1e-5), "1e-5");
+        assert_eq!(fmt_num(0.8137508), "0.813751");
+        assert_eq!(fmt_num(8.0), "8");
+        assert_eq!(fmt_num(787.6123456), "787.612");
+        assert_eq!(fmt_num(-0.05), "-0.05");
+        assert_eq!(fmt_num(1.25e7), "1.25e7");
+        assert_eq!(fmt_num(f64::INFINITY), "∞");
+    }
+
+    #[test]
+    fn html_escapes_and_has_no_urls() {
+        let mut r = Report::new("<script>alert(1)</script>", "dpaudit x");
+        r.plots.push(plot::tradeoff(vec![plot::gdp_tradeoff_series(
+            "gdp",
+            1.0,
+            BoundKind::Exact,
+        )]));
+        let h = to_html(&r).unwrap();
+        assert!(!h.contains("<script>"));
+        assert!(!h.contains("http://") && !h.contains("https://"), "URL in HTML");
+        assert!(h.contains("<svg"));
+    }
+}

@@ -1,0 +1,654 @@
+//! Plot specifications (data only, part of the [`Report`](super::Report)) and their rendering
+//! with plotters to SVG and PNG.
+//!
+//! Rendering uses an embedded DejaVu Sans font registered with plotters' `ab_glyph` backend,
+//! so it needs no system fonts. Builders for the standard dpaudit plots: [`per_step_mu`],
+//! [`cumulative`], [`epsilon_vs_axis`], [`tradeoff`], [`epsilon_vs_delta`].
+
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::num;
+use crate::accountants::{AccountantKind, BoundKind};
+use crate::error::{Error, Result};
+
+/// Width and height (pixels) of rendered plots.
+pub const SIZE: (u32, u32) = (800, 480);
+
+/// A line plot: two labelled axes and a list of series.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plot {
+    /// Stable identifier, used in file names (`plot-<id>.svg`): `[a-z0-9_-]+`.
+    pub id: String,
+    pub title: String,
+    pub x: Axis,
+    pub y: Axis,
+    pub series: Vec<Series>,
+    #[serde(default)]
+    pub legend: LegendPosition,
+    /// Shown under the plot (what is drawn and how to read it).
+    #[serde(default)]
+    pub caption: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Axis {
+    pub label: String,
+    /// Unit shown in brackets after the label (`""` for dimensionless quantities is allowed but
+    /// prefer a word such as `nats` or `probability`).
+    #[serde(default)]
+    pub unit: Option<String>,
+    #[serde(default)]
+    pub scale: Scale,
+}
+
+impl Axis {
+    pub fn new(label: &str, unit: &str, scale: Scale) -> Self {
+        Axis {
+            label: label.to_string(),
+            unit: if unit.is_empty() { None } else { Some(unit.to_string()) },
+            scale,
+        }
+    }
+    /// `label [unit]`.
+    pub fn description(&self) -> String {
+        match &self.unit {
+            Some(u) if !u.is_empty() => format!("{} [{}]", self.label, u),
+            _ => self.label.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Scale {
+    #[default]
+    Linear,
+    Log,
+}
+
+impl Scale {
+    /// Log when the positive values span more than two decades.
+    pub fn auto<'a>(values: impl IntoIterator<Item = &'a f64>) -> Scale {
+        let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+        for &v in values {
+            if v.is_finite() && v > 0.0 {
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+        }
+        if hi > 0.0 && hi / lo > 100.0 {
+            Scale::Log
+        } else {
+            Scale::Linear
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LineStyle {
+    #[default]
+    Solid,
+    /// Used for estimates (e.g. the CLT), so they are never mistaken for bounds.
+    Dashed,
+    /// Used for reference lines (e.g. the no-privacy diagonal of a trade-off plot).
+    Dotted,
+}
+
+impl LineStyle {
+    /// Dashed for estimates, solid for exact values and upper bounds.
+    pub fn for_bound(kind: BoundKind) -> Self {
+        if kind.is_sound() {
+            LineStyle::Solid
+        } else {
+            LineStyle::Dashed
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LegendPosition {
+    /// The corner where the lines leave the most room.
+    #[default]
+    Auto,
+    UpperRight,
+    UpperLeft,
+    LowerRight,
+    LowerLeft,
+}
+
+/// One line of a plot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Series {
+    pub name: String,
+    #[serde(default)]
+    pub style: LineStyle,
+    /// What kind of number the line shows, when it comes from an accountant.
+    #[serde(default)]
+    pub bound: Option<BoundKind>,
+    /// Draw a marker at every point.
+    #[serde(default)]
+    pub markers: bool,
+    #[serde(with = "num::vec")]
+    pub x: Vec<f64>,
+    #[serde(with = "num::vec")]
+    pub y: Vec<f64>,
+}
+
+impl Series {
+    pub fn new(name: impl Into<String>, x: Vec<f64>, y: Vec<f64>) -> Self {
+        Series {
+            name: name.into(),
+            style: LineStyle::Solid,
+            bound: None,
+            markers: false,
+            x,
+            y,
+        }
+    }
+    /// A series from an accountant: named `pld (upper bound)` etc., dashed if an estimate.
+    pub fn for_accountant(acc: AccountantKind, kind: BoundKind, x: Vec<f64>, y: Vec<f64>) -> Self {
+        Series {
+            name: format!("{} ({})", acc.as_str(), kind.as_str().replace('_', " ")),
+            style: LineStyle::for_bound(kind),
+            bound: Some(kind),
+            markers: false,
+            x,
+            y,
+        }
+    }
+    pub fn with_style(mut self, style: LineStyle) -> Self {
+        self.style = style;
+        self
+    }
+    pub fn with_markers(mut self) -> Self {
+        self.markers = true;
+        self
+    }
+}
+
+// ---------------------------------------------------------------- builders
+
+/// Per-step μ_t along a trajectory (log y when it spans decades).
+pub fn per_step_mu(steps: &[f64], mu: &[f64], x_label: &str, x_unit: &str) -> Plot {
+    Plot {
+        id: "per_step_mu".into(),
+        title: "Per-step privacy cost μ_t".into(),
+        x: Axis::new(x_label, x_unit, Scale::Linear),
+        y: Axis::new("μ_t", "GDP μ", Scale::auto(mu)),
+        series: vec![Series::new("μ_t", steps.to_vec(), mu.to_vec()).with_markers()],
+        legend: LegendPosition::Auto,
+        caption: Some("Gaussian-DP parameter of each step (larger = less private).".into()),
+    }
+}
+
+/// Cumulative privacy along a trajectory: one series per quantity (e.g. composed μ, and ε at δ).
+pub fn cumulative(steps: &[f64], series: Vec<Series>, y_label: &str, y_unit: &str, x_label: &str) -> Plot {
+    let scale = Scale::auto(series.iter().flat_map(|s| s.y.iter()));
+    Plot {
+        id: "cumulative".into(),
+        title: format!("Cumulative {y_label} along the trajectory"),
+        x: Axis::new(x_label, "", Scale::Linear),
+        y: Axis::new(y_label, y_unit, scale),
+        series: series
+            .into_iter()
+            .map(|mut s| {
+                if s.x.is_empty() {
+                    s.x = steps.to_vec();
+                }
+                s
+            })
+            .collect(),
+        legend: LegendPosition::Auto,
+        caption: Some("Privacy spent after each step (composition of all steps so far).".into()),
+    }
+}
+
+/// ε versus a swept axis (σ_min, sampling rate, steps, …): one series per accountant; estimates
+/// dashed. Log scales are chosen where the data spans decades.
+pub fn epsilon_vs_axis(id: &str, axis_label: &str, axis_unit: &str, delta: f64, series: Vec<Series>) -> Plot {
+    let xs = Scale::auto(series.iter().flat_map(|s| s.x.iter()));
+    let ys = Scale::auto(series.iter().flat_map(|s| s.y.iter()));
+    Plot {
+        id: id.to_string(),
+        title: format!("ε at δ = {} versus {axis_label}", fmt_delta(delta)),
+        x: Axis::new(axis_label, axis_unit, xs),
+        y: Axis::new("ε", "nats", ys),
+        series,
+        legend: LegendPosition::Auto,
+        caption: Some("Solid lines are exact values or sound upper bounds; dashed lines are estimates.".into()),
+    }
+}
+
+/// ε versus δ, one series per accountant (log δ axis); estimates dashed.
+pub fn epsilon_vs_delta(series: Vec<Series>) -> Plot {
+    let ys = Scale::auto(series.iter().flat_map(|s| s.y.iter()));
+    Plot {
+        id: "epsilon_vs_delta".into(),
+        title: "ε versus δ".into(),
+        x: Axis::new("δ", "probability", Scale::Log),
+        y: Axis::new("ε", "nats", ys),
+        series,
+        legend: LegendPosition::Auto,
+        caption: Some("Solid lines are exact values or sound upper bounds; dashed lines are estimates.".into()),
+    }
+}
+
+/// Trade-off curves (type I error α against the smallest type II error β), with the
+/// no-privacy diagonal β = 1 − α dotted for reference.
+pub fn tradeoff(mut series: Vec<Series>) -> Plot {
+    series.push(Series::new("no privacy: β = 1 − α", vec![0.0, 1.0], vec![1.0, 0.0]).with_style(LineStyle::Dotted));
+    Plot {
+        id: "tradeoff".into(),
+        title: "Trade-off curve: type I vs type II error".into(),
+        x: Axis::new("type I error α", "probability", Scale::Linear),
+        y: Axis::new("type II error β", "probability", Scale::Linear),
+        series,
+        legend: LegendPosition::Auto,
+        caption: Some(
+            "Any membership test has (α, β) on or above a sound curve; closer to the diagonal is more private. \
+Dashed curves are estimates."
+                .into(),
+        ),
+    }
+}
+
+/// α grid for trade-off curves: dense near 0 and 1 where the curves bend.
+pub fn alpha_grid(n: usize) -> Vec<f64> {
+    (0..=n)
+        .map(|i| {
+            let u = i as f64 / n as f64;
+            // Smoothstep-like spacing: denser at both ends.
+            0.5 - 0.5 * (std::f64::consts::PI * u).cos()
+        })
+        .collect()
+}
+
+/// The μ-GDP trade-off curve G_μ(α) = Φ(Φ⁻¹(1 − α) − μ) (Dong, Roth & Su 2022, Def. 2.5).
+pub fn gdp_tradeoff_series(name: &str, mu: f64, kind: BoundKind) -> Series {
+    let alpha = alpha_grid(200);
+    let beta: Vec<f64> = alpha
+        .iter()
+        .map(|&a| crate::accountants::gdp::tradeoff(mu, a).clamp(0.0, 1.0))
+        .collect();
+    Series {
+        name: name.to_string(),
+        style: LineStyle::for_bound(kind),
+        bound: Some(kind),
+        markers: false,
+        x: alpha,
+        y: beta,
+    }
+}
+
+/// The trade-off curve implied by a privacy profile δ(ε) given at finitely many points:
+/// β(α) = max(0, max_i max(1 − δ_i − e^{ε_i} α, e^{−ε_i}(1 − δ_i − α))) (Dong, Roth & Su 2022,
+/// Prop. 2.12 / 2.13: (ε, δ)-DP for every ε_i is the intersection of the f_{ε_i, δ_i}). When the
+/// δ_i are upper bounds, the curve is a sound lower bound on the true trade-off function.
+pub fn profile_tradeoff(eps: &[f64], delta: &[f64], alpha: &[f64]) -> Vec<f64> {
+    alpha
+        .iter()
+        .map(|&a| {
+            let mut b = 0.0f64;
+            for (&e, &d) in eps.iter().zip(delta) {
+                if !(e.is_finite() && d.is_finite()) {
+                    continue;
+                }
+                b = b.max(1.0 - d - e.exp() * a).max((-e).exp() * (1.0 - d - a));
+            }
+            b.clamp(0.0, 1.0)
+        })
+        .collect()
+}
+
+fn fmt_delta(d: f64) -> String {
+    super::export::fmt_num(d)
+}
+
+// ---------------------------------------------------------------- rendering
+
+const FONT: &str = "sans-serif";
+
+fn register_fonts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // The embedded DejaVu fonts always parse; ignore the impossible error.
+        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
+        let _ = plotters::style::register_font(FONT, FontStyle::Bold, dejavu::sans::bold());
+    });
+}
+
+/// Colour-blind-friendly palette (Okabe–Ito), in series order.
+const PALETTE: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+    RGBColor(120, 120, 120),
+];
+
+fn colour(i: usize, s: &Series) -> RGBColor {
+    if s.style == LineStyle::Dotted {
+        RGBColor(90, 90, 90)
+    } else {
+        PALETTE[i % (PALETTE.len() - 1)]
+    }
+}
+
+/// Renders `plot` as a standalone SVG document.
+pub fn render_svg(plot: &Plot) -> Result<String> {
+    register_fonts();
+    let mut s = String::new();
+    {
+        let root = SVGBackend::with_string(&mut s, SIZE).into_drawing_area();
+        draw(&root, plot)?;
+        root.present().map_err(|e| render_err(plot, e))?;
+    }
+    Ok(s)
+}
+
+/// Renders `plot` as PNG bytes.
+pub fn render_png(plot: &Plot) -> Result<Vec<u8>> {
+    register_fonts();
+    let (w, h) = SIZE;
+    let mut rgb = vec![0u8; (w * h * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+        draw(&root, plot)?;
+        root.present().map_err(|e| render_err(plot, e))?;
+    }
+    let mut out = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut out, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut wr = enc
+            .write_header()
+            .map_err(|e| Error::input(format!("plot `{}`: PNG encoding failed: {e}", plot.id)))?;
+        wr.write_image_data(&rgb)
+            .map_err(|e| Error::input(format!("plot `{}`: PNG encoding failed: {e}", plot.id)))?;
+    }
+    Ok(out)
+}
+
+fn render_err(plot: &Plot, e: impl std::fmt::Display) -> Error {
+    Error::input(format!("plot `{}` could not be drawn: {e}", plot.id))
+}
+
+/// Points of a series that can be drawn on the given scales.
+fn drawable(s: &Series, xs: Scale, ys: Scale) -> Vec<(f64, f64)> {
+    s.x.iter()
+        .zip(&s.y)
+        .map(|(&x, &y)| (x, y))
+        .filter(|&(x, y)| {
+            x.is_finite() && y.is_finite() && (xs == Scale::Linear || x > 0.0) && (ys == Scale::Linear || y > 0.0)
+        })
+        .collect()
+}
+
+fn range(vals: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in vals {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() || !hi.is_finite() {
+        return match scale {
+            Scale::Linear => (0.0, 1.0),
+            Scale::Log => (0.1, 10.0),
+        };
+    }
+    match scale {
+        Scale::Linear => {
+            if hi - lo <= f64::EPSILON * hi.abs().max(1e-300) {
+                let pad = if hi == 0.0 { 1.0 } else { hi.abs() * 0.1 };
+                (lo - pad, hi + pad)
+            } else {
+                let pad = (hi - lo) * 0.04;
+                (lo - pad, hi + pad)
+            }
+        }
+        Scale::Log => {
+            let (l, h) = (lo.log10(), hi.log10());
+            if h - l < 1e-9 {
+                (lo / 3.0, hi * 3.0)
+            } else {
+                let pad = (h - l) * 0.04;
+                (10f64.powf(l - pad), 10f64.powf(h + pad))
+            }
+        }
+    }
+}
+
+fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, plot: &Plot) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| render_err(plot, e))?;
+    let (xs, ys) = (plot.x.scale, plot.y.scale);
+    let pts: Vec<Vec<(f64, f64)>> = plot.series.iter().map(|s| drawable(s, xs, ys)).collect();
+    // Reference (dotted) lines do not decide the ranges unless nothing else is drawn.
+    let data: Vec<&(f64, f64)> = {
+        let main: Vec<&(f64, f64)> = plot
+            .series
+            .iter()
+            .zip(&pts)
+            .filter(|(s, _)| s.style != LineStyle::Dotted)
+            .flat_map(|(_, p)| p.iter())
+            .collect();
+        if main.is_empty() {
+            pts.iter().flatten().collect()
+        } else {
+            main
+        }
+    };
+    let (x0, x1) = range(data.iter().map(|p| p.0), xs);
+    let (y0, y1) = range(data.iter().map(|p| p.1), ys);
+    let legend = match plot.legend {
+        LegendPosition::Auto => emptiest_corner(&pts, (x0, x1, xs), (y0, y1, ys)),
+        l => l,
+    };
+    match (xs, ys) {
+        (Scale::Linear, Scale::Linear) => draw_in(root, plot, &pts, legend, x0..x1, y0..y1),
+        (Scale::Log, Scale::Linear) => draw_in(root, plot, &pts, legend, (x0..x1).log_scale(), y0..y1),
+        (Scale::Linear, Scale::Log) => draw_in(root, plot, &pts, legend, x0..x1, (y0..y1).log_scale()),
+        (Scale::Log, Scale::Log) => draw_in(root, plot, &pts, legend, (x0..x1).log_scale(), (y0..y1).log_scale()),
+    }
+}
+
+/// The corner of the plot area that the drawn lines cross least (ties: upper right, upper
+/// left, lower right, lower left), judged on the lines sampled densely in plot coordinates.
+fn emptiest_corner(pts: &[Vec<(f64, f64)>], x: (f64, f64, Scale), y: (f64, f64, Scale)) -> LegendPosition {
+    let norm = |v: f64, (lo, hi, sc): (f64, f64, Scale)| match sc {
+        Scale::Linear => (v - lo) / (hi - lo),
+        Scale::Log => (v.ln() - lo.ln()) / (hi.ln() - lo.ln()),
+    };
+    let corners = [
+        (LegendPosition::UpperRight, true, true),
+        (LegendPosition::UpperLeft, false, true),
+        (LegendPosition::LowerRight, true, false),
+        (LegendPosition::LowerLeft, false, false),
+    ];
+    let mut hits = [0usize; 4];
+    for line in pts {
+        let np: Vec<(f64, f64)> = line.iter().map(|&(a, b)| (norm(a, x), norm(b, y))).collect();
+        let mut visit = |(u, v): (f64, f64)| {
+            for (k, &(_, right, upper)) in corners.iter().enumerate() {
+                let in_x = if right { u > 0.55 } else { u < 0.45 };
+                let in_y = if upper { v > 0.7 } else { v < 0.3 };
+                if in_x && in_y {
+                    hits[k] += 1;
+                }
+            }
+        };
+        if np.len() == 1 {
+            visit(np[0]);
+        }
+        for w in np.windows(2) {
+            for i in 0..20 {
+                let t = i as f64 / 20.0;
+                visit((w[0].0 + t * (w[1].0 - w[0].0), w[0].1 + t * (w[1].1 - w[0].1)));
+            }
+        }
+    }
+    let best = (0..4).min_by_key(|&k| hits[k]).unwrap_or(0);
+    corners[best].0
+}
+
+fn tick(v: &f64) -> String {
+    super::export::fmt_num(*v)
+}
+
+fn draw_in<DB, X, Y>(
+    root: &DrawingArea<DB, Shift>,
+    plot: &Plot,
+    pts: &[Vec<(f64, f64)>],
+    legend: LegendPosition,
+    xr: X,
+    yr: Y,
+) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let e = |err: DrawingAreaErrorKind<DB::ErrorType>| render_err(plot, err);
+    let mut chart = ChartBuilder::on(root)
+        .caption(&plot.title, (FONT, 22).into_font())
+        .margin(14)
+        .x_label_area_size(48)
+        .y_label_area_size(78)
+        .build_cartesian_2d(xr, yr)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc(plot.x.description())
+        .y_desc(plot.y.description())
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .light_line_style(RGBColor(248, 248, 248))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(e)?;
+    for (i, (s, p)) in plot.series.iter().zip(pts).enumerate() {
+        let c = colour(i, s);
+        let width = 2;
+        let style = ShapeStyle {
+            color: c.to_rgba(),
+            filled: false,
+            stroke_width: width,
+        };
+        let anno = match s.style {
+            LineStyle::Solid => chart
+                .draw_series(LineSeries::new(p.iter().copied(), style))
+                .map_err(e)?,
+            LineStyle::Dashed => chart
+                .draw_series(DashedLineSeries::new(p.iter().copied(), 9, 6, style))
+                .map_err(e)?,
+            LineStyle::Dotted => chart
+                .draw_series(DashedLineSeries::new(p.iter().copied(), 3, 5, style))
+                .map_err(e)?,
+        };
+        let line_style = s.style;
+        anno.label(s.name.clone()).legend(move |(x, y)| {
+            let segs: Vec<(i32, i32)> = match line_style {
+                LineStyle::Solid => vec![(x, y), (x + 24, y)],
+                _ => vec![(x, y), (x + 8, y)],
+            };
+            let extra: Vec<(i32, i32)> = match line_style {
+                LineStyle::Solid => vec![],
+                _ => vec![(x + 14, y), (x + 24, y)],
+            };
+            EmptyElement::at((0, 0)) + PathElement::new(segs, style) + PathElement::new(extra, style)
+        });
+        if s.markers && p.len() <= 200 {
+            chart
+                .draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled())))
+                .map_err(e)?;
+        }
+    }
+    let pos = match legend {
+        LegendPosition::UpperRight | LegendPosition::Auto => SeriesLabelPosition::UpperRight,
+        LegendPosition::UpperLeft => SeriesLabelPosition::UpperLeft,
+        LegendPosition::LowerRight => SeriesLabelPosition::LowerRight,
+        LegendPosition::LowerLeft => SeriesLabelPosition::LowerLeft,
+    };
+    if !plot.series.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(pos)
+            .label_font((FONT, 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(160, 160, 160))
+            .draw()
+            .map_err(e)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_tradeoff_of_gdp_profile_stays_below_gdp_curve() {
+        // The trade-off from finitely many (ε, δ(ε)) points of μ-GDP is a lower envelope of G_μ.
+        let mu = 1.0;
+        let eps: Vec<f64> = (0..60).map(|i| i as f64 * 0.1).collect();
+        let del: Vec<f64> = eps
+            .iter()
+            .map(|&e| crate::accountants::gdp::delta_for_epsilon(mu, e))
+            .collect();
+        let alpha = alpha_grid(50);
+        let b = profile_tradeoff(&eps, &del, &alpha);
+        for (a, bb) in alpha.iter().zip(&b) {
+            let g = crate::accountants::gdp::tradeoff(mu, *a);
+            assert!(*bb <= g + 1e-9, "α={a}: {bb} > {g}");
+            assert!(*bb >= g - 0.03, "α={a}: {bb} ≪ {g}");
+        }
+    }
+
+    #[test]
+    fn renders_svg_and_png_for_all_scales() {
+        for (xs, ys) in [
+            (Scale::Linear, Scale::Linear),
+            (Scale::Log, Scale::Linear),
+            (Scale::Linear, Scale::Log),
+            (Scale::Log, Scale::Log),
+        ] {
+            let p = Plot {
+                id: "t".into(),
+                title: "t".into(),
+                x: Axis::new("σ_min", "data units", xs),
+                y: Axis::new("ε", "nats", ys),
+                series: vec![
+                    Series::new("a", vec![0.001, 0.1, 10.0], vec![100.0, 1.0, 0.01]),
+                    Series::new("b", vec![0.001, 10.0], vec![f64::INFINITY, 0.02]).with_style(LineStyle::Dashed),
+                ],
+                legend: LegendPosition::UpperRight,
+                caption: None,
+            };
+            let svg = render_svg(&p).unwrap();
+            assert!(
+                svg.contains("<svg") && svg.contains("σ_min [data units]"),
+                "{xs:?} {ys:?}"
+            );
+            let png = render_png(&p).unwrap();
+            assert_eq!(&png[1..4], b"PNG");
+        }
+    }
+}
