@@ -648,6 +648,19 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
             }
         }
     }
+    if p < 1.0 && !mus.is_empty() {
+        warnings.push(Diagnostic {
+            code: "subsampled_normalisation".into(),
+            message: format!(
+                "μ_t uses |D| = {} as in the paper's §4 accounting and its reference tables: that is the sensitivity of a step \
+                 that divides the subsampled sum by |D|. A step that divides by the random subsample size |S| ≈ p|D| (the paper's \
+                 M_SubGauss, and dpaudit's own sampler) has sensitivity ≈ 2C/(p|D|): every μ_t would be ≈ 1/p = {:.6} times larger",
+                plan.dataset_size,
+                1.0 / p
+            ),
+            severe: false,
+        });
+    }
     if matches!(cfg.density, DensityConfig::Trajectories(_)) {
         warnings.push(Diagnostic {
             code: "data_dependent_density".into(),
