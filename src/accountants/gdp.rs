@@ -70,13 +70,23 @@ pub fn composed_mu(event: &DpEvent) -> Result<f64> {
                 sum_sq += c.count as f64 / (noise_multiplier * noise_multiplier);
             }
             (Sampling::Full, _) => {
-                return Err(Error::unsupported(
-                    "gdp: only Gaussian mechanisms are GDP; found an (ε, δ)-DP event",
-                ));
+                let at = super::clt::find_path(event, "event", &|e| {
+                    matches!(e, DpEvent::EpsilonDelta { .. }).then(String::new)
+                });
+                let path = at.map(|(p, _)| format!("{p}: ")).unwrap_or_default();
+                return Err(Error::unsupported(format!(
+                    "gdp: {path}only Gaussian mechanisms are GDP; found an (ε, δ)-DP event"
+                )));
             }
             (s, _) => {
+                let at = super::clt::find_path(event, "event", &|e| {
+                    let sampled = matches!(e, DpEvent::PoissonSampled { q, .. } if *q < 1.0)
+                        || matches!(e, DpEvent::SampledWithoutReplacement { .. });
+                    sampled.then(String::new)
+                });
+                let path = at.map(|(p, _)| format!("{p}: ")).unwrap_or_default();
                 return Err(Error::unsupported(format!(
-                    "gdp: subsampled events ({s:?}) are not exactly GDP; use the clt estimate or the pld/rdp bounds"
+                    "gdp: {path}subsampled events ({s:?}) are not exactly GDP; use the clt estimate or the pld/rdp bounds"
                 )));
             }
         }

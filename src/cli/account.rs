@@ -48,22 +48,22 @@ impl From<NeighbouringArg> for Neighbouring {
 Exit codes: 0 ok; 2 bad flags/file, or no accountant supports the event.")]
 pub struct Args {
     /// Noise multiplier σ of the Gaussian step (noise std = σ × L2 sensitivity).
-    #[arg(long, value_name = "SIGMA")]
+    #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
     pub noise_multiplier: Option<f64>,
     /// Poisson sampling rate q in (0, 1] (default 1: full batch).
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", allow_negative_numbers = true)]
     pub sample_rate: Option<f64>,
     /// Number of steps (0 accounts nothing: ε = 0).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub steps: Option<u64>,
     /// Event tree from a TOML file (schema_version = 1) instead of the flags above.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["noise_multiplier", "sample_rate", "steps"])]
     pub event: Option<PathBuf>,
     /// δ at which ε is reported (may come from the event file).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub delta: Option<f64>,
     /// Report δ at this ε instead of ε at δ.
-    #[arg(long, conflicts_with = "delta")]
+    #[arg(long, conflicts_with = "delta", allow_negative_numbers = true)]
     pub epsilon: Option<f64>,
     /// Neighbouring relation (default: the event file's, else add-remove).
     #[arg(long, value_enum)]

@@ -44,19 +44,19 @@ The answer is re-checked with the accountant and always on the safe side (ε ≤
 Exit codes: 0 ok; 2 bad flags, unreachable target, or unsupported event.")]
 pub struct Args {
     /// Target ε.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub target_epsilon: f64,
     /// δ.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub delta: f64,
     /// Noise multiplier σ (fixed unless solved for).
-    #[arg(long, value_name = "SIGMA")]
+    #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
     pub noise_multiplier: Option<f64>,
     /// Poisson sampling rate q in (0, 1] (fixed unless solved for; default 1).
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", allow_negative_numbers = true)]
     pub sample_rate: Option<f64>,
     /// Number of steps ≥ 1 (fixed unless solved for).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub steps: Option<u64>,
     /// Which parameter to solve for (default: the one of the three flags left out).
     #[arg(long, value_enum)]
@@ -139,11 +139,13 @@ fn plan(args: &Args) -> Result<(AccountantKind, DpSgd, SolveFor, f64, f64, Forma
         }
         Ok(())
     };
+    match solve_for {
+        SolveFor::NoiseMultiplier => given("--noise-multiplier", args.noise_multiplier.is_some())?,
+        SolveFor::SampleRate => given("--sample-rate", args.sample_rate.is_some())?,
+        SolveFor::Steps => given("--steps", args.steps.is_some())?,
+    }
     let sigma = match solve_for {
-        SolveFor::NoiseMultiplier => {
-            given("--noise-multiplier", args.noise_multiplier.is_some())?;
-            1.0
-        }
+        SolveFor::NoiseMultiplier => 1.0,
         _ => check_sigma(
             "--noise-multiplier",
             args.noise_multiplier
@@ -151,17 +153,11 @@ fn plan(args: &Args) -> Result<(AccountantKind, DpSgd, SolveFor, f64, f64, Forma
         )?,
     };
     let q = match solve_for {
-        SolveFor::SampleRate => {
-            given("--sample-rate", args.sample_rate.is_some())?;
-            1.0
-        }
+        SolveFor::SampleRate => 1.0,
         _ => check_q("--sample-rate", args.sample_rate.unwrap_or(1.0))?,
     };
     let steps = match solve_for {
-        SolveFor::Steps => {
-            given("--steps", args.steps.is_some())?;
-            1
-        }
+        SolveFor::Steps => 1,
         _ => {
             let n = args.steps.ok_or_else(|| Error::field("--steps", "required"))?;
             if n == 0 {

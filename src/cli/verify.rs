@@ -1,8 +1,418 @@
-//! `dpaudit verify` (placeholder).
+//! `dpaudit verify <claims.toml>`: a verdict per published claim.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::cli::common::Format;
+use crate::cli::{EXIT_OK, EXIT_VIOLATED};
+use crate::config::claims::ClaimsFile;
+use crate::pipelines::{self, ClaimResult, Verdict};
+use crate::report::{self, Cell, Column, Report, Status, Table};
+
+const EXAMPLE: &str = "\
+Examples:
+  dpaudit verify fixtures/claims/dp-rdm.toml
+  dpaudit verify fixtures/claims/rapid-scenarios.toml --format json
+  dpaudit verify fixtures/claims/dp-rdm-cifar10.toml --out reports/verify --force   # md, html, csv, json
+  dpaudit verify fixtures/claims/dpagg-ti.toml --format csv
+
+Verdicts: holds (with margin), holds only under <interpretation>, violated (by how much),
+cannot be decided (what is missing). Only sound accountants decide (exact GDP, RDP, PLD);
+CLT estimates never do. Exit codes: 0 no claim violated, 1 a claim is violated (or, with
+--strict, not shown to hold under every interpretation), 2 bad input.";
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(after_help = EXAMPLE)]
+pub struct Args {
+    /// Claims file(s) (TOML, schema_version = 1; tables [[rapid]], [[dp_rdm]], [[dpagg_ti]]).
+    #[arg(required = true)]
+    pub claims: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Also write the report in every format (report.json/.md/.html, report-*.csv) and the
+    /// detailed verify.json into this existing folder.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Overwrite files from an earlier run in --out.
+    #[arg(long)]
+    pub force: bool,
+    /// Exit 1 unless every claim holds under every interpretation.
+    #[arg(long)]
+    pub strict: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    Err(crate::Error::input("`verify` is not yet implemented").into())
+/// The serialised result of a verify run.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyOutput {
+    pub files: Vec<String>,
+    pub claims: Vec<ClaimResult>,
+    pub summary: Summary,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub holds: usize,
+    pub holds_only_under: usize,
+    pub violated: usize,
+    pub undecided: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    // A bad output folder fails before any accounting.
+    let out_dir = match &args.out {
+        Some(d) => Some(report::OutputDir::open(d, args.force)?),
+        None => None,
+    };
+    let mut claims = Vec::new();
+    let mut files = Vec::new();
+    for p in &args.claims {
+        let f = ClaimsFile::load(p)?;
+        let res = pipelines::verify_claims(&f).map_err(|e| e.with_file(p))?;
+        claims.extend(res);
+        files.push(p.display().to_string());
+    }
+    let mut summary = Summary::default();
+    for c in &claims {
+        match c.verdict {
+            Verdict::Holds { .. } => summary.holds += 1,
+            Verdict::HoldsOnlyUnder { .. } => summary.holds_only_under += 1,
+            Verdict::Violated { .. } => summary.violated += 1,
+            Verdict::Undecided { .. } => summary.undecided += 1,
+        }
+    }
+    let out = VerifyOutput { files, claims, summary };
+    let (bytes, _) = render(&out, args.format)?;
+    if let Some(dir) = &out_dir {
+        let rep = to_report(&out)?;
+        let mut written = report::write_all(&rep, dir)?;
+        let detail = serde_json::to_vec_pretty(&out)?;
+        written.extend(dir.write_files(&[("verify.json".to_string(), detail)])?);
+        for p in written {
+            eprintln!("wrote {}", p.display());
+        }
+    }
+    {
+        use std::io::Write;
+        std::io::stdout().write_all(&bytes)?;
+    }
+    let s = &out.summary;
+    let code = if s.violated > 0 || (args.strict && (s.holds_only_under > 0 || s.undecided > 0)) {
+        EXIT_VIOLATED
+    } else {
+        EXIT_OK
+    };
+    Ok(code)
+}
+
+/// Renders the output in a format; returns (bytes, file extension).
+pub fn render(out: &VerifyOutput, format: Format) -> crate::Result<(Vec<u8>, &'static str)> {
+    Ok(match format {
+        Format::Json => (
+            serde_json::to_vec_pretty(out).map_err(|e| crate::Error::input(e.to_string()))?,
+            "json",
+        ),
+        Format::Csv => (csv_rows(out)?, "csv"),
+        Format::Text => (text(out).into_bytes(), "txt"),
+        Format::Md => (
+            crate::report::export(&to_report(out)?, crate::report::ExportFormat::Md)?,
+            "md",
+        ),
+        Format::Html => (
+            crate::report::export(&to_report(out)?, crate::report::ExportFormat::Html)?,
+            "html",
+        ),
+    })
+}
+
+fn fmt_eps(e: f64) -> String {
+    if e.is_infinite() {
+        "∞".into()
+    } else if e >= 1000.0 {
+        format!("{e:.1}")
+    } else {
+        format!("{e:.6}")
+    }
+}
+
+fn text(out: &VerifyOutput) -> String {
+    let mut s = String::new();
+    for c in &out.claims {
+        let _ = writeln!(
+            s,
+            "claim {} [{}] {} — claimed (ε = {}, δ = {:.3e})\n  source: {}\n  verdict: {}",
+            c.id,
+            c.pipeline,
+            c.dataset,
+            c.claimed_epsilon,
+            c.claimed_delta,
+            c.source,
+            c.verdict.describe()
+        );
+        for i in &c.interpretations {
+            let _ = writeln!(
+                s,
+                "  interpretation {} ({}; {}): {}",
+                i.id, i.neighbouring, i.sensitivity, i.description
+            );
+            for a in &i.analyses {
+                let _ = writeln!(
+                    s,
+                    "    {:<34} ε = {:>14} at δ = {:.3e}  [{}{}]{}",
+                    a.method,
+                    fmt_eps(a.epsilon),
+                    a.delta,
+                    a.kind.as_str(),
+                    if a.sound { ", sound" } else { ", NOT a bound here" },
+                    if a.note.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  — {}", a.note)
+                    }
+                );
+            }
+            for u in &i.unavailable {
+                let _ = writeln!(s, "    (unavailable) {u}");
+            }
+        }
+        for ch in &c.checks {
+            let _ = writeln!(
+                s,
+                "  check {} {}: {}",
+                if ch.ok { "ok  " } else { "WARN" },
+                ch.code,
+                ch.message
+            );
+        }
+        for f in &c.findings {
+            let _ = writeln!(s, "  finding: {f}");
+        }
+        for k in &c.calibrations {
+            let _ = writeln!(s, "  calibration {} = {:.6}: {}", k.what, k.value, k.description);
+        }
+        s.push('\n');
+    }
+    let m = &out.summary;
+    let _ = writeln!(
+        s,
+        "summary: {} hold, {} hold only under some interpretation, {} violated, {} undecided",
+        m.holds, m.holds_only_under, m.violated, m.undecided
+    );
+    s
+}
+
+fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let err = |e: csv::Error| crate::Error::input(e.to_string());
+    w.write_record([
+        "claim",
+        "pipeline",
+        "dataset",
+        "claimed_epsilon",
+        "claimed_delta",
+        "verdict",
+        "interpretation",
+        "method",
+        "epsilon",
+        "delta",
+        "kind",
+        "sound",
+    ])
+    .map_err(err)?;
+    for c in &out.claims {
+        for i in &c.interpretations {
+            for a in &i.analyses {
+                w.write_record([
+                    c.id.as_str(),
+                    &c.pipeline,
+                    &c.dataset,
+                    &c.claimed_epsilon.to_string(),
+                    &c.claimed_delta.to_string(),
+                    c.verdict.label(),
+                    &i.id,
+                    &a.method,
+                    &a.epsilon.to_string(),
+                    &a.delta.to_string(),
+                    a.kind.as_str(),
+                    &a.sound.to_string(),
+                ])
+                .map_err(err)?;
+            }
+        }
+        if c.interpretations.is_empty() {
+            w.write_record([
+                c.id.as_str(),
+                &c.pipeline,
+                &c.dataset,
+                &c.claimed_epsilon.to_string(),
+                &c.claimed_delta.to_string(),
+                c.verdict.label(),
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+            ])
+            .map_err(err)?;
+        }
+    }
+    w.into_inner().map_err(|e| crate::Error::input(e.to_string()))
+}
+
+/// Fills the shared report model: one verdict per claim (PASS holds, FAIL violated,
+/// INCONCLUSIVE holds only under some interpretations or undecided), warnings for failed
+/// validity checks and findings, and tables of claims, analyses, checks and calibrations.
+pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
+    let mut r = Report::new(
+        format!("dpaudit verify: {}", out.files.join(", ")),
+        report::command_line(),
+    );
+    for f in &out.files {
+        r.add_input("claims", std::path::Path::new(f))?;
+    }
+    let m = &out.summary;
+    r.fact("claims", out.claims.len().to_string())
+        .fact("hold", m.holds.to_string())
+        .fact("hold only under some interpretation", m.holds_only_under.to_string())
+        .fact("violated", m.violated.to_string())
+        .fact("undecided", m.undecided.to_string());
+    let mut claims = Table {
+        id: "claims".into(),
+        title: "Claims and verdicts".into(),
+        columns: [
+            "claim",
+            "pipeline",
+            "dataset",
+            "source",
+            "claimed ε",
+            "δ",
+            "verdict",
+            "detail",
+        ]
+        .iter()
+        .map(|c| Column::new(c))
+        .collect(),
+        rows: vec![],
+        note: Some("Only sound analyses (exact GDP, RDP, PLD, theorems applied within their range) decide.".into()),
+    };
+    let mut analyses = Table {
+        id: "analyses".into(),
+        title: "ε per claim, interpretation and method".into(),
+        columns: [
+            "claim",
+            "interpretation",
+            "neighbouring",
+            "sensitivity",
+            "method",
+            "ε",
+            "δ",
+            "kind",
+            "sound",
+            "note",
+        ]
+        .iter()
+        .map(|c| Column::new(c))
+        .collect(),
+        rows: vec![],
+        note: None,
+    };
+    let mut checks = Table {
+        id: "checks".into(),
+        title: "Validity-range checks".into(),
+        columns: ["claim", "check", "ok", "message"]
+            .iter()
+            .map(|c| Column::new(c))
+            .collect(),
+        rows: vec![],
+        note: None,
+    };
+    let mut cals = Table {
+        id: "calibrations".into(),
+        title: "Calibrations (what an omitted or alternative parameter would have to be)".into(),
+        columns: ["claim", "what", "value", "description"]
+            .iter()
+            .map(|c| Column::new(c))
+            .collect(),
+        rows: vec![],
+        note: None,
+    };
+    for c in &out.claims {
+        let best = c
+            .interpretations
+            .iter()
+            .filter_map(|i| i.best())
+            .max_by(|a, b| a.epsilon.total_cmp(&b.epsilon));
+        let (status, eps) = match &c.verdict {
+            Verdict::Holds { .. } => (Status::Pass, best.map(|a| a.epsilon)),
+            Verdict::Violated { best_epsilon, .. } => (Status::Fail, Some(*best_epsilon)),
+            _ => (Status::Inconclusive, None),
+        };
+        r.verdicts.push(report::Verdict {
+            subject: format!("{} ({})", c.id, c.pipeline),
+            status,
+            budget: Some(c.claimed_epsilon),
+            epsilon: eps,
+            delta: Some(c.claimed_delta),
+            accountant: best.and_then(|a| a.accountant).filter(|_| eps.is_some()),
+            bound: best.map(|a| a.kind).filter(|_| eps.is_some()),
+            margin: eps.map(|e| c.claimed_epsilon - e),
+            message: c.verdict.describe(),
+        });
+        claims.rows.push(vec![
+            Cell::from(c.id.as_str()),
+            Cell::from(c.pipeline.as_str()),
+            Cell::from(c.dataset.as_str()),
+            Cell::from(c.source.as_str()),
+            Cell::from(c.claimed_epsilon),
+            Cell::from(c.claimed_delta),
+            Cell::from(c.verdict.label()),
+            Cell::from(c.verdict.describe()),
+        ]);
+        for i in &c.interpretations {
+            for a in &i.analyses {
+                analyses.rows.push(vec![
+                    Cell::from(c.id.as_str()),
+                    Cell::from(i.id.as_str()),
+                    Cell::from(i.neighbouring.to_string()),
+                    Cell::from(i.sensitivity.as_str()),
+                    Cell::from(a.method.as_str()),
+                    Cell::from(a.epsilon),
+                    Cell::from(a.delta),
+                    Cell::from(a.kind.as_str()),
+                    Cell::from(if a.sound { "yes" } else { "no" }),
+                    Cell::from(a.note.as_str()),
+                ]);
+            }
+        }
+        for ch in &c.checks {
+            checks.rows.push(vec![
+                Cell::from(c.id.as_str()),
+                Cell::from(ch.code.as_str()),
+                Cell::from(if ch.ok { "yes" } else { "no" }),
+                Cell::from(ch.message.as_str()),
+            ]);
+            if !ch.ok {
+                r.warn(&ch.code, format!("{}: {}", c.id, ch.message), false);
+            }
+        }
+        for f in &c.findings {
+            r.warn("finding", format!("{}: {f}", c.id), false);
+        }
+        for k in &c.calibrations {
+            cals.rows.push(vec![
+                Cell::from(c.id.as_str()),
+                Cell::from(k.what.as_str()),
+                Cell::from(k.value),
+                Cell::from(k.description.as_str()),
+            ]);
+        }
+    }
+    r.tables = vec![claims, analyses, checks];
+    if !cals.rows.is_empty() {
+        r.tables.push(cals);
+    }
+    Ok(r)
 }

@@ -1,2 +1,5 @@
-//! config (placeholder; see ../shared/DESIGN.md).
+//! Serde schemas for user inputs (deny_unknown_fields, schema_version) with file/line/field
+//! errors.
+
+pub mod claims;
 pub mod sampler;

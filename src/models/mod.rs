@@ -1,1 +1,32 @@
-//! models (placeholder; see ../shared/DESIGN.md).
+//! Small ε-prediction denoisers for 8×8 images (candle), their training (plain and DP), and
+//! checkpoints.
+//!
+//! * [`net`]: an MLP with a sinusoidal time embedding and a small UNet, with deterministic
+//!   (seeded) initialisation.
+//! * [`schedule`]: the DDPM linear β schedule (Ho et al. 2020, §4: β₁ = 1e-4 … β_T = 0.02).
+//! * [`data`]: the digits data set and member/non-member/public split manifests (disjoint,
+//!   hashed).
+//! * [`train`]: DDPM training with Adam and EMA weights.
+//! * [`dp`]: DP-SGD as in RAPID's Algorithm 2 (Poisson sampling, per-sample clipping, Gaussian
+//!   noise, Adam) and RAPID's retrieval variant; every run records its [`crate::events::DpEvent`].
+//! * [`checkpoint`]: safetensors weights plus a TOML card (data and split hashes, seed, command).
+//! * [`device`]: `--device auto|cpu|cuda`.
+
+pub mod checkpoint;
+pub mod data;
+pub mod device;
+pub mod dp;
+pub mod net;
+pub mod schedule;
+pub mod train;
+
+pub use checkpoint::{Card, Checkpoint};
+pub use data::{Dataset, SplitManifest};
+pub use device::DeviceChoice;
+pub use net::{Arch, ModelConfig, Net};
+pub use schedule::Schedule;
+
+/// Number of pixels of one image (8×8).
+pub const PIXELS: usize = 64;
+/// Side of one image.
+pub const SIDE: usize = 8;

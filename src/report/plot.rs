@@ -114,7 +114,9 @@ impl LineStyle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum LegendPosition {
+    /// The corner where the lines leave the most room.
     #[default]
+    Auto,
     UpperRight,
     UpperLeft,
     LowerRight,
@@ -182,7 +184,7 @@ pub fn per_step_mu(steps: &[f64], mu: &[f64], x_label: &str, x_unit: &str) -> Pl
         x: Axis::new(x_label, x_unit, Scale::Linear),
         y: Axis::new("μ_t", "GDP μ", Scale::auto(mu)),
         series: vec![Series::new("μ_t", steps.to_vec(), mu.to_vec()).with_markers()],
-        legend: LegendPosition::UpperLeft,
+        legend: LegendPosition::Auto,
         caption: Some("Gaussian-DP parameter of each step (larger = less private).".into()),
     }
 }
@@ -204,7 +206,7 @@ pub fn cumulative(steps: &[f64], series: Vec<Series>, y_label: &str, y_unit: &st
                 s
             })
             .collect(),
-        legend: LegendPosition::UpperLeft,
+        legend: LegendPosition::Auto,
         caption: Some("Privacy spent after each step (composition of all steps so far).".into()),
     }
 }
@@ -220,7 +222,7 @@ pub fn epsilon_vs_axis(id: &str, axis_label: &str, axis_unit: &str, delta: f64, 
         x: Axis::new(axis_label, axis_unit, xs),
         y: Axis::new("ε", "nats", ys),
         series,
-        legend: LegendPosition::UpperRight,
+        legend: LegendPosition::Auto,
         caption: Some("Solid lines are exact values or sound upper bounds; dashed lines are estimates.".into()),
     }
 }
@@ -234,7 +236,7 @@ pub fn epsilon_vs_delta(series: Vec<Series>) -> Plot {
         x: Axis::new("δ", "probability", Scale::Log),
         y: Axis::new("ε", "nats", ys),
         series,
-        legend: LegendPosition::UpperRight,
+        legend: LegendPosition::Auto,
         caption: Some("Solid lines are exact values or sound upper bounds; dashed lines are estimates.".into()),
     }
 }
@@ -249,7 +251,7 @@ pub fn tradeoff(mut series: Vec<Series>) -> Plot {
         x: Axis::new("type I error α", "probability", Scale::Linear),
         y: Axis::new("type II error β", "probability", Scale::Linear),
         series,
-        legend: LegendPosition::UpperRight,
+        legend: LegendPosition::Auto,
         caption: Some(
             "Any membership test has (α, β) on or above a sound curve; closer to the diagonal is more private. \
 Dashed curves are estimates."
@@ -451,19 +453,69 @@ where
     };
     let (x0, x1) = range(data.iter().map(|p| p.0), xs);
     let (y0, y1) = range(data.iter().map(|p| p.1), ys);
+    let legend = match plot.legend {
+        LegendPosition::Auto => emptiest_corner(&pts, (x0, x1, xs), (y0, y1, ys)),
+        l => l,
+    };
     match (xs, ys) {
-        (Scale::Linear, Scale::Linear) => draw_in(root, plot, &pts, x0..x1, y0..y1),
-        (Scale::Log, Scale::Linear) => draw_in(root, plot, &pts, (x0..x1).log_scale(), y0..y1),
-        (Scale::Linear, Scale::Log) => draw_in(root, plot, &pts, x0..x1, (y0..y1).log_scale()),
-        (Scale::Log, Scale::Log) => draw_in(root, plot, &pts, (x0..x1).log_scale(), (y0..y1).log_scale()),
+        (Scale::Linear, Scale::Linear) => draw_in(root, plot, &pts, legend, x0..x1, y0..y1),
+        (Scale::Log, Scale::Linear) => draw_in(root, plot, &pts, legend, (x0..x1).log_scale(), y0..y1),
+        (Scale::Linear, Scale::Log) => draw_in(root, plot, &pts, legend, x0..x1, (y0..y1).log_scale()),
+        (Scale::Log, Scale::Log) => draw_in(root, plot, &pts, legend, (x0..x1).log_scale(), (y0..y1).log_scale()),
     }
+}
+
+/// The corner of the plot area that the drawn lines cross least (ties: upper right, upper
+/// left, lower right, lower left), judged on the lines sampled densely in plot coordinates.
+fn emptiest_corner(pts: &[Vec<(f64, f64)>], x: (f64, f64, Scale), y: (f64, f64, Scale)) -> LegendPosition {
+    let norm = |v: f64, (lo, hi, sc): (f64, f64, Scale)| match sc {
+        Scale::Linear => (v - lo) / (hi - lo),
+        Scale::Log => (v.ln() - lo.ln()) / (hi.ln() - lo.ln()),
+    };
+    let corners = [
+        (LegendPosition::UpperRight, true, true),
+        (LegendPosition::UpperLeft, false, true),
+        (LegendPosition::LowerRight, true, false),
+        (LegendPosition::LowerLeft, false, false),
+    ];
+    let mut hits = [0usize; 4];
+    for line in pts {
+        let np: Vec<(f64, f64)> = line.iter().map(|&(a, b)| (norm(a, x), norm(b, y))).collect();
+        let mut visit = |(u, v): (f64, f64)| {
+            for (k, &(_, right, upper)) in corners.iter().enumerate() {
+                let in_x = if right { u > 0.55 } else { u < 0.45 };
+                let in_y = if upper { v > 0.7 } else { v < 0.3 };
+                if in_x && in_y {
+                    hits[k] += 1;
+                }
+            }
+        };
+        if np.len() == 1 {
+            visit(np[0]);
+        }
+        for w in np.windows(2) {
+            for i in 0..20 {
+                let t = i as f64 / 20.0;
+                visit((w[0].0 + t * (w[1].0 - w[0].0), w[0].1 + t * (w[1].1 - w[0].1)));
+            }
+        }
+    }
+    let best = (0..4).min_by_key(|&k| hits[k]).unwrap_or(0);
+    corners[best].0
 }
 
 fn tick(v: &f64) -> String {
     super::export::fmt_num(*v)
 }
 
-fn draw_in<DB, X, Y>(root: &DrawingArea<DB, Shift>, plot: &Plot, pts: &[Vec<(f64, f64)>], xr: X, yr: Y) -> Result<()>
+fn draw_in<DB, X, Y>(
+    root: &DrawingArea<DB, Shift>,
+    plot: &Plot,
+    pts: &[Vec<(f64, f64)>],
+    legend: LegendPosition,
+    xr: X,
+    yr: Y,
+) -> Result<()>
 where
     DB: DrawingBackend,
     DB::ErrorType: 'static,
@@ -529,8 +581,8 @@ where
                 .map_err(e)?;
         }
     }
-    let pos = match plot.legend {
-        LegendPosition::UpperRight => SeriesLabelPosition::UpperRight,
+    let pos = match legend {
+        LegendPosition::UpperRight | LegendPosition::Auto => SeriesLabelPosition::UpperRight,
         LegendPosition::UpperLeft => SeriesLabelPosition::UpperLeft,
         LegendPosition::LowerRight => SeriesLabelPosition::LowerRight,
         LegendPosition::LowerLeft => SeriesLabelPosition::LowerLeft,

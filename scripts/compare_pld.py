@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Speed/accuracy anchor for `benches/pld.rs`: dp_accounting's PLDAccountant (pessimistic,
+connect-the-dots, value_discretization_interval 1e-4, add/remove) on the same pipelines.
+
+Usage: python3 scripts/compare_pld.py [hetero|dpsgd|all]
+Prints: case, epsilon at delta, wall seconds. Not part of CI.
+"""
+import sys
+import time
+
+from importlib.metadata import version
+
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+DELTA = 1e-5
+
+
+def hetero_event():
+    """50 distinct Poisson-subsampled Gaussian steps, each composed 10^4 times.
+
+    Must match `hetero_steps()` in benches/pld.rs.
+    """
+    evs = []
+    for j in range(50):
+        sigma = 0.8 + 0.02 * j
+        q = 0.001 + 0.00002 * j
+        evs.append(dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), 10_000))
+    return dp_event.ComposedDpEvent(evs)
+
+
+def dpsgd_event():
+    """RAPID DP-SGD row of fixtures/reference/dpsgd.csv: sigma 1.0, q = 64/60000, 9375 steps."""
+    return dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(64 / 60000, dp_event.GaussianDpEvent(1.0)), 9375)
+
+
+def run(name, ev):
+    t0 = time.perf_counter()
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(ev)
+    eps = acc.get_epsilon(DELTA)
+    dt = time.perf_counter() - t0
+    print(f"{name}\tdp_accounting {version('dp-accounting')}\teps={eps!r}\tdelta={DELTA}\tseconds={dt:.3f}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if which in ("dpsgd", "all"):
+        run("dpsgd", dpsgd_event())
+    if which in ("hetero", "all"):
+        run("hetero", hetero_event())

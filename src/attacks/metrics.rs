@@ -1,0 +1,390 @@
+//! Attack metrics from the **exact** ROC over all scores (higher score = "member").
+//!
+//! * [`roc`]: every distinct threshold, from (0, 0) to (1, 1); ties move together.
+//! * [`auc`]: trapezoidal area of the exact ROC (= Mann–Whitney U/(n₊n₋), ties counted ½).
+//! * [`tpr_at_fpr`]: the largest TPR among ROC points with FPR ≤ target.
+//! * [`oracle_asr`]: max over thresholds of the balanced accuracy (TPR + 1 − FPR)/2 — optimistic,
+//!   the threshold sees the labels it is scored on.
+//! * [`heldout_asr`]: the threshold chosen on a calibration half, accuracy on the other half.
+//! * [`bootstrap`]: stratified percentile intervals (seeded).
+//! * [`epsilon_lower`]: an empirical ε lower bound from Clopper–Pearson bounds on a held-out test
+//!   half (Jagielski et al. 2020; Kairouz et al. 2015 Thm 2.1).
+//!
+//! ASR is the balanced accuracy: the success rate of the attacker under a uniform prior on
+//! member / non-member, which is what the theoretical limits bound.
+
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// An exact ROC curve: points (fpr[i], tpr[i]) for "member iff score ≥ thresholds[i]".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Roc {
+    pub fpr: Vec<f64>,
+    pub tpr: Vec<f64>,
+    pub thresholds: Vec<f64>,
+}
+
+fn check(pos: &[f64], neg: &[f64]) -> Result<()> {
+    if pos.is_empty() || neg.is_empty() {
+        return Err(Error::input("ROC needs at least one member and one non-member score"));
+    }
+    if pos.iter().chain(neg).any(|s| s.is_nan()) {
+        return Err(Error::numeric("an attack score is NaN"));
+    }
+    Ok(())
+}
+
+/// The exact ROC of `pos` (members) against `neg` (non-members).
+pub fn roc(pos: &[f64], neg: &[f64]) -> Result<Roc> {
+    check(pos, neg)?;
+    let mut all: Vec<(f64, bool)> = pos
+        .iter()
+        .map(|&s| (s, true))
+        .chain(neg.iter().map(|&s| (s, false)))
+        .collect();
+    all.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let (np, nn) = (pos.len() as f64, neg.len() as f64);
+    let mut r = Roc {
+        fpr: vec![0.0],
+        tpr: vec![0.0],
+        thresholds: vec![f64::INFINITY],
+    };
+    let (mut tp, mut fp) = (0usize, 0usize);
+    let mut i = 0;
+    while i < all.len() {
+        let s = all[i].0;
+        while i < all.len() && all[i].0 == s {
+            if all[i].1 {
+                tp += 1;
+            } else {
+                fp += 1;
+            }
+            i += 1;
+        }
+        r.fpr.push(fp as f64 / nn);
+        r.tpr.push(tp as f64 / np);
+        r.thresholds.push(s);
+    }
+    Ok(r)
+}
+
+/// Area under the exact ROC (trapezoids; equals the Mann–Whitney statistic with ties ½).
+pub fn auc(r: &Roc) -> f64 {
+    r.fpr
+        .windows(2)
+        .zip(r.tpr.windows(2))
+        .map(|(f, t)| (f[1] - f[0]) * (t[1] + t[0]) / 2.0)
+        .sum()
+}
+
+/// Largest TPR among ROC points with FPR ≤ `target`.
+pub fn tpr_at_fpr(r: &Roc, target: f64) -> f64 {
+    r.fpr
+        .iter()
+        .zip(&r.tpr)
+        .filter(|(f, _)| **f <= target + 1e-15)
+        .map(|(_, t)| *t)
+        .fold(0.0, f64::max)
+}
+
+/// Best balanced accuracy over all thresholds (the threshold is chosen on the scored data).
+pub fn oracle_asr(r: &Roc) -> f64 {
+    r.fpr
+        .iter()
+        .zip(&r.tpr)
+        .map(|(f, t)| (t + 1.0 - f) / 2.0)
+        .fold(0.5, f64::max)
+}
+
+/// The threshold of the best balanced accuracy on (`pos`, `neg`).
+pub fn best_threshold(pos: &[f64], neg: &[f64]) -> Result<f64> {
+    let r = roc(pos, neg)?;
+    let mut best = (f64::NEG_INFINITY, f64::INFINITY);
+    for ((f, t), th) in r.fpr.iter().zip(&r.tpr).zip(&r.thresholds) {
+        let a = (t + 1.0 - f) / 2.0;
+        if a > best.0 {
+            best = (a, *th);
+        }
+    }
+    Ok(best.1)
+}
+
+/// Balanced accuracy of "member iff score ≥ threshold".
+pub fn asr_at(pos: &[f64], neg: &[f64], threshold: f64) -> f64 {
+    let tpr = pos.iter().filter(|&&s| s >= threshold).count() as f64 / pos.len() as f64;
+    let tnr = neg.iter().filter(|&&s| s < threshold).count() as f64 / neg.len() as f64;
+    (tpr + tnr) / 2.0
+}
+
+/// A seeded split of indices 0..n into (calibration, test) halves.
+pub fn halves(n: usize, rng: &mut ChaCha8Rng) -> (Vec<usize>, Vec<usize>) {
+    let mut ix: Vec<usize> = (0..n).collect();
+    ix.shuffle(rng);
+    let test = ix.split_off(n / 2);
+    (ix, test)
+}
+
+fn pick(v: &[f64], ix: &[usize]) -> Vec<f64> {
+    ix.iter().map(|&i| v[i]).collect()
+}
+
+/// Scores split into a calibration half (chooses thresholds) and a test half (measures).
+#[derive(Debug, Clone)]
+pub struct HeldOut {
+    pub cal_pos: Vec<f64>,
+    pub cal_neg: Vec<f64>,
+    pub test_pos: Vec<f64>,
+    pub test_neg: Vec<f64>,
+}
+
+impl HeldOut {
+    pub fn split(pos: &[f64], neg: &[f64], seed: u64) -> Result<Self> {
+        if pos.len() < 2 || neg.len() < 2 {
+            return Err(Error::input(
+                "held-out metrics need at least 2 members and 2 non-members",
+            ));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4e1d_0u64);
+        let (cp, tp) = halves(pos.len(), &mut rng);
+        let (cn, tn) = halves(neg.len(), &mut rng);
+        Ok(HeldOut {
+            cal_pos: pick(pos, &cp),
+            cal_neg: pick(neg, &cn),
+            test_pos: pick(pos, &tp),
+            test_neg: pick(neg, &tn),
+        })
+    }
+}
+
+/// ASR on the test half with the threshold chosen on the calibration half; returns (ASR, threshold).
+pub fn heldout_asr(h: &HeldOut) -> Result<(f64, f64)> {
+    let th = best_threshold(&h.cal_pos, &h.cal_neg)?;
+    Ok((asr_at(&h.test_pos, &h.test_neg, th), th))
+}
+
+/// A percentile interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Interval {
+    pub lo: f64,
+    pub hi: f64,
+    pub level: f64,
+}
+
+/// Stratified bootstrap of `stat(pos, neg)`: members and non-members are resampled with
+/// replacement separately, `reps` times; the (1−level)/2 and (1+level)/2 percentiles.
+pub fn bootstrap<F>(pos: &[f64], neg: &[f64], reps: usize, level: f64, seed: u64, stat: F) -> Result<Interval>
+where
+    F: Fn(&[f64], &[f64]) -> Result<f64>,
+{
+    if reps < 10 {
+        return Err(Error::field("--bootstrap", "need at least 10 resamples"));
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xb007_57a9);
+    let mut vals = Vec::with_capacity(reps);
+    let mut bp = vec![0.0; pos.len()];
+    let mut bn = vec![0.0; neg.len()];
+    for _ in 0..reps {
+        for x in bp.iter_mut() {
+            *x = pos[rng.random_range(0..pos.len())];
+        }
+        for x in bn.iter_mut() {
+            *x = neg[rng.random_range(0..neg.len())];
+        }
+        vals.push(stat(&bp, &bn)?);
+    }
+    vals.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        let i = ((p * (reps - 1) as f64).round() as usize).min(reps - 1);
+        vals[i]
+    };
+    Ok(Interval {
+        lo: q((1.0 - level) / 2.0),
+        hi: q((1.0 + level) / 2.0),
+        level,
+    })
+}
+
+/// Regularised incomplete beta I_x(a, b).
+fn beta_reg(a: f64, b: f64, x: f64) -> f64 {
+    statrs::function::beta::beta_reg(a, b, x)
+}
+
+/// One-sided Clopper–Pearson upper bound on a binomial rate: P(p ≤ bound) ≥ 1 − α for k
+/// successes in n trials (the α-quantile of Beta(k+1, n−k), found by bisection, rounded up).
+pub fn cp_upper(k: u64, n: u64, alpha: f64) -> f64 {
+    if k >= n {
+        return 1.0;
+    }
+    let (a, b) = ((k + 1) as f64, (n - k) as f64);
+    // Find x with I_x(a, b) = 1 − α.
+    let (mut lo, mut hi) = (k as f64 / n as f64, 1.0);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if beta_reg(a, b, mid) < 1.0 - alpha {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
+}
+
+/// The ε any (ε, δ)-DP mechanism needs for a test with these error rates (Kairouz, Oh &
+/// Viswanath 2015, Thm 2.1): ε ≥ max(ln((1−δ−FPR)/FNR), ln((1−δ−FNR)/FPR)), floored at 0.
+pub fn epsilon_from_rates(fpr: f64, fnr: f64, delta: f64) -> f64 {
+    let one = |a: f64, b: f64| {
+        let num = 1.0 - delta - a;
+        if num <= 0.0 {
+            0.0
+        } else if b <= 0.0 {
+            f64::INFINITY
+        } else {
+            (num / b).ln().max(0.0)
+        }
+    };
+    one(fpr, fnr).max(one(fnr, fpr))
+}
+
+/// Empirical ε lower bound of a membership attack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpsLower {
+    pub epsilon_lower: f64,
+    pub delta: f64,
+    pub confidence: f64,
+    pub threshold: f64,
+    pub false_positives: u64,
+    pub false_negatives: u64,
+    pub test_nonmembers: u64,
+    pub test_members: u64,
+}
+
+/// ε lower bound at confidence 1 − α: the threshold maximises the Clopper–Pearson-bounded ε on the
+/// calibration half; FPR and FNR on the test half are replaced by one-sided CP upper bounds at
+/// α/2 each (Bonferroni).
+pub fn epsilon_lower(h: &HeldOut, delta: f64, alpha: f64) -> Result<EpsLower> {
+    if !(alpha > 0.0 && alpha < 1.0) {
+        return Err(Error::field("alpha", "must be in (0, 1)"));
+    }
+    let counts = |pos: &[f64], neg: &[f64], t: f64| {
+        (
+            neg.iter().filter(|&&s| s >= t).count() as u64,
+            pos.iter().filter(|&&s| s < t).count() as u64,
+        )
+    };
+    let mut cands: Vec<f64> = h.cal_pos.iter().chain(&h.cal_neg).copied().collect();
+    cands.sort_by(f64::total_cmp);
+    cands.dedup();
+    let mut best = (f64::NEG_INFINITY, cands[0]);
+    for &t in &cands {
+        let (fp, fneg) = counts(&h.cal_pos, &h.cal_neg, t);
+        let e = epsilon_from_rates(
+            cp_upper(fp, h.cal_neg.len() as u64, alpha / 2.0),
+            cp_upper(fneg, h.cal_pos.len() as u64, alpha / 2.0),
+            delta,
+        );
+        if e > best.0 {
+            best = (e, t);
+        }
+    }
+    let th = best.1;
+    let (fp, fneg) = counts(&h.test_pos, &h.test_neg, th);
+    let (nn, np) = (h.test_neg.len() as u64, h.test_pos.len() as u64);
+    Ok(EpsLower {
+        epsilon_lower: epsilon_from_rates(cp_upper(fp, nn, alpha / 2.0), cp_upper(fneg, np, alpha / 2.0), delta),
+        delta,
+        confidence: 1.0 - alpha,
+        threshold: th,
+        false_positives: fp,
+        false_negatives: fneg,
+        test_nonmembers: nn,
+        test_members: np,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-computed case: pos = {0.9, 0.8, 0.4}, neg = {0.7, 0.3}.
+    /// Thresholds 0.9, 0.8, 0.7, 0.4, 0.3 give (FPR, TPR) = (0, 1/3), (0, 2/3), (1/2, 2/3),
+    /// (1/2, 1), (1, 1). Pairs won: 0.9 beats both, 0.8 both, 0.4 beats 0.3 only → U = 5 of 6.
+    #[test]
+    fn roc_hand_computed() {
+        let r = roc(&[0.9, 0.8, 0.4], &[0.7, 0.3]).unwrap();
+        assert_eq!(r.fpr, vec![0.0, 0.0, 0.0, 0.5, 0.5, 1.0]);
+        let third = 1.0 / 3.0;
+        let want_tpr = [0.0, third, 2.0 * third, 2.0 * third, 1.0, 1.0];
+        for (a, b) in r.tpr.iter().zip(want_tpr) {
+            assert!((a - b).abs() < 1e-15);
+        }
+        assert!((auc(&r) - 5.0 / 6.0).abs() < 1e-15);
+        // Largest FPR ≤ target: at 1% only FPR = 0 qualifies → TPR 2/3.
+        assert!((tpr_at_fpr(&r, 0.01) - 2.0 / 3.0).abs() < 1e-15);
+        assert!((tpr_at_fpr(&r, 0.5) - 1.0).abs() < 1e-15);
+        // Best balanced accuracy: (2/3 + 1)/2 = 5/6 at FPR 0, or (1 + 1/2)/2 = 3/4.
+        assert!((oracle_asr(&r) - 5.0 / 6.0).abs() < 1e-15);
+        assert_eq!(best_threshold(&[0.9, 0.8, 0.4], &[0.7, 0.3]).unwrap(), 0.8);
+    }
+
+    #[test]
+    fn ties_count_half_and_move_together() {
+        // All scores equal: one jump from (0,0) to (1,1); AUC 1/2; ASR 1/2.
+        let r = roc(&[1.0, 1.0], &[1.0, 1.0, 1.0]).unwrap();
+        assert_eq!(r.fpr, vec![0.0, 1.0]);
+        assert_eq!(r.tpr, vec![0.0, 1.0]);
+        assert_eq!(auc(&r), 0.5);
+        assert_eq!(oracle_asr(&r), 0.5);
+        // pos {2, 1}, neg {1, 0}: U = 1 (2>1) + 1 (2>0) + ½ (1=1) + 1 (1>0) = 3.5 of 4.
+        let r = roc(&[2.0, 1.0], &[1.0, 0.0]).unwrap();
+        assert!((auc(&r) - 3.5 / 4.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn perfect_and_inverted() {
+        let r = roc(&[3.0, 4.0], &[1.0, 2.0]).unwrap();
+        assert_eq!(auc(&r), 1.0);
+        assert_eq!(oracle_asr(&r), 1.0);
+        assert_eq!(tpr_at_fpr(&r, 0.0), 1.0);
+        let r = roc(&[1.0, 2.0], &[3.0, 4.0]).unwrap();
+        assert_eq!(auc(&r), 0.0);
+        assert_eq!(oracle_asr(&r), 0.5);
+    }
+
+    /// scipy 1.x `beta.ppf(0.95, 3, 8)` = 0.5069013010632024 (k = 2, n = 10, α = 0.05); and
+    /// beta.ppf(0.975, 1, 20) = 1 − 0.025^(1/20) = 0.16843 for k = 0, n = 20.
+    #[test]
+    fn clopper_pearson_values() {
+        assert!(
+            (cp_upper(2, 10, 0.05) - 0.506_901_301_063_202_4).abs() < 1e-12,
+            "{}",
+            cp_upper(2, 10, 0.05)
+        );
+        let want = 1.0 - 0.025f64.powf(1.0 / 20.0);
+        assert!((cp_upper(0, 20, 0.025) - want).abs() < 1e-12);
+        assert_eq!(cp_upper(5, 5, 0.05), 1.0);
+    }
+
+    #[test]
+    fn epsilon_from_rates_cases() {
+        // FPR = FNR = 1/2: no evidence.
+        assert_eq!(epsilon_from_rates(0.5, 0.5, 0.0), 0.0);
+        // FPR 0.1, FNR 0.3, δ 0: ln(0.9/0.3) = ln 3 vs ln(0.7/0.1) = ln 7.
+        assert!((epsilon_from_rates(0.1, 0.3, 0.0) - 7f64.ln()).abs() < 1e-15);
+    }
+
+    #[test]
+    fn bootstrap_interval_contains_point_estimate() {
+        let pos: Vec<f64> = (0..200).map(|i| (i as f64 * 0.37).sin() + 0.5).collect();
+        let neg: Vec<f64> = (0..200).map(|i| (i as f64 * 0.91).sin()).collect();
+        let a = auc(&roc(&pos, &neg).unwrap());
+        let ci = bootstrap(&pos, &neg, 200, 0.95, 1, |p, n| Ok(auc(&roc(p, n)?))).unwrap();
+        assert!(ci.lo < a && a < ci.hi, "{ci:?} {a}");
+        let again = bootstrap(&pos, &neg, 200, 0.95, 1, |p, n| Ok(auc(&roc(p, n)?))).unwrap();
+        assert_eq!(ci, again);
+    }
+}

@@ -1,0 +1,404 @@
+//! Claims files: a published pipeline's stated settings and (ε, δ), one table per claim.
+//!
+//! ```toml
+//! schema_version = 1
+//!
+//! [[dp_rdm]]
+//! id = "cifar10-T1000"
+//! source = "DP-RDM, Figure 15"
+//! dataset = "CIFAR-10"
+//! n = 50000
+//! queries = 1000
+//! q = 0.01
+//! sigma = 0.05
+//! k = 23
+//! epsilon = 10.0
+//! delta = 2e-5
+//! ```
+//!
+//! Each pipeline has its own array (`[[rapid]]`, `[[dp_rdm]]`, `[[dpagg_ti]]`) so that every
+//! value keeps its position: a bad value (σ < 0, q > 1, k = 0, δ ≥ 1) is rejected while parsing
+//! and the error names file, line and field.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::events::Neighbouring;
+
+/// The schema version this dpaudit reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+macro_rules! checked_f64 {
+    ($(#[$m:meta])* $name:ident, $ok:expr, $what:expr) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(pub f64);
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                let v = f64::deserialize(d)?;
+                let ok: fn(f64) -> bool = $ok;
+                if ok(v) {
+                    Ok($name(v))
+                } else {
+                    Err(serde::de::Error::custom(format!("{}, got {v}", $what)))
+                }
+            }
+        }
+        impl $name {
+            pub fn get(self) -> f64 {
+                self.0
+            }
+        }
+    };
+}
+
+checked_f64!(
+    /// A finite number > 0 (noise scales, epochs).
+    Positive,
+    |v| v.is_finite() && v > 0.0,
+    "must be a finite number > 0"
+);
+checked_f64!(
+    /// A sampling probability in (0, 1].
+    Probability,
+    |v| v > 0.0 && v <= 1.0,
+    "must be a probability in (0, 1]"
+);
+checked_f64!(
+    /// δ in (0, 1).
+    Delta,
+    |v| v > 0.0 && v < 1.0,
+    "δ must be in (0, 1)"
+);
+checked_f64!(
+    /// ε: finite and > 0.
+    Epsilon,
+    |v| v.is_finite() && v > 0.0,
+    "ε must be finite and > 0"
+);
+checked_f64!(
+    /// An interpolation weight in [0, 1].
+    UnitInterval,
+    |v| (0.0..=1.0).contains(&v),
+    "must be in [0, 1]"
+);
+
+/// An integer ≥ 1 (dataset sizes, k, batch sizes, query counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Count(pub u64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        if v >= 1 {
+            Ok(Count(v as u64))
+        } else {
+            Err(serde::de::Error::custom(format!("must be an integer ≥ 1, got {v}")))
+        }
+    }
+}
+
+impl Count {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// A whole claims file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimsFile {
+    pub schema_version: u32,
+    /// Free text shown at the top of reports.
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub rapid: Vec<RapidClaim>,
+    #[serde(default)]
+    pub dp_rdm: Vec<DpRdmClaim>,
+    #[serde(default)]
+    pub dpagg_ti: Vec<DpaggTiClaim>,
+}
+
+/// RAPID (DP-SGD fine-tuning with retrieval): Algorithm 2, Theorem 1, §5 privacy settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RapidClaim {
+    pub id: String,
+    /// Paper and table/figure the numbers come from.
+    pub source: String,
+    pub dataset: String,
+    /// Private training-set size N (q = batch_size / N).
+    pub n: Count,
+    pub batch_size: Count,
+    /// Noise multiplier σ of Algorithm 2 (noise std C·σ/B on the mean gradient). Omitted when
+    /// the paper does not state it.
+    #[serde(default)]
+    pub noise_multiplier: Option<Positive>,
+    /// Training epochs (steps = ⌊epochs·N/B⌋). Omitted when the paper does not state it.
+    #[serde(default)]
+    pub epochs: Option<Positive>,
+    /// Training steps, if stated directly (overrides `epochs`).
+    #[serde(default)]
+    pub steps: Option<Count>,
+    /// Epoch counts to calibrate σ for when σ or epochs are not stated.
+    #[serde(default)]
+    pub calibrate_epochs: Vec<Positive>,
+    pub epsilon: Epsilon,
+    pub delta: Delta,
+    /// Free text: what the paper omits, assumptions made in this transcription.
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+/// DP-RDM (Algorithm 1 / Figure 4, Theorem 3.1).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DpRdmClaim {
+    pub id: String,
+    pub source: String,
+    pub dataset: String,
+    /// Private retrieval-set size n (δ = 1/n in the paper).
+    pub n: Count,
+    /// Number of answered queries T.
+    pub queries: Count,
+    /// Poisson subsampling rate of the retrieval set.
+    pub q: Probability,
+    /// Noise std σ added to the mean of the k unit-norm neighbours.
+    pub sigma: Positive,
+    pub k: Count,
+    /// Query interpolation λ (post-processing: does not change ε unless λ = 0).
+    #[serde(default)]
+    pub lambda: Option<UnitInterval>,
+    pub epsilon: Epsilon,
+    pub delta: Delta,
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+/// DPAgg-TI (noisy centroid of m subsampled, normalised embeddings; eqs. 3, 6, 7).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DpaggTiClaim {
+    pub id: String,
+    pub source: String,
+    pub dataset: String,
+    /// Private dataset size n.
+    pub n: Count,
+    /// Subsample size m (sampled without replacement).
+    pub m: Count,
+    pub epsilon: Epsilon,
+    pub delta: Delta,
+    /// Noise std of the centroid. When omitted, the paper's eq. (6) with Δ = 2 over a centroid
+    /// of m gives σ = (2/m)·√(2 ln(1.25/δ))/ε.
+    #[serde(default)]
+    pub sigma: Option<Positive>,
+    /// ℓ₂ sensitivity of the *sum* of embeddings under replace-one (2 for unit vectors).
+    #[serde(default)]
+    pub sum_sensitivity: Option<Positive>,
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+impl DpRdmClaim {
+    pub fn neighbouring_stated(&self) -> Neighbouring {
+        Neighbouring::ReplaceOne
+    }
+}
+
+/// Finds the key on `line` (1-based) of `src`: the text before `=`.
+fn key_on_line(src: &str, line: usize) -> Option<String> {
+    let text = src.lines().nth(line.checked_sub(1)?)?;
+    let (k, _) = text.split_once('=')?;
+    let k = k.trim();
+    (!k.is_empty() && !k.starts_with('[')).then(|| k.to_string())
+}
+
+/// Which array/index a line belongs to, e.g. `dp_rdm[2]`.
+fn table_at_line(src: &str, line: usize) -> Option<String> {
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut current = None;
+    for (i, l) in src.lines().enumerate() {
+        if i + 1 > line {
+            break;
+        }
+        let t = l.trim();
+        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
+            let c = counts.entry(name.trim().to_string()).or_insert(0);
+            current = Some(format!("{}[{}]", name.trim(), *c));
+            *c += 1;
+        }
+    }
+    current
+}
+
+impl ClaimsFile {
+    /// Parses a claims file; errors carry file, line and field (`dp_rdm[2].sigma`).
+    pub fn parse(path: &Path, src: &str) -> Result<ClaimsFile> {
+        let f: ClaimsFile = toml::from_str(src).map_err(|e| {
+            let msg = e.message().to_string();
+            let mut err = crate::error::from_toml(path, src, e);
+            let field = if let Some(rest) = msg.strip_prefix("missing field `") {
+                rest.split('`').next().map(str::to_string)
+            } else if let Some(rest) = msg.strip_prefix("unknown field `") {
+                rest.split('`').next().map(str::to_string)
+            } else {
+                err.line.and_then(|l| key_on_line(src, l))
+            };
+            if let Some(f) = field {
+                let full = match err.line.and_then(|l| table_at_line(src, l)) {
+                    Some(t) => format!("{t}.{f}"),
+                    None => f,
+                };
+                err = err.with_field(full);
+            }
+            err
+        })?;
+        if f.schema_version != SCHEMA_VERSION {
+            let line = src
+                .lines()
+                .position(|l| l.trim_start().starts_with("schema_version"))
+                .map(|i| i + 1);
+            let mut e = Error::field(
+                "schema_version",
+                format!(
+                    "unsupported schema_version {} (this dpaudit reads {SCHEMA_VERSION})",
+                    f.schema_version
+                ),
+            )
+            .with_file(path);
+            if let Some(l) = line {
+                e = e.with_line(l);
+            }
+            return Err(e);
+        }
+        if f.rapid.is_empty() && f.dp_rdm.is_empty() && f.dpagg_ti.is_empty() {
+            return Err(Error::input("no claims: add a [[rapid]], [[dp_rdm]] or [[dpagg_ti]] table").with_file(path));
+        }
+        f.check_semantics(path, src)?;
+        Ok(f)
+    }
+
+    /// Reads and parses a claims file.
+    pub fn load(path: &Path) -> Result<ClaimsFile> {
+        let src = crate::error::read_to_string(path)?;
+        Self::parse(path, &src)
+    }
+
+    /// Cross-field checks that a single value's type cannot express.
+    fn check_semantics(&self, path: &Path, src: &str) -> Result<()> {
+        let locate = |table: &str, idx: usize, field: &str| -> Option<usize> {
+            // Line of `field` inside the idx-th [[table]].
+            let mut seen = 0usize;
+            let mut inside = false;
+            for (i, l) in src.lines().enumerate() {
+                let t = l.trim();
+                if t.starts_with('[') {
+                    inside = t == format!("[[{table}]]") && {
+                        seen += 1;
+                        seen == idx + 1
+                    };
+                    continue;
+                }
+                if inside && key_on_line(src, i + 1).as_deref() == Some(field) {
+                    return Some(i + 1);
+                }
+            }
+            None
+        };
+        let fail = |table: &str, idx: usize, field: &str, msg: String| -> Error {
+            let mut e = Error::field(format!("{table}[{idx}].{field}"), msg).with_file(path);
+            if let Some(l) = locate(table, idx, field) {
+                e = e.with_line(l);
+            }
+            e
+        };
+        let mut ids = std::collections::BTreeSet::new();
+        let all_ids = self
+            .rapid
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ("rapid", i, &c.id))
+            .chain(self.dp_rdm.iter().enumerate().map(|(i, c)| ("dp_rdm", i, &c.id)))
+            .chain(self.dpagg_ti.iter().enumerate().map(|(i, c)| ("dpagg_ti", i, &c.id)));
+        for (t, i, id) in all_ids {
+            if !ids.insert(id.clone()) {
+                return Err(fail(t, i, "id", format!("duplicate claim id `{id}`")));
+            }
+        }
+        for (i, c) in self.rapid.iter().enumerate() {
+            if c.batch_size.get() > c.n.get() {
+                return Err(fail(
+                    "rapid",
+                    i,
+                    "batch_size",
+                    format!("batch size {} exceeds n = {}", c.batch_size.get(), c.n.get()),
+                ));
+            }
+        }
+        for (i, c) in self.dpagg_ti.iter().enumerate() {
+            if c.m.get() > c.n.get() {
+                return Err(fail(
+                    "dpagg_ti",
+                    i,
+                    "m",
+                    format!("subsample size {} exceeds n = {}", c.m.get(), c.n.get()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"schema_version = 1
+
+[[dp_rdm]]
+id = "a"
+source = "s"
+dataset = "CIFAR-10"
+n = 50000
+queries = 1
+q = 0.01
+sigma = 0.05
+k = 13
+epsilon = 10.0
+delta = 2e-5
+"#;
+
+    fn err(src: &str) -> Error {
+        ClaimsFile::parse(Path::new("c.toml"), src).unwrap_err()
+    }
+
+    #[test]
+    fn parses_good_file() {
+        let f = ClaimsFile::parse(Path::new("c.toml"), GOOD).unwrap();
+        assert_eq!(f.dp_rdm[0].k.get(), 13);
+    }
+
+    #[test]
+    fn bad_values_name_file_line_field() {
+        let e = err(&GOOD.replace("q = 0.01", "q = 1.5"));
+        assert_eq!((e.line, e.field.as_deref()), (Some(9), Some("dp_rdm[0].q")), "{e}");
+        assert!(e.to_string().starts_with("c.toml:9: field `dp_rdm[0].q`"), "{e}");
+        let e = err(&GOOD.replace("sigma = 0.05", "sigma = -0.05"));
+        assert_eq!((e.line, e.field.as_deref()), (Some(10), Some("dp_rdm[0].sigma")), "{e}");
+        let e = err(&GOOD.replace("k = 13", "k = 0"));
+        assert_eq!(e.field.as_deref(), Some("dp_rdm[0].k"), "{e}");
+        let e = err(&GOOD.replace("delta = 2e-5", "delta = 1.0"));
+        assert_eq!((e.line, e.field.as_deref()), (Some(13), Some("dp_rdm[0].delta")), "{e}");
+        let e = err(&GOOD.replace("k = 13\n", ""));
+        assert_eq!(e.field.as_deref(), Some("dp_rdm[0].k"), "{e}");
+        assert!(e.line.is_some(), "{e}");
+        let e = err(&GOOD.replace("k = 13", "k = 13\nkk = 1"));
+        assert_eq!(e.field.as_deref(), Some("dp_rdm[0].kk"), "{e}");
+        let e = err(&GOOD.replace("schema_version = 1", "schema_version = 7"));
+        assert_eq!((e.line, e.field.as_deref()), (Some(1), Some("schema_version")), "{e}");
+    }
+}

@@ -1,0 +1,174 @@
+//! The DDPM noise schedule.
+//!
+//! Timesteps are 0-indexed as in common DDPM code: step `t ∈ {0, …, T−1}` has
+//! ᾱ_t = ∏_{τ ≤ t} (1 − β_τ) with β linear from `beta_start` to `beta_end` (Ho et al. 2020, §4),
+//! and x_t = √ᾱ_t x₀ + √(1 − ᾱ_t) ε. Clean data sits "at −1" (ᾱ = 1).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Linear β schedule parameters (stored in checkpoint cards).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleConfig {
+    pub timesteps: usize,
+    pub beta_start: f64,
+    pub beta_end: f64,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            timesteps: 1000,
+            beta_start: 1e-4,
+            beta_end: 0.02,
+        }
+    }
+}
+
+/// A materialised schedule: β_t and ᾱ_t for every step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    pub config: ScheduleConfig,
+    pub betas: Vec<f64>,
+    pub alpha_bars: Vec<f64>,
+}
+
+impl Schedule {
+    pub fn new(config: ScheduleConfig) -> Result<Self> {
+        let ScheduleConfig {
+            timesteps,
+            beta_start,
+            beta_end,
+        } = config;
+        if timesteps < 2 {
+            return Err(Error::field(
+                "schedule.timesteps",
+                format!("must be ≥ 2, got {timesteps}"),
+            ));
+        }
+        if !(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0) {
+            return Err(Error::field(
+                "schedule.beta_start",
+                format!("need 0 < beta_start ≤ beta_end < 1, got {beta_start} and {beta_end}"),
+            ));
+        }
+        let betas: Vec<f64> = (0..timesteps)
+            .map(|i| beta_start + (beta_end - beta_start) * i as f64 / (timesteps - 1) as f64)
+            .collect();
+        let mut alpha_bars = Vec::with_capacity(timesteps);
+        let mut acc = 1.0f64;
+        for b in &betas {
+            acc *= 1.0 - b;
+            alpha_bars.push(acc);
+        }
+        Ok(Schedule {
+            config,
+            betas,
+            alpha_bars,
+        })
+    }
+
+    /// T, the number of steps.
+    pub fn len(&self) -> usize {
+        self.betas.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.betas.is_empty()
+    }
+
+    /// ᾱ at step `t`; `None` means clean data (ᾱ = 1).
+    pub fn alpha_bar(&self, t: Option<usize>) -> f64 {
+        t.map_or(1.0, |t| self.alpha_bars[t])
+    }
+
+    /// The variance-exploding noise level σ_t = √((1 − ᾱ_t)/ᾱ_t) of the same marginal
+    /// (x_t/√ᾱ_t = x₀ + σ_t ε), used to place DDPM steps on the EDM time axis t = σ.
+    pub fn sigma(&self, t: usize) -> f64 {
+        let a = self.alpha_bars[t];
+        ((1.0 - a) / a).sqrt()
+    }
+
+    /// Parses a timestep given as an integer or as a fraction of T ("T", "3T/4", "T/2", "0.25T").
+    pub fn parse_timestep(&self, s: &str) -> Result<usize> {
+        let t = self.len();
+        let s = s.trim();
+        let bad = || {
+            Error::field(
+                "--timesteps",
+                format!("`{s}` is not a timestep (use 0..{}, or T, 3T/4, T/2, T/4)", t - 1),
+            )
+        };
+        let v = if let Some(rest) = s.strip_suffix('T').or_else(|| s.strip_suffix('t')) {
+            // "T", "0.25T"
+            let f = if rest.is_empty() {
+                1.0
+            } else {
+                rest.parse::<f64>().map_err(|_| bad())?
+            };
+            (f * t as f64).round() as i64
+        } else if let Some((num, den)) = s.split_once('/') {
+            let num = num.trim();
+            let f_num = if num == "T" || num == "t" {
+                1.0
+            } else if let Some(n) = num.strip_suffix('T').or_else(|| num.strip_suffix('t')) {
+                n.parse::<f64>().map_err(|_| bad())?
+            } else {
+                return Err(bad());
+            };
+            let d: f64 = den.trim().parse().map_err(|_| bad())?;
+            if d <= 0.0 {
+                return Err(bad());
+            }
+            (f_num * t as f64 / d).round() as i64
+        } else {
+            let v = s.parse::<i64>().map_err(|_| bad())?;
+            if v >= t as i64 {
+                return Err(bad());
+            }
+            v
+        };
+        // "T" means the last step T−1.
+        let v = v.min(t as i64 - 1);
+        if v < 0 {
+            return Err(bad());
+        }
+        Ok(v as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_schedule_endpoints() {
+        let s = Schedule::new(ScheduleConfig::default()).unwrap();
+        assert_eq!(s.len(), 1000);
+        assert!((s.betas[0] - 1e-4).abs() < 1e-15);
+        assert!((s.betas[999] - 0.02).abs() < 1e-15);
+        // ᾱ_T for the standard schedule is ≈ 4.0e-5 (Ho et al. 2020 use it so x_T ≈ N(0, I)).
+        assert!(
+            s.alpha_bars[999] < 5e-5 && s.alpha_bars[999] > 3e-5,
+            "{}",
+            s.alpha_bars[999]
+        );
+        assert!(s.alpha_bars.windows(2).all(|w| w[1] < w[0]));
+    }
+
+    #[test]
+    fn timestep_parsing() {
+        let s = Schedule::new(ScheduleConfig::default()).unwrap();
+        assert_eq!(s.parse_timestep("T").unwrap(), 999);
+        assert_eq!(s.parse_timestep("3T/4").unwrap(), 750);
+        assert_eq!(s.parse_timestep("T/2").unwrap(), 500);
+        assert_eq!(s.parse_timestep("T/4").unwrap(), 250);
+        assert_eq!(s.parse_timestep("0.1T").unwrap(), 100);
+        assert_eq!(s.parse_timestep("42").unwrap(), 42);
+        assert!(s.parse_timestep("x").is_err());
+        assert!(s.parse_timestep("-3").is_err());
+        assert!(s.parse_timestep("1000").is_err());
+    }
+}
