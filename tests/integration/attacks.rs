@@ -324,6 +324,10 @@ fn table2_in_one_command() {
         "10",
         "--bootstrap",
         "50",
+        "--noise-draws",
+        "1",
+        "--secmi-k",
+        "100",
         "--quiet",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
