@@ -42,5 +42,35 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// The diffusion sweep's load: 10,000 grid points × 50 steps, CLT summary + GDP ε(δ) each, on
+/// the rayon pool (2 cores on CI machines). Requirement: < 2 s.
+fn sweep_load(c: &mut Criterion) {
+    use rayon::prelude::*;
+    let mut g = c.benchmark_group("sweep_load");
+    g.sample_size(10);
+    let grid: Vec<f64> = (0..10_000).map(|i| 1e-3 * (1e3f64).powf(i as f64 / 9_999.0)).collect();
+    g.bench_function("clt_summary_plus_eps_10000x50", |b| {
+        b.iter(|| {
+            grid.par_iter()
+                .map(|&scale| {
+                    let steps: Vec<(f64, f64, u64)> = edm_like_steps(0.01)
+                        .into_iter()
+                        .map(|(p, mu, n)| (p, (mu * scale).min(800.0), n))
+                        .collect();
+                    let s = clt::clt_summary(&steps).unwrap();
+                    let full = gdp::epsilon_for_delta(s.mu, 1e-5).unwrap();
+                    s.mu + full
+                })
+                .sum::<f64>()
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    // No plots: criterion's plotters backend needs system fonts (see ../shared/STACK.md).
+    config = Criterion::default().without_plots();
+    targets = bench, sweep_load
+}
 criterion_main!(benches);

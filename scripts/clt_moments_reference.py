@@ -42,13 +42,20 @@ def functionals(mu, p):
             pts.add(c + k)
     pts = sorted(x for x in pts if a <= x <= hi)
     pts.append(mp.inf)
-    kl = p * mp.quad(lambda x: Z(x) * (phi_shift(x) - phi(x)), pts)
-    k2 = mp.quad(lambda x: Z(x) ** 2 * (p * phi_shift(x) + (2 - p) * phi(x)), pts)
-    k3 = mp.quad(lambda x: Z(x) ** 3 * (p * phi_shift(x) + (2 - p) * phi(x)), pts)
+    def quad(f, points):
+        # mpmath's quad stops on an absolute error estimate: scale the integrand to O(1) first,
+        # or integrals of size 1e-45 come back with only ~9 correct digits.
+        probe = [x for x in (a + mp.mpf(1) / 4, a + 1, mu, (a + hi) / 2) if x < hi]
+        scale = max(abs(f(x)) for x in probe) or mp.mpf(1)
+        return scale * mp.quad(lambda x: f(x) / scale, points)
+
+    kl = p * quad(lambda x: Z(x) * (phi_shift(x) - phi(x)), pts)
+    k2 = quad(lambda x: Z(x) ** 2 * (p * phi_shift(x) + (2 - p) * phi(x)), pts)
+    k3 = quad(lambda x: Z(x) ** 3 * (p * phi_shift(x) + (2 - p) * phi(x)), pts)
     # kink of |Z - kl| at Z(x_c) = kl
     xc = a + mp.log(1 + mp.expm1(kl) / p) / mu
     pts2 = sorted(set(pts[:-1] + [xc] if xc < hi else pts[:-1])) + [mp.inf]
-    k3b = mp.quad(lambda x: abs(Z(x) - kl) ** 3 * (p * phi_shift(x) + (1 - p) * phi(x)), pts2) + mp.quad(
+    k3b = quad(lambda x: abs(Z(x) - kl) ** 3 * (p * phi_shift(x) + (1 - p) * phi(x)), pts2) + quad(
         lambda x: (Z(x) + kl) ** 3 * phi(x), pts2
     )
     return kl, k2, k3, k3b

@@ -454,7 +454,8 @@ pub fn clt_summary(steps: &[(f64, f64, u64)]) -> Result<CltSummary> {
 /// Gaussian steps under add/remove (any composition is at least as revealing as any of its parts
 /// and as any event on them):
 /// * one step alone: δᵢ(ε) = pᵢ·δ_{G_μᵢ}(ε'ᵢ), ε'ᵢ = ln(1 + (e^ε − 1)/pᵢ) (exact for the pair
-///   (1−p)N(0,1) + pN(μ,1) vs N(0,1); Balle, Barthe & Gaboardi 2018, Thm 8);
+///   (1−p)N(0,1) + pN(μ,1) vs N(0,1): H_{e^ε}((1−p)Q + pR ‖ Q) = p·H_{e^{ε'}}(R ‖ Q) directly from
+///   the definition; cf. Balle, Barthe & Gaboardi 2018, advanced joint convexity);
 /// * the "nearly blatant" steps B together: the event E = {some step i ∈ B has output > μᵢ/2}
 ///   gives δ(ε) ≥ P(E) − e^ε Q(E) ≥ [1 − Π(1 − pᵢΦ(μᵢ/2))] − e^ε [1 − Π(1 − Φ(−μᵢ/2))],
 ///   which tends to 1 − Π(1 − pᵢ) for every ε as the μᵢ grow.

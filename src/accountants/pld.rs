@@ -39,6 +39,12 @@ const TAIL_REL_ERR: f64 = 8.0 * U;
 /// algorithms", §24.1, gives 4.3u per radix-2 level; 10u covers rustfft's radix-4/8 butterflies).
 const FFT_ERR_PER_LEVEL: f64 = 10.0 * U;
 
+/// Largest privacy loss (nats) one step's grid holds; P-mass above goes to +∞ (counted in δ).
+const MAX_STEP_LOSS: f64 = 200.0;
+/// When the composed +∞ mass reaches this, no useful δ can be certified: the finite part is not
+/// composed and δ(ε) = 1 is reported for every ε (trivially sound).
+const HOPELESS_INF_MASS: f64 = 0.1;
+
 /// The PLD accountant. Defaults follow dp_accounting's `PLDAccountant` (grid 1e-4, pessimistic).
 #[derive(Debug, Clone)]
 pub struct PldAccountant {
@@ -193,6 +199,9 @@ fn nmass(a: &Tails, b: &Tails) -> (f64, f64) {
 /// ln(1 − q + q·e^y): the remove-direction privacy loss of Poisson(q) ∘ Gaussian at
 /// y = (2x − 1)/(2σ²) (Mironov, Talwar & Zhang 2019, §3; Koskela et al. 2020, §6.2).
 fn log_mix(q: f64, y: f64) -> f64 {
+    if q >= 1.0 {
+        return y;
+    }
     if y > 0.0 {
         y + (q + (1.0 - q) * (-y).exp()).ln()
     } else {
@@ -202,6 +211,9 @@ fn log_mix(q: f64, y: f64) -> f64 {
 
 /// ln((e^ε − 1 + q)/q), the inverse of [`log_mix`] in y; −∞ where e^ε ≤ 1 − q.
 fn inv_log_mix(q: f64, eps: f64) -> f64 {
+    if q >= 1.0 {
+        return eps;
+    }
     if eps > 0.0 {
         eps + (-(1.0 - q) * (-eps).exp()).ln_1p() - q.ln()
     } else {
@@ -264,6 +276,9 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         )));
     }
     let i_lo = (eps_lo / h).floor() as i64;
+    // Losses above MAX_STEP_LOSS in one step go to +∞ (sound; only matters for nearly blatant
+    // steps, where ε at any useful δ is far beyond meaningful values anyway).
+    let eps_hi = eps_hi.min(MAX_STEP_LOSS.max(eps_lo + h));
     let mut i_hi = ((eps_hi / h).ceil() as i64).max(i_lo + 1);
     if (i_hi - i_lo + 1) as usize > max_points {
         i_hi = i_lo + max_points as i64 - 1;
@@ -570,7 +585,7 @@ fn compose(
         rel_inflation,
         fft_len: 0,
     };
-    if parts.iter().any(|(d, _)| d.probs.is_empty()) {
+    if parts.iter().any(|(d, _)| d.probs.is_empty()) || inf_mass >= HOPELESS_INF_MASS {
         return Ok(empty(1.0));
     }
     if parts.is_empty() {
@@ -583,20 +598,42 @@ fn compose(
     let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * *c as i64).sum();
     let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * *c as i64).sum();
     // Chernoff window: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL).
-    let ts: Vec<f64> = (0..48).map(|i| 1e-7 * 10f64.powf(i as f64 * 8.7 / 47.0)).collect();
     let lam = |t: f64| -> f64 { parts.iter().map(|(d, c)| *c as f64 * log_mgf(d, t)).sum() };
-    let lam_pos: Vec<f64> = ts.par_iter().map(|&t| lam(t)).collect();
-    let lam_neg: Vec<f64> = ts.par_iter().map(|&t| lam(-t)).collect();
+    let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
+    let t_start = std::time::Instant::now();
     let ln_tau = (tau_window / 2.0).ln();
+    // Chernoff exponents: a coarse geometric grid of t (grid units), then a finer grid between
+    // the neighbours of the best coarse point. Every evaluated t gives a valid bound.
+    let coarse: Vec<f64> = (0..16).map(|i| 1e-7 * 10f64.powf(i as f64 * 8.7 / 15.0)).collect();
+    let refine = |sign: f64| -> Vec<(f64, f64)> {
+        let score = |t: f64, l: f64| {
+            if sign > 0.0 {
+                (l - ln_tau) / t
+            } else {
+                -((ln_tau - l) / t)
+            }
+        };
+        let mut pts: Vec<(f64, f64)> = coarse.par_iter().map(|&t| (t, lam(sign * t))).collect();
+        let best = (0..pts.len())
+            .min_by(|&a, &b| score(pts[a].0, pts[a].1).total_cmp(&score(pts[b].0, pts[b].1)))
+            .unwrap();
+        let lo_t = coarse[best.saturating_sub(1)];
+        let hi_t = coarse[(best + 1).min(coarse.len() - 1)];
+        let fine: Vec<f64> = (1..9).map(|i| lo_t * (hi_t / lo_t).powf(i as f64 / 9.0)).collect();
+        pts.extend(fine.par_iter().map(|&t| (t, lam(sign * t))).collect::<Vec<_>>());
+        pts
+    };
+    let pos = refine(1.0);
+    let neg = refine(-1.0);
     let mut upper = triv_hi;
-    for (&t, &l) in ts.iter().zip(&lam_pos) {
+    for &(t, l) in &pos {
         let u = ((l - ln_tau) / t).ceil();
         if u.is_finite() && u < upper as f64 {
             upper = u as i64;
         }
     }
     let mut lower = triv_lo;
-    for (&t, &l) in ts.iter().zip(&lam_neg) {
+    for &(t, l) in &neg {
         let v = ((ln_tau - l) / t).floor();
         if v.is_finite() && v > lower as f64 {
             lower = v as i64;
@@ -613,24 +650,25 @@ fn compose(
         if u >= triv_hi {
             return 0.0;
         }
-        ts.iter()
-            .zip(&lam_pos)
-            .map(|(&t, &l)| (l - t * (u as f64 + 1.0)).exp())
+        pos.iter()
+            .map(|&(t, l)| (l - t * (u as f64 + 1.0)).exp())
             .fold(1.0, f64::min)
     };
     let bound_lo = |v: i64| -> f64 {
         if v <= triv_lo {
             return 0.0;
         }
-        ts.iter()
-            .zip(&lam_neg)
-            .map(|(&t, &l)| (l + t * (v as f64 - 1.0)).exp())
+        neg.iter()
+            .map(|&(t, l)| (l + t * (v as f64 - 1.0)).exp())
             .fold(1.0, f64::min)
     };
     // Mass strictly above `upper` / strictly below `lower`.
     let window_tail_mass = (bound_hi(upper) + bound_lo(lower)) * (1.0 + 1e-9);
     let width = (upper - lower + 1) as usize;
     let n = fft_len(width);
+    if timing {
+        eprintln!("pld timing: chernoff {:?}", t_start.elapsed());
+    }
     let levels = (n as f64).log2().ceil();
     let kappa = FFT_ERR_PER_LEVEL * levels;
     let mut planner = FftPlanner::<f64>::new();
@@ -649,50 +687,86 @@ fn compose(
         }
         (y1, e1 * g2 + g1 * e2 + 4.0 * U * norm2.sqrt(), g1 * g2)
     };
+    // Per thread: the running product, a transform buffer and FFT scratch (no per-leaf allocation).
+    let scratch_len = fwd.get_inplace_scratch_len();
+    let per_thread = parts.len().div_ceil(rayon::current_num_threads()).max(1);
     let (mut buf, err_l2, _) = parts
         .par_iter()
-        .map(|(d, count)| {
-            let mut buf = vec![Complex64::new(0.0, 0.0); n];
-            let nn = n as i64;
-            let (mut l1, mut l2) = (0.0, 0.0);
-            for (k, &p) in d.probs.iter().enumerate() {
-                buf[(d.lo + k as i64).rem_euclid(nn) as usize].re += p;
-                l1 += p;
-                l2 += p * p;
-            }
-            let l2 = l2.sqrt();
-            fwd.process(&mut buf);
-            // Componentwise forward error |ΔA_k| ≤ κ‖a‖₁; normwise ‖ΔA‖₂ ≤ κ√N‖a‖₂ (Higham Thm 24.2).
-            let ea = kappa * l1 * (1.0 + 1e-9);
-            let t = *count as f64;
-            let (mut sum_m2, mut max_m, mut g, mut round2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-            for c in buf.iter_mut() {
-                let r = c.norm();
-                let m = r + ea;
-                // |A^T − Â^T| ≤ T |ΔA| m^{T−1} (mean value theorem), m ≥ max(|A|, |Â|).
-                let m_pow = ((t - 1.0) * m.ln()).exp();
-                sum_m2 += m_pow * m_pow;
-                max_m = max_m.max(m_pow);
-                g = g.max(m_pow * m);
-                if r == 0.0 {
-                    *c = Complex64::new(0.0, 0.0);
-                    continue;
+        .with_min_len(per_thread)
+        .fold(
+            || {
+                let (y, e, g) = identity();
+                (
+                    y,
+                    e,
+                    g,
+                    vec![Complex64::new(0.0, 0.0); n],
+                    vec![Complex64::new(0.0, 0.0); scratch_len],
+                )
+            },
+            |(mut y, e, g, mut buf, mut scratch), (d, count)| {
+                buf.iter_mut().for_each(|c| *c = Complex64::new(0.0, 0.0));
+                let nn = n as i64;
+                let (mut l1, mut l2) = (0.0, 0.0);
+                for (k, &p) in d.probs.iter().enumerate() {
+                    buf[(d.lo + k as i64).rem_euclid(nn) as usize].re += p;
+                    l1 += p;
+                    l2 += p * p;
                 }
-                let lr = r.ln();
-                let mag = (t * lr).exp();
-                let pw = Complex64::from_polar(mag, t * c.arg());
-                // Rounding of exp(T ln r) and of the angle T·θ.
-                let rel = 4.0 * U * t * (lr.abs() + std::f64::consts::PI + 1.0) + 8.0 * U;
-                round2 += (mag * rel) * (mag * rel);
-                *c = pw;
-            }
-            let prop_cw = t * ea * sum_m2.sqrt();
-            let prop_nw = t * max_m * kappa * sqrt_n * l2;
-            (buf, prop_cw.min(prop_nw) + round2.sqrt(), g)
-        })
+                let l2 = l2.sqrt();
+                fwd.process_with_scratch(&mut buf, &mut scratch);
+                // Componentwise forward error |ΔA_k| ≤ κ‖a‖₁; normwise ‖ΔA‖₂ ≤ κ√N‖a‖₂ (Higham Thm 24.2).
+                let ea = kappa * l1 * (1.0 + 1e-9);
+                let t = *count as f64;
+                let (mut sum_m2, mut max_m, mut g_leaf, mut round2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+                // Below m_min, m^{T−1} < e^{−745}: the power and its error bound are exactly 0 in f64
+                // (underflow; what is dropped is below N·1e-320, inside the 1e-300 added to ι), so skip
+                // the transcendental work there.
+                let m_min = if t > 1.0 { (-745.0 / (t - 1.0)).exp() } else { 0.0 };
+                for c in buf.iter_mut() {
+                    let r2 = c.norm_sqr();
+                    if t > 1.0 && r2.sqrt() + ea < m_min {
+                        *c = Complex64::new(0.0, 0.0);
+                        continue;
+                    }
+                    let r = r2.sqrt();
+                    let m = r + ea;
+                    // |A^T − Â^T| ≤ T |ΔA| m^{T−1} (mean value theorem), m ≥ max(|A|, |Â|).
+                    let m_pow = ((t - 1.0) * m.ln()).exp();
+                    sum_m2 += m_pow * m_pow;
+                    max_m = max_m.max(m_pow);
+                    g_leaf = g_leaf.max(m_pow * m);
+                    if r == 0.0 {
+                        *c = Complex64::new(0.0, 0.0);
+                        continue;
+                    }
+                    let lr = r.ln();
+                    let mag = (t * lr).exp();
+                    let pw = Complex64::from_polar(mag, t * c.arg());
+                    // Rounding of exp(T ln r) and of the angle T·θ.
+                    let rel = 4.0 * U * t * (lr.abs() + std::f64::consts::PI + 1.0) + 8.0 * U;
+                    round2 += (mag * rel) * (mag * rel);
+                    *c = pw;
+                }
+                let prop_cw = t * ea * sum_m2.sqrt();
+                let prop_nw = t * max_m * kappa * sqrt_n * l2;
+                let (e2, g2) = (prop_cw.min(prop_nw) + round2.sqrt(), g_leaf);
+                let mut norm2 = 0.0;
+                for (yk, bk) in y.iter_mut().zip(buf.iter()) {
+                    *yk *= *bk;
+                    norm2 += yk.norm_sqr();
+                }
+                (y, e * g2 + g * e2 + 4.0 * U * norm2.sqrt(), g * g2, buf, scratch)
+            },
+        )
+        .map(|(y, e, g, _, _)| (y, e, g))
         .reduce(identity, combine);
+    if timing {
+        eprintln!("pld timing: fft+powers {:?}", t_start.elapsed());
+    }
     let norm_y: f64 = buf.iter().map(|c| c.norm_sqr()).sum::<f64>().sqrt();
-    inv.process(&mut buf);
+    let mut scratch = vec![Complex64::new(0.0, 0.0); inv.get_inplace_scratch_len()];
+    inv.process_with_scratch(&mut buf, &mut scratch);
     let scale = 1.0 / n as f64;
     // ‖Δc‖₁ ≤ √N ‖Δc‖₂ = ‖ΔY‖₂ + κ‖Y‖₂ (inverse FFT is √N × unitary, then scaled by 1/N).
     let roundoff = (err_l2 + kappa * norm_y) * (1.0 + 1e-9) + 4.0 * U * width as f64 / n as f64;
@@ -711,6 +785,34 @@ fn compose(
         rel_inflation,
         fft_len: n,
     })
+}
+
+/// Exact hockey-stick δ(ε) of ONE Poisson(q) ∘ Gaussian(σ) step (sensitivity 1), the worse of
+/// the two directions, in closed form (remove: qΦ̄((x*−1)/σ) − (e^ε − 1 + q)Φ̄(x*/σ) with
+/// x* = σ² ln((e^ε − 1 + q)/q) + ½; add: the mirror image; Balle & Wang 2018, Thm 8, for q = 1).
+/// Not rounded either way: use it as a *lower* reference (a composition's ε is never below the ε of
+/// one of its steps), never as a bound to certify with.
+pub fn single_step_delta_exact(q: f64, sigma: f64, eps: f64) -> f64 {
+    let s2 = sigma * sigma;
+    let remove = {
+        let w = inv_log_mix(q, eps);
+        if w == f64::NEG_INFINITY {
+            -eps.exp_m1()
+        } else {
+            let x = s2 * w + 0.5;
+            q * numeric::ndtr_sf((x - 1.0) / sigma) - (eps.exp_m1() + q) * numeric::ndtr_sf(x / sigma)
+        }
+    };
+    let add = {
+        let w = inv_log_mix(q, -eps);
+        if w == f64::NEG_INFINITY {
+            0.0
+        } else {
+            let x = s2 * w + 0.5;
+            (q - (1.0 - q) * eps.exp_m1()) * numeric::ndtr(x / sigma) - q * eps.exp() * numeric::ndtr((x - 1.0) / sigma)
+        }
+    };
+    remove.max(add).max(0.0)
 }
 
 /// Turns an event's components into PLD leaves with counts, or an `Unsupported` error saying
@@ -795,6 +897,44 @@ impl PldAccountant {
             }
         }
         let total: f64 = merged.iter().map(|(_, c)| *c as f64).sum::<f64>().max(1.0);
+        // Nearly blatant steps: the P-mass above MAX_STEP_LOSS is a lower bound on each leaf's
+        // +∞ mass; if the composed +∞ mass already reaches HOPELESS_INF_MASS, report δ = 1.
+        let log_keep: f64 = merged
+            .iter()
+            .map(|&(l, c)| match l {
+                Leaf::SampledGaussian { q, sigma } => {
+                    let x = sigma * sigma * inv_log_mix(q, MAX_STEP_LOSS) + 0.5;
+                    let tail = (1.0 - q) * numeric::ndtr_sf(x / sigma) + q * numeric::ndtr_sf((x - 1.0) / sigma);
+                    c as f64 * (-tail.min(1.0)).ln_1p()
+                }
+                Leaf::EpsilonDelta { delta, .. } => c as f64 * (-delta).ln_1p(),
+            })
+            .sum();
+        if -log_keep.exp_m1() >= HOPELESS_INF_MASS {
+            let dirs = if merged.iter().all(|(l, _)| l.symmetric()) {
+                1
+            } else {
+                2
+            };
+            let hopeless = |direction| ComposedDirection {
+                direction,
+                h,
+                lo: 0,
+                probs: Vec::new(),
+                inf_mass: 1.0,
+                window_tail_mass: 0.0,
+                roundoff: 0.0,
+                rel_inflation: 1.0,
+                fft_len: 0,
+            };
+            return Ok(ComposedPld {
+                directions: [Direction::Remove, Direction::Add][..dirs]
+                    .iter()
+                    .map(|&d| hopeless(d))
+                    .collect(),
+                value_discretization_interval: h,
+            });
+        }
         // Budget: half to per-step upper tails (→ ∞-mass), a quarter to each window tail.
         let tau_step = self.tail_mass_truncation / (2.0 * total);
         let tau_window = self.tail_mass_truncation / 2.0;
@@ -814,6 +954,10 @@ impl PldAccountant {
                         leaf_pld(l, d, h, tau_step, self.max_grid_points).map(|p| (p, c))
                     })
                     .collect::<Result<Vec<_>>>()?;
+                if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+                    let pts: usize = parts.iter().map(|(p, _)| p.probs.len()).sum();
+                    eprintln!("pld timing: discretised {} leaves, {pts} points", parts.len());
+                }
                 compose(&parts, dir, h, tau_window, self.max_grid_points)
             })
             .collect::<Result<Vec<_>>>()?;

@@ -30,6 +30,14 @@ use std::f64::consts::LN_2;
 /// closed-form bounds are used.
 pub const MAX_SUMMED_ORDER: f64 = 1_048_576.0;
 
+/// Largest fractional order computed with the two-series formula; above it (and up to
+/// [`MAX_SUMMED_ORDER`]) fractional orders interpolate the integer values (sound, cheaper).
+pub const FRACTIONAL_SERIES_MAX: f64 = 4096.0;
+
+/// The continuous refinement of the best order runs only below this order (above it the grid
+/// is already ≤ 25% apart and each evaluation costs O(α)).
+const REFINE_MAX_ORDER: f64 = 4096.0;
+
 /// Terms with log-magnitude this far below the running sum of magnitudes end a fractional
 /// series (the remainder is still added as a rigorous tail bound).
 const SERIES_STOP_LOG: f64 = 40.0;
@@ -158,16 +166,61 @@ fn log_am1_poisson_int(q: f64, sigma: f64, alpha: u64) -> f64 {
     let lq = q.ln();
     let l1q = (-q).ln_1p();
     let c = 1.0 / (2.0 * sigma * sigma);
-    let lg_a = ln_gamma(a + 1.0);
+    let mut lc = LogBinom::new(a, 2);
     let mut sum = LogSum::new();
     for k in 2..=alpha {
         let kf = k as f64;
-        let lc = lg_a - ln_gamma(kf + 1.0) - ln_gamma(a - kf + 1.0);
-        sum.add(lc + (a - kf) * l1q + kf * lq + log_expm1(c * kf * (kf - 1.0)));
+        // ln(eˣ − 1) ≤ x: above x = 36 the difference is below 1 ulp; using x rounds up.
+        let x = c * kf * (kf - 1.0);
+        let lx = if x > 36.0 { x } else { x.exp_m1().ln() };
+        sum.add(lc.next() + (a - kf) * l1q + kf * lq + lx);
     }
-    // Largest magnitude of the pieces of a term: bounds the absolute error of its log.
-    let mag = 3.0 * lg_a + a * (l1q.abs() + lq.abs()) + c * a * a + 4.0;
-    sum.upper(LIBM_REL * mag)
+    // Bound on the absolute error of a term's log from the magnitudes of its pieces.
+    let mag = a * (l1q.abs() + lq.abs()) + c * a * a + 4.0;
+    sum.upper(lc.err() + LIBM_REL * mag)
+}
+
+/// ln C(a, k) for k = k₀, k₀ + 1, …: one ln per step (C(a, k + 1) = C(a, k)(a − k)/(k + 1)),
+/// recomputed from ln Γ every [`LogBinom::RESYNC`] steps so the error cannot accumulate.
+struct LogBinom {
+    a: f64,
+    k: u64,
+    lg_a: f64,
+    cur: f64,
+    since: u32,
+}
+
+impl LogBinom {
+    const RESYNC: u32 = 32;
+    fn new(a: f64, k0: u64) -> Self {
+        let lg_a = ln_gamma(a + 1.0);
+        LogBinom {
+            a,
+            k: k0,
+            lg_a,
+            cur: f64::NAN,
+            since: Self::RESYNC,
+        }
+    }
+    /// ln C(a, k) for the current k, then advances k.
+    #[inline]
+    fn next(&mut self) -> f64 {
+        let kf = self.k as f64;
+        if self.since >= Self::RESYNC {
+            self.cur = self.lg_a - ln_gamma(kf + 1.0) - ln_gamma(self.a - kf + 1.0);
+            self.since = 0;
+        } else {
+            self.cur += ((self.a - kf + 1.0) / kf).ln();
+            self.since += 1;
+        }
+        self.k += 1;
+        self.cur
+    }
+    /// Absolute error bound of any value returned: three lgamma values (≤ LIBM_REL each, of
+    /// magnitude ≤ ln Γ(a + 1) + 1) plus RESYNC incremental steps of ≤ 4 ulp of that magnitude.
+    fn err(&self) -> f64 {
+        (3.0 * LIBM_REL + 4.0 * Self::RESYNC as f64 * f64::EPSILON) * (self.lg_a.abs() + self.a.ln().abs() + 1.0)
+    }
 }
 
 /// ln A_α (upper bound) for the Poisson-subsampled Gaussian at fractional α > 1 by the
@@ -278,8 +331,11 @@ pub fn rdp_poisson_gaussian(q: f64, sigma: f64, alpha: f64) -> f64 {
     if q == 1.0 || alpha > MAX_SUMMED_ORDER {
         return rdp_gaussian(sigma, alpha);
     }
+    let ln_a_int = |k: u64| log_add_exp(0.0, log_am1_poisson_int(q, sigma, k));
     let ln_a = if alpha.fract() == 0.0 {
-        log_add_exp(0.0, log_am1_poisson_int(q, sigma, alpha as u64))
+        ln_a_int(alpha as u64)
+    } else if alpha > FRACTIONAL_SERIES_MAX {
+        interpolate_ln_a(alpha, ln_a_int)
     } else {
         let series = ln_a_poisson_frac_upper(q, sigma, alpha).unwrap_or(f64::INFINITY);
         // The series' rounding allowance is ~1e-14 absolute; when ln A is not well above it
@@ -287,9 +343,7 @@ pub fn rdp_poisson_gaussian(q: f64, sigma: f64, alpha: f64) -> f64 {
         if series > 1e-6 && series.is_finite() {
             series
         } else {
-            series.min(interpolate_ln_a(alpha, |k| {
-                log_add_exp(0.0, log_am1_poisson_int(q, sigma, k))
-            }))
+            series.min(interpolate_ln_a(alpha, ln_a_int))
         }
     };
     round_up(ln_a.max(0.0) / (alpha - 1.0)).min(rdp_gaussian(sigma, alpha))
@@ -348,18 +402,17 @@ fn log_bm1_wor_int(gamma: f64, sigma: f64, alpha: u64) -> f64 {
     let a = alpha as f64;
     let lg = gamma.ln();
     let c = 1.0 / (2.0 * sigma * sigma);
-    let lg_a = ln_gamma(a + 1.0);
     let eps2 = 2.0 * c;
     let mut sum = LogSum::new();
     let lc2 = (a * (a - 1.0) / 2.0).ln();
     sum.add(2.0 * lg + lc2 + (2.0 * LN_2 + log_expm1(eps2)).min(eps2 + LN_2));
+    let mut lc = LogBinom::new(a, 3);
     for j in 3..=alpha {
         let jf = j as f64;
-        let lc = lg_a - ln_gamma(jf + 1.0) - ln_gamma(a - jf + 1.0);
-        sum.add(LN_2 + jf * lg + lc + (jf - 1.0) * jf * c);
+        sum.add(LN_2 + jf * lg + lc.next() + (jf - 1.0) * jf * c);
     }
-    let mag = 3.0 * lg_a + a * lg.abs() + c * a * a + 4.0;
-    sum.upper(LIBM_REL * mag)
+    let mag = a * lg.abs() + c * a * a + 4.0;
+    sum.upper(lc.err() + LIBM_REL * mag)
 }
 
 /// RDP at order α > 1 of the Gaussian (σ relative to the replace-one sensitivity) run on m of n
@@ -593,9 +646,11 @@ pub struct RdpAccountant {
     /// Refine the best grid order by golden-section search between its neighbours. Every order
     /// evaluated gives a valid bound, so this only tightens ε.
     pub optimize: bool,
-    /// Stop walking up the (sorted) grid once the composed RDP r(α) exceeds the best ε by more
-    /// than 2 ln 2: for α' ≥ α ≥ 2 either conversion gives ε(α') ≥ r(α') − 2 ln 2 and RDP grows
-    /// with the order, so those orders cannot win. Affects speed, not soundness.
+    /// Stop walking up the (sorted) grid once larger orders cannot win: for ε, once the
+    /// composed RDP r(α) exceeds the best ε by more than 2 ln 2 (for α' ≥ α ≥ 2 either
+    /// conversion gives ε(α') ≥ r(α') − 2 ln 2, and RDP grows with the order); for δ, once
+    /// (α − 1)(r − ε) − 1 − ln α exceeds the best ln δ while r − ε > 1/α. Affects speed, not
+    /// soundness (every order evaluated is a valid bound).
     pub prune: bool,
 }
 
@@ -644,12 +699,12 @@ impl RdpAccountant {
 
     /// Minimises `score(α, r(α))` over the grid (optionally pruned and refined); returns
     /// (score, α, r(α)).
-    fn minimise<S: Fn(f64, f64) -> f64>(
+    fn minimise<S: Fn(f64, f64) -> f64, P: Fn(f64, f64, f64) -> bool>(
         &self,
         comps: &[Component],
         nb: Neighbouring,
         score: S,
-        prune_above: Option<f64>,
+        hopeless: P,
     ) -> Result<(f64, f64, f64)> {
         let orders = self.sorted_orders()?;
         let mut best = (f64::INFINITY, orders[0], f64::INFINITY);
@@ -663,13 +718,11 @@ impl RdpAccountant {
                 best = (s, a, r);
                 best_i = i;
             }
-            if let Some(margin) = prune_above {
-                if self.prune && a >= 2.0 && r - margin > best.0 {
-                    break;
-                }
+            if self.prune && a >= 2.0 && hopeless(a, r, best.0) {
+                break;
             }
         }
-        if self.optimize && evaluated >= 2 && best.0.is_finite() {
+        if self.optimize && evaluated >= 2 && best.0.is_finite() && best.1 <= REFINE_MAX_ORDER {
             let lo = if best_i == 0 {
                 1.0 + (orders[0] - 1.0) / 4.0
             } else {
@@ -759,7 +812,8 @@ impl Accountant for RdpAccountant {
             &comps,
             neighbouring,
             |a, r| convert::epsilon_at_order(a, r, delta, conv),
-            Some(2.0 * LN_2),
+            // For α' ≥ α ≥ 2 either conversion gives ε(α') ≥ r(α') − 2 ln 2 ≥ r(α) − 2 ln 2.
+            |_, r, best| r - 2.0 * LN_2 > best,
         )?;
         if eps.is_nan() {
             return Err(Error::numeric("rdp: ε is NaN"));
@@ -787,7 +841,9 @@ impl Accountant for RdpAccountant {
             &comps,
             neighbouring,
             |a, r| convert::log_delta_at_order(a, r, epsilon, conv),
-            None,
+            // ln δ(α') ≥ (α' − 1)(r(α') − ε) − 1 − ln α' (both conversions, using
+            // (α'−1)ln(1 − 1/α') ≥ −1); once r > ε + 1/α this grows with α'.
+            |a, r, best| r - epsilon > 1.0 / a && (a - 1.0) * (r - epsilon) - 1.0 - a.ln() > best,
         )?;
         if ld.is_nan() {
             return Err(Error::numeric("rdp: δ is NaN"));

@@ -10,7 +10,8 @@ use crate::cli::EXIT_OK;
 use crate::diffusion::account::{AccountantLine, Analysis};
 use crate::diffusion::sensitivity::StepRole;
 use crate::diffusion::{analyze, SamplerConfig};
-use crate::error::Error;
+use crate::error::{Error, Result};
+use crate::report::{self, plot, Cell, Column, Fact, Report, Skipped, Table};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \
@@ -50,10 +51,19 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Format::Json => serde_json::to_string_pretty(&a)? + "\n",
         Format::Csv => render_csv(&a)?,
         Format::Md | Format::Html => {
-            return Err(Error::unsupported(
-                "--format md/html needs the report module, which this build does not have; use text, json or csv",
-            )
-            .into())
+            let command = format!(
+                "dpaudit analyze {} --accountant {}{}",
+                args.config.display(),
+                args.accountant,
+                args.delta.map(|d| format!(" --delta {d}")).unwrap_or_default()
+            );
+            let rep = build_report(&a, &cfg, &args.config, &command)?;
+            let f = if args.format == Format::Md {
+                report::ExportFormat::Md
+            } else {
+                report::ExportFormat::Html
+            };
+            String::from_utf8(report::export(&rep, f)?)?
         }
     };
     match &args.out {
@@ -265,4 +275,165 @@ pub fn render_csv(a: &Analysis) -> anyhow::Result<String> {
         ])?;
     }
     Ok(String::from_utf8(w.into_inner()?)?)
+}
+
+/// Fills the shared [`Report`] model (Markdown/HTML exporters) from an analysis.
+pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::Path, command: &str) -> Result<Report> {
+    use crate::accountants::AccountResult;
+    use crate::config::sampler::DensityConfig;
+    let mut r = Report::new(format!("Diffusion sampling analysis: {}", a.name), command);
+    r.add_input("sampler config", config_path)?;
+    if let DensityConfig::Trajectories(t) = &cfg.density {
+        r.add_input("dataset", &cfg.resolve(&t.data))?;
+        r.seed = Some(t.seed);
+    }
+    r.event = Some(a.event.clone());
+    r.delta = Some(a.delta);
+    r.assumptions.neighbouring = Some(a.neighbouring);
+    r.assumptions.sampling = Some(if a.subsample_rate < 1.0 {
+        format!("Poisson, p = {} at every private step", a.subsample_rate)
+    } else {
+        "full batch".into()
+    });
+    r.assumptions.step_convention = Some(a.convention_text.clone());
+    r.assumptions.other = vec![
+        Fact::new("schedule", a.schedule.clone()),
+        Fact::new(
+            "per-step μ_t",
+            "2C/(p_t(x_t)|D|)·√(2Δt/t³) (diffusion-sampling-privacy.md §3.1, eq. 5)",
+        ),
+        Fact::new("clip norm C", a.clip_norm.to_string()),
+        Fact::new("|D|", a.dataset_size.to_string()),
+        Fact::new("density", a.density.clone()),
+        Fact::new("generated samples S", a.samples.to_string()),
+    ];
+    for l in &a.accountants {
+        match (l.epsilon, l.kind) {
+            (Some(eps), Some(kind)) => {
+                let mut res = AccountResult::new(l.accountant, eps, l.delta, kind);
+                if let Some(mu) = l.mu {
+                    res = res.with_detail("mu", mu);
+                }
+                res.diagnostics = l.diagnostics.clone();
+                r.results.push(res);
+            }
+            _ => r.skipped.push(Skipped {
+                accountant: l.accountant,
+                reason: l.status.trim_start_matches("unavailable: ").to_string(),
+            }),
+        }
+    }
+    // Diagnostics already attached to a result are shown with it; the rest are warnings.
+    for w in &a.warnings {
+        if !r.results.iter().any(|x| x.diagnostics.contains(w)) {
+            r.warn(&w.code, w.message.clone(), w.severe);
+        }
+    }
+    r.summary.push(Fact::new("step convention", a.convention.as_str()));
+    r.summary
+        .push(Fact::new("private steps per sample", a.private_steps.to_string()));
+    r.summary.push(Fact::new("full-batch GDP μ", num(a.full_batch_mu)));
+    r.summary.push(Fact::new(
+        "guarantee",
+        match &a.guarantee {
+            Some(g) => format!(
+                "ε = {} at δ = {:e} ({}, {})",
+                num(g.epsilon.unwrap_or(f64::NAN)),
+                a.delta,
+                g.accountant.as_str(),
+                g.kind.map(|k| k.as_str()).unwrap_or("-")
+            ),
+            None => "none (no sound accountant answered)".into(),
+        },
+    ));
+    let role = |x: StepRole| match x {
+        StepRole::Public => "public",
+        StepRole::Private => "private",
+        StepRole::Skipped => "skipped",
+    };
+    r.tables.push(Table {
+        id: "steps".into(),
+        title: format!("Per-step μ_t (convention {})", a.convention.as_str()),
+        columns: [
+            "step",
+            "t_from",
+            "t_to",
+            "t",
+            "dt",
+            "role",
+            "mu",
+            "mu_min",
+            "mu_median",
+            "mu_max",
+            "cumulative_mu",
+        ]
+        .iter()
+        .map(|c| Column::new(c))
+        .collect(),
+        rows: a
+            .steps
+            .iter()
+            .map(|s| {
+                vec![
+                    Cell::from(s.index),
+                    s.t_from.into(),
+                    s.t_to.into(),
+                    s.t.into(),
+                    s.dt.into(),
+                    role(s.role).into(),
+                    s.mu.into(),
+                    s.mu_min.into(),
+                    s.mu_median.into(),
+                    s.mu_max.into(),
+                    s.cumulative_mu.into(),
+                ]
+            })
+            .collect(),
+        note: Some(a.convention_text.clone()),
+    });
+    r.tables.push(Table {
+        id: "window".into(),
+        title: "Critical window: ε if sampling stops after / switches to the empirical denoiser at each step".into(),
+        columns: vec![
+            Column::new("step"),
+            Column::new("stop_level"),
+            Column::with_unit("stop_mu", "GDP μ"),
+            Column::with_unit("stop_epsilon", "nats"),
+            Column::new("stop_type2_at_0.05"),
+            Column::new("switch_level"),
+            Column::with_unit("switch_mu", "GDP μ"),
+            Column::with_unit("switch_epsilon", "nats"),
+            Column::new("switch_type2_at_0.05"),
+        ],
+        rows: a
+            .window
+            .iter()
+            .map(|w| {
+                vec![
+                    Cell::from(w.index),
+                    w.stop_level.into(),
+                    w.stop_mu.into(),
+                    w.stop_epsilon.into(),
+                    w.stop_type2_at_0_05.into(),
+                    w.switch_level.into(),
+                    w.switch_mu.into(),
+                    w.switch_epsilon.into(),
+                    w.switch_type2_at_0_05.into(),
+                ]
+            })
+            .collect(),
+        note: Some(if a.subsample_rate < 1.0 {
+            "full-batch GDP μ over all samples: a sound upper bound that ignores subsampling".into()
+        } else {
+            "full-batch GDP μ over all samples (exact)".into()
+        }),
+    });
+    let priv_steps: Vec<&crate::diffusion::account::StepRow> =
+        a.steps.iter().filter(|s| s.role == StepRole::Private).collect();
+    if !priv_steps.is_empty() && priv_steps.iter().all(|s| s.mu.is_finite() && s.mu > 0.0) {
+        let x: Vec<f64> = priv_steps.iter().map(|s| s.index as f64).collect();
+        let y: Vec<f64> = priv_steps.iter().map(|s| s.mu).collect();
+        r.plots.push(plot::per_step_mu(&x, &y, "step (generation order)", ""));
+    }
+    Ok(r)
 }

@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::account::{account_mus, constant_plan, full_batch_mu, AccountantLine};
+use super::account::{account_mus_with, constant_plan, full_batch_mu, AccountantLine};
 use super::schedule::Schedule;
 use crate::accountants::AccountantKind;
 use crate::config::sampler::{DensityConfig, SamplerConfig};
@@ -159,7 +159,7 @@ pub fn evaluate(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<S
     let accountants = if mus.is_empty() {
         Vec::new()
     } else {
-        account_mus(&mus, p, s, cfg.neighbouring, cfg.delta, accountants)
+        account_mus_with(&mus, p, s, cfg.neighbouring, cfg.delta, accountants, true)
     };
     Ok(SweepRow {
         sigma_min: match cfg.schedule {

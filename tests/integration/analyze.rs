@@ -580,3 +580,20 @@ fn bad_sweep_flags_exit_2() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("constant density"));
 }
+
+/// `--format md` and `html` go through the shared report model; both state the convention.
+#[test]
+fn markdown_and_html_reports() {
+    for (fmt, needle) in [("md", "# Diffusion sampling analysis"), ("html", "<html")] {
+        let o = dpaudit(&[
+            "analyze",
+            "fixtures/samplers/edm-cifar10-subsampled.toml",
+            "--format",
+            fmt,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let s = stdout(&o);
+        assert!(s.contains(needle), "{fmt}");
+        assert!(s.contains("Δt = t_i − t_{i+1}"), "{fmt}: convention not stated");
+    }
+}
