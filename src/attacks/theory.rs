@@ -187,7 +187,16 @@ pub fn sampler_asr(mus: &[f64], p: f64, delta: f64) -> Result<Option<(f64, Strin
         .into_iter()
         .filter(|g| !g.source.contains("no amplification"))
         .collect();
-    Ok(tightest(&gs, |g| g.asr_limit()))
+    // The full-batch exact GDP limit also holds under subsampling (C_p(G_μ) ≥ G_μ); an
+    // accountant's (ε, δ) limit can be looser, so keep the smaller of the two.
+    let full = asr_limit_gdp(mus.iter().map(|m| m * m).sum::<f64>().sqrt());
+    Ok(tightest(&gs, |g| g.asr_limit()).map(|(a, src)| {
+        if full < a {
+            (full, "gdp (full batch dominates)".to_string())
+        } else {
+            (a, src)
+        }
+    }))
 }
 
 #[cfg(test)]
