@@ -1030,7 +1030,34 @@ impl Accountant for PldAccountant {
         let pld = self.compose_event(event, neighbouring)?;
         let eps = pld.epsilon(delta);
         let r = AccountResult::new(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
-        Ok(pld.annotate(r, Some(delta)))
+        let r = pld.annotate(r, Some(delta));
+        if eps.is_finite() {
+            return Ok(r);
+        }
+        // The PLD's own floor (infinite-loss mass from losses beyond the grid, window tails,
+        // certified FFT round-off) is at or above δ, so the PLD alone certifies no finite ε.
+        // The true δ(ε) curve lies below every sound curve, so the RDP bound of the same event
+        // is still a sound answer: report it, say so, and keep the PLD diagnostics.
+        match super::rdp::RdpAccountant::default().epsilon(event, neighbouring, delta) {
+            Ok(rdp) if rdp.epsilon.is_finite() => {
+                let mut out = AccountResult::new(AccountantKind::Pld, rdp.epsilon, delta, BoundKind::UpperBound);
+                out.details = r.details;
+                out.diagnostics = r.diagnostics;
+                if let Some(order) = rdp.details.get("rdp_order") {
+                    out.details.insert("fallback_rdp_order".into(), *order);
+                }
+                Ok(out.with_diagnostic(
+                    "pld_fallback_rdp",
+                    format!(
+                        "the PLD certifies no finite ε at δ = {delta:e} (its floor is {:e}); the ε shown is the \
+                         RDP upper bound of the same event",
+                        pld.delta_floor()
+                    ),
+                    false,
+                ))
+            }
+            _ => Ok(r),
+        }
     }
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;

@@ -220,8 +220,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     /// ε rises with steps and q, falls with σ; δ(ε(δ)) ≈ δ (≤ δ for sound accountants).
+    /// δ ≥ 1e-9: below about 1e-10 the PLD's certified FFT round-off floor can exceed δ, and the
+    /// PLD accountant then reports the RDP bound instead (`pld_fallback_rdp`; tested in pld.rs),
+    /// which is sound but not monotone across the switch.
     #[test]
-    fn monotone_and_consistent(sigma in 0.6f64..4.0, q in 0.001f64..0.3, steps in 1u64..2000, ld in -12.0f64..-3.0) {
+    fn monotone_and_consistent(sigma in 0.6f64..4.0, q in 0.001f64..0.3, steps in 1u64..2000, ld in -9.0f64..-3.0) {
         let delta = 10f64.powf(ld);
         for (k, acc) in all() {
             let base = DpEvent::dpsgd(sigma, q, steps);

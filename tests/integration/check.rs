@@ -5,7 +5,6 @@ use super::common::{dpaudit, read_csv, rel, root, stderr, stdout};
 use std::path::Path;
 
 const EDM: &str = "fixtures/events/edm-fullbatch-sigmamin0.002.toml";
-const DPSGD: &str = "fixtures/events/dpsgd-mnist-sigma0.8.toml";
 
 /// The exact ε of the EDM full-batch fixture: fixtures/reference/edm_fullbatch.csv
 /// (σ_min 0.002, C = √3072, convention A_t_i, scipy closed form, checked by dp_accounting).
@@ -87,17 +86,17 @@ fn delta_flag_overrides_file() {
     assert!(eb > ea, "smaller δ must give larger ε: {eb} vs {ea}");
 }
 
-/// Regression guard for the core rule: the budget is checked against the sound bound. DP-SGD
-/// (q = 64/60000, 9375 steps, σ = 0.8, δ = 1e-5): fixtures/reference/dpsgd.csv gives the PLD
-/// bound 0.8138 (dp_accounting 0.6.0) and RDP 1.41, while the CLT estimate is ≈ 0.73 (Opacus'
-/// GDP: 0.7277). A budget of 0.77 passes the estimate and fails the bound: exit 1.
+/// Regression guard for the core rule: the budget is checked against the sound bound. 50 steps
+/// of Poisson(q = 0.01) ∘ Gaussian(σ = 1), δ = 1e-5: fixtures/reference/clt_const.csv gives the
+/// Dong–Roth–Su CLT estimate ε = 0.4089 and the exact PLD ε = 0.5829. A budget of 0.5 passes the
+/// estimate and fails the bound: exit 1.
 #[test]
 fn clt_estimate_within_budget_but_sound_bound_over_exits_1() {
     let o = dpaudit(&[
         "check",
-        DPSGD,
+        "fixtures/events/clt-understates.toml",
         "--max-epsilon",
-        "0.77",
+        "0.5",
         "--format",
         "json",
         "--no-plots",
@@ -113,7 +112,7 @@ fn clt_estimate_within_budget_but_sound_bound_over_exits_1() {
     assert_eq!(clt["kind"], "estimate");
     let clt_eps = clt["epsilon"].as_f64().unwrap();
     assert!(
-        clt_eps < 0.77,
+        clt_eps < 0.5,
         "the CLT estimate should be within the budget here: {clt_eps}"
     );
     let verdict = &v["verdicts"][0];
@@ -121,7 +120,7 @@ fn clt_estimate_within_budget_but_sound_bound_over_exits_1() {
     assert_ne!(verdict["accountant"], "clt");
     assert_ne!(verdict["bound"], "estimate");
     let sound = verdict["epsilon"].as_f64().unwrap();
-    let pld_ref = 0.813750844243689;
+    let pld_ref = 0.5828824123607061;
     assert!(
         sound >= pld_ref * (1.0 - 1e-3),
         "sound ε {sound} below the PLD reference {pld_ref}"

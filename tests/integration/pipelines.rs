@@ -128,8 +128,11 @@ fn rapid_scenarios_show_both_analyses() {
         );
         let rdp = analysis(c, "poisson_add_remove", "rdp").unwrap();
         let ref_rdp = f(&row, "eps_dpacc_rdp");
+        // Our RDP optimises the order continuously, so it may sit below dp_accounting's grid
+        // optimum (up to ~5% on rows where its grid jumps, e.g. 63 → 128); it must never be above
+        // it, nor below the PRV lower bound on the true ε.
         assert!(
-            rdp <= ref_rdp * (1.0 + 1e-9) && rdp >= ref_rdp * 0.97,
+            rdp <= ref_rdp * (1.0 + 1e-9) && rdp >= f(&row, "eps_prv_low"),
             "{rdp} vs {ref_rdp}"
         );
         let pld = analysis(c, "poisson_add_remove", "pld").unwrap();

@@ -340,9 +340,20 @@ fn hostile_inputs_give_sound_answers() {
     assert!(e.is_infinite() || pld.delta(e) <= 1e-300, "{e}");
     let acc = PldAccountant::default();
     let ev = DpEvent::dpsgd(0.3, 1e-9, 10_000_000);
+    // Through the accountant, δ = 1e-300 is below the PLD's floor: it says so and falls back to
+    // the (sound) RDP bound of the same event rather than report ε = ∞.
     let r = acc.epsilon(&ev, Neighbouring::AddRemove, 1e-300).unwrap();
-    assert!(r.epsilon.is_infinite());
     assert!(r.diagnostics.iter().any(|d| d.code == "pld_delta_below_floor"));
+    assert!(r.diagnostics.iter().any(|d| d.code == "pld_fallback_rdp"));
+    let rdp = dpaudit::accountants::rdp::RdpAccountant::default()
+        .epsilon(&ev, Neighbouring::AddRemove, 1e-300)
+        .unwrap();
+    assert!(
+        r.epsilon.is_finite() && r.epsilon == rdp.epsilon,
+        "{} vs {}",
+        r.epsilon,
+        rdp.epsilon
+    );
     // Bad configuration: a clear error naming the field.
     let bad = PldAccountant {
         value_discretization_interval: -1.0,
