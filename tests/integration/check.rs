@@ -338,3 +338,27 @@ fn help_shows_a_worked_example() {
     );
     assert!(h.contains("Exit codes: 0 within budget, 1 over budget, 2"), "{h}");
 }
+
+/// `check` accounts sampler configurations too: the paper's full-batch EDM setting (μ ≈ 787.6)
+/// is far over any modest budget (exit 1); the subsampled fixture passes a budget of 5 (exit 0),
+/// judged by a sound bound, never the CLT estimate.
+#[test]
+fn sampler_configs_are_checked_against_sound_bounds() {
+    let o = dpaudit(&[
+        "check",
+        "fixtures/samplers/edm-cifar10-paper.toml",
+        "--max-epsilon",
+        "5",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("FAIL"), "{}", stdout(&o));
+    let o = dpaudit(&[
+        "check",
+        "fixtures/samplers/edm-cifar10-subsampled.toml",
+        "--max-epsilon",
+        "5",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("PASS") && !out.contains("(clt"), "{out}");
+}
