@@ -98,10 +98,24 @@ pub fn load_pipeline(path: &Path) -> Result<Pipeline> {
             step_convention: None,
         });
     }
+    if ["schedule", "privacy", "density", "convention"]
+        .iter()
+        .any(|k| table.contains_key(*k))
+    {
+        let cfg = crate::config::sampler::SamplerConfig::load(path)?;
+        let acc = crate::diffusion::account::sampler_accounting(&cfg).map_err(|e| e.with_file(path))?;
+        return Ok(Pipeline {
+            event: acc.event,
+            neighbouring: acc.neighbouring,
+            delta: Some(acc.delta),
+            role: "sampler config",
+            step_convention: Some(acc.convention.describe().to_string()),
+        });
+    }
     let keys: Vec<&str> = table.keys().map(String::as_str).collect();
     Err(Error::input(format!(
         "cannot tell what this file describes (top-level keys: {}): an event file has `schema_version` and an \
-[event] table",
+[event] table; a sampler config has [schedule], [privacy] and [density]",
         if keys.is_empty() {
             "none".to_string()
         } else {
