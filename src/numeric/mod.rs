@@ -6,7 +6,7 @@ pub mod tol;
 
 pub use roots::{brent, expand_upper, find_increasing_root};
 
-use std::f64::consts::{LN_2, PI, SQRT_2};
+use std::f64::consts::{LN_2, SQRT_2};
 
 /// ln(sqrt(2π)).
 pub const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
@@ -132,9 +132,6 @@ pub fn log_binom(n: f64, k: f64) -> f64 {
 pub fn ln_gamma(x: f64) -> f64 {
     libm::lgamma(x)
 }
-
-/// e as used for clarity in formulas.
-pub const TWO_PI: f64 = 2.0 * PI;
 
 #[cfg(test)]
 mod tests {
