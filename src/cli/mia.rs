@@ -120,7 +120,14 @@ pub struct Args {
     pub quiet: bool,
 }
 
-fn plan(a: &Args, parse_t: &dyn Fn(&str) -> crate::Result<usize>) -> anyhow::Result<MiaPlan> {
+/// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
+fn plan(a: &Args, parse_t: Option<&dyn Fn(&str) -> crate::Result<usize>>) -> anyhow::Result<MiaPlan> {
+    let steps = |v: &[String]| -> crate::Result<Vec<usize>> {
+        match parse_t {
+            Some(f) => v.iter().map(|s| f(s)).collect(),
+            None => Ok(Vec::new()),
+        }
+    };
     if !(a.confidence > 0.0 && a.confidence < 1.0) {
         return Err(Error::field("--confidence", "must be in (0, 1)").into());
     }
@@ -162,7 +169,7 @@ fn plan(a: &Args, parse_t: &dyn Fn(&str) -> crate::Result<usize>) -> anyhow::Res
             rates: a.table2_rates.clone(),
             ..Default::default()
         }),
-        cosine_steps: a.cosine.iter().map(|s| parse_t(s)).collect::<crate::Result<Vec<_>>>()?,
+        cosine_steps: steps(&a.cosine)?,
         audit: a.audit,
         sampler: match &a.sampler {
             Some(p) => Some(pipeline::sampler_basis(p, a.delta)?),
@@ -196,7 +203,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         None => {
             let ck = ck.as_ref().expect("clap requires --checkpoint without --scores");
             eprintln!("device: {dev_name}");
-            let plan = plan(&a, &|s: &str| ck.schedule.parse_timestep(s))?;
+            let plan = plan(&a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
             let data = Dataset::load(&a.data.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.file)))?;
             let split = SplitManifest::load(&a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split)))?;
             let total =
