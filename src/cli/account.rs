@@ -21,7 +21,9 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// `--neighbouring` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NeighbouringArg {
+    /// Add or remove one record.
     AddRemove,
+    /// Replace one record.
     ReplaceOne,
 }
 
@@ -46,6 +48,7 @@ impl From<NeighbouringArg> for Neighbouring {
   dpaudit account --event fixtures/events/heterogeneous.toml --delta 1e-5 --accountant pld,rdp
 
 Exit codes: 0 ok; 2 bad flags/file, or no accountant supports the event.")]
+/// Account a DP-SGD-style event from flags, or any event tree from a TOML file.
 pub struct Args {
     /// Noise multiplier σ of the Gaussian step (noise std = σ × L2 sensitivity).
     #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
@@ -362,6 +365,7 @@ fn render_csv(o: &Output) -> Result<String> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// Runs `dpaudit account`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let plan = plan(args)?;
     let out = account(&plan);
