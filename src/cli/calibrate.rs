@@ -418,6 +418,8 @@ fn render_sampler_text(
 ) -> String {
     use std::fmt::Write as _;
     let f = crate::report::export::fmt_num;
+    // ε in full (shortest round-trip): a rounded 8 next to "≤ 8" would hide which side it is on.
+    let e = |x: f64| format!("{x}");
     let name = c.param.as_str();
     let mut s = String::new();
     let _ = writeln!(
@@ -439,7 +441,7 @@ fn render_sampler_text(
         s,
         "{name} = {}  gives ε = {} ≤ target ({}, {}; re-analysed)",
         f(m.value),
-        f(m.epsilon),
+        e(m.epsilon),
         m.line.accountant.as_str(),
         m.line.kind.map(|k| k.as_str()).unwrap_or("?")
     );
@@ -457,13 +459,13 @@ fn render_sampler_text(
         }
     }
     match (&c.clt, &c.clt_note) {
-        (Some(e), _) => {
+        (Some(c_), _) => {
             let _ = writeln!(
                 s,
                 "CLT estimate (not a guarantee): {name} = {} gives ε ≈ {} ({})",
-                f(e.meets.value),
-                f(e.meets.epsilon),
-                e.meets.line.status
+                f(c_.meets.value),
+                e(c_.meets.epsilon),
+                c_.meets.line.status
             );
         }
         (None, Some(n)) => {

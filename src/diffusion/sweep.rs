@@ -305,12 +305,16 @@ pub fn evaluate(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<S
             Schedule::Edm { sigma_min, .. } => Some(sigma_min),
             _ => None,
         },
-        t_min: plan
-            .steps
-            .iter()
-            .map(|r| r.t_to)
-            .filter(|t| *t > 0.0)
-            .fold(f64::INFINITY, f64::min),
+        t_min: match cfg.schedule {
+            // The value as given (the computed last level carries rounding noise).
+            Schedule::Edm { sigma_min, .. } => sigma_min,
+            _ => plan
+                .steps
+                .iter()
+                .map(|r| r.t_to)
+                .filter(|t| *t > 0.0)
+                .fold(f64::INFINITY, f64::min),
+        },
         levels: cfg.schedule.n_levels(),
         stop_step: cfg.privacy.stop_step,
         stop_at: cfg.privacy.stop_at,

@@ -524,7 +524,7 @@ fn calibrated_sigma_min_meets_the_target_and_one_step_past_does_not() {
 fn calibrated_samples_meet_the_target_and_one_more_does_not() {
     // Subsampled (p = 0.5): the sound answer from PLD/GDP, the CLT estimate beside it.
     let src = std::fs::read_to_string(root().join("fixtures/samplers/edm-cifar10-subsampled.toml")).unwrap();
-    let src = src.replace("sigma_min = 0.002", "sigma_min = 1.0");
+    let src = src.replace("sigma_min = 0.002", "sigma_min = 0.01");
     let dir = scratch("calib-s");
     let base = dir.join("base.toml");
     std::fs::write(&base, &src).unwrap();
@@ -535,7 +535,7 @@ fn calibrated_samples_meet_the_target_and_one_more_does_not() {
         "--solve-for",
         "samples",
         "--target-epsilon",
-        "1",
+        "0.05",
         "--format",
         "json",
     ]);
