@@ -231,19 +231,16 @@ fn account(plan: &Plan) -> Output {
             }),
         }
     }
-    let headline = results
-        .iter()
-        .filter(|r| r.kind.is_sound())
-        .min_by(|a, b| match plan.query {
-            Query::Epsilon { .. } => a.epsilon.total_cmp(&b.epsilon),
-            Query::Delta { .. } => a.delta.total_cmp(&b.delta),
-        })
-        .map(|r| Headline {
-            accountant: r.accountant,
-            epsilon: r.epsilon,
-            delta: r.delta,
-            kind: r.kind,
-        });
+    let headline = match plan.query {
+        Query::Epsilon { .. } => crate::accountants::sound::tightest_upper(&results),
+        Query::Delta { .. } => crate::accountants::sound::tightest_upper_delta(&results),
+    }
+    .map(|r| Headline {
+        accountant: r.accountant,
+        epsilon: r.epsilon,
+        delta: r.delta,
+        kind: r.kind,
+    });
     let (delta, epsilon, query) = match plan.query {
         Query::Epsilon { delta } => (Some(delta), None, "epsilon"),
         Query::Delta { epsilon } => (None, Some(epsilon), "delta"),
@@ -266,6 +263,8 @@ fn kind_words(k: crate::accountants::BoundKind) -> &'static str {
         crate::accountants::BoundKind::Exact => "exact",
         crate::accountants::BoundKind::UpperBound => "upper bound",
         crate::accountants::BoundKind::Estimate => "ESTIMATE (not a guarantee)",
+        crate::accountants::BoundKind::LowerBound => "lower bound",
+        crate::accountants::BoundKind::DataDependent => "data-dependent: not a DP guarantee",
     }
 }
 

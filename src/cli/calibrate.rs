@@ -250,6 +250,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     BoundKind::Estimate => "ESTIMATE, not a guarantee",
                     BoundKind::UpperBound => "upper bound",
                     BoundKind::Exact => "exact",
+                    BoundKind::LowerBound => "lower bound",
+                    BoundKind::DataDependent => "data-dependent: not a DP guarantee",
                 }
             );
             for w in &out.warnings {
