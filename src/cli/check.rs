@@ -44,6 +44,7 @@ a CLT estimate inside the budget does not pass a pipeline whose sound bound is o
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// CI guard: exit 1 when a pipeline exceeds its ε budget.
 pub struct Args {
     /// Event files (TOML with `schema_version` and `[event]`) or diffusion sampler configs;
     /// each is checked against the budget and becomes one JUnit test case.
@@ -93,7 +94,9 @@ pub struct Args {
 /// A pipeline ready to account.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
+    /// The event to account.
     pub event: DpEvent,
+    /// The neighbouring relation it is accounted under.
     pub neighbouring: Neighbouring,
     /// δ stated by the file, if any.
     pub delta: Option<f64>,
@@ -191,6 +194,7 @@ fn flag_pipeline(args: &Args) -> Result<Option<(Pipeline, Vec<String>)>> {
 /// Name of the flag-given pipeline in outputs and JUnit.
 const FLAGS_NAME: &str = "dp-sgd (flags)";
 
+/// Runs `dpaudit check`; returns the exit code (0 within budget, 1 over, 2 bad input).
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let start = Instant::now();
     let has_flags = match flag_pipeline(&args) {

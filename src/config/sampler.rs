@@ -46,10 +46,13 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SamplerConfig {
+    /// Format version; must be 1.
     pub schema_version: u32,
     #[serde(default)]
+    /// Optional name shown in reports.
     pub name: Option<String>,
     #[serde(default)]
+    /// Optional description shown in reports.
     pub description: Option<String>,
     /// The sampler that runs the schedule; when given without `convention` it decides the
     /// step convention ([`SamplerKind::convention`]).
@@ -59,11 +62,16 @@ pub struct SamplerConfig {
     #[serde(default = "placeholder_convention")]
     pub convention: Convention,
     #[serde(default = "default_delta")]
+    /// δ at which ε is reported.
     pub delta: f64,
     #[serde(default)]
+    /// Neighbouring relation (default add/remove).
     pub neighbouring: Neighbouring,
+    /// `[schedule]`: the noise levels.
     pub schedule: Schedule,
+    /// `[privacy]`: clipping, dataset size, subsampling.
     pub privacy: PrivacyConfig,
+    /// `[density]`: p_t(x_t) in the per-step μ.
     pub density: DensityConfig,
     /// Directory of the file the config came from (relative data paths resolve against it).
     #[serde(skip)]
@@ -165,6 +173,7 @@ pub struct PrivacyConfig {
     #[serde(default = "one")]
     pub clip_norm: f64,
     #[serde(default)]
+    /// How the clipping norm scales with the noise level.
     pub clip_scale: ClipScale,
     /// |D|; required with a constant density, taken from the data file otherwise.
     #[serde(default)]
@@ -199,6 +208,7 @@ pub struct PrivacyConfig {
 pub enum DensityConfig {
     /// p_t(x_t) ≡ β (the paper's §6 setting, β = 1; the default when left out, with a warning).
     Constant {
+        /// The density β (> 0; default 1, with a warning).
         #[serde(default = "one")]
         beta: f64,
     },
@@ -225,6 +235,7 @@ pub struct TrajectoryConfig {
     #[serde(default = "default_trajectories")]
     pub trajectories: usize,
     #[serde(default)]
+    /// Seed of the trajectories.
     pub seed: u64,
 }
 
