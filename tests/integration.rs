@@ -11,6 +11,7 @@ mod integration {
     pub mod common;
     mod docs;
     mod gdp;
+    mod inputs;
     mod pipelines;
     mod pld;
     mod rdp;

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod gdp;
 pub mod pld;
 pub mod rdp;
+pub mod sound;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -26,12 +27,22 @@ pub enum BoundKind {
     UpperBound,
     /// An approximation (e.g. the GDP central limit theorem): may be below the truth.
     Estimate,
+    /// A sound lower bound on ε (or δ): the truth is never below it. Witnesses violations.
+    LowerBound,
+    /// Computed from the private data itself (e.g. μ along real trajectories of the data's
+    /// density): describes this dataset, not a DP guarantee.
+    DataDependent,
 }
 
 impl BoundKind {
-    /// True when a budget may be checked against this number.
+    /// True when a budget may be checked against this number (a sound *upper* bound: exact or
+    /// upper bound).
     pub fn is_sound(self) -> bool {
-        !matches!(self, BoundKind::Estimate)
+        matches!(self, BoundKind::Exact | BoundKind::UpperBound)
+    }
+    /// True when this number is a sound *lower* bound (exact or lower bound).
+    pub fn is_lower(self) -> bool {
+        matches!(self, BoundKind::Exact | BoundKind::LowerBound)
     }
     /// The name used in output (`exact`, `upper_bound`, `estimate`).
     pub fn as_str(self) -> &'static str {
@@ -39,6 +50,8 @@ impl BoundKind {
             BoundKind::Exact => "exact",
             BoundKind::UpperBound => "upper_bound",
             BoundKind::Estimate => "estimate",
+            BoundKind::LowerBound => "lower_bound",
+            BoundKind::DataDependent => "data_dependent",
         }
     }
 }

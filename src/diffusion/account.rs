@@ -664,6 +664,13 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
     let p = cfg.privacy.subsample_rate;
     let s = cfg.privacy.samples;
     let mut warnings = Vec::new();
+    for (d, text) in cfg.defaulted.iter().zip(cfg.default_warnings()) {
+        warnings.push(Diagnostic {
+            code: format!("defaulted_{}", d.field.replace('.', "_")),
+            message: text,
+            severe: false,
+        });
+    }
     if mus.is_empty() {
         warnings.push(Diagnostic {
             code: "no_private_steps".into(),

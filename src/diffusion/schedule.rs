@@ -579,6 +579,37 @@ mod tests {
     }
 
     #[test]
+    fn ddpm_ancestral_step_lies_between_conventions_a_and_b() {
+        // The ancestral step k → k−1 in the variance-exploding form x/√ᾱ: mean weight on the
+        // denoiser w = 1 − (t_{k−1}/t_k)², posterior noise variance t_{k−1}²(t_k² − t_{k−1}²)/t_k²
+        // (Ho et al. 2020 eq. 7 rewritten), so per unit sensitivity μ = √(t_k² − t_{k−1}²)/(t_k t_{k−1}).
+        // Convention A (√(2Δt/t_k³)) is below it and B (√(2Δt/t_{k−1}³)) above it: B is the safe side.
+        let lv = Schedule::DdpmLinear {
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            timesteps: 1000,
+            levels: Some(50),
+            spacing: Spacing::Leading,
+        }
+        .levels()
+        .unwrap();
+        let a = steps(&lv, Convention::A);
+        let b = steps(&lv, Convention::B);
+        for (sa, sb) in a.iter().zip(&b) {
+            let (hi, lo) = (sa.t_from, sa.t_to);
+            let w = 1.0 - (lo / hi).powi(2);
+            let sd = lo * (hi * hi - lo * lo).sqrt() / hi;
+            let exact = w / sd;
+            let ma = (2.0 * sa.dt / sa.t.powi(3)).sqrt();
+            let mb = (2.0 * sb.dt / sb.t.powi(3)).sqrt();
+            assert!(
+                ma <= exact * (1.0 + 1e-12) && exact <= mb * (1.0 + 1e-12),
+                "{hi} → {lo}: {ma} {exact} {mb}"
+            );
+        }
+    }
+
+    #[test]
     fn validation_names_fields() {
         let e = Schedule::Edm {
             sigma_min: 80.0,

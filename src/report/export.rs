@@ -287,6 +287,8 @@ fn kind_label(k: BoundKind) -> &'static str {
         BoundKind::Exact => "exact",
         BoundKind::UpperBound => "upper bound",
         BoundKind::Estimate => "estimate (not a guarantee)",
+        BoundKind::LowerBound => "lower bound",
+        BoundKind::DataDependent => "data-dependent: not a DP guarantee",
     }
 }
 

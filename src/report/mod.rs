@@ -439,10 +439,7 @@ impl Report {
     /// The smallest ε among results whose kind is sound (exact or upper bound): the number a
     /// budget may be checked against. `None` when no sound accountant produced a result.
     pub fn sound_epsilon(&self) -> Option<&AccountResult> {
-        self.results
-            .iter()
-            .filter(|r| r.kind.is_sound() && !r.epsilon.is_nan())
-            .min_by(|a, b| a.epsilon.total_cmp(&b.epsilon))
+        crate::accountants::sound::tightest_upper(&self.results)
     }
 
     /// Checks the model before export: identifiers usable as file names, rectangular tables,
