@@ -148,7 +148,9 @@ fn clt_edm_reference_rows() {
         }
         let mu = clt.mu.unwrap_or_else(|| panic!("row {i}: no CLT μ: {}", clt.status));
         assert!(rel(mu, f(r, "clt_mu")) < 1e-6, "row {i}: clt μ {mu}");
-        let e = clt.epsilon.unwrap_or_else(|| panic!("row {i}: no CLT ε: {}", clt.status));
+        let e = clt
+            .epsilon
+            .unwrap_or_else(|| panic!("row {i}: no CLT ε: {}", clt.status));
         assert!(
             (e - clt_eps_ref).abs() <= 1e-6 * clt_eps_ref.max(1e-3),
             "row {i}: clt ε {e}"
@@ -157,7 +159,9 @@ fn clt_edm_reference_rows() {
         checked_clt += 1;
         if i % 9 == 0 && pld_ref.is_finite() {
             let pld = account::bound_line(AccountantKind::Pld, &mus, p, 1, Neighbouring::AddRemove, 1e-5);
-            let e = pld.epsilon.unwrap_or_else(|| panic!("row {i}: no PLD ε: {}", pld.status));
+            let e = pld
+                .epsilon
+                .unwrap_or_else(|| panic!("row {i}: no PLD ε: {}", pld.status));
             assert_eq!(pld.kind, Some(BoundKind::UpperBound), "row {i}");
             assert!(
                 e >= pld_ref && e <= pld_ref * 1.01,
@@ -253,7 +257,10 @@ fn check_golden_analyze_json(stem: &str, v: &serde_json::Value) {
     match stem {
         // Convention C, 2C/(β|D|) = 1: the reference per-step list rescaled, and the Figure 6 row.
         "edm-cifar10-paper" => {
-            let want: Vec<f64> = ref_mus("C_t_i_plus_last_to_0").iter().map(|m| m / sqrt3072_factor).collect();
+            let want: Vec<f64> = ref_mus("C_t_i_plus_last_to_0")
+                .iter()
+                .map(|m| m / sqrt3072_factor)
+                .collect();
             close(&got_mu, &want, 1e-9);
             let row = fb_row("unit_2C_over_betaD_eq_1", "C_t_i_plus_last_to_0");
             assert!(rel(full_mu, f(&row, "total_mu")) < 1e-9);
@@ -291,7 +298,12 @@ fn check_golden_analyze_json(stem: &str, v: &serde_json::Value) {
             let sum2: f64 = want.iter().map(|m| m * m).sum();
             assert!(rel(full_mu, (100.0 * sum2).sqrt()) < 1e-9);
             let eps = gdp["epsilon"].as_f64().unwrap();
-            assert!(rel(eps, dpaudit::accountants::gdp::epsilon_for_delta(full_mu, 1e-5).unwrap()) < 1e-12);
+            assert!(
+                rel(
+                    eps,
+                    dpaudit::accountants::gdp::epsilon_for_delta(full_mu, 1e-5).unwrap()
+                ) < 1e-12
+            );
             assert_eq!(gdp["kind"], "exact");
         }
         // EDM 39 levels, convention A (38 steps), switch_at 0.93: the first ⌊0.93·38⌋ = 35 steps are

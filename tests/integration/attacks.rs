@@ -320,7 +320,10 @@ fn dp_checkpoint_asr_is_below_the_theoretical_limit() {
         );
         // The report's own limit is the same function at FPR = 1%.
         let at_1pct = guarantees.iter().map(|g| g.tpr_limit(0.01)).fold(1.0, f64::min);
-        assert!((r["limits"]["tpr_at_1pct"].as_f64().unwrap() - at_1pct).abs() < 1e-12, "{r}");
+        assert!(
+            (r["limits"]["tpr_at_1pct"].as_f64().unwrap() - at_1pct).abs() < 1e-12,
+            "{r}"
+        );
     }
     // The shipped card's ledger is the event that ran.
     let ev = EventFile::load(&root().join("models/digits-rapid.ledger.toml")).unwrap();

@@ -210,7 +210,9 @@ fn account_replace_one_and_neighbouring_flag() {
     refused.sort();
     assert_eq!(refused, ["clt", "gdp", "pld"], "{u:?}");
     for acc in ["clt", "pld"] {
-        let r = u.iter().find(|u| u["accountant"] == acc).unwrap()["reason"].as_str().unwrap();
+        let r = u.iter().find(|u| u["accountant"] == acc).unwrap()["reason"]
+            .as_str()
+            .unwrap();
         assert!(r.contains("replace-one"), "{acc}: {r}");
     }
     assert_eq!(v["headline"]["accountant"], "rdp");

@@ -36,7 +36,6 @@ struct Cmd {
 #[derive(Debug)]
 struct Block {
     file: String,
-    line: usize,
     cmds: Vec<Cmd>,
     output: Option<(String, usize, String)>, // (kind, line, text)
 }
@@ -86,7 +85,11 @@ fn parse_commands(file: &str, first_line: usize, body: &[&str]) -> Vec<Cmd> {
             text.starts_with("dpaudit "),
             "{file}:{start}: a runnable command must start with `dpaudit`: {text}"
         );
-        cmds.push(Cmd { line: start, text, exit });
+        cmds.push(Cmd {
+            line: start,
+            text,
+            exit,
+        });
     }
     assert!(cur.is_empty(), "{file}: runnable block ends inside a continued line");
     cmds
@@ -114,7 +117,6 @@ fn blocks(path: &Path) -> Vec<Block> {
             if info.contains(&"runnable") {
                 out.push(Block {
                     file: file.clone(),
-                    line: open,
                     cmds: parse_commands(&file, open + 1, body),
                     output: None,
                 });
@@ -127,7 +129,10 @@ fn blocks(path: &Path) -> Vec<Block> {
                 let kind = info.first().copied().unwrap_or("text").to_string();
                 assert!(kind == "json" || kind == "text", "{file}:{open}: output kind {kind}");
                 let b = out.last_mut().unwrap();
-                assert!(b.output.is_none(), "{file}:{open}: two output blocks for one runnable block");
+                assert!(
+                    b.output.is_none(),
+                    "{file}:{open}: two output blocks for one runnable block"
+                );
                 b.output = Some((kind, open, body.join("\n")));
                 last_fence_was_runnable = false;
             } else {
@@ -211,17 +216,21 @@ fn json_matches(got: &Value, want: &Value, at: &str, why: &mut String) -> bool {
             }
             ok
         }
-        (Value::Object(w), Value::Object(g)) => w.iter().filter(|(k, _)| k.as_str() != "...").all(|(k, wv)| {
-            match g.get(k) {
-                Some(gv) => json_matches(gv, wv, &format!("{at}.{k}"), why),
-                None => {
-                    *why = format!("{at}: no key `{k}` in the output");
-                    false
-                }
-            }
-        }),
+        (Value::Object(w), Value::Object(g)) => {
+            w.iter()
+                .filter(|(k, _)| k.as_str() != "...")
+                .all(|(k, wv)| match g.get(k) {
+                    Some(gv) => json_matches(gv, wv, &format!("{at}.{k}"), why),
+                    None => {
+                        *why = format!("{at}: no key `{k}` in the output");
+                        false
+                    }
+                })
+        }
         (Value::Array(w), Value::Array(g)) => w.iter().enumerate().all(|(i, wv)| {
-            let found = g.iter().any(|gv| json_matches(gv, wv, &format!("{at}[{i}]"), &mut String::new()));
+            let found = g
+                .iter()
+                .any(|gv| json_matches(gv, wv, &format!("{at}[{i}]"), &mut String::new()));
             if !found {
                 *why = format!("{at}[{i}]: no output element matches {wv}");
             }
@@ -251,7 +260,10 @@ fn tokens(line: &str) -> Vec<(bool, String)> {
     let mut i = 0;
     while i < b.len() {
         let starts_num = b[i].is_ascii_digit()
-            || (b[i] == b'-' && i + 1 < b.len() && b[i + 1].is_ascii_digit() && (i == 0 || !b[i - 1].is_ascii_alphanumeric()));
+            || (b[i] == b'-'
+                && i + 1 < b.len()
+                && b[i + 1].is_ascii_digit()
+                && (i == 0 || !b[i - 1].is_ascii_alphanumeric()));
         if starts_num {
             let mut j = i + 1;
             while j < b.len() && b[j].is_ascii_digit() {
@@ -304,7 +316,12 @@ fn line_matches(got: &str, want: &str) -> bool {
             (true, true) => {
                 let (gv, wv): (f64, f64) = (gt.parse().unwrap(), wt.parse().unwrap());
                 // Tolerance from the text as written (keeps trailing zeros: "0.50" → 0.005).
-                let decimals = wt.split(['e', 'E']).next().unwrap().split_once('.').map_or(0, |(_, d)| d.len()) as i32;
+                let decimals = wt
+                    .split(['e', 'E'])
+                    .next()
+                    .unwrap()
+                    .split_once('.')
+                    .map_or(0, |(_, d)| d.len()) as i32;
                 let exp: i32 = wt.split_once(['e', 'E']).map_or(0, |(_, e)| e.parse().unwrap());
                 gv == wv || (gv - wv).abs() <= 0.5 * 10f64.powi(exp - decimals) * (1.0 + 1e-12)
             }
@@ -348,7 +365,13 @@ fn documented_commands_run_as_documented() {
     let all: Vec<Block> = doc_files().iter().flat_map(|p| blocks(p)).collect();
     let n_cmds: usize = all.iter().map(|b| b.cmds.len()).sum();
     // The README's examples and at least one block in each of these guides are runnable.
-    for f in ["README.md", "docs/accounting.md", "docs/diffusion.md", "docs/reports.md", "docs/attacks.md"] {
+    for f in [
+        "README.md",
+        "docs/accounting.md",
+        "docs/diffusion.md",
+        "docs/reports.md",
+        "docs/attacks.md",
+    ] {
         assert!(all.iter().any(|b| b.file == f), "{f} has no runnable block");
     }
     assert!(all.iter().any(|b| b.output.is_some()), "no output sample is checked");
@@ -358,7 +381,13 @@ fn documented_commands_run_as_documented() {
         let mut last_stdout = String::new();
         for c in &b.cmds {
             let (code, out, err) = run(dir.path(), &c.text);
-            assert!(!err.contains("panicked"), "{}:{}: `{}` panicked:\n{err}", b.file, c.line, c.text);
+            assert!(
+                !err.contains("panicked"),
+                "{}:{}: `{}` panicked:\n{err}",
+                b.file,
+                c.line,
+                c.text
+            );
             assert_eq!(
                 code,
                 Some(c.exit),
@@ -382,10 +411,12 @@ fn documented_commands_run_as_documented() {
 /// The checker itself: a drifted number, a missing key and a wrong exit code are caught.
 #[test]
 fn doc_checker_catches_drift() {
-    let sample: Value = serde_json::from_str(r#"{"results": [{"accountant": "pld", "epsilon": 2.9}], "...": 0}"#).unwrap();
-    let good: Value =
-        serde_json::from_str(r#"{"results": [{"accountant": "rdp", "epsilon": 3.1}, {"accountant": "pld", "epsilon": 2.94}]}"#)
-            .unwrap();
+    let sample: Value =
+        serde_json::from_str(r#"{"results": [{"accountant": "pld", "epsilon": 2.9}], "...": 0}"#).unwrap();
+    let good: Value = serde_json::from_str(
+        r#"{"results": [{"accountant": "rdp", "epsilon": 3.1}, {"accountant": "pld", "epsilon": 2.94}]}"#,
+    )
+    .unwrap();
     let drift: Value = serde_json::from_str(r#"{"results": [{"accountant": "pld", "epsilon": 2.216}]}"#).unwrap();
     let mut why = String::new();
     assert!(json_matches(&good, &sample, "$", &mut why), "{why}");
@@ -397,11 +428,18 @@ fn doc_checker_catches_drift() {
     assert!(!line_matches("gdp  ε = 2.5587 (exact)", "gdp ε = 2.549 (exact)"));
     assert!(!line_matches("rdp  ε = 2.549 (exact)", "gdp ε = 2.549 (exact)"));
     assert!(line_matches("δ = 1e-5, μ = -0.25", "δ = 1e-5, μ = -0.250"));
-    let cmds = parse_commands("x.md", 1, &["# a comment", "dpaudit check a.toml \\", "  --max-epsilon 1   # exit 1"]);
+    let cmds = parse_commands(
+        "x.md",
+        1,
+        &["# a comment", "dpaudit check a.toml \\", "  --max-epsilon 1   # exit 1"],
+    );
     assert_eq!(cmds.len(), 1);
     assert_eq!(cmds[0].exit, 1);
     assert_eq!(cmds[0].text, "dpaudit check a.toml --max-epsilon 1");
     let dir = scratch();
-    let (code, _, _) = run(dir.path(), "dpaudit check fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 0.01");
+    let (code, _, _) = run(
+        dir.path(),
+        "dpaudit check fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 0.01",
+    );
     assert_eq!(code, Some(1), "a documented `# exit 0` would be caught");
 }

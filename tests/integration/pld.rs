@@ -98,7 +98,10 @@ fn gdp_table_pld_column_and_never_below_exact() {
 /// one step's exact ε. Returns (rows with a reference, rows without).
 fn check_clt_const(select: impl Fn(&Row) -> bool) -> (usize, usize) {
     let (mut with_ref, mut without) = (0, 0);
-    for r in read_csv("fixtures/reference/clt_const.csv").iter().filter(|r| select(r)) {
+    for r in read_csv("fixtures/reference/clt_const.csv")
+        .iter()
+        .filter(|r| select(r))
+    {
         let (mu, t, p) = (f(r, "mu_step"), f(r, "T") as u64, f(r, "p"));
         let e = eps(&[PldStep::gdp(mu, p, t)], 1e-5);
         let what = format!("clt_const μ={mu} T={t} p={p}");

@@ -184,7 +184,12 @@ fn golden_exporters_on_shipped_fixtures() {
 #[test]
 fn check_golden_matches_reference_tables() {
     let r: serde_json::Value = serde_json::from_slice(&case_json("check-edm-fullbatch")).unwrap();
-    let steps = r["tables"].as_array().unwrap().iter().find(|t| t["id"] == "steps").unwrap();
+    let steps = r["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "steps")
+        .unwrap();
     let rows = steps["rows"].as_array().unwrap();
     let want: Vec<f64> = read_csv("fixtures/reference/edm_perstep_sigmamin0.002.csv")
         .iter()
@@ -287,13 +292,15 @@ fn html_has_no_external_references_and_inlines_every_plot() {
 
 /// The headless browser on PATH, if any.
 fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"].iter().find_map(|name| {
-        std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| {
+            std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
 }
 
 /// Renders the HTML report in headless Chromium and checks the screenshot: the page is not
