@@ -88,10 +88,13 @@ impl<'a> EmpiricalDenoiser<'a> {
 /// One point of the Figure-1 profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CosinePoint {
+    /// Diffusion step t.
     pub t: usize,
     /// log SNR = ln(ᾱ/(1−ᾱ)).
     pub log_snr: f64,
+    /// Mean cosine similarity over the queries.
     pub cosine_mean: f64,
+    /// Smallest cosine similarity over the queries.
     pub cosine_min: f64,
 }
 

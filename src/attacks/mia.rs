@@ -313,6 +313,7 @@ pub struct AttackResult {
     pub limits: Option<Limits>,
     /// The exact ROC (not serialised).
     #[serde(skip)]
+    /// The ROC points, when requested.
     pub roc: Option<Roc>,
 }
 

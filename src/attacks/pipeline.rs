@@ -190,6 +190,7 @@ pub struct Table2Row {
 
 /// The Table-2-style comparison.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+/// The Table-2-style comparison.
 pub struct Table2 {
     /// Rates p.
     pub rates: Vec<f64>,
@@ -221,6 +222,7 @@ pub struct TargetInfo {
     pub randomness: String,
     /// DP parameters.
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// DP-SGD settings, for DP checkpoints.
     pub dp: Option<DpInfo>,
 }
 
@@ -316,6 +318,7 @@ pub struct MiaReport {
     pub cosine: Vec<CosinePoint>,
     /// Table-2-style comparison.
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// The Table-2-style comparison, when requested.
     pub table2: Option<Table2>,
     /// Seconds.
     pub elapsed_s: f64,

@@ -37,6 +37,7 @@ the same mechanism; 2 bad input. A single model's ASR never decides the exit cod
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// Membership-inference attacks on a trained denoiser.
 pub struct Args {
     /// Checkpoint card (<stem>.toml), weights (<stem>.safetensors) or stem. With --scores it only
     /// supplies the training ledger to compare with.
@@ -92,6 +93,7 @@ pub struct Args {
     pub delta: f64,
     /// Seed of the attacks' own noise draws and of the held-out split.
     #[arg(long, default_value_t = 0)]
+    /// Seed of the noise draws, splits and bootstrap.
     pub seed: u64,
     /// Also run every attack with member labels shuffled at random (null test).
     #[arg(long)]
@@ -106,6 +108,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub cosine: Vec<String>,
     #[arg(long, value_enum, default_value = "text")]
+    /// Output format.
     pub format: Format,
     /// Write the report here instead of stdout.
     #[arg(long)]
@@ -114,6 +117,7 @@ pub struct Args {
     #[arg(long)]
     pub roc_out: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "auto")]
+    /// Device to run the model on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
     /// No progress bar.
     #[arg(long)]

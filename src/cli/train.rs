@@ -34,6 +34,7 @@ runs (an event file), <out>.canaries.csv with --canaries.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// Train a small denoiser (optionally with DP).
 pub struct Args {
     /// Data file (digits CSV, optionally .gz).
     #[arg(long, default_value = "fixtures/data/digits.csv.gz")]
@@ -59,6 +60,7 @@ pub struct Args {
     pub nonmembers: usize,
 
     #[arg(long, value_enum, default_value = "mlp")]
+    /// Network architecture.
     pub arch: Arch,
     /// MLP width.
     #[arg(long, default_value_t = 256)]
@@ -76,8 +78,10 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub timesteps: usize,
     #[arg(long, default_value_t = 1e-4)]
+    /// β at the first diffusion step.
     pub beta_start: f64,
     #[arg(long, default_value_t = 0.02)]
+    /// β at the last diffusion step.
     pub beta_end: f64,
 
     /// Optimiser steps (DP: iterations of Algorithm 2).
@@ -87,6 +91,7 @@ pub struct Args {
     #[arg(long, default_value_t = 128)]
     pub batch_size: usize,
     #[arg(long, default_value_t = 1e-3)]
+    /// Learning rate (Adam).
     pub lr: f64,
     /// EMA decay of the saved weights (0: raw weights).
     #[arg(long, default_value_t = 0.999)]
@@ -112,6 +117,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub canaries: usize,
     #[arg(long, value_enum, default_value = "auto")]
+    /// Device to train on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
     /// No progress bar.
     #[arg(long)]

@@ -123,7 +123,7 @@ impl DpConfig {
         if !(self.delta > 0.0 && self.delta < 1.0) {
             return Err(Error::field("--delta", "must be in (0, 1)"));
         }
-        if !(self.lr > 0.0) {
+        if self.lr.is_nan() || self.lr <= 0.0 {
             return Err(Error::field("--lr", "must be > 0"));
         }
         if self.t_min > self.t_max || self.t_max >= schedule.len() {
@@ -284,7 +284,9 @@ fn per_sample_loop(net: &Net, ex: &Examples, clip: f64) -> Result<(HashMap<Strin
 
 /// RAPID's trajectory knowledge base (§3.3): keys are features of x_k, values x_v.
 pub struct KnowledgeBase {
+    /// Query timestep k.
     pub k: usize,
+    /// Value timestep v.
     pub v: usize,
     /// Keys [m, 64]: one-step denoised x̂₀ of x_k by the pretrained model.
     pub keys: Vec<f32>,
@@ -326,10 +328,12 @@ impl KnowledgeBase {
         Ok(KnowledgeBase { k, v, keys, values })
     }
 
+    /// Number of entries.
     pub fn len(&self) -> usize {
         self.keys.len() / PIXELS
     }
 
+    /// True when there are no entries.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -361,7 +365,9 @@ pub struct DpRun {
 
 /// Retrieval context for RAPID fine-tuning: the knowledge base and the frozen pretrained model.
 pub struct Retrieval<'a> {
+    /// RAPID's knowledge base.
     pub kb: &'a KnowledgeBase,
+    /// The frozen pretrained model.
     pub pretrained: &'a Net,
 }
 
