@@ -9,7 +9,9 @@ mod integration {
     mod cli_account;
     mod clt;
     pub mod common;
+    mod fuzz;
     mod gdp;
+    mod hostile;
     mod pipelines;
     mod pld;
     mod rdp;

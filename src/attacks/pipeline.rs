@@ -145,6 +145,14 @@ pub fn run(
         .with_file(&ck.card_path));
     }
     let nonmember_ix = &split.nonmembers;
+    // Refuse a bootstrap the limits cannot afford before any attack runs (the same check as
+    // in metrics::bootstrap, which would otherwise only fire after the scoring).
+    let scores = (member_ix.len() + nonmember_ix.len()) as f64;
+    crate::limits::check(
+        "--bootstrap",
+        plan.metric.bootstrap as f64,
+        crate::limits::Cost::new(8.0, crate::limits::BOOTSTRAP_SCORE.work * scores.max(1.0)),
+    )?;
     if trained_on == crate::models::data::Part::Nonmembers {
         return Err(Error::input(
             "the model was trained on the non-members; nothing to attack",

@@ -43,6 +43,7 @@ pub fn grid(a: f64, b: f64, n: usize, log: bool) -> Result<Vec<f64>> {
     if n == 0 {
         return Err(Error::field("--points", "need at least 1 point"));
     }
+    crate::limits::check_count("--points", n as u64, crate::limits::SWEEP_POINT)?;
     if !(a.is_finite() && b.is_finite()) || (log && (a <= 0.0 || b <= 0.0)) {
         return Err(Error::field(
             "--sigma-min",
@@ -97,6 +98,23 @@ pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<Sampler
     } else {
         spec.samples.clone()
     };
+    // The whole grid (each point a configuration, an accounting and a row) must fit the
+    // limits before any point is built; levels on an axis count per level.
+    let max_levels = lv.iter().map(|l| l.unwrap_or(cfg.schedule.n_levels())).max().unwrap_or(1) as u64;
+    let sizes = [sig.len(), lv.len(), ps.len(), sw.len(), ss.len()].map(|n| n as u64);
+    crate::limits::check_product("sweep grid points", &sizes, crate::limits::SWEEP_POINT)
+        .and_then(|_| {
+            let mut f = sizes.to_vec();
+            f.push(max_levels);
+            crate::limits::check_product("sweep grid points × levels", &f, crate::limits::SCHEDULE_LEVEL)
+        })
+        .map_err(|mut e| {
+            e.message = format!(
+                "{} σ_min × {} N × {} p × {} switch × {} S: {}",
+                sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], e.message
+            );
+            e
+        })?;
     let mut out = Vec::with_capacity(sig.len() * lv.len() * ps.len() * sw.len() * ss.len());
     for s in &sig {
         for l in &lv {

@@ -176,29 +176,15 @@ impl DpEvent {
     /// (a sampled event inside another sampling wrapper) and sampling around anything but a
     /// single mechanism are reported as unsupported with their path.
     pub fn components(&self) -> Result<Vec<Component>> {
-        let mut out: Vec<Component> = Vec::new();
-        self.collect("event", 1, &mut out)?;
-        Ok(out)
+        let mut acc = Collector::default();
+        self.collect(&mut String::from("event"), 1, &mut acc)?;
+        Ok(acc.out)
     }
 
-    fn collect(&self, path: &str, mult: u64, out: &mut Vec<Component>) -> Result<()> {
-        let push = |out: &mut Vec<Component>, sampling: Sampling, mechanism: Mechanism, count: u64| {
-            if count == 0 {
-                return;
-            }
-            if let Some(c) = out
-                .iter_mut()
-                .find(|c| c.sampling == sampling && c.mechanism == mechanism)
-            {
-                c.count = c.count.saturating_add(count);
-            } else {
-                out.push(Component {
-                    sampling,
-                    mechanism,
-                    count,
-                });
-            }
-        };
+    /// Walks the tree once. Equal components are merged through a hash map keyed by their
+    /// bit patterns, so collecting n parts costs O(n) rather than O(n²); the path of the node
+    /// being visited is kept in one growing string (only formatted into an error message).
+    fn collect(&self, path: &mut String, mult: u64, acc: &mut Collector) -> Result<()> {
         let leaf = |e: &DpEvent| -> Option<Mechanism> {
             match e {
                 DpEvent::Gaussian { noise_multiplier } => Some(Mechanism::Gaussian {
@@ -211,38 +197,39 @@ impl DpEvent {
                 _ => None,
             }
         };
+        let unsupported = |path: &str, inner: &DpEvent| {
+            Error::unsupported(format!(
+                "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
+                inner.type_name()
+            ))
+        };
         match self {
             DpEvent::NoOp => Ok(()),
             DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } => {
-                push(out, Sampling::Full, leaf(self).unwrap(), mult);
+                if let Some(m) = leaf(self) {
+                    acc.push(Sampling::Full, m, mult);
+                }
                 Ok(())
             }
             DpEvent::PoissonSampled { q, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(Error::unsupported(format!(
-                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
-                        inner.type_name()
-                    )));
+                    return Err(unsupported(path.as_str(), inner));
                 };
                 let s = if *q >= 1.0 {
                     Sampling::Full
                 } else {
                     Sampling::Poisson { q: *q }
                 };
-                push(out, s, m, mult.saturating_mul(count));
+                acc.push(s, m, mult.saturating_mul(count));
                 Ok(())
             }
             DpEvent::SampledWithoutReplacement { n, m: size, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(Error::unsupported(format!(
-                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
-                        inner.type_name()
-                    )));
+                    return Err(unsupported(path.as_str(), inner));
                 };
-                push(
-                    out,
+                acc.push(
                     Sampling::WithoutReplacement { n: *n, m: *size },
                     m,
                     mult.saturating_mul(count),
@@ -250,13 +237,22 @@ impl DpEvent {
                 Ok(())
             }
             DpEvent::Composed { events } => {
+                let base = path.len();
                 for (i, e) in events.iter().enumerate() {
-                    e.collect(&format!("{path}.events[{i}]"), mult, out)?;
+                    use std::fmt::Write as _;
+                    let _ = write!(path, ".events[{i}]");
+                    let r = e.collect(path, mult, acc);
+                    path.truncate(base);
+                    r?;
                 }
                 Ok(())
             }
             DpEvent::SelfComposed { event, count } => {
-                event.collect(&format!("{path}.event"), mult.saturating_mul(*count), out)
+                let base = path.len();
+                path.push_str(".event");
+                let r = event.collect(path, mult.saturating_mul(*count), acc);
+                path.truncate(base);
+                r
             }
         }
     }
@@ -328,6 +324,52 @@ fn unwrap_repeat(e: &DpEvent) -> (&DpEvent, u64) {
             (inner, c.saturating_mul(*count))
         }
         other => (other, 1),
+    }
+}
+
+/// Hash key of a component: the bit patterns of its parameters (NaN never reaches here:
+/// events are validated first; adding 0.0 maps −0.0 to 0.0 so the two merge as before).
+type ComponentKey = (u8, u64, u64, u8, [u64; 2]);
+
+fn component_key(sampling: Sampling, mechanism: Mechanism) -> ComponentKey {
+    let (sk, sa, sb) = match sampling {
+        Sampling::Full => (0u8, 0u64, 0u64),
+        Sampling::Poisson { q } => (1, (q + 0.0).to_bits(), 0),
+        Sampling::WithoutReplacement { n, m } => (2, n, m),
+    };
+    let (mk, mp) = match mechanism {
+        Mechanism::Gaussian { noise_multiplier } => (0u8, [(noise_multiplier + 0.0).to_bits(), 0]),
+        Mechanism::EpsilonDelta { epsilon, delta } => (1, [(epsilon + 0.0).to_bits(), (delta + 0.0).to_bits()]),
+    };
+    (sk, sa, sb, mk, mp)
+}
+
+/// Components in first-seen order with a hash index for merging equal ones.
+#[derive(Default)]
+struct Collector {
+    out: Vec<Component>,
+    index: std::collections::HashMap<ComponentKey, usize>,
+}
+
+impl Collector {
+    fn push(&mut self, sampling: Sampling, mechanism: Mechanism, count: u64) {
+        if count == 0 {
+            return;
+        }
+        match self.index.entry(component_key(sampling, mechanism)) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let c = &mut self.out[*e.get()];
+                c.count = c.count.saturating_add(count);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.out.len());
+                self.out.push(Component {
+                    sampling,
+                    mechanism,
+                    count,
+                });
+            }
+        }
     }
 }
 

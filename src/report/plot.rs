@@ -407,24 +407,29 @@ fn range(vals: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
             Scale::Log => (0.1, 10.0),
         };
     }
+    // Padded ends are kept inside the finite f64 range (a padding past ±f64::MAX or below the
+    // smallest normal double would hand the plotting library an infinite or zero bound).
+    let (big, tiny) = (f64::MAX / 4.0, f64::MIN_POSITIVE);
     match scale {
         Scale::Linear => {
+            let (lo, hi) = (lo.clamp(-big, big), hi.clamp(-big, big));
             if hi - lo <= f64::EPSILON * hi.abs().max(1e-300) {
                 let pad = if hi == 0.0 { 1.0 } else { hi.abs() * 0.1 };
-                (lo - pad, hi + pad)
+                ((lo - pad).max(-2.0 * big), (hi + pad).min(2.0 * big))
             } else {
                 let pad = (hi - lo) * 0.04;
-                (lo - pad, hi + pad)
+                ((lo - pad).max(-2.0 * big), (hi + pad).min(2.0 * big))
             }
         }
         Scale::Log => {
-            let (l, h) = (lo.log10(), hi.log10());
-            if h - l < 1e-9 {
+            let (l, h) = (lo.max(tiny).log10(), hi.min(big).log10());
+            let (a, b) = if h - l < 1e-9 {
                 (lo / 3.0, hi * 3.0)
             } else {
                 let pad = (h - l) * 0.04;
                 (10f64.powf(l - pad), 10f64.powf(h + pad))
-            }
+            };
+            (a.clamp(tiny, big), b.clamp(tiny, big))
         }
     }
 }
