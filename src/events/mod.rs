@@ -125,10 +125,10 @@ impl DpEvent {
     /// Checks every parameter once (validate once, then trust). Errors name the path of the
     /// offending field, e.g. `event.events[1].q`.
     pub fn validate(&self) -> Result<()> {
-        self.validate_at("event")
+        self.validate_at(&Path::Root)
     }
 
-    fn validate_at(&self, path: &str) -> Result<()> {
+    fn validate_at(&self, path: &Path<'_>) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::field(format!("{path}.{field}"), msg));
         match self {
             DpEvent::NoOp => Ok(()),
@@ -151,7 +151,7 @@ impl DpEvent {
                 if !(*q > 0.0 && *q <= 1.0) {
                     return bad("q", format!("sampling probability must be in (0, 1], got {q}"));
                 }
-                event.validate_at(&format!("{path}.event"))
+                event.validate_at(&Path::Event(path))
             }
             DpEvent::SampledWithoutReplacement { n, m, event } => {
                 if *n == 0 {
@@ -160,15 +160,15 @@ impl DpEvent {
                 if *m == 0 || m > n {
                     return bad("m", format!("sample size must be in 1..={n}, got {m}"));
                 }
-                event.validate_at(&format!("{path}.event"))
+                event.validate_at(&Path::Event(path))
             }
             DpEvent::Composed { events } => {
                 for (i, e) in events.iter().enumerate() {
-                    e.validate_at(&format!("{path}.events[{i}]"))?;
+                    e.validate_at(&Path::Events(path, i))?;
                 }
                 Ok(())
             }
-            DpEvent::SelfComposed { event, .. } => event.validate_at(&format!("{path}.event")),
+            DpEvent::SelfComposed { event, .. } => event.validate_at(&Path::Event(path)),
         }
     }
 
@@ -177,14 +177,14 @@ impl DpEvent {
     /// single mechanism are reported as unsupported with their path.
     pub fn components(&self) -> Result<Vec<Component>> {
         let mut acc = Collector::default();
-        self.collect(&mut String::from("event"), 1, &mut acc)?;
+        self.collect(&Path::Root, 1, &mut acc)?;
         Ok(acc.out)
     }
 
     /// Walks the tree once. Equal components are merged through a hash map keyed by their
     /// bit patterns, so collecting n parts costs O(n) rather than O(n²); the path of the node
-    /// being visited is kept in one growing string (only formatted into an error message).
-    fn collect(&self, path: &mut String, mult: u64, acc: &mut Collector) -> Result<()> {
+    /// being visited is a chain of borrowed segments, formatted only into an error message.
+    fn collect(&self, path: &Path<'_>, mult: u64, acc: &mut Collector) -> Result<()> {
         let leaf = |e: &DpEvent| -> Option<Mechanism> {
             match e {
                 DpEvent::Gaussian { noise_multiplier } => Some(Mechanism::Gaussian {
@@ -197,7 +197,7 @@ impl DpEvent {
                 _ => None,
             }
         };
-        let unsupported = |path: &str, inner: &DpEvent| {
+        let unsupported = |path: &Path<'_>, inner: &DpEvent| {
             Error::unsupported(format!(
                 "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
                 inner.type_name()
@@ -214,7 +214,7 @@ impl DpEvent {
             DpEvent::PoissonSampled { q, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(unsupported(path.as_str(), inner));
+                    return Err(unsupported(path, inner));
                 };
                 let s = if *q >= 1.0 {
                     Sampling::Full
@@ -227,7 +227,7 @@ impl DpEvent {
             DpEvent::SampledWithoutReplacement { n, m: size, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(unsupported(path.as_str(), inner));
+                    return Err(unsupported(path, inner));
                 };
                 acc.push(
                     Sampling::WithoutReplacement { n: *n, m: *size },
@@ -237,23 +237,12 @@ impl DpEvent {
                 Ok(())
             }
             DpEvent::Composed { events } => {
-                let base = path.len();
                 for (i, e) in events.iter().enumerate() {
-                    use std::fmt::Write as _;
-                    let _ = write!(path, ".events[{i}]");
-                    let r = e.collect(path, mult, acc);
-                    path.truncate(base);
-                    r?;
+                    e.collect(&Path::Events(path, i), mult, acc)?;
                 }
                 Ok(())
             }
-            DpEvent::SelfComposed { event, count } => {
-                let base = path.len();
-                path.push_str(".event");
-                let r = event.collect(path, mult.saturating_mul(*count), acc);
-                path.truncate(base);
-                r
-            }
+            DpEvent::SelfComposed { event, count } => event.collect(&Path::Event(path), mult.saturating_mul(*count), acc),
         }
     }
 
@@ -324,6 +313,24 @@ fn unwrap_repeat(e: &DpEvent) -> (&DpEvent, u64) {
             (inner, c.saturating_mul(*count))
         }
         other => (other, 1),
+    }
+}
+
+/// The path of a node in the tree (`event.events[3].event`), built only when an error
+/// names it.
+enum Path<'a> {
+    Root,
+    Events(&'a Path<'a>, usize),
+    Event(&'a Path<'a>),
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Path::Root => f.write_str("event"),
+            Path::Events(p, i) => write!(f, "{p}.events[{i}]"),
+            Path::Event(p) => write!(f, "{p}.event"),
+        }
     }
 }
 

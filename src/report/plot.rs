@@ -14,6 +14,9 @@ use super::num;
 use crate::accountants::{AccountantKind, BoundKind};
 use crate::error::{Error, Result};
 
+/// The widest log axis drawn, in decades (beyond it a plot is refused with a clear error).
+pub const MAX_LOG_DECADES: f64 = 60.0;
+
 /// Width and height (pixels) of rendered plots.
 pub const SIZE: (u32, u32) = (800, 480);
 
@@ -458,6 +461,20 @@ where
     };
     let (x0, x1) = range(data.iter().map(|p| p.0), xs);
     let (y0, y1) = range(data.iter().map(|p| p.1), ys);
+    // A log axis over hundreds of decades cannot be labelled (and makes the plotting library
+    // generate ticks for every decade): refuse it clearly rather than hang.
+    for (name, lo, hi, sc) in [("x", x0, x1, xs), ("y", y0, y1, ys)] {
+        let decades = hi.log10() - lo.log10();
+        if sc == Scale::Log && decades > MAX_LOG_DECADES {
+            return Err(render_err(
+                plot,
+                format!(
+                    "the {name} values span {decades:.0} decades ({lo:e} to {hi:e}); a log axis can show at most \
+                     {MAX_LOG_DECADES} (drop the extreme points)"
+                ),
+            ));
+        }
+    }
     let legend = match plot.legend {
         LegendPosition::Auto => emptiest_corner(&pts, (x0, x1, xs), (y0, y1, ys)),
         l => l,

@@ -415,8 +415,9 @@ fn dpagg_ti_with_1e18_releases_and_no_budget_is_refused_by_the_limits() {
 #[test]
 fn mia_timesteps_nan_t_is_refused_not_read_as_step_zero() {
     for bad in ["nanT", "infT", "T/nan", "NaNT/4", "-0.5T"] {
+        let flag = format!("--timesteps={bad}");
         let (out, took) = limited(
-            &["mia", "--checkpoint", "models/digits-mlp.toml", "--attack", "loss", "--timesteps", bad],
+            &["mia", "--checkpoint", "models/digits-mlp.toml", "--attack", "loss", &flag],
             &[],
             SECS_60,
         );
@@ -527,7 +528,7 @@ fn rdp_and_gdp_delta_that_underflows_is_a_positive_upper_bound_not_zero() {
 fn a_closed_stdout_pipe_ends_quietly_without_a_panic() {
     for args in [
         vec!["analyze", "fixtures/samplers/edm-cifar10-paper.toml"],
-        vec!["account", "--noise-multiplier", "1.1", "--sample-rate", "0.004", "--steps", "1000"],
+        vec!["account", "--noise-multiplier", "1.1", "--sample-rate", "0.004", "--steps", "1000", "--delta", "1e-5"],
         vec!["report", "reports/check-dpsgd-mnist/report.json", "--format", "md"],
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dpaudit"))
