@@ -1033,6 +1033,34 @@ impl PldAccountant {
             }
         }
         let total: f64 = merged.iter().map(|(_, c)| *c as f64).sum::<f64>().max(1.0);
+        // Every construction carries at least this +∞ mass; when it is 1 up to 1e-9, δ(ε) = 1 for
+        // every ε is reported without building grids (sound; it gives away at most 1e-9 of δ, and
+        // the grids of such nearly blatant steps would be capped at max_grid_points anyway).
+        if inf_mass_floor(&merged) >= 1.0 - 1e-9 {
+            let dirs = if merged.iter().all(|(l, _)| l.symmetric()) {
+                1
+            } else {
+                2
+            };
+            let blatant = |direction| ComposedDirection {
+                direction,
+                h,
+                lo: 0,
+                probs: Vec::new(),
+                inf_mass: 1.0,
+                window_tail_mass: 0.0,
+                roundoff: 0.0,
+                rel_inflation: 1.0,
+                fft_len: 0,
+            };
+            return Ok(ComposedPld {
+                directions: [Direction::Remove, Direction::Add][..dirs]
+                    .iter()
+                    .map(|&d| blatant(d))
+                    .collect(),
+                value_discretization_interval: h,
+            });
+        }
         // Budget: half to per-step upper tails (→ ∞-mass), a quarter to each window tail.
         let tau_step = self.tail_mass_truncation / (2.0 * total);
         let tau_window = self.tail_mass_truncation / 2.0;
