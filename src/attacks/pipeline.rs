@@ -665,6 +665,17 @@ pub fn run(
     bar: Option<&ProgressBar>,
 ) -> Result<(MiaReport, Vec<ScoreRecord>)> {
     let start = std::time::Instant::now();
+    // Refuse a bootstrap the limits cannot afford before any attack runs (the same check as
+    // in metrics::bootstrap, which would otherwise only fire after the scoring).
+    {
+        let (m_ix, n_ix) = split_rows(ck, data, split)?;
+        let scores = (m_ix.len() + n_ix.len()) as f64;
+        crate::limits::check(
+            "--bootstrap",
+            plan.metric.bootstrap as f64,
+            crate::limits::Cost::new(8.0, crate::limits::BOOTSTRAP_SCORE.work * scores.max(1.0)),
+        )?;
+    }
     let records = score_checkpoint(ck, data, split, plan, bar)?;
     let ck_basis = checkpoint_basis(ck, plan.metric.delta)?;
     let ck_name = ck.card_path.display().to_string();

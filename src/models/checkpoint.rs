@@ -221,6 +221,44 @@ pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
     Ok(card_file)
 }
 
+/// Reads a safetensors file of model weights (size checked against the memory cap first),
+/// see [`parse_weights`].
+pub fn read_weights(path: &Path, device: &Device) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
+    let len = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len();
+    crate::limits::check_count("weights", len, crate::limits::Cost::new(2.0, 1.0)).map_err(|e| e.with_file(path))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    parse_weights(&bytes, device).map_err(|e| e.with_file(path))
+}
+
+/// Parses safetensors bytes into named tensors. Every tensor must be F32 (what dpaudit's
+/// models hold: another dtype is refused, never cast silently) and every value finite (NaN or
+/// infinite weights are refused: they would train or score to NaN).
+pub fn parse_weights(bytes: &[u8], device: &Device) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
+    let tensors = candle_core::safetensors::load_buffer(bytes, device)
+        .map_err(|e| Error::model(format!("cannot read safetensors: {e}")))?;
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    for name in names {
+        let t = &tensors[name];
+        if t.dtype() != candle_core::DType::F32 {
+            return Err(Error::model(format!(
+                "tensor `{name}` has dtype {}; dpaudit weights are f32 (convert the checkpoint, e.g. with \
+                 `tensor.float()` in PyTorch, rather than have it cast silently)",
+                t.dtype().as_str()
+            )));
+        }
+        let values = t.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::model(format!(
+                "tensor `{name}` holds a non-finite value ({}) at flat index {i}: the weights are corrupt \
+                 (a diverged training run?)",
+                values[i]
+            )));
+        }
+    }
+    Ok(tensors)
+}
+
 impl Checkpoint {
     /// Loads a checkpoint from its card (or weights file, or stem) onto `device`.
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
@@ -253,8 +291,7 @@ impl Checkpoint {
         card.model.validate().map_err(|e| e.with_file(&card_path))?;
         let schedule = Schedule::new(card.schedule).map_err(|e| e.with_file(&card_path))?;
         let net = Net::new(&card.model, 0, device).map_err(|e| e.with_file(&card_path))?;
-        let tensors = candle_core::safetensors::load(&weights, device)
-            .map_err(|e| Error::model(format!("cannot read safetensors: {e}")).with_file(&weights))?;
+        let tensors = read_weights(&weights, device)?;
         net.params.assign(&tensors).map_err(|e| e.with_file(&card_path))?;
         if net.params.count() != card.parameters {
             return Err(Error::field(

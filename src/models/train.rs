@@ -44,6 +44,7 @@ impl TrainConfig {
         if self.batch_size == 0 {
             return Err(Error::field("--batch-size", "must be ≥ 1"));
         }
+        crate::limits::check_count("--batch-size", self.batch_size as u64, crate::limits::BATCH_ROW)?;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(Error::field("--lr", format!("must be > 0, got {}", self.lr)));
         }
