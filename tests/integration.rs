@@ -14,4 +14,5 @@ mod integration {
     mod pld;
     mod rdp;
     mod reports;
+    mod verdicts;
 }

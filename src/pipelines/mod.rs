@@ -10,6 +10,7 @@
 //! ```
 
 pub mod audit;
+pub mod diffusion_sampling;
 pub mod dp_rdm;
 pub mod dpagg_ti;
 pub mod embeddings;
@@ -21,7 +22,8 @@ use crate::config::claims::ClaimsFile;
 use crate::error::Result;
 use crate::events::{DpEvent, Neighbouring};
 
-pub use verdict::{ClaimResult, Verdict};
+pub use crate::accountants::sound::Verdict;
+pub use verdict::ClaimResult;
 
 /// RDP ε with the classic conversion ε = min_α RDP(α) + ln(1/δ)/(α − 1) (Mironov 2017, Prop. 3),
 /// or None when the RDP accountant cannot account `event`.
@@ -32,7 +34,8 @@ pub fn rdp_classic_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f
     acc.epsilon(event, neighbouring, delta).ok().map(|r| r.epsilon)
 }
 
-/// Verifies every claim of a file, in file order (RAPID, then DP-RDM, then DPAgg-TI tables).
+/// Verifies every claim of a file, in file order (RAPID, DP-RDM, DPAgg-TI, then diffusion-sampling
+/// tables).
 pub fn verify_claims(file: &ClaimsFile) -> Result<Vec<ClaimResult>> {
     let mut out = Vec::new();
     for c in &file.rapid {
@@ -43,6 +46,9 @@ pub fn verify_claims(file: &ClaimsFile) -> Result<Vec<ClaimResult>> {
     }
     for c in &file.dpagg_ti {
         out.push(dpagg_ti::verify(c)?);
+    }
+    for c in &file.diffusion_sampling {
+        out.push(diffusion_sampling::verify(c)?);
     }
     Ok(out)
 }
