@@ -9,7 +9,9 @@ mod integration {
     mod cli_account;
     mod clt;
     pub mod common;
+    mod docs;
     mod gdp;
+    mod inputs;
     mod pipelines;
     mod pld;
     mod rdp;

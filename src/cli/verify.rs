@@ -30,6 +30,7 @@ interpretation does not hold), 2 bad input.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLE)]
+/// Verify published privacy claims.
 pub struct Args {
     /// Claims file(s) (TOML, schema_version = 1; tables [[rapid]], [[dp_rdm]], [[dpagg_ti]]).
     #[arg(required = true)]
@@ -52,8 +53,11 @@ pub struct Args {
 /// The serialised result of a verify run.
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifyOutput {
+    /// The claims files read.
     pub files: Vec<String>,
+    /// One result per claim.
     pub claims: Vec<ClaimResult>,
+    /// Counts per verdict.
     pub summary: Summary,
 }
 
@@ -70,6 +74,7 @@ pub struct Summary {
     pub holds_not_under_every_interpretation: usize,
 }
 
+/// Runs `dpaudit verify`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     // A bad output folder fails before any accounting.
     let out_dir = match &args.out {

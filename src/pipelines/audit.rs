@@ -165,7 +165,9 @@ pub fn dp_rdm_sensitivity(mech: &DpRdm, queries: &[Vec<f64>], trials: usize, see
 /// Result of a distinguishing audit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DistinguishingReport {
+    /// Mechanism runs on each of the two datasets.
     pub runs_per_side: usize,
+    /// The audit's error rates and ε lower bound.
     pub outcome: AuditOutcome,
     /// The accounted (sound) ε upper bound the lower bound is compared with.
     pub epsilon_upper: f64,

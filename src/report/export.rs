@@ -17,9 +17,13 @@ use crate::error::{Error, Result};
 /// An export format (`--format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportFormat {
+    /// Markdown.
     Md,
+    /// Self-contained HTML with inline SVG plots.
     Html,
+    /// CSV (results and verdicts).
     Csv,
+    /// JSON (the report model).
     Json,
 }
 
