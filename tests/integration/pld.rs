@@ -375,6 +375,9 @@ fn hostile_inputs_give_sound_answers() {
     let r = acc.epsilon(&ev, Neighbouring::AddRemove, 1e-300).unwrap();
     assert!(r.diagnostics.iter().any(|d| d.code == "pld_delta_below_floor"));
     assert!(r.diagnostics.iter().any(|d| d.code == "pld_fallback_rdp"));
+    // The fallback number is the RDP bound, and it is labelled as such (never on the pld row).
+    assert_eq!(r.accountant, dpaudit::accountants::AccountantKind::Rdp);
+    assert!(r.details.contains_key("pld_delta_floor"));
     let rdp = dpaudit::accountants::rdp::RdpAccountant::default()
         .epsilon(&ev, Neighbouring::AddRemove, 1e-300)
         .unwrap();
