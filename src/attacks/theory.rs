@@ -98,16 +98,16 @@ pub fn mu_without_amplification(event: &DpEvent) -> Option<f64> {
 }
 
 /// Every sound guarantee available for `event` at `delta` under add/remove neighbours (DP-SGD
-/// checkpoints are accounted that way); see [`guarantees_under`].
+/// checkpoints are accounted that way); see [`guarantees_for`].
 pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
-    guarantees_under(event, Neighbouring::AddRemove, delta)
+    guarantees_for(event, Neighbouring::AddRemove, delta)
 }
 
-/// Every sound guarantee available for `event` at `delta` under `neighbouring`, from the one
-/// sound-ε function ([`crate::accountants::sound::sound_epsilon`]); accountants that do not
-/// support the event are named in the second list.
-pub fn guarantees_under(event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
-    let s = crate::accountants::sound::sound_epsilon(event, neighbouring, delta);
+/// As [`guarantees`], under the neighbouring relation `nb`, from the one sound-ε function
+/// ([`crate::accountants::sound::sound_epsilon`]); accountants that do not support the event
+/// are named in the second list.
+pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
+    let s = crate::accountants::sound::sound_epsilon(event, nb, delta);
     let mut out = Vec::new();
     let skipped = s.unavailable.clone();
     for a in s.analyses.iter().filter(|a| a.is_upper()) {
@@ -116,7 +116,7 @@ pub fn guarantees_under(event: &DpEvent, neighbouring: Neighbouring, delta: f64)
             source: kind.as_str().to_string(),
             epsilon: a.epsilon,
             delta: a.delta,
-            mu: if kind == AccountantKind::Gdp {
+            mu: if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
                 gdp::composed_mu(event).ok()
             } else {
                 None
@@ -124,7 +124,7 @@ pub fn guarantees_under(event: &DpEvent, neighbouring: Neighbouring, delta: f64)
             kind: a.kind,
         });
     }
-    if let Some(mu) = mu_without_amplification(event) {
+    if let Some(mu) = mu_without_amplification(event).filter(|_| nb == Neighbouring::AddRemove) {
         if !out.iter().any(|g| g.source == "gdp") {
             if let Ok(eps) = gdp::epsilon_for_delta(mu, delta) {
                 out.push(Guarantee {
