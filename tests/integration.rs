@@ -18,4 +18,5 @@ mod integration {
     mod pld;
     mod rdp;
     mod reports;
+    mod verdicts;
 }

@@ -667,12 +667,19 @@ impl CltAccountant {
     }
 
     fn result(&self, parts: &Parts, est: Estimate, epsilon: f64, delta: f64) -> AccountResult {
-        let mut r = AccountResult::new(AccountantKind::Clt, epsilon, delta, est.kind).with_detail("mu", est.mu);
+        // All full batch: the number is the exact GDP composition, computed by the GDP formula —
+        // labelled `gdp`, so no renderer shows a "clt exact" number.
+        let who = if est.summary.is_none() {
+            AccountantKind::Gdp
+        } else {
+            AccountantKind::Clt
+        };
+        let mut r = AccountResult::new(who, epsilon, delta, est.kind).with_detail("mu", est.mu);
         match est.summary {
             None => {
                 r = r.with_diagnostic(
                     "clt_exact_gdp",
-                    "every step is full batch: exact GDP composition (DRS Cor. 3.3), no CLT approximation",
+                    "every step is full batch: exact GDP composition (DRS Cor. 3.3, labelled gdp), no CLT approximation",
                     false,
                 );
             }

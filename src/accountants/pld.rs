@@ -392,9 +392,8 @@ fn replace_one_x_bound(q: f64, sigma: f64, eps: f64) -> f64 {
 fn replace_one_pld(q: f64, sigma: f64, h: f64, tau: f64, max_points: usize) -> Result<DiscretePld> {
     let s2 = sigma * sigma;
     let z_tau = numeric::ndtri_sf(tau);
-    let loss_x = |x: f64| -> f64 {
-        log_mix(q, (4.0 * x - 1.0) / (8.0 * s2)) - log_mix(q, (-4.0 * x - 1.0) / (8.0 * s2))
-    };
+    let loss_x =
+        |x: f64| -> f64 { log_mix(q, (4.0 * x - 1.0) / (8.0 * s2)) - log_mix(q, (-4.0 * x - 1.0) / (8.0 * s2)) };
     let eps_lo = loss_x(-sigma * z_tau);
     let eps_hi = loss_x(0.5 + sigma * z_tau);
     if !(eps_lo.is_finite() && eps_hi.is_finite()) {
@@ -1193,20 +1192,23 @@ impl Accountant for PldAccountant {
         // The PLD's own floor (infinite-loss mass from losses beyond the grid, window tails,
         // certified FFT round-off) is at or above δ, so the PLD alone certifies no finite ε.
         // The true δ(ε) curve lies below every sound curve, so the RDP bound of the same event
-        // is still a sound answer: report it, say so, and keep the PLD diagnostics.
+        // is still a sound answer: report it *as the RDP bound it is* (accountant `rdp`), say
+        // why the PLD gave none, and keep the PLD diagnostics.
         match super::rdp::RdpAccountant::default().epsilon(event, neighbouring, delta) {
             Ok(rdp) if rdp.epsilon.is_finite() => {
-                let mut out = AccountResult::new(AccountantKind::Pld, rdp.epsilon, delta, BoundKind::UpperBound);
+                let mut out = AccountResult::new(AccountantKind::Rdp, rdp.epsilon, delta, rdp.kind);
                 out.details = r.details;
                 out.diagnostics = r.diagnostics;
                 if let Some(order) = rdp.details.get("rdp_order") {
-                    out.details.insert("fallback_rdp_order".into(), *order);
+                    out.details.insert("rdp_order".into(), *order);
                 }
+                out.details.insert("pld_delta_floor".into(), floor);
                 Ok(out.with_diagnostic(
                     "pld_fallback_rdp",
                     format!(
-                        "the PLD certifies no finite ε at δ = {delta:e} (its floor is {:e}); the ε shown is the \
-                         RDP upper bound of the same event",
+                        "the PLD certifies no finite ε at δ = {delta:e}: its δ floor is {:e} (infinite-loss mass \
+                         beyond its grid, window tails and round-off), so the ε shown is the RDP upper bound of \
+                         the same event, labelled rdp",
                         floor
                     ),
                     false,

@@ -97,33 +97,32 @@ pub fn mu_without_amplification(event: &DpEvent) -> Option<f64> {
     Some(sq.sqrt())
 }
 
-/// Every sound guarantee available for `event` at `delta` (accountants that do not support the
-/// event are skipped; each skipped one is named in the second list).
+/// Every sound guarantee available for `event` at `delta` under add/remove neighbours (DP-SGD
+/// checkpoints are accounted that way); see [`guarantees_for`].
 pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
     guarantees_for(event, Neighbouring::AddRemove, delta)
 }
 
-/// As [`guarantees`], under the neighbouring relation `nb`.
+/// As [`guarantees`], under the neighbouring relation `nb`, from the one sound-ε function
+/// ([`crate::accountants::sound::sound_epsilon`]); accountants that do not support the event
+/// are named in the second list.
 pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
+    let s = crate::accountants::sound::sound_epsilon(event, nb, delta);
     let mut out = Vec::new();
-    let mut skipped = Vec::new();
-    for kind in [AccountantKind::Pld, AccountantKind::Rdp, AccountantKind::Gdp] {
-        let acc = kind.build();
-        match acc.supports(event, nb).and_then(|_| acc.epsilon(event, nb, delta)) {
-            Ok(r) if r.kind.is_sound() => out.push(Guarantee {
-                source: kind.as_str().to_string(),
-                epsilon: r.epsilon,
-                delta: r.delta,
-                mu: if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
-                    gdp::composed_mu(event).ok()
-                } else {
-                    None
-                },
-                kind: r.kind,
-            }),
-            Ok(_) => skipped.push(format!("{}: estimate only", kind.as_str())),
-            Err(e) => skipped.push(format!("{}: {}", kind.as_str(), e.message)),
-        }
+    let skipped = s.unavailable.clone();
+    for a in s.analyses.iter().filter(|a| a.is_upper()) {
+        let Some(kind) = a.accountant else { continue };
+        out.push(Guarantee {
+            source: kind.as_str().to_string(),
+            epsilon: a.epsilon,
+            delta: a.delta,
+            mu: if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
+                gdp::composed_mu(event).ok()
+            } else {
+                None
+            },
+            kind: a.kind,
+        });
     }
     if let Some(mu) = mu_without_amplification(event).filter(|_| nb == Neighbouring::AddRemove) {
         if !out.iter().any(|g| g.source == "gdp") {

@@ -114,6 +114,18 @@ fn line_text(l: &AccountantLine) -> String {
     s.trim_end().to_string()
 }
 
+/// Why there is no guarantee: the numbers are data-dependent, or no sound accountant answered.
+fn no_guarantee(a: &Analysis) -> String {
+    if a.accountants
+        .iter()
+        .any(|l| l.kind == Some(crate::accountants::BoundKind::DataDependent))
+    {
+        "none: μ_t were computed from the private data (data-dependent: not a DP guarantee)".into()
+    } else {
+        "none available (no sound accountant answered)".into()
+    }
+}
+
 /// Plain-text rendering (stable: golden files compare it byte for byte).
 pub fn render_text(a: &Analysis) -> String {
     let mut s = String::new();
@@ -208,7 +220,7 @@ pub fn render_text(a: &Analysis) -> String {
             );
         }
         None if a.private_steps > 0 => {
-            let _ = writeln!(s, "guarantee: none available (no sound accountant answered)");
+            let _ = writeln!(s, "guarantee: {}", no_guarantee(a));
         }
         None => {}
     }
@@ -346,7 +358,7 @@ pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::
                 g.accountant.as_str(),
                 g.kind.map(|k| k.as_str()).unwrap_or("-")
             ),
-            None => "none (no sound accountant answered)".into(),
+            None => no_guarantee(a),
         },
     ));
     let role = |x: StepRole| match x {

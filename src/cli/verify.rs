@@ -18,10 +18,15 @@ Examples:
   dpaudit verify fixtures/claims/dp-rdm-cifar10.toml --out reports/verify --force   # md, html, csv, json
   dpaudit verify fixtures/claims/dpagg-ti.toml --format csv
 
-Verdicts: holds (with margin), holds only under <interpretation>, violated (by how much),
-cannot be decided (what is missing). Only sound accountants decide (exact GDP, RDP, PLD);
-CLT estimates never do. Exit codes: 0 no claim violated, 1 a claim is violated (or, with
---strict, not shown to hold under every interpretation), 2 bad input.";
+Verdicts, under the interpretation the paper states (adjacency, σ reading, sampling):
+  holds             a sound upper bound (exact or upper_bound) at the claimed δ is ≤ the claimed ε
+  violated          a sound lower bound at the claimed δ exceeds it (exact value, worst-case pair,
+                    proven δ floor such as δ ≥ 1 − (1 − p)^T)
+  not_demonstrated  neither: nothing sound supports or refutes the claim
+Each verdict names its evidence (ε, accountant, kind) and the other interpretations under which
+the claim holds. CLT estimates are shown and reproduced, never decide. Exit codes: 0 every claim
+holds, 1 a claim is violated or not demonstrated (with --strict also when some other
+interpretation does not hold), 2 bad input.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLE)]
@@ -40,7 +45,7 @@ pub struct Args {
     /// Overwrite files from an earlier run in --out.
     #[arg(long)]
     pub force: bool,
-    /// Exit 1 unless every claim holds under every interpretation.
+    /// Also exit 1 when a claim fails under an interpretation other than the paper's.
     #[arg(long)]
     pub strict: bool,
 }
@@ -56,17 +61,17 @@ pub struct VerifyOutput {
     pub summary: Summary,
 }
 
+/// Counts of verdicts (under each claim's stated interpretation).
 #[derive(Debug, Clone, Default, Serialize)]
-/// How many claims got each verdict.
 pub struct Summary {
     /// Claims that hold.
     pub holds: usize,
-    /// Claims that hold only under some interpretations.
-    pub holds_only_under: usize,
-    /// Claims that are violated.
+    /// Claims violated (a lower-bound witness exceeds them).
     pub violated: usize,
-    /// Claims that could not be decided.
-    pub undecided: usize,
+    /// Claims neither shown to hold nor violated.
+    pub not_demonstrated: usize,
+    /// Claims that hold under the stated interpretation but not under every other one.
+    pub holds_not_under_every_interpretation: usize,
 }
 
 /// Runs `dpaudit verify`; returns the exit code.
@@ -87,10 +92,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut summary = Summary::default();
     for c in &claims {
         match c.verdict {
-            Verdict::Holds { .. } => summary.holds += 1,
-            Verdict::HoldsOnlyUnder { .. } => summary.holds_only_under += 1,
-            Verdict::Violated { .. } => summary.violated += 1,
-            Verdict::Undecided { .. } => summary.undecided += 1,
+            Verdict::Holds => summary.holds += 1,
+            Verdict::Violated => summary.violated += 1,
+            Verdict::NotDemonstrated => summary.not_demonstrated += 1,
+        }
+        if c.verdict == Verdict::Holds && c.interpretations.iter().any(|i| i.decision.verdict != Verdict::Holds) {
+            summary.holds_not_under_every_interpretation += 1;
         }
     }
     let out = VerifyOutput { files, claims, summary };
@@ -109,11 +116,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         std::io::stdout().write_all(&bytes)?;
     }
     let s = &out.summary;
-    let code = if s.violated > 0 || (args.strict && (s.holds_only_under > 0 || s.undecided > 0)) {
-        EXIT_VIOLATED
-    } else {
-        EXIT_OK
-    };
+    let code =
+        if s.violated > 0 || s.not_demonstrated > 0 || (args.strict && s.holds_not_under_every_interpretation > 0) {
+            EXIT_VIOLATED
+        } else {
+            EXIT_OK
+        };
     Ok(code)
 }
 
@@ -159,23 +167,49 @@ fn text(out: &VerifyOutput) -> String {
             c.claimed_epsilon,
             c.claimed_delta,
             c.source,
-            c.verdict.describe()
+            c.describe()
         );
+        if let Some(rep) = &c.reproduction {
+            let _ = writeln!(
+                s,
+                "  paper's number: {} ({}, {}); recomputed {} [{}]",
+                rep.paper,
+                rep.accountant.as_str(),
+                rep.kind.as_str(),
+                fmt_eps(rep.computed),
+                if rep.within_rounding {
+                    "within the paper's rounding"
+                } else {
+                    "NOT within the paper's rounding"
+                }
+            );
+        }
         for i in &c.interpretations {
             let _ = writeln!(
                 s,
-                "  interpretation {} ({}; {}): {}",
-                i.id, i.neighbouring, i.sensitivity, i.description
+                "  interpretation {}{} ({}; {}; {}{}): {} — {}",
+                i.id,
+                if i.stated { " [the paper's]" } else { "" },
+                i.neighbouring,
+                i.sensitivity,
+                i.sampling,
+                if i.sigma_reading.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", i.sigma_reading)
+                },
+                i.description,
+                i.decision.verdict
             );
-            for a in &i.analyses {
+            for a in &i.sound.analyses {
                 let _ = writeln!(
                     s,
-                    "    {:<34} ε = {:>14} at δ = {:.3e}  [{}{}]{}",
+                    "    {:<34} ε = {:>14} at δ = {:.3e}  [{}, {}]{}",
                     a.method,
                     fmt_eps(a.epsilon),
                     a.delta,
+                    a.source(),
                     a.kind.as_str(),
-                    if a.sound { ", sound" } else { ", NOT a bound here" },
                     if a.note.is_empty() {
                         String::new()
                     } else {
@@ -183,7 +217,7 @@ fn text(out: &VerifyOutput) -> String {
                     }
                 );
             }
-            for u in &i.unavailable {
+            for u in &i.sound.unavailable {
                 let _ = writeln!(s, "    (unavailable) {u}");
             }
         }
@@ -207,8 +241,8 @@ fn text(out: &VerifyOutput) -> String {
     let m = &out.summary;
     let _ = writeln!(
         s,
-        "summary: {} hold, {} hold only under some interpretation, {} violated, {} undecided",
-        m.holds, m.holds_only_under, m.violated, m.undecided
+        "summary: {} hold, {} violated, {} not demonstrated ({} hold under the paper's interpretation but not under every other)",
+        m.holds, m.violated, m.not_demonstrated, m.holds_not_under_every_interpretation
     );
     s
 }
@@ -227,26 +261,30 @@ fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
         "method",
         "epsilon",
         "delta",
+        "accountant",
         "kind",
-        "sound",
+        "stated",
+        "interpretation_verdict",
     ])
     .map_err(err)?;
     for c in &out.claims {
         for i in &c.interpretations {
-            for a in &i.analyses {
+            for a in &i.sound.analyses {
                 w.write_record([
                     c.id.as_str(),
                     &c.pipeline,
                     &c.dataset,
                     &c.claimed_epsilon.to_string(),
                     &c.claimed_delta.to_string(),
-                    c.verdict.label(),
+                    c.verdict.as_str(),
                     &i.id,
                     &a.method,
                     &a.epsilon.to_string(),
                     &a.delta.to_string(),
+                    a.accountant.map_or("", |k| k.as_str()),
                     a.kind.as_str(),
-                    &a.sound.to_string(),
+                    &i.stated.to_string(),
+                    i.decision.verdict.as_str(),
                 ])
                 .map_err(err)?;
             }
@@ -258,7 +296,9 @@ fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
                 &c.dataset,
                 &c.claimed_epsilon.to_string(),
                 &c.claimed_delta.to_string(),
-                c.verdict.label(),
+                c.verdict.as_str(),
+                "",
+                "",
                 "",
                 "",
                 "",
@@ -286,9 +326,8 @@ pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
     let m = &out.summary;
     r.fact("claims", out.claims.len().to_string())
         .fact("hold", m.holds.to_string())
-        .fact("hold only under some interpretation", m.holds_only_under.to_string())
         .fact("violated", m.violated.to_string())
-        .fact("undecided", m.undecided.to_string());
+        .fact("not demonstrated", m.not_demonstrated.to_string());
     let mut claims = Table {
         id: "claims".into(),
         title: "Claims and verdicts".into(),
@@ -300,13 +339,21 @@ pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
             "claimed ε",
             "δ",
             "verdict",
+            "evidence ε",
+            "accountant",
+            "kind",
+            "holds under",
             "detail",
         ]
         .iter()
         .map(|c| Column::new(c))
         .collect(),
         rows: vec![],
-        note: Some("Only sound analyses (exact GDP, RDP, PLD, theorems applied within their range) decide.".into()),
+        note: Some(
+            "holds needs a sound upper bound ≤ the claim, violated a sound lower bound above it; anything else is \
+             not demonstrated. Estimates (CLT) never decide."
+                .into(),
+        ),
     };
     let mut analyses = Table {
         id: "analyses".into(),
@@ -319,8 +366,10 @@ pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
             "method",
             "ε",
             "δ",
+            "accountant",
             "kind",
-            "sound",
+            "stated",
+            "verdict",
             "note",
         ]
         .iter()
@@ -350,26 +399,23 @@ pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
         note: None,
     };
     for c in &out.claims {
-        let best = c
-            .interpretations
-            .iter()
-            .filter_map(|i| i.best())
-            .max_by(|a, b| a.epsilon.total_cmp(&b.epsilon));
-        let (status, eps) = match &c.verdict {
-            Verdict::Holds { .. } => (Status::Pass, best.map(|a| a.epsilon)),
-            Verdict::Violated { best_epsilon, .. } => (Status::Fail, Some(*best_epsilon)),
-            _ => (Status::Inconclusive, None),
+        let status = match c.verdict {
+            Verdict::Holds => Status::Pass,
+            Verdict::Violated => Status::Fail,
+            Verdict::NotDemonstrated => Status::Inconclusive,
         };
+        // The verdict's evidence carries its own accountant and kind: they label the number.
+        let ev = c.evidence.as_ref();
         r.verdicts.push(report::Verdict {
             subject: format!("{} ({})", c.id, c.pipeline),
             status,
             budget: Some(c.claimed_epsilon),
-            epsilon: eps,
+            epsilon: ev.map(|e| e.epsilon),
             delta: Some(c.claimed_delta),
-            accountant: best.and_then(|a| a.accountant).filter(|_| eps.is_some()),
-            bound: best.map(|a| a.kind).filter(|_| eps.is_some()),
-            margin: eps.map(|e| c.claimed_epsilon - e),
-            message: c.verdict.describe(),
+            accountant: ev.and_then(|e| e.accountant),
+            bound: ev.map(|e| e.kind),
+            margin: ev.map(|e| c.claimed_epsilon - e.epsilon),
+            message: c.describe(),
         });
         claims.rows.push(vec![
             Cell::from(c.id.as_str()),
@@ -378,11 +424,15 @@ pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
             Cell::from(c.source.as_str()),
             Cell::from(c.claimed_epsilon),
             Cell::from(c.claimed_delta),
-            Cell::from(c.verdict.label()),
-            Cell::from(c.verdict.describe()),
+            Cell::from(c.verdict.as_str()),
+            ev.map_or(Cell::Empty, |e| Cell::from(e.epsilon)),
+            Cell::from(ev.map_or("", |e| e.source())),
+            Cell::from(ev.map_or("", |e| e.kind.as_str())),
+            Cell::from(c.holds_under.join(", ")),
+            Cell::from(c.reason.as_str()),
         ]);
         for i in &c.interpretations {
-            for a in &i.analyses {
+            for a in &i.sound.analyses {
                 analyses.rows.push(vec![
                     Cell::from(c.id.as_str()),
                     Cell::from(i.id.as_str()),
@@ -391,8 +441,10 @@ pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
                     Cell::from(a.method.as_str()),
                     Cell::from(a.epsilon),
                     Cell::from(a.delta),
+                    Cell::from(a.source()),
                     Cell::from(a.kind.as_str()),
-                    Cell::from(if a.sound { "yes" } else { "no" }),
+                    Cell::from(if i.stated { "yes" } else { "no" }),
+                    Cell::from(i.decision.verdict.as_str()),
                     Cell::from(a.note.as_str()),
                 ]);
             }

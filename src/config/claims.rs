@@ -127,6 +127,116 @@ pub struct ClaimsFile {
     #[serde(default)]
     /// DPAgg-TI claims (`[[dpagg_ti]]`).
     pub dpagg_ti: Vec<DpaggTiClaim>,
+    /// Diffusion-based sampling with the empirical denoiser (diffusion-sampling-privacy.md).
+    #[serde(default)]
+    pub diffusion_sampling: Vec<DiffusionSamplingClaim>,
+}
+
+/// How "switch after x % of the generation" picks the first private step (of `steps` steps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwitchRounding {
+    /// ⌈x·steps⌉: the reading that reproduces the paper's Tables 3 and 4.
+    #[default]
+    Ceil,
+    /// ⌊x·steps⌉ (round half up), as `dpaudit analyze` does for sampler configs.
+    Round,
+    /// ⌊x·steps⌋.
+    Floor,
+}
+
+impl SwitchRounding {
+    /// Index of the first private step.
+    pub fn index(self, switch_at: f64, steps: usize) -> usize {
+        let x = switch_at * steps as f64;
+        // Products like 0.93·39 carry binary noise; snap to the nearest integer when within 1e-9.
+        let x = if (x - x.round()).abs() < 1e-9 { x.round() } else { x };
+        let i = match self {
+            SwitchRounding::Ceil => x.ceil(),
+            SwitchRounding::Round => x.round(),
+            SwitchRounding::Floor => x.floor(),
+        };
+        (i as usize).min(steps)
+    }
+    /// `ceil`, `round`, `floor`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SwitchRounding::Ceil => "ceil",
+            SwitchRounding::Round => "round",
+            SwitchRounding::Floor => "floor",
+        }
+    }
+}
+
+/// What kind of number the paper printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaperNumber {
+    /// A GDP central-limit-theorem ε (an estimate, never a guarantee).
+    #[default]
+    CltEstimate,
+    /// An exact full-batch GDP value (μ, or ε converted from μ).
+    GdpExact,
+}
+
+/// Diffusion sampling with the empirical denoiser (diffusion-sampling-privacy.md §3, §4, §6,
+/// App. D): per-step μ_t = f·√(2Δt/t³) with f = 2C/(β|D|), on an EDM/Karras schedule; a public
+/// denoiser runs the first `switch_at` of the steps, then the empirical denoiser runs
+/// `private_steps` steps (all remaining when omitted) on a Poisson(p) subsample; `samples`
+/// generated samples compose.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffusionSamplingClaim {
+    /// Claim id.
+    pub id: String,
+    /// Paper and table/figure.
+    pub source: String,
+    /// Dataset.
+    pub dataset: String,
+    /// Private dataset size |D|.
+    pub n: Count,
+    /// EDM σ_min.
+    pub sigma_min: Positive,
+    /// EDM σ_max.
+    pub sigma_max: Positive,
+    /// EDM ρ.
+    pub rho: Positive,
+    /// Number of noise levels N.
+    pub levels: Count,
+    /// Step convention `A`, `B` or `C` (../shared/reference/README.md).
+    pub convention: crate::diffusion::schedule::Convention,
+    /// Sensitivity factor f = 2C/(β|D|) of μ_t = f·√(2Δt/t³).
+    pub sensitivity_factor: Positive,
+    /// Fraction of the steps run by the public denoiser before the switch (0 = all private).
+    #[serde(default)]
+    pub switch_at: Option<UnitInterval>,
+    /// How the switch fraction becomes a step index (default `ceil`).
+    #[serde(default)]
+    pub switch_rounding: SwitchRounding,
+    /// Steps run by the empirical denoiser after the switch (all remaining when omitted).
+    #[serde(default)]
+    pub private_steps: Option<Count>,
+    /// Poisson subsampling rate p (1 = full batch).
+    pub p: Probability,
+    /// Generated samples (each composes the private steps once).
+    pub samples: Count,
+    /// The paper's ε. Omitted for a claim stated as μ only (Figure 6).
+    #[serde(default)]
+    pub epsilon: Option<Epsilon>,
+    /// The paper's full-batch μ (Figure 6), when it states one.
+    #[serde(default)]
+    pub mu: Option<Positive>,
+    /// Half a unit in the last digit the paper printed (default 5e-4: three decimals).
+    #[serde(default)]
+    pub rounding: Option<Positive>,
+    /// What the paper's number is.
+    #[serde(default)]
+    pub paper_number: PaperNumber,
+    /// δ.
+    pub delta: Delta,
+    /// Free text.
+    #[serde(default)]
+    pub notes: Option<String>,
 }
 
 /// RAPID (DP-SGD fine-tuning with retrieval): Algorithm 2, Theorem 1, §5 privacy settings.
@@ -300,8 +410,11 @@ impl ClaimsFile {
             }
             return Err(e);
         }
-        if f.rapid.is_empty() && f.dp_rdm.is_empty() && f.dpagg_ti.is_empty() {
-            return Err(Error::input("no claims: add a [[rapid]], [[dp_rdm]] or [[dpagg_ti]] table").with_file(path));
+        if f.rapid.is_empty() && f.dp_rdm.is_empty() && f.dpagg_ti.is_empty() && f.diffusion_sampling.is_empty() {
+            return Err(Error::input(
+                "no claims: add a [[rapid]], [[dp_rdm]], [[dpagg_ti]] or [[diffusion_sampling]] table",
+            )
+            .with_file(path));
         }
         f.check_semantics(path, src)?;
         Ok(f)
@@ -348,7 +461,13 @@ impl ClaimsFile {
             .enumerate()
             .map(|(i, c)| ("rapid", i, &c.id))
             .chain(self.dp_rdm.iter().enumerate().map(|(i, c)| ("dp_rdm", i, &c.id)))
-            .chain(self.dpagg_ti.iter().enumerate().map(|(i, c)| ("dpagg_ti", i, &c.id)));
+            .chain(self.dpagg_ti.iter().enumerate().map(|(i, c)| ("dpagg_ti", i, &c.id)))
+            .chain(
+                self.diffusion_sampling
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| ("diffusion_sampling", i, &c.id)),
+            );
         for (t, i, id) in all_ids {
             if !ids.insert(id.clone()) {
                 return Err(fail(t, i, "id", format!("duplicate claim id `{id}`")));
@@ -371,6 +490,44 @@ impl ClaimsFile {
                     i,
                     "m",
                     format!("subsample size {} exceeds n = {}", c.m.get(), c.n.get()),
+                ));
+            }
+        }
+        for (i, c) in self.diffusion_sampling.iter().enumerate() {
+            if c.levels.get() < 2 {
+                return Err(fail(
+                    "diffusion_sampling",
+                    i,
+                    "levels",
+                    "needs at least 2 noise levels".into(),
+                ));
+            }
+            if c.sigma_min.get() >= c.sigma_max.get() {
+                return Err(fail(
+                    "diffusion_sampling",
+                    i,
+                    "sigma_min",
+                    format!(
+                        "σ_min = {} must be below σ_max = {}",
+                        c.sigma_min.get(),
+                        c.sigma_max.get()
+                    ),
+                ));
+            }
+            if c.epsilon.is_none() && c.mu.is_none() {
+                return Err(fail(
+                    "diffusion_sampling",
+                    i,
+                    "epsilon",
+                    "a claim needs `epsilon` or `mu`".into(),
+                ));
+            }
+            if c.switch_at.is_some_and(|s| s.get() >= 1.0) {
+                return Err(fail(
+                    "diffusion_sampling",
+                    i,
+                    "switch_at",
+                    "must be below 1 (some step must run the empirical denoiser)".into(),
                 ));
             }
         }

@@ -14,8 +14,8 @@ use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
 use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::config::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
-use crate::limits;
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
+use crate::limits;
 use crate::numeric;
 
 /// One step of the analysis.
@@ -379,7 +379,11 @@ pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> Accountan
     match crate::accountants::gdp::epsilon_for_delta(mu, delta) {
         Ok(eps) => AccountantLine {
             accountant: AccountantKind::Gdp,
-            kind: Some(if p < 1.0 { BoundKind::UpperBound } else { BoundKind::Exact }),
+            kind: Some(if p < 1.0 {
+                BoundKind::UpperBound
+            } else {
+                BoundKind::Exact
+            }),
             epsilon: Some(eps),
             delta,
             mu: Some(mu),
@@ -394,6 +398,15 @@ pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> Accountan
 /// ε from the CLT (DRS Thm 3.5 on C_p(G_{μ_t}), App. A) through the accountant trait: an
 /// estimate whenever a step is subsampled (all full batch: the exact GDP value).
 pub fn clt_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64) -> AccountantLine {
+    if p >= 1.0 {
+        // Nothing is subsampled: the CLT has nothing to approximate, and its number would be the
+        // exact GDP value of the gdp row (never shown as a "clt exact" number).
+        return AccountantLine::unavailable(
+            AccountantKind::Clt,
+            delta,
+            "full batch: nothing is subsampled; the exact value is the gdp row",
+        );
+    }
     let ev = event_from_mus(mus, p, samples);
     let line = match AccountantKind::Clt.build().epsilon(&ev, nb, delta) {
         Ok(r) => AccountantLine::from_result(r),
@@ -503,7 +516,21 @@ pub fn account_mus_with(
             AccountantKind::Gdp => gdp_line(mus, p, samples, nb, delta),
             AccountantKind::Clt if fast => clt_line_fast(mus, p, samples, nb, delta),
             AccountantKind::Clt => clt_line(mus, p, samples, nb, delta),
-            other => bound_line(other, mus, p, samples, nb, delta),
+            other => {
+                let l = bound_line(other, mus, p, samples, nb, delta);
+                // A PLD that certified nothing answers with the RDP bound, labelled `rdp`: when an
+                // rdp row is shown anyway, the pld row says why it has no number instead.
+                if other == AccountantKind::Pld && l.accountant != other && accountants.contains(&l.accountant) {
+                    let why = l
+                        .diagnostics
+                        .iter()
+                        .find(|d| d.code == "pld_fallback_rdp")
+                        .map_or_else(|| "no finite ε certified".to_string(), |d| d.message.clone());
+                    AccountantLine::unavailable(other, delta, why)
+                } else {
+                    l
+                }
+            }
         })
         .collect()
 }
@@ -738,7 +765,7 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
             "a private step has μ_t = {bad} (density far below the clip norm): lower clip_norm or use clip_scale = \"typical_density\""
         )));
     }
-    let lines = if mus.is_empty() {
+    let mut lines = if mus.is_empty() {
         Vec::new()
     } else {
         account_mus(&mus, p, s, cfg.neighbouring, cfg.delta, accountants)
@@ -766,7 +793,16 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
             severe: false,
         });
     }
-    if matches!(cfg.density, DensityConfig::Trajectories(_)) {
+    let data_dependent = matches!(cfg.density, DensityConfig::Trajectories(_));
+    if data_dependent {
+        // Every number below is computed from μ_t measured on the private data: it describes
+        // this dataset and is not a DP guarantee. Label it so at the source.
+        for l in lines.iter_mut() {
+            if l.epsilon.is_some() && l.kind.is_some_and(|k| k.is_sound()) {
+                l.kind = Some(BoundKind::DataDependent);
+                l.status = "data-dependent: not a DP guarantee".into();
+            }
+        }
         warnings.push(Diagnostic {
             code: "data_dependent_density".into(),
             message:
@@ -776,11 +812,9 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
             severe: false,
         });
     }
-    let guarantee = lines
-        .iter()
-        .filter(|l| l.is_guarantee())
-        .min_by(|a, b| a.epsilon.unwrap().total_cmp(&b.epsilon.unwrap()))
-        .cloned();
+    let guarantee =
+        crate::accountants::sound::tightest_by(lines.iter().filter(|l| l.status == "ok"), |l| l.epsilon.zip(l.kind))
+            .cloned();
     let event = event_from_mus(&mus, p, s);
     let window = critical_window(cfg, &plan)?;
     Ok(Analysis {

@@ -6,15 +6,29 @@
 //! the subsampling amplification ε' = ln(1 + (m/n)(e^ε − 1)), δ' = (m/n)·δ (eq. 3, Steinke 2022
 //! Thm 29; Balle, Barthe & Gaboardi 2018 for sampling without replacement under substitution).
 //!
+//! Accounting (at the **claimed** δ, never only at δ' = (m/n)δ): the released centroid is one
+//! Gaussian on a subsample of m of n drawn without replacement, replace-one neighbours. Sound
+//! upper bounds: the exact Gaussian ε ignoring the sampling; eq. (3) with the best split of δ
+//! (below); RDP of the sampled Gaussian (Wang, Balle & Kasiviswanathan 2019, via the RDP
+//! accountant). Lower bound (violations): the exact δ of the worst-case pair — all other records
+//! equal u', the differing record u = −u', so the output is (1 − m/n)N(0, σ²) + (m/n)N(2/m, σ²)
+//! against N(0, σ²) ([`crate::accountants::sound`]).
+//!
+//! σ readings when the claim does not state σ:
+//! - `eq6_sigma` (stated): σ = (2/m)·√(2 ln(1.25/δ))/ε, eq. (6) with the centroid over m;
+//! - `calibrated_at_rate`: σ computed numerically for the target (ε, δ) at rate m/n (l. 170):
+//!   the smallest σ whose eq. (3) amplification at the best δ split meets the target.
+//!
 //! This module maps a claim to events and verdicts; the executable mechanism is in
 //! [`crate::pipelines::mechanisms`].
 
+use crate::accountants::sound::{Evidence, SoundEpsilon};
 use crate::accountants::{gdp, AccountantKind, BoundKind};
 use crate::config::claims::DpaggTiClaim;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
 use crate::numeric::{self, tol};
-use crate::pipelines::verdict::{decide, Analysis, Check, ClaimResult, Interpretation};
+use crate::pipelines::verdict::{Calibration, Check, ClaimResult, InterpretationSpec};
 
 /// Sensitivity of the *sum* of unit vectors under replace-one: ‖u − u'‖ ≤ 2 (paper §3, l. 157).
 pub const UNIT_SUM_SENSITIVITY: f64 = 2.0;
@@ -68,21 +82,55 @@ pub fn classic_crossover(delta: f64) -> Result<f64> {
     Ok(l)
 }
 
-/// Verifies one DPAgg-TI claim.
-pub fn verify(c: &DpaggTiClaim) -> Result<ClaimResult> {
+/// eq. (3) at the claimed δ with the best split: for every δ₀ with (m/n)·δ₀ ≤ δ the amplified
+/// mechanism is (ln(1 + (m/n)(e^{ε₀(δ₀)} − 1)), (m/n)·δ₀)-DP, where ε₀(δ₀) is the exact Gaussian ε;
+/// ε₀ falls as δ₀ grows, so the best split spends all of δ: δ₀ = min(δ·n/m, 1⁻). Returns (ε', δ₀),
+/// an upper bound at δ. `None` when δ₀ would reach 1 (then the bound says nothing).
+pub fn eq3_best_split(noise_multiplier: f64, delta: f64, m: u64, n: u64) -> Result<Option<(f64, f64)>> {
+    let r = m as f64 / n as f64;
+    let d0 = delta / r;
+    if d0 >= 1.0 {
+        return Ok(None);
+    }
+    let e0 = exact_epsilon(noise_multiplier, d0)?;
+    let (e, _) = amplify_without_replacement(e0, d0, m, n);
+    Ok(Some((e, d0)))
+}
+
+/// The smallest noise multiplier whose [`eq3_best_split`] bound at δ meets `target` (the
+/// `calibrated_at_rate` reading; rounded up, then re-checked). `None` when no σ ≤ 1e6 does.
+pub fn calibrate_at_rate(target: f64, delta: f64, m: u64, n: u64) -> Result<Option<f64>> {
+    let ok = |z: f64| -> Result<bool> { Ok(eq3_best_split(z, delta, m, n)?.is_some_and(|(e, _)| e <= target)) };
+    let (mut lo, mut hi) = (1e-3f64, 1.0f64);
+    while !ok(hi)? {
+        lo = hi;
+        hi *= 2.0;
+        if hi > 1e6 {
+            return Ok(None);
+        }
+    }
+    while hi / lo > 1.0 + tol::CALIBRATE_REL {
+        let mid = (lo * hi).sqrt();
+        if ok(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
+}
+
+/// The sound analyses of one reading: σ (noise std on the centroid) → event and SoundEpsilon.
+fn account_reading(
+    spec: InterpretationSpec,
+    sigma: f64,
+    sens: f64,
+    c: &DpaggTiClaim,
+    paper_eq3_target: Option<f64>,
+) -> Result<crate::pipelines::verdict::Interpretation> {
     let (n, m) = (c.n.get(), c.m.get());
     let (eps, delta) = (c.epsilon.get(), c.delta.get());
-    let sum_sens = c.sum_sensitivity.map_or(UNIT_SUM_SENSITIVITY, |s| s.get());
-    let sens = sum_sens / m as f64;
-    let sigma = c
-        .sigma
-        .map_or_else(|| classic_sigma(sum_sens, m, eps, delta), |s| s.get());
     let z = sigma / sens;
-
-    let mut checks = Vec::new();
-    let mut findings = Vec::new();
-
-    // Interpretation: replace-one (Hamming distance, Def. 1), Δ = 2/m, m of n without replacement.
     let base = DpEvent::gaussian(z);
     let event = DpEvent::SampledWithoutReplacement {
         n,
@@ -90,91 +138,131 @@ pub fn verify(c: &DpaggTiClaim) -> Result<ClaimResult> {
         event: Box::new(base.clone()),
     };
     let nb = Neighbouring::ReplaceOne;
-    let mut analyses = Vec::new();
-    let mut unavailable = Vec::new();
-
-    // (a) the Gaussian on the subsample, no amplification, exact.
-    let gdp_acc = AccountantKind::Gdp.build();
-    let r = gdp_acc.epsilon(&base, nb, delta)?;
-    let eps_exact = r.epsilon;
-    let mut a = Analysis::new(
-        "exact_gaussian_no_amplification",
-        eps_exact,
-        delta,
-        BoundKind::Exact,
-        true,
-    )
-    .with_note(format!(
-        "analytic Gaussian (= GDP μ = 1/z = {:.6}); ignores the subsampling",
+    let eps_exact = exact_epsilon(z, delta)?;
+    let mut extra: Vec<Evidence> =
+        vec![
+            Evidence::new("exact_gaussian_no_amplification", eps_exact, delta, BoundKind::Exact)
+                .with_accountant(AccountantKind::Gdp)
+                .with_note(format!(
+        "analytic Gaussian (= GDP μ = 1/z = {:.6}) of the centroid alone: an upper bound for the sampled mechanism",
         1.0 / z
-    ));
-    a.accountant = Some(AccountantKind::Gdp);
-    analyses.push(a);
+    )),
+        ];
+    // The exact value of the Gaussian alone is an upper bound for the sampled mechanism, not its
+    // exact value: relabel it.
+    extra[0].kind = BoundKind::UpperBound;
+    if let Some((e3, d0)) = eq3_best_split(z, delta, m, n)? {
+        extra.push(
+            Evidence::new("eq3_best_split", e3, delta, BoundKind::UpperBound).with_note(format!(
+                "eq. (3) on the exact Gaussian ε at δ₀ = δ·n/m = {d0:.4e}, giving δ' = (m/n)δ₀ = δ (the best split)"
+            )),
+        );
+    }
+    if let Some(e) = paper_eq3_target {
+        extra.push(
+            Evidence::new(
+                "eq3_amplified_target",
+                e,
+                (m as f64 / n as f64) * delta,
+                BoundKind::UpperBound,
+            )
+            .with_note(
+                "the paper's reading: eq. (3) on the target ε at δ' = (m/n)δ (sound here: σ achieves the target)",
+            ),
+        );
+    }
+    Ok(spec.account(event, nb, delta, eps, |s: &mut SoundEpsilon| {
+        for e in extra {
+            s.push(e);
+        }
+    }))
+}
 
-    // (b) eq. (3) applied to the exact ε: a theorem applied to a valid (ε, δ) pair — sound.
-    let (eps_amp, delta_amp) = amplify_without_replacement(eps_exact, delta, m, n);
-    analyses.push(
-        Analysis::new("eq3_amplified_exact", eps_amp, delta_amp, BoundKind::UpperBound, true).with_note(format!(
-            "eq. (3) on the exact ε: ln(1 + (m/n)(e^{eps_exact:.6} − 1)) at δ' = (m/n)δ = {delta_amp:.3e} ≤ δ"
-        )),
+/// Verifies one DPAgg-TI claim.
+pub fn verify(c: &DpaggTiClaim) -> Result<ClaimResult> {
+    let (n, m) = (c.n.get(), c.m.get());
+    let (eps, delta) = (c.epsilon.get(), c.delta.get());
+    let sum_sens = c.sum_sensitivity.map_or(UNIT_SUM_SENSITIVITY, |s| s.get());
+    let sens = sum_sens / m as f64;
+    let sampling = format!(
+        "{m} of n = {n} without replacement (rate m/n = {:.6})",
+        m as f64 / n as f64
     );
 
-    // (c) the paper's reading: eq. (3) applied to the *target* ε; sound only if σ really gives
-    // (target, δ), i.e. when the classic formula is sound here.
-    let classic_sound = eps_exact <= eps;
-    let (eps_amp_target, _) = amplify_without_replacement(eps, delta, m, n);
-    analyses.push(
-        Analysis::new(
-            "eq3_amplified_target",
-            eps_amp_target,
-            delta_amp,
-            BoundKind::UpperBound,
-            classic_sound,
+    let mut checks = Vec::new();
+    let mut findings = Vec::new();
+    let mut calibrations = Vec::new();
+    let mut interps = Vec::new();
+
+    let describe = |sigma: f64| {
+        format!(
+            "replace-one neighbours (the paper's Def. 1), centroid of m = {m} sampled without replacement from n = {n}, \
+             noise std σ = {sigma:.6} on a centroid of sensitivity {sum_sens}/m"
         )
-        .with_note(if classic_sound {
-            "eq. (3) on the target ε (sound here: σ achieves the target)".to_string()
-        } else {
-            format!("eq. (3) on the target ε is NOT sound: σ only achieves ε = {eps_exact:.4} > target")
-        }),
-    );
-
-    // (d) RDP (and any other sound accountant) on the sampled-without-replacement event, at δ'.
-    for kind in [AccountantKind::Rdp, AccountantKind::Pld] {
-        let acc = kind.build();
-        match acc
-            .supports(&event, nb)
-            .and_then(|_| acc.epsilon(&event, nb, delta_amp))
-        {
-            Ok(r) => {
-                let mut a = Analysis::new(
-                    &format!("{}_without_replacement", kind.as_str()),
-                    r.epsilon,
-                    r.delta,
-                    r.kind,
-                    r.kind.is_sound(),
-                );
-                a.accountant = Some(kind);
-                analyses.push(a.with_note("sampling m of n without replacement, replace-one, at δ'"));
+    };
+    let sens_text = format!("Δ = {sum_sens}/m = {sens:.6}");
+    let classic = classic_sigma(sum_sens, m, eps, delta);
+    let classic_sound = exact_epsilon(classic / sens, delta)? <= eps;
+    match c.sigma {
+        Some(s) => {
+            interps.push(account_reading(
+                InterpretationSpec::new(
+                    "replace_one_wor",
+                    describe(s.get()),
+                    sens_text.clone(),
+                    sampling.clone(),
+                )
+                .sigma_reading("σ as stated")
+                .stated(),
+                s.get(),
+                sens,
+                c,
+                None,
+            )?);
+        }
+        None => {
+            let (eps_amp_target, _) = amplify_without_replacement(eps, delta, m, n);
+            interps.push(account_reading(
+                InterpretationSpec::new("eq6_sigma", describe(classic), sens_text.clone(), sampling.clone())
+                    .sigma_reading(format!(
+                        "σ = (Δ/m)·√(2 ln(1.25/δ))/ε = {classic:.6} (eq. 6 at the target ε)"
+                    ))
+                    .stated(),
+                classic,
+                sens,
+                c,
+                classic_sound.then_some(eps_amp_target),
+            )?);
+            if let Some(zb) = calibrate_at_rate(eps, delta, m, n)? {
+                let sb = zb * sens;
+                calibrations.push(Calibration {
+                    what: "sigma_calibrated_at_rate".into(),
+                    value: sb,
+                    description: format!(
+                        "σ for the target (ε = {eps}, δ = {delta:.4e}) at rate m/n by eq. (3) at the best δ split (l. 170)"
+                    ),
+                });
+                interps.push(account_reading(
+                    InterpretationSpec::new("calibrated_at_rate", describe(sb), sens_text.clone(), sampling.clone())
+                        .sigma_reading(format!(
+                            "σ = {sb:.6} calibrated numerically for the target ε at rate m/n (l. 170)"
+                        )),
+                    sb,
+                    sens,
+                    c,
+                    None,
+                )?);
+            } else {
+                findings.push(format!(
+                    "no σ calibrated at rate m/n reaches ε = {eps} at δ = {delta:.4e} (δ·n/m ≥ 1: eq. (3) cannot spend δ)"
+                ));
             }
-            Err(e) => unavailable.push(crate::pipelines::verdict::strip_prefix(kind, &e.message)),
         }
     }
 
-    let interp = Interpretation {
-        id: "replace_one_wor".into(),
-        description: format!(
-            "replace-one neighbours (the paper's Def. 1), centroid of m = {m} sampled without replacement from n = {n}, \
-             noise std σ = {sigma:.6} on a centroid of sensitivity {sum_sens}/m"
-        ),
-        neighbouring: nb,
-        sensitivity: format!("Δ = {sum_sens}/m = {sens:.6}"),
-        event: Some(event),
-        analyses,
-        unavailable,
-    };
-
     // Validity-range checks.
     if c.sigma.is_none() {
+        let eps_exact = exact_epsilon(classic / sens, delta)?;
         checks.push(Check::new(
             "classic_formula_range",
             eps < 1.0,
@@ -198,7 +286,7 @@ pub fn verify(c: &DpaggTiClaim) -> Result<ClaimResult> {
         ));
         if !classic_sound {
             findings.push(format!(
-                "eq. (6) is outside its validity range here: σ gives ε = {eps_exact:.4} > {eps}"
+                "eq. (6) is outside its validity range here: σ gives ε = {eps_exact:.4} > {eps} before amplification"
             ));
         }
     }
@@ -222,21 +310,11 @@ pub fn verify(c: &DpaggTiClaim) -> Result<ClaimResult> {
          with its sensitivity audit to check an implementation)",
     ));
 
-    let interps = vec![interp];
-    let verdict = decide(eps, &interps, vec![]);
-    Ok(ClaimResult {
-        id: c.id.clone(),
-        pipeline: "dpagg_ti".into(),
-        source: c.source.clone(),
-        dataset: c.dataset.clone(),
-        claimed_epsilon: eps,
-        claimed_delta: delta,
-        verdict,
-        interpretations: interps,
-        checks,
-        findings,
-        calibrations: vec![],
-    })
+    let mut r = ClaimResult::new(&c.id, "dpagg_ti", &c.source, &c.dataset, eps, delta, interps, vec![]);
+    r.checks = checks;
+    r.findings = findings;
+    r.calibrations = calibrations;
+    Ok(r)
 }
 
 #[cfg(test)]

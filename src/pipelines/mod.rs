@@ -10,6 +10,7 @@
 //! ```
 
 pub mod audit;
+pub mod diffusion_sampling;
 pub mod dp_rdm;
 pub mod dpagg_ti;
 pub mod embeddings;
@@ -21,7 +22,8 @@ use crate::config::claims::ClaimsFile;
 use crate::error::Result;
 use crate::events::{DpEvent, Neighbouring};
 
-pub use verdict::{ClaimResult, Verdict};
+pub use crate::accountants::sound::Verdict;
+pub use verdict::ClaimResult;
 
 /// RDP ε with the classic conversion ε = min_α RDP(α) + ln(1/δ)/(α − 1) (Mironov 2017, Prop. 3),
 /// or None when the RDP accountant cannot account `event`.
@@ -32,12 +34,24 @@ pub fn rdp_classic_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f
     acc.epsilon(event, neighbouring, delta).ok().map(|r| r.epsilon)
 }
 
-/// Verifies every claim of a file, in file order (RAPID, then DP-RDM, then DPAgg-TI tables).
-/// Claims are independent, so they are verified in parallel (rayon; results keep file order).
+/// Verifies every claim of a file, in file order (RAPID, DP-RDM, DPAgg-TI, then diffusion-sampling
+/// tables). Claims are independent, so they are verified in parallel (rayon; results keep file
+/// order).
 pub fn verify_claims(file: &ClaimsFile) -> Result<Vec<ClaimResult>> {
     use rayon::prelude::*;
     let mut out: Vec<ClaimResult> = file.rapid.par_iter().map(rapid::verify).collect::<Result<_>>()?;
     out.extend(file.dp_rdm.par_iter().map(dp_rdm::verify).collect::<Result<Vec<_>>>()?);
-    out.extend(file.dpagg_ti.par_iter().map(dpagg_ti::verify).collect::<Result<Vec<_>>>()?);
+    out.extend(
+        file.dpagg_ti
+            .par_iter()
+            .map(dpagg_ti::verify)
+            .collect::<Result<Vec<_>>>()?,
+    );
+    out.extend(
+        file.diffusion_sampling
+            .par_iter()
+            .map(diffusion_sampling::verify)
+            .collect::<Result<Vec<_>>>()?,
+    );
     Ok(out)
 }
