@@ -355,7 +355,11 @@ pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> Accountan
     match crate::accountants::gdp::epsilon_for_delta(mu, delta) {
         Ok(eps) => AccountantLine {
             accountant: AccountantKind::Gdp,
-            kind: Some(if p < 1.0 { BoundKind::UpperBound } else { BoundKind::Exact }),
+            kind: Some(if p < 1.0 {
+                BoundKind::UpperBound
+            } else {
+                BoundKind::Exact
+            }),
             epsilon: Some(eps),
             delta,
             mu: Some(mu),
