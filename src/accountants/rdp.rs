@@ -907,10 +907,20 @@ impl Accountant for RdpAccountant {
         if ld.is_nan() {
             return Err(Error::numeric("rdp: δ is NaN"));
         }
-        let res = AccountResult::new(AccountantKind::Rdp, epsilon, ld.exp().min(1.0), BoundKind::UpperBound)
+        // δ below the f64 range is reported as the smallest positive double above it (a
+        // provable bound), never as 0; ln δ is kept in the details.
+        let (delta, underflow) = crate::numeric::exp_upper(ld);
+        let mut res = AccountResult::new(AccountantKind::Rdp, epsilon, delta.min(1.0), BoundKind::UpperBound)
             .with_detail("rdp_order", order)
             .with_detail("rdp", r)
             .with_detail("log_delta", ld);
+        if underflow {
+            res = res.with_diagnostic(
+                "delta_below_f64_range",
+                format!("δ = e^{ld} is below the f64 range; reported as {delta:e}, an upper bound (ln δ = {ld})"),
+                false,
+            );
+        }
         Ok(self.annotate(res, &comps, neighbouring, order))
     }
 }

@@ -14,6 +14,7 @@ use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
 use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::config::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
+use crate::limits;
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
 use crate::numeric;
 
@@ -158,6 +159,29 @@ pub fn plan(cfg: &SamplerConfig) -> Result<Plan> {
                     c: cfg.privacy.clip_norm,
                 },
             };
+            // Before any trajectory is allocated: the B × N distance/weight matrices must fit
+            // the memory cap, and B × N × d × steps the work cap.
+            let traj = tc.trajectories as u64;
+            limits::check_product("density.trajectories", &[traj, data.n as u64], limits::DENOISER_CELL)
+                .and_then(|_| {
+                    limits::check_product(
+                        "density.trajectories",
+                        &[traj, data.n as u64, data.d as u64, steps.len() as u64],
+                        limits::DENOISER_STEP,
+                    )
+                })
+                .map_err(|e| {
+                    let mut e = e;
+                    e.message = format!(
+                        "{} trajectories over {} records of dimension {} and {} steps: {}",
+                        tc.trajectories,
+                        data.n,
+                        data.d,
+                        steps.len(),
+                        e.message
+                    );
+                    e
+                })?;
             let den = EmpiricalDenoiser::new(&data, candle_core::DType::F64, &candle_core::Device::Cpu)?;
             // Trajectories of the full-batch, clipped empirical denoiser; public steps are run
             // by the empirical denoiser too (no public model here), their μ is not accounted.
