@@ -14,8 +14,8 @@ use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
 use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::config::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
-use crate::limits;
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
+use crate::limits;
 use crate::numeric;
 
 /// One step of the analysis.
