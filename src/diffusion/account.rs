@@ -361,6 +361,36 @@ pub fn gdp_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64)
     }
 }
 
+/// The same GDP line as [`gdp_line`] without building an event tree (sweeps): μ² summed as the
+/// GDP accountant sums it (count / noise_multiplier², DRS Cor. 3.3), ε from the exact μ-GDP curve.
+pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> AccountantLine {
+    if mus.iter().any(|m| !(m.is_finite() && *m > 0.0)) || crate::accountants::check_delta(delta).is_err() {
+        return gdp_line(mus, p, samples, Neighbouring::AddRemove, delta);
+    }
+    let count = samples as f64;
+    let mu = mus
+        .iter()
+        .map(|&m| {
+            let nm = 1.0 / m;
+            count / (nm * nm)
+        })
+        .sum::<f64>()
+        .sqrt();
+    match crate::accountants::gdp::epsilon_for_delta(mu, delta) {
+        Ok(eps) => AccountantLine {
+            accountant: AccountantKind::Gdp,
+            kind: Some(if p < 1.0 { BoundKind::UpperBound } else { BoundKind::Exact }),
+            epsilon: Some(eps),
+            delta,
+            mu: Some(mu),
+            status: "ok".into(),
+            note: (p < 1.0).then(|| "full-batch μ: ignores the amplification by subsampling".into()),
+            diagnostics: Vec::new(),
+        },
+        Err(e) => AccountantLine::unavailable(AccountantKind::Gdp, delta, e),
+    }
+}
+
 /// ε from the CLT (DRS Thm 3.5 on C_p(G_{μ_t}), App. A) through the accountant trait: an
 /// estimate whenever a step is subsampled (all full batch: the exact GDP value).
 pub fn clt_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64) -> AccountantLine {
@@ -469,6 +499,7 @@ pub fn account_mus_with(
     accountants
         .iter()
         .map(|&a| match a {
+            AccountantKind::Gdp if fast => gdp_line_fast(mus, p, samples, delta),
             AccountantKind::Gdp => gdp_line(mus, p, samples, nb, delta),
             AccountantKind::Clt if fast => clt_line_fast(mus, p, samples, nb, delta),
             AccountantKind::Clt => clt_line(mus, p, samples, nb, delta),

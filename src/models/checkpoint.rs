@@ -38,13 +38,25 @@ pub struct DataInfo {
     pub rows: usize,
 }
 
+/// `training.randomness` of a run whose randomness came from the operating system's CSPRNG.
+pub const RANDOMNESS_OS: &str = "os: drawn from the operating system's CSPRNG (not reproducible)";
+/// `training.randomness` of a seeded run.
+pub const RANDOMNESS_SEEDED: &str = "seeded: not private against anyone who knows the seed";
+
+fn seeded_randomness() -> String {
+    RANDOMNESS_SEEDED.to_string()
+}
+
 /// How it was trained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingInfo {
-    /// Seed of the run.
-    pub seed: u64,
-    /// Optimiser steps.
+    /// `--seed`, when given (then every draw, DP noise included, follows from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// [`RANDOMNESS_OS`] or [`RANDOMNESS_SEEDED`].
+    #[serde(default = "seeded_randomness")]
+    pub randomness: String,
     pub steps: usize,
     /// Batch size (expected batch size for DP runs).
     pub batch_size: usize,
@@ -60,10 +72,16 @@ pub struct TrainingInfo {
     pub device: String,
     /// The exact command line that produced this checkpoint.
     pub command: String,
-    /// Denoising loss on fixed held-out draws before training.
-    pub eval_loss_before: f64,
-    /// The same loss after training.
-    pub eval_loss_after: f64,
+    /// Denoising loss with fixed draws before training, on [`TrainingInfo::eval_on`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss_before: Option<f64>,
+    /// The same after training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss_after: Option<f64>,
+    /// Rows of the loss evaluation: the training rows (non-DP runs) or public rows (DP runs: a
+    /// statistic of the private rows would be released without noise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_on: Option<String>,
     /// Checkpoint the run started from (fine-tuning), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<String>,
@@ -101,11 +119,34 @@ pub struct DpInfo {
     pub delta: f64,
     /// Per-sample gradient method: `ghost` (one pass) or `loop`.
     pub per_sample: String,
-    /// Ledger file (an `events::EventFile`) next to the card.
+    /// Ledger file (an `events::EventFile`) next to the card: this run's event, composed after
+    /// the `--init` checkpoint's ledger when it has one.
     pub ledger: String,
+    /// ε spent (the whole ledger) at `delta`: the tightest sound upper bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    /// The accountant and kind of `epsilon`, e.g. "pld (upper_bound)".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon_accountant: Option<String>,
+    /// The `--init` checkpoint whose ledger the ledger composes (None: started fresh or from a
+    /// checkpoint trained on data disjoint from the private rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_ledger: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// RAPID retrieval settings, when used.
     pub rapid: Option<RapidInfo>,
+}
+
+/// Canaries of a one-run audit (`train --canaries m`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryInfo {
+    /// The canaries file next to the card (contents and the secret inclusion bits).
+    pub file: String,
+    /// SHA-256 of that file.
+    pub sha256: String,
+    /// m.
+    pub count: usize,
 }
 
 /// The checkpoint card.
@@ -131,7 +172,13 @@ pub struct Card {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// DP-SGD settings (DP runs only).
     pub dp: Option<DpInfo>,
+    /// Canaries of a one-run audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries: Option<CanaryInfo>,
 }
+
+/// The card schema written by this dpaudit (1 is still read).
+pub const CARD_SCHEMA: u32 = 2;
 
 /// A loaded checkpoint.
 pub struct Checkpoint {
@@ -216,11 +263,11 @@ impl Checkpoint {
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
         let card_path = card_path(path);
         let card: Card = crate::error::load_toml(&card_path)?;
-        if card.schema_version != 1 {
+        if !(1..=CARD_SCHEMA).contains(&card.schema_version) {
             return Err(Error::field(
                 "schema_version",
                 format!(
-                    "unsupported schema_version {} (this dpaudit reads 1)",
+                    "unsupported schema_version {} (this dpaudit reads 1 and 2)",
                     card.schema_version
                 ),
             )

@@ -133,8 +133,8 @@ impl Ema {
     }
 }
 
-/// Standard normal draws from a seeded stream.
-pub fn normals(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+/// Standard normal draws from `rng`.
+pub fn normals<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
 }
 
