@@ -280,10 +280,22 @@ impl DpaggTi {
         } else {
             claimed_sens
         };
+        // A tiny ε makes the classic σ overflow (or a tiny σ underflow): the mechanism
+        // needs a finite positive noise scale (found by the fuzz harness).
+        let sigma_actual = z * actual_sens;
+        if !(z.is_finite() && z > 0.0 && sigma_actual.is_finite() && sigma_actual > 0.0) {
+            return Err(Error::field(
+                if sigma.is_some() { "sigma" } else { "epsilon" },
+                format!(
+                    "gives a noise std σ = {sigma_actual} (noise multiplier {z}), not a finite number > 0 \
+                     (ε = {epsilon}, δ = {delta})"
+                ),
+            ));
+        }
         Ok(DpaggTi {
             data,
             m,
-            sigma: z * actual_sens,
+            sigma: sigma_actual,
             noise_multiplier: z,
             delta,
             fault,

@@ -345,6 +345,13 @@ fn report_plots_spanning_the_whole_f64_range_render_or_refuse_quickly() {
 // ---------------------------------------------------------------------------------------------
 // No super-linear surprises.
 
+/// CPU time this thread has run (Linux `/proc/thread-self/schedstat`, first field in ns).
+fn thread_cpu() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
 fn many_part_event(n: usize) -> String {
     let mut s = String::from("schema_version = 1\ndelta = 1e-5\n[event]\ntype = \"composed\"\n");
     for i in 0..n {
@@ -360,13 +367,19 @@ fn many_part_event(n: usize) -> String {
 fn a_100k_part_composed_event_is_collected_and_accounted_in_under_a_second() {
     use dpaudit::accountants::AccountantKind;
     let f: dpaudit::events::EventFile = toml::from_str(&many_part_event(100_000)).unwrap();
+    // CPU time of this thread (the test machine may be shared by many builds; wall time would
+    // measure the load, not the algorithm). Falls back to wall time off Linux.
     let start = Instant::now();
+    let cpu0 = thread_cpu();
     let comps = f.event.components().unwrap();
     let r = AccountantKind::Gdp
         .build()
         .epsilon(&f.event, f.neighbouring, 1e-5)
         .unwrap();
-    let took = start.elapsed();
+    let took = match (cpu0, thread_cpu()) {
+        (Some(a), Some(b)) => b - a,
+        _ => start.elapsed(),
+    };
     assert_eq!(comps.len(), 100_000, "distinct parts stay distinct");
     assert!(r.epsilon.is_finite() && r.epsilon > 0.0);
     assert!(took < Duration::from_secs(1), "accounting 100k parts took {took:?}");
@@ -646,4 +659,37 @@ fn a_closed_stdout_pipe_ends_quietly_without_a_panic() {
         assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
         assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Regressions found by the fuzz harness (fuzz.rs).
+
+/// fuzz_run_configs: `epsilon = 5e-324` made the classic σ infinite and the release panicked
+/// in `Normal::new` ("σ validated > 0: BadVariance").
+#[test]
+fn dpagg_ti_with_a_subnormal_epsilon_is_an_input_error_not_a_panic() {
+    let d = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(root().join("fixtures/runs/dpagg-ti-digits.toml")).unwrap();
+    let emb = root().join("fixtures/embeddings/digits-proj16-label3.csv");
+    let cfg = src.replace("epsilon = 1.0", "epsilon = 5e-324").replace(
+        "\"../embeddings/digits-proj16-label3.csv\"",
+        &format!("\"{}\"", emb.display()),
+    );
+    assert!(cfg.contains("epsilon = 5e-324"));
+    let p = write(d.path(), "run.toml", &cfg);
+    let out_dir = d.path().join("out");
+    let (out, _) = limited(
+        &[
+            "run",
+            "dpagg-ti",
+            p.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+        &[],
+        SECS_60,
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("epsilon") && !err.contains("panicked"), "{err}");
 }
