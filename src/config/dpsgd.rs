@@ -80,7 +80,7 @@ pub struct Derived {
 }
 
 fn ceil_div(a: u64, b: u64) -> u64 {
-    a / b + u64::from(a % b != 0)
+    a / b + u64::from(!a.is_multiple_of(b))
 }
 
 impl TrainingRun {
@@ -137,7 +137,7 @@ impl TrainingRun {
                         "Opacus' floating-point int(epochs / sample_rate) gives {opacus} here (rounding); dpaudit counts the exact {t}"
                     ));
                 }
-                if (e as u128 * n as u128) % b as u128 != 0 {
+                if !(e as u128 * n as u128).is_multiple_of(b as u128) {
                     lines.push(format!(
                         "E·N/B = {} is not a whole number: the fractional last step is not run and not counted",
                         (e as f64) * (n as f64) / (b as f64)
