@@ -252,7 +252,10 @@ mod tests {
     fn refusal_names_field_value_and_limit() {
         let e = check_in("schedule.levels", 1e12, SCHEDULE_LEVEL, 4.0 * 1024f64.powi(3), 2e11).unwrap_err();
         let s = e.to_string();
-        assert!(s.starts_with("field `schedule.levels`: 1000000000000 is above the limit of 4194304"), "{s}");
+        assert!(
+            s.starts_with("field `schedule.levels`: 1000000000000 is above the limit of 4194304"),
+            "{s}"
+        );
         assert!(s.contains(MEMORY_ENV), "{s}");
         let e = check_in("--bootstrap", 1e9, Cost::new(0.0, 1e3), 1e12, 2e11).unwrap_err();
         let s = e.to_string();

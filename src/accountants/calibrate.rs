@@ -336,7 +336,11 @@ pub fn calibrate(
 /// event or no such number ≤ 2⁵⁰ exists). Only a starting point for another accountant's search.
 fn rdp_steps_seed(make: &dyn Fn(f64) -> DpEvent, nb: Neighbouring, delta: f64, target: f64) -> Option<u64> {
     let rdp = super::rdp::RdpAccountant::default();
-    let ok = |n: u64| -> Option<bool> { rdp.epsilon(&make(n as f64), nb, delta).ok().map(|r| r.epsilon <= target) };
+    let ok = |n: u64| -> Option<bool> {
+        rdp.epsilon(&make(n as f64), nb, delta)
+            .ok()
+            .map(|r| r.epsilon <= target)
+    };
     if !ok(1)? {
         return None;
     }

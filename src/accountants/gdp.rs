@@ -118,7 +118,11 @@ impl Accountant for GdpAccountant {
             AccountantKind::Gdp,
             epsilon,
             delta,
-            if underflow { BoundKind::UpperBound } else { BoundKind::Exact },
+            if underflow {
+                BoundKind::UpperBound
+            } else {
+                BoundKind::Exact
+            },
         )
         .with_detail("mu", mu);
         if underflow {

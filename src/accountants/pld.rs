@@ -392,9 +392,8 @@ fn replace_one_x_bound(q: f64, sigma: f64, eps: f64) -> f64 {
 fn replace_one_pld(q: f64, sigma: f64, h: f64, tau: f64, max_points: usize) -> Result<DiscretePld> {
     let s2 = sigma * sigma;
     let z_tau = numeric::ndtri_sf(tau);
-    let loss_x = |x: f64| -> f64 {
-        log_mix(q, (4.0 * x - 1.0) / (8.0 * s2)) - log_mix(q, (-4.0 * x - 1.0) / (8.0 * s2))
-    };
+    let loss_x =
+        |x: f64| -> f64 { log_mix(q, (4.0 * x - 1.0) / (8.0 * s2)) - log_mix(q, (-4.0 * x - 1.0) / (8.0 * s2)) };
     let eps_lo = loss_x(-sigma * z_tau);
     let eps_hi = loss_x(0.5 + sigma * z_tau);
     if !(eps_lo.is_finite() && eps_hi.is_finite()) {

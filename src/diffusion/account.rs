@@ -14,8 +14,8 @@ use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
 use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::config::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
-use crate::limits;
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
+use crate::limits;
 use crate::numeric;
 
 /// One step of the analysis.
@@ -379,7 +379,11 @@ pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> Accountan
     match crate::accountants::gdp::epsilon_for_delta(mu, delta) {
         Ok(eps) => AccountantLine {
             accountant: AccountantKind::Gdp,
-            kind: Some(if p < 1.0 { BoundKind::UpperBound } else { BoundKind::Exact }),
+            kind: Some(if p < 1.0 {
+                BoundKind::UpperBound
+            } else {
+                BoundKind::Exact
+            }),
             epsilon: Some(eps),
             delta,
             mu: Some(mu),

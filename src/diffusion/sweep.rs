@@ -201,11 +201,10 @@ pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<Sampler
     }
     // Each grid point is a configuration, an accounting and a row: the whole grid must fit
     // the resource limits before any point is built (the level count is checked per point).
-    crate::limits::check_count("--points", n as u64, crate::limits::SWEEP_POINT)
-        .map_err(|mut e| {
-            e.message = format!("the grid has {n} points: {}", e.message);
-            e
-        })?;
+    crate::limits::check_count("--points", n as u64, crate::limits::SWEEP_POINT).map_err(|mut e| {
+        e.message = format!("the grid has {n} points: {}", e.message);
+        e
+    })?;
     let mut axes: Vec<(&'static str, Vec<Setter>)> = Vec::new();
     fn axis<T: Copy + 'static>(
         axes: &mut Vec<(&'static str, Vec<Setter>)>,

@@ -297,7 +297,9 @@ impl DpEvent {
                 }
                 Ok(())
             }
-            DpEvent::SelfComposed { event, count } => event.collect(&Path::Event(path), mult.saturating_mul(*count), acc),
+            DpEvent::SelfComposed { event, count } => {
+                event.collect(&Path::Event(path), mult.saturating_mul(*count), acc)
+            }
         }
     }
 

@@ -89,7 +89,10 @@ impl ModelConfig {
         crate::limits::check("parameters", self.parameter_bound(), crate::limits::TRAINED_PARAMETER).map_err(|e| {
             Error::field(
                 format!("model.{field}"),
-                format!("{shape}, time_dim = {}: the parameter count {}", self.time_dim, e.message),
+                format!(
+                    "{shape}, time_dim = {}: the parameter count {}",
+                    self.time_dim, e.message
+                ),
             )
         })
     }

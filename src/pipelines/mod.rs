@@ -38,6 +38,11 @@ pub fn verify_claims(file: &ClaimsFile) -> Result<Vec<ClaimResult>> {
     use rayon::prelude::*;
     let mut out: Vec<ClaimResult> = file.rapid.par_iter().map(rapid::verify).collect::<Result<_>>()?;
     out.extend(file.dp_rdm.par_iter().map(dp_rdm::verify).collect::<Result<Vec<_>>>()?);
-    out.extend(file.dpagg_ti.par_iter().map(dpagg_ti::verify).collect::<Result<Vec<_>>>()?);
+    out.extend(
+        file.dpagg_ti
+            .par_iter()
+            .map(dpagg_ti::verify)
+            .collect::<Result<Vec<_>>>()?,
+    );
     Ok(out)
 }

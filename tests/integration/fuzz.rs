@@ -318,12 +318,7 @@ fn fuzz_safetensors_headers() {
         Just("BOOL"),
         Just("X")
     ];
-    let dim = prop_oneof![
-        0u64..5,
-        Just(u32::MAX as u64),
-        Just(u64::MAX),
-        Just(1u64 << 40)
-    ];
+    let dim = prop_oneof![0u64..5, Just(u32::MAX as u64), Just(u64::MAX), Just(1u64 << 40)];
     let shape = prop::collection::vec(dim, 0..4);
     let offsets = (0u64..64, prop_oneof![0u64..64, Just(u64::MAX), Just(1u64 << 62)]);
     let data = prop::collection::vec(
@@ -340,9 +335,7 @@ fn fuzz_safetensors_headers() {
         &(dtypes, shape, offsets, data, any::<bool>(), any::<u64>()),
         |(dt, shape, (a, b), data, garble, len)| {
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let header = format!(
-                r#"{{"w":{{"dtype":"{dt}","shape":{shape:?},"data_offsets":[{a},{b}]}}}}"#
-            );
+            let header = format!(r#"{{"w":{{"dtype":"{dt}","shape":{shape:?},"data_offsets":[{a},{b}]}}}}"#);
             let mut file = safetensors_bytes(&header, &bytes);
             if garble {
                 // A header length that lies.

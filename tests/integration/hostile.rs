@@ -139,7 +139,11 @@ fn gzip_that_inflates_past_the_cap_is_refused_naming_the_file() {
         gz.display()
     );
     let p = write(d.path(), "t.toml", &cfg);
-    let (out, took) = limited(&["analyze", p.to_str().unwrap()], &[("DPAUDIT_MAX_MEMORY", "64M")], SECS_60);
+    let (out, took) = limited(
+        &["analyze", p.to_str().unwrap()],
+        &[("DPAUDIT_MAX_MEMORY", "64M")],
+        SECS_60,
+    );
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("bomb.csv.gz") && err.contains("decompressed"), "{err}");
@@ -181,11 +185,20 @@ fn model_card_with_hidden_8192_depth_64_fails_the_parameter_budget() {
     let w = root().join("models/digits-mlp.safetensors");
     let sha = sha256_hex(&std::fs::read(&w).unwrap());
     let card = card_with(d.path(), &w, &sha, |s| {
-        s.replace("hidden = 256", "hidden = 8192").replace("depth = 3", "depth = 64")
+        s.replace("hidden = 256", "hidden = 8192")
+            .replace("depth = 3", "depth = 64")
     });
     assert!(std::fs::read_to_string(&card).unwrap().contains("hidden = 8192"));
     let (out, took) = limited(
-        &["mia", "--checkpoint", card.to_str().unwrap(), "--attack", "loss", "--timesteps", "10"],
+        &[
+            "mia",
+            "--checkpoint",
+            card.to_str().unwrap(),
+            "--attack",
+            "loss",
+            "--timesteps",
+            "10",
+        ],
         &[],
         SECS_60,
     );
@@ -215,13 +228,29 @@ fn train_timesteps_1e12_and_batch_size_1e9_are_refused() {
     let d = tempfile::tempdir().unwrap();
     let stem = d.path().join("m");
     let (out, took) = limited(
-        &["train", "--out", stem.to_str().unwrap(), "--timesteps", "1000000000000", "--steps", "1"],
+        &[
+            "train",
+            "--out",
+            stem.to_str().unwrap(),
+            "--timesteps",
+            "1000000000000",
+            "--steps",
+            "1",
+        ],
         &[],
         SECS_60,
     );
     assert_refused(&out, took, "timesteps");
     let (out, took) = limited(
-        &["train", "--out", stem.to_str().unwrap(), "--batch-size", "1000000000", "--steps", "1"],
+        &[
+            "train",
+            "--out",
+            stem.to_str().unwrap(),
+            "--batch-size",
+            "1000000000",
+            "--steps",
+            "1",
+        ],
         &[],
         SECS_60,
     );
@@ -292,7 +321,13 @@ fn report_plots_spanning_the_whole_f64_range_render_or_refuse_quickly() {
         let out_dir = d.path().join(format!("out-{sx}-{sy}"));
         std::fs::create_dir_all(&out_dir).unwrap();
         let (out, took) = limited(
-            &["report", rep.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--force"],
+            &[
+                "report",
+                rep.to_str().unwrap(),
+                "--out",
+                out_dir.to_str().unwrap(),
+                "--force",
+            ],
             &[],
             SECS_60,
         );
@@ -349,7 +384,15 @@ fn a_100k_part_event_file_through_the_cli_finishes() {
     let d = tempfile::tempdir().unwrap();
     let p = write(d.path(), "e.toml", &many_part_event(100_000));
     let (out, took) = limited(
-        &["account", "--event", p.to_str().unwrap(), "--accountant", "gdp", "--delta", "1e-5"],
+        &[
+            "account",
+            "--event",
+            p.to_str().unwrap(),
+            "--accountant",
+            "gdp",
+            "--delta",
+            "1e-5",
+        ],
         &[],
         SECS_60,
     );
@@ -362,14 +405,23 @@ fn dpagg_ti_with_1e18_releases_and_a_budget_ends_and_counts_the_refusals() {
     let d = tempfile::tempdir().unwrap();
     let src = std::fs::read_to_string(root().join("fixtures/runs/dpagg-ti-digits.toml")).unwrap();
     let emb = root().join("fixtures/embeddings/digits-proj16-label3.csv");
-    let cfg = src
-        .replace("releases = 5", "releases = 1000000000000000000")
-        .replace("\"../embeddings/digits-proj16-label3.csv\"", &format!("\"{}\"", emb.display()));
+    let cfg = src.replace("releases = 5", "releases = 1000000000000000000").replace(
+        "\"../embeddings/digits-proj16-label3.csv\"",
+        &format!("\"{}\"", emb.display()),
+    );
     assert!(cfg.contains("releases = 1000000000000000000") && cfg.contains("budget_epsilon"));
     let p = write(d.path(), "run.toml", &cfg);
     let out_dir = d.path().join("out");
     let (out, took) = limited(
-        &["run", "dpagg-ti", p.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--format", "json"],
+        &[
+            "run",
+            "dpagg-ti",
+            p.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
         &[],
         SECS_60,
     );
@@ -417,7 +469,14 @@ fn mia_timesteps_nan_t_is_refused_not_read_as_step_zero() {
     for bad in ["nanT", "infT", "T/nan", "NaNT/4", "-0.5T"] {
         let flag = format!("--timesteps={bad}");
         let (out, took) = limited(
-            &["mia", "--checkpoint", "models/digits-mlp.toml", "--attack", "loss", &flag],
+            &[
+                "mia",
+                "--checkpoint",
+                "models/digits-mlp.toml",
+                "--attack",
+                "loss",
+                &flag,
+            ],
             &[],
             SECS_60,
         );
@@ -432,10 +491,13 @@ fn mia_timesteps_nan_t_is_refused_not_read_as_step_zero() {
 fn weights_variant(dir: &Path, f: impl Fn(&str, candle_core::Tensor) -> candle_core::Tensor) -> PathBuf {
     let dev = candle_core::Device::Cpu;
     let t = candle_core::safetensors::load(root().join("models/digits-mlp.safetensors"), &dev).unwrap();
-    let t: std::collections::HashMap<String, candle_core::Tensor> = t.into_iter().map(|(k, v)| {
-        let v2 = f(&k, v);
-        (k, v2)
-    }).collect();
+    let t: std::collections::HashMap<String, candle_core::Tensor> = t
+        .into_iter()
+        .map(|(k, v)| {
+            let v2 = f(&k, v);
+            (k, v2)
+        })
+        .collect();
     let w = dir.join("w.safetensors");
     candle_core::safetensors::save(&t, &w).unwrap();
     let sha = sha256_hex(&std::fs::read(&w).unwrap());
@@ -447,7 +509,15 @@ fn i32_weights_are_refused_naming_the_dtype() {
     let d = tempfile::tempdir().unwrap();
     let card = weights_variant(d.path(), |_, v| v.to_dtype(candle_core::DType::I32).unwrap());
     let (out, _) = limited(
-        &["mia", "--checkpoint", card.to_str().unwrap(), "--attack", "loss", "--timesteps", "10"],
+        &[
+            "mia",
+            "--checkpoint",
+            card.to_str().unwrap(),
+            "--attack",
+            "loss",
+            "--timesteps",
+            "10",
+        ],
         &[],
         SECS_60,
     );
@@ -468,23 +538,43 @@ fn train_init_from_nan_weights_is_refused() {
     });
     let stem = d.path().join("out");
     let (out, _) = limited(
-        &["train", "--init", card.to_str().unwrap(), "--out", stem.to_str().unwrap(), "--steps", "1"],
+        &[
+            "train",
+            "--init",
+            card.to_str().unwrap(),
+            "--out",
+            stem.to_str().unwrap(),
+            "--steps",
+            "1",
+        ],
         &[],
         SECS_60,
     );
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("non-finite"), "{err}");
-    assert!(!stem.with_extension("toml").exists(), "a checkpoint was written from NaN weights");
+    assert!(
+        !stem.with_extension("toml").exists(),
+        "a checkpoint was written from NaN weights"
+    );
 }
 
 #[test]
 fn embeddings_of_1e308_keep_their_direction_when_normalised() {
     use dpaudit::pipelines::embeddings::{norm, Embeddings};
-    let e = Embeddings::new(vec![vec![1e308, 1e308, 0.0], vec![-1e308, 0.0, 0.0], vec![5e-324, 0.0, 5e-324]]).unwrap();
+    let e = Embeddings::new(vec![
+        vec![1e308, 1e308, 0.0],
+        vec![-1e308, 0.0, 0.0],
+        vec![5e-324, 0.0, 5e-324],
+    ])
+    .unwrap();
     let u = e.normalised().unwrap();
     let h = std::f64::consts::FRAC_1_SQRT_2;
-    assert!((u.rows[0][0] - h).abs() < 1e-15 && (u.rows[0][1] - h).abs() < 1e-15, "{:?}", u.rows[0]);
+    assert!(
+        (u.rows[0][0] - h).abs() < 1e-15 && (u.rows[0][1] - h).abs() < 1e-15,
+        "{:?}",
+        u.rows[0]
+    );
     assert_eq!(u.rows[1], vec![-1.0, 0.0, 0.0]);
     assert!((u.rows[2][0] - h).abs() < 1e-15, "{:?}", u.rows[2]);
     assert!(u.rows.iter().all(|r| (norm(r) - 1.0).abs() < 1e-15));
@@ -528,7 +618,17 @@ fn rdp_and_gdp_delta_that_underflows_is_a_positive_upper_bound_not_zero() {
 fn a_closed_stdout_pipe_ends_quietly_without_a_panic() {
     for args in [
         vec!["analyze", "fixtures/samplers/edm-cifar10-paper.toml"],
-        vec!["account", "--noise-multiplier", "1.1", "--sample-rate", "0.004", "--steps", "1000", "--delta", "1e-5"],
+        vec![
+            "account",
+            "--noise-multiplier",
+            "1.1",
+            "--sample-rate",
+            "0.004",
+            "--steps",
+            "1000",
+            "--delta",
+            "1e-5",
+        ],
         vec!["report", "reports/check-dpsgd-mnist/report.json", "--format", "md"],
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dpaudit"))

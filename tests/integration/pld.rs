@@ -350,15 +350,15 @@ fn epsilon_delta_leaves_compose_at_any_delta_below_one() {
     let acc = PldAccountant::default();
     let ev = DpEvent::Composed {
         events: vec![
-        DpEvent::EpsilonDelta {
-            epsilon: 1.0,
-            delta: 0.1,
-        },
-        DpEvent::EpsilonDelta {
-            epsilon: 2.0,
-            delta: 0.2,
-        },
-    ],
+            DpEvent::EpsilonDelta {
+                epsilon: 1.0,
+                delta: 0.1,
+            },
+            DpEvent::EpsilonDelta {
+                epsilon: 2.0,
+                delta: 0.2,
+            },
+        ],
     };
     let d3 = acc.delta(&ev, Neighbouring::AddRemove, 3.0).unwrap().delta;
     assert!((0.28..=0.28 + 1e-3).contains(&d3), "δ(3) = {d3}");
@@ -367,7 +367,11 @@ fn epsilon_delta_leaves_compose_at_any_delta_below_one() {
     assert!(d2 > d3 && d2 < 0.5, "δ(2) = {d2}");
     // ε at δ = 0.3 is finite and certified (≤ 3 + one grid step).
     let e = acc.epsilon(&ev, Neighbouring::AddRemove, 0.3).unwrap();
-    assert!(e.epsilon.is_finite() && e.epsilon <= 3.0 + 1e-4, "ε(0.3) = {}", e.epsilon);
+    assert!(
+        e.epsilon.is_finite() && e.epsilon <= 3.0 + 1e-4,
+        "ε(0.3) = {}",
+        e.epsilon
+    );
     assert!(!e.diagnostics.iter().any(|d| d.code == "pld_fallback_rdp"));
 }
 
