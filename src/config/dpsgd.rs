@@ -204,6 +204,13 @@ impl Derived {
 
     /// The derivation as one line of text.
     pub fn summary(&self) -> String {
+        if self.run.sampling == BatchSampling::Shuffle {
+            return format!(
+                "{} epochs × batch {} of N = {} (shuffle sampling) → {} steps; each record is in one batch per epoch \
+                 ({} Gaussian steps accounted, no amplification)",
+                self.run.epochs, self.run.batch_size, self.run.dataset_size, self.steps, self.accounted_steps
+            );
+        }
         format!(
             "{} epochs × batch {} of N = {} ({} sampling) → {} steps at q = {}",
             self.run.epochs,

@@ -47,14 +47,11 @@ pub fn verify_claims(file: &ClaimsFile) -> Result<Vec<ClaimResult>> {
             .map(dpagg_ti::verify)
             .collect::<Result<Vec<_>>>()?,
     );
-<<<<<<< HEAD
     out.extend(
         file.diffusion_sampling
             .par_iter()
             .map(diffusion_sampling::verify)
             .collect::<Result<Vec<_>>>()?,
     );
-=======
->>>>>>> hostile
     Ok(out)
 }

@@ -111,7 +111,7 @@ fn account_text_states_the_derivation() {
         "--delta",
         "1e-5",
         "--accountant",
-        "gdp",
+        "pld",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
@@ -558,7 +558,7 @@ fn calibrated_samples_meet_the_target_and_one_more_does_not() {
             "check",
             p.to_str().unwrap(),
             "--max-epsilon",
-            "1",
+            "0.05",
             "--accountant",
             "gdp,pld",
         ]);
