@@ -10,7 +10,9 @@ mod integration {
     mod clt;
     pub mod common;
     mod docs;
+    mod fuzz;
     mod gdp;
+    mod hostile;
     mod inputs;
     mod pipelines;
     mod pld;

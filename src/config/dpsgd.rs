@@ -150,7 +150,7 @@ impl TrainingRun {
                 // yields int(1/sample_rate) batches (floating point: L − 1 for some L, e.g. 93);
                 // make_private then records q = 1/len(dp_loader) per optimiser step.
                 let per_epoch = (1.0 / (1.0 / loader_len as f64)) as u64;
-                let t = e * per_epoch;
+                let t = e.saturating_mul(per_epoch);
                 let q = 1.0 / per_epoch as f64;
                 lines.push(format!(
                     "Poisson sampling over a DataLoader: L = ⌈N/B⌉ = ⌈{n}/{b}⌉ = {loader_len} batches; Opacus' DPDataLoader runs \
@@ -172,7 +172,7 @@ impl TrainingRun {
                 (t, q, t)
             }
             BatchSampling::Shuffle => {
-                let t = e * loader_len;
+                let t = e.saturating_mul(loader_len);
                 lines.push(format!(
                     "shuffled fixed-size batches: L = ⌈N/B⌉ = ⌈{n}/{b}⌉ = {loader_len} batches per epoch, steps T = E·L = {t}; \
                      each record is in exactly one batch per epoch"

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::f64::consts::FRAC_PI_2;
 
 use crate::error::{Error, Result};
+use crate::limits;
 
 /// How the DDIM sub-sequence of timesteps is chosen (names as in `diffusers`' `timestep_spacing`
 /// and the DDIM paper's "quadratic" choice).
@@ -202,11 +203,12 @@ impl Schedule {
                 Err(Error::field(name, format!("must be a finite number > 0, got {v}")))
             }
         };
+        // Sizes are checked against the resource limits before anything is allocated.
         let levels_ok = |n: usize| -> Result<()> {
             if n < 2 {
                 Err(Error::field("levels", format!("N must be ≥ 2 noise levels, got {n}")))
             } else {
-                Ok(())
+                limits::check_count("levels", n as u64, limits::SCHEDULE_LEVEL)
             }
         };
         match self {
@@ -242,6 +244,7 @@ impl Schedule {
                 if *timesteps < 2 {
                     return Err(Error::field("timesteps", format!("must be ≥ 2, got {timesteps}")));
                 }
+                limits::check_count("timesteps", *timesteps as u64, limits::SCHEDULE_TIMESTEP)?;
                 let n = levels.unwrap_or(*timesteps);
                 levels_ok(n)?;
                 if n > *timesteps {
@@ -268,6 +271,7 @@ impl Schedule {
                 if *timesteps < 2 {
                     return Err(Error::field("timesteps", format!("must be ≥ 2, got {timesteps}")));
                 }
+                limits::check_count("timesteps", *timesteps as u64, limits::SCHEDULE_TIMESTEP)?;
                 let n = levels.unwrap_or(*timesteps);
                 levels_ok(n)?;
                 if n > *timesteps {

@@ -133,6 +133,7 @@ pub fn grid(a: f64, b: f64, n: usize, log: bool) -> Result<Vec<f64>> {
     if n == 0 {
         return Err(Error::field("--points", "need at least 1 point"));
     }
+    crate::limits::check_count("--points", n as u64, crate::limits::SWEEP_POINT)?;
     if !(a.is_finite() && b.is_finite()) || (log && (a <= 0.0 || b <= 0.0)) {
         return Err(Error::field(
             "--sigma-min",
@@ -198,6 +199,12 @@ pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<Sampler
             ),
         ));
     }
+    // Each grid point is a configuration, an accounting and a row: the whole grid must fit
+    // the resource limits before any point is built (the level count is checked per point).
+    crate::limits::check_count("--points", n as u64, crate::limits::SWEEP_POINT).map_err(|mut e| {
+        e.message = format!("the grid has {n} points: {}", e.message);
+        e
+    })?;
     let mut axes: Vec<(&'static str, Vec<Setter>)> = Vec::new();
     fn axis<T: Copy + 'static>(
         axes: &mut Vec<(&'static str, Vec<Setter>)>,

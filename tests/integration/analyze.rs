@@ -713,14 +713,18 @@ fn bad_sweep_flags_exit_2() {
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
         assert!(err.contains(needle) && !err.contains("panicked"), "{extra:?}: {err}");
     }
+    // A t_min axis works for DDPM too (its levels are fixed by β: it stops at the first level
+    // ≤ t_min; tests/integration/inputs.rs), but --switch-step and --switch-at exclude each other.
     let o = dpaudit(&[
         "sweep",
         "fixtures/samplers/ddpm-linear-ddim50.toml",
-        "--sigma-min",
-        "0.01..1",
+        "--switch-step",
+        "1",
+        "--switch-at",
+        "0.5",
     ]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("EDM"));
+    assert!(stderr(&o).contains("--switch-step"), "{}", stderr(&o));
     let o = dpaudit(&["sweep", "fixtures/samplers/digits-trajectories.toml"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("constant density"));
