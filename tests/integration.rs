@@ -9,6 +9,7 @@ mod integration {
     mod cli_account;
     mod clt;
     pub mod common;
+    mod diffusers;
     mod gdp;
     mod pipelines;
     mod pld;

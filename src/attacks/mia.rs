@@ -21,7 +21,8 @@ use super::metrics::{self, EpsLower, HeldOut, Interval, Roc};
 use super::theory::Guarantee;
 use crate::error::{Error, Result};
 use crate::models::train::{noisy, normals};
-use crate::models::{Net, Schedule, PIXELS};
+use crate::models::eps::EpsPredictor;
+use crate::models::{Schedule, PIXELS};
 
 /// Which attack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -70,9 +71,9 @@ impl Default for ScoreOpts {
 /// Deterministic DDIM step of all rows from step `s` to step `t` (either direction):
 /// ε = ε_θ(x_s, s), x̂₀ = (x_s − √(1−ᾱ_s) ε)/√ᾱ_s, x_t = √ᾱ_t x̂₀ + √(1−ᾱ_t) ε (Song et al. 2021,
 /// Eq. 12 with σ = 0).
-pub fn ddim_step(net: &Net, schedule: &Schedule, x: &[f32], s: usize, t: usize) -> Result<Vec<f32>> {
-    let n = x.len() / PIXELS;
-    let eps = net.predict(x, &vec![s; n])?;
+pub fn ddim_step(net: &dyn EpsPredictor, schedule: &Schedule, x: &[f32], s: usize, t: usize) -> Result<Vec<f32>> {
+    let n = x.len() / net.dim();
+    let eps = net.predict_eps(x, &vec![s; n])?;
     let (as_, at) = (schedule.alpha_bars[s], schedule.alpha_bars[t]);
     let (ss, sn) = (as_.sqrt(), (1.0 - as_).sqrt());
     let (ts, tn) = (at.sqrt(), (1.0 - at).sqrt());
@@ -85,24 +86,26 @@ pub fn ddim_step(net: &Net, schedule: &Schedule, x: &[f32], s: usize, t: usize) 
         .collect())
 }
 
-fn row_sq_err(a: &[f32], b: &[f32]) -> Vec<f64> {
-    a.chunks_exact(PIXELS)
-        .zip(b.chunks_exact(PIXELS))
-        .map(|(x, y)| x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum::<f64>() / PIXELS as f64)
+fn row_sq_err(a: &[f32], b: &[f32], d: usize) -> Vec<f64> {
+    a.chunks_exact(d)
+        .zip(b.chunks_exact(d))
+        .map(|(x, y)| x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum::<f64>() / d as f64)
         .collect()
 }
 
-/// Scores of `rows` ([n, 64]) at step `t`. `train_rows` are the empirical denoiser's data.
+/// Scores of `rows` ([n, d], d = `net.dim()`) at step `t`. `train_rows` are the empirical
+/// denoiser's data (8×8 images only).
 pub fn scores(
     kind: AttackKind,
-    net: &Net,
+    net: &dyn EpsPredictor,
     schedule: &Schedule,
     train_rows: &[f32],
     rows: &[f32],
     t: usize,
     o: &ScoreOpts,
 ) -> Result<Vec<f64>> {
-    let n = rows.len() / PIXELS;
+    let d = net.dim();
+    let n = rows.len() / d;
     if t >= schedule.len() {
         return Err(Error::field(
             "--timesteps",
@@ -116,19 +119,19 @@ pub fn scores(
             let mut acc = vec![0.0; n];
             let tt = vec![t; n];
             for _ in 0..o.noise_draws.max(1) {
-                let eps = normals(&mut rng, n * PIXELS);
-                let pred = net.predict(&noisy(schedule, rows, &tt, &eps), &tt)?;
-                for (a, e) in acc.iter_mut().zip(row_sq_err(&eps, &pred)) {
+                let eps = normals(&mut rng, n * d);
+                let pred = net.predict_eps(&noisy(schedule, rows, &tt, &eps), &tt)?;
+                for (a, e) in acc.iter_mut().zip(row_sq_err(&eps, &pred, d)) {
                     *a -= e;
                 }
             }
             Ok(acc.iter().map(|a| a / o.noise_draws.max(1) as f64).collect())
         }
         AttackKind::Pia => {
-            let eps0 = net.predict(rows, &vec![0; n])?;
+            let eps0 = net.predict_eps(rows, &vec![0; n])?;
             let tt = vec![t; n];
-            let pred = net.predict(&noisy(schedule, rows, &tt, &eps0), &tt)?;
-            Ok(row_sq_err(&eps0, &pred).into_iter().map(|e| -e).collect())
+            let pred = net.predict_eps(&noisy(schedule, rows, &tt, &eps0), &tt)?;
+            Ok(row_sq_err(&eps0, &pred, d).into_iter().map(|e| -e).collect())
         }
         AttackKind::Secmi => {
             let k = o.secmi_k.max(1);
@@ -149,9 +152,14 @@ pub fn scores(
             }
             let fwd = ddim_step(net, schedule, &x, target, t)?;
             let back = ddim_step(net, schedule, &fwd, t, target)?;
-            Ok(row_sq_err(&x, &back).into_iter().map(|e| -e).collect())
+            Ok(row_sq_err(&x, &back, d).into_iter().map(|e| -e).collect())
         }
         AttackKind::Empirical => {
+            if d != PIXELS {
+                return Err(Error::input(
+                    "the empirical attack is implemented for 8×8 images only (use loss, secmi or pia)",
+                ));
+            }
             let emp = EmpiricalDenoiser::new(train_rows);
             let m = train_rows.len() / PIXELS;
             let abar = schedule.alpha_bars[t];

@@ -9,6 +9,7 @@
 //! ```
 
 pub mod audit;
+pub mod diffusers;
 pub mod empirical;
 pub mod metrics;
 pub mod mia;

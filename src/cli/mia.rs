@@ -36,15 +36,23 @@ training is wrong); 2 bad input (e.g. checkpoint and config do not match).";
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Checkpoint card (<stem>.toml), weights (<stem>.safetensors) or stem.
+    /// Checkpoint card (<stem>.toml), weights (<stem>.safetensors) or stem; or a diffusers
+    /// checkpoint folder (config.json + diffusion_pytorch_model.safetensors + scheduler_config.json).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Data file (default: the card's).
+    /// Data file (default: the card's). With a diffusers checkpoint: MNIST records (*.u8.gz),
+    /// a .npy array (N, C, H, W) or a folder of PNG images.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Split manifest (default: the card's).
+    /// Split manifest (default: the card's; required with a diffusers checkpoint).
     #[arg(long)]
     pub split: Option<PathBuf>,
+    /// Diffusers checkpoints: attack only the first N members and the first N non-members.
+    #[arg(long)]
+    pub max_examples: Option<usize>,
+    /// Diffusers checkpoints: images per forward pass.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
     /// Attacks, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "loss,secmi,pia,empirical")]
     pub attack: Vec<AttackKind>,
@@ -303,38 +311,18 @@ fn roc_csv(r: &MiaReport) -> String {
     s
 }
 
-pub fn run(a: Args) -> anyhow::Result<i32> {
-    if !(a.confidence > 0.0 && a.confidence < 1.0) {
-        return Err(Error::field("--confidence", "must be in (0, 1)").into());
-    }
-    if !(a.delta > 0.0 && a.delta < 1.0) {
-        return Err(Error::field("--delta", "must be in (0, 1)").into());
-    }
-    if !(a.empirical_rate > 0.0 && a.empirical_rate <= 1.0) {
-        return Err(Error::field("--empirical-rate", "must be in (0, 1]").into());
-    }
-    if a.table2_rates.iter().any(|p| !(*p > 0.0 && *p <= 1.0)) {
-        return Err(Error::field("--table2-rates", "rates must be in (0, 1]").into());
-    }
-    let dev = device::select(a.device)?;
-    let dev_name = device::describe(&dev);
-    eprintln!("device: {dev_name}");
-    let ck = Checkpoint::load(&a.checkpoint, &dev)?;
-    let data_path = a.data.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.file));
-    let split_path = a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split));
-    let data = Dataset::load(&data_path)?;
-    let split = SplitManifest::load(&split_path)?;
+fn build_plan(a: &Args, schedule: &crate::models::Schedule) -> crate::Result<MiaPlan> {
     let timesteps = a
         .timesteps
         .iter()
-        .map(|s| ck.schedule.parse_timestep(s))
+        .map(|s| schedule.parse_timestep(s))
         .collect::<crate::Result<Vec<_>>>()?;
     let cosine_steps = a
         .cosine
         .iter()
-        .map(|s| ck.schedule.parse_timestep(s))
+        .map(|s| schedule.parse_timestep(s))
         .collect::<crate::Result<Vec<_>>>()?;
-    let plan = MiaPlan {
+    Ok(MiaPlan {
         attacks: a.attack.clone(),
         timesteps,
         score: ScoreOpts {
@@ -356,7 +344,34 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ..Default::default()
         }),
         cosine_steps,
-    };
+    })
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    if !(a.confidence > 0.0 && a.confidence < 1.0) {
+        return Err(Error::field("--confidence", "must be in (0, 1)").into());
+    }
+    if !(a.delta > 0.0 && a.delta < 1.0) {
+        return Err(Error::field("--delta", "must be in (0, 1)").into());
+    }
+    if !(a.empirical_rate > 0.0 && a.empirical_rate <= 1.0) {
+        return Err(Error::field("--empirical-rate", "must be in (0, 1]").into());
+    }
+    if a.table2_rates.iter().any(|p| !(*p > 0.0 && *p <= 1.0)) {
+        return Err(Error::field("--table2-rates", "rates must be in (0, 1]").into());
+    }
+    let dev = device::select(a.device)?;
+    let dev_name = device::describe(&dev);
+    eprintln!("device: {dev_name}");
+    if crate::models::diffusers::unet_dir(&a.checkpoint).is_some() {
+        return run_diffusers(a, &dev, &dev_name);
+    }
+    let ck = Checkpoint::load(&a.checkpoint, &dev)?;
+    let data_path = a.data.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.file));
+    let split_path = a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split));
+    let data = Dataset::load(&data_path)?;
+    let split = SplitManifest::load(&split_path)?;
+    let plan = build_plan(&a, &ck.schedule)?;
     // Fail fast on a bad output path, before the long run.
     if let Some(p) = a.out.iter().chain(a.roc_out.iter()).next() {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -369,6 +384,61 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let bar = crate::report::progress::bar(total, a.quiet, "mia");
     let report = pipeline::run(&ck, &data, &split, &plan, &dev_name, Some(&bar))?;
     bar.finish_and_clear();
+    finish(&a, report)
+}
+
+/// A diffusers checkpoint folder: images and split from flags, scores through the batched UNet.
+fn run_diffusers(a: Args, dev: &candle_core::Device, dev_name: &str) -> anyhow::Result<i32> {
+    use crate::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
+    if a.batch_size == 0 || a.max_examples == Some(0) {
+        return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
+    }
+    let ck = DiffusersCheckpoint::load(&a.checkpoint, dev)?;
+    let data_path = a
+        .data
+        .clone()
+        .ok_or_else(|| Error::field("--data", "required with a diffusers checkpoint"))?;
+    let split_path = a
+        .split
+        .clone()
+        .ok_or_else(|| Error::field("--split", "required with a diffusers checkpoint"))?;
+    let images = ImageSet::load(&data_path)?;
+    let split = SplitManifest::load(&split_path)?;
+    let den = ck.denoiser(images.shape, a.batch_size)?;
+    let mut plan = build_plan(&a, &den.schedule)?;
+    if plan.attacks.contains(&AttackKind::Empirical) {
+        eprintln!("warning: the empirical attack is for 8×8 checkpoints; skipped for this diffusers checkpoint");
+        plan.attacks.retain(|k| *k != AttackKind::Empirical);
+    }
+    check_out_dirs(&a)?;
+    let bar = crate::report::progress::bar((plan.attacks.len() * plan.timesteps.len()) as u64, a.quiet, "mia");
+    let report = crate::attacks::diffusers::run(
+        &ck,
+        &den,
+        &images,
+        &split,
+        &split_path,
+        &plan,
+        a.max_examples,
+        dev_name,
+        Some(&bar),
+    )?;
+    bar.finish_and_clear();
+    finish(&a, report)
+}
+
+fn check_out_dirs(a: &Args) -> crate::Result<()> {
+    if let Some(p) = a.out.iter().chain(a.roc_out.iter()).next() {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.is_dir() {
+                return Err(Error::input(format!("output folder {} does not exist", dir.display())));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn finish(a: &Args, report: MiaReport) -> anyhow::Result<i32> {
     let body = match a.format {
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Csv => csv(&report),
