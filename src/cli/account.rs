@@ -21,7 +21,9 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// `--neighbouring` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NeighbouringArg {
+    /// Add or remove one record.
     AddRemove,
+    /// Replace one record.
     ReplaceOne,
 }
 
@@ -46,6 +48,7 @@ impl From<NeighbouringArg> for Neighbouring {
   dpaudit account --event fixtures/events/heterogeneous.toml --delta 1e-5 --accountant pld,rdp
 
 Exit codes: 0 ok; 2 bad flags/file, or no accountant supports the event.")]
+/// Account a DP-SGD-style event from flags, or any event tree from a TOML file.
 pub struct Args {
     /// Noise multiplier σ of the Gaussian step (noise std = σ × L2 sensitivity).
     #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
@@ -228,19 +231,16 @@ fn account(plan: &Plan) -> Output {
             }),
         }
     }
-    let headline = results
-        .iter()
-        .filter(|r| r.kind.is_sound())
-        .min_by(|a, b| match plan.query {
-            Query::Epsilon { .. } => a.epsilon.total_cmp(&b.epsilon),
-            Query::Delta { .. } => a.delta.total_cmp(&b.delta),
-        })
-        .map(|r| Headline {
-            accountant: r.accountant,
-            epsilon: r.epsilon,
-            delta: r.delta,
-            kind: r.kind,
-        });
+    let headline = match plan.query {
+        Query::Epsilon { .. } => crate::accountants::sound::tightest_upper(&results),
+        Query::Delta { .. } => crate::accountants::sound::tightest_upper_delta(&results),
+    }
+    .map(|r| Headline {
+        accountant: r.accountant,
+        epsilon: r.epsilon,
+        delta: r.delta,
+        kind: r.kind,
+    });
     let (delta, epsilon, query) = match plan.query {
         Query::Epsilon { delta } => (Some(delta), None, "epsilon"),
         Query::Delta { epsilon } => (None, Some(epsilon), "delta"),
@@ -263,6 +263,8 @@ fn kind_words(k: crate::accountants::BoundKind) -> &'static str {
         crate::accountants::BoundKind::Exact => "exact",
         crate::accountants::BoundKind::UpperBound => "upper bound",
         crate::accountants::BoundKind::Estimate => "ESTIMATE (not a guarantee)",
+        crate::accountants::BoundKind::LowerBound => "lower bound",
+        crate::accountants::BoundKind::DataDependent => "data-dependent: not a DP guarantee",
     }
 }
 
@@ -362,6 +364,7 @@ fn render_csv(o: &Output) -> Result<String> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// Runs `dpaudit account`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let plan = plan(args)?;
     let out = account(&plan);

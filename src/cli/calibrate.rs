@@ -15,9 +15,13 @@ use crate::events::{DpEvent, Neighbouring};
 pub const SCHEMA_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// `--solve-for` values.
 pub enum SolveForArg {
+    /// Solve for the noise multiplier σ.
     NoiseMultiplier,
+    /// Solve for the sampling rate q.
     SampleRate,
+    /// Solve for the number of steps.
     Steps,
 }
 
@@ -42,6 +46,7 @@ impl From<SolveForArg> for SolveFor {
 The answer is re-checked with the accountant and always on the safe side (ε ≤ target).
 --accountant clt gives an ESTIMATE, not a guarantee.
 Exit codes: 0 ok; 2 bad flags, unreachable target, or unsupported event.")]
+/// Find the noise multiplier, sampling rate or steps that meet a target ε.
 pub struct Args {
     /// Target ε.
     #[arg(long, allow_negative_numbers = true)]
@@ -183,6 +188,7 @@ fn plan(args: &Args) -> Result<(AccountantKind, DpSgd, SolveFor, f64, f64, Forma
     ))
 }
 
+/// Runs `dpaudit calibrate`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let (kind, fixed, solve_for, target, delta, format) = plan(&args)?;
     let neighbouring = Neighbouring::from(args.neighbouring);
@@ -244,6 +250,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     BoundKind::Estimate => "ESTIMATE, not a guarantee",
                     BoundKind::UpperBound => "upper bound",
                     BoundKind::Exact => "exact",
+                    BoundKind::LowerBound => "lower bound",
+                    BoundKind::DataDependent => "data-dependent: not a DP guarantee",
                 }
             );
             for w in &out.warnings {

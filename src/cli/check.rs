@@ -38,6 +38,7 @@ a CLT estimate inside the budget does not pass a pipeline whose sound bound is o
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// CI guard: exit 1 when a pipeline exceeds its ε budget.
 pub struct Args {
     /// Event file (TOML with `schema_version` and `[event]`) or diffusion sampler config.
     pub config: PathBuf,
@@ -73,7 +74,9 @@ pub struct Args {
 /// A pipeline ready to account.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
+    /// The event to account.
     pub event: DpEvent,
+    /// The neighbouring relation it is accounted under.
     pub neighbouring: Neighbouring,
     /// δ stated by the file, if any.
     pub delta: Option<f64>,
@@ -125,6 +128,7 @@ pub fn load_pipeline(path: &Path) -> Result<Pipeline> {
     .with_file(path))
 }
 
+/// Runs `dpaudit check`; returns the exit code (0 within budget, 1 over, 2 bad input).
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let start = Instant::now();
     match run_inner(&args, start) {

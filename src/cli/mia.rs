@@ -35,6 +35,7 @@ training is wrong); 2 bad input (e.g. checkpoint and config do not match).";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// Membership-inference attacks on a trained denoiser.
 pub struct Args {
     /// Checkpoint card (<stem>.toml), weights (<stem>.safetensors) or stem; or a diffusers
     /// checkpoint folder (config.json + diffusion_pytorch_model.safetensors + scheduler_config.json).
@@ -78,6 +79,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1e-5)]
     pub delta: f64,
     #[arg(long, default_value_t = 0)]
+    /// Seed of the noise draws, splits and bootstrap.
     pub seed: u64,
     /// Also run every attack with member labels shuffled at random (null test).
     #[arg(long)]
@@ -92,6 +94,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub cosine: Vec<String>,
     #[arg(long, value_enum, default_value = "text")]
+    /// Output format.
     pub format: Format,
     /// Write the report here instead of stdout.
     #[arg(long)]
@@ -100,6 +103,7 @@ pub struct Args {
     #[arg(long)]
     pub roc_out: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "auto")]
+    /// Device to run the model on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
     /// No progress bar.
     #[arg(long)]
@@ -347,6 +351,7 @@ fn build_plan(a: &Args, schedule: &crate::models::Schedule) -> crate::Result<Mia
     })
 }
 
+/// Runs `dpaudit mia`; returns the exit code.
 pub fn run(a: Args) -> anyhow::Result<i32> {
     if !(a.confidence > 0.0 && a.confidence < 1.0) {
         return Err(Error::field("--confidence", "must be in (0, 1)").into());

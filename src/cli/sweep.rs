@@ -18,6 +18,7 @@ dpaudit sweep fixtures/samplers/edm-cifar10-paper.toml --sigma-min 0.002..5 --po
 Every accountant is its own set of columns (<name>_epsilon, <name>_kind, <name>_status). The default\n\
 accountants are gdp (exact at p = 1; full-batch upper bound at p < 1) and clt (an estimate, never a\n\
 guarantee); add pld/rdp with --accountant gdp,clt,pld (slower). The step convention is a column.")]
+/// Sweep a sampler configuration over a grid of settings.
 pub struct Args {
     /// Sampler configuration (TOML, constant density).
     pub config: PathBuf,
@@ -92,6 +93,7 @@ pub fn parse_range(s: &str) -> Result<(f64, f64)> {
     Ok((a, b))
 }
 
+/// Runs `dpaudit sweep`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let accountants = parse_accountants(&args.accountant)?;
     let cfg = SamplerConfig::load(&args.config)?;

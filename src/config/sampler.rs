@@ -43,19 +43,27 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SamplerConfig {
+    /// Format version; must be 1.
     pub schema_version: u32,
     #[serde(default)]
+    /// Optional name shown in reports.
     pub name: Option<String>,
     #[serde(default)]
+    /// Optional description shown in reports.
     pub description: Option<String>,
     /// Step convention (stated in every output).
     pub convention: Convention,
     #[serde(default = "default_delta")]
+    /// δ at which ε is reported.
     pub delta: f64,
     #[serde(default)]
+    /// Neighbouring relation (default add/remove).
     pub neighbouring: Neighbouring,
+    /// `[schedule]`: the noise levels.
     pub schedule: Schedule,
+    /// `[privacy]`: clipping, dataset size, subsampling.
     pub privacy: PrivacyConfig,
+    /// `[density]`: p_t(x_t) in the per-step μ.
     pub density: DensityConfig,
     /// Directory of the file the config came from (relative data paths resolve against it).
     #[serde(skip)]
@@ -93,6 +101,7 @@ pub struct PrivacyConfig {
     #[serde(default = "one")]
     pub clip_norm: f64,
     #[serde(default)]
+    /// How the clipping norm scales with the noise level.
     pub clip_scale: ClipScale,
     /// |D|; required with a constant density, taken from the data file otherwise.
     #[serde(default)]
@@ -119,7 +128,10 @@ pub struct PrivacyConfig {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DensityConfig {
     /// p_t(x_t) ≡ β (the paper's §6 setting, β = 1).
-    Constant { beta: f64 },
+    Constant {
+        /// The density β (> 0).
+        beta: f64,
+    },
     /// p_t(x_t) evaluated along real trajectories of the empirical denoiser on a data file.
     Trajectories(TrajectoryConfig),
 }
@@ -143,6 +155,7 @@ pub struct TrajectoryConfig {
     #[serde(default = "default_trajectories")]
     pub trajectories: usize,
     #[serde(default)]
+    /// Seed of the trajectories.
     pub seed: u64,
 }
 

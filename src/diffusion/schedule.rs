@@ -38,37 +38,58 @@ pub enum Spacing {
 pub enum Schedule {
     /// EDM / Karras: `levels` = N noise levels from σ_max down to σ_min.
     Edm {
+        /// Smallest noise level σ_min.
         sigma_min: f64,
+        /// Largest noise level σ_max.
         sigma_max: f64,
+        /// Karras ρ.
         rho: f64,
+        /// Number of noise levels N.
         levels: usize,
     },
     /// DDPM with a linear β schedule over `timesteps` training steps; `levels` (default all)
     /// picks a DDIM sub-sequence with `spacing`.
     DdpmLinear {
+        /// β of the first training step.
         beta_start: f64,
+        /// β of the last training step.
         beta_end: f64,
+        /// Number of training steps.
         timesteps: usize,
         #[serde(default)]
+        /// Sampler levels (default: all training steps).
         levels: Option<usize>,
         #[serde(default)]
+        /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
     },
     /// DDPM with the cosine ᾱ schedule (offset `s`, β clipped at `max_beta`).
     DdpmCosine {
         #[serde(default = "default_cosine_s")]
+        /// Offset s of the cosine schedule.
         s: f64,
         #[serde(default = "default_max_beta")]
+        /// Largest β after clipping.
         max_beta: f64,
+        /// Number of training steps.
         timesteps: usize,
         #[serde(default)]
+        /// Sampler levels (default: all training steps).
         levels: Option<usize>,
         #[serde(default)]
+        /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
     },
     /// Rectified flow / flow matching: `levels` equally spaced noise fractions from `s_max`
     /// down to `s_min` (both in (0, 1)).
-    FlowMatching { s_min: f64, s_max: f64, levels: usize },
+    FlowMatching {
+        /// Smallest noise fraction.
+        s_min: f64,
+        /// Largest noise fraction.
+        s_max: f64,
+        /// Number of levels.
+        levels: usize,
+    },
 }
 
 fn default_cosine_s() -> f64 {
@@ -91,6 +112,7 @@ pub enum Convention {
 }
 
 impl Convention {
+    /// The convention's letter (`A`, `B` or `C`).
     pub fn as_str(self) -> &'static str {
         match self {
             Convention::A => "A",

@@ -14,11 +14,17 @@ use crate::error::{Error, Result};
 /// The axes of a sweep. An empty axis means "the config's value".
 #[derive(Debug, Clone, Default)]
 pub struct SweepSpec {
+    /// σ_min values (EDM only).
     pub sigma_min: Vec<f64>,
+    /// Numbers of levels N.
     pub levels: Vec<usize>,
+    /// Subsampling rates p.
     pub subsample_rate: Vec<f64>,
+    /// Switch points to the public denoiser.
     pub switch_at: Vec<f64>,
+    /// Numbers of samples.
     pub samples: Vec<u64>,
+    /// Accountants to run at each point.
     pub accountants: Vec<AccountantKind>,
 }
 
@@ -26,15 +32,25 @@ pub struct SweepSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SweepRow {
+    /// σ_min of the point (EDM only).
     pub sigma_min: Option<f64>,
+    /// Number of levels N.
     pub levels: usize,
+    /// Subsampling rate p.
     pub subsample_rate: f64,
+    /// Switch point.
     pub switch_at: f64,
+    /// Number of samples.
     pub samples: u64,
+    /// Step convention.
     pub convention: String,
+    /// Number of private steps per sample.
     pub private_steps: usize,
+    /// Largest per-step μ.
     pub max_step_mu: f64,
+    /// Full-batch GDP μ over all private steps and samples.
     pub full_batch_mu: f64,
+    /// One line per accountant.
     pub accountants: Vec<AccountantLine>,
 }
 

@@ -53,10 +53,12 @@ impl OutputDir {
         })
     }
 
+    /// The output directory or file.
     pub fn path(&self) -> &Path {
         &self.dir
     }
 
+    /// Whether existing files may be overwritten.
     pub fn force(&self) -> bool {
         self.force
     }
