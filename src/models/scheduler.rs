@@ -427,11 +427,11 @@ pub fn sampler_toml_from_scheduler(
     table.entry("schema_version").or_insert(toml::Value::Integer(1));
     for (section, key, default) in DEFAULTS {
         let t: &mut toml::Table = if section.is_empty() {
-            table
+            &mut *table
         } else {
             table
                 .entry(section.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .or_insert(toml::Value::Table(toml::Table::new()))
                 .as_table_mut()
                 .ok_or_else(|| err(toml_path, section, "expected a table"))?
         };

@@ -60,7 +60,7 @@ impl Act {
     fn apply(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Act::Silu => candle_nn::ops::silu(x)?,
-            Act::Mish => (x * x.exp()?.log1p()?.tanh()?)?,
+            Act::Mish => (x * (x.exp()? + 1.0)?.log()?.tanh()?)?,
             Act::Gelu => x.gelu_erf()?,
             Act::Relu => x.relu()?,
         })
@@ -942,14 +942,14 @@ impl Unet2dModel {
             }
             TimeEmbedding::Fourier => {
                 let w: Vec<f32> = self.fourier_w.as_ref().unwrap().to_vec1()?;
-                let two_pi = std::f32::consts::PI;
+                let pi = std::f32::consts::PI;
                 let mut out = vec![0f32; b * 2 * c0];
                 for (r, &tt) in t.iter().enumerate() {
                     let lt = (tt as f32).ln();
                     let row = &mut out[r * 2 * c0..(r + 1) * 2 * c0];
                     for (i, &wi) in w.iter().enumerate() {
                         // x·W·2·π in f32, in diffusers' order of operations.
-                        let a = (lt * wi * 2.0 * two_pi) as f64;
+                        let a = (lt * wi * 2.0 * pi) as f64;
                         row[i] = a.sin() as f32;
                         row[c0 + i] = a.cos() as f32;
                     }
