@@ -149,6 +149,32 @@ pub fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     toml::from_str(&src).map_err(|e| from_toml(path, &src, e))
 }
 
+/// True when `message` describes a write to a closed pipe (the reader, e.g. `| head`, exited).
+pub fn is_broken_pipe_message(message: &str) -> bool {
+    message.contains("Broken pipe") || message.contains("os error 32")
+}
+
+/// Makes a closed stdout/stderr pipe end the process quietly with exit code 0 instead of a
+/// panic: Rust ignores SIGPIPE, so `print!` to a pipe whose reader has exited (`dpaudit … | head`)
+/// panics with "failed printing to stdout: Broken pipe". The reader has all it asked for, so
+/// there is nothing to report. Every other panic goes to the previous hook unchanged. Called
+/// once at the start of `main`.
+pub fn install_broken_pipe_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if payload.starts_with("failed printing to std") && is_broken_pipe_message(payload) {
+            std::process::exit(0);
+        }
+        previous(info);
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,7 @@ pub mod config;
 pub mod diffusion;
 pub mod error;
 pub mod events;
+pub mod limits;
 pub mod models;
 pub mod numeric;
 pub mod pipelines;

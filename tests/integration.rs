@@ -10,7 +10,11 @@ mod integration {
     mod clt;
     pub mod common;
     mod diffusers;
+    mod docs;
+    mod fuzz;
     mod gdp;
+    mod hostile;
+    mod inputs;
     mod pipelines;
     mod pld;
     mod rdp;

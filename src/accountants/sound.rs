@@ -419,7 +419,7 @@ fn pair_step(c: &Component, nb: Neighbouring) -> Option<PairStep> {
     let Mechanism::Gaussian { noise_multiplier } = c.mechanism else {
         return None;
     };
-    if !(noise_multiplier > 0.0) || c.count == 0 {
+    if noise_multiplier.is_nan() || noise_multiplier <= 0.0 || c.count == 0 {
         return None;
     }
     let mu = 1.0 / noise_multiplier;

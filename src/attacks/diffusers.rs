@@ -7,7 +7,8 @@ use std::path::Path;
 use indicatif::ProgressBar;
 
 use super::mia::{self, AttackKind};
-use super::pipeline::{MiaPlan, MiaReport, TargetInfo};
+use super::pipeline::{evaluate_scores, Evaluated, MiaPlan, MiaReport, TargetInfo};
+use super::scores::{self, ScoreSet};
 use crate::error::{Error, Result};
 use crate::models::data::indices_sha256;
 use crate::models::diffusers::{DiffusersCheckpoint, DiffusersDenoiser};
@@ -28,9 +29,22 @@ struct TrainingRecord {
     command: Option<String>,
 }
 
+impl super::denoiser::Denoiser for DiffusersDenoiser<'_> {
+    fn dim(&self) -> usize {
+        crate::models::eps::EpsPredictor::dim(self)
+    }
+    fn alpha_bars(&self) -> &[f64] {
+        &self.schedule.alpha_bars
+    }
+    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
+        crate::models::eps::EpsPredictor::predict_eps(self, x, t)
+    }
+}
+
 /// Runs the plan's attacks on `den` (a loaded diffusers checkpoint) with the split's members and
 /// non-members; `max_examples` keeps only the first that many of each (a reduced set for quick
-/// runs). The empirical attack and the Table-2/cosine extras are for 8×8 checkpoints only.
+/// runs). The empirical attack, audits and the Table-2/cosine extras are for 8×8 checkpoints
+/// only. No DP ledger exists for a diffusers checkpoint, so results have no theoretical limit.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     ck: &DiffusersCheckpoint,
@@ -45,9 +59,9 @@ pub fn run(
 ) -> Result<MiaReport> {
     let start = std::time::Instant::now();
     images.check_split(split, split_path)?;
-    if plan.table2.is_some() || !plan.cosine_steps.is_empty() {
+    if plan.table2.is_some() || !plan.cosine_steps.is_empty() || plan.audit.is_some() {
         return Err(Error::input(
-            "--table2 and --cosine need the empirical denoiser (8×8 checkpoints only)",
+            "--table2, --cosine and --audit are for dpaudit's own 8×8 checkpoints",
         ));
     }
     if plan.attacks.contains(&AttackKind::Empirical) {
@@ -79,58 +93,65 @@ pub fn run(
     let nonmember_ix = cap(&split.nonmembers);
     let members = images.rows(&member_ix);
     let nonmembers = images.rows(&nonmember_ix);
-    let sched = &den.schedule;
-    let mut results = Vec::new();
-    let mut null_results = Vec::new();
+    let ids: Vec<String> = member_ix.iter().chain(&nonmember_ix).map(|i| i.to_string()).collect();
+    let labels: Vec<bool> = member_ix
+        .iter()
+        .map(|_| true)
+        .chain(nonmember_ix.iter().map(|_| false))
+        .collect();
+    let mut records = Vec::new();
     for &kind in &plan.attacks {
         for &t in &plan.timesteps {
             if let Some(b) = bar {
                 b.set_message(format!("{} at t = {t}", kind.as_str()));
             }
-            let pos = mia::scores(kind, den, sched, &[], &members, t, &plan.score)?;
-            let neg = mia::scores(kind, den, sched, &[], &nonmembers, t, &plan.score)?;
-            if plan.null_test {
-                let (p2, n2) = mia::shuffled(&pos, &neg, plan.metric.seed ^ t as u64);
-                let mut r = mia::evaluate(kind, t, &p2, &n2, &plan.metric, &[])?;
-                r.shuffled_labels = true;
-                null_results.push(r);
-            }
-            results.push(mia::evaluate(kind, t, &pos, &neg, &plan.metric, &[])?);
+            let mut s = mia::scores(kind, den, &[], &members, t, &plan.score)?;
+            s.extend(mia::scores(kind, den, &[], &nonmembers, t, &plan.score)?);
+            records.extend(scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s));
             if let Some(b) = bar {
                 b.inc(1);
             }
         }
     }
-    let arch = ck.model.config.describe();
+    let name = ck.dir.display().to_string();
+    let Evaluated {
+        results,
+        null_results,
+        one_run,
+        many_runs,
+        comparisons,
+    } = evaluate_scores(&records, plan, None, Some(&name))?;
     Ok(MiaReport {
-        schema: "dpaudit.mia/1".into(),
-        target: TargetInfo {
-            checkpoint: ck.dir.display().to_string(),
-            arch,
+        schema: "dpaudit.mia/2".into(),
+        target: Some(TargetInfo {
+            checkpoint: name,
+            arch: ck.model.config.describe(),
             parameters: ck.model.parameters,
             trained_on: "members".into(),
-            train_rows: record
-                .as_ref()
-                .and_then(|r| r.rows)
-                .unwrap_or(split.members.len()),
+            train_rows: record.as_ref().and_then(|r| r.rows).unwrap_or(split.members.len()),
             steps: record.as_ref().and_then(|r| r.steps).unwrap_or(0) as usize,
             command: record
                 .as_ref()
                 .and_then(|r| r.command.clone())
                 .unwrap_or_else(|| "(no training.json beside the checkpoint)".into()),
+            randomness: "unknown (trained outside dpaudit)".into(),
             dp: None,
-        },
+        }),
+        scores_file: None,
         split: split_path.display().to_string(),
         data: images.path.display().to_string(),
         device: device.to_string(),
         seed: plan.score.seed,
         delta: plan.metric.delta,
-        confidence: plan.metric.level,
-        event: None,
-        guarantees: Vec::new(),
-        accountants_skipped: Vec::new(),
+        confidence: 1.0 - plan.metric.alpha,
+        checkpoint_basis: None,
+        sampler_basis: None,
         results,
         null_results,
+        one_run,
+        many_runs,
+        comparisons,
+        warnings: Vec::new(),
         cosine: Vec::new(),
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),

@@ -195,6 +195,13 @@ where
     if reps < 10 {
         return Err(Error::field("--bootstrap", "need at least 10 resamples"));
     }
+    // Each resample keeps one statistic and costs a pass over every score.
+    let per_rep = (pos.len() + neg.len()) as f64;
+    crate::limits::check(
+        "--bootstrap",
+        reps as f64,
+        crate::limits::Cost::new(8.0, crate::limits::BOOTSTRAP_SCORE.work * per_rep.max(1.0)),
+    )?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xb007_57a9);
     let mut vals = Vec::with_capacity(reps);
     let mut bp = vec![0.0; pos.len()];

@@ -100,19 +100,21 @@ pub fn mu_without_amplification(event: &DpEvent) -> Option<f64> {
 /// Every sound guarantee available for `event` at `delta` (accountants that do not support the
 /// event are skipped; each skipped one is named in the second list).
 pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
+    guarantees_for(event, Neighbouring::AddRemove, delta)
+}
+
+/// As [`guarantees`], under the neighbouring relation `nb`.
+pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     for kind in [AccountantKind::Pld, AccountantKind::Rdp, AccountantKind::Gdp] {
         let acc = kind.build();
-        match acc
-            .supports(event, Neighbouring::AddRemove)
-            .and_then(|_| acc.epsilon(event, Neighbouring::AddRemove, delta))
-        {
+        match acc.supports(event, nb).and_then(|_| acc.epsilon(event, nb, delta)) {
             Ok(r) if r.kind.is_sound() => out.push(Guarantee {
                 source: kind.as_str().to_string(),
                 epsilon: r.epsilon,
                 delta: r.delta,
-                mu: if kind == AccountantKind::Gdp {
+                mu: if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
                     gdp::composed_mu(event).ok()
                 } else {
                     None
@@ -123,7 +125,7 @@ pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Guarantee>, Vec<String>) 
             Err(e) => skipped.push(format!("{}: {}", kind.as_str(), e.message)),
         }
     }
-    if let Some(mu) = mu_without_amplification(event) {
+    if let Some(mu) = mu_without_amplification(event).filter(|_| nb == Neighbouring::AddRemove) {
         if !out.iter().any(|g| g.source == "gdp") {
             if let Ok(eps) = gdp::epsilon_for_delta(mu, delta) {
                 out.push(Guarantee {

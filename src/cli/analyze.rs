@@ -41,6 +41,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let accountants = parse_accountants(&args.accountant)?;
     let mut cfg = SamplerConfig::load(&args.config)?;
+    cfg.warn_defaults(&args.config);
     if let Some(d) = args.delta {
         if !(d > 0.0 && d < 1.0) {
             return Err(Error::field("--delta", format!("δ must be in (0, 1), got {d}")).into());

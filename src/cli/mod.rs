@@ -99,6 +99,15 @@ where
     };
     match result {
         Ok(code) => code,
+        // The reader of stdout went away (`| head`): it has what it asked for; end quietly.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            EXIT_OK
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             e.downcast_ref::<crate::Error>()

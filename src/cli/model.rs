@@ -98,12 +98,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 }
                 (None, Some(v)) => v.iter().map(|&s| s as f64).collect(),
                 _ => {
-                    return Err(Error::input(format!(
-                        "element type {} (expected int64 <i8)",
-                        t.dtype.descr()
-                    ))
-                    .with_file(&e.timesteps)
-                    .into())
+                    return Err(
+                        Error::input(format!("element type {} (expected int64 <i8)", t.dtype.descr()))
+                            .with_file(&e.timesteps)
+                            .into(),
+                    )
                 }
             };
             if t.shape != [x.shape[0]] {

@@ -15,6 +15,7 @@ use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnost
 use crate::config::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
+use crate::limits;
 use crate::numeric;
 
 /// One step of the analysis.
@@ -158,6 +159,29 @@ pub fn plan(cfg: &SamplerConfig) -> Result<Plan> {
                     c: cfg.privacy.clip_norm,
                 },
             };
+            // Before any trajectory is allocated: the B × N distance/weight matrices must fit
+            // the memory cap, and B × N × d × steps the work cap.
+            let traj = tc.trajectories as u64;
+            limits::check_product("density.trajectories", &[traj, data.n as u64], limits::DENOISER_CELL)
+                .and_then(|_| {
+                    limits::check_product(
+                        "density.trajectories",
+                        &[traj, data.n as u64, data.d as u64, steps.len() as u64],
+                        limits::DENOISER_STEP,
+                    )
+                })
+                .map_err(|e| {
+                    let mut e = e;
+                    e.message = format!(
+                        "{} trajectories over {} records of dimension {} and {} steps: {}",
+                        tc.trajectories,
+                        data.n,
+                        data.d,
+                        steps.len(),
+                        e.message
+                    );
+                    e
+                })?;
             let den = EmpiricalDenoiser::new(&data, candle_core::DType::F64, &candle_core::Device::Cpu)?;
             // Trajectories of the full-batch, clipped empirical denoiser; public steps are run
             // by the empirical denoiser too (no public model here), their μ is not accounted.
@@ -337,6 +361,40 @@ pub fn gdp_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64)
     }
 }
 
+/// The same GDP line as [`gdp_line`] without building an event tree (sweeps): μ² summed as the
+/// GDP accountant sums it (count / noise_multiplier², DRS Cor. 3.3), ε from the exact μ-GDP curve.
+pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> AccountantLine {
+    if mus.iter().any(|m| !(m.is_finite() && *m > 0.0)) || crate::accountants::check_delta(delta).is_err() {
+        return gdp_line(mus, p, samples, Neighbouring::AddRemove, delta);
+    }
+    let count = samples as f64;
+    let mu = mus
+        .iter()
+        .map(|&m| {
+            let nm = 1.0 / m;
+            count / (nm * nm)
+        })
+        .sum::<f64>()
+        .sqrt();
+    match crate::accountants::gdp::epsilon_for_delta(mu, delta) {
+        Ok(eps) => AccountantLine {
+            accountant: AccountantKind::Gdp,
+            kind: Some(if p < 1.0 {
+                BoundKind::UpperBound
+            } else {
+                BoundKind::Exact
+            }),
+            epsilon: Some(eps),
+            delta,
+            mu: Some(mu),
+            status: "ok".into(),
+            note: (p < 1.0).then(|| "full-batch μ: ignores the amplification by subsampling".into()),
+            diagnostics: Vec::new(),
+        },
+        Err(e) => AccountantLine::unavailable(AccountantKind::Gdp, delta, e),
+    }
+}
+
 /// ε from the CLT (DRS Thm 3.5 on C_p(G_{μ_t}), App. A) through the accountant trait: an
 /// estimate whenever a step is subsampled (all full batch: the exact GDP value).
 pub fn clt_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64) -> AccountantLine {
@@ -445,6 +503,7 @@ pub fn account_mus_with(
     accountants
         .iter()
         .map(|&a| match a {
+            AccountantKind::Gdp if fast => gdp_line_fast(mus, p, samples, delta),
             AccountantKind::Gdp => gdp_line(mus, p, samples, nb, delta),
             AccountantKind::Clt if fast => clt_line_fast(mus, p, samples, nb, delta),
             AccountantKind::Clt => clt_line(mus, p, samples, nb, delta),
@@ -664,6 +723,13 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
     let p = cfg.privacy.subsample_rate;
     let s = cfg.privacy.samples;
     let mut warnings = Vec::new();
+    for (d, text) in cfg.defaulted.iter().zip(cfg.default_warnings()) {
+        warnings.push(Diagnostic {
+            code: format!("defaulted_{}", d.field.replace('.', "_")),
+            message: text,
+            severe: false,
+        });
+    }
     if mus.is_empty() {
         warnings.push(Diagnostic {
             code: "no_private_steps".into(),

@@ -9,7 +9,6 @@
 //! row maximum subtracted (stable for tiny t), and the weighted mean as (Xᵀ·Wᵀ)ᵀ, which gemm
 //! runs faster than W·X (../shared/STACK.md).
 
-use std::io::Read;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor, D};
@@ -57,13 +56,12 @@ impl Dataset {
         max_rows: Option<usize>,
     ) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
-        let mut text = String::new();
-        let res = if path.extension().is_some_and(|e| e == "gz") {
-            flate2::read::GzDecoder::new(file).read_to_string(&mut text)
+        // Decompression is capped: a small gzip file cannot inflate past the memory cap.
+        let text = if path.extension().is_some_and(|e| e == "gz") {
+            crate::limits::read_text_capped(flate2::read::GzDecoder::new(file), path)?
         } else {
-            std::io::BufReader::new(file).read_to_string(&mut text)
+            crate::limits::read_text_capped(std::io::BufReader::new(file), path)?
         };
-        res.map_err(|e| Error::io(path, &e))?;
         let mut values = Vec::new();
         let mut d = None;
         for (i, line) in text.lines().enumerate() {

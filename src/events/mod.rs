@@ -180,10 +180,10 @@ impl DpEvent {
     /// Checks every parameter once (validate once, then trust). Errors name the path of the
     /// offending field, e.g. `event.events[1].q`.
     pub fn validate(&self) -> Result<()> {
-        self.validate_at("event")
+        self.validate_at(&Path::Root)
     }
 
-    fn validate_at(&self, path: &str) -> Result<()> {
+    fn validate_at(&self, path: &Path<'_>) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::field(format!("{path}.{field}"), msg));
         match self {
             DpEvent::NoOp => Ok(()),
@@ -206,7 +206,7 @@ impl DpEvent {
                 if !(*q > 0.0 && *q <= 1.0) {
                     return bad("q", format!("sampling probability must be in (0, 1], got {q}"));
                 }
-                event.validate_at(&format!("{path}.event"))
+                event.validate_at(&Path::Event(path))
             }
             DpEvent::SampledWithoutReplacement { n, m, event } => {
                 if *n == 0 {
@@ -215,15 +215,15 @@ impl DpEvent {
                 if *m == 0 || m > n {
                     return bad("m", format!("sample size must be in 1..={n}, got {m}"));
                 }
-                event.validate_at(&format!("{path}.event"))
+                event.validate_at(&Path::Event(path))
             }
             DpEvent::Composed { events } => {
                 for (i, e) in events.iter().enumerate() {
-                    e.validate_at(&format!("{path}.events[{i}]"))?;
+                    e.validate_at(&Path::Events(path, i))?;
                 }
                 Ok(())
             }
-            DpEvent::SelfComposed { event, .. } => event.validate_at(&format!("{path}.event")),
+            DpEvent::SelfComposed { event, .. } => event.validate_at(&Path::Event(path)),
         }
     }
 
@@ -231,29 +231,15 @@ impl DpEvent {
     /// (a sampled event inside another sampling wrapper) and sampling around anything but a
     /// single mechanism are reported as unsupported with their path.
     pub fn components(&self) -> Result<Vec<Component>> {
-        let mut out: Vec<Component> = Vec::new();
-        self.collect("event", 1, &mut out)?;
-        Ok(out)
+        let mut acc = Collector::default();
+        self.collect(&Path::Root, 1, &mut acc)?;
+        Ok(acc.out)
     }
 
-    fn collect(&self, path: &str, mult: u64, out: &mut Vec<Component>) -> Result<()> {
-        let push = |out: &mut Vec<Component>, sampling: Sampling, mechanism: Mechanism, count: u64| {
-            if count == 0 {
-                return;
-            }
-            if let Some(c) = out
-                .iter_mut()
-                .find(|c| c.sampling == sampling && c.mechanism == mechanism)
-            {
-                c.count = c.count.saturating_add(count);
-            } else {
-                out.push(Component {
-                    sampling,
-                    mechanism,
-                    count,
-                });
-            }
-        };
+    /// Walks the tree once. Equal components are merged through a hash map keyed by their
+    /// bit patterns, so collecting n parts costs O(n) rather than O(n²); the path of the node
+    /// being visited is a chain of borrowed segments, formatted only into an error message.
+    fn collect(&self, path: &Path<'_>, mult: u64, acc: &mut Collector) -> Result<()> {
         let leaf = |e: &DpEvent| -> Option<Mechanism> {
             match e {
                 DpEvent::Gaussian { noise_multiplier } => Some(Mechanism::Gaussian {
@@ -266,38 +252,39 @@ impl DpEvent {
                 _ => None,
             }
         };
+        let unsupported = |path: &Path<'_>, inner: &DpEvent| {
+            Error::unsupported(format!(
+                "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
+                inner.type_name()
+            ))
+        };
         match self {
             DpEvent::NoOp => Ok(()),
             DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } => {
-                push(out, Sampling::Full, leaf(self).unwrap(), mult);
+                if let Some(m) = leaf(self) {
+                    acc.push(Sampling::Full, m, mult);
+                }
                 Ok(())
             }
             DpEvent::PoissonSampled { q, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(Error::unsupported(format!(
-                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
-                        inner.type_name()
-                    )));
+                    return Err(unsupported(path, inner));
                 };
                 let s = if *q >= 1.0 {
                     Sampling::Full
                 } else {
                     Sampling::Poisson { q: *q }
                 };
-                push(out, s, m, mult.saturating_mul(count));
+                acc.push(s, m, mult.saturating_mul(count));
                 Ok(())
             }
             DpEvent::SampledWithoutReplacement { n, m: size, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(Error::unsupported(format!(
-                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
-                        inner.type_name()
-                    )));
+                    return Err(unsupported(path, inner));
                 };
-                push(
-                    out,
+                acc.push(
                     Sampling::WithoutReplacement { n: *n, m: *size },
                     m,
                     mult.saturating_mul(count),
@@ -306,12 +293,12 @@ impl DpEvent {
             }
             DpEvent::Composed { events } => {
                 for (i, e) in events.iter().enumerate() {
-                    e.collect(&format!("{path}.events[{i}]"), mult, out)?;
+                    e.collect(&Path::Events(path, i), mult, acc)?;
                 }
                 Ok(())
             }
             DpEvent::SelfComposed { event, count } => {
-                event.collect(&format!("{path}.event"), mult.saturating_mul(*count), out)
+                event.collect(&Path::Event(path), mult.saturating_mul(*count), acc)
             }
         }
     }
@@ -383,6 +370,70 @@ fn unwrap_repeat(e: &DpEvent) -> (&DpEvent, u64) {
             (inner, c.saturating_mul(*count))
         }
         other => (other, 1),
+    }
+}
+
+/// The path of a node in the tree (`event.events[3].event`), built only when an error
+/// names it.
+enum Path<'a> {
+    Root,
+    Events(&'a Path<'a>, usize),
+    Event(&'a Path<'a>),
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Path::Root => f.write_str("event"),
+            Path::Events(p, i) => write!(f, "{p}.events[{i}]"),
+            Path::Event(p) => write!(f, "{p}.event"),
+        }
+    }
+}
+
+/// Hash key of a component: the bit patterns of its parameters (NaN never reaches here:
+/// events are validated first; adding 0.0 maps −0.0 to 0.0 so the two merge as before).
+type ComponentKey = (u8, u64, u64, u8, [u64; 2]);
+
+fn component_key(sampling: Sampling, mechanism: Mechanism) -> ComponentKey {
+    let (sk, sa, sb) = match sampling {
+        Sampling::Full => (0u8, 0u64, 0u64),
+        Sampling::Poisson { q } => (1, (q + 0.0).to_bits(), 0),
+        Sampling::WithoutReplacement { n, m } => (2, n, m),
+    };
+    let (mk, mp) = match mechanism {
+        Mechanism::Gaussian { noise_multiplier } => (0u8, [(noise_multiplier + 0.0).to_bits(), 0]),
+        Mechanism::EpsilonDelta { epsilon, delta } => (1, [(epsilon + 0.0).to_bits(), (delta + 0.0).to_bits()]),
+    };
+    (sk, sa, sb, mk, mp)
+}
+
+/// Components in first-seen order with a hash index for merging equal ones.
+#[derive(Default)]
+struct Collector {
+    out: Vec<Component>,
+    index: std::collections::HashMap<ComponentKey, usize>,
+}
+
+impl Collector {
+    fn push(&mut self, sampling: Sampling, mechanism: Mechanism, count: u64) {
+        if count == 0 {
+            return;
+        }
+        match self.index.entry(component_key(sampling, mechanism)) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let c = &mut self.out[*e.get()];
+                c.count = c.count.saturating_add(count);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.out.len());
+                self.out.push(Component {
+                    sampling,
+                    mechanism,
+                    count,
+                });
+            }
+        }
     }
 }
 
@@ -467,6 +518,20 @@ pub struct EventFile {
 }
 
 impl EventFile {
+    /// The file as TOML text, readable by [`EventFile::load`] (floats are written in their
+    /// shortest round-trip form, so a saved file loads back to the identical event).
+    pub fn to_toml(&self, comment: &str) -> Result<String> {
+        let body = toml::to_string(self).map_err(|e| Error::input(format!("cannot write the event file: {e}")))?;
+        let mut s = String::new();
+        for line in comment.lines() {
+            s.push_str("# ");
+            s.push_str(line);
+            s.push('\n');
+        }
+        s.push_str(&body);
+        Ok(s)
+    }
+
     /// Reads and validates an event file; errors name the file, line and field.
     pub fn load(path: &std::path::Path) -> Result<Self> {
         let f: EventFile = crate::error::load_toml(path)?;
@@ -524,6 +589,36 @@ noise_multiplier = 1.1
         let f: EventFile = toml::from_str(&bad).unwrap();
         let e = f.event.validate().unwrap_err();
         assert_eq!(e.field.as_deref(), Some("event.event.q"));
+    }
+
+    #[test]
+    fn saved_files_load_back_identically() {
+        let ev = DpEvent::Composed {
+            events: vec![
+                DpEvent::dpsgd(0.8, 64.0 / 60000.0, 9375),
+                DpEvent::gdp(0.1 + 0.2),
+                DpEvent::SampledWithoutReplacement {
+                    n: 10,
+                    m: 3,
+                    event: Box::new(DpEvent::gaussian(2.0)),
+                },
+                DpEvent::EpsilonDelta {
+                    epsilon: 1.0 / 3.0,
+                    delta: 1e-7,
+                },
+            ],
+        };
+        let f = EventFile {
+            schema_version: 1,
+            neighbouring: Neighbouring::ReplaceOne,
+            delta: Some(1e-5),
+            event: ev.clone(),
+        };
+        let text = f.to_toml("written by a test\nsecond line").unwrap();
+        assert!(text.starts_with("# written by a test\n# second line\n"));
+        let back: EventFile = toml::from_str(&text).unwrap();
+        assert_eq!(back.event, ev);
+        assert_eq!((back.neighbouring, back.delta), (Neighbouring::ReplaceOne, Some(1e-5)));
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! pretraining and RAPID's knowledge base), with the SHA-256 of the data file and of each list,
 //! so that a checkpoint card can name exactly what it was trained on.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use rand::seq::SliceRandom;
@@ -58,11 +57,14 @@ impl Dataset {
         let raw = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
         let sha256 = sha256_hex(&raw);
         let text = if path.extension().is_some_and(|e| e == "gz") {
-            let mut s = String::new();
-            flate2::read::GzDecoder::new(&raw[..])
-                .read_to_string(&mut s)
-                .map_err(|e| Error::input(format!("not a gzip-compressed CSV: {e}")).with_file(path))?;
-            s
+            // Decompression is capped: a small gzip file cannot inflate past the memory cap.
+            crate::limits::read_text_capped(flate2::read::GzDecoder::new(&raw[..]), path).map_err(|mut e| {
+                if e.kind == crate::ErrorKind::Io {
+                    e.message = format!("not a gzip-compressed CSV: {}", e.message);
+                    e.kind = crate::ErrorKind::Input;
+                }
+                e
+            })?
         } else {
             String::from_utf8(raw).map_err(|_| Error::input("not UTF-8 text").with_file(path))?
         };

@@ -74,7 +74,10 @@ fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
 
 /// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
 /// to F32. Errors name the file and the tensor.
-pub fn read_weights(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, BTreeMap<String, usize>, String)> {
+pub fn read_weights(
+    path: &Path,
+    device: &Device,
+) -> Result<(HashMap<String, Tensor>, BTreeMap<String, usize>, String)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
     let sha = sha256_hex(&bytes);
     let st = candle_core::safetensors::SliceSafetensors::new(&bytes)
@@ -194,7 +197,10 @@ impl DiffusersCheckpoint {
         s.push_str(&format!("config.json sha256: {}\n", self.config_sha256));
         s.push_str(&format!("{WEIGHTS} sha256: {}\n", self.weights_sha256));
         if !c.defaulted.is_empty() {
-            s.push_str(&format!("config keys defaulted as diffusers does: {}\n", c.defaulted.join(", ")));
+            s.push_str(&format!(
+                "config keys defaulted as diffusers does: {}\n",
+                c.defaulted.join(", ")
+            ));
         }
         match &self.scheduler {
             Some((p, sc)) => s.push_str(&format!(
@@ -217,10 +223,8 @@ impl DiffusersCheckpoint {
     /// The checkpoint as an ε-predictor for attacks (needs a scheduler), on images of `shape`.
     pub fn denoiser(&self, shape: [usize; 3], batch: usize) -> Result<DiffusersDenoiser<'_>> {
         let (p, sc) = self.scheduler.as_ref().ok_or_else(|| {
-            Error::input(
-                "no scheduler_config.json beside the UNet (or in scheduler/): the noise schedule is unknown",
-            )
-            .with_file(&self.dir)
+            Error::input("no scheduler_config.json beside the UNet (or in scheduler/): the noise schedule is unknown")
+                .with_file(&self.dir)
         })?;
         if shape[0] != self.model.config.in_channels || self.model.config.out_channels != shape[0] {
             return Err(Error::input(format!(

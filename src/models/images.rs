@@ -66,7 +66,10 @@ impl ImageSet {
         if path.is_dir() {
             return Self::load_png_dir(path);
         }
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if name.ends_with(".npy") {
             Self::load_npy(path)
         } else if name.ends_with(".u8.gz") || name.ends_with(".u8") {
@@ -127,11 +130,9 @@ impl ImageSet {
         let sha256 = sha256_hex(&raw);
         let a = super::npy::parse(&raw, path)?;
         if a.shape.len() != 4 {
-            return Err(Error::input(format!(
-                "expected an array of shape (N, C, H, W), got {:?}",
-                a.shape
-            ))
-            .with_file(path));
+            return Err(
+                Error::input(format!("expected an array of shape (N, C, H, W), got {:?}", a.shape)).with_file(path),
+            );
         }
         let shape = [a.shape[1], a.shape[2], a.shape[3]];
         check_size(path, a.shape[0], shape)?;
@@ -258,7 +259,13 @@ impl ImageSet {
     }
 
     /// A seeded random split: `n_members` members, `n_nonmembers` non-members, the rest public.
-    pub fn random_split(&self, data_name: &str, n_members: usize, n_nonmembers: usize, seed: u64) -> Result<SplitManifest> {
+    pub fn random_split(
+        &self,
+        data_name: &str,
+        n_members: usize,
+        n_nonmembers: usize,
+        seed: u64,
+    ) -> Result<SplitManifest> {
         let n = self.len();
         if n_members == 0 || n_nonmembers == 0 || n_members + n_nonmembers > n {
             return Err(Error::field(
@@ -311,7 +318,7 @@ impl ImageSet {
             .find(|&&i| i >= n)
         {
             return Err(
-                Error::input(format!("row index {i} out of range (data has {n} images)")).with_file(split_path)
+                Error::input(format!("row index {i} out of range (data has {n} images)")).with_file(split_path),
             );
         }
         Ok(())

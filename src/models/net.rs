@@ -80,7 +80,37 @@ impl ModelConfig {
                 "must be a multiple of 4 in 4..=512 (group norm uses 4 groups)",
             );
         }
-        Ok(())
+        // The parameter budget: weights, gradients and two optimiser moments must fit the
+        // memory cap (see crate::limits).
+        let (field, shape) = match self.arch {
+            Arch::Mlp => ("hidden", format!("hidden = {}, depth = {}", self.hidden, self.depth)),
+            Arch::Unet => ("channels", format!("channels = {}", self.channels)),
+        };
+        crate::limits::check("parameters", self.parameter_bound(), crate::limits::TRAINED_PARAMETER).map_err(|e| {
+            Error::field(
+                format!("model.{field}"),
+                format!(
+                    "{shape}, time_dim = {}: the parameter count {}",
+                    self.time_dim, e.message
+                ),
+            )
+        })
+    }
+
+    /// An upper bound on the number of parameters of this architecture (computed in floating
+    /// point, so a hostile card cannot overflow it), checked against the parameter budget.
+    pub fn parameter_bound(&self) -> f64 {
+        let (h, d, t) = (self.hidden as f64, self.depth as f64, self.time_dim as f64);
+        let px = PIXELS as f64;
+        match self.arch {
+            Arch::Mlp => (t + 1.0) * h + (h + 1.0) * h + (px + 1.0) * h + d * (h + 1.0) * h + (h + 1.0) * px,
+            Arch::Unet => {
+                let (c, td) = (self.channels as f64, 2.0 * t);
+                // Time MLP, then at most 16 convolutions of 3×3 kernels between ≤ 2c channels
+                // and 4 time projections, each with biases and norms.
+                (t + 1.0) * td + (td + 1.0) * td + 16.0 * (9.0 * 4.0 * c * c + 4.0 * c) + 4.0 * (td + 1.0) * 2.0 * c
+            }
+        }
     }
 }
 

@@ -134,7 +134,10 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
             if bytes.len() < 12 {
                 return Err(bad("truncated header".into()));
             }
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
         }
         v => return Err(bad(format!("format version {v} (this reader knows 1, 2 and 3)"))),
     };
@@ -154,7 +157,9 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
     })?;
     let fortran = header_value(header, "fortran_order").ok_or_else(|| bad("header has no 'fortran_order'".into()))?;
     if fortran.starts_with("True") {
-        return Err(bad("Fortran-ordered arrays are not supported (save with np.ascontiguousarray)".into()));
+        return Err(bad(
+            "Fortran-ordered arrays are not supported (save with np.ascontiguousarray)".into(),
+        ));
     }
     let shape_s = header_value(header, "shape")
         .and_then(|s| s.strip_prefix('('))
@@ -162,7 +167,9 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
         .ok_or_else(|| bad("header has no 'shape'".into()))?;
     let mut shape = Vec::new();
     for part in shape_s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let d: usize = part.parse().map_err(|_| bad(format!("shape entry `{part}` is not a size")))?;
+        let d: usize = part
+            .parse()
+            .map_err(|_| bad(format!("shape entry `{part}` is not a size")))?;
         shape.push(d);
     }
     if shape.len() > 8 {

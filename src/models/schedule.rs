@@ -55,6 +55,7 @@ impl Schedule {
                 format!("must be ≥ 2, got {timesteps}"),
             ));
         }
+        crate::limits::check_count("schedule.timesteps", timesteps as u64, crate::limits::SCHEDULE_TIMESTEP)?;
         if !(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0) {
             return Err(Error::field(
                 "schedule.beta_start",
@@ -116,6 +117,9 @@ impl Schedule {
             } else {
                 rest.parse::<f64>().map_err(|_| bad())?
             };
+            if !(f.is_finite() && f >= 0.0) {
+                return Err(bad());
+            }
             (f * t as f64).round() as i64
         } else if let Some((num, den)) = s.split_once('/') {
             let num = num.trim();
@@ -127,7 +131,8 @@ impl Schedule {
                 return Err(bad());
             };
             let d: f64 = den.trim().parse().map_err(|_| bad())?;
-            if d <= 0.0 {
+            // NaN and infinities are not steps (NaN would otherwise round to step 0).
+            if !(d.is_finite() && d > 0.0 && f_num.is_finite() && f_num >= 0.0) {
                 return Err(bad());
             }
             (f_num * t as f64 / d).round() as i64

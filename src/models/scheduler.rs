@@ -126,7 +126,13 @@ impl SchedulerConfig {
                     format!("`{c}` is not supported (DDPMScheduler, DDIMScheduler)"),
                 ))
             }
-            None => return Err(err(path, "_class_name", "missing (expected DDPMScheduler or DDIMScheduler)")),
+            None => {
+                return Err(err(
+                    path,
+                    "_class_name",
+                    "missing (expected DDPMScheduler or DDIMScheduler)",
+                ))
+            }
         };
         let num = |k: &str, d: f64| -> Result<f64> {
             match o.get(k) {
@@ -156,7 +162,11 @@ impl SchedulerConfig {
         };
         let t = num("num_train_timesteps", 1000.0)?;
         if !(t >= 2.0 && t <= 1e6 && t.fract() == 0.0) {
-            return Err(err(path, "num_train_timesteps", format!("must be an integer in 2..=1000000, got {t}")));
+            return Err(err(
+                path,
+                "num_train_timesteps",
+                format!("must be an integer in 2..=1000000, got {t}"),
+            ));
         }
         let t = t as usize;
         let beta_start = num("beta_start", 0.0001)?;
@@ -193,8 +203,10 @@ impl SchedulerConfig {
                 }
             },
         };
-        if matches!(beta_schedule, BetaSchedule::Linear | BetaSchedule::ScaledLinear | BetaSchedule::Sigmoid)
-            && !(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0)
+        if matches!(
+            beta_schedule,
+            BetaSchedule::Linear | BetaSchedule::ScaledLinear | BetaSchedule::Sigmoid
+        ) && !(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0)
         {
             return Err(err(
                 path,
@@ -228,7 +240,11 @@ impl SchedulerConfig {
         };
         let steps_offset = num("steps_offset", 0.0)?;
         if !(steps_offset >= 0.0 && steps_offset.fract() == 0.0 && steps_offset < t as f64) {
-            return Err(err(path, "steps_offset", format!("must be an integer in 0..{t}, got {steps_offset}")));
+            return Err(err(
+                path,
+                "steps_offset",
+                format!("must be an integer in 0..{t}, got {steps_offset}"),
+            ));
         }
         let clip_sample_range = num("clip_sample_range", 1.0)?;
         Ok(SchedulerConfig {
@@ -285,7 +301,13 @@ impl SchedulerConfig {
             }
             let abar: Vec<f64> = s.iter().map(|v| v * v).collect();
             betas = (0..t)
-                .map(|i| if i == 0 { 1.0 - abar[0] } else { 1.0 - abar[i] / abar[i - 1] })
+                .map(|i| {
+                    if i == 0 {
+                        1.0 - abar[0]
+                    } else {
+                        1.0 - abar[i] / abar[i - 1]
+                    }
+                })
                 .collect();
         }
         betas
@@ -386,17 +408,22 @@ pub fn sampler_toml_from_scheduler(
     let Some(v) = table.remove("scheduler_config") else {
         return Ok(None);
     };
-    let rel = v
-        .as_str()
-        .ok_or_else(|| err(toml_path, "scheduler_config", "expected a path to a scheduler_config.json"))?;
+    let rel = v.as_str().ok_or_else(|| {
+        err(
+            toml_path,
+            "scheduler_config",
+            "expected a path to a scheduler_config.json",
+        )
+    })?;
     let levels = match table.remove("inference_steps") {
         None => None,
-        Some(v) => Some(
-            v.as_integer()
-                .filter(|&n| n >= 2)
-                .ok_or_else(|| err(toml_path, "inference_steps", format!("expected an integer ≥ 2, got {v}")))?
-                as usize,
-        ),
+        Some(v) => Some(v.as_integer().filter(|&n| n >= 2).ok_or_else(|| {
+            err(
+                toml_path,
+                "inference_steps",
+                format!("expected an integer ≥ 2, got {v}"),
+            )
+        })? as usize),
     };
     if table.contains_key("schedule") {
         return Err(err(
@@ -461,10 +488,7 @@ pub fn sampler_toml_from_scheduler(
         .and_then(|d| d.get("kind"))
         .and_then(|k| k.as_str())
         == Some("constant");
-    let has_d = table
-        .get("privacy")
-        .and_then(|p| p.get("dataset_size"))
-        .is_some();
+    let has_d = table.get("privacy").and_then(|p| p.get("dataset_size")).is_some();
     if needs_d && !has_d {
         return Err(err(
             toml_path,
@@ -541,7 +565,8 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field.as_deref(), Some("beta_schedule"));
-        let e = SchedulerConfig::parse(r#"{"_class_name": "EulerDiscreteScheduler"}"#, Path::new("s.json")).unwrap_err();
+        let e =
+            SchedulerConfig::parse(r#"{"_class_name": "EulerDiscreteScheduler"}"#, Path::new("s.json")).unwrap_err();
         assert!(e.to_string().contains("not supported"), "{e}");
     }
 }

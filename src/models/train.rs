@@ -44,6 +44,7 @@ impl TrainConfig {
         if self.batch_size == 0 {
             return Err(Error::field("--batch-size", "must be ≥ 1"));
         }
+        crate::limits::check_count("--batch-size", self.batch_size as u64, crate::limits::BATCH_ROW)?;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(Error::field("--lr", format!("must be > 0, got {}", self.lr)));
         }
@@ -132,8 +133,8 @@ impl Ema {
     }
 }
 
-/// Standard normal draws from a seeded stream.
-pub fn normals(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+/// Standard normal draws from `rng`.
+pub fn normals<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
 }
 

@@ -189,7 +189,10 @@ impl Unet2dConfig {
         if block_out_channels.is_empty() {
             return Err(cfg_err(path, "block_out_channels", "must not be empty"));
         }
-        for (key, list) in [("down_block_types", &down_block_types), ("up_block_types", &up_block_types)] {
+        for (key, list) in [
+            ("down_block_types", &down_block_types),
+            ("up_block_types", &up_block_types),
+        ] {
             if list.len() != block_out_channels.len() {
                 return Err(cfg_err(
                     path,
@@ -227,7 +230,13 @@ impl Unet2dConfig {
                 (None, Some(a)) if a.len() == 2 && a.iter().all(|x| x.as_u64().is_some()) => {
                     Some((a[0].as_u64().unwrap() as usize, a[1].as_u64().unwrap() as usize))
                 }
-                _ => return Err(cfg_err(path, "sample_size", format!("expected an integer or [h, w], got {v}"))),
+                _ => {
+                    return Err(cfg_err(
+                        path,
+                        "sample_size",
+                        format!("expected an integer or [h, w], got {v}"),
+                    ))
+                }
             },
         };
         let as_bool = |key: &str, v: Option<&Value>, d: bool| -> Result<bool> {
@@ -399,7 +408,10 @@ impl Unet2dConfig {
                 return Err(cfg_err(
                     path,
                     "norm_num_groups",
-                    format!("{} groups do not divide block_out_channels entry {ch}", c.norm_num_groups),
+                    format!(
+                        "{} groups do not divide block_out_channels entry {ch}",
+                        c.norm_num_groups
+                    ),
                 ));
             }
         }
@@ -563,7 +575,15 @@ struct Common {
 }
 
 impl ResnetBlock {
-    fn new(w: &WeightStore, p: &str, cin: usize, cout: usize, c: Common, output_scale: f64, updown: Updown) -> Result<Self> {
+    fn new(
+        w: &WeightStore,
+        p: &str,
+        cin: usize,
+        cout: usize,
+        c: Common,
+        output_scale: f64,
+        updown: Updown,
+    ) -> Result<Self> {
         let shortcut = if cin != cout {
             Some(w.conv(&format!("{p}.conv_shortcut"), cin, cout, 1, 1, 0)?)
         } else {
@@ -603,7 +623,11 @@ impl ResnetBlock {
             }
         }
         let h = self.conv1.forward(&h)?;
-        let t = self.time_emb_proj.forward(&self.act.apply(temb)?)?.unsqueeze(2)?.unsqueeze(3)?;
+        let t = self
+            .time_emb_proj
+            .forward(&self.act.apply(temb)?)?
+            .unsqueeze(2)?
+            .unsqueeze(3)?;
         let h = if self.scale_shift {
             let ch = h.dim(1)?;
             let scale = t.narrow(1, 0, ch)?;
@@ -644,7 +668,15 @@ struct AttnBlock {
 }
 
 impl AttnBlock {
-    fn new(w: &WeightStore, p: &str, ch: usize, head_dim: Option<usize>, groups: Option<usize>, eps: f64, rescale: f64) -> Result<Self> {
+    fn new(
+        w: &WeightStore,
+        p: &str,
+        ch: usize,
+        head_dim: Option<usize>,
+        groups: Option<usize>,
+        eps: f64,
+        rescale: f64,
+    ) -> Result<Self> {
         let head_dim = head_dim.unwrap_or(ch);
         let heads = (ch / head_dim).max(1);
         let inner = heads * head_dim;
@@ -780,7 +812,15 @@ impl Unet2dModel {
             let mut attentions = Vec::new();
             for j in 0..config.layers_per_block {
                 let cin = if j == 0 { in_ch } else { out_ch };
-                resnets.push(ResnetBlock::new(w, &format!("{p}.resnets.{j}"), cin, out_ch, common, 1.0, Updown::None)?);
+                resnets.push(ResnetBlock::new(
+                    w,
+                    &format!("{p}.resnets.{j}"),
+                    cin,
+                    out_ch,
+                    common,
+                    1.0,
+                    Updown::None,
+                )?);
                 if attn {
                     attentions.push(AttnBlock::new(
                         w,
@@ -797,10 +837,21 @@ impl Unet2dModel {
             let d = if is_final {
                 None
             } else if attn && config.downsample_type == Resample::Resnet {
-                Some(Down::Resnet(ResnetBlock::new(w, &dp, out_ch, out_ch, common, 1.0, Updown::Down)?))
+                Some(Down::Resnet(ResnetBlock::new(
+                    w,
+                    &dp,
+                    out_ch,
+                    out_ch,
+                    common,
+                    1.0,
+                    Updown::Down,
+                )?))
             } else {
                 let pad = config.downsample_padding;
-                Some(Down::Conv(w.conv(&format!("{dp}.conv"), out_ch, out_ch, 3, 2, pad)?, pad))
+                Some(Down::Conv(
+                    w.conv(&format!("{dp}.conv"), out_ch, out_ch, 3, 2, pad)?,
+                    pad,
+                ))
             };
             down.push(DownBlock {
                 block: Block { resnets, attentions },
@@ -871,7 +922,15 @@ impl Unet2dModel {
             let u = if is_final {
                 None
             } else if attn && config.upsample_type == Resample::Resnet {
-                Some(Up::Resnet(ResnetBlock::new(w, &upp, out_ch, out_ch, common, 1.0, Updown::Up)?))
+                Some(Up::Resnet(ResnetBlock::new(
+                    w,
+                    &upp,
+                    out_ch,
+                    out_ch,
+                    common,
+                    1.0,
+                    Updown::Up,
+                )?))
             } else {
                 Some(Up::Conv(w.conv(&format!("{upp}.conv"), out_ch, out_ch, 3, 1, 1)?))
             };
@@ -979,7 +1038,9 @@ impl Unet2dModel {
             )));
         }
         if matches!(self.config.time_embedding, TimeEmbedding::Fourier) && t.iter().any(|&v| v <= 0.0) {
-            return Err(Error::input("a Fourier time embedding needs timesteps > 0 (it takes log t)"));
+            return Err(Error::input(
+                "a Fourier time embedding needs timesteps > 0 (it takes log t)",
+            ));
         }
         let dev = x.device();
         let x = x.to_dtype(DType::F32)?;
@@ -1045,7 +1106,9 @@ impl Unet2dModel {
                 };
             }
         }
-        let out = self.conv_out.forward(&candle_nn::ops::silu(&self.norm_out.forward(&hcur)?)?)?;
+        let out = self
+            .conv_out
+            .forward(&candle_nn::ops::silu(&self.norm_out.forward(&hcur)?)?)?;
         if matches!(self.config.time_embedding, TimeEmbedding::Fourier) {
             let tt: Vec<f32> = t.iter().map(|&v| v as f32).collect();
             let tt = Tensor::from_vec(tt, (b, 1, 1, 1), dev)?;

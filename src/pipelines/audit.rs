@@ -127,6 +127,16 @@ pub fn dpagg_ti_distinguishing(
     alpha: f64,
     seed: u64,
 ) -> Result<DistinguishingReport> {
+    // Two sides of `runs` releases: the scores are kept, each release costs m + d.
+    let (m, d) = (mech.m as f64, mech.data.dim() as f64);
+    crate::limits::check(
+        "--audit-runs",
+        runs as f64,
+        crate::limits::Cost::new(
+            4.0 * crate::limits::RELEASED_COORDINATE.bytes,
+            2.0 * crate::limits::RELEASED_COORDINATE.work * (m * d + d),
+        ),
+    )?;
     let max_norm = mech.data.max_norm();
     let mut audit_mech = mech.clone();
     audit_mech.data.rows.truncate(mech.m);

@@ -376,16 +376,36 @@ pub fn run_dpagg_ti(mech: &DpaggTi, releases: u64, budget: Option<f64>, seed: u6
     // GDP cannot account the sampled event; charge the Gaussian (no amplification credit) and
     // record the sampled event in the ledger.
     let charge = DpEvent::gaussian(mech.noise_multiplier);
+    // Termination and memory, proven before the loop: ε is non-decreasing in the number of
+    // releases, so the budget allows exactly the first `allowed` of them (found by bisection,
+    // ≤ 64 accountant calls); only those can run, and they must fit the resource limits.
+    let allowed = match budget {
+        Some(max) => affordable_releases(&b, &charge, releases, max)?,
+        None => releases,
+    };
+    let (dim, m) = (mech.data.dim() as f64, mech.m as f64);
+    crate::limits::check(
+        "releases",
+        allowed as f64,
+        crate::limits::Cost::new(
+            crate::limits::RELEASED_COORDINATE.bytes * dim,
+            crate::limits::RELEASED_COORDINATE.work * (dim + m),
+        ),
+    )?;
     let mut ledger = EventBuilder::new();
     let mut outputs = Vec::new();
-    for _ in 0..releases {
+    for _ in 0..allowed {
         if !b.try_spend(&charge)? {
-            continue;
+            // Cannot happen when `allowed` is right; stop rather than loop on.
+            break;
         }
         ledger.push(mech.event());
         let (_, out) = mech.release_on(&mech.data.rows, &mut r);
         outputs.push(out);
     }
+    // Every release past the budget is refused (the events are identical, so once one is
+    // refused all later ones are).
+    b.refused = releases - outputs.len() as u64;
     let run = DpaggTiRun {
         n: mech.data.len(),
         m: mech.m,
@@ -402,6 +422,34 @@ pub fn run_dpagg_ti(mech: &DpaggTi, releases: u64, budget: Option<f64>, seed: u6
     };
     b.ledger = ledger;
     Ok((run, b))
+}
+
+/// The largest k ≤ `releases` such that k releases of `charge` fit the budget `max`
+/// (ε non-decreasing in k; bisection, at most 64 accountant calls).
+fn affordable_releases(b: &Budget, charge: &DpEvent, releases: u64, max: f64) -> Result<u64> {
+    let fits = |k: u64| -> Result<bool> {
+        if k == 0 {
+            return Ok(true);
+        }
+        let mut probe = b.clone();
+        probe.ledger = EventBuilder::new();
+        probe.ledger.push_n(charge.clone(), k - 1);
+        Ok(probe.epsilon_with(charge)? <= max)
+    };
+    if fits(releases)? {
+        return Ok(releases);
+    }
+    // Invariant: fits(lo) and !fits(hi).
+    let (mut lo, mut hi) = (0u64, releases);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
 }
 
 impl DpaggTiConfig {

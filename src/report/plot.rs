@@ -14,6 +14,9 @@ use super::num;
 use crate::accountants::{AccountantKind, BoundKind};
 use crate::error::{Error, Result};
 
+/// The widest log axis drawn, in decades (beyond it a plot is refused with a clear error).
+pub const MAX_LOG_DECADES: f64 = 60.0;
+
 /// Width and height (pixels) of rendered plots.
 pub const SIZE: (u32, u32) = (800, 480);
 
@@ -433,24 +436,29 @@ fn range(vals: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
             Scale::Log => (0.1, 10.0),
         };
     }
+    // Padded ends are kept inside the finite f64 range (a padding past ±f64::MAX or below the
+    // smallest normal double would hand the plotting library an infinite or zero bound).
+    let (big, tiny) = (f64::MAX / 4.0, f64::MIN_POSITIVE);
     match scale {
         Scale::Linear => {
+            let (lo, hi) = (lo.clamp(-big, big), hi.clamp(-big, big));
             if hi - lo <= f64::EPSILON * hi.abs().max(1e-300) {
                 let pad = if hi == 0.0 { 1.0 } else { hi.abs() * 0.1 };
-                (lo - pad, hi + pad)
+                ((lo - pad).max(-2.0 * big), (hi + pad).min(2.0 * big))
             } else {
                 let pad = (hi - lo) * 0.04;
-                (lo - pad, hi + pad)
+                ((lo - pad).max(-2.0 * big), (hi + pad).min(2.0 * big))
             }
         }
         Scale::Log => {
-            let (l, h) = (lo.log10(), hi.log10());
-            if h - l < 1e-9 {
+            let (l, h) = (lo.max(tiny).log10(), hi.min(big).log10());
+            let (a, b) = if h - l < 1e-9 {
                 (lo / 3.0, hi * 3.0)
             } else {
                 let pad = (h - l) * 0.04;
                 (10f64.powf(l - pad), 10f64.powf(h + pad))
-            }
+            };
+            (a.clamp(tiny, big), b.clamp(tiny, big))
         }
     }
 }
@@ -479,6 +487,20 @@ where
     };
     let (x0, x1) = range(data.iter().map(|p| p.0), xs);
     let (y0, y1) = range(data.iter().map(|p| p.1), ys);
+    // A log axis over hundreds of decades cannot be labelled (and makes the plotting library
+    // generate ticks for every decade): refuse it clearly rather than hang.
+    for (name, lo, hi, sc) in [("x", x0, x1, xs), ("y", y0, y1, ys)] {
+        let decades = hi.log10() - lo.log10();
+        if sc == Scale::Log && decades > MAX_LOG_DECADES {
+            return Err(render_err(
+                plot,
+                format!(
+                    "the {name} values span {decades:.0} decades ({lo:e} to {hi:e}); a log axis can show at most \
+                     {MAX_LOG_DECADES} (drop the extreme points)"
+                ),
+            ));
+        }
+    }
     let legend = match plot.legend {
         LegendPosition::Auto => emptiest_corner(&pts, (x0, x1, xs), (y0, y1, ys)),
         l => l,

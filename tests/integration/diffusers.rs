@@ -83,7 +83,11 @@ fn copy_fixture(name: &str, to: &Path) -> PathBuf {
     let src = root().join("fixtures/diffusers").join(name);
     let dst = to.join(name);
     std::fs::create_dir_all(&dst).unwrap();
-    for f in ["config.json", "diffusion_pytorch_model.safetensors", "scheduler_config.json"] {
+    for f in [
+        "config.json",
+        "diffusion_pytorch_model.safetensors",
+        "scheduler_config.json",
+    ] {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
     }
     dst
@@ -149,7 +153,11 @@ fn bad_checkpoints_exit_2_naming_file_and_tensor() {
     let t = (&w["mid_block.attentions.0.to_q.weight"] * f64::NAN).unwrap();
     w.insert("mid_block.attentions.0.to_q.weight".into(), t);
     save(&d, &w);
-    info_fails(&d, "diffusion_pytorch_model.safetensors", "mid_block.attentions.0.to_q.weight");
+    info_fails(
+        &d,
+        "diffusion_pytorch_model.safetensors",
+        "mid_block.attentions.0.to_q.weight",
+    );
 
     let d = copy_fixture(name, &tmp.path().join("missing-tensor"));
     let mut w = weights(&d);
