@@ -155,11 +155,7 @@ fn plan(a: &Args, parse_t: Option<&dyn Fn(&str) -> crate::Result<usize>>) -> any
     }
     Ok(MiaPlan {
         attacks: a.attack.clone(),
-        timesteps: a
-            .timesteps
-            .iter()
-            .map(|s| parse_t(s))
-            .collect::<crate::Result<Vec<_>>>()?,
+        timesteps: steps(&a.timesteps)?,
         score: ScoreOpts {
             noise_draws: a.noise_draws,
             secmi_k: a.secmi_k,
@@ -258,9 +254,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         None if diffusers.is_some() => (run_diffusers(&a, diffusers.unwrap(), &dev, &dev_name)?, Vec::new()),
         Some(path) => {
             let recs = scores::read_csv(path)?;
-            let plan = plan(&a, &|s: &str| {
-                s.parse().map_err(|_| Error::field("--timesteps", "not a step"))
-            })?;
+            let plan = plan(
+                &a,
+                Some(&|s: &str| s.parse().map_err(|_| Error::field("--timesteps", "not a step"))),
+            )?;
             let r = pipeline::from_scores(&recs, &path.display().to_string(), ck.as_ref(), &plan)?;
             (r, recs)
         }

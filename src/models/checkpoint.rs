@@ -57,6 +57,7 @@ pub struct TrainingInfo {
     /// [`RANDOMNESS_OS`] or [`RANDOMNESS_SEEDED`].
     #[serde(default = "seeded_randomness")]
     pub randomness: String,
+    /// Optimiser steps.
     pub steps: usize,
     /// Batch size (expected batch size for DP runs).
     pub batch_size: usize,
