@@ -9,6 +9,7 @@ mod integration {
     mod cli_account;
     mod clt;
     pub mod common;
+    mod diffusers;
     mod docs;
     mod fuzz;
     mod gdp;

@@ -12,6 +12,7 @@
 pub mod audit;
 pub mod canary;
 pub mod denoiser;
+pub mod diffusers;
 pub mod empirical;
 pub mod metrics;
 pub mod mia;

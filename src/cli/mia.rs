@@ -122,6 +122,12 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Diffusers checkpoints: attack only the first N members and the first N non-members.
+    #[arg(long)]
+    pub max_examples: Option<usize>,
+    /// Diffusers checkpoints: images per forward pass.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
 }
 
 /// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
@@ -178,6 +184,51 @@ fn plan(a: &Args, parse_t: Option<&dyn Fn(&str) -> crate::Result<usize>>) -> any
     })
 }
 
+/// A diffusers checkpoint folder: images and split from flags, scores through the batched UNet.
+fn run_diffusers(
+    a: &Args,
+    dir: &std::path::Path,
+    dev: &candle_core::Device,
+    dev_name: &str,
+) -> anyhow::Result<pipeline::MiaReport> {
+    use crate::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
+    if a.batch_size == 0 || a.max_examples == Some(0) {
+        return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
+    }
+    let ck = DiffusersCheckpoint::load(dir, dev)?;
+    let data_path = a
+        .data
+        .clone()
+        .ok_or_else(|| Error::field("--data", "required with a diffusers checkpoint"))?;
+    let split_path = a
+        .split
+        .clone()
+        .ok_or_else(|| Error::field("--split", "required with a diffusers checkpoint"))?;
+    let images = ImageSet::load(&data_path)?;
+    let split = SplitManifest::load(&split_path)?;
+    let den = ck.denoiser(images.shape, a.batch_size)?;
+    let mut p = plan(a, Some(&|s: &str| den.schedule.parse_timestep(s)))?;
+    if p.attacks.contains(&AttackKind::Empirical) {
+        eprintln!("warning: the empirical attack is for 8×8 checkpoints; skipped for this diffusers checkpoint");
+        p.attacks.retain(|k| *k != AttackKind::Empirical);
+    }
+    eprintln!("device: {dev_name}");
+    let bar = crate::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.quiet, "mia");
+    let r = crate::attacks::diffusers::run(
+        &ck,
+        &den,
+        &images,
+        &split,
+        &split_path,
+        &p,
+        a.max_examples,
+        dev_name,
+        Some(&bar),
+    )?;
+    bar.finish_and_clear();
+    Ok(r)
+}
+
 /// Runs `dpaudit mia`.
 pub fn run(a: Args) -> anyhow::Result<i32> {
     // Fail fast on a bad output path, before the long run.
@@ -190,8 +241,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let dev = device::select(a.device)?;
     let dev_name = device::describe(&dev);
-    let ck = a.checkpoint.as_ref().map(|p| Checkpoint::load(p, &dev)).transpose()?;
+    // A diffusers folder (config.json + safetensors + scheduler_config.json) takes its own path.
+    let diffusers = a
+        .checkpoint
+        .as_deref()
+        .filter(|p| crate::models::diffusers::unet_dir(p).is_some());
+    let ck = match diffusers {
+        Some(_) => None,
+        None => a.checkpoint.as_ref().map(|p| Checkpoint::load(p, &dev)).transpose()?,
+    };
     let (report, records) = match &a.scores {
+        None if diffusers.is_some() => (run_diffusers(&a, diffusers.unwrap(), &dev, &dev_name)?, Vec::new()),
         Some(path) => {
             let recs = scores::read_csv(path)?;
             let plan = plan(&a, None)?;

@@ -8,6 +8,7 @@ pub mod check;
 pub mod common;
 pub mod completions;
 pub mod mia;
+pub mod model;
 pub mod report;
 pub mod run;
 pub mod sweep;
@@ -62,6 +63,8 @@ pub enum Command {
     Train(train::Args),
     /// Membership-inference attacks on a trained denoiser.
     Mia(mia::Args),
+    /// Run or describe a diffusers checkpoint (UNet2DModel).
+    Model(model::Args),
     /// Generate shell completions.
     Completions(completions::Args),
 }
@@ -91,6 +94,7 @@ where
         Command::Run(a) => run::run(a),
         Command::Train(a) => train::run(a),
         Command::Mia(a) => mia::run(a),
+        Command::Model(a) => model::run(a),
         Command::Completions(a) => completions::run(a),
     };
     match result {

@@ -248,6 +248,10 @@ impl SamplerConfig {
     pub fn load(path: impl AsRef<Path>) -> Result<SamplerConfig> {
         let path = path.as_ref();
         let src = error::read_to_string(path)?;
+        // A TOML naming a diffusers scheduler_config.json (`scheduler_config = "…"`).
+        if let Some(cfg) = crate::models::scheduler::load_sampler_config(path, &src)? {
+            return Ok(cfg);
+        }
         let mut cfg: SamplerConfig = toml::from_str(&src).map_err(|e| parse_error(path, &src, e))?;
         cfg.base_dir = Some(path.parent().map(Path::to_path_buf).unwrap_or_default());
         cfg.resolve_keys(&src).map_err(|e| locate(e, &src).with_file(path))?;

@@ -12,15 +12,26 @@
 //! * [`run`]: a whole `dpaudit train` run as one library call (plan → checkpoint, card, ledger).
 //! * [`checkpoint`]: safetensors weights plus a TOML card (data and split hashes, seed, command).
 //! * [`device`]: `--device auto|cpu|cuda`.
+//! * [`diffusers`], [`unet2d`], [`scheduler`]: HuggingFace diffusers `UNet2DModel` checkpoints
+//!   and `scheduler_config.json` files (any image size and channel count).
+//! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
+//! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
+//!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
 
 pub mod checkpoint;
 pub mod data;
 pub mod device;
+pub mod diffusers;
 pub mod dp;
+pub mod eps;
+pub mod images;
 pub mod net;
+pub mod npy;
 pub mod run;
 pub mod schedule;
+pub mod scheduler;
 pub mod train;
+pub mod unet2d;
 
 pub use checkpoint::{Card, Checkpoint};
 pub use data::{Dataset, SplitManifest};

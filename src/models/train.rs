@@ -138,14 +138,15 @@ pub fn normals<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
 }
 
-/// x_t = √ᾱ_t x₀ + √(1−ᾱ_t) ε, row by row (host).
+/// x_t = √ᾱ_t x₀ + √(1−ᾱ_t) ε, row by row (host); rows have `x0.len() / t.len()` values.
 pub fn noisy(schedule: &Schedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x0.len());
+    let d = x0.len() / t.len().max(1);
     for (i, &ti) in t.iter().enumerate() {
         let a = schedule.alpha_bars[ti];
         let (sa, sb) = (a.sqrt() as f32, (1.0 - a).sqrt() as f32);
-        for j in 0..PIXELS {
-            let k = i * PIXELS + j;
+        for j in 0..d {
+            let k = i * d + j;
             out.push(sa * x0[k] + sb * eps[k]);
         }
     }

@@ -1,0 +1,279 @@
+//! HuggingFace diffusers checkpoints: a folder with `config.json` and
+//! `diffusion_pytorch_model.safetensors` (a `UNet2DModel` saved with `save_pretrained`), or a
+//! pipeline folder with `unet/` and `scheduler/` sub-folders; the `scheduler_config.json` beside
+//! the UNet (or in `scheduler/`) gives the noise schedule and prediction type.
+//!
+//! Loading validates before building: every tensor must be floating point (F32, or F16/BF16
+//! widened exactly to F32), finite, and exactly the name and shape the config implies, and no
+//! tensor may be left over. Every failure is an input error (exit 2) naming the file and tensor.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::safetensors::Load;
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+use super::data::sha256_hex;
+use super::eps::EpsPredictor;
+use super::scheduler::{PredictionType, SchedulerConfig};
+use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
+use super::Schedule;
+
+/// The weights file name diffusers writes.
+pub const WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
+
+/// The folder holding `config.json` for a diffusers checkpoint given as `path` (the UNet folder
+/// itself, a pipeline folder with `unet/`, or the `config.json` file), or `None` when `path` is
+/// not a diffusers checkpoint.
+pub fn unet_dir(path: &Path) -> Option<PathBuf> {
+    if path.is_file() && path.file_name().is_some_and(|n| n == "config.json") {
+        return path.parent().map(Path::to_path_buf);
+    }
+    if path.join("config.json").is_file() {
+        return Some(path.to_path_buf());
+    }
+    if path.join("unet").join("config.json").is_file() {
+        return Some(path.join("unet"));
+    }
+    None
+}
+
+/// A loaded diffusers UNet with its scheduler.
+pub struct DiffusersCheckpoint {
+    /// The folder given by the user.
+    pub dir: PathBuf,
+    /// `config.json`.
+    pub config_path: PathBuf,
+    /// `diffusion_pytorch_model.safetensors`.
+    pub weights_path: PathBuf,
+    /// SHA-256 of `config.json`.
+    pub config_sha256: String,
+    /// SHA-256 of the weights file.
+    pub weights_sha256: String,
+    /// Number of tensors per stored dtype (e.g. `F32: 112`).
+    pub stored_dtypes: BTreeMap<String, usize>,
+    /// The model.
+    pub model: Unet2dModel,
+    /// `scheduler_config.json` and its content, when one was found.
+    pub scheduler: Option<(PathBuf, SchedulerConfig)>,
+    device: Device,
+}
+
+fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
+    [
+        unet_dir.join("scheduler_config.json"),
+        dir.join("scheduler_config.json"),
+        dir.join("scheduler").join("scheduler_config.json"),
+        unet_dir.join("..").join("scheduler").join("scheduler_config.json"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
+/// to F32. Errors name the file and the tensor.
+pub fn read_weights(
+    path: &Path,
+    device: &Device,
+) -> Result<(HashMap<String, Tensor>, BTreeMap<String, usize>, String)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let sha = sha256_hex(&bytes);
+    let st = candle_core::safetensors::SliceSafetensors::new(&bytes)
+        .map_err(|e| Error::input(format!("not a safetensors file: {e}")).with_file(path))?;
+    let mut map = HashMap::new();
+    let mut dtypes = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let dt = format!("{:?}", view.dtype());
+        *dtypes.entry(dt.clone()).or_insert(0) += 1;
+        if !matches!(dt.as_str(), "F32" | "F16" | "BF16") {
+            return Err(Error::input(format!(
+                "tensor `{name}` has dtype {dt}; UNet weights must be floating point (F32, F16 or BF16) (wrong dtype)"
+            ))
+            .with_file(path));
+        }
+        let t = view
+            .load(device)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(|e| Error::input(format!("tensor `{name}`: {e}")).with_file(path))?;
+        let vals: Vec<f32> = t.flatten_all()?.to_vec1()?;
+        if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
+            return Err(Error::input(format!(
+                "tensor `{name}` holds a non-finite value ({} at flat index {i}): NaN/inf weights",
+                vals[i]
+            ))
+            .with_file(path));
+        }
+        map.insert(name, t);
+    }
+    Ok((map, dtypes, sha))
+}
+
+impl DiffusersCheckpoint {
+    /// Loads a diffusers checkpoint folder onto `device`.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let udir = unet_dir(dir).ok_or_else(|| {
+            Error::input(format!(
+                "{} is not a diffusers checkpoint (no config.json, nor unet/config.json)",
+                dir.display()
+            ))
+            .with_file(dir)
+        })?;
+        let config_path = udir.join("config.json");
+        let text = crate::error::read_to_string(&config_path)?;
+        let config_sha256 = sha256_hex(text.as_bytes());
+        let config = Unet2dConfig::parse(&text, &config_path)?;
+        let weights_path = udir.join(WEIGHTS);
+        if !weights_path.is_file() {
+            let bin = udir.join("diffusion_pytorch_model.bin");
+            let msg = if bin.is_file() {
+                format!(
+                    "{WEIGHTS} not found (only a pickled .bin is there; dpaudit reads safetensors: re-save with save_pretrained(..., safe_serialization=True))"
+                )
+            } else {
+                format!("{WEIGHTS} not found next to config.json")
+            };
+            return Err(Error::input(msg).with_file(&weights_path));
+        }
+        let (tensors, stored_dtypes, weights_sha256) = read_weights(&weights_path, device)?;
+        let store = WeightStore::new(tensors, &weights_path);
+        let model = Unet2dModel::new(&config, &store)?;
+        let scheduler = match find_scheduler(&udir, dir) {
+            Some(p) => {
+                let s = SchedulerConfig::load(&p)?;
+                Some((p, s))
+            }
+            None => None,
+        };
+        Ok(DiffusersCheckpoint {
+            dir: dir.to_path_buf(),
+            config_path,
+            weights_path,
+            config_sha256,
+            weights_sha256,
+            stored_dtypes,
+            model,
+            scheduler,
+            device: device.clone(),
+        })
+    }
+
+    /// The raw model output for a batch (B, C, H, W) given flat, at timesteps `t`, computed in
+    /// chunks of `batch` rows.
+    pub fn eval(&self, x: &[f32], shape: [usize; 4], t: &[f64], batch: usize) -> Result<Vec<f32>> {
+        let [b, c, h, w] = shape;
+        let per = c * h * w;
+        if x.len() != b * per || t.len() != b {
+            return Err(Error::input(format!(
+                "batch of {b} images of {c}×{h}×{w} needs {} values and {b} timesteps, got {} and {}",
+                b * per,
+                x.len(),
+                t.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(x.len() / c * self.model.config.out_channels);
+        for start in (0..b).step_by(batch.max(1)) {
+            let n = batch.max(1).min(b - start);
+            let xt = Tensor::from_slice(&x[start * per..(start + n) * per], (n, c, h, w), &self.device)?;
+            let y = self.model.forward(&xt, &t[start..start + n])?;
+            out.extend(y.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// Multi-line description for `dpaudit model info`.
+    pub fn info(&self) -> String {
+        let c = &self.model.config;
+        let mut s = String::new();
+        s.push_str(&format!("checkpoint: {}\n", self.dir.display()));
+        s.push_str(&format!("architecture: {}\n", c.describe()));
+        if let Some((h, w)) = c.sample_size {
+            s.push_str(&format!("sample_size: {h}×{w}\n"));
+        }
+        s.push_str(&format!("parameters: {}\n", self.model.parameters));
+        let dts: Vec<String> = self.stored_dtypes.iter().map(|(k, v)| format!("{k} × {v}")).collect();
+        s.push_str(&format!("stored dtypes: {}\n", dts.join(", ")));
+        s.push_str(&format!("config.json sha256: {}\n", self.config_sha256));
+        s.push_str(&format!("{WEIGHTS} sha256: {}\n", self.weights_sha256));
+        if !c.defaulted.is_empty() {
+            s.push_str(&format!(
+                "config keys defaulted as diffusers does: {}\n",
+                c.defaulted.join(", ")
+            ));
+        }
+        match &self.scheduler {
+            Some((p, sc)) => s.push_str(&format!(
+                "scheduler: {} ({}): T = {}, β {} {}..{}, prediction_type {}, clip_sample {}, timestep_spacing {:?}\n",
+                p.display(),
+                sc.class_name,
+                sc.num_train_timesteps,
+                sc.beta_schedule_name(),
+                sc.beta_start,
+                sc.beta_end,
+                sc.prediction_type.as_str(),
+                sc.clip_sample,
+                sc.timestep_spacing
+            )),
+            None => s.push_str("scheduler: none found (attacks need scheduler_config.json)\n"),
+        }
+        s
+    }
+
+    /// The checkpoint as an ε-predictor for attacks (needs a scheduler), on images of `shape`.
+    pub fn denoiser(&self, shape: [usize; 3], batch: usize) -> Result<DiffusersDenoiser<'_>> {
+        let (p, sc) = self.scheduler.as_ref().ok_or_else(|| {
+            Error::input("no scheduler_config.json beside the UNet (or in scheduler/): the noise schedule is unknown")
+                .with_file(&self.dir)
+        })?;
+        if shape[0] != self.model.config.in_channels || self.model.config.out_channels != shape[0] {
+            return Err(Error::input(format!(
+                "images have {} channels; the UNet maps {} to {} channels",
+                shape[0], self.model.config.in_channels, self.model.config.out_channels
+            ))
+            .with_file(&self.config_path));
+        }
+        Ok(DiffusersDenoiser {
+            ck: self,
+            schedule: sc.schedule(p)?,
+            prediction: sc.prediction_type,
+            shape,
+            batch,
+        })
+    }
+}
+
+/// A diffusers UNet as an ε-predictor: batched, with v / x₀ predictions converted to ε.
+pub struct DiffusersDenoiser<'a> {
+    ck: &'a DiffusersCheckpoint,
+    /// ᾱ table from the scheduler config.
+    pub schedule: Schedule,
+    prediction: PredictionType,
+    shape: [usize; 3],
+    batch: usize,
+}
+
+impl EpsPredictor for DiffusersDenoiser<'_> {
+    fn sample_shape(&self) -> [usize; 3] {
+        self.shape
+    }
+
+    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
+        let [c, h, w] = self.shape;
+        let d = c * h * w;
+        if let Some(&bad) = t.iter().find(|&&s| s >= self.schedule.len()) {
+            return Err(Error::input(format!("timestep {bad} ≥ T = {}", self.schedule.len())));
+        }
+        let tf: Vec<f64> = t.iter().map(|&s| s as f64).collect();
+        let mut out = self.ck.eval(x, [t.len(), c, h, w], &tf, self.batch)?;
+        if self.prediction != PredictionType::Epsilon {
+            for (i, &s) in t.iter().enumerate() {
+                let abar = self.schedule.alpha_bars[s];
+                for j in i * d..(i + 1) * d {
+                    out[j] = self.prediction.to_eps(out[j], x[j], abar);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
