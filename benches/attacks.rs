@@ -44,10 +44,10 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("scores_800");
     g.sample_size(10);
     g.bench_function("loss_t50_4draws", |b| {
-        b.iter(|| mia::scores(AttackKind::Loss, &ck.net, &ck.schedule, &members, &rows, 50, &o).unwrap())
+        b.iter(|| mia::scores(AttackKind::Loss, &ck, &members, &rows, 50, &o).unwrap())
     });
     g.bench_function("secmi_t100_k10", |b| {
-        b.iter(|| mia::scores(AttackKind::Secmi, &ck.net, &ck.schedule, &members, &rows, 100, &o).unwrap())
+        b.iter(|| mia::scores(AttackKind::Secmi, &ck, &members, &rows, 100, &o).unwrap())
     });
     g.finish();
 }

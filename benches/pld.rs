@@ -1,23 +1,36 @@
-//! PLD accountant speed. Anchor: dp_accounting 0.6.0 `PLDAccountant` (grid 1e-4, pessimistic
-//! connect-the-dots, add/remove) on the same pipelines: `python3 scripts/compare_pld.py all`.
+//! PLD accountant speed. Anchors: dp_accounting 0.6.0 `PLDAccountant` (pessimistic
+//! connect-the-dots, add/remove) and prv_accountant 0.2.0 on the same pipelines:
+//! `python3 scripts/compare_accounting.py` prints the ratio table (outside CI).
 //!
-//! Cases (must match scripts/compare_pld.py):
+//! Cases (must match scripts/compare_accounting.py):
 //! - `hetero_50x1e4`: 50 distinct Poisson-subsampled Gaussian steps (σ_j = 0.8 + 0.02 j,
 //!   q_j = 0.001 + 0.00002 j), each composed 10⁴ times; ε at δ = 1e-5.
+//! - `hetero_1000x1e3`: 1,000 distinct steps (σ_j = 0.8 + 0.001 j, q_j = 0.001 + 0.000001 j),
+//!   each composed 10³ times; ε at δ = 1e-5.
 //! - `dpsgd_rapid`: σ = 1.0, q = 64/60000, 9375 steps (fixtures/reference/dpsgd.csv); ε at δ = 1e-5.
 //!
 //! Run: `cargo bench --bench pld` (the ε values are printed once before timing).
+//! Probe mode (used by the compare script): with `PLD_COMPARE=1` in the environment, prints one
+//! JSON object per case (ε, median wall seconds of `compose_steps` + `epsilon` over a few runs)
+//! and exits.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::Criterion;
 use dpaudit::accountants::pld::{PldAccountant, PldStep};
 use std::hint::black_box;
+use std::time::Instant;
 
-fn hetero_steps() -> Vec<PldStep> {
-    (0..50)
+/// The heterogeneous case with `n` distinct steps (see the module doc).
+pub fn hetero_steps(n: usize) -> Vec<PldStep> {
+    let (ds, dq, count) = if n == 50 {
+        (0.02, 0.00002, 10_000)
+    } else {
+        (0.001, 0.000001, 1_000)
+    };
+    (0..n)
         .map(|j| PldStep {
-            q: 0.001 + 0.00002 * j as f64,
-            noise_multiplier: 0.8 + 0.02 * j as f64,
-            count: 10_000,
+            q: 0.001 + dq * j as f64,
+            noise_multiplier: 0.8 + ds * j as f64,
+            count,
         })
         .collect()
 }
@@ -30,10 +43,18 @@ fn dpsgd_steps() -> Vec<PldStep> {
     }]
 }
 
+fn cases() -> Vec<(&'static str, Vec<PldStep>)> {
+    vec![
+        ("hetero_50x1e4", hetero_steps(50)),
+        ("hetero_1000x1e3", hetero_steps(1000)),
+        ("dpsgd_rapid", dpsgd_steps()),
+    ]
+}
+
 fn bench(c: &mut Criterion) {
     let acc = PldAccountant::default();
-    for (name, steps) in [("hetero_50x1e4", hetero_steps()), ("dpsgd_rapid", dpsgd_steps())] {
-        let t0 = std::time::Instant::now();
+    for (name, steps) in cases() {
+        let t0 = Instant::now();
         let pld = acc.compose_steps(&steps).unwrap();
         let eps = pld.epsilon(1e-5);
         eprintln!(
@@ -52,5 +73,29 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
-criterion_main!(benches);
+fn probe() {
+    let acc = PldAccountant::default();
+    for (name, steps) in cases() {
+        let mut times = Vec::new();
+        let mut eps = f64::NAN;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            eps = black_box(acc.compose_steps(black_box(&steps)).unwrap().epsilon(1e-5));
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let o = serde_json::json!({"case": name, "eps": eps, "seconds": times[1],
+            "threads": rayon::current_num_threads()});
+        println!("{o}");
+    }
+}
+
+fn main() {
+    if std::env::var_os("PLD_COMPARE").is_some() {
+        probe();
+        return;
+    }
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}

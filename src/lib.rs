@@ -13,6 +13,9 @@
 //! mechanisms (RAPID, DP-RDM, DPAgg-TI) to events and runs them, [`attacks`] measures empirical
 //! leakage, [`models`] trains small denoisers, and [`report`] renders everything.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod accountants;
 pub mod attacks;
 pub mod cli;
@@ -20,6 +23,7 @@ pub mod config;
 pub mod diffusion;
 pub mod error;
 pub mod events;
+pub mod limits;
 pub mod models;
 pub mod numeric;
 pub mod pipelines;

@@ -2,5 +2,6 @@
 //! (0 ok, 1 a claim/budget is violated, 2 usage or input error).
 
 fn main() {
+    dpaudit::error::install_broken_pipe_hook();
     std::process::exit(dpaudit::cli::main_with_args(std::env::args_os()));
 }

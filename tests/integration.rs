@@ -9,7 +9,11 @@ mod integration {
     mod cli_account;
     mod clt;
     pub mod common;
+    mod docs;
+    mod fuzz;
     mod gdp;
+    mod hostile;
+    mod inputs;
     mod pipelines;
     mod pld;
     mod rdp;

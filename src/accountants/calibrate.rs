@@ -17,12 +17,16 @@ use crate::numeric::{brent, tol};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SolveFor {
+    /// Solve for σ, the Gaussian noise multiplier.
     NoiseMultiplier,
+    /// Solve for q, the Poisson sampling rate.
     SampleRate,
+    /// Solve for the number of steps.
     Steps,
 }
 
 impl SolveFor {
+    /// The CLI spelling (`noise-multiplier`, `sample-rate`, `steps`).
     pub fn as_str(self) -> &'static str {
         match self {
             SolveFor::NoiseMultiplier => "noise-multiplier",
@@ -36,8 +40,11 @@ impl SolveFor {
 /// ignored.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DpSgd {
+    /// Noise multiplier σ of each Gaussian step.
     pub noise_multiplier: f64,
+    /// Poisson sampling rate q in (0, 1].
     pub sample_rate: f64,
+    /// Number of steps.
     pub steps: u64,
 }
 
@@ -50,6 +57,7 @@ impl DpSgd {
 /// The answer of a calibration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
+    /// Which parameter was solved for.
     pub solve_for: SolveFor,
     /// The value found (σ, q, or steps as f64), on the safe side of the target.
     pub value: f64,
@@ -66,6 +74,11 @@ const SIGMA_MIN: f64 = 1e-4;
 const SIGMA_MAX: f64 = 1e6;
 const Q_MIN: f64 = 1e-12;
 const STEPS_MAX: u64 = 1 << 50;
+/// Most accountant evaluations one calibration may make (the bracketing expansion needs ≤ 60,
+/// the root search ≤ 60, the safe-side re-check ≤ 60): a search that has not converged by then
+/// stops with a "no solution in range" error instead of running on (each PLD evaluation can
+/// take a second).
+pub const MAX_EVALUATIONS: usize = 240;
 
 fn estimate_note(acc: &dyn Accountant, kind: Option<BoundKind>) -> String {
     match kind {
@@ -135,6 +148,14 @@ pub fn calibrate(
     let mut last_kind = None;
     let mut eps_at = |x: f64| -> Result<AccountResult> {
         evals += 1;
+        if evals > MAX_EVALUATIONS {
+            return Err(Error::numeric(format!(
+                "no solution in range: calibrating {} for ε = {target} at δ = {delta} did not converge within \
+                 {MAX_EVALUATIONS} accountant evaluations (the accountant's ε is not monotone enough here); \
+                 try another accountant",
+                solve_for.as_str()
+            )));
+        }
         let r = acc.epsilon(&make(x), neighbouring, delta)?;
         last_kind = Some(r.kind);
         Ok(r)
@@ -151,7 +172,7 @@ pub fn calibrate(
                     hi *= 2.0;
                     if hi > SIGMA_MAX {
                         return Err(Error::numeric(format!(
-                            "target ε = {target} at δ = {delta} is unreachable: even σ = {SIGMA_MAX:e} gives ε = {e_hi}{}",
+                            "no solution in range σ ≤ {SIGMA_MAX:e}: target ε = {target} at δ = {delta} is unreachable: even σ = {SIGMA_MAX:e} gives ε = {e_hi}{}",
                             estimate_note(acc, last_kind)
                         )));
                     }
@@ -201,7 +222,7 @@ pub fn calibrate(
                 let e_min = eps_at(Q_MIN)?.epsilon;
                 if e_min > target {
                     return Err(Error::numeric(format!(
-                        "target ε = {target} at δ = {delta} is unreachable: even q = {Q_MIN:e} gives ε = {e_min}{}",
+                        "no solution in range q ≥ {Q_MIN:e}: target ε = {target} at δ = {delta} is unreachable: even q = {Q_MIN:e} gives ε = {e_min}{}",
                         estimate_note(acc, last_kind)
                     )));
                 }
@@ -229,6 +250,17 @@ pub fn calibrate(
             }
             let mut lo = 1u64;
             let mut hi = 2u64;
+            // PLD evaluations at large step counts are expensive: start the expansion from the
+            // answer of the (cheap) RDP accountant when PLD confirms it, which saves the ~log₂ n
+            // doublings. The search itself is unchanged, so the answer is too.
+            if acc.kind() == super::AccountantKind::Pld {
+                if let Some(seed) = rdp_steps_seed(make, neighbouring, delta, target) {
+                    if seed > lo && eps_at(seed as f64)?.epsilon <= target {
+                        lo = seed;
+                        hi = seed.saturating_mul(2);
+                    }
+                }
+            }
             loop {
                 if eps_at(hi as f64)?.epsilon > target {
                     break;
@@ -237,7 +269,7 @@ pub fn calibrate(
                 hi = hi.saturating_mul(2);
                 if hi > STEPS_MAX {
                     return Err(Error::numeric(format!(
-                        "the target ε = {target} is met for every number of steps up to {lo}: no finite answer{}",
+                        "no solution in range steps ≤ 2^50: the target ε = {target} is met for every number of steps up to {lo}: no finite answer{}",
                         estimate_note(acc, last_kind)
                     )));
                 }
@@ -257,7 +289,8 @@ pub fn calibrate(
     let mut x = value;
     let mut r = eps_at(x)?;
     let mut factor = 1e-9;
-    for _ in 0..200 {
+    let mut step_down = 1.0f64;
+    for _ in 0..60 {
         if r.epsilon <= target {
             break;
         }
@@ -272,7 +305,11 @@ pub fn calibrate(
                         estimate_note(acc, last_kind)
                     )));
                 }
-                x - 1.0
+                // Geometric steps: a non-smooth accountant (PLD discretisation) cannot make
+                // this walk down one step at a time.
+                let next = (x - step_down).max(1.0);
+                step_down *= 2.0;
+                next
             }
         };
         factor *= 4.0;
@@ -293,6 +330,33 @@ pub fn calibrate(
         result: r,
         evaluations: evals,
     })
+}
+
+/// The largest number of steps whose RDP ε is ≤ `target` (None when RDP cannot account the
+/// event or no such number ≤ 2⁵⁰ exists). Only a starting point for another accountant's search.
+fn rdp_steps_seed(make: &dyn Fn(f64) -> DpEvent, nb: Neighbouring, delta: f64, target: f64) -> Option<u64> {
+    let rdp = super::rdp::RdpAccountant::default();
+    let ok = |n: u64| -> Option<bool> { rdp.epsilon(&make(n as f64), nb, delta).ok().map(|r| r.epsilon <= target) };
+    if !ok(1)? {
+        return None;
+    }
+    let (mut lo, mut hi) = (1u64, 2u64);
+    while ok(hi)? {
+        lo = hi;
+        hi = hi.saturating_mul(2);
+        if hi > STEPS_MAX {
+            return None;
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if ok(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
 }
 
 #[cfg(test)]

@@ -110,13 +110,25 @@ impl Accountant for GdpAccountant {
     fn delta(&self, event: &DpEvent, _neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         let mu = composed_mu(event)?;
-        Ok(AccountResult::new(
+        // A δ below the f64 range is not rounded to 0: it becomes the next double above it,
+        // labelled an upper bound, with ln δ beside it.
+        let ld = log_delta_for_epsilon(mu, epsilon);
+        let (delta, underflow) = crate::numeric::exp_upper(ld);
+        let mut res = AccountResult::new(
             AccountantKind::Gdp,
             epsilon,
-            delta_for_epsilon(mu, epsilon),
-            BoundKind::Exact,
+            delta,
+            if underflow { BoundKind::UpperBound } else { BoundKind::Exact },
         )
-        .with_detail("mu", mu))
+        .with_detail("mu", mu);
+        if underflow {
+            res = res.with_detail("log_delta", ld).with_diagnostic(
+                "delta_below_f64_range",
+                format!("δ = e^{ld} is below the f64 range; reported as {delta:e}, an upper bound"),
+                false,
+            );
+        }
+        Ok(res)
     }
 }
 

@@ -41,9 +41,6 @@ const FFT_ERR_PER_LEVEL: f64 = 10.0 * U;
 
 /// Largest privacy loss (nats) one step's grid holds; P-mass above goes to +∞ (counted in δ).
 const MAX_STEP_LOSS: f64 = 200.0;
-/// When the composed +∞ mass reaches this, no useful δ can be certified: the finite part is not
-/// composed and δ(ε) = 1 is reported for every ε (trivially sound).
-const HOPELESS_INF_MASS: f64 = 0.1;
 
 /// The PLD accountant. Defaults follow dp_accounting's `PLDAccountant` (grid 1e-4, pessimistic).
 #[derive(Debug, Clone)]
@@ -72,8 +69,11 @@ impl Default for PldAccountant {
 /// has noise standard deviation `noise_multiplier` × sensitivity (μ = 1/noise_multiplier).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PldStep {
+    /// Poisson sampling rate in (0, 1] (1 = full batch).
     pub q: f64,
+    /// Noise multiplier σ (noise std / sensitivity).
     pub noise_multiplier: f64,
+    /// How many times the step runs.
     pub count: u64,
 }
 
@@ -95,6 +95,9 @@ enum Leaf {
     SampledGaussian { q: f64, sigma: f64 },
     /// An (ε, δ)-DP mechanism (its dominating pair; Kairouz, Oh & Viswanath 2015, Thm 2.1).
     EpsilonDelta { epsilon: f64, delta: f64 },
+    /// Poisson(q) ∘ Gaussian(σ) under replace-one (q < 1), σ relative to the replace-one
+    /// sensitivity: the symmetric pair (1−q)N(0,σ²) + qN(½,σ²) vs (1−q)N(0,σ²) + qN(−½,σ²).
+    ReplaceGaussian { q: f64, sigma: f64 },
 }
 
 impl Leaf {
@@ -102,7 +105,7 @@ impl Leaf {
     fn symmetric(self) -> bool {
         match self {
             Leaf::SampledGaussian { q, .. } => q >= 1.0,
-            Leaf::EpsilonDelta { .. } => true,
+            Leaf::EpsilonDelta { .. } | Leaf::ReplaceGaussian { .. } => true,
         }
     }
 }
@@ -117,6 +120,7 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// The name used in output (`add` or `remove`).
     pub fn as_str(self) -> &'static str {
         match self {
             Direction::Remove => "remove",
@@ -185,12 +189,13 @@ impl Tails {
 /// Standard normal mass of (a, b] with an absolute error bound, from the side where the tail
 /// values are small (so narrow intervals in either tail keep their relative accuracy).
 fn nmass(a: &Tails, b: &Tails) -> (f64, f64) {
+    // Both ends in the upper tail: difference of upper tails. Otherwise (both in the lower
+    // tail, or a < 0 < b) the difference of lower tails; when the interval straddles 0,
+    // b.lower = 1 − b.upper ≥ ½, so scale ≥ ½ and the bound below is absolute, ~8u.
     let (m, scale) = if a.z >= 0.0 {
         (a.upper - b.upper, a.upper + b.upper)
-    } else if b.z <= 0.0 {
-        (b.lower - a.lower, a.lower + b.lower)
     } else {
-        (b.lower - a.lower, b.lower + a.lower)
+        (b.lower - a.lower, a.lower + b.lower)
     };
     let m = m.max(0.0);
     (m, TAIL_REL_ERR * scale + U * m)
@@ -355,6 +360,98 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
     }))
 }
 
+/// x where the replace-one privacy loss ℓ(x) (see [`replace_one_pld`]) equals ε: with
+/// u = e^{x/(2σ²)} and c = e^{−1/(8σ²)}, ℓ(x) = ε is the quadratic qc·u² + (1−q)(1−e^ε)·u − qc·e^ε = 0,
+/// whose positive root is taken in the cancellation-free form for each sign of ε.
+fn replace_one_x_bound(q: f64, sigma: f64, eps: f64) -> f64 {
+    let s2 = sigma * sigma;
+    let c = (-1.0 / (8.0 * s2)).exp();
+    let beta = -(1.0 - q) * eps.exp_m1() / (q * c);
+    let root = beta.hypot(2.0 * (0.5 * eps).exp());
+    let ln_u = if beta <= 0.0 {
+        ((-beta + root) / 2.0).ln()
+    } else {
+        std::f64::consts::LN_2 + eps - (beta + root).ln()
+    };
+    2.0 * s2 * ln_u
+}
+
+/// Pessimistic connect-the-dots PLD of Poisson(q) ∘ Gaussian(σ) under *replace-one*, σ relative
+/// to the replace-one sensitivity Δ, on the grid i·h.
+///
+/// The record's contribution is a vector of norm ≤ Δ/2 added to the sampled sum (a clipped sum
+/// with clip norm C has Δ = 2C); couple the two Poisson samples by position: with probability
+/// 1 − q the record is absent and both outputs are N(0, σ²), otherwise they are N(v, σ²) and
+/// N(v′, σ²) with ‖v‖, ‖v′‖ ≤ ½. The pair P = (1−q)N(0,σ²) + qN(½,σ²), Q = (1−q)N(0,σ²) + qN(−½,σ²)
+/// is the one dp_accounting 0.6 uses for REPLACE_ONE (`privacy_loss_mechanism`, "REPLACE
+/// adjacency type" with sensitivity C and std σ·2C/2 after rescaling; Zhu, Dong & Wang 2022,
+/// §5). It is symmetric (x ↦ −x swaps P and Q), so one direction describes both.
+/// Loss: ℓ(x) = ln(1−q + q e^{(4x−1)/(8σ²)}) − ln(1−q + q e^{(−4x−1)/(8σ²)}), increasing in x.
+/// Discretised exactly as [`gaussian_pld`] (Doroshenko et al. 2022, Alg. 1), with every
+/// floating-point choice rounded towards larger losses.
+fn replace_one_pld(q: f64, sigma: f64, h: f64, tau: f64, max_points: usize) -> Result<DiscretePld> {
+    let s2 = sigma * sigma;
+    let z_tau = numeric::ndtri_sf(tau);
+    let loss_x = |x: f64| -> f64 {
+        log_mix(q, (4.0 * x - 1.0) / (8.0 * s2)) - log_mix(q, (-4.0 * x - 1.0) / (8.0 * s2))
+    };
+    let eps_lo = loss_x(-sigma * z_tau);
+    let eps_hi = loss_x(0.5 + sigma * z_tau);
+    if !(eps_lo.is_finite() && eps_hi.is_finite()) {
+        return Err(Error::numeric(format!(
+            "pld: privacy-loss range not finite for replace-one q = {q}, σ = {sigma} ({eps_lo}, {eps_hi})"
+        )));
+    }
+    let i_lo = (eps_lo / h).floor() as i64;
+    let eps_hi = eps_hi.min(MAX_STEP_LOSS.max(eps_lo + h));
+    let mut i_hi = ((eps_hi / h).ceil() as i64).max(i_lo + 1);
+    if (i_hi - i_lo + 1) as usize > max_points {
+        i_hi = i_lo + max_points as i64 - 1;
+    }
+    let n = (i_hi - i_lo + 1) as usize;
+    let xs: Vec<f64> = (0..n)
+        .map(|k| replace_one_x_bound(q, sigma, (i_lo + k as i64) as f64 * h))
+        .collect();
+    let t0: Vec<Tails> = xs.iter().map(|&x| Tails::at(x / sigma)).collect();
+    let tp: Vec<Tails> = xs.iter().map(|&x| Tails::at((x - 0.5) / sigma)).collect();
+    let tm: Vec<Tails> = xs.iter().map(|&x| Tails::at((x + 0.5) / sigma)).collect();
+    let mut surv: Vec<f64> = (0..n)
+        .map(|k| (((1.0 - q) * t0[k].upper + q * tp[k].upper) * (1.0 + TAIL_REL_ERR)).min(1.0))
+        .collect();
+    for k in (0..n - 1).rev() {
+        if surv[k] < surv[k + 1] {
+            surv[k] = surv[k + 1];
+        }
+    }
+    let mut probs = vec![0.0f64; n];
+    probs[0] += 1.0 - surv[0];
+    let one_minus_e_neg_h = -(-h).exp_m1();
+    for k in 0..n - 1 {
+        let p_int = (surv[k] - surv[k + 1]).max(0.0);
+        if p_int == 0.0 {
+            continue;
+        }
+        let eps_k = (i_lo + k as i64) as f64 * h;
+        let (m0, e0) = nmass(&t0[k], &t0[k + 1]);
+        let (mp, ep) = nmass(&tp[k], &tp[k + 1]);
+        let (mm, em) = nmass(&tm[k], &tm[k + 1]);
+        // num = P(I) − e^{ε_k} Q(I) = −(1−q)(e^{ε_k} − 1)m₀ + q·m₊ − q e^{ε_k} m₋.
+        let c0 = -(1.0 - q) * eps_k.exp_m1();
+        let g = q * eps_k.exp();
+        let num = c0 * m0 + q * mp - g * mm;
+        let err = c0.abs() * e0 + q * ep + g * em + 4.0 * U * (c0.abs() * m0 + q * mp + g * mm);
+        let up = ((num + err).max(0.0) / one_minus_e_neg_h * (1.0 + 4.0 * U)).min(p_int);
+        probs[k + 1] += up;
+        probs[k] += p_int - up;
+    }
+    let inf_mass = surv[n - 1];
+    Ok(trim(DiscretePld {
+        lo: i_lo,
+        probs,
+        inf_mass,
+    }))
+}
+
 /// The dominating pair of an (ε, δ)-DP mechanism as a PLD (Kairouz et al. 2015, Thm 2.1):
 /// loss +ε with P-mass (1−δ)e^ε/(1+e^ε), −ε with (1−δ)/(1+e^ε), +∞ with δ; losses rounded up
 /// onto the grid.
@@ -396,6 +493,7 @@ fn trim(mut d: DiscretePld) -> DiscretePld {
 /// One direction's composed PLD, ready for ε(δ) and δ(ε) queries.
 #[derive(Debug, Clone)]
 pub struct ComposedDirection {
+    /// Which neighbouring direction this PLD describes.
     pub direction: Direction,
     h: f64,
     /// Window start (grid index of `probs[0]`).
@@ -476,7 +574,9 @@ impl ComposedDirection {
 /// A composed PLD in both directions (add and remove).
 #[derive(Debug, Clone)]
 pub struct ComposedPld {
+    /// The composed PLD of each direction; ε(δ) and δ(ε) take the worse one.
     pub directions: Vec<ComposedDirection>,
+    /// Grid interval of the privacy-loss discretisation (nats).
     pub value_discretization_interval: f64,
 }
 
@@ -531,6 +631,7 @@ fn leaf_pld(leaf: Leaf, dir: Direction, h: f64, tau: f64, max_points: usize) -> 
     match leaf {
         Leaf::SampledGaussian { q, sigma } => gaussian_pld(q, sigma, dir, h, tau, max_points),
         Leaf::EpsilonDelta { epsilon, delta } => Ok(epsilon_delta_pld(epsilon, delta, h)),
+        Leaf::ReplaceGaussian { q, sigma } => replace_one_pld(q, sigma, h, tau, max_points),
     }
 }
 
@@ -585,7 +686,7 @@ fn compose(
         rel_inflation,
         fft_len: 0,
     };
-    if parts.iter().any(|(d, _)| d.probs.is_empty()) || inf_mass >= HOPELESS_INF_MASS {
+    if parts.iter().any(|(d, _)| d.probs.is_empty()) {
         return Ok(empty(1.0));
     }
     if parts.is_empty() {
@@ -828,11 +929,29 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
             (Sampling::Full, Mechanism::EpsilonDelta { epsilon, delta }) => Leaf::EpsilonDelta { epsilon, delta },
             (Sampling::Poisson { q }, mech) => {
                 if neighbouring == Neighbouring::ReplaceOne {
-                    return Err(Error::unsupported(format!(
-                        "pld: component {i} (Poisson sampling, q = {q}) under replace-one: Poisson subsampling \
-                         is analysed under add/remove; a replace-one dominating pair is not implemented here \
-                         (use --neighbouring add-remove, or the rdp accountant)"
-                    )));
+                    out.push((
+                        match mech {
+                            Mechanism::Gaussian { noise_multiplier } if q < 1.0 => Leaf::ReplaceGaussian {
+                                q,
+                                sigma: noise_multiplier,
+                            },
+                            Mechanism::Gaussian { noise_multiplier } => Leaf::SampledGaussian {
+                                q: 1.0,
+                                sigma: noise_multiplier,
+                            },
+                            // Couple the two samples by record position: with probability 1 − q
+                            // the replaced record is not sampled and the outputs are equal,
+                            // otherwise the inputs are replace-one neighbours; advanced joint
+                            // convexity (Balle, Barthe & Gaboardi 2018, Thm 2) gives
+                            // (ln(1 + q(e^ε − 1)), qδ).
+                            Mechanism::EpsilonDelta { epsilon, delta } => Leaf::EpsilonDelta {
+                                epsilon: (q * epsilon.exp_m1()).ln_1p(),
+                                delta: q * delta,
+                            },
+                        },
+                        c.count,
+                    ));
+                    continue;
                 }
                 match mech {
                     Mechanism::Gaussian { noise_multiplier } => Leaf::SampledGaussian {
@@ -857,6 +976,31 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
         out.push((leaf, c.count));
     }
     Ok(out)
+}
+
+/// A lower bound on the +∞ mass every composition of `leaves` carries, known before any grid is
+/// built: per leaf the P-mass of losses above [`MAX_STEP_LOSS`] (which the discretisation always
+/// sends to +∞) or the leaf's δ, composed as 1 − Π(1 − ι_j)^{T_j}, rounded down. When it is at or
+/// above a requested δ, the PLD cannot certify a finite ε there and is not built.
+fn inf_mass_floor(leaves: &[(Leaf, u64)]) -> f64 {
+    let log_keep: f64 = leaves
+        .iter()
+        .map(|&(l, c)| {
+            let iota = match l {
+                Leaf::SampledGaussian { q, sigma } => {
+                    let x = sigma * sigma * inv_log_mix(q, MAX_STEP_LOSS) + 0.5;
+                    (1.0 - q) * numeric::ndtr_sf(x / sigma) + q * numeric::ndtr_sf((x - 1.0) / sigma)
+                }
+                Leaf::ReplaceGaussian { q, sigma } => {
+                    let x = replace_one_x_bound(q, sigma, MAX_STEP_LOSS);
+                    (1.0 - q) * numeric::ndtr_sf(x / sigma) + q * numeric::ndtr_sf((x - 0.5) / sigma)
+                }
+                Leaf::EpsilonDelta { delta, .. } => delta,
+            };
+            c as f64 * (-(iota * (1.0 - 1e-6)).min(1.0)).ln_1p()
+        })
+        .sum();
+    (-log_keep.exp_m1() * (1.0 - 1e-9)).max(0.0)
 }
 
 impl PldAccountant {
@@ -897,26 +1041,16 @@ impl PldAccountant {
             }
         }
         let total: f64 = merged.iter().map(|(_, c)| *c as f64).sum::<f64>().max(1.0);
-        // Nearly blatant steps: the P-mass above MAX_STEP_LOSS is a lower bound on each leaf's
-        // +∞ mass; if the composed +∞ mass already reaches HOPELESS_INF_MASS, report δ = 1.
-        let log_keep: f64 = merged
-            .iter()
-            .map(|&(l, c)| match l {
-                Leaf::SampledGaussian { q, sigma } => {
-                    let x = sigma * sigma * inv_log_mix(q, MAX_STEP_LOSS) + 0.5;
-                    let tail = (1.0 - q) * numeric::ndtr_sf(x / sigma) + q * numeric::ndtr_sf((x - 1.0) / sigma);
-                    c as f64 * (-tail.min(1.0)).ln_1p()
-                }
-                Leaf::EpsilonDelta { delta, .. } => c as f64 * (-delta).ln_1p(),
-            })
-            .sum();
-        if -log_keep.exp_m1() >= HOPELESS_INF_MASS {
+        // Every construction carries at least this +∞ mass; when it is 1 up to 1e-9, δ(ε) = 1 for
+        // every ε is reported without building grids (sound; it gives away at most 1e-9 of δ, and
+        // the grids of such nearly blatant steps would be capped at max_grid_points anyway).
+        if inf_mass_floor(&merged) >= 1.0 - 1e-9 {
             let dirs = if merged.iter().all(|(l, _)| l.symmetric()) {
                 1
             } else {
                 2
             };
-            let hopeless = |direction| ComposedDirection {
+            let blatant = |direction| ComposedDirection {
                 direction,
                 h,
                 lo: 0,
@@ -930,7 +1064,7 @@ impl PldAccountant {
             return Ok(ComposedPld {
                 directions: [Direction::Remove, Direction::Add][..dirs]
                     .iter()
-                    .map(|&d| hopeless(d))
+                    .map(|&d| blatant(d))
                     .collect(),
                 value_discretization_interval: h,
             });
@@ -1027,13 +1161,35 @@ impl Accountant for PldAccountant {
     }
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
-        let pld = self.compose_event(event, neighbouring)?;
-        let eps = pld.epsilon(delta);
-        let r = AccountResult::new(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
-        let r = pld.annotate(r, Some(delta));
-        if eps.is_finite() {
-            return Ok(r);
-        }
+        self.check()?;
+        event.validate()?;
+        let ls = leaves(&event.components()?, neighbouring)?;
+        // Decide before building any grid whether the PLD can certify anything at this δ.
+        let known_floor = inf_mass_floor(&ls);
+        let (r, floor) = if known_floor >= delta {
+            let r = AccountResult::new(AccountantKind::Pld, f64::INFINITY, delta, BoundKind::UpperBound)
+                .with_detail("grid_interval", self.value_discretization_interval)
+                .with_detail("inf_mass", known_floor)
+                .with_diagnostic(
+                    "pld_delta_below_floor",
+                    format!(
+                        "δ = {delta:e} is at or below the infinite-loss mass of nearly blatant steps \
+                         ({known_floor:e}, losses above {MAX_STEP_LOSS} nats); no finite ε is certified by the \
+                         PLD, so no grid was built"
+                    ),
+                    true,
+                );
+            (r, known_floor)
+        } else {
+            let pld = self.compose_leaves(&ls)?;
+            let eps = pld.epsilon(delta);
+            let r = AccountResult::new(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
+            let r = pld.annotate(r, Some(delta));
+            if eps.is_finite() {
+                return Ok(r);
+            }
+            (r, pld.delta_floor())
+        };
         // The PLD's own floor (infinite-loss mass from losses beyond the grid, window tails,
         // certified FFT round-off) is at or above δ, so the PLD alone certifies no finite ε.
         // The true δ(ε) curve lies below every sound curve, so the RDP bound of the same event
@@ -1051,7 +1207,7 @@ impl Accountant for PldAccountant {
                     format!(
                         "the PLD certifies no finite ε at δ = {delta:e} (its floor is {:e}); the ε shown is the \
                          RDP upper bound of the same event",
-                        pld.delta_floor()
+                        floor
                     ),
                     false,
                 ))

@@ -1,16 +1,22 @@
-//! Attacks on trained denoisers and on the empirical-denoiser sampler, their metrics, and the
-//! theoretical limits the accounting implies; [`audit`] holds the reusable Clopper–Pearson /
-//! empirical-ε machinery used by the mechanism audits.
+//! Attacks on trained denoisers and on the empirical-denoiser sampler, their metrics, the
+//! theoretical limits the accounting implies, and the audits whose ε lower bounds are valid.
 //!
 //! ```text
 //!  checkpoint + split ─► mia::scores (loss, SecMI, PIA, empirical) ─► metrics (exact ROC, AUC,
-//!  TPR@FPR, held-out & oracle ASR, bootstrap, ε lower bound) ─┐
-//!  card's DP ledger ─► accountants ─► theory (ASR and TPR limits) ─┴─► pipeline::MiaReport
+//!  TPR@FPR, held-out & oracle ASR, bootstrap) ─┐
+//!  training ledger / sampler config ─► theory (ASR and TPR limits) ─┤
+//!  canaries of one run ─► one_run (Steinke et al. 2023) ─────────────┼─► pipeline::MiaReport
+//!  independent runs ─► audit (Clopper–Pearson, held-out threshold) ──┘
 //! ```
 
 pub mod audit;
+pub mod canary;
+pub mod denoiser;
 pub mod empirical;
 pub mod metrics;
 pub mod mia;
+pub mod one_run;
 pub mod pipeline;
+pub mod render;
+pub mod scores;
 pub mod theory;

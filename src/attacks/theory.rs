@@ -53,14 +53,18 @@ pub fn tpr_limit_eps_delta(epsilon: f64, delta: f64, fpr: f64) -> f64 {
 pub struct Guarantee {
     /// e.g. "pld", "rdp", "gdp (no amplification)".
     pub source: String,
+    /// ε of the guarantee.
     pub epsilon: f64,
+    /// δ of the guarantee.
     pub delta: f64,
     /// μ when the guarantee is μ-GDP.
     pub mu: Option<f64>,
+    /// Kind of the bound (exact or upper bound).
     pub kind: BoundKind,
 }
 
 impl Guarantee {
+    /// Upper limit on the attack success rate: (e^ε + δ)/(1 + e^ε), or Φ(μ/2) when μ is known and smaller.
     pub fn asr_limit(&self) -> f64 {
         let a = asr_limit_eps_delta(self.epsilon, self.delta);
         match self.mu {
@@ -68,6 +72,7 @@ impl Guarantee {
             None => a,
         }
     }
+    /// Upper limit on the TPR at false-positive rate `fpr` (the smaller of the (ε, δ) and GDP limits).
     pub fn tpr_limit(&self, fpr: f64) -> f64 {
         let a = tpr_limit_eps_delta(self.epsilon, self.delta, fpr);
         match self.mu {
@@ -95,19 +100,21 @@ pub fn mu_without_amplification(event: &DpEvent) -> Option<f64> {
 /// Every sound guarantee available for `event` at `delta` (accountants that do not support the
 /// event are skipped; each skipped one is named in the second list).
 pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
+    guarantees_for(event, Neighbouring::AddRemove, delta)
+}
+
+/// As [`guarantees`], under the neighbouring relation `nb`.
+pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     for kind in [AccountantKind::Pld, AccountantKind::Rdp, AccountantKind::Gdp] {
         let acc = kind.build();
-        match acc
-            .supports(event, Neighbouring::AddRemove)
-            .and_then(|_| acc.epsilon(event, Neighbouring::AddRemove, delta))
-        {
+        match acc.supports(event, nb).and_then(|_| acc.epsilon(event, nb, delta)) {
             Ok(r) if r.kind.is_sound() => out.push(Guarantee {
                 source: kind.as_str().to_string(),
                 epsilon: r.epsilon,
                 delta: r.delta,
-                mu: if kind == AccountantKind::Gdp {
+                mu: if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
                     gdp::composed_mu(event).ok()
                 } else {
                     None
@@ -118,7 +125,7 @@ pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Guarantee>, Vec<String>) 
             Err(e) => skipped.push(format!("{}: {}", kind.as_str(), e.message)),
         }
     }
-    if let Some(mu) = mu_without_amplification(event) {
+    if let Some(mu) = mu_without_amplification(event).filter(|_| nb == Neighbouring::AddRemove) {
         if !out.iter().any(|g| g.source == "gdp") {
             if let Ok(eps) = gdp::epsilon_for_delta(mu, delta) {
                 out.push(Guarantee {

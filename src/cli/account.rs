@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::common::{parse_accountants, Format};
 use crate::accountants::{AccountResult, AccountantKind};
+use crate::config::dpsgd::{self, BatchSampling, Derived};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
 
@@ -21,7 +22,9 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// `--neighbouring` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NeighbouringArg {
+    /// Add or remove one record.
     AddRemove,
+    /// Replace one record.
     ReplaceOne,
 }
 
@@ -42,10 +45,16 @@ impl From<NeighbouringArg> for Neighbouring {
   # δ at ε = 8 instead, as JSON
   dpaudit account --noise-multiplier 1.1 --sample-rate 0.004 --steps 14062 --epsilon 8 --format json
 
+  # the same in users' words: 10 epochs, batch 64, N = 60000, Poisson sampling (steps and q are
+  # derived as Opacus does and printed), and save the event for `dpaudit check`
+  dpaudit account --noise-multiplier 0.8 --epochs 10 --batch-size 64 --dataset-size 60000 \\
+      --delta 1e-5 --save-event mnist.toml
+
   # any event tree from a TOML file (see fixtures/events/), PLD and RDP only
   dpaudit account --event fixtures/events/heterogeneous.toml --delta 1e-5 --accountant pld,rdp
 
 Exit codes: 0 ok; 2 bad flags/file, or no accountant supports the event.")]
+/// Account a DP-SGD-style event from flags, or any event tree from a TOML file.
 pub struct Args {
     /// Noise multiplier σ of the Gaussian step (noise std = σ × L2 sensitivity).
     #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
@@ -56,9 +65,16 @@ pub struct Args {
     /// Number of steps (0 accounts nothing: ε = 0).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub steps: Option<u64>,
+    /// DP-SGD in users' words (`--epochs --batch-size --dataset-size [--sampling]`).
+    #[command(flatten)]
+    pub run: TrainingRunArgs,
     /// Event tree from a TOML file (schema_version = 1) instead of the flags above.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["noise_multiplier", "sample_rate", "steps"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["noise_multiplier", "sample_rate", "steps", "epochs"])]
     pub event: Option<PathBuf>,
+    /// Also write the accounted event (with its neighbouring relation and δ) to FILE, in the
+    /// event-file format that `dpaudit check` and `account --event` read.
+    #[arg(long, value_name = "FILE")]
+    pub save_event: Option<PathBuf>,
     /// δ at which ε is reported (may come from the event file).
     #[arg(long, allow_negative_numbers = true)]
     pub delta: Option<f64>,
@@ -74,6 +90,77 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+}
+
+/// `--sampling` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplingArg {
+    /// Poisson sampling at q = B/N for ⌊E·N/B⌋ steps (Opacus' get_noise_multiplier).
+    Poisson,
+    /// Poisson sampling as Opacus' PrivacyEngine runs it on a DataLoader: q = 1/⌈N/B⌉, E·⌈N/B⌉ steps.
+    PoissonLoader,
+    /// Shuffled fixed-size batches: each record once per epoch, no amplification claimed.
+    Shuffle,
+}
+
+impl From<SamplingArg> for BatchSampling {
+    fn from(s: SamplingArg) -> Self {
+        match s {
+            SamplingArg::Poisson => BatchSampling::Poisson,
+            SamplingArg::PoissonLoader => BatchSampling::PoissonLoader,
+            SamplingArg::Shuffle => BatchSampling::Shuffle,
+        }
+    }
+}
+
+/// DP-SGD in users' words: `--epochs --batch-size --dataset-size [--sampling]` (instead of
+/// `--steps` and `--sample-rate`). Shared by `account`, `calibrate` and `check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainingRunArgs {
+    /// Epochs E (with --batch-size and --dataset-size: steps and q are derived).
+    #[arg(long, value_name = "E", conflicts_with_all = ["steps", "sample_rate"])]
+    pub epochs: Option<u64>,
+    /// Batch size B (expected batch size under Poisson sampling).
+    #[arg(long, value_name = "B", conflicts_with_all = ["steps", "sample_rate"])]
+    pub batch_size: Option<u64>,
+    /// Dataset size N.
+    #[arg(long, value_name = "N", conflicts_with_all = ["steps", "sample_rate"])]
+    pub dataset_size: Option<u64>,
+    /// How batches are drawn (default poisson; see docs/accounting.md).
+    #[arg(long, value_enum)]
+    pub sampling: Option<SamplingArg>,
+}
+
+impl TrainingRunArgs {
+    /// The derived steps and q, when the flags were given.
+    pub fn derive(&self) -> Result<Option<Derived>> {
+        dpsgd::from_flags(
+            self.epochs,
+            self.batch_size,
+            self.dataset_size,
+            self.sampling.map(BatchSampling::from),
+        )?
+        .map(|r| r.derive())
+        .transpose()
+    }
+}
+
+/// Writes `event` as an event file (`--save-event`).
+pub(crate) fn save_event(
+    path: &std::path::Path,
+    event: &DpEvent,
+    neighbouring: Neighbouring,
+    delta: Option<f64>,
+    comment: &str,
+) -> Result<()> {
+    let f = EventFile {
+        schema_version: 1,
+        neighbouring,
+        delta,
+        event: event.clone(),
+    };
+    let text = f.to_toml(comment)?;
+    crate::report::output::write_atomic(path, text.as_bytes(), true).map_err(|e| e.with_field("--save-event"))
 }
 
 /// Checks a user-given number for a flag.
@@ -121,6 +208,8 @@ enum Query {
 /// The validated plan.
 struct Plan {
     event: DpEvent,
+    derived: Option<Derived>,
+    save_event: Option<PathBuf>,
     neighbouring: Neighbouring,
     query: Query,
     accountants: Vec<AccountantKind>,
@@ -130,12 +219,22 @@ struct Plan {
 fn plan(args: Args) -> Result<Plan> {
     let format = check_format(args.format)?;
     let accountants = parse_accountants(&args.accountant)?;
-    let (event, file_nb, file_delta) = match &args.event {
-        Some(path) => {
+    let derived = args.run.derive()?;
+    let (event, file_nb, file_delta) = match (&args.event, &derived) {
+        (Some(path), _) => {
             let f = EventFile::load(path)?;
             (f.event, Some(f.neighbouring), f.delta)
         }
-        None => {
+        (None, Some(d)) => {
+            let sigma = args.noise_multiplier.ok_or_else(|| {
+                Error::field(
+                    "--noise-multiplier",
+                    "required with --epochs/--batch-size/--dataset-size",
+                )
+            })?;
+            (d.event(check_sigma("--noise-multiplier", sigma)?), None, None)
+        }
+        (None, None) => {
             let sigma = args.noise_multiplier.ok_or_else(|| {
                 Error::field(
                     "--noise-multiplier",
@@ -172,6 +271,8 @@ fn plan(args: Args) -> Result<Plan> {
     };
     Ok(Plan {
         event,
+        derived,
+        save_event: args.save_event.clone(),
         neighbouring,
         query,
         accountants,
@@ -202,6 +303,9 @@ struct Output {
     delta: Option<f64>,
     epsilon: Option<f64>,
     event: DpEvent,
+    /// Steps and q derived from --epochs/--batch-size/--dataset-size, with the derivation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    derivation: Option<Derived>,
     neighbouring: Neighbouring,
     results: Vec<AccountResult>,
     unsupported: Vec<Unsupported>,
@@ -228,19 +332,16 @@ fn account(plan: &Plan) -> Output {
             }),
         }
     }
-    let headline = results
-        .iter()
-        .filter(|r| r.kind.is_sound())
-        .min_by(|a, b| match plan.query {
-            Query::Epsilon { .. } => a.epsilon.total_cmp(&b.epsilon),
-            Query::Delta { .. } => a.delta.total_cmp(&b.delta),
-        })
-        .map(|r| Headline {
-            accountant: r.accountant,
-            epsilon: r.epsilon,
-            delta: r.delta,
-            kind: r.kind,
-        });
+    let headline = match plan.query {
+        Query::Epsilon { .. } => crate::accountants::sound::tightest_upper(&results),
+        Query::Delta { .. } => crate::accountants::sound::tightest_upper_delta(&results),
+    }
+    .map(|r| Headline {
+        accountant: r.accountant,
+        epsilon: r.epsilon,
+        delta: r.delta,
+        kind: r.kind,
+    });
     let (delta, epsilon, query) = match plan.query {
         Query::Epsilon { delta } => (Some(delta), None, "epsilon"),
         Query::Delta { epsilon } => (None, Some(epsilon), "delta"),
@@ -251,6 +352,7 @@ fn account(plan: &Plan) -> Output {
         delta,
         epsilon,
         event: plan.event.clone(),
+        derivation: plan.derived.clone(),
         neighbouring: plan.neighbouring,
         results,
         unsupported,
@@ -263,11 +365,19 @@ fn kind_words(k: crate::accountants::BoundKind) -> &'static str {
         crate::accountants::BoundKind::Exact => "exact",
         crate::accountants::BoundKind::UpperBound => "upper bound",
         crate::accountants::BoundKind::Estimate => "ESTIMATE (not a guarantee)",
+        crate::accountants::BoundKind::LowerBound => "lower bound",
+        crate::accountants::BoundKind::DataDependent => "data-dependent: not a DP guarantee",
     }
 }
 
 fn render_text(o: &Output) -> String {
     let mut s = String::new();
+    if let Some(d) = &o.derivation {
+        s.push_str(&format!("DP-SGD run: {}\n", d.summary()));
+        for l in &d.derivation {
+            s.push_str(&format!("  {l}\n"));
+        }
+    }
     s.push_str(&format!("Event (neighbouring: {}):\n", o.neighbouring));
     for line in o.event.ledger().lines() {
         s.push_str(&format!("  {line}\n"));
@@ -362,6 +472,7 @@ fn render_csv(o: &Output) -> Result<String> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// Runs `dpaudit account`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let plan = plan(args)?;
     let out = account(&plan);
@@ -376,6 +487,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             reasons.join("\n  ")
         ))
         .into());
+    }
+    if let Some(p) = &plan.save_event {
+        let delta = match plan.query {
+            Query::Epsilon { delta } => Some(delta),
+            Query::Delta { .. } => None,
+        };
+        let comment = format!(
+            "Event written by: {}{}",
+            crate::report::command_line(),
+            plan.derived
+                .as_ref()
+                .map(|d| format!("\nDP-SGD run: {}", d.summary()))
+                .unwrap_or_default()
+        );
+        save_event(p, &plan.event, plan.neighbouring, delta, &comment)?;
     }
     let text = match plan.format {
         Format::Json => serde_json::to_string_pretty(&out)? + "\n",

@@ -29,6 +29,12 @@ Examples:
   # (the directory must exist; --force replaces files from an earlier run).
   dpaudit check fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 1 --junit check.xml --out reports/ci
 
+  # Several pipelines at once: one verdict line and one JUnit test case each
+  dpaudit check fixtures/events/dpsgd.toml fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 8 --junit ci.xml
+
+  # DP-SGD from flags, as Opacus users describe it (steps and q derived as Opacus does)
+  dpaudit check --noise-multiplier 0.8 --epochs 10 --batch-size 64 --dataset-size 60000 --delta 1e-5 --max-epsilon 1
+
   # The verdict as JSON: verdicts[0].margin = budget − sound ε.
   dpaudit check fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 1 --format json | jq .verdicts[0].margin
 
@@ -38,9 +44,24 @@ a CLT estimate inside the budget does not pass a pipeline whose sound bound is o
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// CI guard: exit 1 when a pipeline exceeds its ε budget.
 pub struct Args {
-    /// Event file (TOML with `schema_version` and `[event]`) or diffusion sampler config.
-    pub config: PathBuf,
+    /// Event files (TOML with `schema_version` and `[event]`) or diffusion sampler configs;
+    /// each is checked against the budget and becomes one JUnit test case.
+    #[arg(value_name = "CONFIG")]
+    pub configs: Vec<PathBuf>,
+    /// DP-SGD from flags instead of a file: noise multiplier σ.
+    #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
+    pub noise_multiplier: Option<f64>,
+    /// DP-SGD from flags: Poisson sampling rate q (default 1).
+    #[arg(long, value_name = "Q", allow_negative_numbers = true)]
+    pub sample_rate: Option<f64>,
+    /// DP-SGD from flags: number of steps.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u64>,
+    /// DP-SGD in users' words (`--epochs --batch-size --dataset-size [--sampling]`).
+    #[command(flatten)]
+    pub run: super::account::TrainingRunArgs,
     /// The ε budget (nats). Checked against the smallest sound ε.
     #[arg(long, value_name = "E")]
     pub max_epsilon: f64,
@@ -73,7 +94,9 @@ pub struct Args {
 /// A pipeline ready to account.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
+    /// The event to account.
     pub event: DpEvent,
+    /// The neighbouring relation it is accounted under.
     pub neighbouring: Neighbouring,
     /// δ stated by the file, if any.
     pub delta: Option<f64>,
@@ -103,6 +126,7 @@ pub fn load_pipeline(path: &Path) -> Result<Pipeline> {
         .any(|k| table.contains_key(*k))
     {
         let cfg = crate::config::sampler::SamplerConfig::load(path)?;
+        cfg.warn_defaults(path);
         let acc = crate::diffusion::account::sampler_accounting(&cfg).map_err(|e| e.with_file(path))?;
         return Ok(Pipeline {
             event: acc.event,
@@ -125,18 +149,72 @@ pub fn load_pipeline(path: &Path) -> Result<Pipeline> {
     .with_file(path))
 }
 
+/// The DP-SGD pipeline given by flags (`--noise-multiplier` with `--steps [--sample-rate]` or
+/// `--epochs --batch-size --dataset-size [--sampling]`), if any.
+fn flag_pipeline(args: &Args) -> Result<Option<(Pipeline, Vec<String>)>> {
+    let derived = args.run.derive()?;
+    if args.noise_multiplier.is_none() && derived.is_none() && args.steps.is_none() && args.sample_rate.is_none() {
+        return Ok(None);
+    }
+    let sigma = super::account::check_sigma(
+        "--noise-multiplier",
+        args.noise_multiplier
+            .ok_or_else(|| Error::field("--noise-multiplier", "required for a DP-SGD check from flags"))?,
+    )?;
+    let (event, lines) = match derived {
+        Some(d) => {
+            let mut lines = vec![format!("DP-SGD run: {}", d.summary())];
+            lines.extend(d.derivation.iter().cloned());
+            (d.event(sigma), lines)
+        }
+        None => {
+            let steps = args.steps.ok_or_else(|| {
+                Error::field(
+                    "--steps",
+                    "required (or give --epochs, --batch-size and --dataset-size)",
+                )
+            })?;
+            let q = super::account::check_q("--sample-rate", args.sample_rate.unwrap_or(1.0))?;
+            (DpEvent::dpsgd(sigma, q, steps), Vec::new())
+        }
+    };
+    event.validate()?;
+    Ok(Some((
+        Pipeline {
+            event,
+            neighbouring: Neighbouring::AddRemove,
+            delta: None,
+            role: "DP-SGD flags",
+            step_convention: None,
+        },
+        lines,
+    )))
+}
+
+/// Name of the flag-given pipeline in outputs and JUnit.
+const FLAGS_NAME: &str = "dp-sgd (flags)";
+
+/// Runs `dpaudit check`; returns the exit code (0 within budget, 1 over, 2 bad input).
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let start = Instant::now();
+    let has_flags = match flag_pipeline(&args) {
+        Ok(f) => f.is_some(),
+        Err(e) => return Err(e.into()),
+    };
+    let n_inputs = args.configs.len() + usize::from(has_flags);
+    if n_inputs > 1 {
+        return run_many(&args, start);
+    }
+    let name = args
+        .configs
+        .first()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| FLAGS_NAME.to_string());
     match run_inner(&args, start) {
         Ok(code) => Ok(code),
         Err(e) => {
             if let Some(j) = &args.junit {
-                let xml = junit::error_junit(
-                    "dpaudit check",
-                    &args.config.display().to_string(),
-                    &e.to_string(),
-                    start.elapsed().as_secs_f64(),
-                );
+                let xml = junit::error_junit("dpaudit check", &name, &e.to_string(), start.elapsed().as_secs_f64());
                 // The input error is what the user needs to see; a JUnit write failure is secondary.
                 if let Err(w) = output::write_atomic(j, xml.as_bytes(), args.force) {
                     eprintln!("warning: JUnit result not written: {w}");
@@ -147,8 +225,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
 }
 
-fn run_inner(args: &Args, start: Instant) -> Result<i32> {
-    // Validate flags and output locations before any work.
+/// Validates the flags shared by every input.
+fn common_checks(args: &Args) -> Result<Vec<AccountantKind>> {
     if !(args.max_epsilon.is_finite() && args.max_epsilon >= 0.0) {
         return Err(Error::field(
             "--max-epsilon",
@@ -156,47 +234,77 @@ fn run_inner(args: &Args, start: Instant) -> Result<i32> {
         ));
     }
     let kinds: Vec<AccountantKind> = parse_accountants(&args.accountant)?;
-    let out_dir = args
-        .out
-        .as_deref()
-        .map(|d| OutputDir::open(d, args.force))
-        .transpose()?;
     if let Some(j) = &args.junit {
         check_target(j, args.force)?;
     }
+    Ok(kinds)
+}
 
-    let pipeline = load_pipeline(&args.config)?;
+/// Loads one input: a file, or the DP-SGD flags (`path` = None).
+fn load_input(args: &Args, path: Option<&Path>) -> Result<(Pipeline, Vec<String>)> {
+    match path {
+        Some(p) => {
+            let pl = load_pipeline(p)?;
+            Ok((pl, Vec::new()))
+        }
+        None => flag_pipeline(args)?.ok_or_else(|| {
+            Error::field(
+                "CONFIG",
+                "nothing to check: give one or more event/sampler files, or DP-SGD flags (--noise-multiplier …)",
+            )
+        }),
+    }
+}
+
+/// Accounts one input and adds its budget verdict.
+fn check_one(
+    args: &Args,
+    kinds: &[AccountantKind],
+    path: Option<&Path>,
+    curves: bool,
+    quiet: bool,
+) -> Result<(Report, report::Verdict, f64)> {
+    let name = path
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| FLAGS_NAME.to_string());
+    let (pipeline, derivation) = load_input(args, path)?;
     let delta = match (args.delta, pipeline.delta) {
         (Some(d), _) | (None, Some(d)) => d,
         (None, None) => {
-            return Err(
-                Error::field("--delta", "no δ given: pass --delta or set `delta` in the file").with_file(&args.config),
-            )
+            let e = Error::field("--delta", "no δ given: pass --delta or set `delta` in the file");
+            return Err(match path {
+                Some(p) => e.with_file(p),
+                None => e,
+            });
         }
     };
-    crate::accountants::check_delta(delta).map_err(|e| {
-        if args.delta.is_some() {
-            Error::field("--delta", e.message)
-        } else {
-            e.with_file(&args.config)
-        }
+    crate::accountants::check_delta(delta).map_err(|e| match (args.delta.is_some(), path) {
+        (true, _) | (false, None) => Error::field("--delta", e.message),
+        (false, Some(p)) => e.with_file(p),
     })?;
 
-    let mut rep = Report::new(
-        format!("Privacy budget check: {}", args.config.display()),
-        report::command_line(),
-    );
-    rep.add_input(pipeline.role, &args.config)?;
+    let mut rep = Report::new(format!("Privacy budget check: {name}"), report::command_line());
+    match path {
+        Some(p) => {
+            rep.add_input(pipeline.role, p)?;
+        }
+        None => {
+            for l in &derivation {
+                rep.assumptions
+                    .other
+                    .push(report::Fact::new("DP-SGD derivation", l.clone()));
+            }
+        }
+    }
     rep.assumptions.step_convention = pipeline.step_convention.clone();
-    let curves = !args.no_plots && (args.out.is_some() || args.format != Format::Text);
     let work = kinds.len() as u64 * if curves { 2 } else { 1 };
-    let pb = progress::bar(work, args.quiet, "check");
+    let pb = progress::bar(work, quiet, "check");
     build::account_event(
         &mut rep,
         &pipeline.event,
         pipeline.neighbouring,
         delta,
-        &kinds,
+        kinds,
         AccountOptions { curves },
         &mut |what| {
             pb.set_message(what.to_string());
@@ -204,7 +312,7 @@ fn run_inner(args: &Args, start: Instant) -> Result<i32> {
         },
     )?;
     pb.finish_and_clear();
-    let subject = format!("ε budget for {}", args.config.display());
+    let subject = format!("ε budget for {name}");
     let verdict = build::budget_verdict(&mut rep, &subject, args.max_epsilon);
     rep.fact("budget ε", report::export::fmt_num(args.max_epsilon));
     rep.fact("δ", report::export::fmt_num(delta));
@@ -214,8 +322,101 @@ fn run_inner(args: &Args, start: Instant) -> Result<i32> {
     if let Some(m) = verdict.margin {
         rep.fact("margin (budget − sound ε)", report::export::fmt_num(m));
     }
+    Ok((rep, verdict, delta))
+}
 
-    let line = verdict_line(&args.config, &verdict, delta);
+fn inconclusive_error(rep: &Report, name: &str) -> Error {
+    let reasons: Vec<String> = rep
+        .skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.accountant.as_str(), s.reason))
+        .collect();
+    Error::unsupported(format!(
+        "no sound accountant could account this pipeline, so the budget cannot be checked ({})",
+        reasons.join("; ")
+    ))
+    .with_file(name)
+}
+
+/// Several inputs: one verdict line each (stdout), one JUnit test case each. Exit 2 when any
+/// input could not be checked, else 1 when any is over budget, else 0.
+fn run_many(args: &Args, start: Instant) -> anyhow::Result<i32> {
+    let kinds = common_checks(args)?;
+    if args.format != Format::Text || args.out.is_some() {
+        return Err(Error::field(
+            "--format",
+            "with several inputs, check prints one verdict line each and writes --junit; \
+             run check on one input for --format/--out reports",
+        )
+        .into());
+    }
+    let mut inputs: Vec<Option<&Path>> = args.configs.iter().map(|p| Some(p.as_path())).collect();
+    if flag_pipeline(args)?.is_some() {
+        inputs.push(None);
+    }
+    let mut reports: Vec<(String, std::result::Result<Report, String>)> = Vec::new();
+    let mut code = EXIT_OK;
+    let mut any_error = false;
+    for path in inputs {
+        let name = path
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| FLAGS_NAME.to_string());
+        match check_one(args, &kinds, path, false, true) {
+            Ok((rep, verdict, delta)) => {
+                println!("{}", verdict_line(&name, &verdict, delta));
+                match verdict.status {
+                    Status::Pass => {}
+                    Status::Fail => code = code.max(EXIT_VIOLATED),
+                    Status::Inconclusive => {
+                        eprintln!("error: {}", inconclusive_error(&rep, &name));
+                        any_error = true;
+                    }
+                }
+                reports.push((name, Ok(rep)));
+            }
+            Err(e) => {
+                println!("ERROR {name}: {e}");
+                eprintln!("error: {e}");
+                any_error = true;
+                reports.push((name, Err(e.to_string())));
+            }
+        }
+    }
+    if let Some(j) = &args.junit {
+        let items: Vec<(String, junit::Checked<'_>)> = reports
+            .iter()
+            .map(|(n, r)| {
+                (
+                    n.clone(),
+                    match r {
+                        Ok(rep) => junit::Checked::Report(rep),
+                        Err(m) => junit::Checked::Error(m.clone()),
+                    },
+                )
+            })
+            .collect();
+        let xml = junit::to_junit_many(&items, "dpaudit check", start.elapsed().as_secs_f64());
+        output::write_atomic(j, xml.as_bytes(), args.force)?;
+    }
+    Ok(if any_error { crate::cli::EXIT_USAGE } else { code })
+}
+
+fn run_inner(args: &Args, start: Instant) -> Result<i32> {
+    // Validate flags and output locations before any work.
+    let kinds = common_checks(args)?;
+    let out_dir = args
+        .out
+        .as_deref()
+        .map(|d| OutputDir::open(d, args.force))
+        .transpose()?;
+    let path = args.configs.first().map(PathBuf::as_path);
+    let name = path
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| FLAGS_NAME.to_string());
+    let curves = !args.no_plots && (args.out.is_some() || args.format != Format::Text);
+    let (rep, verdict, delta) = check_one(args, &kinds, path, curves, args.quiet)?;
+
+    let line = verdict_line(&name, &verdict, delta);
     match args.format {
         Format::Text => println!("{line}"),
         f => {
@@ -243,18 +444,7 @@ fn run_inner(args: &Args, start: Instant) -> Result<i32> {
     match verdict.status {
         Status::Pass => Ok(EXIT_OK),
         Status::Fail => Ok(EXIT_VIOLATED),
-        Status::Inconclusive => {
-            let reasons: Vec<String> = rep
-                .skipped
-                .iter()
-                .map(|s| format!("{}: {}", s.accountant.as_str(), s.reason))
-                .collect();
-            Err(Error::unsupported(format!(
-                "no sound accountant could account this pipeline, so the budget cannot be checked ({})",
-                reasons.join("; ")
-            ))
-            .with_file(&args.config))
-        }
+        Status::Inconclusive => Err(inconclusive_error(&rep, &name)),
     }
 }
 
@@ -280,13 +470,13 @@ fn check_target(path: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-fn verdict_line(config: &Path, v: &report::Verdict, delta: f64) -> String {
+fn verdict_line(config: &str, v: &report::Verdict, delta: f64) -> String {
     let f = report::export::fmt_num;
     match (v.status, v.epsilon, v.margin) {
         (Status::Pass | Status::Fail, Some(eps), Some(margin)) => format!(
             "{} {}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}",
             v.status.as_str(),
-            config.display(),
+            config,
             f(eps),
             v.accountant.map(|a| a.as_str()).unwrap_or("?"),
             v.bound.map(|b| b.as_str().replace('_', " ")).unwrap_or_default(),
@@ -295,6 +485,6 @@ fn verdict_line(config: &Path, v: &report::Verdict, delta: f64) -> String {
             f(delta),
             f(margin)
         ),
-        _ => format!("{} {}: {}", v.status.as_str(), config.display(), v.message),
+        _ => format!("{} {}: {}", v.status.as_str(), config, v.message),
     }
 }

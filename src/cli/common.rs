@@ -6,10 +6,15 @@ use crate::accountants::AccountantKind;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum Format {
     #[default]
+    /// Plain text for a terminal.
     Text,
+    /// JSON.
     Json,
+    /// CSV.
     Csv,
+    /// Markdown.
     Md,
+    /// Self-contained HTML.
     Html,
 }
 

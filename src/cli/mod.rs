@@ -32,12 +32,15 @@ pub const EXIT_USAGE: i32 = 2;
 published DP pipelines (RAPID, DP-RDM, DPAgg-TI) and trained denoisers.\n\n\
 Exit codes: 0 ok, 1 a claim or budget is violated, 2 usage or input error."
 )]
+/// The parsed command line.
 pub struct Cli {
     #[command(subcommand)]
+    /// The subcommand to run.
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
+/// The subcommands.
 pub enum Command {
     /// Account a DP-SGD-style event from flags, or any event tree from a TOML file.
     Account(account::Args),
@@ -92,6 +95,15 @@ where
     };
     match result {
         Ok(code) => code,
+        // The reader of stdout went away (`| head`): it has what it asked for; end quietly.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            EXIT_OK
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             e.downcast_ref::<crate::Error>()

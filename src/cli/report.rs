@@ -23,6 +23,7 @@ Examples:
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// Re-render a JSON report as Markdown, HTML or CSV.
 pub struct Args {
     /// A JSON report written by dpaudit (`--format json` or `report.json` from `--out`).
     pub input: PathBuf,
@@ -43,6 +44,7 @@ pub struct Args {
     pub quiet: bool,
 }
 
+/// Runs `dpaudit report`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(run_inner(&args)?)
 }

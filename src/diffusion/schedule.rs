@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::f64::consts::FRAC_PI_2;
 
 use crate::error::{Error, Result};
+use crate::limits;
 
 /// How the DDIM sub-sequence of timesteps is chosen (names as in `diffusers`' `timestep_spacing`
 /// and the DDIM paper's "quadratic" choice).
@@ -38,37 +39,58 @@ pub enum Spacing {
 pub enum Schedule {
     /// EDM / Karras: `levels` = N noise levels from σ_max down to σ_min.
     Edm {
+        /// Smallest noise level σ_min.
         sigma_min: f64,
+        /// Largest noise level σ_max.
         sigma_max: f64,
+        /// Karras ρ.
         rho: f64,
+        /// Number of noise levels N.
         levels: usize,
     },
     /// DDPM with a linear β schedule over `timesteps` training steps; `levels` (default all)
     /// picks a DDIM sub-sequence with `spacing`.
     DdpmLinear {
+        /// β of the first training step.
         beta_start: f64,
+        /// β of the last training step.
         beta_end: f64,
+        /// Number of training steps.
         timesteps: usize,
         #[serde(default)]
+        /// Sampler levels (default: all training steps).
         levels: Option<usize>,
         #[serde(default)]
+        /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
     },
     /// DDPM with the cosine ᾱ schedule (offset `s`, β clipped at `max_beta`).
     DdpmCosine {
         #[serde(default = "default_cosine_s")]
+        /// Offset s of the cosine schedule.
         s: f64,
         #[serde(default = "default_max_beta")]
+        /// Largest β after clipping.
         max_beta: f64,
+        /// Number of training steps.
         timesteps: usize,
         #[serde(default)]
+        /// Sampler levels (default: all training steps).
         levels: Option<usize>,
         #[serde(default)]
+        /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
     },
     /// Rectified flow / flow matching: `levels` equally spaced noise fractions from `s_max`
     /// down to `s_min` (both in (0, 1)).
-    FlowMatching { s_min: f64, s_max: f64, levels: usize },
+    FlowMatching {
+        /// Smallest noise fraction.
+        s_min: f64,
+        /// Largest noise fraction.
+        s_max: f64,
+        /// Number of levels.
+        levels: usize,
+    },
 }
 
 fn default_cosine_s() -> f64 {
@@ -91,6 +113,7 @@ pub enum Convention {
 }
 
 impl Convention {
+    /// The convention's letter (`A`, `B` or `C`).
     pub fn as_str(self) -> &'static str {
         match self {
             Convention::A => "A",
@@ -180,11 +203,12 @@ impl Schedule {
                 Err(Error::field(name, format!("must be a finite number > 0, got {v}")))
             }
         };
+        // Sizes are checked against the resource limits before anything is allocated.
         let levels_ok = |n: usize| -> Result<()> {
             if n < 2 {
                 Err(Error::field("levels", format!("N must be ≥ 2 noise levels, got {n}")))
             } else {
-                Ok(())
+                limits::check_count("levels", n as u64, limits::SCHEDULE_LEVEL)
             }
         };
         match self {
@@ -220,6 +244,7 @@ impl Schedule {
                 if *timesteps < 2 {
                     return Err(Error::field("timesteps", format!("must be ≥ 2, got {timesteps}")));
                 }
+                limits::check_count("timesteps", *timesteps as u64, limits::SCHEDULE_TIMESTEP)?;
                 let n = levels.unwrap_or(*timesteps);
                 levels_ok(n)?;
                 if n > *timesteps {
@@ -246,6 +271,7 @@ impl Schedule {
                 if *timesteps < 2 {
                     return Err(Error::field("timesteps", format!("must be ≥ 2, got {timesteps}")));
                 }
+                limits::check_count("timesteps", *timesteps as u64, limits::SCHEDULE_TIMESTEP)?;
                 let n = levels.unwrap_or(*timesteps);
                 levels_ok(n)?;
                 if n > *timesteps {
@@ -554,6 +580,37 @@ mod tests {
         assert_eq!((a[0].t, a[0].dt, b[0].t, b[0].dt), (4.0, 2.0, 2.0, 2.0));
         assert_eq!(c.len(), 3);
         assert_eq!((c[2].t, c[2].dt, c[2].t_to), (1.0, 1.0, 0.0));
+    }
+
+    #[test]
+    fn ddpm_ancestral_step_lies_between_conventions_a_and_b() {
+        // The ancestral step k → k−1 in the variance-exploding form x/√ᾱ: mean weight on the
+        // denoiser w = 1 − (t_{k−1}/t_k)², posterior noise variance t_{k−1}²(t_k² − t_{k−1}²)/t_k²
+        // (Ho et al. 2020 eq. 7 rewritten), so per unit sensitivity μ = √(t_k² − t_{k−1}²)/(t_k t_{k−1}).
+        // Convention A (√(2Δt/t_k³)) is below it and B (√(2Δt/t_{k−1}³)) above it: B is the safe side.
+        let lv = Schedule::DdpmLinear {
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            timesteps: 1000,
+            levels: Some(50),
+            spacing: Spacing::Leading,
+        }
+        .levels()
+        .unwrap();
+        let a = steps(&lv, Convention::A);
+        let b = steps(&lv, Convention::B);
+        for (sa, sb) in a.iter().zip(&b) {
+            let (hi, lo) = (sa.t_from, sa.t_to);
+            let w = 1.0 - (lo / hi).powi(2);
+            let sd = lo * (hi * hi - lo * lo).sqrt() / hi;
+            let exact = w / sd;
+            let ma = (2.0 * sa.dt / sa.t.powi(3)).sqrt();
+            let mb = (2.0 * sb.dt / sb.t.powi(3)).sqrt();
+            assert!(
+                ma <= exact * (1.0 + 1e-12) && exact <= mb * (1.0 + 1e-12),
+                "{hi} → {lo}: {ma} {exact} {mb}"
+            );
+        }
     }
 
     #[test]

@@ -38,46 +38,99 @@ pub enum DpEvent {
     NoOp,
     /// Gaussian mechanism with noise std = `noise_multiplier` × L2 sensitivity.
     /// A μ-GDP step is `Gaussian { noise_multiplier: 1/μ }`.
-    Gaussian { noise_multiplier: f64 },
+    Gaussian {
+        /// Noise standard deviation divided by the L2 sensitivity (σ).
+        noise_multiplier: f64,
+    },
     /// A mechanism known only to be (ε, δ)-DP.
-    EpsilonDelta { epsilon: f64, delta: f64 },
+    EpsilonDelta {
+        /// ε of the mechanism.
+        epsilon: f64,
+        /// δ of the mechanism.
+        delta: f64,
+    },
     /// Each record is included independently with probability `q`, then `event` runs.
-    PoissonSampled { q: f64, event: Box<DpEvent> },
+    PoissonSampled {
+        /// Inclusion probability in (0, 1].
+        q: f64,
+        /// What runs on the sample.
+        event: Box<DpEvent>,
+    },
     /// A uniformly random subset of exactly `m` of the `n` records, then `event` runs.
-    SampledWithoutReplacement { n: u64, m: u64, event: Box<DpEvent> },
+    SampledWithoutReplacement {
+        /// Dataset size.
+        n: u64,
+        /// Sample size.
+        m: u64,
+        /// What runs on the sample.
+        event: Box<DpEvent>,
+    },
     /// The events run one after another (adaptively).
-    Composed { events: Vec<DpEvent> },
+    Composed {
+        /// The events, in order.
+        events: Vec<DpEvent>,
+    },
     /// `event` runs `count` times.
-    SelfComposed { event: Box<DpEvent>, count: u64 },
+    SelfComposed {
+        /// What runs.
+        event: Box<DpEvent>,
+        /// How many times.
+        count: u64,
+    },
 }
 
 /// How a homogeneous component is sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Sampling {
+    /// Every record takes part.
     Full,
-    Poisson { q: f64 },
-    WithoutReplacement { n: u64, m: u64 },
+    /// Each record independently with probability `q`.
+    Poisson {
+        /// Inclusion probability in (0, 1].
+        q: f64,
+    },
+    /// Exactly `m` of the `n` records, uniformly.
+    WithoutReplacement {
+        /// Dataset size.
+        n: u64,
+        /// Sample size.
+        m: u64,
+    },
 }
 
 /// A privacy-costing leaf.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Mechanism {
-    Gaussian { noise_multiplier: f64 },
-    EpsilonDelta { epsilon: f64, delta: f64 },
+    /// Gaussian noise with std = `noise_multiplier` × L2 sensitivity.
+    Gaussian {
+        /// Noise standard deviation divided by the L2 sensitivity (σ).
+        noise_multiplier: f64,
+    },
+    /// A mechanism known only to be (ε, δ)-DP.
+    EpsilonDelta {
+        /// ε of the mechanism.
+        epsilon: f64,
+        /// δ of the mechanism.
+        delta: f64,
+    },
 }
 
 /// One homogeneous part of a pipeline: a (possibly sampled) mechanism run `count` times.
 /// Most accountants work on the list of components ([`DpEvent::components`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Component {
+    /// How the component is sampled.
     pub sampling: Sampling,
+    /// The mechanism that runs.
     pub mechanism: Mechanism,
+    /// How many times it runs.
     pub count: u64,
 }
 
 impl DpEvent {
+    /// A Gaussian step with noise multiplier σ.
     pub fn gaussian(noise_multiplier: f64) -> Self {
         DpEvent::Gaussian { noise_multiplier }
     }
@@ -87,12 +140,14 @@ impl DpEvent {
             noise_multiplier: 1.0 / mu,
         }
     }
+    /// `event` run on a Poisson(q) sample.
     pub fn poisson(q: f64, event: DpEvent) -> Self {
         DpEvent::PoissonSampled {
             q,
             event: Box::new(event),
         }
     }
+    /// `event` run `count` times.
     pub fn repeat(event: DpEvent, count: u64) -> Self {
         DpEvent::SelfComposed {
             event: Box::new(event),
@@ -125,10 +180,10 @@ impl DpEvent {
     /// Checks every parameter once (validate once, then trust). Errors name the path of the
     /// offending field, e.g. `event.events[1].q`.
     pub fn validate(&self) -> Result<()> {
-        self.validate_at("event")
+        self.validate_at(&Path::Root)
     }
 
-    fn validate_at(&self, path: &str) -> Result<()> {
+    fn validate_at(&self, path: &Path<'_>) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::field(format!("{path}.{field}"), msg));
         match self {
             DpEvent::NoOp => Ok(()),
@@ -151,7 +206,7 @@ impl DpEvent {
                 if !(*q > 0.0 && *q <= 1.0) {
                     return bad("q", format!("sampling probability must be in (0, 1], got {q}"));
                 }
-                event.validate_at(&format!("{path}.event"))
+                event.validate_at(&Path::Event(path))
             }
             DpEvent::SampledWithoutReplacement { n, m, event } => {
                 if *n == 0 {
@@ -160,15 +215,15 @@ impl DpEvent {
                 if *m == 0 || m > n {
                     return bad("m", format!("sample size must be in 1..={n}, got {m}"));
                 }
-                event.validate_at(&format!("{path}.event"))
+                event.validate_at(&Path::Event(path))
             }
             DpEvent::Composed { events } => {
                 for (i, e) in events.iter().enumerate() {
-                    e.validate_at(&format!("{path}.events[{i}]"))?;
+                    e.validate_at(&Path::Events(path, i))?;
                 }
                 Ok(())
             }
-            DpEvent::SelfComposed { event, .. } => event.validate_at(&format!("{path}.event")),
+            DpEvent::SelfComposed { event, .. } => event.validate_at(&Path::Event(path)),
         }
     }
 
@@ -176,29 +231,15 @@ impl DpEvent {
     /// (a sampled event inside another sampling wrapper) and sampling around anything but a
     /// single mechanism are reported as unsupported with their path.
     pub fn components(&self) -> Result<Vec<Component>> {
-        let mut out: Vec<Component> = Vec::new();
-        self.collect("event", 1, &mut out)?;
-        Ok(out)
+        let mut acc = Collector::default();
+        self.collect(&Path::Root, 1, &mut acc)?;
+        Ok(acc.out)
     }
 
-    fn collect(&self, path: &str, mult: u64, out: &mut Vec<Component>) -> Result<()> {
-        let push = |out: &mut Vec<Component>, sampling: Sampling, mechanism: Mechanism, count: u64| {
-            if count == 0 {
-                return;
-            }
-            if let Some(c) = out
-                .iter_mut()
-                .find(|c| c.sampling == sampling && c.mechanism == mechanism)
-            {
-                c.count = c.count.saturating_add(count);
-            } else {
-                out.push(Component {
-                    sampling,
-                    mechanism,
-                    count,
-                });
-            }
-        };
+    /// Walks the tree once. Equal components are merged through a hash map keyed by their
+    /// bit patterns, so collecting n parts costs O(n) rather than O(n²); the path of the node
+    /// being visited is a chain of borrowed segments, formatted only into an error message.
+    fn collect(&self, path: &Path<'_>, mult: u64, acc: &mut Collector) -> Result<()> {
         let leaf = |e: &DpEvent| -> Option<Mechanism> {
             match e {
                 DpEvent::Gaussian { noise_multiplier } => Some(Mechanism::Gaussian {
@@ -211,38 +252,39 @@ impl DpEvent {
                 _ => None,
             }
         };
+        let unsupported = |path: &Path<'_>, inner: &DpEvent| {
+            Error::unsupported(format!(
+                "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
+                inner.type_name()
+            ))
+        };
         match self {
             DpEvent::NoOp => Ok(()),
             DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } => {
-                push(out, Sampling::Full, leaf(self).unwrap(), mult);
+                if let Some(m) = leaf(self) {
+                    acc.push(Sampling::Full, m, mult);
+                }
                 Ok(())
             }
             DpEvent::PoissonSampled { q, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(Error::unsupported(format!(
-                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
-                        inner.type_name()
-                    )));
+                    return Err(unsupported(path, inner));
                 };
                 let s = if *q >= 1.0 {
                     Sampling::Full
                 } else {
                     Sampling::Poisson { q: *q }
                 };
-                push(out, s, m, mult.saturating_mul(count));
+                acc.push(s, m, mult.saturating_mul(count));
                 Ok(())
             }
             DpEvent::SampledWithoutReplacement { n, m: size, event } => {
                 let (inner, count) = unwrap_repeat(event);
                 let Some(m) = leaf(inner) else {
-                    return Err(Error::unsupported(format!(
-                        "{path}.event: sampling around `{}` is not supported (only around a single mechanism)",
-                        inner.type_name()
-                    )));
+                    return Err(unsupported(path, inner));
                 };
-                push(
-                    out,
+                acc.push(
                     Sampling::WithoutReplacement { n: *n, m: *size },
                     m,
                     mult.saturating_mul(count),
@@ -251,13 +293,11 @@ impl DpEvent {
             }
             DpEvent::Composed { events } => {
                 for (i, e) in events.iter().enumerate() {
-                    e.collect(&format!("{path}.events[{i}]"), mult, out)?;
+                    e.collect(&Path::Events(path, i), mult, acc)?;
                 }
                 Ok(())
             }
-            DpEvent::SelfComposed { event, count } => {
-                event.collect(&format!("{path}.event"), mult.saturating_mul(*count), out)
-            }
+            DpEvent::SelfComposed { event, count } => event.collect(&Path::Event(path), mult.saturating_mul(*count), acc),
         }
     }
 
@@ -331,6 +371,70 @@ fn unwrap_repeat(e: &DpEvent) -> (&DpEvent, u64) {
     }
 }
 
+/// The path of a node in the tree (`event.events[3].event`), built only when an error
+/// names it.
+enum Path<'a> {
+    Root,
+    Events(&'a Path<'a>, usize),
+    Event(&'a Path<'a>),
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Path::Root => f.write_str("event"),
+            Path::Events(p, i) => write!(f, "{p}.events[{i}]"),
+            Path::Event(p) => write!(f, "{p}.event"),
+        }
+    }
+}
+
+/// Hash key of a component: the bit patterns of its parameters (NaN never reaches here:
+/// events are validated first; adding 0.0 maps −0.0 to 0.0 so the two merge as before).
+type ComponentKey = (u8, u64, u64, u8, [u64; 2]);
+
+fn component_key(sampling: Sampling, mechanism: Mechanism) -> ComponentKey {
+    let (sk, sa, sb) = match sampling {
+        Sampling::Full => (0u8, 0u64, 0u64),
+        Sampling::Poisson { q } => (1, (q + 0.0).to_bits(), 0),
+        Sampling::WithoutReplacement { n, m } => (2, n, m),
+    };
+    let (mk, mp) = match mechanism {
+        Mechanism::Gaussian { noise_multiplier } => (0u8, [(noise_multiplier + 0.0).to_bits(), 0]),
+        Mechanism::EpsilonDelta { epsilon, delta } => (1, [(epsilon + 0.0).to_bits(), (delta + 0.0).to_bits()]),
+    };
+    (sk, sa, sb, mk, mp)
+}
+
+/// Components in first-seen order with a hash index for merging equal ones.
+#[derive(Default)]
+struct Collector {
+    out: Vec<Component>,
+    index: std::collections::HashMap<ComponentKey, usize>,
+}
+
+impl Collector {
+    fn push(&mut self, sampling: Sampling, mechanism: Mechanism, count: u64) {
+        if count == 0 {
+            return;
+        }
+        match self.index.entry(component_key(sampling, mechanism)) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let c = &mut self.out[*e.get()];
+                c.count = c.count.saturating_add(count);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.out.len());
+                self.out.push(Component {
+                    sampling,
+                    mechanism,
+                    count,
+                });
+            }
+        }
+    }
+}
+
 impl fmt::Display for DpEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.ledger())
@@ -344,12 +448,15 @@ pub struct EventBuilder {
 }
 
 impl EventBuilder {
+    /// An empty builder.
     pub fn new() -> Self {
         Self::default()
     }
+    /// Records one run of `event`.
     pub fn push(&mut self, event: DpEvent) -> &mut Self {
         self.push_n(event, 1)
     }
+    /// Records `count` runs of `event` (merged with the previous entry when equal).
     pub fn push_n(&mut self, event: DpEvent, count: u64) -> &mut Self {
         if count == 0 || event == DpEvent::NoOp {
             return self;
@@ -368,9 +475,11 @@ impl EventBuilder {
     pub fn len(&self) -> u64 {
         self.parts.iter().map(|(_, n)| *n).sum()
     }
+    /// True when nothing private has been recorded.
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()
     }
+    /// The recorded events as one tree (`NoOp` when empty).
     pub fn build(&self) -> DpEvent {
         let mut evs: Vec<DpEvent> = self
             .parts
@@ -395,15 +504,33 @@ impl EventBuilder {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventFile {
+    /// Format version; must be 1.
     pub schema_version: u32,
     #[serde(default)]
+    /// Neighbouring relation (default add/remove).
     pub neighbouring: Neighbouring,
     /// Optional δ (flags override).
     pub delta: Option<f64>,
+    /// The event tree (`[event]`).
     pub event: DpEvent,
 }
 
 impl EventFile {
+    /// The file as TOML text, readable by [`EventFile::load`] (floats are written in their
+    /// shortest round-trip form, so a saved file loads back to the identical event).
+    pub fn to_toml(&self, comment: &str) -> Result<String> {
+        let body = toml::to_string(self).map_err(|e| Error::input(format!("cannot write the event file: {e}")))?;
+        let mut s = String::new();
+        for line in comment.lines() {
+            s.push_str("# ");
+            s.push_str(line);
+            s.push('\n');
+        }
+        s.push_str(&body);
+        Ok(s)
+    }
+
+    /// Reads and validates an event file; errors name the file, line and field.
     pub fn load(path: &std::path::Path) -> Result<Self> {
         let f: EventFile = crate::error::load_toml(path)?;
         if f.schema_version != 1 {
@@ -460,6 +587,36 @@ noise_multiplier = 1.1
         let f: EventFile = toml::from_str(&bad).unwrap();
         let e = f.event.validate().unwrap_err();
         assert_eq!(e.field.as_deref(), Some("event.event.q"));
+    }
+
+    #[test]
+    fn saved_files_load_back_identically() {
+        let ev = DpEvent::Composed {
+            events: vec![
+                DpEvent::dpsgd(0.8, 64.0 / 60000.0, 9375),
+                DpEvent::gdp(0.1 + 0.2),
+                DpEvent::SampledWithoutReplacement {
+                    n: 10,
+                    m: 3,
+                    event: Box::new(DpEvent::gaussian(2.0)),
+                },
+                DpEvent::EpsilonDelta {
+                    epsilon: 1.0 / 3.0,
+                    delta: 1e-7,
+                },
+            ],
+        };
+        let f = EventFile {
+            schema_version: 1,
+            neighbouring: Neighbouring::ReplaceOne,
+            delta: Some(1e-5),
+            event: ev.clone(),
+        };
+        let text = f.to_toml("written by a test\nsecond line").unwrap();
+        assert!(text.starts_with("# written by a test\n# second line\n"));
+        let back: EventFile = toml::from_str(&text).unwrap();
+        assert_eq!(back.event, ev);
+        assert_eq!((back.neighbouring, back.delta), (Neighbouring::ReplaceOne, Some(1e-5)));
     }
 
     #[test]

@@ -22,32 +22,66 @@ use super::{ModelConfig, Net, Schedule};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataInfo {
+    /// Path of the data file.
     pub file: String,
+    /// SHA-256 of the data file.
     pub sha256: String,
+    /// Path of the split manifest.
     pub split: String,
+    /// SHA-256 of the split manifest.
     pub split_sha256: String,
+    /// Which part of the split was trained on.
     pub trained_on: Part,
     /// SHA-256 of the trained-on index list (equals the manifest's `<part>_sha256`).
     pub rows_sha256: String,
+    /// Number of rows trained on.
     pub rows: usize,
+}
+
+/// `training.randomness` of a run whose randomness came from the operating system's CSPRNG.
+pub const RANDOMNESS_OS: &str = "os: drawn from the operating system's CSPRNG (not reproducible)";
+/// `training.randomness` of a seeded run.
+pub const RANDOMNESS_SEEDED: &str = "seeded: not private against anyone who knows the seed";
+
+fn seeded_randomness() -> String {
+    RANDOMNESS_SEEDED.to_string()
 }
 
 /// How it was trained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingInfo {
-    pub seed: u64,
+    /// `--seed`, when given (then every draw, DP noise included, follows from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// [`RANDOMNESS_OS`] or [`RANDOMNESS_SEEDED`].
+    #[serde(default = "seeded_randomness")]
+    pub randomness: String,
     pub steps: usize,
+    /// Batch size (expected batch size for DP runs).
     pub batch_size: usize,
+    /// Learning rate.
     pub lr: f64,
+    /// EMA decay of the saved weights (0: raw weights).
     pub ema_decay: f64,
+    /// Smallest diffusion step trained on.
     pub t_min: usize,
+    /// Largest diffusion step trained on.
     pub t_max: usize,
+    /// Device used for training.
     pub device: String,
     /// The exact command line that produced this checkpoint.
     pub command: String,
-    pub eval_loss_before: f64,
-    pub eval_loss_after: f64,
+    /// Denoising loss with fixed draws before training, on [`TrainingInfo::eval_on`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss_before: Option<f64>,
+    /// The same after training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss_after: Option<f64>,
+    /// Rows of the loss evaluation: the training rows (non-DP runs) or public rows (DP runs: a
+    /// statistic of the private rows would be released without noise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_on: Option<String>,
     /// Checkpoint the run started from (fine-tuning), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<String>,
@@ -61,9 +95,11 @@ pub struct RapidInfo {
     pub k: usize,
     /// Value timestep v < k (the retrieved x̂_v starts the fine-tuned steps).
     pub v: usize,
+    /// Non-DP pretraining steps on public rows.
     pub pretrain_steps: usize,
     /// Public rows used for pretraining / for the knowledge base.
     pub pretrain_rows: usize,
+    /// Public rows in the knowledge base.
     pub kb_rows: usize,
 }
 
@@ -71,41 +107,88 @@ pub struct RapidInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpInfo {
+    /// Noise multiplier σ.
     pub noise_multiplier: f64,
+    /// Per-sample clipping norm.
     pub clip: f64,
+    /// Poisson sampling rate q.
     pub sample_rate: f64,
+    /// DP iterations.
     pub steps: u64,
+    /// δ of the accounted guarantee.
     pub delta: f64,
     /// Per-sample gradient method: `ghost` (one pass) or `loop`.
     pub per_sample: String,
-    /// Ledger file (an `events::EventFile`) next to the card.
+    /// Ledger file (an `events::EventFile`) next to the card: this run's event, composed after
+    /// the `--init` checkpoint's ledger when it has one.
     pub ledger: String,
+    /// ε spent (the whole ledger) at `delta`: the tightest sound upper bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    /// The accountant and kind of `epsilon`, e.g. "pld (upper_bound)".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon_accountant: Option<String>,
+    /// The `--init` checkpoint whose ledger the ledger composes (None: started fresh or from a
+    /// checkpoint trained on data disjoint from the private rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_ledger: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// RAPID retrieval settings, when used.
     pub rapid: Option<RapidInfo>,
+}
+
+/// Canaries of a one-run audit (`train --canaries m`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryInfo {
+    /// The canaries file next to the card (contents and the secret inclusion bits).
+    pub file: String,
+    /// SHA-256 of that file.
+    pub sha256: String,
+    /// m.
+    pub count: usize,
 }
 
 /// The checkpoint card.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Card {
+    /// Format version.
     pub schema_version: u32,
     /// Weights file, relative to the card's folder.
     pub weights: String,
+    /// SHA-256 of the safetensors file.
     pub weights_sha256: String,
+    /// Number of trainable parameters.
     pub parameters: usize,
+    /// Architecture.
     pub model: ModelConfig,
+    /// Diffusion schedule.
     pub schedule: ScheduleConfig,
+    /// Training data and split.
     pub data: DataInfo,
+    /// Training settings.
     pub training: TrainingInfo,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// DP-SGD settings (DP runs only).
     pub dp: Option<DpInfo>,
+    /// Canaries of a one-run audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries: Option<CanaryInfo>,
 }
+
+/// The card schema written by this dpaudit (1 is still read).
+pub const CARD_SCHEMA: u32 = 2;
 
 /// A loaded checkpoint.
 pub struct Checkpoint {
+    /// The card.
     pub card: Card,
+    /// Path of the card.
     pub card_path: PathBuf,
+    /// The network with its weights.
     pub net: Net,
+    /// The materialised diffusion schedule.
     pub schedule: Schedule,
 }
 
@@ -137,16 +220,54 @@ pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
     Ok(card_file)
 }
 
+/// Reads a safetensors file of model weights (size checked against the memory cap first),
+/// see [`parse_weights`].
+pub fn read_weights(path: &Path, device: &Device) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
+    let len = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len();
+    crate::limits::check_count("weights", len, crate::limits::Cost::new(2.0, 1.0)).map_err(|e| e.with_file(path))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    parse_weights(&bytes, device).map_err(|e| e.with_file(path))
+}
+
+/// Parses safetensors bytes into named tensors. Every tensor must be F32 (what dpaudit's
+/// models hold: another dtype is refused, never cast silently) and every value finite (NaN or
+/// infinite weights are refused: they would train or score to NaN).
+pub fn parse_weights(bytes: &[u8], device: &Device) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
+    let tensors = candle_core::safetensors::load_buffer(bytes, device)
+        .map_err(|e| Error::model(format!("cannot read safetensors: {e}")))?;
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    for name in names {
+        let t = &tensors[name];
+        if t.dtype() != candle_core::DType::F32 {
+            return Err(Error::model(format!(
+                "tensor `{name}` has dtype {}; dpaudit weights are f32 (convert the checkpoint, e.g. with \
+                 `tensor.float()` in PyTorch, rather than have it cast silently)",
+                t.dtype().as_str()
+            )));
+        }
+        let values = t.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::model(format!(
+                "tensor `{name}` holds a non-finite value ({}) at flat index {i}: the weights are corrupt \
+                 (a diverged training run?)",
+                values[i]
+            )));
+        }
+    }
+    Ok(tensors)
+}
+
 impl Checkpoint {
     /// Loads a checkpoint from its card (or weights file, or stem) onto `device`.
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
         let card_path = card_path(path);
         let card: Card = crate::error::load_toml(&card_path)?;
-        if card.schema_version != 1 {
+        if !(1..=CARD_SCHEMA).contains(&card.schema_version) {
             return Err(Error::field(
                 "schema_version",
                 format!(
-                    "unsupported schema_version {} (this dpaudit reads 1)",
+                    "unsupported schema_version {} (this dpaudit reads 1 and 2)",
                     card.schema_version
                 ),
             )
@@ -169,8 +290,7 @@ impl Checkpoint {
         card.model.validate().map_err(|e| e.with_file(&card_path))?;
         let schedule = Schedule::new(card.schedule).map_err(|e| e.with_file(&card_path))?;
         let net = Net::new(&card.model, 0, device).map_err(|e| e.with_file(&card_path))?;
-        let tensors = candle_core::safetensors::load(&weights, device)
-            .map_err(|e| Error::model(format!("cannot read safetensors: {e}")).with_file(&weights))?;
+        let tensors = read_weights(&weights, device)?;
         net.params.assign(&tensors).map_err(|e| e.with_file(&card_path))?;
         if net.params.count() != card.parameters {
             return Err(Error::field(

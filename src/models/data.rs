@@ -8,7 +8,6 @@
 //! pretraining and RAPID's knowledge base), with the SHA-256 of the data file and of each list,
 //! so that a checkpoint card can name exactly what it was trained on.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use rand::seq::SliceRandom;
@@ -42,9 +41,13 @@ pub fn indices_sha256(ix: &[usize]) -> String {
 /// Images scaled to [−1, 1] (row-major, `PIXELS` per image) and labels.
 #[derive(Debug, Clone)]
 pub struct Dataset {
+    /// Path the data was read from.
     pub path: PathBuf,
+    /// SHA-256 of the file.
     pub sha256: String,
+    /// Pixels in [−1, 1], row-major.
     pub pixels: Vec<f32>,
+    /// Digit labels.
     pub labels: Vec<u8>,
 }
 
@@ -54,11 +57,14 @@ impl Dataset {
         let raw = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
         let sha256 = sha256_hex(&raw);
         let text = if path.extension().is_some_and(|e| e == "gz") {
-            let mut s = String::new();
-            flate2::read::GzDecoder::new(&raw[..])
-                .read_to_string(&mut s)
-                .map_err(|e| Error::input(format!("not a gzip-compressed CSV: {e}")).with_file(path))?;
-            s
+            // Decompression is capped: a small gzip file cannot inflate past the memory cap.
+            crate::limits::read_text_capped(flate2::read::GzDecoder::new(&raw[..]), path).map_err(|mut e| {
+                if e.kind == crate::ErrorKind::Io {
+                    e.message = format!("not a gzip-compressed CSV: {}", e.message);
+                    e.kind = crate::ErrorKind::Input;
+                }
+                e
+            })?
         } else {
             String::from_utf8(raw).map_err(|_| Error::input("not UTF-8 text").with_file(path))?
         };
@@ -108,10 +114,12 @@ impl Dataset {
         })
     }
 
+    /// Number of images.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// True when there are no images.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
@@ -130,8 +138,11 @@ impl Dataset {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Part {
+    /// The rows the model is trained on.
     Members,
+    /// Held-out rows from the same distribution.
     Nonmembers,
+    /// Public rows (pretraining, RAPID's knowledge base).
     Public,
 }
 
@@ -139,16 +150,25 @@ pub enum Part {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SplitManifest {
+    /// Format version; must be 1.
     pub schema_version: u32,
     /// The data file, relative to the repository root (or absolute).
     pub data: String,
+    /// SHA-256 of the data file.
     pub data_sha256: String,
+    /// Seed of the split.
     pub seed: u64,
+    /// SHA-256 of the member index list.
     pub members_sha256: String,
+    /// SHA-256 of the non-member index list.
     pub nonmembers_sha256: String,
+    /// SHA-256 of the public index list.
     pub public_sha256: String,
+    /// Member row indices.
     pub members: Vec<usize>,
+    /// Non-member row indices.
     pub nonmembers: Vec<usize>,
+    /// Public row indices.
     pub public: Vec<usize>,
 }
 
@@ -252,6 +272,7 @@ impl SplitManifest {
         Ok(())
     }
 
+    /// The row indices of part `p`.
     pub fn part(&self, p: Part) -> &[usize] {
         match p {
             Part::Members => &self.members,
@@ -260,6 +281,7 @@ impl SplitManifest {
         }
     }
 
+    /// The manifest as TOML.
     pub fn to_toml(&self) -> Result<String> {
         let mut s = String::from(
             "# Member / non-member / public split of the digits data (row indices, 0-based).\n\

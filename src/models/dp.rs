@@ -27,7 +27,7 @@ use candle_nn::Optimizer;
 use indicatif::ProgressBar;
 use rand::Rng;
 use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use rand_chacha::{ChaCha20Rng, ChaCha8Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -53,20 +53,60 @@ pub enum PerSample {
 /// DP-SGD settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct DpConfig {
+    /// σ: the noise std is σ·C.
     pub noise_multiplier: f64,
+    /// Per-sample gradient norm bound C.
     pub clip: f64,
+    /// Poisson sampling rate q.
     pub sample_rate: f64,
+    /// Iterations.
     pub steps: u64,
+    /// Adam learning rate.
     pub lr: f64,
+    /// EMA decay of the released weights.
     pub ema_decay: f64,
-    pub seed: u64,
+    /// None (the default): Poisson sampling, the examples' (t, ε) and the Gaussian noise come
+    /// from a ChaCha20 CSPRNG keyed by the operating system ([`secret_rng`]), so nobody can
+    /// replay them. Some(seed): reproducible, and not private against whoever knows the seed.
+    pub seed: Option<u64>,
+    /// δ written into the ledger.
     pub delta: f64,
+    /// Lowest step trained.
     pub t_min: usize,
+    /// Highest step trained.
     pub t_max: usize,
+    /// Per-sample gradient method.
     pub per_sample: PerSample,
 }
 
+/// A CSPRNG for DP randomness: ChaCha20 keyed with 32 bytes from the operating system
+/// (`getrandom`) when `seed` is None, else seeded (reproducible, not secret).
+pub fn secret_rng(seed: Option<u64>) -> ChaCha20Rng {
+    match seed {
+        Some(s) => ChaCha20Rng::seed_from_u64(s ^ 0xd1ff_5eed),
+        None => ChaCha20Rng::from_os_rng(),
+    }
+}
+
+/// The update DP-SGD releases for one batch (RAPID Alg. 2 line 13): (Σᵢ clip_C(gᵢ) + N(0, σ²C² I))
+/// / B, with B = q·n the expected batch size, for every parameter; `noise` draws the Gaussian.
+pub fn release<R: Rng + ?Sized>(
+    sum: &HashMap<String, Tensor>,
+    noise_std: f64,
+    expected_batch: f64,
+    noise: &mut R,
+) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::with_capacity(sum.len());
+    for (name, g) in sum {
+        let z = normals(noise, g.elem_count());
+        let z = Tensor::from_vec(z, g.dims(), g.device())?;
+        out.insert(name.clone(), ((g + (z * noise_std)?)? / expected_batch)?);
+    }
+    Ok(out)
+}
+
 impl DpConfig {
+    /// Checks every setting; errors name the flag.
     pub fn validate(&self, schedule: &Schedule) -> Result<()> {
         if !(self.noise_multiplier > 0.0 && self.noise_multiplier.is_finite()) {
             return Err(Error::field("--noise-multiplier", "must be a finite number > 0"));
@@ -83,7 +123,7 @@ impl DpConfig {
         if !(self.delta > 0.0 && self.delta < 1.0) {
             return Err(Error::field("--delta", "must be in (0, 1)"));
         }
-        if !(self.lr > 0.0) {
+        if self.lr.is_nan() || self.lr <= 0.0 {
             return Err(Error::field("--lr", "must be > 0"));
         }
         if self.t_min > self.t_max || self.t_max >= schedule.len() {
@@ -103,15 +143,20 @@ impl DpConfig {
 
 /// One (noised) training example: x_t, t and the noise target.
 pub struct Examples {
+    /// x_t rows.
     pub xt: Vec<f32>,
+    /// Steps.
     pub t: Vec<usize>,
+    /// Noise targets.
     pub eps: Vec<f32>,
 }
 
 impl Examples {
+    /// Number of examples.
     pub fn len(&self) -> usize {
         self.t.len()
     }
+    /// True when there are none.
     pub fn is_empty(&self) -> bool {
         self.t.is_empty()
     }
@@ -239,7 +284,9 @@ fn per_sample_loop(net: &Net, ex: &Examples, clip: f64) -> Result<(HashMap<Strin
 
 /// RAPID's trajectory knowledge base (§3.3): keys are features of x_k, values x_v.
 pub struct KnowledgeBase {
+    /// Query timestep k.
     pub k: usize,
+    /// Value timestep v.
     pub v: usize,
     /// Keys [m, 64]: one-step denoised x̂₀ of x_k by the pretrained model.
     pub keys: Vec<f32>,
@@ -281,10 +328,12 @@ impl KnowledgeBase {
         Ok(KnowledgeBase { k, v, keys, values })
     }
 
+    /// Number of entries.
     pub fn len(&self) -> usize {
         self.keys.len() / PIXELS
     }
 
+    /// True when there are no entries.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -304,7 +353,10 @@ impl KnowledgeBase {
 
 /// The result of a DP run.
 pub struct DpRun {
+    /// Per-window mean per-sample gradient norms (a function of private data: not released).
     pub log: TrainLog,
+    /// Loss on the public evaluation rows before and after (None without such rows).
+    pub eval: Option<(f64, f64)>,
     /// The event that ran (built step by step).
     pub event: DpEvent,
     /// Mean realised Poisson batch size.
@@ -313,7 +365,9 @@ pub struct DpRun {
 
 /// Retrieval context for RAPID fine-tuning: the knowledge base and the frozen pretrained model.
 pub struct Retrieval<'a> {
+    /// RAPID's knowledge base.
     pub kb: &'a KnowledgeBase,
+    /// The frozen pretrained model.
     pub pretrained: &'a Net,
 }
 
@@ -323,7 +377,7 @@ fn examples(
     x0: &[f32],
     cfg: &DpConfig,
     rag: Option<&Retrieval>,
-    rng: &mut ChaCha8Rng,
+    rng: &mut ChaCha20Rng,
 ) -> Result<Examples> {
     let n = x0.len() / PIXELS;
     match rag {
@@ -358,12 +412,15 @@ fn examples(
 }
 
 /// DP-SGD (RAPID Alg. 2) on the private rows `x0` ([n, 64]); EMA weights are written back.
+/// The loss is evaluated (before and after) only on `eval_rows`, which must be public: a loss on
+/// the private rows would be an unnoised statistic of them.
 pub fn dp_train(
     net: &Net,
     schedule: &Schedule,
     x0: &[f32],
     cfg: &DpConfig,
     rag: Option<&Retrieval>,
+    eval_rows: Option<&[f32]>,
     bar: Option<&ProgressBar>,
 ) -> Result<DpRun> {
     cfg.validate(schedule)?;
@@ -371,14 +428,21 @@ pub fn dp_train(
     if n == 0 {
         return Err(Error::input("no private rows"));
     }
-    let mut log = TrainLog {
-        eval_loss_before: super::train::eval_loss(net, schedule, x0, cfg.t_min, cfg.t_max, cfg.seed, 4)?,
-        ..Default::default()
+    let eval_seed = cfg.seed.unwrap_or(0);
+    let eval = |net: &Net| -> Result<Option<f64>> {
+        match eval_rows.filter(|r| !r.is_empty()) {
+            Some(rows) => Ok(Some(super::train::eval_loss(
+                net, schedule, rows, cfg.t_min, cfg.t_max, eval_seed, 4,
+            )?)),
+            None => Ok(None),
+        }
     };
+    let mut log = TrainLog::default();
+    let before = eval(net)?;
     let mut opt = adam(net, cfg.lr)?;
     let mut ema = Ema::new(net, cfg.ema_decay)?;
-    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let mut noise_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0xd1ff_5eed);
+    let mut rng = secret_rng(cfg.seed.map(|s| s ^ 0x5a3b));
+    let mut noise_rng = secret_rng(cfg.seed);
     let expected_batch = cfg.sample_rate * n as f64;
     let mut ledger = EventBuilder::new();
     let step_event = DpEvent::poisson(cfg.sample_rate, DpEvent::gaussian(cfg.noise_multiplier));
@@ -389,7 +453,7 @@ pub fn dp_train(
     };
     let log_every = (cfg.steps as usize / 50).max(1);
     let (mut acc, mut acc_n, mut total_batch) = (0.0f64, 0usize, 0usize);
-    let std = (cfg.noise_multiplier * cfg.clip) as f32;
+    let std = cfg.noise_multiplier * cfg.clip;
     for step in 1..=cfg.steps as usize {
         // Poisson sampling (Alg. 2 line 2).
         let mut rows = Vec::new();
@@ -404,12 +468,12 @@ pub fn dp_train(
         let (sum, norms) = clipped_grad_sum(net, &ex, cfg.clip, cfg.per_sample)?;
         // Gaussian noise and averaging (line 13), Adam (line 14).
         let mut store = GradStore::default();
+        let mut released = release(&sum, std, expected_batch, &mut noise_rng)?;
         for (name, var) in &net.params.vars {
-            let g = &sum[name];
-            let z = normals(&mut noise_rng, g.elem_count());
-            let z = Tensor::from_vec(z, g.dims(), g.device())?;
-            let noised = ((g + (z * std as f64)?)? / expected_batch)?;
-            store.insert(var.as_tensor(), noised);
+            let g = released
+                .remove(name)
+                .ok_or_else(|| Error::model(format!("no gradient for `{name}`")))?;
+            store.insert(var.as_tensor(), g);
         }
         opt.step(&store)?;
         ema.update(net)?;
@@ -432,9 +496,10 @@ pub fn dp_train(
         }
     }
     ema.apply(net)?;
-    log.eval_loss_after = super::train::eval_loss(net, schedule, x0, cfg.t_min, cfg.t_max, cfg.seed, 4)?;
+    let after = eval(net)?;
     Ok(DpRun {
         log,
+        eval: before.zip(after),
         event: ledger.build(),
         mean_batch: total_batch as f64 / cfg.steps as f64,
     })
@@ -542,13 +607,13 @@ mod tests {
             steps: 7,
             lr: 1e-3,
             ema_decay: 0.9,
-            seed: 1,
+            seed: Some(1),
             delta: 1e-5,
             t_min: 0,
             t_max: 999,
             per_sample: PerSample::Auto,
         };
-        let run = dp_train(&net, &sched, &x0, &cfg, None, None).unwrap();
+        let run = dp_train(&net, &sched, &x0, &cfg, None, None, None).unwrap();
         assert_eq!(run.event, DpEvent::dpsgd(1.3, 0.25, 7));
         let text = ledger_toml(&run.event, 1e-5, "test").unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -557,5 +622,81 @@ mod tests {
         let f = EventFile::load(&p).unwrap();
         assert_eq!(f.event, cfg.event());
         assert_eq!(f.delta, Some(1e-5));
+    }
+
+    /// The released update of one batch is (Σ clipped gradients + N(0, σ²C²))/B: for a fixed
+    /// gradient sum, over many draws each coordinate has mean sum/B and standard deviation σC/B.
+    /// Fails if the noise is dropped (std 0) or mis-scaled (e.g. σ instead of σC, or not
+    /// divided by B).
+    #[test]
+    fn released_update_has_the_dp_sgd_noise_distribution() {
+        let (net, _s, ex) = setup(Arch::Mlp);
+        let (clip, sigma, b) = (0.7, 1.3, 4.0);
+        let (sum, _) = clipped_grad_sum(&net, &ex, clip, PerSample::Ghost).unwrap();
+        let name = "output.weight".to_string();
+        let name = if sum.contains_key(&name) {
+            name
+        } else {
+            sum.keys().next().unwrap().clone()
+        };
+        let base: Vec<f32> = sum[&name].flatten_all().unwrap().to_vec1().unwrap();
+        let mut rng = ChaCha20Rng::seed_from_u64(77);
+        let reps = 400;
+        let (mut m1, mut m2) = (vec![0.0f64; base.len()], vec![0.0f64; base.len()]);
+        for _ in 0..reps {
+            let r = release(&sum, sigma * clip, b, &mut rng).unwrap();
+            let v: Vec<f32> = r[&name].flatten_all().unwrap().to_vec1().unwrap();
+            for (j, x) in v.iter().enumerate() {
+                let d = *x as f64 - base[j] as f64 / b;
+                m1[j] += d;
+                m2[j] += d * d;
+            }
+        }
+        let count = (reps * base.len()) as f64;
+        let mean = m1.iter().sum::<f64>() / count;
+        let sd = (m2.iter().sum::<f64>() / count).sqrt();
+        let want = sigma * clip / b;
+        // count ≥ 400·32 draws: the sample sd is within 2% of the truth, the mean within 4 SE.
+        assert!((sd / want - 1.0).abs() < 0.02, "sd {sd} vs σC/B = {want}");
+        assert!(mean.abs() < 4.0 * want / count.sqrt(), "mean {mean}");
+        // Zero noise releases exactly sum/B: the statistic above would be 0.
+        let r = release(&sum, 0.0, b, &mut rng).unwrap();
+        let v: Vec<f32> = r[&name].flatten_all().unwrap().to_vec1().unwrap();
+        assert!(v
+            .iter()
+            .zip(&base)
+            .all(|(x, y)| (*x as f64 - *y as f64 / b).abs() < 1e-6));
+    }
+
+    /// Without a seed the noise comes from the OS: two runs differ; with a seed they agree.
+    #[test]
+    fn unseeded_dp_runs_differ_and_seeded_runs_agree() {
+        let (_, sched, _) = setup(Arch::Mlp);
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let x0 = normals(&mut rng, 12 * PIXELS);
+        let weights = |seed: Option<u64>| -> Vec<f32> {
+            let (net, _, _) = setup(Arch::Mlp);
+            let cfg = DpConfig {
+                noise_multiplier: 1.0,
+                clip: 1.0,
+                sample_rate: 0.5,
+                steps: 3,
+                lr: 1e-3,
+                ema_decay: 0.0,
+                seed,
+                delta: 1e-5,
+                t_min: 0,
+                t_max: 999,
+                per_sample: PerSample::Auto,
+            };
+            dp_train(&net, &sched, &x0, &cfg, None, None, None).unwrap();
+            net.params
+                .vars
+                .values()
+                .flat_map(|v| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+                .collect()
+        };
+        assert_ne!(weights(None), weights(None));
+        assert_eq!(weights(Some(5)), weights(Some(5)));
     }
 }

@@ -9,6 +9,7 @@
 //! * [`train`]: DDPM training with Adam and EMA weights.
 //! * [`dp`]: DP-SGD as in RAPID's Algorithm 2 (Poisson sampling, per-sample clipping, Gaussian
 //!   noise, Adam) and RAPID's retrieval variant; every run records its [`crate::events::DpEvent`].
+//! * [`run`]: a whole `dpaudit train` run as one library call (plan → checkpoint, card, ledger).
 //! * [`checkpoint`]: safetensors weights plus a TOML card (data and split hashes, seed, command).
 //! * [`device`]: `--device auto|cpu|cuda`.
 
@@ -17,6 +18,7 @@ pub mod data;
 pub mod device;
 pub mod dp;
 pub mod net;
+pub mod run;
 pub mod schedule;
 pub mod train;
 

@@ -37,6 +37,7 @@ pub enum Arch {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
+    /// Architecture (MLP or UNet).
     pub arch: Arch,
     /// MLP width.
     pub hidden: usize,
@@ -61,6 +62,7 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
+    /// Checks the hyper-parameters; errors name the flag.
     pub fn validate(&self) -> Result<()> {
         let bad = |f: &str, m: &str| Err(Error::field(format!("model.{f}"), m.to_string()));
         if self.hidden == 0 || self.hidden > 8192 {
@@ -69,23 +71,52 @@ impl ModelConfig {
         if self.depth > 64 {
             return bad("depth", "must be ≤ 64");
         }
-        if self.time_dim < 2 || self.time_dim % 2 != 0 || self.time_dim > 4096 {
+        if self.time_dim < 2 || !self.time_dim.is_multiple_of(2) || self.time_dim > 4096 {
             return bad("time_dim", "must be even, 2..=4096");
         }
-        if self.arch == Arch::Unet && (self.channels < 4 || self.channels % 4 != 0 || self.channels > 512) {
+        if self.arch == Arch::Unet && (self.channels < 4 || !self.channels.is_multiple_of(4) || self.channels > 512) {
             return bad(
                 "channels",
                 "must be a multiple of 4 in 4..=512 (group norm uses 4 groups)",
             );
         }
-        Ok(())
+        // The parameter budget: weights, gradients and two optimiser moments must fit the
+        // memory cap (see crate::limits).
+        let (field, shape) = match self.arch {
+            Arch::Mlp => ("hidden", format!("hidden = {}, depth = {}", self.hidden, self.depth)),
+            Arch::Unet => ("channels", format!("channels = {}", self.channels)),
+        };
+        crate::limits::check("parameters", self.parameter_bound(), crate::limits::TRAINED_PARAMETER).map_err(|e| {
+            Error::field(
+                format!("model.{field}"),
+                format!("{shape}, time_dim = {}: the parameter count {}", self.time_dim, e.message),
+            )
+        })
+    }
+
+    /// An upper bound on the number of parameters of this architecture (computed in floating
+    /// point, so a hostile card cannot overflow it), checked against the parameter budget.
+    pub fn parameter_bound(&self) -> f64 {
+        let (h, d, t) = (self.hidden as f64, self.depth as f64, self.time_dim as f64);
+        let px = PIXELS as f64;
+        match self.arch {
+            Arch::Mlp => (t + 1.0) * h + (h + 1.0) * h + (px + 1.0) * h + d * (h + 1.0) * h + (h + 1.0) * px,
+            Arch::Unet => {
+                let (c, td) = (self.channels as f64, 2.0 * t);
+                // Time MLP, then at most 16 convolutions of 3×3 kernels between ≤ 2c channels
+                // and 4 time projections, each with biases and norms.
+                (t + 1.0) * td + (td + 1.0) * td + 16.0 * (9.0 * 4.0 * c * c + 4.0 * c) + 4.0 * (td + 1.0) * 2.0 * c
+            }
+        }
     }
 }
 
 /// Named parameters with a deterministic order.
 #[derive(Debug, Clone)]
 pub struct Params {
+    /// The variables by name.
     pub vars: BTreeMap<String, Var>,
+    /// Device they live on.
     pub device: Device,
 }
 
@@ -116,6 +147,7 @@ impl Params {
         Ok(t)
     }
 
+    /// Every variable, in name order.
     pub fn all_vars(&self) -> Vec<Var> {
         self.vars.values().cloned().collect()
     }
@@ -406,11 +438,16 @@ impl Unet {
 /// A denoiser with its parameters.
 #[derive(Debug, Clone)]
 pub struct Net {
+    /// Architecture hyper-parameters.
     pub config: ModelConfig,
+    /// The parameters.
     pub params: Params,
     body: Body,
 }
 
+// One body per network, never stored in bulk: boxing the larger variant would only add an
+// indirection to every forward pass.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 enum Body {
     Mlp(Mlp),
@@ -434,6 +471,7 @@ impl Net {
         })
     }
 
+    /// Device the parameters live on.
     pub fn device(&self) -> &Device {
         &self.params.device
     }

@@ -12,8 +12,11 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
+    /// Number of diffusion steps T.
     pub timesteps: usize,
+    /// β at the first step.
     pub beta_start: f64,
+    /// β at the last step.
     pub beta_end: f64,
 }
 
@@ -30,12 +33,16 @@ impl Default for ScheduleConfig {
 /// A materialised schedule: β_t and ᾱ_t for every step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
+    /// The parameters.
     pub config: ScheduleConfig,
+    /// β_t for t = 0..T.
     pub betas: Vec<f64>,
+    /// ᾱ_t = Π(1 − β_s) for t = 0..T.
     pub alpha_bars: Vec<f64>,
 }
 
 impl Schedule {
+    /// Materialises β_t and ᾱ_t; errors on invalid parameters.
     pub fn new(config: ScheduleConfig) -> Result<Self> {
         let ScheduleConfig {
             timesteps,
@@ -48,6 +55,7 @@ impl Schedule {
                 format!("must be ≥ 2, got {timesteps}"),
             ));
         }
+        crate::limits::check_count("schedule.timesteps", timesteps as u64, crate::limits::SCHEDULE_TIMESTEP)?;
         if !(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0) {
             return Err(Error::field(
                 "schedule.beta_start",
@@ -75,6 +83,7 @@ impl Schedule {
         self.betas.len()
     }
 
+    /// True when T = 0 (never after `new`).
     pub fn is_empty(&self) -> bool {
         self.betas.is_empty()
     }
@@ -108,6 +117,9 @@ impl Schedule {
             } else {
                 rest.parse::<f64>().map_err(|_| bad())?
             };
+            if !(f.is_finite() && f >= 0.0) {
+                return Err(bad());
+            }
             (f * t as f64).round() as i64
         } else if let Some((num, den)) = s.split_once('/') {
             let num = num.trim();
@@ -119,7 +131,8 @@ impl Schedule {
                 return Err(bad());
             };
             let d: f64 = den.trim().parse().map_err(|_| bad())?;
-            if d <= 0.0 {
+            // NaN and infinities are not steps (NaN would otherwise round to step 0).
+            if !(d.is_finite() && d > 0.0 && f_num.is_finite() && f_num >= 0.0) {
                 return Err(bad());
             }
             (f_num * t as f64 / d).round() as i64

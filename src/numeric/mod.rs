@@ -1,5 +1,8 @@
 //! Numeric helpers shared by every accountant: normal tails in log space, log-space sums,
 //! root finding and the project's named tolerances (one place, as statrs' `prec.rs`).
+//!
+//! No linear algebra crate (nalgebra) is needed: the accountants work on 1-D grids and sums,
+//! and the models' matrix work goes through candle tensors.
 
 pub mod roots;
 pub mod tol;
@@ -80,6 +83,20 @@ pub fn ndtri(p: f64) -> f64 {
 /// Φ⁻¹(1 − p) accurate for tiny p (upper-tail quantile).
 pub fn ndtri_sf(p: f64) -> f64 {
     -ndtri(p)
+}
+
+/// e^{ln_x} as an upper bound that never underflows to 0: when e^{ln_x} is below the
+/// smallest normal f64 (where `exp` loses its relative accuracy, and below 5e-324 returns 0),
+/// the result is moved up by one representable step, so it stays ≥ the true value and > 0.
+/// Returns the value and whether it was moved (the caller then reports ln_x beside it and
+/// labels the value an upper bound). Exactly 0 only for ln_x = −∞.
+pub fn exp_upper(ln_x: f64) -> (f64, bool) {
+    let v = ln_x.exp();
+    if ln_x > f64::NEG_INFINITY && v < f64::MIN_POSITIVE {
+        (v.next_up(), true)
+    } else {
+        (v, false)
+    }
 }
 
 /// ln(eᵃ + eᵇ) without overflow.

@@ -21,8 +21,11 @@ use crate::pipelines::mechanisms::{rng, DpRdm, DpaggTi};
 /// Result of a sensitivity check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SensitivityReport {
+    /// Number of neighbouring pairs tried.
     pub trials: usize,
+    /// The sensitivity the mechanism claims.
     pub claimed_bound: f64,
+    /// Largest output change observed.
     pub max_change: f64,
     /// max_change / claimed_bound.
     pub ratio: f64,
@@ -100,7 +103,9 @@ pub fn dp_rdm_sensitivity(mech: &DpRdm, queries: &[Vec<f64>], trials: usize, see
 /// Result of a distinguishing audit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DistinguishingReport {
+    /// Runs of the mechanism on each dataset.
     pub runs_per_side: usize,
+    /// The distinguishing audit's outcome.
     pub outcome: AuditOutcome,
     /// The accounted (sound) ε upper bound the lower bound is compared with.
     pub epsilon_upper: f64,
@@ -122,6 +127,16 @@ pub fn dpagg_ti_distinguishing(
     alpha: f64,
     seed: u64,
 ) -> Result<DistinguishingReport> {
+    // Two sides of `runs` releases: the scores are kept, each release costs m + d.
+    let (m, d) = (mech.m as f64, mech.data.dim() as f64);
+    crate::limits::check(
+        "--audit-runs",
+        runs as f64,
+        crate::limits::Cost::new(
+            4.0 * crate::limits::RELEASED_COORDINATE.bytes,
+            2.0 * crate::limits::RELEASED_COORDINATE.work * (m * d + d),
+        ),
+    )?;
     let max_norm = mech.data.max_norm();
     let mut audit_mech = mech.clone();
     audit_mech.data.rows.truncate(mech.m);

@@ -8,10 +8,12 @@ use crate::error::{Error, Result};
 /// Row-major embeddings: `rows[i]` is the i-th record's vector.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Embeddings {
+    /// The rows.
     pub rows: Vec<Vec<f64>>,
 }
 
 impl Embeddings {
+    /// Embeddings from rows; errors when empty, ragged or non-finite.
     pub fn new(rows: Vec<Vec<f64>>) -> Result<Self> {
         let Some(first) = rows.first() else {
             return Err(Error::input("no embedding rows"));
@@ -30,12 +32,15 @@ impl Embeddings {
         }
         Ok(Embeddings { rows })
     }
+    /// Number of rows.
     pub fn len(&self) -> usize {
         self.rows.len()
     }
+    /// True when there are no rows.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
+    /// Dimension of each row.
     pub fn dim(&self) -> usize {
         self.rows[0].len()
     }
@@ -44,6 +49,11 @@ impl Embeddings {
     /// Errors name the file and line.
     pub fn load_csv(path: &Path) -> Result<Self> {
         let src = crate::error::read_to_string(path)?;
+        Self::parse_csv(&src).map_err(|e| e.with_file(path))
+    }
+
+    /// Parses CSV text as [`Embeddings::load_csv`] does (errors name the line, not the file).
+    pub fn parse_csv(src: &str) -> Result<Self> {
         let mut rows = Vec::new();
         for (i, line) in src.lines().enumerate() {
             let t = line.trim();
@@ -54,14 +64,10 @@ impl Embeddings {
             match parsed {
                 Ok(r) => rows.push(r),
                 Err(_) if rows.is_empty() && i == 0 => continue, // header
-                Err(e) => {
-                    return Err(Error::input(format!("not a number: {e}"))
-                        .with_file(path)
-                        .with_line(i + 1))
-                }
+                Err(e) => return Err(Error::input(format!("not a number: {e}")).with_line(i + 1)),
             }
         }
-        Self::new(rows).map_err(|e| e.with_file(path))
+        Self::new(rows)
     }
 
     /// Every row scaled to unit ℓ₂ norm (the paper's normalisation). A zero row is an error:
@@ -69,12 +75,18 @@ impl Embeddings {
     pub fn normalised(&self) -> Result<Self> {
         let mut rows = self.rows.clone();
         for (i, r) in rows.iter_mut().enumerate() {
-            let n = norm(r);
-            if n == 0.0 {
+            // Scale by the largest |value| first, so rows of 1e308 (whose squared norm
+            // overflows) or 1e-320 (whose squares underflow) keep their direction.
+            let scale = r.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+            if scale == 0.0 {
                 return Err(Error::input(format!(
                     "row {i} is the zero vector and cannot be normalised"
                 )));
             }
+            if !(1e-100..=1e100).contains(&scale) {
+                r.iter_mut().for_each(|v| *v /= scale);
+            }
+            let n = norm(r);
             r.iter_mut().for_each(|v| *v /= n);
         }
         Ok(Embeddings { rows })
@@ -86,10 +98,20 @@ impl Embeddings {
     }
 }
 
+/// ‖v‖₂, computed with scaling so it is finite whenever the true norm is (values near
+/// f64::MAX do not overflow through their squares).
 pub fn norm(v: &[f64]) -> f64 {
-    v.iter().map(|x| x * x).sum::<f64>().sqrt()
+    let scale = v.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+    if scale == 0.0 || !scale.is_finite() {
+        return scale;
+    }
+    if (1e-100..=1e100).contains(&scale) {
+        return v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    }
+    scale * v.iter().map(|x| (x / scale) * (x / scale)).sum::<f64>().sqrt()
 }
 
+/// Dot product of `a` and `b`.
 pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

@@ -53,10 +53,12 @@ impl OutputDir {
         })
     }
 
+    /// The output directory or file.
     pub fn path(&self) -> &Path {
         &self.dir
     }
 
+    /// Whether existing files may be overwritten.
     pub fn force(&self) -> bool {
         self.force
     }
@@ -155,9 +157,11 @@ pub fn emit(path: Option<&Path>, bytes: &[u8], force: bool) -> Result<()> {
         Some(p) => write_atomic(p, bytes, force),
         None => {
             let mut out = std::io::stdout().lock();
-            out.write_all(bytes)
-                .and_then(|_| out.flush())
-                .map_err(|e| Error::io(Path::new("<stdout>"), &e))
+            match out.write_all(bytes).and_then(|_| out.flush()) {
+                // The reader closed the pipe (`| head`): it has all it wanted; end quietly.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                r => r.map_err(|e| Error::io(Path::new("<stdout>"), &e)),
+            }
         }
     }
 }

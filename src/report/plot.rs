@@ -14,6 +14,9 @@ use super::num;
 use crate::accountants::{AccountantKind, BoundKind};
 use crate::error::{Error, Result};
 
+/// The widest log axis drawn, in decades (beyond it a plot is refused with a clear error).
+pub const MAX_LOG_DECADES: f64 = 60.0;
+
 /// Width and height (pixels) of rendered plots.
 pub const SIZE: (u32, u32) = (800, 480);
 
@@ -23,11 +26,16 @@ pub const SIZE: (u32, u32) = (800, 480);
 pub struct Plot {
     /// Stable identifier, used in file names (`plot-<id>.svg`): `[a-z0-9_-]+`.
     pub id: String,
+    /// Title shown above the plot.
     pub title: String,
+    /// Horizontal axis.
     pub x: Axis,
+    /// Vertical axis.
     pub y: Axis,
+    /// The lines.
     pub series: Vec<Series>,
     #[serde(default)]
+    /// Where the legend goes.
     pub legend: LegendPosition,
     /// Shown under the plot (what is drawn and how to read it).
     #[serde(default)]
@@ -36,17 +44,21 @@ pub struct Plot {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+/// A plot axis: label, unit and scale.
 pub struct Axis {
+    /// Axis label.
     pub label: String,
     /// Unit shown in brackets after the label (`""` for dimensionless quantities is allowed but
     /// prefer a word such as `nats` or `probability`).
     #[serde(default)]
     pub unit: Option<String>,
     #[serde(default)]
+    /// Linear or logarithmic.
     pub scale: Scale,
 }
 
 impl Axis {
+    /// An axis; an empty `unit` means none.
     pub fn new(label: &str, unit: &str, scale: Scale) -> Self {
         Axis {
             label: label.to_string(),
@@ -65,9 +77,12 @@ impl Axis {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
+/// Axis scale.
 pub enum Scale {
     #[default]
+    /// Linear.
     Linear,
+    /// Base-10 logarithmic.
     Log,
 }
 
@@ -91,8 +106,10 @@ impl Scale {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
+/// How a line is drawn.
 pub enum LineStyle {
     #[default]
+    /// Solid: exact values and upper bounds.
     Solid,
     /// Used for estimates (e.g. the CLT), so they are never mistaken for bounds.
     Dashed,
@@ -113,13 +130,18 @@ impl LineStyle {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
+/// Where the legend is placed.
 pub enum LegendPosition {
     /// The corner where the lines leave the most room.
     #[default]
     Auto,
+    /// Upper right corner.
     UpperRight,
+    /// Upper left corner.
     UpperLeft,
+    /// Lower right corner.
     LowerRight,
+    /// Lower left corner.
     LowerLeft,
 }
 
@@ -127,8 +149,10 @@ pub enum LegendPosition {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Series {
+    /// Name shown in the legend.
     pub name: String,
     #[serde(default)]
+    /// Line style.
     pub style: LineStyle,
     /// What kind of number the line shows, when it comes from an accountant.
     #[serde(default)]
@@ -137,12 +161,15 @@ pub struct Series {
     #[serde(default)]
     pub markers: bool,
     #[serde(with = "num::vec")]
+    /// x coordinates.
     pub x: Vec<f64>,
     #[serde(with = "num::vec")]
+    /// y coordinates, one per x.
     pub y: Vec<f64>,
 }
 
 impl Series {
+    /// A solid series without markers.
     pub fn new(name: impl Into<String>, x: Vec<f64>, y: Vec<f64>) -> Self {
         Series {
             name: name.into(),
@@ -164,10 +191,12 @@ impl Series {
             y,
         }
     }
+    /// The same series drawn with `style`.
     pub fn with_style(mut self, style: LineStyle) -> Self {
         self.style = style;
         self
     }
+    /// The same series with a marker at every point.
     pub fn with_markers(mut self) -> Self {
         self.markers = true;
         self
@@ -407,24 +436,29 @@ fn range(vals: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
             Scale::Log => (0.1, 10.0),
         };
     }
+    // Padded ends are kept inside the finite f64 range (a padding past ±f64::MAX or below the
+    // smallest normal double would hand the plotting library an infinite or zero bound).
+    let (big, tiny) = (f64::MAX / 4.0, f64::MIN_POSITIVE);
     match scale {
         Scale::Linear => {
+            let (lo, hi) = (lo.clamp(-big, big), hi.clamp(-big, big));
             if hi - lo <= f64::EPSILON * hi.abs().max(1e-300) {
                 let pad = if hi == 0.0 { 1.0 } else { hi.abs() * 0.1 };
-                (lo - pad, hi + pad)
+                ((lo - pad).max(-2.0 * big), (hi + pad).min(2.0 * big))
             } else {
                 let pad = (hi - lo) * 0.04;
-                (lo - pad, hi + pad)
+                ((lo - pad).max(-2.0 * big), (hi + pad).min(2.0 * big))
             }
         }
         Scale::Log => {
-            let (l, h) = (lo.log10(), hi.log10());
-            if h - l < 1e-9 {
+            let (l, h) = (lo.max(tiny).log10(), hi.min(big).log10());
+            let (a, b) = if h - l < 1e-9 {
                 (lo / 3.0, hi * 3.0)
             } else {
                 let pad = (h - l) * 0.04;
                 (10f64.powf(l - pad), 10f64.powf(h + pad))
-            }
+            };
+            (a.clamp(tiny, big), b.clamp(tiny, big))
         }
     }
 }
@@ -453,6 +487,20 @@ where
     };
     let (x0, x1) = range(data.iter().map(|p| p.0), xs);
     let (y0, y1) = range(data.iter().map(|p| p.1), ys);
+    // A log axis over hundreds of decades cannot be labelled (and makes the plotting library
+    // generate ticks for every decade): refuse it clearly rather than hang.
+    for (name, lo, hi, sc) in [("x", x0, x1, xs), ("y", y0, y1, ys)] {
+        let decades = hi.log10() - lo.log10();
+        if sc == Scale::Log && decades > MAX_LOG_DECADES {
+            return Err(render_err(
+                plot,
+                format!(
+                    "the {name} values span {decades:.0} decades ({lo:e} to {hi:e}); a log axis can show at most \
+                     {MAX_LOG_DECADES} (drop the extreme points)"
+                ),
+            ));
+        }
+    }
     let legend = match plot.legend {
         LegendPosition::Auto => emptiest_corner(&pts, (x0, x1, xs), (y0, y1, ys)),
         l => l,

@@ -184,9 +184,9 @@ fn account_replace_one_and_neighbouring_flag() {
     ]);
     assert_eq!(v["neighbouring"], "replace_one");
     assert_eq!(result(&v, "gdp").unwrap()["kind"], "exact");
-    // Poisson under replace-one: the CLT refuses it and says why (exit 0 when another
-    // accountant handles it, 2 when none does).
-    let o = dpaudit(&[
+    // Poisson under replace-one: RDP accounts it (joint-convexity bound, flagged), so the
+    // command succeeds; CLT, PLD and GDP refuse it and each says why.
+    let v = json(&[
         "account",
         "--noise-multiplier",
         "1",
@@ -201,23 +201,21 @@ fn account_replace_one_and_neighbouring_flag() {
         "--format",
         "json",
     ]);
-    match o.status.code() {
-        Some(0) => {
-            let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-            let u = v["unsupported"].as_array().unwrap();
-            let clt = u
-                .iter()
-                .find(|u| u["accountant"] == "clt")
-                .expect("clt refuses replace-one Poisson");
-            assert!(clt["reason"].as_str().unwrap().contains("replace-one"));
-        }
-        Some(2) => assert!(
-            stderr(&o).contains("clt") && stderr(&o).contains("replace-one"),
-            "{}",
-            stderr(&o)
-        ),
-        other => panic!("exit {other:?}"),
+    assert_eq!(v["neighbouring"], "replace_one");
+    let rdp = result(&v, "rdp").expect("rdp accounts replace-one Poisson");
+    assert_eq!(rdp["kind"], "upper_bound");
+    assert!(rdp.to_string().contains("rdp_poisson_replace_one"), "{rdp}");
+    let u = v["unsupported"].as_array().unwrap();
+    let mut refused: Vec<&str> = u.iter().map(|u| u["accountant"].as_str().unwrap()).collect();
+    refused.sort();
+    assert_eq!(refused, ["clt", "gdp", "pld"], "{u:?}");
+    for acc in ["clt", "pld"] {
+        let r = u.iter().find(|u| u["accountant"] == acc).unwrap()["reason"]
+            .as_str()
+            .unwrap();
+        assert!(r.contains("replace-one"), "{acc}: {r}");
     }
+    assert_eq!(v["headline"]["accountant"], "rdp");
 }
 
 /// Each bad input: exit 2 and a message naming the flag, file, line or field. Never a panic.

@@ -46,3 +46,15 @@ pub fn read_csv(rel: &str) -> Vec<std::collections::HashMap<String, String>> {
 pub fn rel(a: f64, b: f64) -> f64 {
     (a - b).abs() / b.abs().max(1e-300)
 }
+
+/// The one bless switch: `DPAUDIT_BLESS=1` rewrites golden files from the current output
+/// instead of comparing (see fixtures/golden/README.md). Any other value, or none, compares.
+pub fn bless() -> bool {
+    std::env::var("DPAUDIT_BLESS").is_ok_and(|v| v == "1")
+}
+
+/// True when running in CI (`CI=true`): tests that need an outside program must run there
+/// instead of skipping.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}

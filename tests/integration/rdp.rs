@@ -9,6 +9,7 @@ use dpaudit::accountants::{Accountant, BoundKind};
 use dpaudit::error::ErrorKind;
 use dpaudit::events::{DpEvent, Neighbouring};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 
 fn f(row: &std::collections::HashMap<String, String>, k: &str) -> f64 {
     row[k].parse().unwrap_or_else(|e| panic!("{k}={}: {e}", row[k]))
@@ -67,7 +68,8 @@ fn poisson_rdp_matches_high_precision_reference() {
         }
         n += 1;
     }
-    assert!(n > 150, "{n} rows");
+    // Every poisson_int (108) and poisson_frac (80) row of the file.
+    assert_eq!(n, 188);
 }
 
 /// WBK 2019 Thm 9 summed in mpmath (integer orders): ours is the minimum of Thm 9, the
@@ -379,7 +381,8 @@ fn hostile_inputs_give_finite_sound_answers() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    // 256 seeded cases: the same inputs every run (a failure prints them).
+    #![proptest_config(ProptestConfig { cases: 256, rng_seed: RngSeed::Fixed(0x5244_5001), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// ε is nondecreasing in the number of steps and in q, nonincreasing in σ.
     #[test]

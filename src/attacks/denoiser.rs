@@ -1,0 +1,103 @@
+//! The one interface every attack needs: a batched ε-prediction denoiser on a DDPM-style
+//! (variance-preserving) schedule, x_t = √ᾱ_t x₀ + √(1 − ᾱ_t) ε.
+//!
+//! Attacks (`mia`, `empirical`, the audits) only call [`Denoiser`], so any model that predicts
+//! ε for a batch of flattened inputs plugs in: dpaudit's own small nets ([`NetDenoiser`]), a
+//! loaded checkpoint, or another model family (a diffusers UNet) implementing the trait.
+
+use crate::error::{Error, Result};
+use crate::models::{Checkpoint, Net, Schedule};
+
+/// A batched ε-prediction denoiser with its noise schedule.
+pub trait Denoiser {
+    /// Values per example (64 for the 8×8 digits nets).
+    fn dim(&self) -> usize;
+    /// ᾱ_t for t = 0, …, T − 1 (decreasing, in (0, 1)).
+    fn alpha_bars(&self) -> &[f64];
+    /// ε̂ = ε_θ(x_t, t) for `x` row-major [n, dim] and one integer step per row (`t.len() == n`);
+    /// returns [n, dim] row-major.
+    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>>;
+    /// T, the number of steps.
+    fn steps(&self) -> usize {
+        self.alpha_bars().len()
+    }
+}
+
+/// A dpaudit net with its schedule.
+pub struct NetDenoiser<'a> {
+    /// The network.
+    pub net: &'a Net,
+    /// Its DDPM schedule.
+    pub schedule: &'a Schedule,
+}
+
+impl Denoiser for NetDenoiser<'_> {
+    fn dim(&self) -> usize {
+        crate::models::PIXELS
+    }
+    fn alpha_bars(&self) -> &[f64] {
+        &self.schedule.alpha_bars
+    }
+    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
+        self.net.predict(x, t)
+    }
+}
+
+impl Denoiser for Checkpoint {
+    fn dim(&self) -> usize {
+        crate::models::PIXELS
+    }
+    fn alpha_bars(&self) -> &[f64] {
+        &self.schedule.alpha_bars
+    }
+    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
+        self.net.predict(x, t)
+    }
+}
+
+/// A denoiser given by a function, for tests and hand-computed cases: ε̂ row by row.
+pub struct FnDenoiser<F: Fn(&[f32], usize) -> Vec<f32>> {
+    /// Values per example.
+    pub dim: usize,
+    /// ᾱ_t.
+    pub alpha_bars: Vec<f64>,
+    /// ε̂ of one row at one step.
+    pub eps: F,
+}
+
+impl<F: Fn(&[f32], usize) -> Vec<f32>> Denoiser for FnDenoiser<F> {
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn alpha_bars(&self) -> &[f64] {
+        &self.alpha_bars
+    }
+    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
+        let d = self.dim;
+        if x.len() != t.len() * d {
+            return Err(Error::input(format!(
+                "denoiser input has {} values for {} rows of {d}",
+                x.len(),
+                t.len()
+            )));
+        }
+        Ok(x.chunks_exact(d)
+            .zip(t)
+            .flat_map(|(row, &s)| (self.eps)(row, s))
+            .collect())
+    }
+}
+
+/// x_t = √ᾱ_t x₀ + √(1 − ᾱ_t) ε row by row (host), for rows of `dim` values.
+pub fn noisy(alpha_bars: &[f64], dim: usize, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x0.len());
+    for (i, &ti) in t.iter().enumerate() {
+        let a = alpha_bars[ti];
+        let (sa, sb) = (a.sqrt() as f32, (1.0 - a).sqrt() as f32);
+        for j in 0..dim {
+            let k = i * dim + j;
+            out.push(sa * x0[k] + sb * eps[k]);
+        }
+    }
+    out
+}

@@ -1,0 +1,281 @@
+//! Resource limits: every size taken from a file or a flag is checked here, before it becomes
+//! memory or a loop.
+//!
+//! A size is refused when the memory it implies (estimated bytes) exceeds the memory cap, or
+//! when the work it implies (estimated elementary operations) exceeds the work cap. Both caps
+//! can be raised (or lowered) through environment variables:
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `DPAUDIT_MAX_MEMORY` | 4 GiB | bytes one input may make dpaudit allocate (`512M`, `16G`, `1T`, or plain bytes) |
+//! | `DPAUDIT_MAX_WORK` | 2e11 | elementary operations one input may cost (about 1–10 minutes on one core) |
+//!
+//! The per-item costs below are deliberately generous estimates (they count every copy the
+//! code makes), so an input that passes runs within the caps. A refusal is an input error
+//! (exit code 2) naming the field, its value and the largest value that would pass. The full
+//! table of limits is in docs/reliability.md.
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Environment variable holding the memory cap (bytes, or with a K/M/G/T suffix).
+pub const MEMORY_ENV: &str = "DPAUDIT_MAX_MEMORY";
+/// Environment variable holding the work cap (elementary operations, e.g. `1e12`).
+pub const WORK_ENV: &str = "DPAUDIT_MAX_WORK";
+/// Default memory cap: 4 GiB (a sixth of the 24 GiB CI machines, shared by parallel jobs).
+pub const DEFAULT_MEMORY: u64 = 4 << 30;
+/// Default work cap: 2·10¹¹ elementary operations (≈ 1–10 minutes on one core).
+pub const DEFAULT_WORK: f64 = 2e11;
+
+/// Reads a cap from the environment: a positive number with an optional binary suffix
+/// (K, M, G, T; `KiB`/`KB` spellings accepted). An unreadable value is an error naming the
+/// variable, never a silent default.
+fn env_cap(var: &str, default: f64, binary_suffix: bool) -> Result<f64> {
+    let Ok(raw) = std::env::var(var) else {
+        return Ok(default);
+    };
+    let s = raw.trim();
+    let lower = s.to_ascii_lowercase();
+    let (num, mult) = if binary_suffix {
+        let stripped = lower.trim_end_matches("ib").trim_end_matches('b');
+        match stripped.chars().last() {
+            Some('k') => (&stripped[..stripped.len() - 1], 1024f64),
+            Some('m') => (&stripped[..stripped.len() - 1], 1024f64.powi(2)),
+            Some('g') => (&stripped[..stripped.len() - 1], 1024f64.powi(3)),
+            Some('t') => (&stripped[..stripped.len() - 1], 1024f64.powi(4)),
+            _ => (stripped, 1.0),
+        }
+    } else {
+        (lower.as_str(), 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v * mult),
+        _ => Err(Error::field(
+            var,
+            format!("`{raw}` is not a positive size (examples: 8G, 512M, 1e12)"),
+        )),
+    }
+}
+
+thread_local! {
+    /// Caps set by [`with_caps`] for the current thread (tests and fuzzing), overriding the
+    /// environment.
+    static OVERRIDE: std::cell::Cell<Option<(f64, f64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the given memory and work caps on this thread (the environment is not
+/// touched, so parallel tests do not see each other's caps). Used by the fuzz harness so that
+/// every input it accepts is also cheap to run.
+pub fn with_caps<T>(memory_bytes: f64, work: f64, f: impl FnOnce() -> T) -> T {
+    let before = OVERRIDE.with(|c| c.replace(Some((memory_bytes, work))));
+    struct Restore(Option<(f64, f64)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OVERRIDE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(before);
+    f()
+}
+
+/// The memory cap in bytes (`DPAUDIT_MAX_MEMORY`, default [`DEFAULT_MEMORY`]).
+pub fn memory_cap() -> Result<f64> {
+    if let Some((m, _)) = OVERRIDE.with(|c| c.get()) {
+        return Ok(m);
+    }
+    env_cap(MEMORY_ENV, DEFAULT_MEMORY as f64, true)
+}
+
+/// The work cap in elementary operations (`DPAUDIT_MAX_WORK`, default [`DEFAULT_WORK`]).
+pub fn work_cap() -> Result<f64> {
+    if let Some((_, w)) = OVERRIDE.with(|c| c.get()) {
+        return Ok(w);
+    }
+    env_cap(WORK_ENV, DEFAULT_WORK, false)
+}
+
+/// Bytes in a human unit, for messages.
+pub fn human_bytes(b: f64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// What one unit of a size costs: bytes held at once and elementary operations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    /// Bytes per unit (all copies the code keeps at the same time).
+    pub bytes: f64,
+    /// Elementary operations per unit.
+    pub work: f64,
+}
+
+impl Cost {
+    /// A cost of `bytes` per unit and `work` operations per unit.
+    pub const fn new(bytes: f64, work: f64) -> Self {
+        Cost { bytes, work }
+    }
+}
+
+/// Checks that `value` units of something costing `per_unit` fit the caps; `field` is the name
+/// the user wrote (`schedule.levels`, `--points`). The error states the value, the largest
+/// value that passes and which cap decided.
+pub fn check(field: &str, value: f64, per_unit: Cost) -> Result<()> {
+    check_in(field, value, per_unit, memory_cap()?, work_cap()?)
+}
+
+/// [`check`] against explicit caps (for tests and callers holding the caps already).
+pub fn check_in(field: &str, value: f64, per_unit: Cost, mem_cap: f64, work_cap: f64) -> Result<()> {
+    if value.is_nan() || value < 0.0 {
+        return Err(Error::field(field, format!("must be a size ≥ 0, got {value}")));
+    }
+    let bytes = value * per_unit.bytes;
+    if bytes > mem_cap {
+        let max = (mem_cap / per_unit.bytes).floor();
+        return Err(Error::field(
+            field,
+            format!(
+                "{} is above the limit of {} (it would need about {} of memory, more than the cap of {}; \
+                 raise the cap with {MEMORY_ENV}=<bytes, e.g. 16G> if this machine has it)",
+                fmt_count(value),
+                fmt_count(max),
+                human_bytes(bytes),
+                human_bytes(mem_cap)
+            ),
+        ));
+    }
+    let work = value * per_unit.work;
+    if work > work_cap {
+        let max = (work_cap / per_unit.work).floor();
+        return Err(Error::field(
+            field,
+            format!(
+                "{} is above the limit of {} (about {work:.1e} operations, more than the cap of {work_cap:.1e}, \
+                 i.e. minutes to hours of computing; raise the cap with {WORK_ENV}=<operations, e.g. 1e13>)",
+                fmt_count(value),
+                fmt_count(max)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Integers below 2⁵³ printed as integers, larger values in scientific notation.
+fn fmt_count(v: f64) -> String {
+    if v < 9.007_199_254_740_992e15 && v.fract() == 0.0 {
+        format!("{}", v as u64)
+    } else {
+        format!("{v:e}")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-item costs (one place; docs/reliability.md lists them).
+
+/// One noise level of a sampler schedule: the level, its step, the per-step table row, plot
+/// points and the accounted event (≈ 1 KiB all told); accounting a distinct step costs up to
+/// ~10⁵ operations (RDP over its orders).
+pub const SCHEDULE_LEVEL: Cost = Cost::new(1024.0, 1e5);
+/// One training timestep of a DDPM schedule (β, ᾱ and derived tables: a few f64 each).
+pub const SCHEDULE_TIMESTEP: Cost = Cost::new(64.0, 100.0);
+/// One grid point of a sweep: a sampler configuration and its accounted row per accountant.
+pub const SWEEP_POINT: Cost = Cost::new(4096.0, 1e6);
+/// One distinct part of a composed event (a component, its path string and its PLD/RDP state).
+pub const EVENT_PART: Cost = Cost::new(512.0, 1e4);
+/// One bootstrap resample, per score resampled (an index, a copy and a sort step).
+pub const BOOTSTRAP_SCORE: Cost = Cost::new(0.0, 50.0);
+/// One value of a tensor held in f32, with its gradient and two Adam moments (4 × 4 bytes).
+pub const TRAINED_PARAMETER: Cost = Cost::new(16.0, 6.0);
+/// One row of a training batch: the image, its noise, the noisy input and the prediction
+/// (4 × 64 f32) plus the activations the backward pass keeps (budgeted at 16 KiB a row).
+pub const BATCH_ROW: Cost = Cost::new(16384.0, 0.0);
+/// One f64 coordinate of a released vector (kept in the run's outputs).
+pub const RELEASED_COORDINATE: Cost = Cost::new(8.0, 8.0);
+/// One (trajectory, record) cell of the empirical denoiser's B × N distance and weight
+/// matrices (f64, three live copies).
+pub const DENOISER_CELL: Cost = Cost::new(32.0, 0.0);
+/// One (trajectory, record, coordinate, step) unit of empirical-denoiser work (a distance term
+/// and a weighted sum term).
+pub const DENOISER_STEP: Cost = Cost::new(0.0, 4.0);
+/// One decompressed byte of a data file: the text and the parsed numbers (≈ 3 bytes each).
+pub const DECOMPRESSED_BYTE: Cost = Cost::new(3.0, 10.0);
+
+/// Checks a count given as `u64`/`usize` against `per_unit`.
+pub fn check_count(field: &str, value: u64, per_unit: Cost) -> Result<()> {
+    check(field, value as f64, per_unit)
+}
+
+/// Checks the product of several sizes (e.g. grid axes, trajectories × records × dimension);
+/// the product is computed in floating point so it cannot overflow.
+pub fn check_product(field: &str, factors: &[u64], per_unit: Cost) -> Result<()> {
+    let v = factors.iter().fold(1.0f64, |a, &f| a * f as f64);
+    check(field, v, per_unit)
+}
+
+/// Reads at most the bytes the memory cap allows for a (possibly decompressed) text stream,
+/// so a small gzip file that inflates to gigabytes is refused before it is held in memory.
+/// `path` names the file in errors.
+pub fn read_text_capped(mut reader: impl Read, path: &Path) -> Result<String> {
+    let cap = memory_cap()?;
+    let max_bytes = (cap / DECOMPRESSED_BYTE.bytes).floor() as u64;
+    let mut buf = Vec::new();
+    let mut limited = (&mut reader).take(max_bytes.saturating_add(1));
+    limited.read_to_end(&mut buf).map_err(|e| Error::io(path, &e))?;
+    if buf.len() as u64 > max_bytes {
+        return Err(Error::input(format!(
+            "the data is larger than {} once decompressed (the limit for a memory cap of {}; \
+             raise it with {MEMORY_ENV}=<bytes, e.g. 16G>)",
+            human_bytes(max_bytes as f64),
+            human_bytes(cap)
+        ))
+        .with_file(path));
+    }
+    String::from_utf8(buf).map_err(|_| Error::input("not UTF-8 text").with_file(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_names_field_value_and_limit() {
+        let e = check_in("schedule.levels", 1e12, SCHEDULE_LEVEL, 4.0 * 1024f64.powi(3), 2e11).unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("field `schedule.levels`: 1000000000000 is above the limit of 4194304"), "{s}");
+        assert!(s.contains(MEMORY_ENV), "{s}");
+        let e = check_in("--bootstrap", 1e9, Cost::new(0.0, 1e3), 1e12, 2e11).unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("above the limit of 200000000"), "{s}");
+        assert!(s.contains(WORK_ENV), "{s}");
+    }
+
+    #[test]
+    fn sizes_within_caps_pass_and_nan_fails() {
+        assert!(check_in("x", 1000.0, SCHEDULE_LEVEL, 1e9, 1e11).is_ok());
+        assert!(check_in("x", f64::NAN, SCHEDULE_LEVEL, 1e9, 1e11).is_err());
+        assert!(check_in("x", f64::INFINITY, SCHEDULE_LEVEL, 1e9, 1e11).is_err());
+    }
+
+    #[test]
+    fn capped_reader_refuses_large_streams() {
+        let small = read_text_capped(&b"1,2\n3,4\n"[..], Path::new("a.csv")).unwrap();
+        assert_eq!(small, "1,2\n3,4\n");
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(512.0), "512 B");
+        assert_eq!(human_bytes(4.0 * 1024f64.powi(3)), "4.0 GiB");
+    }
+}

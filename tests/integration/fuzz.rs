@@ -1,0 +1,488 @@
+//! Fuzzing every input format with proptest: sampler TOML, claims TOML, event TOML, run
+//! configs, model cards, safetensors headers, report JSON and CSV embeddings.
+//!
+//! Each generator starts from the shipped fixtures and replaces values with hostile ones
+//! (NaN, ±∞, ±1e308, 5e-324, i64/u64 extremes, 10¹², wrong types) or corrupts bytes, then runs
+//! the loader *and* the work the file leads to (accounting, the mechanism, the model build,
+//! rendering), under small resource caps ([`dpaudit::limits::with_caps`]) so every accepted
+//! input is also cheap. The oracle: no panic, no hang, and any result that comes back is
+//! well-formed (finite where it must be, ε ≥ 0, δ in [0, 1], unit rows).
+//!
+//! Bounded for CI: `FUZZ_CASES` cases per format (default 48; a few seconds each in a debug
+//! build). The longer campaign (docs/reliability.md):
+//! `FUZZ_CASES=20000 cargo test --release --test integration fuzz -- --test-threads 2`.
+//! A failing case is shrunk by proptest and printed; add it to `hostile.rs` as a regression test.
+
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+use dpaudit::accountants::AccountantKind;
+use dpaudit::config::claims::ClaimsFile;
+use dpaudit::config::sampler::SamplerConfig;
+use dpaudit::events::EventFile;
+use dpaudit::limits;
+
+use super::common::root;
+
+/// Memory and work caps every fuzz case runs under (64 MiB, 10⁸ operations).
+const CAP_MEMORY: f64 = 64.0 * 1024.0 * 1024.0;
+const CAP_WORK: f64 = 1e8;
+
+fn cases() -> u32 {
+    std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48)
+}
+
+fn runner(seed_name: &str) -> TestRunner {
+    // Deterministic per format (the seed is derived from the name), so CI runs are repeatable.
+    let mut seed = [0u8; 32];
+    for (i, b) in seed_name.bytes().enumerate() {
+        seed[i % 32] ^= b;
+    }
+    TestRunner::new_with_rng(
+        Config {
+            cases: cases(),
+            failure_persistence: None,
+            ..Config::default()
+        },
+        proptest::test_runner::TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &seed),
+    )
+}
+
+/// Values a hostile user writes into a TOML file (as TOML source text).
+fn hostile_toml_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("nan".to_string()),
+        Just("inf".to_string()),
+        Just("-inf".to_string()),
+        Just("0".to_string()),
+        Just("-0.0".to_string()),
+        Just("-1".to_string()),
+        Just("1e308".to_string()),
+        Just("-1e308".to_string()),
+        Just("5e-324".to_string()),
+        Just("1e-300".to_string()),
+        Just("9223372036854775807".to_string()),
+        Just("-9223372036854775808".to_string()),
+        Just("1000000000000".to_string()),
+        Just("100000".to_string()),
+        Just("1000000000000000000".to_string()),
+        Just("\"x\"".to_string()),
+        Just("[]".to_string()),
+        Just("[1e308, -1e308]".to_string()),
+        Just("true".to_string()),
+        Just("{}".to_string()),
+        (0u32..5000).prop_map(|v| v.to_string()),
+        (-2.0f64..3.0).prop_map(|v| format!("{v:?}")),
+        any::<i64>().prop_map(|v| v.to_string()),
+        any::<f64>()
+            .prop_filter("TOML float", |v| v.is_finite())
+            .prop_map(|v| format!("{v:e}")),
+    ]
+}
+
+/// Edits of a TOML source: replace the values of some `key = value` lines, drop a line, or
+/// flip a byte.
+#[derive(Debug, Clone)]
+enum Edit {
+    Value(usize, String),
+    Drop(usize),
+    Byte(usize, u8),
+}
+
+fn edits() -> impl Strategy<Value = Vec<Edit>> {
+    prop::collection::vec(
+        prop_oneof![
+            6 => (any::<usize>(), hostile_toml_value()).prop_map(|(i, v)| Edit::Value(i, v)),
+            1 => any::<usize>().prop_map(Edit::Drop),
+            1 => (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Edit::Byte(i, b)),
+        ],
+        1..5,
+    )
+}
+
+fn apply(src: &str, edits: &[Edit]) -> String {
+    let mut lines: Vec<String> = src.lines().map(str::to_string).collect();
+    for e in edits {
+        let kv: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.trim_start().starts_with('#') && l.contains(" = "))
+            .map(|(i, _)| i)
+            .collect();
+        match e {
+            Edit::Value(i, v) if !kv.is_empty() => {
+                let at = kv[i % kv.len()];
+                let key = lines[at].split(" = ").next().unwrap_or("").to_string();
+                lines[at] = format!("{key} = {v}");
+            }
+            Edit::Drop(i) if !lines.is_empty() => {
+                let at = i % lines.len();
+                lines.remove(at);
+            }
+            Edit::Byte(i, b) => {
+                let mut bytes = lines.join("\n").into_bytes();
+                if !bytes.is_empty() {
+                    let at = i % bytes.len();
+                    bytes[at] = *b;
+                }
+                let s = String::from_utf8_lossy(&bytes).into_owned();
+                lines = s.lines().map(str::to_string).collect();
+            }
+            _ => {}
+        }
+    }
+    lines.join("\n") + "\n"
+}
+
+fn fixtures(dir: &str) -> Vec<(PathBuf, String)> {
+    let mut v: Vec<(PathBuf, String)> = std::fs::read_dir(root().join(dir))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .map(|p| {
+            let s = std::fs::read_to_string(&p).unwrap();
+            (p, s)
+        })
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no fixtures in {dir}");
+    v
+}
+
+fn check_result(r: &dpaudit::accountants::AccountResult) -> Result<(), TestCaseError> {
+    prop_assert!(!r.epsilon.is_nan() && r.epsilon >= 0.0, "ε = {}", r.epsilon);
+    prop_assert!((0.0..=1.0).contains(&r.delta), "δ = {}", r.delta);
+    Ok(())
+}
+
+#[test]
+fn fuzz_sampler_toml() {
+    let bases = fixtures("fixtures/samplers");
+    let mut r = runner("sampler");
+    r.run(&(0..bases.len(), edits()), |(b, e)| {
+        let (path, src) = &bases[b];
+        let text = apply(src, &e);
+        let res = SamplerConfig::from_toml_str(&text);
+        if let Ok(mut cfg) = res {
+            cfg.base_dir = path.parent().map(Path::to_path_buf);
+            let out = limits::with_caps(CAP_MEMORY, CAP_WORK, || {
+                // Cheap accountants only; PLD is exercised by the event fuzzer on small counts.
+                if cfg.schedule.n_levels() > 2000 {
+                    return Ok(None);
+                }
+                dpaudit::diffusion::account::analyze(&cfg, &[AccountantKind::Gdp, AccountantKind::Rdp]).map(Some)
+            });
+            if let Ok(Some(a)) = out {
+                for line in &a.accountants {
+                    if let Some(eps) = line.epsilon {
+                        prop_assert!(!eps.is_nan() && eps >= 0.0, "{:?}: ε = {eps}", line.accountant);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn fuzz_claims_toml() {
+    let bases = fixtures("fixtures/claims");
+    let mut r = runner("claims");
+    r.run(&(0..bases.len(), edits()), |(b, e)| {
+        let (path, src) = &bases[b];
+        let text = apply(src, &e);
+        if let Ok(f) = ClaimsFile::parse(path, &text) {
+            let _ = limits::with_caps(CAP_MEMORY, CAP_WORK, || dpaudit::pipelines::verify_claims(&f));
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn fuzz_event_toml() {
+    let bases = fixtures("fixtures/events");
+    let mut r = runner("events");
+    r.run(&(0..bases.len(), edits()), |(b, e)| {
+        let (_, src) = &bases[b];
+        let text = apply(src, &e);
+        let Ok(f) = toml::from_str::<EventFile>(&text) else {
+            return Ok(());
+        };
+        if f.event.validate().is_err() {
+            return Ok(());
+        }
+        let Ok(comps) = f.event.components() else {
+            return Ok(());
+        };
+        let small = comps.iter().all(|c| c.count <= 10_000) && comps.len() <= 8;
+        let delta = f.delta.filter(|d| *d > 0.0 && *d < 1.0).unwrap_or(1e-5);
+        for kind in AccountantKind::ALL {
+            if kind == AccountantKind::Pld && !small {
+                continue;
+            }
+            let acc = kind.build();
+            if acc.supports(&f.event, f.neighbouring).is_err() {
+                continue;
+            }
+            if let Ok(res) = acc.epsilon(&f.event, f.neighbouring, delta) {
+                check_result(&res)?;
+            }
+            if let Ok(res) = acc.delta(&f.event, f.neighbouring, 1.0) {
+                check_result(&res)?;
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn fuzz_run_configs() {
+    use dpaudit::pipelines::mechanisms::{run_dp_rdm, run_dpagg_ti, DpRdmConfig, DpaggTiConfig};
+    let bases = fixtures("fixtures/runs");
+    let emb = root().join("fixtures/embeddings");
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = runner("runs");
+    r.run(&(0..bases.len(), edits()), |(b, e)| {
+        let (path, src) = &bases[b];
+        let text = apply(src, &e).replace("\"../embeddings/", &format!("\"{}/", emb.display()));
+        let p = dir.path().join(path.file_name().unwrap());
+        std::fs::write(&p, &text).unwrap();
+        limits::with_caps(CAP_MEMORY, CAP_WORK, || {
+            if text.contains("embeddings =") {
+                if let Ok((c, mech)) = DpaggTiConfig::load(&p) {
+                    if let Ok((run, _)) = run_dpagg_ti(&mech, c.releases.get(), c.budget_epsilon.map(|e| e.get()), 1) {
+                        assert!(run.released + run.refused == c.releases.get());
+                        assert!(run.outputs.iter().flatten().all(|v| v.is_finite()));
+                    }
+                }
+            } else if let Ok((c, mech, q)) = DpRdmConfig::load(&p) {
+                let delta = c.delta.map_or(1.0 / mech.private.len() as f64, |d| d.get());
+                let _ = run_dp_rdm(&mech, &q, c.budget_epsilon.get(), delta, c.accountant, 1);
+            }
+        });
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn fuzz_model_cards() {
+    use dpaudit::models::checkpoint::Card;
+    let src = std::fs::read_to_string(root().join("models/digits-mlp.toml")).unwrap();
+    let mut r = runner("cards");
+    r.run(&edits(), |e| {
+        let text = apply(&src, &e);
+        let Ok(card) = toml::from_str::<Card>(&text) else {
+            return Ok(());
+        };
+        limits::with_caps(CAP_MEMORY, CAP_WORK, || {
+            if card.model.validate().is_ok() {
+                // Validation passed: the parameter budget holds, so building is cheap.
+                let net = dpaudit::models::Net::new(&card.model, 0, &candle_core::Device::Cpu);
+                assert!(net.is_ok(), "a validated model must build: {:?}", card.model);
+            }
+            let _ = dpaudit::models::Schedule::new(card.schedule);
+        });
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A safetensors file from a header (JSON text) and a data section.
+fn safetensors_bytes(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+#[test]
+fn fuzz_safetensors_headers() {
+    use dpaudit::models::checkpoint::parse_weights;
+    let dtypes = prop_oneof![
+        Just("F32"),
+        Just("F64"),
+        Just("I32"),
+        Just("I64"),
+        Just("U8"),
+        Just("BF16"),
+        Just("F16"),
+        Just("BOOL"),
+        Just("X")
+    ];
+    let dim = prop_oneof![
+        0u64..5,
+        Just(u32::MAX as u64),
+        Just(u64::MAX),
+        Just(1u64 << 40)
+    ];
+    let shape = prop::collection::vec(dim, 0..4);
+    let offsets = (0u64..64, prop_oneof![0u64..64, Just(u64::MAX), Just(1u64 << 62)]);
+    let data = prop::collection::vec(
+        prop_oneof![
+            Just(0x7fc0_0000u32),
+            Just(0x7f80_0000u32),
+            any::<u32>(),
+            Just(1.0f32.to_bits())
+        ],
+        0..16,
+    );
+    let mut r = runner("safetensors");
+    r.run(
+        &(dtypes, shape, offsets, data, any::<bool>(), any::<u64>()),
+        |(dt, shape, (a, b), data, garble, len)| {
+            let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let header = format!(
+                r#"{{"w":{{"dtype":"{dt}","shape":{shape:?},"data_offsets":[{a},{b}]}}}}"#
+            );
+            let mut file = safetensors_bytes(&header, &bytes);
+            if garble {
+                // A header length that lies.
+                file[..8].copy_from_slice(&len.to_le_bytes());
+            }
+            if let Ok(t) = parse_weights(&file, &candle_core::Device::Cpu) {
+                for v in t.values() {
+                    prop_assert_eq!(v.dtype(), candle_core::DType::F32);
+                    let vals = v.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    prop_assert!(vals.iter().all(|x| x.is_finite()));
+                }
+            }
+            Ok(())
+        },
+    )
+    .unwrap();
+}
+
+/// Hostile JSON numbers for report fields.
+fn hostile_json_number() -> impl Strategy<Value = serde_json::Value> {
+    prop_oneof![
+        Just(serde_json::json!(1e308)),
+        Just(serde_json::json!(-1e308)),
+        Just(serde_json::json!(5e-324)),
+        Just(serde_json::json!(0.0)),
+        Just(serde_json::json!(-1.0)),
+        Just(serde_json::json!(u64::MAX)),
+        Just(serde_json::json!(i64::MIN)),
+        Just(serde_json::json!("x")),
+        Just(serde_json::Value::Null),
+        any::<f64>()
+            .prop_filter("JSON number", |v| v.is_finite())
+            .prop_map(|v| serde_json::json!(v)),
+    ]
+}
+
+fn numbers_mut(v: &mut serde_json::Value, out: &mut Vec<*mut serde_json::Value>) {
+    match v {
+        serde_json::Value::Number(_) => out.push(v as *mut _),
+        serde_json::Value::Array(a) => a.iter_mut().for_each(|x| numbers_mut(x, out)),
+        serde_json::Value::Object(o) => o.values_mut().for_each(|x| numbers_mut(x, out)),
+        _ => {}
+    }
+}
+
+/// Replaces the `i`-th number (in document order) of `v` with `new`.
+fn replace_number(v: &mut serde_json::Value, i: usize, new: serde_json::Value) {
+    fn walk(v: &mut serde_json::Value, left: &mut usize, new: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Number(_) => {
+                if *left == 0 {
+                    *v = new.clone();
+                    return true;
+                }
+                *left -= 1;
+                false
+            }
+            serde_json::Value::Array(a) => a.iter_mut().any(|x| walk(x, left, new)),
+            serde_json::Value::Object(o) => o.values_mut().any(|x| walk(x, left, new)),
+            _ => false,
+        }
+    }
+    let mut left = i;
+    walk(v, &mut left, &new);
+}
+
+#[test]
+fn fuzz_report_json() {
+    let mut bases = Vec::new();
+    for e in std::fs::read_dir(root().join("reports")).unwrap().flatten() {
+        let p = e.path().join("report.json");
+        if p.exists() {
+            bases.push(std::fs::read(&p).unwrap());
+        }
+    }
+    bases.sort();
+    assert!(!bases.is_empty(), "no reports/*/report.json to start from");
+    let mut r = runner("report");
+    r.run(
+        &(
+            0..bases.len(),
+            prop::collection::vec((any::<usize>(), hostile_json_number()), 1..6),
+        ),
+        |(b, subs)| {
+            let mut v: serde_json::Value = serde_json::from_slice(&bases[b]).unwrap();
+            let mut ptrs = Vec::new();
+            numbers_mut(&mut v, &mut ptrs);
+            let n = ptrs.len().max(1);
+            for (i, new) in subs {
+                replace_number(&mut v, i % n, new);
+            }
+            let bytes = serde_json::to_vec(&v).unwrap();
+            if let Ok(rep) = dpaudit::report::from_json(&bytes) {
+                let _ = dpaudit::report::export(&rep, dpaudit::report::ExportFormat::Md);
+                for plot in &rep.plots {
+                    let _ = dpaudit::report::plot::render_svg(plot);
+                }
+            }
+            Ok(())
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn fuzz_csv_embeddings() {
+    use dpaudit::pipelines::embeddings::{norm, Embeddings};
+    let cell = prop_oneof![
+        Just("nan".to_string()),
+        Just("inf".to_string()),
+        Just("1e308".to_string()),
+        Just("-1e308".to_string()),
+        Just("5e-324".to_string()),
+        Just("0".to_string()),
+        Just("".to_string()),
+        Just("x".to_string()),
+        Just("1e309".to_string()),
+        any::<f64>().prop_map(|v| format!("{v:e}")),
+        (-5.0f64..5.0).prop_map(|v| v.to_string()),
+    ];
+    let rows = prop::collection::vec(prop::collection::vec(cell, 1..6), 1..8);
+    let mut r = runner("csv");
+    r.run(&(rows, any::<bool>()), |(rows, header)| {
+        let mut text = String::new();
+        if header {
+            text.push_str("a,b,c\n");
+        }
+        for row in rows {
+            text.push_str(&row.join(","));
+            text.push('\n');
+        }
+        if let Ok(e) = Embeddings::parse_csv(&text) {
+            if let Ok(u) = e.normalised() {
+                for row in &u.rows {
+                    let n = norm(row);
+                    prop_assert!((n - 1.0).abs() < 1e-9, "row {row:?} has norm {n}");
+                }
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+}

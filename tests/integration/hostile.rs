@@ -1,0 +1,549 @@
+//! Hostile inputs, through the real binary where a user would meet them: sizes from files and
+//! flags refused before allocation (under `ulimit -v`, so an allocation attempt would abort),
+//! super-linear work removed (a 100,000-part event, an unbounded release loop), non-finite
+//! values and wrong dtypes refused, closed pipes ending quietly, and δ that underflows reported
+//! as a bound. Regression tests for what the fuzzer (fuzz.rs) finds go here too.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use super::common::{root, stderr, stdout};
+
+/// Virtual memory the child may use (KiB): 3 GiB. Enough to start (candle maps its
+/// libraries), far less than any of the sizes below would allocate.
+const ULIMIT_KB: u64 = 3 * 1024 * 1024;
+
+/// Runs dpaudit under `ulimit -v` (Linux `sh`), from the repository root, with a time limit;
+/// extra environment variables in `env`.
+fn limited(args: &[&str], env: &[(&str, &str)], limit: Duration) -> (Output, Duration) {
+    let exe = env!("CARGO_BIN_EXE_dpaudit");
+    let mut script = format!("ulimit -v {ULIMIT_KB}; exec '{exe}'");
+    for a in args {
+        script.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
+    }
+    let start = Instant::now();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(&script).current_dir(root());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sh");
+    let pid = child.id();
+    // Watchdog: a hang fails the test instead of hanging the suite.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(limit).is_err() {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    });
+    let out = child.wait_with_output().expect("wait");
+    let _ = tx.send(());
+    (out, start.elapsed())
+}
+
+/// Asserts exit code 2 with an error naming `field` (and the word "limit"), quickly.
+fn assert_refused(out: &Output, took: Duration, field: &str) {
+    let err = stderr(out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected exit 2 (refusal), got {:?} after {took:?}\nstderr: {err}",
+        out.status
+    );
+    assert!(err.contains(field), "error does not name `{field}`: {err}");
+    assert!(err.contains("limit"), "error does not state the limit: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(took < Duration::from_secs(20), "refusal took {took:?}");
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn edm(levels: &str) -> String {
+    format!(
+        "schema_version = 1\nconvention = \"C\"\n[schedule]\nkind = \"edm\"\nsigma_min = 0.002\nsigma_max = 80.0\n\
+         rho = 7.0\nlevels = {levels}\n[privacy]\nclip_norm = 1.0\ndataset_size = 50000\n[density]\n\
+         kind = \"constant\"\nbeta = 1.0\n"
+    )
+}
+
+const SECS_60: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// Sizes from files and flags: refused before allocation.
+
+#[test]
+fn schedule_levels_near_i64_max_is_refused_not_a_capacity_overflow_panic() {
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "s.toml", &edm("9223372036854775807"));
+    let (out, took) = limited(&["analyze", p.to_str().unwrap()], &[], SECS_60);
+    assert_refused(&out, took, "schedule.levels");
+}
+
+#[test]
+fn schedule_levels_1e12_and_ddpm_timesteps_1e12_are_refused_under_ulimit() {
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "s.toml", &edm("1000000000000"));
+    let (out, took) = limited(&["analyze", p.to_str().unwrap()], &[], SECS_60);
+    assert_refused(&out, took, "schedule.levels");
+    assert!(stderr(&out).contains("1000000000000"), "{}", stderr(&out));
+    let ddpm = "schema_version = 1\nconvention = \"C\"\n[schedule]\nkind = \"ddpm_linear\"\nbeta_start = 0.0001\n\
+                beta_end = 0.02\ntimesteps = 1000000000000\nlevels = 50\n[privacy]\ndataset_size = 50000\n\
+                [density]\nkind = \"constant\"\nbeta = 1.0\n";
+    let p = write(d.path(), "d.toml", ddpm);
+    let (out, took) = limited(&["analyze", p.to_str().unwrap()], &[], SECS_60);
+    assert_refused(&out, took, "schedule.timesteps");
+}
+
+#[test]
+fn density_trajectories_1e9_is_refused_before_the_denoiser_allocates() {
+    let d = tempfile::tempdir().unwrap();
+    let data = root().join("fixtures/data/digits.csv.gz");
+    let cfg = format!(
+        "schema_version = 1\nconvention = \"C\"\n[schedule]\nkind = \"edm\"\nsigma_min = 0.002\nsigma_max = 80.0\n\
+         rho = 7.0\nlevels = 10\n[privacy]\nclip_norm = 1.0\n[density]\nkind = \"trajectories\"\n\
+         data = \"{}\"\ncolumns = 64\nvalue_range = [0.0, 16.0]\ntrajectories = 1000000000\n",
+        data.display()
+    );
+    let p = write(d.path(), "t.toml", &cfg);
+    let (out, took) = limited(&["analyze", p.to_str().unwrap()], &[], SECS_60);
+    assert_refused(&out, took, "density.trajectories");
+}
+
+#[test]
+fn gzip_that_inflates_past_the_cap_is_refused_naming_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    // 200 MB of "0," compresses to a few hundred KB; with a 64 MiB memory cap the decompressed
+    // text may be at most ~21 MiB.
+    let gz = d.path().join("bomb.csv.gz");
+    let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+    let chunk = "0,".repeat(1 << 20);
+    for _ in 0..100 {
+        enc.write_all(chunk.as_bytes()).unwrap();
+    }
+    enc.finish().unwrap();
+    assert!(std::fs::metadata(&gz).unwrap().len() < 3 << 20);
+    let cfg = format!(
+        "schema_version = 1\nconvention = \"C\"\n[schedule]\nkind = \"edm\"\nsigma_min = 0.002\nsigma_max = 80.0\n\
+         rho = 7.0\nlevels = 10\n[privacy]\nclip_norm = 1.0\n[density]\nkind = \"trajectories\"\n\
+         data = \"{}\"\n",
+        gz.display()
+    );
+    let p = write(d.path(), "t.toml", &cfg);
+    let (out, took) = limited(&["analyze", p.to_str().unwrap()], &[("DPAUDIT_MAX_MEMORY", "64M")], SECS_60);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("bomb.csv.gz") && err.contains("decompressed"), "{err}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+/// A copy of the shipped card in `dir` whose model section is replaced, pointing at `weights`.
+fn card_with(dir: &Path, weights: &Path, sha: &str, edit: impl Fn(String) -> String) -> PathBuf {
+    let src = std::fs::read_to_string(root().join("models/digits-mlp.toml")).unwrap();
+    let mut out = String::new();
+    for line in src.lines() {
+        let l = if line.starts_with("weights = ") {
+            format!("weights = \"{}\"", weights.display())
+        } else if line.starts_with("weights_sha256 = ") {
+            format!("weights_sha256 = \"{sha}\"")
+        } else if line.starts_with("file = ") {
+            format!("file = \"{}\"", root().join("fixtures/data/digits.csv.gz").display())
+        } else if line.starts_with("split = ") {
+            format!("split = \"{}\"", root().join("fixtures/splits/digits.toml").display())
+        } else {
+            line.to_string()
+        };
+        out.push_str(&l);
+        out.push('\n');
+    }
+    let p = dir.join("card.toml");
+    std::fs::write(&p, edit(out)).unwrap();
+    p
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn model_card_with_hidden_8192_depth_64_fails_the_parameter_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let w = root().join("models/digits-mlp.safetensors");
+    let sha = sha256_hex(&std::fs::read(&w).unwrap());
+    let card = card_with(d.path(), &w, &sha, |s| {
+        s.replace("hidden = 256", "hidden = 8192").replace("depth = 3", "depth = 64")
+    });
+    assert!(std::fs::read_to_string(&card).unwrap().contains("hidden = 8192"));
+    let (out, took) = limited(
+        &["mia", "--checkpoint", card.to_str().unwrap(), "--attack", "loss", "--timesteps", "10"],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "model.hidden");
+    assert!(stderr(&out).contains("depth = 64"), "{}", stderr(&out));
+}
+
+#[test]
+fn sweep_points_1e9_is_refused() {
+    let (out, took) = limited(
+        &[
+            "sweep",
+            "fixtures/samplers/edm-cifar10-paper.toml",
+            "--sigma-min",
+            "0.002..5",
+            "--points",
+            "1000000000",
+        ],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "--points");
+}
+
+#[test]
+fn train_timesteps_1e12_and_batch_size_1e9_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let stem = d.path().join("m");
+    let (out, took) = limited(
+        &["train", "--out", stem.to_str().unwrap(), "--timesteps", "1000000000000", "--steps", "1"],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "timesteps");
+    let (out, took) = limited(
+        &["train", "--out", stem.to_str().unwrap(), "--batch-size", "1000000000", "--steps", "1"],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "--batch-size");
+}
+
+#[test]
+fn mia_bootstrap_1e12_is_refused_before_any_attack_runs() {
+    let (out, took) = limited(
+        &[
+            "mia",
+            "--checkpoint",
+            "models/digits-mlp.toml",
+            "--attack",
+            "loss",
+            "--timesteps",
+            "10",
+            "--bootstrap",
+            "1000000000000",
+        ],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "--bootstrap");
+}
+
+#[test]
+fn run_audit_runs_1e12_is_refused() {
+    let (out, took) = limited(
+        &[
+            "run",
+            "dpagg-ti",
+            "fixtures/runs/dpagg-ti-digits.toml",
+            "--audit",
+            "--audit-runs",
+            "1000000000000",
+        ],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "--audit-runs");
+}
+
+/// A shipped report with its first plot's points replaced by `xs`/`ys` on the given scales.
+fn report_with_plot(dir: &Path, xs: &[f64], ys: &[f64], x_scale: &str, y_scale: &str) -> PathBuf {
+    let src = std::fs::read(root().join("reports/check-dpsgd-mnist/report.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&src).unwrap();
+    let plot = &mut v["plots"][0];
+    plot["x"]["scale"] = serde_json::json!(x_scale);
+    plot["y"]["scale"] = serde_json::json!(y_scale);
+    let s = &mut plot["series"][0];
+    s["x"] = serde_json::json!(xs);
+    s["y"] = serde_json::json!(ys);
+    let p = dir.join("report.json");
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+    p
+}
+
+#[test]
+fn report_plots_spanning_the_whole_f64_range_render_or_refuse_quickly() {
+    let d = tempfile::tempdir().unwrap();
+    for (xs, ys, sx, sy) in [
+        (vec![1e-308, 1.0, 1e308], vec![1e-308, 1e-5, 1e308], "log", "log"),
+        (vec![-1e308, 0.0, 1e308], vec![-1e308, 1.0, 1e308], "linear", "linear"),
+        (vec![5e-324, 1e308], vec![1.0, 2.0], "log", "linear"),
+    ] {
+        let rep = report_with_plot(d.path(), &xs, &ys, sx, sy);
+        let out_dir = d.path().join(format!("out-{sx}-{sy}"));
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let (out, took) = limited(
+            &["report", rep.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--force"],
+            &[],
+            SECS_60,
+        );
+        let err = stderr(&out);
+        assert!(
+            out.status.code() == Some(0) || (out.status.code() == Some(2) && err.contains("plot")),
+            "{sx}/{sy}: {:?} after {took:?}: {err}",
+            out.status
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(took < Duration::from_secs(30), "{sx}/{sy}: {took:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// No super-linear surprises.
+
+fn many_part_event(n: usize) -> String {
+    let mut s = String::from("schema_version = 1\ndelta = 1e-5\n[event]\ntype = \"composed\"\n");
+    for i in 0..n {
+        s.push_str(&format!(
+            "[[event.events]]\ntype = \"gaussian\"\nnoise_multiplier = {}\n",
+            1000.0 + i as f64 * 0.001
+        ));
+    }
+    s
+}
+
+#[test]
+fn a_100k_part_composed_event_is_collected_and_accounted_in_under_a_second() {
+    use dpaudit::accountants::AccountantKind;
+    let f: dpaudit::events::EventFile = toml::from_str(&many_part_event(100_000)).unwrap();
+    let start = Instant::now();
+    let comps = f.event.components().unwrap();
+    let r = AccountantKind::Gdp
+        .build()
+        .epsilon(&f.event, f.neighbouring, 1e-5)
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(comps.len(), 100_000, "distinct parts stay distinct");
+    assert!(r.epsilon.is_finite() && r.epsilon > 0.0);
+    assert!(took < Duration::from_secs(1), "accounting 100k parts took {took:?}");
+    // Equal parts still merge: the same 100k parts twice give the same components, doubled.
+    let twice = dpaudit::events::DpEvent::Composed {
+        events: vec![f.event.clone(), f.event.clone()],
+    };
+    let c2 = twice.components().unwrap();
+    assert_eq!(c2.len(), 100_000);
+    assert!(c2.iter().all(|c| c.count == 2));
+}
+
+#[test]
+fn a_100k_part_event_file_through_the_cli_finishes() {
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "e.toml", &many_part_event(100_000));
+    let (out, took) = limited(
+        &["account", "--event", p.to_str().unwrap(), "--accountant", "gdp", "--delta", "1e-5"],
+        &[],
+        SECS_60,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+#[test]
+fn dpagg_ti_with_1e18_releases_and_a_budget_ends_and_counts_the_refusals() {
+    let d = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(root().join("fixtures/runs/dpagg-ti-digits.toml")).unwrap();
+    let emb = root().join("fixtures/embeddings/digits-proj16-label3.csv");
+    let cfg = src
+        .replace("releases = 5", "releases = 1000000000000000000")
+        .replace("\"../embeddings/digits-proj16-label3.csv\"", &format!("\"{}\"", emb.display()));
+    assert!(cfg.contains("releases = 1000000000000000000") && cfg.contains("budget_epsilon"));
+    let p = write(d.path(), "run.toml", &cfg);
+    let out_dir = d.path().join("out");
+    let (out, took) = limited(
+        &["run", "dpagg-ti", p.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--format", "json"],
+        &[],
+        SECS_60,
+    );
+    assert_eq!(out.status.code(), Some(0), "{:?} {}", out.status, stderr(&out));
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)));
+    let text = v.to_string();
+    // released + refused = 1e18 (the budget admits only a few).
+    let find = |k: &str| -> u64 {
+        fn walk(v: &serde_json::Value, k: &str) -> Option<u64> {
+            match v {
+                serde_json::Value::Object(o) => o
+                    .get(k)
+                    .and_then(|x| x.as_u64())
+                    .or_else(|| o.values().find_map(|x| walk(x, k))),
+                serde_json::Value::Array(a) => a.iter().find_map(|x| walk(x, k)),
+                _ => None,
+            }
+        }
+        walk(&v, k).unwrap_or_else(|| panic!("no `{k}` in {text}"))
+    };
+    let (released, refused) = (find("released"), find("refused"));
+    assert!(released >= 1 && released < 100, "released {released}");
+    assert_eq!(released + refused, 1_000_000_000_000_000_000);
+}
+
+#[test]
+fn dpagg_ti_with_1e18_releases_and_no_budget_is_refused_by_the_limits() {
+    use dpaudit::pipelines::embeddings::Embeddings;
+    use dpaudit::pipelines::mechanisms::{run_dpagg_ti, DpaggTi, Fault, SigmaRule};
+    let raw = Embeddings::load_csv(&root().join("fixtures/embeddings/digits-proj16-label3.csv")).unwrap();
+    let mech = DpaggTi::new(&raw, 16, 1.0, None, SigmaRule::Classic, None, Fault::None).unwrap();
+    let start = Instant::now();
+    let e = run_dpagg_ti(&mech, 1_000_000_000_000_000_000, None, 1).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("releases"));
+    assert!(e.message.contains("limit"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values: non-finite numbers and wrong dtypes.
+
+#[test]
+fn mia_timesteps_nan_t_is_refused_not_read_as_step_zero() {
+    for bad in ["nanT", "infT", "T/nan", "NaNT/4", "-0.5T"] {
+        let flag = format!("--timesteps={bad}");
+        let (out, took) = limited(
+            &["mia", "--checkpoint", "models/digits-mlp.toml", "--attack", "loss", &flag],
+            &[],
+            SECS_60,
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--timesteps") && err.contains(bad), "{bad}: {err}");
+        assert!(took < Duration::from_secs(20));
+    }
+}
+
+/// Writes the shipped weights with every tensor passed through `f`, and a card for them.
+fn weights_variant(dir: &Path, f: impl Fn(&str, candle_core::Tensor) -> candle_core::Tensor) -> PathBuf {
+    let dev = candle_core::Device::Cpu;
+    let t = candle_core::safetensors::load(root().join("models/digits-mlp.safetensors"), &dev).unwrap();
+    let t: std::collections::HashMap<String, candle_core::Tensor> = t.into_iter().map(|(k, v)| {
+        let v2 = f(&k, v);
+        (k, v2)
+    }).collect();
+    let w = dir.join("w.safetensors");
+    candle_core::safetensors::save(&t, &w).unwrap();
+    let sha = sha256_hex(&std::fs::read(&w).unwrap());
+    card_with(dir, &w, &sha, |s| s)
+}
+
+#[test]
+fn i32_weights_are_refused_naming_the_dtype() {
+    let d = tempfile::tempdir().unwrap();
+    let card = weights_variant(d.path(), |_, v| v.to_dtype(candle_core::DType::I32).unwrap());
+    let (out, _) = limited(
+        &["mia", "--checkpoint", card.to_str().unwrap(), "--attack", "loss", "--timesteps", "10"],
+        &[],
+        SECS_60,
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("dtype i32") && err.contains("f32"), "{err}");
+}
+
+#[test]
+fn train_init_from_nan_weights_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let card = weights_variant(d.path(), |k, v| {
+        if k.starts_with("output") {
+            (v * f64::NAN).unwrap()
+        } else {
+            v
+        }
+    });
+    let stem = d.path().join("out");
+    let (out, _) = limited(
+        &["train", "--init", card.to_str().unwrap(), "--out", stem.to_str().unwrap(), "--steps", "1"],
+        &[],
+        SECS_60,
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("non-finite"), "{err}");
+    assert!(!stem.with_extension("toml").exists(), "a checkpoint was written from NaN weights");
+}
+
+#[test]
+fn embeddings_of_1e308_keep_their_direction_when_normalised() {
+    use dpaudit::pipelines::embeddings::{norm, Embeddings};
+    let e = Embeddings::new(vec![vec![1e308, 1e308, 0.0], vec![-1e308, 0.0, 0.0], vec![5e-324, 0.0, 5e-324]]).unwrap();
+    let u = e.normalised().unwrap();
+    let h = std::f64::consts::FRAC_1_SQRT_2;
+    assert!((u.rows[0][0] - h).abs() < 1e-15 && (u.rows[0][1] - h).abs() < 1e-15, "{:?}", u.rows[0]);
+    assert_eq!(u.rows[1], vec![-1.0, 0.0, 0.0]);
+    assert!((u.rows[2][0] - h).abs() < 1e-15, "{:?}", u.rows[2]);
+    assert!(u.rows.iter().all(|r| (norm(r) - 1.0).abs() < 1e-15));
+    assert_eq!(norm(&[1e308, 1e308]), 1e308 * std::f64::consts::SQRT_2);
+}
+
+#[test]
+fn rdp_and_gdp_delta_that_underflows_is_a_positive_upper_bound_not_zero() {
+    for acc in ["rdp", "gdp"] {
+        let o = super::common::dpaudit(&[
+            "account",
+            "--noise-multiplier",
+            "0.5",
+            "--steps",
+            "1",
+            "--epsilon",
+            "2000",
+            "--accountant",
+            acc,
+            "--format",
+            "json",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let text = v.to_string();
+        let r = v["results"]
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["accountant"] == acc))
+            .unwrap_or_else(|| panic!("no {acc} result in {text}"));
+        let delta = r["delta"].as_f64().unwrap();
+        assert!(delta > 0.0, "{acc}: δ = {delta} reported for a positive true δ: {r}");
+        assert!(delta < 1e-300, "{acc}: δ = {delta}");
+        assert_ne!(r["kind"], "exact", "{acc}: a rounded δ is not exact: {r}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Closed pipes.
+
+#[test]
+fn a_closed_stdout_pipe_ends_quietly_without_a_panic() {
+    for args in [
+        vec!["analyze", "fixtures/samplers/edm-cifar10-paper.toml"],
+        vec!["account", "--noise-multiplier", "1.1", "--sample-rate", "0.004", "--steps", "1000", "--delta", "1e-5"],
+        vec!["report", "reports/check-dpsgd-mnist/report.json", "--format", "md"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+            .args(&args)
+            .current_dir(root())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before anything is written (as `| head -0` would).
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    }
+}
