@@ -17,5 +17,6 @@ mod integration {
     mod pipelines;
     mod pld;
     mod rdp;
+    mod shard;
     mod reports;
 }

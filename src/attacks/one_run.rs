@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn pure_dp_bound_closed_form() {
         assert!((p_value(100, 10, 10, 0.0, 0.0) - 2f64.powi(-10)).abs() < 1e-15);
-        let beta = 0.05;
+        let beta: f64 = 0.05;
         let q = beta.powf(0.1);
         let want = (q / (1.0 - q)).ln();
         let got = epsilon_lower(100, 10, 10, 0.0, beta);

@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod check;
 pub mod common;
 pub mod completions;
+pub mod merge;
 pub mod mia;
 pub mod report;
 pub mod run;
@@ -62,6 +63,8 @@ pub enum Command {
     Train(train::Args),
     /// Membership-inference attacks on a trained denoiser.
     Mia(mia::Args),
+    /// Merge the part files of a sharded `mia` run into one report.
+    Merge(merge::Args),
     /// Generate shell completions.
     Completions(completions::Args),
 }
@@ -91,6 +94,7 @@ where
         Command::Run(a) => run::run(a),
         Command::Train(a) => train::run(a),
         Command::Mia(a) => mia::run(a),
+        Command::Merge(a) => merge::run(a),
         Command::Completions(a) => completions::run(a),
     };
     match result {
