@@ -18,6 +18,7 @@ mod integration {
     mod pipelines;
     mod pld;
     mod rdp;
+    mod shard;
     mod reports;
     mod verdicts;
 }

@@ -205,6 +205,7 @@ pub fn pia_distances(d: &dyn Denoiser, rows: &[f32], t: usize, p: f64) -> Result
 }
 
 /// Scores of `rows` ([n, dim]) at step `t`. `train_rows` are the empirical denoiser's data.
+/// Row i's noise is keyed by its position i (see [`scores_keyed`]).
 pub fn scores(
     kind: AttackKind,
     d: &dyn Denoiser,
@@ -213,18 +214,54 @@ pub fn scores(
     t: usize,
     o: &ScoreOpts,
 ) -> Result<Vec<f64>> {
+    let keys: Vec<u64> = (0..(rows.len() / d.dim().max(1)) as u64).collect();
+    scores_keyed(kind, d, train_rows, rows, &keys, t, o)
+}
+
+/// The noise stream of one scored record: seeded by the attack, the step, the seed and the
+/// record's key alone, so a record's score does not depend on which other records are scored
+/// with it (what makes `mia --shard i/n` + `merge` equal to one unsharded run).
+fn record_rng(seed: u64, key: u64) -> ChaCha8Rng {
+    // splitmix64 finaliser: neighbouring keys give unrelated seeds.
+    let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ChaCha8Rng::seed_from_u64(seed ^ z ^ (z >> 31))
+}
+
+/// [`scores`] with an explicit key per row (e.g. its data row index): the loss and empirical
+/// attacks draw each row's noise from a stream keyed by (seed, attack, t, key).
+pub fn scores_keyed(
+    kind: AttackKind,
+    d: &dyn Denoiser,
+    train_rows: &[f32],
+    rows: &[f32],
+    keys: &[u64],
+    t: usize,
+    o: &ScoreOpts,
+) -> Result<Vec<f64>> {
     check_step(d, t)?;
     let dim = d.dim();
     let n = rows.len() / dim;
+    if keys.len() != n {
+        return Err(Error::input(format!("{} record keys for {n} rows", keys.len())));
+    }
     let seed = o.seed ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ (kind as u64) << 56;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rngs: Vec<ChaCha8Rng> = keys.iter().map(|&k| record_rng(seed, k)).collect();
+    let draw_noise = |rngs: &mut [ChaCha8Rng]| -> Vec<f32> {
+        let mut eps = Vec::with_capacity(n * dim);
+        for r in rngs.iter_mut() {
+            eps.extend(normals(r, dim));
+        }
+        eps
+    };
     let draws = o.noise_draws.max(1);
     match kind {
         AttackKind::Loss => {
             let mut acc = vec![0.0; n];
             let tt = vec![t; n];
             for _ in 0..draws {
-                let eps = normals(&mut rng, n * dim);
+                let eps = draw_noise(&mut rngs);
                 let pred = d.predict_eps(&noisy(d.alpha_bars(), dim, rows, &tt, &eps), &tt)?;
                 for (a, e) in acc.iter_mut().zip(row_lp(&eps, &pred, dim, 2.0)) {
                     *a -= e;
@@ -241,10 +278,10 @@ pub fn scores(
             let mut acc = vec![0.0; n];
             let tt = vec![t; n];
             for _ in 0..draws {
-                let eps = normals(&mut rng, n * dim);
+                let eps = draw_noise(&mut rngs);
                 let xt = noisy(d.alpha_bars(), dim, rows, &tt, &eps);
                 for i in 0..n {
-                    let mask = (o.empirical_rate < 1.0).then(|| poisson_mask(m, o.empirical_rate, &mut rng));
+                    let mask = (o.empirical_rate < 1.0).then(|| poisson_mask(m, o.empirical_rate, &mut rngs[i]));
                     let e = emp.eps(&xt[i * dim..(i + 1) * dim], abar, mask.as_deref());
                     let err: f64 = e
                         .iter()

@@ -20,4 +20,5 @@ pub mod one_run;
 pub mod pipeline;
 pub mod render;
 pub mod scores;
+pub mod shard;
 pub mod theory;

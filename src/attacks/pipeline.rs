@@ -368,31 +368,62 @@ pub fn score_checkpoint(
     plan: &MiaPlan,
     bar: Option<&ProgressBar>,
 ) -> Result<Vec<ScoreRecord>> {
+    Ok(score_checkpoint_shard(ck, data, split, plan, bar, None)?
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect())
+}
+
+/// Key of a canary's noise stream: above every data row index.
+const CANARY_KEY_BASE: u64 = 1 << 48;
+
+/// [`score_checkpoint`] restricted to one shard: the records at positions p with
+/// p mod n = i of the unsharded run's record list (split rows: members then non-members, then
+/// canaries), each with its position, so [`super::shard::merge`] can restore the unsharded
+/// order. Every record's noise is keyed by its data row (or canary) index, so its score is the
+/// same whichever shard computes it.
+pub fn score_checkpoint_shard(
+    ck: &Checkpoint,
+    data: &Dataset,
+    split: &SplitManifest,
+    plan: &MiaPlan,
+    bar: Option<&ProgressBar>,
+    shard: Option<super::shard::ShardSpec>,
+) -> Result<Vec<(usize, ScoreRecord)>> {
     let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
     let members = data.rows(&member_ix);
-    let nonmembers = data.rows(&nonmember_ix);
-    let ids: Vec<String> = member_ix.iter().chain(&nonmember_ix).map(|i| i.to_string()).collect();
-    let labels: Vec<bool> = member_ix
-        .iter()
-        .map(|_| true)
-        .chain(nonmember_ix.iter().map(|_| false))
-        .collect();
+    let mine = |p: usize| shard.is_none_or(|s| s.owns(p));
+    let split_pos: Vec<usize> = (0..member_ix.len() + nonmember_ix.len()).filter(|&p| mine(p)).collect();
+    let all_ix: Vec<usize> = member_ix.iter().chain(&nonmember_ix).copied().collect();
+    let q_ix: Vec<usize> = split_pos.iter().map(|&p| all_ix[p]).collect();
+    let q_rows = data.rows(&q_ix);
+    let q_keys: Vec<u64> = q_ix.iter().map(|&i| i as u64).collect();
+    let ids: Vec<String> = q_ix.iter().map(|i| i.to_string()).collect();
+    let labels: Vec<bool> = split_pos.iter().map(|&p| p < member_ix.len()).collect();
     let canaries = match plan.audit {
         Some(AuditKind::OneRun) => Some(super::canary::Canaries::of_checkpoint(ck)?),
         _ => None,
     };
+    let base = all_ix.len();
     let mut out = Vec::new();
     for &kind in &plan.attacks {
         for &t in &plan.timesteps {
             if let Some(b) = bar {
                 b.set_message(format!("{} at t = {t}", kind.as_str()));
             }
-            let mut s = mia::scores(kind, ck, &members, &members, t, &plan.score)?;
-            s.extend(mia::scores(kind, ck, &members, &nonmembers, t, &plan.score)?);
-            out.extend(scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s));
+            let s = mia::scores_keyed(kind, ck, &members, &q_rows, &q_keys, t, &plan.score)?;
+            let recs = scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s);
+            out.extend(split_pos.iter().copied().zip(recs));
             if let (Some(c), Target::Checkpoint) = (&canaries, kind.target()) {
-                let s = mia::scores(kind, ck, &members, &c.rows, t, &plan.score)?;
-                out.extend(scores::records(kind, t, ScoreSet::Canary, &c.ids, &c.included, &s));
+                let dim = ck.dim();
+                let pos: Vec<usize> = (0..c.ids.len()).filter(|&j| mine(base + j)).collect();
+                let rows: Vec<f32> = pos.iter().flat_map(|&j| c.rows[j * dim..(j + 1) * dim].iter().copied()).collect();
+                let keys: Vec<u64> = pos.iter().map(|&j| CANARY_KEY_BASE + j as u64).collect();
+                let cids: Vec<String> = pos.iter().map(|&j| c.ids[j].clone()).collect();
+                let inc: Vec<bool> = pos.iter().map(|&j| c.included[j]).collect();
+                let s = mia::scores_keyed(kind, ck, &members, &rows, &keys, t, &plan.score)?;
+                let recs = scores::records(kind, t, ScoreSet::Canary, &cids, &inc, &s);
+                out.extend(pos.iter().map(|&j| base + j).zip(recs));
             }
             if let Some(b) = bar {
                 b.inc(1);
@@ -677,6 +708,23 @@ pub fn run(
         )?;
     }
     let records = score_checkpoint(ck, data, split, plan, bar)?;
+    let report = assemble(ck, data, split, plan, device, &records, bar, start)?;
+    Ok((report, records))
+}
+
+/// The report of a checkpoint's scored `records` (from [`score_checkpoint`], or merged shards):
+/// metrics, audits, comparisons with the ledger, and the Table-2 / cosine extras of `plan`.
+#[allow(clippy::too_many_arguments)]
+pub fn assemble(
+    ck: &Checkpoint,
+    data: &Dataset,
+    split: &SplitManifest,
+    plan: &MiaPlan,
+    device: &str,
+    records: &[ScoreRecord],
+    bar: Option<&ProgressBar>,
+    start: std::time::Instant,
+) -> Result<MiaReport> {
     let ck_basis = checkpoint_basis(ck, plan.metric.delta)?;
     let ck_name = ck.card_path.display().to_string();
     let Evaluated {
@@ -685,7 +733,7 @@ pub fn run(
         one_run,
         many_runs,
         comparisons,
-    } = evaluate_scores(&records, plan, ck_basis.as_ref(), Some(&ck_name))?;
+    } = evaluate_scores(records, plan, ck_basis.as_ref(), Some(&ck_name))?;
     let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
     let members = data.rows(&member_ix);
     let nonmembers = data.rows(&nonmember_ix);
@@ -706,31 +754,28 @@ pub fn run(
         warnings.extend(b.skipped.iter().map(|s| format!("accountant not used: {s}")));
     }
     let c = &ck.card;
-    Ok((
-        MiaReport {
-            schema: "dpaudit.mia/2".into(),
-            target: Some(target_info(ck)),
-            scores_file: None,
-            split: c.data.split.clone(),
-            data: c.data.file.clone(),
-            device: device.to_string(),
-            seed: plan.score.seed,
-            delta: plan.metric.delta,
-            confidence: 1.0 - plan.metric.alpha,
-            checkpoint_basis: ck_basis,
-            sampler_basis: plan.sampler.clone(),
-            results,
-            null_results,
-            one_run,
-            many_runs,
-            comparisons,
-            warnings,
-            cosine,
-            table2,
-            elapsed_s: start.elapsed().as_secs_f64(),
-        },
-        records,
-    ))
+    Ok(MiaReport {
+        schema: "dpaudit.mia/2".into(),
+        target: Some(target_info(ck)),
+        scores_file: None,
+        split: c.data.split.clone(),
+        data: c.data.file.clone(),
+        device: device.to_string(),
+        seed: plan.score.seed,
+        delta: plan.metric.delta,
+        confidence: 1.0 - plan.metric.alpha,
+        checkpoint_basis: ck_basis,
+        sampler_basis: plan.sampler.clone(),
+        results,
+        null_results,
+        one_run,
+        many_runs,
+        comparisons,
+        warnings,
+        cosine,
+        table2,
+        elapsed_s: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// The report from a scores file; the checkpoint (optional) supplies the training ledger.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use crate::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
 use crate::attacks::pipeline::{self, AuditKind, MiaPlan, Table2Opts};
+use crate::attacks::shard::{MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
 use crate::attacks::{render, scores};
 use crate::cli::common::Format;
 use crate::error::Error;
@@ -116,6 +117,11 @@ pub struct Args {
     /// Write every ROC point (with the theoretical TPR limit) as CSV.
     #[arg(long)]
     pub roc_out: Option<PathBuf>,
+    /// Score only shard I of N (0-based, e.g. 3/8) and write a part file
+    /// `mia-part-I-of-N.json` (scores with the inputs' hashes) into --out DIR; `dpaudit merge`
+    /// turns the N parts into the report of one unsharded run.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<String>,
     #[arg(long, value_enum, default_value = "auto")]
     /// Device to run the model on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
@@ -131,7 +137,7 @@ pub struct Args {
 }
 
 /// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
-fn plan(a: &Args, parse_t: Option<&dyn Fn(&str) -> crate::Result<usize>>) -> anyhow::Result<MiaPlan> {
+pub(crate) fn plan(a: &Args, parse_t: Option<&dyn Fn(&str) -> crate::Result<usize>>) -> anyhow::Result<MiaPlan> {
     let steps = |v: &[String]| -> crate::Result<Vec<usize>> {
         match parse_t {
             Some(f) => v.iter().map(|s| f(s)).collect(),
@@ -231,6 +237,9 @@ fn run_diffusers(
 
 /// Runs `dpaudit mia`.
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    if let Some(spec) = &a.shard {
+        return run_shard(&a, spec);
+    }
     // Fail fast on a bad output path, before the long run.
     for p in a.out.iter().chain(&a.roc_out).chain(&a.scores_out) {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -272,33 +281,46 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             out
         }
     };
+    emit(&report, &records, a.format, a.out.as_ref(), a.roc_out.as_ref(), a.scores_out.as_ref())
+}
+
+/// Writes `report` (and the ROC / score files asked for) and maps its violations to the exit
+/// code; shared by `mia` and `merge`.
+pub(crate) fn emit(
+    report: &pipeline::MiaReport,
+    records: &[scores::ScoreRecord],
+    format: Format,
+    out: Option<&PathBuf>,
+    roc_out: Option<&PathBuf>,
+    scores_out: Option<&PathBuf>,
+) -> anyhow::Result<i32> {
     let shared = |f: crate::report::ExportFormat| -> anyhow::Result<String> {
         Ok(String::from_utf8(crate::report::export(
             &report.to_report(&crate::report::command_line()),
             f,
         )?)?)
     };
-    let body = match a.format {
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
-        Format::Csv => render::csv(&report),
+    let body = match format {
+        Format::Json => serde_json::to_string_pretty(report)? + "\n",
+        Format::Csv => render::csv(report),
         Format::Md => shared(crate::report::ExportFormat::Md)?,
         Format::Html => shared(crate::report::ExportFormat::Html)?,
-        Format::Text => render::text(&report),
+        Format::Text => render::text(report),
     };
     let write = |p: &PathBuf, text: String| -> anyhow::Result<()> {
         std::fs::write(p, text).map_err(|e| Error::io(p, &e))?;
         eprintln!("wrote {}", p.display());
         Ok(())
     };
-    match &a.out {
+    match out {
         Some(p) => write(p, body)?,
         None => print!("{body}"),
     }
-    if let Some(p) = &a.roc_out {
-        write(p, render::roc_csv(&report))?;
+    if let Some(p) = roc_out {
+        write(p, render::roc_csv(report))?;
     }
-    if let Some(p) = &a.scores_out {
-        write(p, scores::to_csv(&records))?;
+    if let Some(p) = scores_out {
+        write(p, scores::to_csv(records))?;
     }
     let violations = report.violations();
     for c in &violations {
@@ -309,4 +331,64 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     } else {
         crate::cli::EXIT_VIOLATED
     })
+}
+
+/// `mia --shard i/n`: scores one shard and writes its part file into `--out DIR`.
+fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
+    let spec: ShardSpec = spec.parse()?;
+    if a.scores.is_some() {
+        return Err(Error::field("--shard", "shards score a checkpoint; merge parts with `dpaudit merge`, not --scores").into());
+    }
+    for (given, flag) in [(a.roc_out.is_some(), "--roc-out"), (a.scores_out.is_some(), "--scores-out")] {
+        if given {
+            return Err(Error::field(flag, "not with --shard: give it to `dpaudit merge`").into());
+        }
+    }
+    let dir = a
+        .out
+        .as_ref()
+        .ok_or_else(|| Error::field("--out", "--shard needs --out DIR (the part file is written there)"))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
+    let path = dir.join(spec.file_name());
+    if path.exists() {
+        return Err(Error::input("part file exists already: remove it or choose another --out").with_file(&path).into());
+    }
+    let card = a.checkpoint.as_ref().ok_or_else(|| Error::field("--checkpoint", "required with --shard"))?;
+    let dev = device::select(a.device)?;
+    eprintln!("device: {}   shard {}/{}", device::describe(&dev), spec.index, spec.count);
+    let ck = Checkpoint::load(card, &dev)?;
+    let plan = plan(a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
+    let part_plan = PartPlan::of(&plan)?;
+    let data_path = a.data.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.file));
+    let split_path = a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split));
+    let data = Dataset::load(&data_path)?;
+    let split = SplitManifest::load(&split_path)?;
+    let inputs = PartInputs::of(&ck.card_path, &data_path, &split_path)?;
+    let total = (plan.attacks.len() * plan.timesteps.len()) as u64;
+    let bar = crate::report::progress::bar(total, a.quiet, "mia shard");
+    let recs = pipeline::score_checkpoint_shard(&ck, &data, &split, &plan, Some(&bar), Some(spec))?;
+    bar.finish_and_clear();
+    let part = MiaPart {
+        schema: PART_SCHEMA.into(),
+        shard: spec,
+        inputs,
+        plan: part_plan,
+        records: recs.iter().map(|(p, r)| PartRecord::new(*p, r)).collect(),
+    };
+    let text = serde_json::to_string(&part)? + "\n";
+    write_new_atomically(&path, text.as_bytes())?;
+    eprintln!("wrote {} ({} records)", path.display(), part.records.len());
+    Ok(crate::cli::EXIT_OK)
+}
+
+/// Writes `bytes` to a temporary file beside `path`, syncs it and renames it into place,
+/// refusing to replace an existing file: a crash never leaves a partial part file.
+fn write_new_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, &e))?;
+    tmp.write_all(bytes).map_err(|e| Error::io(path, &e))?;
+    tmp.as_file().sync_all().map_err(|e| Error::io(path, &e))?;
+    tmp.persist_noclobber(path).map_err(|e| Error::io(path, &e.error))?;
+    Ok(())
 }

@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod check;
 pub mod common;
 pub mod completions;
+pub mod merge;
 pub mod mia;
 pub mod model;
 pub mod report;
@@ -65,6 +66,8 @@ pub enum Command {
     Mia(mia::Args),
     /// Run or describe a diffusers checkpoint (UNet2DModel).
     Model(model::Args),
+    /// Merge the part files of a sharded `mia` run into one report.
+    Merge(merge::Args),
     /// Generate shell completions.
     Completions(completions::Args),
 }
@@ -95,6 +98,7 @@ where
         Command::Train(a) => train::run(a),
         Command::Mia(a) => mia::run(a),
         Command::Model(a) => model::run(a),
+        Command::Merge(a) => merge::run(a),
         Command::Completions(a) => completions::run(a),
     };
     match result {

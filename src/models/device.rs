@@ -37,7 +37,7 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Cuda => {
             #[cfg(feature = "cuda")]
             {
-                Device::new_cuda(0).map_err(|e| Error::field("--device", format!("cannot open CUDA device 0: {e}")))
+                Device::new_cuda(0).map_err(|e| Error::field("--device", cuda_open_error(&e.to_string())))
             }
             #[cfg(not(feature = "cuda"))]
             {
@@ -48,6 +48,19 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
             }
         }
     }
+}
+
+/// The message for a CUDA device that cannot be opened: the first line of candle's error (its
+/// backtrace dropped), with the usual cause spelled out.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn cuda_open_error(candle_message: &str) -> String {
+    let first = candle_message.lines().next().unwrap_or("").trim();
+    let hint = if first.contains("CUDA_ERROR_STUB_LIBRARY") || first.contains("CUDA_ERROR_NO_DEVICE") {
+        "no NVIDIA driver or GPU on this machine; use --device cpu or auto"
+    } else {
+        "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or use --device cpu"
+    };
+    format!("cannot open CUDA device 0 ({first}): {hint}")
 }
 
 /// A short description: "cpu" or "cuda:0".
@@ -64,16 +77,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_always_works_and_auto_falls_back() {
-        assert!(select(DeviceChoice::Cpu).unwrap().is_cpu());
-        let d = select(DeviceChoice::Auto).unwrap();
-        #[cfg(not(feature = "cuda"))]
+    fn cpu_always_works() {
+        let d = select(DeviceChoice::Cpu).unwrap();
         assert!(d.is_cpu());
-        let _ = describe(&d);
-        #[cfg(not(feature = "cuda"))]
-        assert_eq!(
-            select(DeviceChoice::Cuda).unwrap_err().field.as_deref(),
-            Some("--device")
-        );
+        assert!(describe(&d).starts_with("cpu ("));
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_the_feature_auto_is_cpu_and_cuda_is_refused() {
+        assert!(select(DeviceChoice::Auto).unwrap().is_cpu());
+        let e = select(DeviceChoice::Cuda).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("--device"));
+        assert!(e.to_string().contains("built without the `cuda` feature"), "{e}");
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn with_the_feature_cuda_opens_a_gpu_or_fails_cleanly() {
+        match select(DeviceChoice::Cuda) {
+            Ok(d) => {
+                assert!(d.is_cuda());
+                assert_eq!(describe(&d), "cuda:0");
+                assert!(select(DeviceChoice::Auto).unwrap().is_cuda());
+            }
+            Err(e) => {
+                assert_eq!(e.field.as_deref(), Some("--device"));
+                assert!(!e.to_string().contains("backtrace"), "{e}");
+                assert!(select(DeviceChoice::Auto).unwrap().is_cpu());
+            }
+        }
+    }
+
+    #[test]
+    fn cuda_errors_drop_candle_backtraces() {
+        let m = cuda_open_error("DriverError(CUDA_ERROR_STUB_LIBRARY, \"x\")\n   0: candle_core::error::Error::bt\n");
+        assert!(!m.contains("candle_core::error"), "{m}");
+        assert!(m.contains("CUDA_ERROR_STUB_LIBRARY") && m.contains("--device cpu"), "{m}");
     }
 }

@@ -1,0 +1,359 @@
+//! Sharded attacks: `mia --shard i/n` scores one n-th of the records and writes a part file with
+//! the hashes of its inputs; [`merge`] checks that parts belong together and rebuilds the record
+//! list of the unsharded run, so the merged report equals one run's (dpaudit never schedules:
+//! Slurm job arrays or Kubernetes Indexed Jobs run the shards, docs/scale-out.md).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::mia::{AttackKind, MetricOpts, ScoreOpts};
+use super::pipeline::{AuditKind, Basis, MiaPlan};
+use super::scores::{ScoreRecord, ScoreSet};
+use crate::error::{Error, Result};
+use crate::models::data::sha256_file;
+
+/// Schema tag of a part file.
+pub const PART_SCHEMA: &str = "dpaudit.mia-part/1";
+
+/// The most shards one run may be cut into.
+pub const MAX_SHARDS: usize = 100_000;
+
+/// Shard `index` of `count` (0-based), as written `i/n` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardSpec {
+    /// This shard, 0 ≤ index < count.
+    pub index: usize,
+    /// Number of shards.
+    pub count: usize,
+}
+
+impl ShardSpec {
+    /// Whether the record at `position` of the unsharded record list is this shard's
+    /// (round robin: position mod count = index, so shards get equal shares of every set).
+    pub fn owns(&self, position: usize) -> bool {
+        position % self.count == self.index
+    }
+
+    /// The part file's name: `mia-part-<i>-of-<n>.json`.
+    pub fn file_name(&self) -> String {
+        format!("mia-part-{}-of-{}.json", self.index, self.count)
+    }
+}
+
+impl FromStr for ShardSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::field(
+                "--shard",
+                format!("expected i/n with 0 ≤ i < n ≤ {MAX_SHARDS} (e.g. 0/4), got `{s}`"),
+            )
+        };
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let index: usize = i.trim().parse().map_err(|_| bad())?;
+        let count: usize = n.trim().parse().map_err(|_| bad())?;
+        if count == 0 || count > MAX_SHARDS || index >= count {
+            return Err(bad());
+        }
+        Ok(ShardSpec { index, count })
+    }
+}
+
+/// What a part was computed from: paths as given and SHA-256 of their bytes. The checkpoint
+/// card's hash covers the weights (the card carries the weights' SHA-256, checked on load).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartInputs {
+    /// Checkpoint card path.
+    pub checkpoint: PathBuf,
+    /// SHA-256 of the card.
+    pub checkpoint_sha256: String,
+    /// Data file path.
+    pub data: PathBuf,
+    /// SHA-256 of the data file.
+    pub data_sha256: String,
+    /// Split manifest path.
+    pub split: PathBuf,
+    /// SHA-256 of the split manifest.
+    pub split_sha256: String,
+}
+
+impl PartInputs {
+    /// Hashes the three inputs.
+    pub fn of(checkpoint: &Path, data: &Path, split: &Path) -> Result<Self> {
+        Ok(PartInputs {
+            checkpoint: checkpoint.to_path_buf(),
+            checkpoint_sha256: sha256_file(checkpoint)?,
+            data: data.to_path_buf(),
+            data_sha256: sha256_file(data)?,
+            split: split.to_path_buf(),
+            split_sha256: sha256_file(split)?,
+        })
+    }
+
+    /// Same bytes (paths may differ between machines).
+    fn same_content(&self, other: &PartInputs) -> bool {
+        self.checkpoint_sha256 == other.checkpoint_sha256
+            && self.data_sha256 == other.data_sha256
+            && self.split_sha256 == other.split_sha256
+    }
+}
+
+/// Everything of a [`MiaPlan`] that a shard's scores and the merged metrics depend on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartPlan {
+    /// Attacks, in order.
+    pub attacks: Vec<AttackKind>,
+    /// Steps, in order.
+    pub timesteps: Vec<usize>,
+    /// Attack knobs (seed included).
+    pub score: ScoreOpts,
+    /// Bootstrap resamples.
+    pub bootstrap: usize,
+    /// Interval level.
+    pub level: f64,
+    /// δ of the guarantees and audits.
+    pub delta: f64,
+    /// Audit α.
+    pub alpha: f64,
+    /// Seed of the held-out split and bootstrap.
+    pub metric_seed: u64,
+    /// Null test requested.
+    pub null_test: bool,
+    /// The audit.
+    pub audit: Option<AuditKind>,
+    /// The sampler's accounting for the empirical attack.
+    pub sampler: Option<Basis>,
+}
+
+impl PartPlan {
+    /// The part-relevant fields of `plan`; refuses the extras that are not sharded.
+    pub fn of(plan: &MiaPlan) -> Result<Self> {
+        if plan.table2.is_some() {
+            return Err(Error::field("--shard", "cannot be combined with --table2 (run it unsharded)"));
+        }
+        if !plan.cosine_steps.is_empty() {
+            return Err(Error::field("--shard", "cannot be combined with --cosine (run it unsharded)"));
+        }
+        Ok(PartPlan {
+            attacks: plan.attacks.clone(),
+            timesteps: plan.timesteps.clone(),
+            score: plan.score,
+            bootstrap: plan.metric.bootstrap,
+            level: plan.metric.level,
+            delta: plan.metric.delta,
+            alpha: plan.metric.alpha,
+            metric_seed: plan.metric.seed,
+            null_test: plan.null_test,
+            audit: plan.audit,
+            sampler: plan.sampler.clone(),
+        })
+    }
+
+    /// The plan back.
+    pub fn to_plan(&self) -> MiaPlan {
+        MiaPlan {
+            attacks: self.attacks.clone(),
+            timesteps: self.timesteps.clone(),
+            score: self.score,
+            metric: MetricOpts {
+                bootstrap: self.bootstrap,
+                level: self.level,
+                delta: self.delta,
+                alpha: self.alpha,
+                seed: self.metric_seed,
+            },
+            null_test: self.null_test,
+            table2: None,
+            cosine_steps: Vec::new(),
+            audit: self.audit,
+            sampler: self.sampler.clone(),
+        }
+    }
+}
+
+/// One scored record and its position in the unsharded run's record list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartRecord {
+    /// Position of the record (within its attack and step) in the unsharded run.
+    pub position: usize,
+    /// Record identifier.
+    pub record_id: String,
+    /// Member (canaries: included).
+    pub member: bool,
+    /// The attack.
+    pub attack: AttackKind,
+    /// The step.
+    pub t: usize,
+    /// The score (JSON floats round-trip exactly).
+    pub score: f64,
+    /// The population.
+    pub set: ScoreSet,
+}
+
+impl PartRecord {
+    /// The record at `position`.
+    pub fn new(position: usize, r: &ScoreRecord) -> Self {
+        PartRecord {
+            position,
+            record_id: r.record_id.clone(),
+            member: r.member,
+            attack: r.attack,
+            t: r.t,
+            score: r.score,
+            set: r.set,
+        }
+    }
+
+    fn record(&self) -> ScoreRecord {
+        ScoreRecord {
+            record_id: self.record_id.clone(),
+            member: self.member,
+            attack: self.attack,
+            t: self.t,
+            score: self.score,
+            set: self.set,
+        }
+    }
+}
+
+/// A part file: one shard's scores with what they were computed from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MiaPart {
+    /// [`PART_SCHEMA`].
+    pub schema: String,
+    /// Which shard.
+    pub shard: ShardSpec,
+    /// Inputs and their hashes.
+    pub inputs: PartInputs,
+    /// The plan.
+    pub plan: PartPlan,
+    /// The shard's records.
+    pub records: Vec<PartRecord>,
+}
+
+impl MiaPart {
+    /// Reads a part file, naming it in every error.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, &e))?;
+        let part: MiaPart = serde_json::from_str(&text)
+            .map_err(|e| Error::input(format!("not a dpaudit part file: {e}")).with_file(path))?;
+        if part.schema != PART_SCHEMA {
+            return Err(Error::field("schema", format!("`{}`, expected `{PART_SCHEMA}`", part.schema)).with_file(path));
+        }
+        if part.shard.count == 0 || part.shard.count > MAX_SHARDS || part.shard.index >= part.shard.count {
+            return Err(Error::field("shard", "index must be below count").with_file(path));
+        }
+        Ok(part)
+    }
+}
+
+/// The merged parts: inputs, plan, and the records in the unsharded run's order.
+#[derive(Debug)]
+pub struct Merged {
+    /// The inputs (of the first part).
+    pub inputs: PartInputs,
+    /// The plan shared by all parts.
+    pub plan: PartPlan,
+    /// Every record, in the order one unsharded run produces them.
+    pub records: Vec<ScoreRecord>,
+}
+
+/// Checks that `parts` are the complete set of one sharded run (same input hashes, same plan,
+/// shards 0..n each exactly once, no record twice) and restores the unsharded record order:
+/// by attack, then step (in plan order), then position.
+pub fn merge(parts: &[(PathBuf, MiaPart)]) -> Result<Merged> {
+    let (first_path, first) = parts.first().ok_or_else(|| Error::input("merge needs at least one part file"))?;
+    let n = first.shard.count;
+    let mut seen = vec![None::<&Path>; n];
+    for (path, p) in parts {
+        if !p.inputs.same_content(&first.inputs) {
+            return Err(Error::input(format!(
+                "computed from other inputs than {} (checkpoint, data or split hash differs)",
+                first_path.display()
+            ))
+            .with_file(path));
+        }
+        if serde_json::to_value(&p.plan).ok() != serde_json::to_value(&first.plan).ok() {
+            return Err(Error::input(format!(
+                "computed with another plan (attacks, steps, seed or metric settings) than {}",
+                first_path.display()
+            ))
+            .with_file(path));
+        }
+        if p.shard.count != n {
+            return Err(Error::field("shard", format!("{} shards here, {n} in {}", p.shard.count, first_path.display()))
+                .with_file(path));
+        }
+        if let Some(prev) = seen[p.shard.index] {
+            return Err(Error::field("shard", format!("shard {}/{n} also in {}", p.shard.index, prev.display()))
+                .with_file(path));
+        }
+        seen[p.shard.index] = Some(path);
+    }
+    let missing: Vec<String> = seen
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.is_none())
+        .map(|(i, _)| format!("{i}/{n}"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::input(format!("missing shard(s): {}", missing.join(", "))));
+    }
+    let attack_ix = |a: AttackKind| first.plan.attacks.iter().position(|&b| b == a);
+    let t_ix = |t: usize| first.plan.timesteps.iter().position(|&u| u == t);
+    let mut keyed = Vec::new();
+    for (path, p) in parts {
+        for r in &p.records {
+            let (Some(a), Some(t)) = (attack_ix(r.attack), t_ix(r.t)) else {
+                return Err(Error::input(format!(
+                    "record {} ({} at t = {}) is outside the plan",
+                    r.record_id,
+                    r.attack.as_str(),
+                    r.t
+                ))
+                .with_file(path));
+            };
+            if !p.shard.owns(r.position) {
+                return Err(Error::input(format!(
+                    "record at position {} does not belong to shard {}/{n}",
+                    r.position, p.shard.index
+                ))
+                .with_file(path));
+            }
+            keyed.push(((a, t, r.position), r));
+        }
+    }
+    keyed.sort_by_key(|(k, _)| *k);
+    if let Some(w) = keyed.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Error::input(format!("record {} appears twice", w[0].1.record_id)));
+    }
+    Ok(Merged {
+        inputs: first.inputs.clone(),
+        plan: first.plan.clone(),
+        records: keyed.into_iter().map(|(_, r)| r.record()).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_specs_parse_and_refuse() {
+        assert_eq!("3/8".parse::<ShardSpec>().unwrap(), ShardSpec { index: 3, count: 8 });
+        for bad in ["8/8", "1/0", "x/2", "1", "-1/4", "0/100001"] {
+            let e = bad.parse::<ShardSpec>().unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("--shard"), "{bad}");
+        }
+        let s = ShardSpec { index: 1, count: 4 };
+        let owned: Vec<usize> = (0..10).filter(|&p| s.owns(p)).collect();
+        assert_eq!(owned, vec![1, 5, 9]);
+        assert_eq!(s.file_name(), "mia-part-1-of-4.json");
+    }
+}
