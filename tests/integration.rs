@@ -18,7 +18,7 @@ mod integration {
     mod pipelines;
     mod pld;
     mod rdp;
-    mod shard;
     mod reports;
+    mod shard;
     mod verdicts;
 }

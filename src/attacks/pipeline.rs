@@ -417,7 +417,10 @@ pub fn score_checkpoint_shard(
             if let (Some(c), Target::Checkpoint) = (&canaries, kind.target()) {
                 let dim = ck.dim();
                 let pos: Vec<usize> = (0..c.ids.len()).filter(|&j| mine(base + j)).collect();
-                let rows: Vec<f32> = pos.iter().flat_map(|&j| c.rows[j * dim..(j + 1) * dim].iter().copied()).collect();
+                let rows: Vec<f32> = pos
+                    .iter()
+                    .flat_map(|&j| c.rows[j * dim..(j + 1) * dim].iter().copied())
+                    .collect();
                 let keys: Vec<u64> = pos.iter().map(|&j| CANARY_KEY_BASE + j as u64).collect();
                 let cids: Vec<String> = pos.iter().map(|&j| c.ids[j].clone()).collect();
                 let inc: Vec<bool> = pos.iter().map(|&j| c.included[j]).collect();

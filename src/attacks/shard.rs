@@ -133,10 +133,16 @@ impl PartPlan {
     /// The part-relevant fields of `plan`; refuses the extras that are not sharded.
     pub fn of(plan: &MiaPlan) -> Result<Self> {
         if plan.table2.is_some() {
-            return Err(Error::field("--shard", "cannot be combined with --table2 (run it unsharded)"));
+            return Err(Error::field(
+                "--shard",
+                "cannot be combined with --table2 (run it unsharded)",
+            ));
         }
         if !plan.cosine_steps.is_empty() {
-            return Err(Error::field("--shard", "cannot be combined with --cosine (run it unsharded)"));
+            return Err(Error::field(
+                "--shard",
+                "cannot be combined with --cosine (run it unsharded)",
+            ));
         }
         Ok(PartPlan {
             attacks: plan.attacks.clone(),
@@ -268,7 +274,9 @@ pub struct Merged {
 /// shards 0..n each exactly once, no record twice) and restores the unsharded record order:
 /// by attack, then step (in plan order), then position.
 pub fn merge(parts: &[(PathBuf, MiaPart)]) -> Result<Merged> {
-    let (first_path, first) = parts.first().ok_or_else(|| Error::input("merge needs at least one part file"))?;
+    let (first_path, first) = parts
+        .first()
+        .ok_or_else(|| Error::input("merge needs at least one part file"))?;
     let n = first.shard.count;
     let mut seen = vec![None::<&Path>; n];
     for (path, p) in parts {
@@ -287,12 +295,18 @@ pub fn merge(parts: &[(PathBuf, MiaPart)]) -> Result<Merged> {
             .with_file(path));
         }
         if p.shard.count != n {
-            return Err(Error::field("shard", format!("{} shards here, {n} in {}", p.shard.count, first_path.display()))
-                .with_file(path));
+            return Err(Error::field(
+                "shard",
+                format!("{} shards here, {n} in {}", p.shard.count, first_path.display()),
+            )
+            .with_file(path));
         }
         if let Some(prev) = seen[p.shard.index] {
-            return Err(Error::field("shard", format!("shard {}/{n} also in {}", p.shard.index, prev.display()))
-                .with_file(path));
+            return Err(Error::field(
+                "shard",
+                format!("shard {}/{n} also in {}", p.shard.index, prev.display()),
+            )
+            .with_file(path));
         }
         seen[p.shard.index] = Some(path);
     }

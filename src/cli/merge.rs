@@ -65,11 +65,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let path = given.clone().unwrap_or_else(|| recorded.clone());
         let got = sha256_file(&path)?;
         if got != want {
-            return Err(Error::input(format!("{what} has SHA-256 {got}; the parts were computed from {want}")).with_file(&path));
+            return Err(
+                Error::input(format!("{what} has SHA-256 {got}; the parts were computed from {want}")).with_file(&path),
+            );
         }
         Ok(path)
     };
-    let card = checked(&a.checkpoint, &inputs.checkpoint, &inputs.checkpoint_sha256, "the checkpoint card")?;
+    let card = checked(
+        &a.checkpoint,
+        &inputs.checkpoint,
+        &inputs.checkpoint_sha256,
+        "the checkpoint card",
+    )?;
     let data_path = checked(&a.data, &inputs.data, &inputs.data_sha256, "the data file")?;
     let split_path = checked(&a.split, &inputs.split, &inputs.split_sha256, "the split manifest")?;
     let dev = device::select(device::DeviceChoice::Cpu)?;
@@ -79,5 +86,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let plan = merged.plan.to_plan();
     let report = pipeline::assemble(&ck, &data, &split, &plan, "merged shards", &merged.records, None, start)?;
     eprintln!("merged {} parts, {} records", parts.len(), merged.records.len());
-    super::mia::emit(&report, &merged.records, a.format, a.out.as_ref(), a.roc_out.as_ref(), a.scores_out.as_ref())
+    super::mia::emit(
+        &report,
+        &merged.records,
+        a.format,
+        a.out.as_ref(),
+        a.roc_out.as_ref(),
+        a.scores_out.as_ref(),
+    )
 }

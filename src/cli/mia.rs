@@ -281,7 +281,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             out
         }
     };
-    emit(&report, &records, a.format, a.out.as_ref(), a.roc_out.as_ref(), a.scores_out.as_ref())
+    emit(
+        &report,
+        &records,
+        a.format,
+        a.out.as_ref(),
+        a.roc_out.as_ref(),
+        a.scores_out.as_ref(),
+    )
 }
 
 /// Writes `report` (and the ROC / score files asked for) and maps its violations to the exit
@@ -337,9 +344,16 @@ pub(crate) fn emit(
 fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
     let spec: ShardSpec = spec.parse()?;
     if a.scores.is_some() {
-        return Err(Error::field("--shard", "shards score a checkpoint; merge parts with `dpaudit merge`, not --scores").into());
+        return Err(Error::field(
+            "--shard",
+            "shards score a checkpoint; merge parts with `dpaudit merge`, not --scores",
+        )
+        .into());
     }
-    for (given, flag) in [(a.roc_out.is_some(), "--roc-out"), (a.scores_out.is_some(), "--scores-out")] {
+    for (given, flag) in [
+        (a.roc_out.is_some(), "--roc-out"),
+        (a.scores_out.is_some(), "--scores-out"),
+    ] {
         if given {
             return Err(Error::field(flag, "not with --shard: give it to `dpaudit merge`").into());
         }
@@ -351,11 +365,23 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
     let path = dir.join(spec.file_name());
     if path.exists() {
-        return Err(Error::input("part file exists already: remove it or choose another --out").with_file(&path).into());
+        return Err(
+            Error::input("part file exists already: remove it or choose another --out")
+                .with_file(&path)
+                .into(),
+        );
     }
-    let card = a.checkpoint.as_ref().ok_or_else(|| Error::field("--checkpoint", "required with --shard"))?;
+    let card = a
+        .checkpoint
+        .as_ref()
+        .ok_or_else(|| Error::field("--checkpoint", "required with --shard"))?;
     let dev = device::select(a.device)?;
-    eprintln!("device: {}   shard {}/{}", device::describe(&dev), spec.index, spec.count);
+    eprintln!(
+        "device: {}   shard {}/{}",
+        device::describe(&dev),
+        spec.index,
+        spec.count
+    );
     let ck = Checkpoint::load(card, &dev)?;
     let plan = plan(a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
     let part_plan = PartPlan::of(&plan)?;
@@ -385,7 +411,10 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
 /// refusing to replace an existing file: a crash never leaves a partial part file.
 fn write_new_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, &e))?;
     tmp.write_all(bytes).map_err(|e| Error::io(path, &e))?;
     tmp.as_file().sync_all().map_err(|e| Error::io(path, &e))?;

@@ -113,6 +113,9 @@ mod tests {
     fn cuda_errors_drop_candle_backtraces() {
         let m = cuda_open_error("DriverError(CUDA_ERROR_STUB_LIBRARY, \"x\")\n   0: candle_core::error::Error::bt\n");
         assert!(!m.contains("candle_core::error"), "{m}");
-        assert!(m.contains("CUDA_ERROR_STUB_LIBRARY") && m.contains("--device cpu"), "{m}");
+        assert!(
+            m.contains("CUDA_ERROR_STUB_LIBRARY") && m.contains("--device cpu"),
+            "{m}"
+        );
     }
 }

@@ -58,13 +58,26 @@ fn four_shards_merged_equal_one_unsharded_run() {
         })
         .collect();
     let total: usize = sizes.iter().sum();
-    assert!(sizes.iter().all(|&s| s * 4 <= total + 4 * 6 && s * 4 + 4 * 6 >= total), "{sizes:?}");
+    assert!(
+        sizes.iter().all(|&s| s * 4 <= total + 4 * 6 && s * 4 + 4 * 6 >= total),
+        "{sizes:?}"
+    );
     let mut merge = vec!["merge"];
     merge.extend(parts.iter().map(String::as_str));
     merge.extend_from_slice(&["--format", "json"]);
     let merged = json(&merge);
-    for key in ["results", "null_results", "one_run", "many_runs", "comparisons", "checkpoint_basis"] {
-        assert_eq!(merged[key], full[key], "{key} differs between merged shards and one run");
+    for key in [
+        "results",
+        "null_results",
+        "one_run",
+        "many_runs",
+        "comparisons",
+        "checkpoint_basis",
+    ] {
+        assert_eq!(
+            merged[key], full[key],
+            "{key} differs between merged shards and one run"
+        );
     }
     assert_eq!(merged["results"].as_array().unwrap().len(), 6);
     // The merged record list is the unsharded one: the scores CSVs agree line for line.
@@ -98,7 +111,11 @@ fn parts_that_do_not_belong_together_are_refused() {
             args.extend_from_slice(&ATTACK[..ATTACK.len() - 1]);
             args.extend_from_slice(&["8", "--shard", &spec, "--out", other.path().to_str().unwrap()]);
             assert_eq!(dpaudit(&args).status.code(), Some(0));
-            other.path().join(format!("mia-part-{i}-of-2.json")).display().to_string()
+            other
+                .path()
+                .join(format!("mia-part-{i}-of-2.json"))
+                .display()
+                .to_string()
         })
         .collect();
     let o = dpaudit(&["merge", &parts[0], &reseeded[1]]);
@@ -111,7 +128,15 @@ fn parts_that_do_not_belong_together_are_refused() {
     let o = dpaudit(&again);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("exists already"), "{}", stderr(&o));
-    let o = dpaudit(&["mia", "--checkpoint", "models/digits-mlp.toml", "--shard", "2/2", "--out", "x"]);
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        "models/digits-mlp.toml",
+        "--shard",
+        "2/2",
+        "--out",
+        "x",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--shard"), "{}", stderr(&o));
 }
