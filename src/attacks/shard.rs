@@ -246,7 +246,8 @@ pub struct MiaPart {
 impl MiaPart {
     /// Reads a part file, naming it in every error.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, &e))?;
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+        let text = crate::limits::read_text_capped(file, path)?;
         let part: MiaPart = serde_json::from_str(&text)
             .map_err(|e| Error::input(format!("not a dpaudit part file: {e}")).with_file(path))?;
         if part.schema != PART_SCHEMA {

@@ -402,22 +402,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         records: recs.iter().map(|(p, r)| PartRecord::new(*p, r)).collect(),
     };
     let text = serde_json::to_string(&part)? + "\n";
-    write_new_atomically(&path, text.as_bytes())?;
+    crate::report::output::write_atomic(&path, text.as_bytes(), false)?;
     eprintln!("wrote {} ({} records)", path.display(), part.records.len());
     Ok(crate::cli::EXIT_OK)
-}
-
-/// Writes `bytes` to a temporary file beside `path`, syncs it and renames it into place,
-/// refusing to replace an existing file: a crash never leaves a partial part file.
-fn write_new_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, &e))?;
-    tmp.write_all(bytes).map_err(|e| Error::io(path, &e))?;
-    tmp.as_file().sync_all().map_err(|e| Error::io(path, &e))?;
-    tmp.persist_noclobber(path).map_err(|e| Error::io(path, &e.error))?;
-    Ok(())
 }
