@@ -10,6 +10,7 @@ mod integration {
     mod clt;
     pub mod common;
     mod gdp;
+    mod outputs;
     mod pipelines;
     mod pld;
     mod rdp;

@@ -2,18 +2,15 @@
 //! event that meets a target ε at δ, on the safe side (see
 //! [`crate::accountants::calibrate`]).
 
-use serde::Serialize;
-
-use super::account::{check_delta_flag, check_format, check_q, check_sigma, NeighbouringArg};
-use super::common::Format;
-use crate::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
-use crate::accountants::{AccountResult, AccountantKind, BoundKind};
+use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg};
+use super::common::{Format, OutputArgs};
+use crate::accountants::calibrate::{DpSgd, SolveFor};
+use crate::accountants::AccountantKind;
+use crate::audit::calibrate::{self, Plan};
 use crate::error::{Error, Result};
-use crate::events::{DpEvent, Neighbouring};
+use crate::events::Neighbouring;
 
-/// JSON schema version of `calibrate` output.
-pub const SCHEMA_VERSION: u32 = 1;
-
+/// `--solve-for` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SolveForArg {
     NoiseMultiplier,
@@ -67,31 +64,12 @@ pub struct Args {
     /// Neighbouring relation.
     #[arg(long, value_enum, default_value = "add-remove")]
     pub neighbouring: NeighbouringArg,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
-#[derive(Debug, Serialize)]
-struct Output {
-    schema_version: u32,
-    solve_for: SolveFor,
-    value: f64,
-    target_epsilon: f64,
-    delta: f64,
-    accountant: AccountantKind,
-    kind: BoundKind,
-    /// ε the accountant reports at `value` (≤ target).
-    epsilon: f64,
-    event: DpEvent,
-    neighbouring: Neighbouring,
-    evaluations: usize,
-    result: AccountResult,
-    warnings: Vec<String>,
-}
-
-fn plan(args: &Args) -> Result<(AccountantKind, DpSgd, SolveFor, f64, f64, Format)> {
-    let format = check_format(args.format)?;
+/// Flags → a validated calibration plan.
+fn plan(args: &Args) -> Result<Plan> {
     let kind: AccountantKind = args.accountant.trim().parse()?;
     let target = args.target_epsilon;
     if !(target.is_finite() && target > 0.0) {
@@ -169,9 +147,9 @@ fn plan(args: &Args) -> Result<(AccountantKind, DpSgd, SolveFor, f64, f64, Forma
             n
         }
     };
-    Ok((
-        kind,
-        DpSgd {
+    Ok(Plan {
+        accountant: kind,
+        fixed: DpSgd {
             noise_multiplier: sigma,
             sample_rate: q,
             steps,
@@ -179,77 +157,21 @@ fn plan(args: &Args) -> Result<(AccountantKind, DpSgd, SolveFor, f64, f64, Forma
         solve_for,
         target,
         delta,
-        format,
-    ))
+        neighbouring: Neighbouring::from(args.neighbouring),
+    })
 }
 
+/// Runs `dpaudit calibrate`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let (kind, fixed, solve_for, target, delta, format) = plan(&args)?;
-    let neighbouring = Neighbouring::from(args.neighbouring);
-    let acc = kind.build();
-    let mut warnings = Vec::new();
-    if kind == AccountantKind::Clt {
-        let w = "the clt accountant gives an ESTIMATE (DRS Thm 3.5), not a guarantee: the calibrated value \
-                 may not meet the target; use --accountant pld or rdp for a sound answer"
-            .to_string();
-        eprintln!("WARNING: {w}");
-        warnings.push(w);
+    let out = args.output.prepare(Format::Text, &[])?;
+    let plan = plan(&args)?;
+    if plan.accountant == AccountantKind::Clt {
+        eprintln!("WARNING: the clt accountant gives an ESTIMATE (DRS Thm 3.5), not a guarantee");
     }
-    let c = calibrate_dpsgd(&*acc, neighbouring, delta, target, fixed, solve_for)?;
-    let out = Output {
-        schema_version: SCHEMA_VERSION,
-        solve_for,
-        value: c.value,
-        target_epsilon: target,
-        delta,
-        accountant: kind,
-        kind: c.result.kind,
-        epsilon: c.result.epsilon,
-        event: c.event.clone(),
-        neighbouring,
-        evaluations: c.evaluations,
-        result: c.result.clone(),
-        warnings,
-    };
-    match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
-        Format::Csv => {
-            println!("solve_for,value,target_epsilon,delta,accountant,kind,epsilon");
-            println!(
-                "{},{:e},{:e},{:e},{},{},{:e}",
-                solve_for.as_str(),
-                out.value,
-                target,
-                delta,
-                kind.as_str(),
-                out.kind.as_str(),
-                out.epsilon
-            );
-        }
-        _ => {
-            let v = match solve_for {
-                SolveFor::Steps => format!("{}", out.value as u64),
-                _ => format!("{}", out.value),
-            };
-            println!("Event:");
-            for line in out.event.ledger().lines() {
-                println!("  {line}");
-            }
-            println!(
-                "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
-                solve_for.as_str(),
-                out.epsilon,
-                kind.as_str(),
-                match out.kind {
-                    BoundKind::Estimate => "ESTIMATE, not a guarantee",
-                    BoundKind::UpperBound => "upper bound",
-                    BoundKind::Exact => "exact",
-                }
-            );
-            for w in &out.warnings {
-                println!("WARNING: {w}");
-            }
-        }
-    }
+    let progress = crate::report::progress::Progress::new(None, out.quiet, "calibrate");
+    progress.set_message(format!("solving for {}", plan.solve_for.as_str()));
+    let (c, rep) = calibrate::calibrate(&plan)?;
+    progress.finish();
+    out.finish(&rep, &calibrate::text(&plan, &c), Vec::new())?;
     Ok(super::EXIT_OK)
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use crate::attacks::mia::{AttackKind, AttackResult, MetricOpts, ScoreOpts};
 use crate::attacks::pipeline::{self, MiaPlan, MiaReport, Table2Opts};
-use crate::cli::common::Format;
+use crate::cli::common::{Format, OutputArgs};
 use crate::error::Error;
 use crate::models::{device, Checkpoint, Dataset, DeviceChoice, SplitManifest};
 
@@ -17,7 +17,7 @@ Examples:
 
   # The strongly DP (RAPID) checkpoint: empirical ASR beside the limit its ledger implies,
   # plus the null test (labels shuffled at random: ε_lower must be 0):
-  dpaudit mia --checkpoint models/digits-rapid.toml --null-test --format json --out mia.json
+  dpaudit mia --checkpoint models/digits-rapid.toml --null-test --format json > mia.json
 
   # Table-2-style comparison (diffusion-sampling-privacy §6.4): cosine similarity of empirical
   # and neural denoising directions, theoretical ASR of the empirical-denoiser sampler at
@@ -27,8 +27,9 @@ Examples:
   # The ROC of every attack with the theoretical TPR limit, for plotting:
   dpaudit mia --checkpoint models/digits-rapid.toml --roc-out roc.csv
 
-Formats: text (default), json and csv (this command's own records), md and html (the shared
-report: tables, the ROC against the theoretical limit, the cosine profile).
+Formats: text (default), csv (one row per attack), json, md and html (the shared report:
+tables, the ROC against the theoretical limit, the cosine profile). --out DIR writes the report
+in every format plus mia.json (the detailed record) and mia.csv.
 
 Exit codes: 0 ok; 1 an attack's ε lower bound exceeds the accounted ε (the accounting or the
 training is wrong); 2 bad input (e.g. checkpoint and config do not match).";
@@ -83,19 +84,13 @@ pub struct Args {
     /// Steps of a cosine-similarity profile (the paper's Figure 1), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub cosine: Vec<String>,
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: Format,
-    /// Write the report here instead of stdout.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Write every ROC point (with the theoretical TPR limit) as CSV.
     #[arg(long)]
     pub roc_out: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "auto")]
     pub device: DeviceChoice,
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
 }
 
 fn ci(v: f64, i: &crate::attacks::metrics::Interval) -> String {
@@ -304,6 +299,11 @@ fn roc_csv(r: &MiaReport) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    // Output locations are checked (and existing files refused) before any work.
+    let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
+    if let Some(p) = &a.roc_out {
+        crate::report::output::check_file(p, out.force)?;
+    }
     if !(a.confidence > 0.0 && a.confidence < 1.0) {
         return Err(Error::field("--confidence", "must be in (0, 1)").into());
     }
@@ -318,7 +318,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let dev = device::select(a.device)?;
     let dev_name = device::describe(&dev);
-    eprintln!("device: {dev_name}");
+    crate::report::progress::note(&format!("device: {dev_name}"));
     let ck = Checkpoint::load(&a.checkpoint, &dev)?;
     let data_path = a.data.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.file));
     let split_path = a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split));
@@ -357,41 +357,24 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }),
         cosine_steps,
     };
-    // Fail fast on a bad output path, before the long run.
-    if let Some(p) = a.out.iter().chain(a.roc_out.iter()).next() {
-        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.is_dir() {
-                return Err(Error::input(format!("output folder {} does not exist", dir.display())).into());
-            }
-        }
-    }
     let total = (plan.attacks.len() * plan.timesteps.len() + plan.table2.as_ref().map_or(0, |t| t.steps.len())) as u64;
-    let bar = crate::report::progress::bar(total, a.quiet, "mia");
+    let bar = crate::report::progress::bar(total, out.quiet, "mia");
     let report = pipeline::run(&ck, &data, &split, &plan, &dev_name, Some(&bar))?;
     bar.finish_and_clear();
-    let body = match a.format {
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
-        Format::Csv => csv(&report),
-        Format::Md => String::from_utf8(crate::report::export(
-            &report.to_report(&crate::report::command_line()),
-            crate::report::ExportFormat::Md,
-        )?)?,
-        Format::Html => String::from_utf8(crate::report::export(
-            &report.to_report(&crate::report::command_line()),
-            crate::report::ExportFormat::Html,
-        )?)?,
-        Format::Text => text(&report),
-    };
-    match &a.out {
-        Some(p) => {
-            std::fs::write(p, body).map_err(|e| Error::io(p, &e))?;
-            eprintln!("wrote {}", p.display());
-        }
-        None => print!("{body}"),
-    }
+    let mut rep = report.to_report(&crate::report::command_line());
+    rep.audit = "mia".into();
+    rep.conclude();
+    let detail = serde_json::to_vec_pretty(&report)?;
+    out.finish_with_csv(
+        &rep,
+        &text(&report),
+        "mia.csv",
+        csv(&report).into_bytes(),
+        vec![("mia.json".to_string(), detail)],
+    )?;
     if let Some(p) = &a.roc_out {
-        std::fs::write(p, roc_csv(&report)).map_err(|e| Error::io(p, &e))?;
-        eprintln!("wrote {}", p.display());
+        crate::report::output::write_atomic(p, roc_csv(&report).as_bytes(), out.force)?;
+        crate::report::progress::note(&format!("wrote {}", p.display()));
     }
     // An empirical lower bound above the accounted upper bound refutes the accounting.
     if let Some((eps, src)) = crate::attacks::theory::tightest(&report.guarantees, |g| g.epsilon) {

@@ -1,15 +1,14 @@
 //! `dpaudit sweep <sampler.toml> --sigma-min A..B --points N [--log] [axes…]`: a grid of
 //! settings, evaluated in parallel, one output row per grid point (deterministic order).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use crate::accountants::AccountantKind;
-use crate::cli::common::{parse_accountants, Format};
+use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use crate::cli::EXIT_OK;
-use crate::diffusion::sweep::{self, SweepRow, SweepSpec};
+use crate::diffusion::sweep::{self, SweepSpec};
 use crate::diffusion::SamplerConfig;
 use crate::error::{Error, Result};
+use crate::report::progress::Progress;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \
@@ -17,7 +16,9 @@ dpaudit sweep fixtures/samplers/edm-cifar10-paper.toml --sigma-min 0.002..5 --po
 --subsample-rate 1,0.5,0.01 --format csv > sweep.csv\n\n\
 Every accountant is its own set of columns (<name>_epsilon, <name>_kind, <name>_status). The default\n\
 accountants are gdp (exact at p = 1; full-batch upper bound at p < 1) and clt (an estimate, never a\n\
-guarantee); add pld/rdp with --accountant gdp,clt,pld (slower). The step convention is a column.")]
+guarantee); add pld/rdp with --accountant gdp,clt,pld (slower). The step convention is a column.\n\
+--format csv (the default) prints that one table; json, md and html give the report with the plot\n\
+of ε against the swept axis (bounds solid, estimates dashed, --max-epsilon as the budget line).")]
 pub struct Args {
     /// Sampler configuration (TOML, constant density).
     pub config: PathBuf,
@@ -45,15 +46,12 @@ pub struct Args {
     /// Accountants (gdp, clt, rdp, pld or all).
     #[arg(long, default_value = "gdp,clt")]
     pub accountant: String,
-    /// Output format (text, json or csv).
-    #[arg(long, value_enum, default_value_t = Format::Csv)]
-    pub format: Format,
-    /// Write the output to this file instead of stdout.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// An ε budget, drawn as a line on the plot and counted in the conclusion.
+    #[arg(long, value_name = "E")]
+    pub max_epsilon: Option<f64>,
+    /// Output grammar (default format for this command: csv).
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, s: &Option<String>) -> Result<Vec<T>> {
@@ -92,7 +90,14 @@ pub fn parse_range(s: &str) -> Result<(f64, f64)> {
     Ok((a, b))
 }
 
+/// Runs `dpaudit sweep`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    let out = args.output.prepare(Format::Csv, &["sweep.csv"])?;
+    if let Some(b) = args.max_epsilon {
+        if !(b.is_finite() && b >= 0.0) {
+            return Err(Error::field("--max-epsilon", format!("must be a finite number ≥ 0, got {b}")).into());
+        }
+    }
     let accountants = parse_accountants(&args.accountant)?;
     let cfg = SamplerConfig::load(&args.config)?;
     let sigma_min = match &args.sigma_min {
@@ -110,88 +115,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         samples: list("--samples", &args.samples)?,
         accountants: accountants.clone(),
     };
-    let n = sweep::grid_configs(&cfg, &spec)
-        .map_err(|e| e.with_file(&args.config))?
-        .len();
-    let show = !args.quiet && std::io::stdout().is_terminal() && n >= 50;
-    let bar = if show {
-        let b = indicatif::ProgressBar::new(n as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} grid points ({eta})")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        Some(b)
-    } else {
-        None
-    };
-    let tick = || {
-        if let Some(b) = &bar {
-            b.inc(1);
-        }
-    };
-    let rows = sweep::run(&cfg, &spec, &tick).map_err(|e| e.with_file(&args.config))?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    let out = match args.format {
-        Format::Csv => sweep::to_csv(&rows, &accountants)?,
-        Format::Json => serde_json::to_string_pretty(&rows)? + "\n",
-        Format::Text => render_text(&rows, &accountants),
-        Format::Md | Format::Html => {
-            return Err(Error::unsupported("sweep writes text, json or csv").into());
-        }
-    };
-    match &args.out {
-        Some(p) => std::fs::write(p, out).map_err(|e| Error::io(p, &e))?,
-        None => print!("{out}"),
-    }
+    let progress = Progress::new(Some(0), out.quiet, "sweep");
+    let (rows, rep) = crate::audit::sweep::sweep(&cfg, &args.config, &spec, args.max_epsilon, &progress)?;
+    progress.finish();
+    let table = rep
+        .tables
+        .iter()
+        .find(|t| t.id == "sweep")
+        .ok_or_else(|| Error::input("no sweep table"))?;
+    let csv = crate::report::export::table_csv(table)?;
+    out.finish_with_csv(
+        &rep,
+        &crate::audit::sweep::text(&rows, &accountants),
+        "sweep.csv",
+        csv,
+        Vec::new(),
+    )?;
     Ok(EXIT_OK)
-}
-
-fn render_text(rows: &[SweepRow], accountants: &[AccountantKind]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    if let Some(r) = rows.first() {
-        let _ = writeln!(s, "step convention {}", r.convention);
-    }
-    let _ = write!(
-        s,
-        "{:>12} {:>6} {:>10} {:>9} {:>8} {:>8} {:>13}",
-        "sigma_min", "N", "p", "switch", "S", "private", "full μ"
-    );
-    for a in accountants {
-        let _ = write!(s, " {:>14}", format!("{} ε", a.as_str()));
-    }
-    s.push('\n');
-    for r in rows {
-        let _ = write!(
-            s,
-            "{:>12} {:>6} {:>10} {:>9} {:>8} {:>8} {:>13.6e}",
-            r.sigma_min.map(|v| format!("{v:.6}")).unwrap_or_else(|| "-".into()),
-            r.levels,
-            r.subsample_rate,
-            r.switch_at,
-            r.samples,
-            r.private_steps,
-            r.full_batch_mu
-        );
-        for a in accountants {
-            let l = r.accountants.iter().find(|l| l.accountant == *a);
-            let cell = match l {
-                Some(l) => match l.epsilon {
-                    Some(e) if l.status == "ok" => format!("{e:.6}"),
-                    Some(e) => format!("{e:.6}!"),
-                    None => "n/a".into(),
-                },
-                None => "-".into(),
-            };
-            let _ = write!(s, " {cell:>14}");
-        }
-        s.push('\n');
-    }
-    let _ = writeln!(
-        s,
-        "kinds: gdp exact at p = 1, upper bound (no amplification) at p < 1; clt estimate (\"!\" = CLT conditions fail: not a guarantee); pld/rdp upper bounds; n/a = unavailable (see --format csv for reasons)"
-    );
-    s
 }

@@ -43,9 +43,19 @@ pub struct Args {
     /// Which rows of the split to train on (DP and RAPID runs use the members as private data).
     #[arg(long, value_enum, default_value = "members")]
     pub on: Part,
-    /// Output stem: writes <out>.safetensors and <out>.toml.
-    #[arg(long)]
+    /// Output stem: writes <out>.safetensors and <out>.toml (and <out>.ledger.toml for DP runs);
+    /// missing folders are created, existing files are refused before any work unless --force.
+    #[arg(long, value_name = "STEM")]
     pub out: Option<PathBuf>,
+    /// What to print on stdout when done: text, json, csv, md or html (the training report).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<crate::cli::common::Format>,
+    /// Replace the checkpoint (or split manifest) from an earlier run.
+    #[arg(long)]
+    pub force: bool,
+    /// More detail on stderr.
+    #[arg(long, short, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 
     /// Write a new split manifest to this path and exit.
     #[arg(long, value_name = "PATH")]
@@ -103,8 +113,8 @@ pub struct Args {
     pub seed: u64,
     #[arg(long, value_enum, default_value = "auto")]
     pub device: DeviceChoice,
-    /// No progress bar.
-    #[arg(long)]
+    /// No progress bars or notes on stderr.
+    #[arg(long, short, conflicts_with = "verbose")]
     pub quiet: bool,
 
     /// Train with DP-SGD (RAPID Algorithm 2): Poisson sampling, clipping, Gaussian noise, Adam.
@@ -152,22 +162,44 @@ fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// The files a training run writes for `--out STEM`.
+fn stem_files(stem: &Path) -> [PathBuf; 3] {
+    ["safetensors", "toml", "ledger.toml"].map(|ext| PathBuf::from(format!("{}.{ext}", stem.display())))
+}
+
+/// Runs `dpaudit train`.
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    // Output locations are checked (and existing files refused) before any work.
+    let outputs = crate::cli::common::OutputArgs {
+        format: a.format,
+        out: None,
+        force: a.force,
+        quiet: a.quiet,
+        verbose: a.verbose,
+    }
+    .prepare(crate::cli::common::Format::Text, &[])?;
+    if let Some(out) = &a.make_split {
+        crate::report::output::check_file(out, a.force)?;
+    } else if let Some(stem) = &a.out {
+        for p in stem_files(stem) {
+            crate::report::output::check_file(&p, a.force)?;
+        }
+    }
     if let Some(out) = &a.make_split {
         let data = Dataset::load(&a.data)?;
         let m = SplitManifest::random(&data, &path_str(&a.data), a.members, a.nonmembers, a.seed)?;
-        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
-        }
-        std::fs::write(out, m.to_toml()?).map_err(|e| Error::io(out, &e))?;
-        println!(
-            "wrote {}: {} members, {} non-members, {} public (seed {})",
-            out.display(),
-            m.members.len(),
-            m.nonmembers.len(),
-            m.public.len(),
-            a.seed
-        );
+        crate::report::output::write_atomic(out, m.to_toml()?.as_bytes(), a.force)?;
+        crate::report::output::emit_stdout(
+            format!(
+                "wrote {}: {} members, {} non-members, {} public (seed {})\n",
+                out.display(),
+                m.members.len(),
+                m.nonmembers.len(),
+                m.public.len(),
+                a.seed
+            )
+            .as_bytes(),
+        )?;
         return Ok(crate::cli::EXIT_OK);
     }
     let Some(out) = a.out.clone() else {
@@ -200,9 +232,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 return Err(Error::field(
                     "--init",
                     format!(
-                        "{} uses a different noise schedule ({:?})",
+                        "{} uses a different noise schedule (T = {}, β from {} to {}); pass the same --timesteps, --beta-start and --beta-end",
                         p.display(),
-                        ck.card.schedule
+                        ck.card.schedule.timesteps,
+                        ck.card.schedule.beta_start,
+                        ck.card.schedule.beta_end
                     ),
                 )
                 .into());
@@ -396,13 +430,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         dp: dp_info,
     };
     let card_path = checkpoint::save(&out, &net, &mut card)?;
-    println!(
-        "denoising loss (fixed evaluation draws): {:.4} -> {:.4}",
-        log.eval_loss_before, log.eval_loss_after
+    let mut text = format!(
+        "denoising loss (fixed evaluation draws): {} -> {}\nwrote {} and {}\n",
+        crate::report::export::fmt_num(log.eval_loss_before),
+        crate::report::export::fmt_num(log.eval_loss_after),
+        card_path.display(),
+        card.weights
     );
-    println!("wrote {} and {}", card_path.display(), card.weights);
+    let mut ledger_event = None;
     if let Some((p, ev)) = ledger {
-        let text = dp::ledger_toml(
+        let text_ledger = dp::ledger_toml(
             &ev,
             a.delta,
             &format!(
@@ -411,14 +448,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 a.clip
             ),
         )?;
-        std::fs::write(&p, text).map_err(|e| Error::io(&p, &e))?;
-        println!(
-            "wrote {} — account it with: dpaudit account --event {} --delta {}",
+        crate::report::output::write_atomic(&p, text_ledger.as_bytes(), true)?;
+        text.push_str(&format!(
+            "wrote {} — account it with: dpaudit account --event {} --delta {}\n{}",
             p.display(),
             p.display(),
-            a.delta
-        );
-        print!("{}", ev.ledger());
+            a.delta,
+            ev.ledger()
+        ));
+        ledger_event = Some(ev);
     }
+    let rep = crate::audit::train::report(&card, &card_path, ledger_event.as_ref())?;
+    outputs.finish(&rep, &text, Vec::new())?;
     Ok(crate::cli::EXIT_OK)
 }
