@@ -33,6 +33,13 @@ use crate::report::{self, Report};
 pub enum Source {
     /// An event file or a diffusion sampler config, told apart by their keys.
     File(PathBuf),
+    /// An event built from flags (e.g. DP-SGD in epochs, batch and dataset size).
+    Event {
+        /// The event.
+        event: DpEvent,
+        /// How it was given (`flags`).
+        role: &'static str,
+    },
     /// A DP-SGD-style event from flags: `steps` Poisson-sampled Gaussian steps.
     DpSgd {
         /// Noise std / sensitivity.
@@ -116,7 +123,7 @@ pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
     if let Some(budget) = plan.budget {
         let subject = match &plan.source {
             Source::File(p) => format!("ε budget for {}", p.display()),
-            Source::DpSgd { .. } => "ε budget".to_string(),
+            _ => "ε budget".to_string(),
         };
         build::budget_verdict(&mut rep, &subject, budget);
     }
@@ -129,8 +136,8 @@ fn title(plan: &Plan) -> String {
     match (&plan.source, plan.budget.is_some()) {
         (Source::File(p), true) => format!("Privacy budget check: {}", p.display()),
         (Source::File(p), false) => format!("Privacy accounting: {}", p.display()),
-        (Source::DpSgd { .. }, true) => "Privacy budget check: DP-SGD-style event".into(),
-        (Source::DpSgd { .. }, false) => "Privacy accounting: DP-SGD-style event".into(),
+        (_, true) => "Privacy budget check: DP-SGD-style event".into(),
+        (_, false) => "Privacy accounting: DP-SGD-style event".into(),
     }
 }
 
@@ -178,6 +185,16 @@ pub struct Input {
 pub fn load(source: &Source) -> Result<Input> {
     match source {
         Source::File(path) => load_file(path),
+        Source::Event { event, role } => {
+            event.validate()?;
+            Ok(Input {
+                event: event.clone(),
+                neighbouring: Neighbouring::default(),
+                delta: None,
+                role,
+                step_convention: None,
+            })
+        }
         Source::DpSgd {
             noise_multiplier,
             sample_rate,

@@ -23,16 +23,23 @@ pub enum ErrorKind {
 /// The library error: a kind, a message, and optional location context.
 #[derive(Debug, Clone)]
 pub struct Error {
+    /// What went wrong, for exit codes and matching.
     pub kind: ErrorKind,
+    /// Human-readable message.
     pub message: String,
+    /// The file the error is about.
     pub file: Option<PathBuf>,
+    /// Line in that file (1-based).
     pub line: Option<usize>,
+    /// The field or flag, as users write it.
     pub field: Option<String>,
 }
 
+/// Result with the library [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An error of `kind` with `message` and no location.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
             kind,
@@ -50,30 +57,37 @@ impl Error {
     pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::input(message).with_field(field)
     }
+    /// The accountant cannot handle the event (names the sub-event).
     pub fn unsupported(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unsupported, message)
     }
+    /// A numerical failure (no convergence, overflow).
     pub fn numeric(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Numeric, message)
     }
+    /// A model, checkpoint or tensor error.
     pub fn model(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Model, message)
     }
+    /// An I/O error on `path`.
     pub fn io(path: &Path, err: &std::io::Error) -> Self {
         Self::new(ErrorKind::Io, err.to_string()).with_file(path)
     }
+    /// Attaches the file the error is about.
     pub fn with_file(mut self, file: impl AsRef<Path>) -> Self {
         if self.file.is_none() {
             self.file = Some(file.as_ref().to_path_buf());
         }
         self
     }
+    /// Attaches the line in that file.
     pub fn with_line(mut self, line: usize) -> Self {
         if self.line.is_none() {
             self.line = Some(line);
         }
         self
     }
+    /// Attaches the field or flag.
     pub fn with_field(mut self, field: impl Into<String>) -> Self {
         self.field = Some(match self.field.take() {
             // Nested fields read outer.inner.

@@ -13,6 +13,9 @@
 //! mechanisms (RAPID, DP-RDM, DPAgg-TI) to events and runs them, [`attacks`] measures empirical
 //! leakage, [`models`] trains small denoisers, and [`report`] renders everything.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod accountants;
 pub mod attacks;
 pub mod audit;

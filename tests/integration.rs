@@ -11,6 +11,7 @@ mod integration {
     pub mod common;
     mod gdp;
     mod outputs;
+    mod inputs;
     mod pipelines;
     mod pld;
     mod rdp;

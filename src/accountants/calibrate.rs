@@ -17,12 +17,16 @@ use crate::numeric::{brent, tol};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SolveFor {
+    /// Solve for σ, the Gaussian noise multiplier.
     NoiseMultiplier,
+    /// Solve for q, the Poisson sampling rate.
     SampleRate,
+    /// Solve for the number of steps.
     Steps,
 }
 
 impl SolveFor {
+    /// The CLI spelling (`noise-multiplier`, `sample-rate`, `steps`).
     pub fn as_str(self) -> &'static str {
         match self {
             SolveFor::NoiseMultiplier => "noise-multiplier",
@@ -36,8 +40,11 @@ impl SolveFor {
 /// ignored.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DpSgd {
+    /// Noise multiplier σ of each Gaussian step.
     pub noise_multiplier: f64,
+    /// Poisson sampling rate q in (0, 1].
     pub sample_rate: f64,
+    /// Number of steps.
     pub steps: u64,
 }
 
@@ -50,6 +57,7 @@ impl DpSgd {
 /// The answer of a calibration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
+    /// Which parameter was solved for.
     pub solve_for: SolveFor,
     /// The value found (σ, q, or steps as f64), on the safe side of the target.
     pub value: f64,

@@ -39,6 +39,7 @@ pub enum Conversion {
 }
 
 impl Conversion {
+    /// The name used in output (`improved` or `classic`).
     pub fn as_str(self) -> &'static str {
         match self {
             Conversion::Improved => "improved",
@@ -88,7 +89,7 @@ pub fn clamp_rdp(order: f64, rdp: f64) -> Result<f64> {
 }
 
 fn check_order(order: f64) -> Result<()> {
-    if !(order > 1.0) || order.is_nan() {
+    if order.is_nan() || order <= 1.0 {
         return Err(Error::field("orders", format!("RDP orders must be > 1, got {order}")));
     }
     Ok(())

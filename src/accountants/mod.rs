@@ -9,6 +9,7 @@ pub mod convert;
 pub mod gdp;
 pub mod pld;
 pub mod rdp;
+pub mod sound;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -26,18 +27,31 @@ pub enum BoundKind {
     UpperBound,
     /// An approximation (e.g. the GDP central limit theorem): may be below the truth.
     Estimate,
+    /// A sound lower bound on ε (or δ): the truth is never below it. Witnesses violations.
+    LowerBound,
+    /// Computed from the private data itself (e.g. μ along real trajectories of the data's
+    /// density): describes this dataset, not a DP guarantee.
+    DataDependent,
 }
 
 impl BoundKind {
-    /// True when a budget may be checked against this number.
+    /// True when a budget may be checked against this number (a sound *upper* bound: exact or
+    /// upper bound).
     pub fn is_sound(self) -> bool {
-        !matches!(self, BoundKind::Estimate)
+        matches!(self, BoundKind::Exact | BoundKind::UpperBound)
     }
+    /// True when this number is a sound *lower* bound (exact or lower bound).
+    pub fn is_lower(self) -> bool {
+        matches!(self, BoundKind::Exact | BoundKind::LowerBound)
+    }
+    /// The name used in output (`exact`, `upper_bound`, `estimate`).
     pub fn as_str(self) -> &'static str {
         match self {
             BoundKind::Exact => "exact",
             BoundKind::UpperBound => "upper_bound",
             BoundKind::Estimate => "estimate",
+            BoundKind::LowerBound => "lower_bound",
+            BoundKind::DataDependent => "data_dependent",
         }
     }
 }
@@ -46,19 +60,25 @@ impl BoundKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum AccountantKind {
+    /// Exact Gaussian differential privacy (full-batch Gaussians only).
     Gdp,
+    /// Dong–Roth–Su central limit theorem: an estimate, never a bound.
     Clt,
+    /// Rényi DP with conversion to (ε, δ): an upper bound.
     Rdp,
+    /// Privacy-loss distributions composed by FFT: an upper bound.
     Pld,
 }
 
 impl AccountantKind {
+    /// Every accountant, in output order.
     pub const ALL: [AccountantKind; 4] = [
         AccountantKind::Gdp,
         AccountantKind::Clt,
         AccountantKind::Rdp,
         AccountantKind::Pld,
     ];
+    /// The CLI spelling (`gdp`, `clt`, `rdp`, `pld`).
     pub fn as_str(self) -> &'static str {
         match self {
             AccountantKind::Gdp => "gdp",
@@ -71,7 +91,7 @@ impl AccountantKind {
     pub fn build(self) -> Box<dyn Accountant> {
         match self {
             AccountantKind::Gdp => Box::new(gdp::GdpAccountant),
-            AccountantKind::Clt => Box::new(clt::CltAccountant::default()),
+            AccountantKind::Clt => Box::new(clt::CltAccountant),
             AccountantKind::Rdp => Box::new(rdp::RdpAccountant::default()),
             AccountantKind::Pld => Box::new(pld::PldAccountant::default()),
         }
@@ -100,6 +120,7 @@ impl std::str::FromStr for AccountantKind {
 pub struct Diagnostic {
     /// Stable machine-readable code, e.g. `clt_step_dominates`.
     pub code: String,
+    /// Human-readable explanation.
     pub message: String,
     /// True when the condition invalidates (or strongly undermines) the number.
     pub severe: bool,
@@ -109,18 +130,24 @@ pub struct Diagnostic {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AccountResult {
+    /// The accountant that produced the answer.
     pub accountant: AccountantKind,
+    /// ε of the answer (the query result for ε(δ), the given ε for δ(ε)).
     pub epsilon: f64,
+    /// δ of the answer (the given δ for ε(δ), the query result for δ(ε)).
     pub delta: f64,
+    /// What kind of number this is; only `Exact` and `UpperBound` are sound.
     pub kind: BoundKind,
     /// Extra numbers worth showing (e.g. `mu`, `rdp_order`, `truncation_mass`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub details: BTreeMap<String, f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Validity conditions and warnings attached to this answer.
     pub diagnostics: Vec<Diagnostic>,
 }
 
 impl AccountResult {
+    /// A result without details or diagnostics.
     pub fn new(accountant: AccountantKind, epsilon: f64, delta: f64, kind: BoundKind) -> Self {
         AccountResult {
             accountant,
@@ -131,10 +158,12 @@ impl AccountResult {
             diagnostics: Vec::new(),
         }
     }
+    /// Adds a named number to `details`.
     pub fn with_detail(mut self, key: &str, value: f64) -> Self {
         self.details.insert(key.to_string(), value);
         self
     }
+    /// Adds a diagnostic with its code, message and severity.
     pub fn with_diagnostic(mut self, code: &str, message: impl Into<String>, severe: bool) -> Self {
         self.diagnostics.push(Diagnostic {
             code: code.into(),
@@ -149,6 +178,7 @@ impl AccountResult {
 /// agree: implementations derive both from the same walk over the event (usually
 /// [`DpEvent::components`]).
 pub trait Accountant: Send + Sync {
+    /// Which accountant this is.
     fn kind(&self) -> AccountantKind;
     /// Ok if this accountant can account `event` under `neighbouring`; otherwise an
     /// `Unsupported` error naming the offending sub-event (its path in the tree).

@@ -72,8 +72,11 @@ impl Default for PldAccountant {
 /// has noise standard deviation `noise_multiplier` × sensitivity (μ = 1/noise_multiplier).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PldStep {
+    /// Poisson sampling rate in (0, 1] (1 = full batch).
     pub q: f64,
+    /// Noise multiplier σ (noise std / sensitivity).
     pub noise_multiplier: f64,
+    /// How many times the step runs.
     pub count: u64,
 }
 
@@ -117,6 +120,7 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// The name used in output (`add` or `remove`).
     pub fn as_str(self) -> &'static str {
         match self {
             Direction::Remove => "remove",
@@ -185,12 +189,13 @@ impl Tails {
 /// Standard normal mass of (a, b] with an absolute error bound, from the side where the tail
 /// values are small (so narrow intervals in either tail keep their relative accuracy).
 fn nmass(a: &Tails, b: &Tails) -> (f64, f64) {
+    // Both ends in the upper tail: difference of upper tails. Otherwise (both in the lower
+    // tail, or a < 0 < b) the difference of lower tails; when the interval straddles 0,
+    // b.lower = 1 − b.upper ≥ ½, so scale ≥ ½ and the bound below is absolute, ~8u.
     let (m, scale) = if a.z >= 0.0 {
         (a.upper - b.upper, a.upper + b.upper)
-    } else if b.z <= 0.0 {
-        (b.lower - a.lower, a.lower + b.lower)
     } else {
-        (b.lower - a.lower, b.lower + a.lower)
+        (b.lower - a.lower, a.lower + b.lower)
     };
     let m = m.max(0.0);
     (m, TAIL_REL_ERR * scale + U * m)
@@ -396,6 +401,7 @@ fn trim(mut d: DiscretePld) -> DiscretePld {
 /// One direction's composed PLD, ready for ε(δ) and δ(ε) queries.
 #[derive(Debug, Clone)]
 pub struct ComposedDirection {
+    /// Which neighbouring direction this PLD describes.
     pub direction: Direction,
     h: f64,
     /// Window start (grid index of `probs[0]`).
@@ -476,7 +482,9 @@ impl ComposedDirection {
 /// A composed PLD in both directions (add and remove).
 #[derive(Debug, Clone)]
 pub struct ComposedPld {
+    /// The composed PLD of each direction; ε(δ) and δ(ε) take the worse one.
     pub directions: Vec<ComposedDirection>,
+    /// Grid interval of the privacy-loss discretisation (nats).
     pub value_discretization_interval: f64,
 }
 

@@ -319,7 +319,7 @@ fn ln_a_poisson_frac_upper(q: f64, sigma: f64, alpha: f64) -> Option<f64> {
 /// ([`interpolate_ln_a`]). Orders above [`MAX_SUMMED_ORDER`] use the Gaussian bound α/(2σ²)
 /// (subsampling never hurts, by joint convexity). Returns NaN for invalid arguments.
 pub fn rdp_poisson_gaussian(q: f64, sigma: f64, alpha: f64) -> f64 {
-    if !(q >= 0.0 && q <= 1.0 && sigma > 0.0 && alpha > 1.0) {
+    if !((0.0..=1.0).contains(&q) && sigma > 0.0 && alpha > 1.0) {
         return f64::NAN;
     }
     if alpha.is_infinite() {
@@ -379,7 +379,7 @@ pub fn interpolate_ln_a<F: FnMut(u64) -> f64>(alpha: f64, mut ln_a_int: F) -> f6
 /// large; it is much weaker than the add/remove amplification (linear rather than quadratic in
 /// q). Account under add/remove when the add/remove sensitivity is known.
 pub fn rdp_poisson_gaussian_replace_one(q: f64, sigma: f64, alpha: f64) -> f64 {
-    if !(q >= 0.0 && q <= 1.0 && sigma > 0.0 && alpha > 1.0) {
+    if !((0.0..=1.0).contains(&q) && sigma > 0.0 && alpha > 1.0) {
         return f64::NAN;
     }
     if q == 0.0 {
@@ -489,7 +489,7 @@ fn total_rdp(components: &[Component], neighbouring: Neighbouring, alpha: f64) -
 }
 
 fn check_order(a: f64) -> Result<()> {
-    if !(a > 1.0) || a.is_nan() {
+    if a.is_nan() || a <= 1.0 {
         return Err(Error::field("orders", format!("RDP orders must be > 1, got {a}")));
     }
     Ok(())
@@ -595,13 +595,20 @@ pub enum RapidOrders {
     /// Any real α > 1.
     Continuous,
     /// Integer orders lo..=hi.
-    Integers { lo: u64, hi: u64 },
+    Integers {
+        /// Smallest order (≥ 2).
+        lo: u64,
+        /// Largest order.
+        hi: u64,
+    },
     /// A given list (e.g. [`dp_accounting_orders`]).
     Grid(Vec<f64>),
 }
 
 /// Golden-section minimisation of f on [lo, hi]; returns (min f seen, argmin). Every point
-/// evaluated is a valid order, so the returned value is as sound as f itself.
+/// evaluated is a valid order, so the returned value is as sound as f itself. Hand-written
+/// rather than argmin's `GoldenSectionSearch`: we need the smallest value actually evaluated
+/// (an ε at a real order), not the interpolated optimum, and a fixed iteration count.
 fn golden_min<F: FnMut(f64) -> f64>(mut f: F, lo: f64, hi: f64, iters: usize) -> (f64, f64) {
     let g = (5f64.sqrt() - 1.0) / 2.0;
     let (mut a, mut b) = (lo, hi);
@@ -642,6 +649,7 @@ fn golden_min<F: FnMut(f64) -> f64>(mut f: F, lo: f64, hi: f64, iters: usize) ->
 pub struct RdpAccountant {
     /// Orders α > 1 to evaluate (any order; sorted internally).
     pub orders: Vec<f64>,
+    /// RDP → (ε, δ) conversion used.
     pub conversion: Conversion,
     /// Refine the best grid order by golden-section search between its neighbours. Every order
     /// evaluated gives a valid bound, so this only tightens ε.
@@ -675,10 +683,12 @@ impl RdpAccountant {
             prune: false,
         }
     }
+    /// The same accountant with another RDP → (ε, δ) conversion.
     pub fn with_conversion(mut self, conversion: Conversion) -> Self {
         self.conversion = conversion;
         self
     }
+    /// The same accountant minimising over `orders` instead of its default grid.
     pub fn with_orders(mut self, orders: Vec<f64>) -> Self {
         self.orders = orders;
         self
@@ -942,7 +952,7 @@ mod tests {
     fn default_grid_contains_dp_accounting_grid() {
         let d = default_orders();
         for a in dp_accounting_orders() {
-            assert!(d.iter().any(|&x| x == a), "{a}");
+            assert!(d.contains(&a), "{a}");
         }
         assert!(*d.last().unwrap() >= 1e6);
         assert!(d.windows(2).all(|w| w[0] < w[1]));

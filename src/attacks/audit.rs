@@ -100,9 +100,13 @@ pub fn epsilon_from_rates(fpr: f64, fnr: f64, delta: f64) -> f64 {
 /// `heldout_*` choose the threshold, `test_*` measure it. Runs must be independent.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AuditScores {
+    /// Threshold-choosing runs without the canary.
     pub heldout_out: Vec<f64>,
+    /// Threshold-choosing runs with the canary.
     pub heldout_in: Vec<f64>,
+    /// Measuring runs without the canary.
     pub test_out: Vec<f64>,
+    /// Measuring runs with the canary.
     pub test_in: Vec<f64>,
 }
 
@@ -111,18 +115,25 @@ pub struct AuditScores {
 pub struct AuditOutcome {
     /// Decide "in" when score ≥ threshold (chosen on the held-out runs).
     pub threshold: f64,
+    /// Number of measuring runs without the canary.
     pub test_out: u64,
+    /// Number of measuring runs with the canary.
     pub test_in: u64,
+    /// Measuring runs without the canary scored at or above the threshold.
     pub false_positives: u64,
+    /// Measuring runs with the canary scored below the threshold.
     pub false_negatives: u64,
     /// Clopper–Pearson one-sided upper bounds (level α/2 each).
     pub fpr_upper: f64,
+    /// One-sided Clopper–Pearson upper bound on the false-negative rate.
     pub fnr_upper: f64,
     /// ε implied by the raw test-set rates (no confidence; for display only).
     pub epsilon_point: f64,
     /// Empirical ε lower bound holding with probability ≥ `confidence`.
     pub epsilon_lower: f64,
+    /// Confidence level of the bounds (e.g. 0.95).
     pub confidence: f64,
+    /// δ at which the ε lower bound holds.
     pub delta: f64,
 }
 

@@ -19,11 +19,13 @@ use crate::models::{Net, Schedule, PIXELS};
 
 /// Empirical denoiser over the rows of `data` ([n, 64]).
 pub struct EmpiricalDenoiser<'a> {
+    /// The training rows, row-major, 64 values each.
     pub data: &'a [f32],
     norms: Vec<f64>,
 }
 
 impl<'a> EmpiricalDenoiser<'a> {
+    /// A denoiser over `data` (length a multiple of 64).
     pub fn new(data: &'a [f32]) -> Self {
         let norms = data
             .chunks_exact(PIXELS)
@@ -82,10 +84,13 @@ impl<'a> EmpiricalDenoiser<'a> {
 /// One point of the Figure-1 profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CosinePoint {
+    /// Diffusion step t.
     pub t: usize,
     /// log SNR = ln(ᾱ/(1−ᾱ)).
     pub log_snr: f64,
+    /// Mean cosine similarity over the queries.
     pub cosine_mean: f64,
+    /// Smallest cosine similarity over the queries.
     pub cosine_min: f64,
 }
 

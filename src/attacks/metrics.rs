@@ -24,8 +24,11 @@ use crate::error::{Error, Result};
 /// An exact ROC curve: points (fpr[i], tpr[i]) for "member iff score ≥ thresholds[i]".
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Roc {
+    /// False-positive rates, nondecreasing.
     pub fpr: Vec<f64>,
+    /// True-positive rates, one per FPR.
     pub tpr: Vec<f64>,
+    /// Score thresholds giving each point.
     pub thresholds: Vec<f64>,
 }
 
@@ -136,20 +139,25 @@ fn pick(v: &[f64], ix: &[usize]) -> Vec<f64> {
 /// Scores split into a calibration half (chooses thresholds) and a test half (measures).
 #[derive(Debug, Clone)]
 pub struct HeldOut {
+    /// Calibration-half member scores.
     pub cal_pos: Vec<f64>,
+    /// Calibration-half non-member scores.
     pub cal_neg: Vec<f64>,
+    /// Test-half member scores.
     pub test_pos: Vec<f64>,
+    /// Test-half non-member scores.
     pub test_neg: Vec<f64>,
 }
 
 impl HeldOut {
+    /// Splits members and non-members into halves each, seeded; needs at least 2 of each.
     pub fn split(pos: &[f64], neg: &[f64], seed: u64) -> Result<Self> {
         if pos.len() < 2 || neg.len() < 2 {
             return Err(Error::input(
                 "held-out metrics need at least 2 members and 2 non-members",
             ));
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4e1d_0u64);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0004_e1d0_u64);
         let (cp, tp) = halves(pos.len(), &mut rng);
         let (cn, tn) = halves(neg.len(), &mut rng);
         Ok(HeldOut {
@@ -170,8 +178,11 @@ pub fn heldout_asr(h: &HeldOut) -> Result<(f64, f64)> {
 /// A percentile interval.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Interval {
+    /// Lower end.
     pub lo: f64,
+    /// Upper end.
     pub hi: f64,
+    /// Confidence level, e.g. 0.95.
     pub level: f64,
 }
 
@@ -214,13 +225,21 @@ pub use super::audit::{cp_upper, epsilon_from_rates};
 /// Empirical ε lower bound of a membership attack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpsLower {
+    /// The ε lower bound (0 when the attack proves nothing).
     pub epsilon_lower: f64,
+    /// δ at which it holds.
     pub delta: f64,
+    /// Probability with which it holds.
     pub confidence: f64,
+    /// The score threshold chosen on the calibration half.
     pub threshold: f64,
+    /// Test non-members scored as members at that threshold.
     pub false_positives: u64,
+    /// Test members scored as non-members at that threshold.
     pub false_negatives: u64,
+    /// Number of test non-members.
     pub test_nonmembers: u64,
+    /// Number of test members.
     pub test_members: u64,
 }
 

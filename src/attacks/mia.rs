@@ -27,13 +27,18 @@ use crate::models::{Net, Schedule, PIXELS};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum AttackKind {
+    /// Denoising loss at step t.
     Loss,
+    /// SecMI's t-error (Duan et al. 2023).
     Secmi,
+    /// PIA (Kong et al. 2024).
     Pia,
+    /// Loss attack on the empirical denoiser over the trained-on rows.
     Empirical,
 }
 
 impl AttackKind {
+    /// The CLI spelling (`loss`, `secmi`, `pia`, `empirical`).
     pub fn as_str(self) -> &'static str {
         match self {
             AttackKind::Loss => "loss",
@@ -53,6 +58,7 @@ pub struct ScoreOpts {
     pub secmi_k: usize,
     /// Poisson rate of the empirical denoiser's data (1 = full batch).
     pub empirical_rate: f64,
+    /// Seed of the noise draws.
     pub seed: u64,
 }
 
@@ -180,45 +186,67 @@ pub fn scores(
 /// Theoretical limits beside an attack's numbers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
+    /// Upper limit on the attack success rate (balanced accuracy).
     pub asr: f64,
+    /// Which guarantee the ASR limit comes from.
     pub asr_source: String,
+    /// Upper limit on the TPR at 1% FPR.
     pub tpr_at_1pct: f64,
+    /// Upper limit on the TPR at 0.1% FPR.
     pub tpr_at_01pct: f64,
 }
 
 /// All metrics of one attack at one step.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AttackResult {
+    /// The attack.
     pub attack: AttackKind,
+    /// Diffusion step the scores were computed at.
     pub t: usize,
     /// True for the null test (labels shuffled at random).
     pub shuffled_labels: bool,
+    /// Number of member rows scored.
     pub members: usize,
+    /// Number of non-member rows scored.
     pub nonmembers: usize,
+    /// Area under the exact ROC.
     pub auc: f64,
+    /// Bootstrap interval of the AUC.
     pub auc_ci: Interval,
+    /// Largest TPR at FPR ≤ 1%.
     pub tpr_at_1pct_fpr: f64,
+    /// Largest TPR at FPR ≤ 0.1%.
     pub tpr_at_01pct_fpr: f64,
     /// Threshold chosen on the calibration half, measured on the test half.
     pub asr_heldout: f64,
+    /// Bootstrap interval of the held-out ASR.
     pub asr_heldout_ci: Interval,
+    /// Best balanced accuracy over all thresholds (optimistic).
     pub asr_oracle: f64,
+    /// Bootstrap interval of the oracle ASR.
     pub asr_oracle_ci: Interval,
+    /// Clopper–Pearson ε lower bound.
     pub eps_lower: EpsLower,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Limits from the accounted guarantee (DP checkpoints only).
     pub limits: Option<Limits>,
     #[serde(skip)]
+    /// The ROC points, when requested.
     pub roc: Option<Roc>,
 }
 
 /// Metric settings.
 #[derive(Debug, Clone, Copy)]
 pub struct MetricOpts {
+    /// Number of bootstrap resamples.
     pub bootstrap: usize,
+    /// Confidence level of the intervals.
     pub level: f64,
+    /// δ of the ε lower bound.
     pub delta: f64,
     /// ε lower bound confidence 1 − α.
     pub alpha: f64,
+    /// Seed of the splits and resamples.
     pub seed: u64,
 }
 

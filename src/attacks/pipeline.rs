@@ -24,6 +24,7 @@ pub struct Table2Opts {
     pub stride: usize,
     /// Clipping norm C and constant density p_t of the sampler mechanism.
     pub clip: f64,
+    /// Constant density p_t of the sampler mechanism.
     pub density: f64,
 }
 
@@ -42,12 +43,17 @@ impl Default for Table2Opts {
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct MiaPlan {
+    /// Attacks to run.
     pub attacks: Vec<AttackKind>,
+    /// Diffusion steps to attack at.
     pub timesteps: Vec<usize>,
+    /// Attack settings.
     pub score: ScoreOpts,
+    /// Metric settings.
     pub metric: MetricOpts,
     /// Also run every attack with labels shuffled at random (expects ε_lower = 0).
     pub null_test: bool,
+    /// The Table-2-style comparison, when requested.
     pub table2: Option<Table2Opts>,
     /// Steps of the Figure-1 cosine profile (empty: none).
     pub cosine_steps: Vec<usize>,
@@ -56,62 +62,94 @@ pub struct MiaPlan {
 /// One row of the Table-2-style comparison.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Table2Row {
+    /// Row label (`T`, `3T/4`, …).
     pub label: String,
+    /// Diffusion step of the row.
     pub t: usize,
+    /// Mean cosine between empirical and neural denoising directions.
     pub cosine: f64,
     /// Theoretical ASR of the empirical-denoiser sampler stopped at t, one per rate (None: no
     /// sound accountant supports the subsampled event yet).
     pub theoretical_asr: Vec<Option<f64>>,
+    /// Full-batch GDP μ of the empirical-denoiser sampler run down to t.
     pub sampler_mu_full_batch: f64,
     /// Held-out ASR of SecMI on the neural denoiser (Duan et al. 2023, as in the paper).
     pub asr_secmi: f64,
+    /// Held-out ASR of the loss attack on the neural denoiser.
     pub asr_loss: f64,
     /// Held-out ASR of the loss attack on the empirical denoiser itself.
     pub asr_empirical: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+/// The Table-2-style comparison.
 pub struct Table2 {
+    /// Sampling rates p of the theoretical ASR columns.
     pub rates: Vec<f64>,
+    /// One row per step.
     pub rows: Vec<Table2Row>,
+    /// How the table was computed.
     pub note: String,
 }
 
 /// Summary of the attacked checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetInfo {
+    /// Path of the checkpoint card.
     pub checkpoint: String,
+    /// Architecture name.
     pub arch: String,
+    /// Number of trainable parameters.
     pub parameters: usize,
+    /// The split part trained on.
     pub trained_on: String,
+    /// Number of rows trained on.
     pub train_rows: usize,
+    /// Training steps.
     pub steps: usize,
+    /// The command that trained it.
     pub command: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// DP-SGD settings, for DP checkpoints.
     pub dp: Option<DpInfo>,
 }
 
 /// Everything `dpaudit mia` reports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MiaReport {
+    /// Schema name of the report.
     pub schema: String,
+    /// The attacked checkpoint.
     pub target: TargetInfo,
+    /// Path of the split manifest.
     pub split: String,
+    /// Path of the data file.
     pub data: String,
+    /// Device the attacks ran on.
     pub device: String,
+    /// Seed of the run.
     pub seed: u64,
+    /// δ of the ε lower bounds and guarantees.
     pub delta: f64,
+    /// Confidence level of the intervals and lower bounds.
     pub confidence: f64,
     /// The accounted event (ledger), when the model was trained with DP.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub event: Option<DpEvent>,
+    /// Sound guarantees of the checkpoint's ledger, tightest first.
     pub guarantees: Vec<Guarantee>,
+    /// Accountants that could not account the ledger, with reasons.
     pub accountants_skipped: Vec<String>,
+    /// One result per (attack, step).
     pub results: Vec<AttackResult>,
+    /// Results with shuffled labels (the null test).
     pub null_results: Vec<AttackResult>,
+    /// Cosine profile between empirical and neural denoisers.
     pub cosine: Vec<CosinePoint>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// The Table-2-style comparison, when requested.
     pub table2: Option<Table2>,
+    /// Wall time of the run in seconds.
     pub elapsed_s: f64,
 }
 

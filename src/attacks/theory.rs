@@ -53,14 +53,18 @@ pub fn tpr_limit_eps_delta(epsilon: f64, delta: f64, fpr: f64) -> f64 {
 pub struct Guarantee {
     /// e.g. "pld", "rdp", "gdp (no amplification)".
     pub source: String,
+    /// ε of the guarantee.
     pub epsilon: f64,
+    /// δ of the guarantee.
     pub delta: f64,
     /// μ when the guarantee is μ-GDP.
     pub mu: Option<f64>,
+    /// Kind of the bound (exact or upper bound).
     pub kind: BoundKind,
 }
 
 impl Guarantee {
+    /// Upper limit on the attack success rate: (e^ε + δ)/(1 + e^ε), or Φ(μ/2) when μ is known and smaller.
     pub fn asr_limit(&self) -> f64 {
         let a = asr_limit_eps_delta(self.epsilon, self.delta);
         match self.mu {
@@ -68,6 +72,7 @@ impl Guarantee {
             None => a,
         }
     }
+    /// Upper limit on the TPR at false-positive rate `fpr` (the smaller of the (ε, δ) and GDP limits).
     pub fn tpr_limit(&self, fpr: f64) -> f64 {
         let a = tpr_limit_eps_delta(self.epsilon, self.delta, fpr);
         match self.mu {

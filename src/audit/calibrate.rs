@@ -50,7 +50,8 @@ pub fn value_text(solve_for: SolveFor, value: f64) -> String {
     }
 }
 
-fn to_report(plan: &Plan, c: &Calibration) -> Report {
+/// The report of a finished calibration.
+pub fn to_report(plan: &Plan, c: &Calibration) -> Report {
     let mut r = Report::new(
         format!(
             "Calibration: {} for ε ≤ {}",

@@ -2,7 +2,6 @@
 //! (one table row per grid point, ε against the swept axis with bounds solid, estimates dashed
 //! and the budget line) and a terminal table.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::accountants::{AccountantKind, BoundKind};
@@ -27,17 +26,64 @@ pub fn sweep(
     progress.set_length(n as u64);
     let tick = || progress.inc(1);
     let rows = sweep::run(cfg, spec, &tick).map_err(|e| e.with_file(config_path))?;
-    let rep = to_report(&rows, &spec.accountants, cfg, config_path, budget)?;
+    let csv = sweep::to_csv(&rows, &spec.accountants)?;
+    let rep = to_report(&rows, &spec.accountants, cfg, config_path, budget, csv.as_bytes())?;
     Ok((rows, rep))
 }
 
+/// Columns whose values come from what the user typed (printed without arithmetic noise).
+const GIVEN: [&str; 9] = [
+    "sigma_min",
+    "t_min",
+    "stop_at",
+    "switch_at",
+    "clip_norm",
+    "delta",
+    "subsample_rate",
+    "samples",
+    "dataset_size",
+];
+
+/// The sweep's CSV (one row per grid point) as a report table: numbers as numbers, empty
+/// cells empty, given values without arithmetic noise.
+fn table_from_csv(csv: &[u8]) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
+    let mut rdr = csv::Reader::from_reader(csv);
+    let err = |e: csv::Error| crate::Error::input(format!("sweep CSV: {e}"));
+    let headers: Vec<String> = rdr.headers().map_err(err)?.iter().map(str::to_string).collect();
+    let mut rows = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec.map_err(err)?;
+        rows.push(
+            rec.iter()
+                .zip(&headers)
+                .map(|(v, h)| {
+                    if v.is_empty() {
+                        Cell::Empty
+                    } else if let Ok(i) = v.parse::<i64>() {
+                        Cell::Int(i)
+                    } else if let Ok(x) = v.parse::<f64>() {
+                        Cell::Num(if GIVEN.contains(&h.as_str()) { num::clean(x) } else { x })
+                    } else {
+                        Cell::Text(v.to_string())
+                    }
+                })
+                .collect(),
+        );
+    }
+    Ok((headers.iter().map(|h| Column::new(h)).collect(), rows))
+}
+
 /// The axes a sweep can vary, in the order they are tried as the plot's x axis.
-const AXES: [(&str, &str); 5] = [
+const AXES: [(&str, &str); 9] = [
     ("sigma_min", "σ_min"),
+    ("t_min", "t_min"),
     ("subsample_rate", "subsampling rate p"),
     ("switch_at", "switch point (fraction of steps)"),
     ("samples", "generated samples S"),
     ("levels", "noise levels N"),
+    ("clip_norm", "clipping norm C"),
+    ("dataset_size", "dataset size |D|"),
+    ("delta", "δ"),
 ];
 
 fn axis_value(r: &SweepRow, axis: &str) -> f64 {
@@ -46,6 +92,10 @@ fn axis_value(r: &SweepRow, axis: &str) -> f64 {
         "subsample_rate" => r.subsample_rate,
         "switch_at" => r.switch_at,
         "samples" => r.samples as f64,
+        "t_min" => r.t_min,
+        "clip_norm" => r.clip_norm,
+        "dataset_size" => r.dataset_size as f64,
+        "delta" => r.delta,
         _ => r.levels as f64,
     }
 }
@@ -67,6 +117,7 @@ pub fn to_report(
     cfg: &SamplerConfig,
     config_path: &Path,
     budget: Option<f64>,
+    csv: &[u8],
 ) -> Result<Report> {
     let mut r = Report::new(format!("Sweep: {}", config_path.display()), report::command_line()).for_command("sweep");
     r.add_input("sampler config", config_path)?;
@@ -75,57 +126,7 @@ pub fn to_report(
     if let Some(c) = rows.first() {
         r.assumptions.step_convention = Some(c.convention.clone());
     }
-    let mut columns: Vec<Column> = [
-        "sigma_min",
-        "levels",
-        "subsample_rate",
-        "switch_at",
-        "samples",
-        "convention",
-        "private_steps",
-        "max_step_mu",
-        "full_batch_mu",
-    ]
-    .iter()
-    .map(|c| Column::new(c))
-    .collect();
-    for a in accountants {
-        let n = a.as_str();
-        if matches!(a, AccountantKind::Gdp | AccountantKind::Clt) {
-            columns.push(Column::new(&format!("{n}_mu")));
-        }
-        columns.push(Column::new(&format!("{n}_epsilon")));
-        columns.push(Column::new(&format!("{n}_kind")));
-        columns.push(Column::new(&format!("{n}_status")));
-    }
-    let table_rows = rows
-        .iter()
-        .map(|row| {
-            let mut v = vec![
-                Cell::from(row.sigma_min.map(num::clean)),
-                Cell::from(row.levels),
-                Cell::Num(num::clean(row.subsample_rate)),
-                Cell::Num(num::clean(row.switch_at)),
-                Cell::from(row.samples),
-                Cell::from(row.convention.as_str()),
-                Cell::from(row.private_steps),
-                Cell::Num(row.max_step_mu),
-                Cell::Num(row.full_batch_mu),
-            ];
-            for a in accountants {
-                let l = row.accountants.iter().find(|l| l.accountant == *a);
-                if matches!(a, AccountantKind::Gdp | AccountantKind::Clt) {
-                    v.push(Cell::from(l.and_then(|l| l.mu)));
-                }
-                v.push(Cell::from(l.and_then(|l| l.epsilon)));
-                v.push(Cell::from(l.and_then(|l| l.kind).map(|k| k.as_str())));
-                v.push(Cell::from(
-                    l.map(|l| l.status.clone()).unwrap_or_else(|| "no private steps".into()),
-                ));
-            }
-            v
-        })
-        .collect();
+    let (columns, table_rows) = table_from_csv(csv)?;
     r.tables.push(Table {
         id: "sweep".into(),
         title: "ε at every grid point".into(),
@@ -275,52 +276,4 @@ fn epsilon_plot(
         );
     }
     plot::epsilon_vs_axis(&format!("epsilon_vs_{axis}"), label, "", delta, series)
-}
-
-/// Terminal table: one row per grid point.
-pub fn text(rows: &[SweepRow], accountants: &[AccountantKind]) -> String {
-    let mut s = String::new();
-    if let Some(r) = rows.first() {
-        let _ = writeln!(s, "step convention {}", r.convention);
-    }
-    let _ = write!(
-        s,
-        "{:>12} {:>6} {:>10} {:>9} {:>8} {:>8} {:>13}",
-        "sigma_min", "N", "p", "switch", "S", "private", "full μ"
-    );
-    for a in accountants {
-        let _ = write!(s, " {:>14}", format!("{} ε", a.as_str()));
-    }
-    s.push('\n');
-    for r in rows {
-        let _ = write!(
-            s,
-            "{:>12} {:>6} {:>10} {:>9} {:>8} {:>8} {:>13}",
-            r.sigma_min.map(num::fmt_clean).unwrap_or_else(|| "-".into()),
-            r.levels,
-            num::fmt_clean(r.subsample_rate),
-            num::fmt_clean(r.switch_at),
-            r.samples,
-            r.private_steps,
-            report::export::fmt_num(r.full_batch_mu)
-        );
-        for a in accountants {
-            let l = r.accountants.iter().find(|l| l.accountant == *a);
-            let cell = match l {
-                Some(l) => match l.epsilon {
-                    Some(e) if l.status == "ok" => report::export::fmt_num(e),
-                    Some(e) => format!("{}!", report::export::fmt_num(e)),
-                    None => "n/a".into(),
-                },
-                None => "-".into(),
-            };
-            let _ = write!(s, " {cell:>14}");
-        }
-        s.push('\n');
-    }
-    let _ = writeln!(
-        s,
-        "kinds: gdp exact at p = 1, upper bound (no amplification) at p < 1; clt estimate (\"!\" = CLT conditions fail: not a guarantee); pld/rdp upper bounds; n/a = unavailable (see --format csv for reasons)"
-    );
-    s
 }

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 
 use super::common::{parse_accountants, Format, OutputArgs};
 use crate::audit::{self, Plan, Question, Source};
+use crate::config::dpsgd::{self, BatchSampling, Derived};
+use crate::events::{DpEvent, EventFile};
 use crate::error::{Error, Result};
 use crate::events::Neighbouring;
 use crate::report::progress::Progress;
@@ -17,7 +19,9 @@ use crate::report::progress::Progress;
 /// `--neighbouring` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NeighbouringArg {
+    /// Add or remove one record.
     AddRemove,
+    /// Replace one record.
     ReplaceOne,
 }
 
@@ -38,10 +42,16 @@ impl From<NeighbouringArg> for Neighbouring {
   # δ at ε = 8 instead, as JSON
   dpaudit account --noise-multiplier 1.1 --sample-rate 0.004 --steps 14062 --epsilon 8 --format json
 
+  # the same in users' words: 10 epochs, batch 64, N = 60000, Poisson sampling (steps and q are
+  # derived as Opacus does and printed), and save the event for `dpaudit check`
+  dpaudit account --noise-multiplier 0.8 --epochs 10 --batch-size 64 --dataset-size 60000 \\
+      --delta 1e-5 --save-event mnist.toml
+
   # any event tree from a TOML file (see fixtures/events/), PLD and RDP only
   dpaudit account --event fixtures/events/heterogeneous.toml --delta 1e-5 --accountant pld,rdp
 
 Exit codes: 0 ok; 2 bad flags/file, or no accountant supports the event.")]
+/// Account a DP-SGD-style event from flags, or any event tree from a TOML file.
 pub struct Args {
     /// Noise multiplier σ of the Gaussian step (noise std = σ × L2 sensitivity).
     #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
@@ -52,9 +62,16 @@ pub struct Args {
     /// Number of steps (0 accounts nothing: ε = 0).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub steps: Option<u64>,
+    /// DP-SGD in users' words (`--epochs --batch-size --dataset-size [--sampling]`).
+    #[command(flatten)]
+    pub run: TrainingRunArgs,
     /// Event tree from a TOML file (schema_version = 1) instead of the flags above.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["noise_multiplier", "sample_rate", "steps"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["noise_multiplier", "sample_rate", "steps", "epochs"])]
     pub event: Option<PathBuf>,
+    /// Also write the accounted event (with its neighbouring relation and δ) to FILE, in the
+    /// event-file format that `dpaudit check` and `account --event` read.
+    #[arg(long, value_name = "FILE")]
+    pub save_event: Option<PathBuf>,
     /// δ at which ε is reported (may come from the event file).
     #[arg(long, allow_negative_numbers = true)]
     pub delta: Option<f64>,
@@ -67,8 +84,80 @@ pub struct Args {
     /// Accountants: gdp, clt, rdp, pld, all, or a comma-separated list.
     #[arg(long, default_value = "all")]
     pub accountant: String,
+    /// Output grammar: --format, --out DIR, --force, -q, -v.
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `--sampling` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplingArg {
+    /// Poisson sampling at q = B/N for ⌊E·N/B⌋ steps (Opacus' get_noise_multiplier).
+    Poisson,
+    /// Poisson sampling as Opacus' PrivacyEngine runs it on a DataLoader: q = 1/⌈N/B⌉, E·⌈N/B⌉ steps.
+    PoissonLoader,
+    /// Shuffled fixed-size batches: each record once per epoch, no amplification claimed.
+    Shuffle,
+}
+
+impl From<SamplingArg> for BatchSampling {
+    fn from(s: SamplingArg) -> Self {
+        match s {
+            SamplingArg::Poisson => BatchSampling::Poisson,
+            SamplingArg::PoissonLoader => BatchSampling::PoissonLoader,
+            SamplingArg::Shuffle => BatchSampling::Shuffle,
+        }
+    }
+}
+
+/// DP-SGD in users' words: `--epochs --batch-size --dataset-size [--sampling]` (instead of
+/// `--steps` and `--sample-rate`). Shared by `account`, `calibrate` and `check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainingRunArgs {
+    /// Epochs E (with --batch-size and --dataset-size: steps and q are derived).
+    #[arg(long, value_name = "E", conflicts_with_all = ["steps", "sample_rate"])]
+    pub epochs: Option<u64>,
+    /// Batch size B (expected batch size under Poisson sampling).
+    #[arg(long, value_name = "B", conflicts_with_all = ["steps", "sample_rate"])]
+    pub batch_size: Option<u64>,
+    /// Dataset size N.
+    #[arg(long, value_name = "N", conflicts_with_all = ["steps", "sample_rate"])]
+    pub dataset_size: Option<u64>,
+    /// How batches are drawn (default poisson; see docs/accounting.md).
+    #[arg(long, value_enum)]
+    pub sampling: Option<SamplingArg>,
+}
+
+impl TrainingRunArgs {
+    /// The derived steps and q, when the flags were given.
+    pub fn derive(&self) -> Result<Option<Derived>> {
+        dpsgd::from_flags(
+            self.epochs,
+            self.batch_size,
+            self.dataset_size,
+            self.sampling.map(BatchSampling::from),
+        )?
+        .map(|r| r.derive())
+        .transpose()
+    }
+}
+
+/// Writes `event` as an event file (`--save-event`).
+pub(crate) fn save_event(
+    path: &std::path::Path,
+    event: &DpEvent,
+    neighbouring: Neighbouring,
+    delta: Option<f64>,
+    comment: &str,
+) -> Result<()> {
+    let f = EventFile {
+        schema_version: 1,
+        neighbouring,
+        delta,
+        event: event.clone(),
+    };
+    let text = f.to_toml(comment)?;
+    crate::report::output::write_atomic(path, text.as_bytes(), true).map_err(|e| e.with_field("--save-event"))
 }
 
 /// Checks a user-given number for a flag.
@@ -96,11 +185,20 @@ pub(crate) fn check_epsilon_flag(flag: &str, e: f64) -> Result<f64> {
 }
 
 /// Flags → a validated audit plan (nothing is read yet).
-fn plan(args: &Args, curves: bool) -> Result<Plan> {
+fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
     let accountants = parse_accountants(&args.accountant)?;
-    let source = match &args.event {
-        Some(path) => Source::File(path.clone()),
-        None => {
+    let source = match (&args.event, derived) {
+        (Some(path), _) => Source::File(path.clone()),
+        (None, Some(d)) => {
+            let sigma = args.noise_multiplier.ok_or_else(|| {
+                Error::field("--noise-multiplier", "required with --epochs/--batch-size/--dataset-size")
+            })?;
+            Source::Event {
+                event: d.event(check_sigma("--noise-multiplier", sigma)?),
+                role: "flags",
+            }
+        }
+        (None, None) => {
             let sigma = args.noise_multiplier.ok_or_else(|| {
                 Error::field(
                     "--noise-multiplier",
@@ -141,9 +239,22 @@ fn plan(args: &Args, curves: bool) -> Result<Plan> {
 /// Runs `dpaudit account`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let out = args.output.prepare(Format::Text, &["account.csv"])?;
-    let plan = plan(&args, out.dir.is_some() || out.format != Format::Text)?;
+    if let Some(p) = &args.save_event {
+        crate::report::output::check_file(p, true)?;
+    }
+    let derived = args.run.derive()?;
+    let plan = plan(&args, derived.as_ref(), out.dir.is_some() || out.format != Format::Text)?;
     let progress = Progress::new(Some(plan.accountants.len() as u64), out.quiet, "account");
-    let rep = audit::audit(&plan, &progress)?;
+    let mut rep = audit::audit(&plan, &progress)?;
+    if let Some(d) = &derived {
+        rep.fact("steps", d.steps.to_string())
+            .fact("sample rate q", crate::report::num::fmt(d.sample_rate));
+        for l in &d.derivation {
+            rep.assumptions
+                .other
+                .push(crate::report::Fact::new("DP-SGD derivation", l.clone()));
+        }
+    }
     progress.finish();
     if rep.results.is_empty() {
         let reasons: Vec<String> = rep
@@ -157,7 +268,25 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ))
         .into());
     }
+    if let Some(p) = &args.save_event {
+        let comment = format!(
+            "Event written by: {}{}",
+            crate::report::command_line(),
+            derived.as_ref().map(|d| format!("\nDP-SGD run: {}", d.summary())).unwrap_or_default()
+        );
+        let event = rep.event.clone().ok_or_else(|| Error::input("no event was accounted"))?;
+        let nb = rep.assumptions.neighbouring.unwrap_or_default();
+        save_event(p, &event, nb, rep.delta, &comment)?;
+    }
+    let mut text = String::new();
+    if let Some(d) = &derived {
+        text.push_str(&format!("DP-SGD run: {}\n", d.summary()));
+        for l in &d.derivation {
+            text.push_str(&format!("  {l}\n"));
+        }
+    }
+    text.push_str(&audit::text::account(&rep));
     let csv = audit::text::account_csv(&rep)?;
-    out.finish_with_csv(&rep, &audit::text::account(&rep), "account.csv", csv, Vec::new())?;
+    out.finish_with_csv(&rep, &text, "account.csv", csv, Vec::new())?;
     Ok(super::EXIT_OK)
 }

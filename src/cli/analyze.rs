@@ -15,6 +15,7 @@ dpaudit analyze fixtures/samplers/edm-cifar10-paper.toml\n  \
 dpaudit analyze fixtures/samplers/edm-cifar10-subsampled.toml --accountant clt,pld --format json\n\n\
 Reproduces the paper's Figure 6 full-batch μ ≈ 787.6 with the first fixture (convention C,\n\
 2C/(β|D|) = 1). Exit code 2 on a bad configuration (file:line: field: message).")]
+/// Per-step privacy analysis of a diffusion sampler configuration.
 pub struct Args {
     /// Sampler configuration (TOML).
     pub config: PathBuf,
@@ -24,6 +25,7 @@ pub struct Args {
     /// Override the δ of the configuration.
     #[arg(long)]
     pub delta: Option<f64>,
+    /// Output grammar: --format, --out DIR, --force, -q, -v.
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -33,6 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let out = args.output.prepare(Format::Text, &["analyze.csv"])?;
     let accountants = parse_accountants(&args.accountant)?;
     let mut cfg = SamplerConfig::load(&args.config)?;
+    cfg.warn_defaults(&args.config);
     if let Some(d) = args.delta {
         if !(d > 0.0 && d < 1.0) {
             return Err(Error::field("--delta", format!("δ must be in (0, 1), got {d}")).into());

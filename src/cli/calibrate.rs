@@ -2,28 +2,62 @@
 //! event that meets a target ε at δ, on the safe side (see
 //! [`crate::accountants::calibrate`]).
 
-use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg};
-use super::common::{Format, OutputArgs};
-use crate::accountants::calibrate::{DpSgd, SolveFor};
-use crate::accountants::AccountantKind;
-use crate::audit::calibrate::{self, Plan};
-use crate::error::{Error, Result};
-use crate::events::Neighbouring;
+use serde::Serialize;
 
-/// `--solve-for` values.
+use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg, TrainingRunArgs};
+use super::common::{Format, OutputArgs};
+use crate::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
+use crate::accountants::{AccountResult, AccountantKind, BoundKind};
+use crate::config::dpsgd::Derived;
+use crate::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
+use crate::error::{Error, Result};
+use crate::events::{DpEvent, Neighbouring};
+
+/// JSON schema version of `calibrate` output.
+pub const SCHEMA_VERSION: u32 = 1;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// `--solve-for` values.
 pub enum SolveForArg {
+    /// Solve for the noise multiplier σ.
     NoiseMultiplier,
+    /// Solve for the sampling rate q.
     SampleRate,
+    /// Solve for the number of steps.
     Steps,
+    /// Sampler: smallest noise level t_min (EDM σ_min, flow matching t = s_min/(1 − s_min)).
+    SigmaMin,
+    /// Sampler: number of generated samples S.
+    Samples,
+    /// Sampler: index of the first private step.
+    SwitchStep,
+    /// Sampler: clipping norm C.
+    ClipNorm,
 }
 
-impl From<SolveForArg> for SolveFor {
-    fn from(s: SolveForArg) -> Self {
-        match s {
-            SolveForArg::NoiseMultiplier => SolveFor::NoiseMultiplier,
-            SolveForArg::SampleRate => SolveFor::SampleRate,
-            SolveForArg::Steps => SolveFor::Steps,
+impl SolveForArg {
+    fn dpsgd(self) -> Result<SolveFor> {
+        match self {
+            SolveForArg::NoiseMultiplier => Ok(SolveFor::NoiseMultiplier),
+            SolveForArg::SampleRate => Ok(SolveFor::SampleRate),
+            SolveForArg::Steps => Ok(SolveFor::Steps),
+            _ => Err(Error::field(
+                "--solve-for",
+                "sigma-min, samples, switch-step and clip-norm are sampler settings: give --sampler CONFIG",
+            )),
+        }
+    }
+    fn sampler(self) -> Result<SamplerParam> {
+        match self {
+            SolveForArg::SigmaMin => Ok(SamplerParam::SigmaMin),
+            SolveForArg::SampleRate => Ok(SamplerParam::SampleRate),
+            SolveForArg::Samples => Ok(SamplerParam::Samples),
+            SolveForArg::SwitchStep => Ok(SamplerParam::SwitchStep),
+            SolveForArg::ClipNorm => Ok(SamplerParam::ClipNorm),
+            _ => Err(Error::field(
+                "--solve-for",
+                "with --sampler, solve for sigma-min, sample-rate, samples, switch-step or clip-norm",
+            )),
         }
     }
 }
@@ -33,19 +67,32 @@ impl From<SolveForArg> for SolveFor {
   # noise multiplier for ε = 8 at δ = 1e-5 with q = 0.01 and 10000 steps (PLD, the default)
   dpaudit calibrate --target-epsilon 8 --sample-rate 0.01 --steps 10000 --delta 1e-5
 
+  # Opacus-style: 10 epochs of batch 64 over N = 60000 (Poisson; steps and q derived and printed)
+  dpaudit calibrate --target-epsilon 1 --delta 1e-5 --epochs 10 --batch-size 64 --dataset-size 60000
+
+  # a sampler: the smallest σ_min whose sound ε is at most 8 (CLT estimate beside it)
+  dpaudit calibrate --sampler fixtures/samplers/edm-cifar10-paper.toml --solve-for sigma-min --target-epsilon 8
+
   # how many steps fit in ε = 3 with σ = 1.1, q = 0.004?
   dpaudit calibrate --target-epsilon 3 --noise-multiplier 1.1 --sample-rate 0.004 --delta 1e-5 --solve-for steps
 
 The answer is re-checked with the accountant and always on the safe side (ε ≤ target).
 --accountant clt gives an ESTIMATE, not a guarantee.
 Exit codes: 0 ok; 2 bad flags, unreachable target, or unsupported event.")]
+/// Find the noise multiplier, sampling rate or steps that meet a target ε.
 pub struct Args {
     /// Target ε.
     #[arg(long, allow_negative_numbers = true)]
     pub target_epsilon: f64,
-    /// δ.
+    /// δ (with --sampler: defaults to the config's δ).
     #[arg(long, allow_negative_numbers = true)]
-    pub delta: f64,
+    pub delta: Option<f64>,
+    /// Calibrate a diffusion sampler configuration instead of a DP-SGD event.
+    #[arg(long, value_name = "CONFIG", conflicts_with_all = ["noise_multiplier", "steps", "epochs"])]
+    pub sampler: Option<std::path::PathBuf>,
+    /// DP-SGD in users' words (`--epochs --batch-size --dataset-size [--sampling]`).
+    #[command(flatten)]
+    pub run: TrainingRunArgs,
     /// Noise multiplier σ (fixed unless solved for).
     #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
     pub noise_multiplier: Option<f64>,
@@ -58,19 +105,45 @@ pub struct Args {
     /// Which parameter to solve for (default: the one of the three flags left out).
     #[arg(long, value_enum)]
     pub solve_for: Option<SolveForArg>,
-    /// Accountant used (one of gdp, clt, rdp, pld).
-    #[arg(long, default_value = "pld")]
-    pub accountant: String,
+    /// Accountant used (one of gdp, clt, rdp, pld; default pld). With --sampler: the sound
+    /// accountants to take the smallest bound from (default gdp,pld; the CLT is shown beside).
+    #[arg(long)]
+    pub accountant: Option<String>,
     /// Neighbouring relation.
     #[arg(long, value_enum, default_value = "add-remove")]
     pub neighbouring: NeighbouringArg,
+    /// Output grammar: --format, --out DIR, --force, -q, -v.
     #[command(flatten)]
     pub output: OutputArgs,
 }
 
-/// Flags → a validated calibration plan.
-fn plan(args: &Args) -> Result<Plan> {
-    let kind: AccountantKind = args.accountant.trim().parse()?;
+#[derive(Debug, Serialize)]
+struct Output {
+    schema_version: u32,
+    solve_for: SolveFor,
+    value: f64,
+    target_epsilon: f64,
+    delta: f64,
+    accountant: AccountantKind,
+    kind: BoundKind,
+    /// ε the accountant reports at `value` (≤ target).
+    epsilon: f64,
+    event: DpEvent,
+    neighbouring: Neighbouring,
+    evaluations: usize,
+    result: AccountResult,
+    /// Steps and q derived from --epochs/--batch-size/--dataset-size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    derivation: Option<Derived>,
+    warnings: Vec<String>,
+}
+
+type DpSgdPlan = (AccountantKind, DpSgd, SolveFor, f64, f64, Format, Option<Derived>);
+
+fn plan(args: &Args) -> Result<DpSgdPlan> {
+    let format = args.output.format.unwrap_or_default();
+    let kind: AccountantKind = args.accountant.as_deref().unwrap_or("pld").trim().parse()?;
+    let derived = args.run.derive()?;
     let target = args.target_epsilon;
     if !(target.is_finite() && target > 0.0) {
         return Err(Error::field(
@@ -78,10 +151,14 @@ fn plan(args: &Args) -> Result<Plan> {
             format!("must be finite and > 0, got {target}"),
         ));
     }
-    let delta = check_delta_flag("--delta", args.delta)?;
+    let delta = check_delta_flag(
+        "--delta",
+        args.delta.ok_or_else(|| Error::field("--delta", "required"))?,
+    )?;
     let solve_for =
         match args.solve_for {
-            Some(s) => SolveFor::from(s),
+            Some(s) => s.dpsgd()?,
+            None if derived.is_some() => SolveFor::NoiseMultiplier,
             None => {
                 let missing: Vec<SolveFor> = [
                     (args.noise_multiplier.is_none(), SolveFor::NoiseMultiplier),
@@ -130,6 +207,27 @@ fn plan(args: &Args) -> Result<Plan> {
                 .ok_or_else(|| Error::field("--noise-multiplier", "required"))?,
         )?,
     };
+    if let Some(d) = &derived {
+        if solve_for != SolveFor::NoiseMultiplier {
+            return Err(Error::field(
+                "--solve-for",
+                "with --epochs/--batch-size/--dataset-size the steps and q are fixed: solve for noise-multiplier",
+            ));
+        }
+        return Ok((
+            kind,
+            DpSgd {
+                noise_multiplier: sigma,
+                sample_rate: d.sample_rate,
+                steps: d.accounted_steps,
+            },
+            solve_for,
+            target,
+            delta,
+            format,
+            derived.clone(),
+        ));
+    }
     let q = match solve_for {
         SolveFor::SampleRate => 1.0,
         _ => check_q("--sample-rate", args.sample_rate.unwrap_or(1.0))?,
@@ -147,9 +245,9 @@ fn plan(args: &Args) -> Result<Plan> {
             n
         }
     };
-    Ok(Plan {
-        accountant: kind,
-        fixed: DpSgd {
+    Ok((
+        kind,
+        DpSgd {
             noise_multiplier: sigma,
             sample_rate: q,
             steps,
@@ -157,21 +255,281 @@ fn plan(args: &Args) -> Result<Plan> {
         solve_for,
         target,
         delta,
-        neighbouring: Neighbouring::from(args.neighbouring),
-    })
+        format,
+        None,
+    ))
 }
 
-/// Runs `dpaudit calibrate`.
+/// Runs `dpaudit calibrate`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let out = args.output.prepare(Format::Text, &[])?;
-    let plan = plan(&args)?;
-    if plan.accountant == AccountantKind::Clt {
-        eprintln!("WARNING: the clt accountant gives an ESTIMATE (DRS Thm 3.5), not a guarantee");
+    let outs = args.output.prepare(Format::Text, &["calibrate.csv", "calibrate.json"])?;
+    if args.sampler.is_some() {
+        return run_sampler(&args, &outs);
     }
-    let progress = crate::report::progress::Progress::new(None, out.quiet, "calibrate");
-    progress.set_message(format!("solving for {}", plan.solve_for.as_str()));
-    let (c, rep) = calibrate::calibrate(&plan)?;
+    let (kind, fixed, solve_for, target, delta, _format, derived) = plan(&args)?;
+    let neighbouring = Neighbouring::from(args.neighbouring);
+    let acc = kind.build();
+    let mut warnings = Vec::new();
+    if kind == AccountantKind::Clt {
+        let w = "the clt accountant gives an ESTIMATE (DRS Thm 3.5), not a guarantee: the calibrated value \
+                 may not meet the target; use --accountant pld or rdp for a sound answer"
+            .to_string();
+        eprintln!("WARNING: {w}");
+        warnings.push(w);
+    }
+    let progress = crate::report::progress::Progress::new(None, outs.quiet, "calibrate");
+    progress.set_message(format!("solving for {}", solve_for.as_str()));
+    let c = calibrate_dpsgd(&*acc, neighbouring, delta, target, fixed, solve_for)?;
     progress.finish();
-    out.finish(&rep, &calibrate::text(&plan, &c), Vec::new())?;
+    let mut rep = crate::audit::calibrate::to_report(
+        &crate::audit::calibrate::Plan {
+            accountant: kind,
+            fixed,
+            solve_for,
+            target,
+            delta,
+            neighbouring,
+        },
+        &c,
+    );
+    if let Some(d) = &derived {
+        rep.assumptions
+            .other
+            .extend(d.derivation.iter().map(|l| crate::report::Fact::new("DP-SGD derivation", l.clone())));
+    }
+    let out = Output {
+        schema_version: SCHEMA_VERSION,
+        solve_for,
+        value: c.value,
+        target_epsilon: target,
+        delta,
+        accountant: kind,
+        kind: c.result.kind,
+        epsilon: c.result.epsilon,
+        event: c.event.clone(),
+        neighbouring,
+        evaluations: c.evaluations,
+        result: c.result.clone(),
+        derivation: derived,
+        warnings,
+    };
+    let csv = format!(
+        "solve_for,value,target_epsilon,delta,accountant,kind,epsilon\n{},{},{},{},{},{},{}\n",
+        solve_for.as_str(),
+        out.value,
+        target,
+        delta,
+        kind.as_str(),
+        out.kind.as_str(),
+        out.epsilon
+    );
+    let mut text = String::new();
+    {
+        use std::fmt::Write as _;
+            let v = match solve_for {
+                SolveFor::Steps => format!("{}", out.value as u64),
+                _ => format!("{}", out.value),
+            };
+            if let Some(d) = &out.derivation {
+                let _ = writeln!(text, "DP-SGD run: {}", d.summary());
+                for l in &d.derivation {
+                    let _ = writeln!(text, "  {l}");
+                }
+            }
+            let _ = writeln!(text, "Event:");
+            for line in out.event.ledger().lines() {
+                let _ = writeln!(text, "  {line}");
+            }
+            let _ = writeln!(text, 
+                "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
+                solve_for.as_str(),
+                out.epsilon,
+                kind.as_str(),
+                match out.kind {
+                    BoundKind::Estimate => "ESTIMATE, not a guarantee",
+                    BoundKind::UpperBound => "upper bound",
+                    BoundKind::Exact => "exact",
+                    BoundKind::LowerBound => "lower bound",
+                    BoundKind::DataDependent => "data-dependent: not a DP guarantee",
+                }
+            );
+            for w in &out.warnings {
+                let _ = writeln!(text, "WARNING: {w}");
+            }
+            }
+    let _ = &out.schema_version;
+    outs.finish_with_csv(&rep, &text, "calibrate.csv", csv.into_bytes(), Vec::new())?;
     Ok(super::EXIT_OK)
+}
+
+/// JSON document of a sampler calibration.
+#[derive(Debug, Serialize)]
+struct SamplerOutput<'a> {
+    schema_version: u32,
+    config: String,
+    #[serde(flatten)]
+    calibration: &'a SamplerCalibration,
+}
+
+fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<i32> {
+    let path = args.sampler.as_deref().expect("checked by the caller");
+    let param = args
+        .solve_for
+        .ok_or_else(|| {
+            Error::field(
+                "--solve-for",
+                "required with --sampler: sigma-min, sample-rate, samples, switch-step or clip-norm",
+            )
+        })?
+        .sampler()?;
+    if args.sample_rate.is_some() {
+        return Err(Error::field(
+            "--sample-rate",
+            "set the rate in the sampler config (privacy.subsample_rate)",
+        )
+        .into());
+    }
+    let mut cfg = crate::config::sampler::SamplerConfig::load(path)?;
+    cfg.warn_defaults(path);
+    if let Some(d) = args.delta {
+        cfg.delta = check_delta_flag("--delta", d)?;
+    }
+    let accountants = crate::cli::common::parse_accountants(args.accountant.as_deref().unwrap_or("gdp,pld"))?;
+    if accountants.iter().all(|a| *a == AccountantKind::Clt) {
+        return Err(Error::field(
+            "--accountant",
+            "the answer needs a sound accountant (gdp, pld or rdp); the CLT is shown beside it anyway",
+        )
+        .into());
+    }
+    let c = calibrate_sampler(&cfg, param, args.target_epsilon, &accountants).map_err(|e| e.with_file(path))?;
+    let detail = serde_json::to_vec_pretty(&SamplerOutput {
+        schema_version: SCHEMA_VERSION,
+        config: path.display().to_string(),
+        calibration: &c,
+    })?;
+    let mut csv = String::from("solve_for,answer,value,epsilon,accountant,kind,past_value,past_epsilon\n");
+    let row = |csv: &mut String, name: &str, s: &crate::diffusion::calibrate::Search| {
+        csv.push_str(&format!(
+            "{},{name},{},{},{},{},{},{}\n",
+            param.as_str(),
+            s.meets.value,
+            s.meets.epsilon,
+            s.meets.line.accountant.as_str(),
+            s.meets.line.kind.map(|k| k.as_str()).unwrap_or(""),
+            s.past.as_ref().map(|p| p.value.to_string()).unwrap_or_default(),
+            s.past.as_ref().map(|p| p.epsilon.to_string()).unwrap_or_default()
+        ));
+    };
+    row(&mut csv, "sound", &c.sound);
+    if let Some(e) = &c.clt {
+        row(&mut csv, "clt_estimate", e);
+    }
+    let text = render_sampler_text(path, &cfg, &c);
+    let mut rep = crate::report::Report::new(
+        format!("Calibration: {} of {}", param.as_str(), path.display()),
+        crate::report::command_line(),
+    )
+    .for_command("calibrate");
+    rep.add_input("sampler config", path)?;
+    rep.delta = Some(cfg.delta);
+    rep.assumptions.neighbouring = Some(cfg.neighbouring);
+    rep.fact(param.as_str(), crate::report::num::fmt(c.sound.meets.value))
+        .fact("target ε", crate::report::num::fmt(args.target_epsilon))
+        .fact("sound ε at that value", crate::report::num::fmt(c.sound.meets.epsilon));
+    rep.conclusion = Some(crate::report::Conclusion {
+        audited: format!(
+            "Which {} makes the sampler `{}` meet ε ≤ {} at δ = {}.",
+            param.as_str(),
+            path.display(),
+            crate::report::num::fmt(args.target_epsilon),
+            crate::report::num::fmt(cfg.delta)
+        ),
+        guarantee: format!(
+            "{} = {} gives a sound ε = {} ({}).",
+            param.as_str(),
+            crate::report::num::fmt(c.sound.meets.value),
+            crate::report::num::fmt(c.sound.meets.epsilon),
+            c.sound.meets.line.accountant.as_str()
+        ),
+        verdict: "No budget was checked: this is a calibration, on the safe side of the target.".into(),
+        estimates: if c.clt.is_some() {
+            "The CLT answer is shown beside it as an estimate, never a guarantee.".into()
+        } else {
+            "No estimates.".into()
+        },
+    });
+    outs.finish_with_csv(
+        &rep,
+        &text,
+        "calibrate.csv",
+        csv.into_bytes(),
+        vec![("calibrate.json".to_string(), detail)],
+    )?;
+    Ok(super::EXIT_OK)
+}
+
+fn render_sampler_text(
+    path: &std::path::Path,
+    cfg: &crate::config::sampler::SamplerConfig,
+    c: &SamplerCalibration,
+) -> String {
+    use std::fmt::Write as _;
+    let f = crate::report::export::fmt_num;
+    // ε in full (shortest round-trip): a rounded 8 next to "≤ 8" would hide which side it is on.
+    let e = |x: f64| format!("{x}");
+    let name = c.param.as_str();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Sampler {} ({}), step convention {}",
+        path.display(),
+        cfg.schedule.describe(),
+        cfg.convention.describe()
+    );
+    let _ = writeln!(
+        s,
+        "Target ε = {} at δ = {} ({})",
+        f(c.target_epsilon),
+        f(c.delta),
+        cfg.neighbouring
+    );
+    let m = &c.sound.meets;
+    let _ = writeln!(
+        s,
+        "{name} = {}  gives ε = {} ≤ target ({}, {}; re-analysed)",
+        f(m.value),
+        e(m.epsilon),
+        m.line.accountant.as_str(),
+        m.line.kind.map(|k| k.as_str()).unwrap_or("?")
+    );
+    match &c.sound.past {
+        Some(p) => {
+            let _ = writeln!(
+                s,
+                "  one step past: {name} = {} gives ε = {} > target",
+                f(p.value),
+                f(p.epsilon)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "  the whole range of {name} meets the target");
+        }
+    }
+    match (&c.clt, &c.clt_note) {
+        (Some(c_), _) => {
+            let _ = writeln!(
+                s,
+                "CLT estimate (not a guarantee): {name} = {} gives ε ≈ {} ({})",
+                f(c_.meets.value),
+                e(c_.meets.epsilon),
+                c_.meets.line.status
+            );
+        }
+        (None, Some(n)) => {
+            let _ = writeln!(s, "CLT estimate: {n}");
+        }
+        _ => {}
+    }
+    s
 }

@@ -3,18 +3,19 @@
 //! Accounts a pipeline (an event file, or a diffusion sampler config), compares the budget with
 //! the smallest **sound** ε (exact or upper bound; an estimate never decides), prints one verdict
 //! line and exits 0 within budget, 1 over budget, 2 on bad input or when no sound accountant
-//! applies. `--junit FILE` writes (and replaces) a JUnit XML result; `--format json` prints the
-//! report, whose `verdicts[0].margin` is budget − sound ε.
+//! applies. `--junit FILE` writes (and on a re-run replaces) a JUnit XML result; `--format json` prints the report, whose
+//! `verdicts[0].margin` is budget − sound ε.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::audit::{self, Plan, Question, Source};
-use crate::cli::common::{parse_accountants, Format, OutputArgs};
+use crate::accountants::AccountantKind;
+use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
 use crate::error::{Error, Result};
-use crate::report::progress::{self, Progress};
-use crate::report::{junit, output, Status};
+use crate::events::{DpEvent, EventFile, Neighbouring};
+use crate::report::build::{self, AccountOptions};
+use crate::report::{self, junit, output, progress, Report, Status};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -24,10 +25,16 @@ Examples:
   Output (one line):
   PASS fixtures/events/edm-fullbatch-sigmamin0.002.toml: sound ε = 3.23818 (gdp exact) ≤ budget 8 at δ = 1e-5, margin 4.76182
 
-  # Also write a JUnit result for the CI system (replaced on every run, as CI tools expect),
-  # and every report format into reports/ci/ (created when missing; --force replaces files
-  # from an earlier run).
+  # Also write a JUnit result for the CI system, and every report format into reports/ci/
+  # (created when missing; --force replaces report files from an earlier run; the JUnit file is
+  # replaced on every run, as CI tools expect).
   dpaudit check fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 1 --junit check.xml --out reports/ci
+
+  # Several pipelines at once: one verdict line and one JUnit test case each
+  dpaudit check fixtures/events/dpsgd.toml fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 8 --junit ci.xml
+
+  # DP-SGD from flags, as Opacus users describe it (steps and q derived as Opacus does)
+  dpaudit check --noise-multiplier 0.8 --epochs 10 --batch-size 64 --dataset-size 60000 --delta 1e-5 --max-epsilon 1
 
   # The verdict as JSON: verdicts[0].margin = budget − sound ε.
   dpaudit check fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 1 --format json | jq .verdicts[0].margin
@@ -38,9 +45,24 @@ a CLT estimate inside the budget does not pass a pipeline whose sound bound is o
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// CI guard: exit 1 when a pipeline exceeds its ε budget.
 pub struct Args {
-    /// Event file (TOML with `schema_version` and `[event]`) or diffusion sampler config.
-    pub config: PathBuf,
+    /// Event files (TOML with `schema_version` and `[event]`) or diffusion sampler configs;
+    /// each is checked against the budget and becomes one JUnit test case.
+    #[arg(value_name = "CONFIG")]
+    pub configs: Vec<PathBuf>,
+    /// DP-SGD from flags instead of a file: noise multiplier σ.
+    #[arg(long, value_name = "SIGMA", allow_negative_numbers = true)]
+    pub noise_multiplier: Option<f64>,
+    /// DP-SGD from flags: Poisson sampling rate q (default 1).
+    #[arg(long, value_name = "Q", allow_negative_numbers = true)]
+    pub sample_rate: Option<f64>,
+    /// DP-SGD from flags: number of steps.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u64>,
+    /// DP-SGD in users' words (`--epochs --batch-size --dataset-size [--sampling]`).
+    #[command(flatten)]
+    pub run: super::account::TrainingRunArgs,
     /// The ε budget (nats). Checked against the smallest sound ε.
     #[arg(long, value_name = "E")]
     pub max_epsilon: f64,
@@ -53,6 +75,7 @@ pub struct Args {
     /// Write a JUnit XML result to FILE (replaced on every run; also written on bad input).
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// Output grammar: --format (text = the verdict line), --out DIR, --force, -q, -v.
     #[command(flatten)]
     pub output: OutputArgs,
     /// Skip the ε(δ)/trade-off curves and per-step tables (faster reports).
@@ -60,19 +83,132 @@ pub struct Args {
     pub no_plots: bool,
 }
 
-/// Runs `dpaudit check`; a JUnit result is written whatever the outcome.
+/// A pipeline ready to account.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// The event to account.
+    pub event: DpEvent,
+    /// The neighbouring relation it is accounted under.
+    pub neighbouring: Neighbouring,
+    /// δ stated by the file, if any.
+    pub delta: Option<f64>,
+    /// What kind of file it was (`event file`, `sampler config`).
+    pub role: &'static str,
+    /// Step convention or other assumptions the file states.
+    pub step_convention: Option<String>,
+}
+
+/// Reads `path`, tells an event file from a sampler config by its keys, and returns the event
+/// to account. Errors name the file (and line/field where known).
+pub fn load_pipeline(path: &Path) -> Result<Pipeline> {
+    let src = crate::error::read_to_string(path)?;
+    let table: toml::Table = toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))?;
+    if table.contains_key("event") {
+        let f = EventFile::load(path)?;
+        return Ok(Pipeline {
+            event: f.event,
+            neighbouring: f.neighbouring,
+            delta: f.delta,
+            role: "event file",
+            step_convention: None,
+        });
+    }
+    if ["schedule", "privacy", "density", "convention"]
+        .iter()
+        .any(|k| table.contains_key(*k))
+    {
+        let cfg = crate::config::sampler::SamplerConfig::load(path)?;
+        cfg.warn_defaults(path);
+        let acc = crate::diffusion::account::sampler_accounting(&cfg).map_err(|e| e.with_file(path))?;
+        return Ok(Pipeline {
+            event: acc.event,
+            neighbouring: acc.neighbouring,
+            delta: Some(acc.delta),
+            role: "sampler config",
+            step_convention: Some(acc.convention.describe().to_string()),
+        });
+    }
+    let keys: Vec<&str> = table.keys().map(String::as_str).collect();
+    Err(Error::input(format!(
+        "cannot tell what this file describes (top-level keys: {}): an event file has `schema_version` and an \
+[event] table; a sampler config has [schedule], [privacy] and [density]",
+        if keys.is_empty() {
+            "none".to_string()
+        } else {
+            keys.join(", ")
+        }
+    ))
+    .with_file(path))
+}
+
+/// The DP-SGD pipeline given by flags (`--noise-multiplier` with `--steps [--sample-rate]` or
+/// `--epochs --batch-size --dataset-size [--sampling]`), if any.
+fn flag_pipeline(args: &Args) -> Result<Option<(Pipeline, Vec<String>)>> {
+    let derived = args.run.derive()?;
+    if args.noise_multiplier.is_none() && derived.is_none() && args.steps.is_none() && args.sample_rate.is_none() {
+        return Ok(None);
+    }
+    let sigma = super::account::check_sigma(
+        "--noise-multiplier",
+        args.noise_multiplier
+            .ok_or_else(|| Error::field("--noise-multiplier", "required for a DP-SGD check from flags"))?,
+    )?;
+    let (event, lines) = match derived {
+        Some(d) => {
+            let mut lines = vec![format!("DP-SGD run: {}", d.summary())];
+            lines.extend(d.derivation.iter().cloned());
+            (d.event(sigma), lines)
+        }
+        None => {
+            let steps = args.steps.ok_or_else(|| {
+                Error::field(
+                    "--steps",
+                    "required (or give --epochs, --batch-size and --dataset-size)",
+                )
+            })?;
+            let q = super::account::check_q("--sample-rate", args.sample_rate.unwrap_or(1.0))?;
+            (DpEvent::dpsgd(sigma, q, steps), Vec::new())
+        }
+    };
+    event.validate()?;
+    Ok(Some((
+        Pipeline {
+            event,
+            neighbouring: Neighbouring::AddRemove,
+            delta: None,
+            role: "DP-SGD flags",
+            step_convention: None,
+        },
+        lines,
+    )))
+}
+
+/// Name of the flag-given pipeline in outputs and JUnit.
+const FLAGS_NAME: &str = "dp-sgd (flags)";
+
+/// Runs `dpaudit check`; returns the exit code (0 within budget, 1 over, 2 bad input).
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let start = Instant::now();
-    match run_inner(&args, start) {
+    // Output locations first: existing reports are refused before any work.
+    let out = args.output.prepare(Format::Text, &[])?;
+    let has_flags = match flag_pipeline(&args) {
+        Ok(f) => f.is_some(),
+        Err(e) => return Err(e.into()),
+    };
+    let n_inputs = args.configs.len() + usize::from(has_flags);
+    if n_inputs > 1 {
+        return run_many(&args, &out, start);
+    }
+    let name = args
+        .configs
+        .first()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| FLAGS_NAME.to_string());
+    match run_inner(&args, &out, start) {
         Ok(code) => Ok(code),
         Err(e) => {
             if let Some(j) = &args.junit {
-                let xml = junit::error_junit(
-                    "dpaudit check",
-                    &args.config.display().to_string(),
-                    &e.to_string(),
-                    start.elapsed().as_secs_f64(),
-                );
+                let xml = junit::error_junit("dpaudit check", &name, &e.to_string(), start.elapsed().as_secs_f64());
                 // The input error is what the user needs to see; a JUnit write failure is secondary.
                 let written = output::check_file(j, true).and_then(|_| output::write_atomic(j, xml.as_bytes(), true));
                 if let Err(w) = written {
@@ -84,41 +220,196 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
 }
 
-fn run_inner(args: &Args, start: Instant) -> Result<i32> {
-    // Flags and output locations are checked before any work.
+/// Validates the flags shared by every input.
+fn common_checks(args: &Args) -> Result<Vec<AccountantKind>> {
     if !(args.max_epsilon.is_finite() && args.max_epsilon >= 0.0) {
         return Err(Error::field(
             "--max-epsilon",
             format!("must be a finite number ≥ 0, got {}", args.max_epsilon),
         ));
     }
-    let out = args.output.prepare(Format::Text, &[])?;
+    let kinds: Vec<AccountantKind> = parse_accountants(&args.accountant)?;
     if let Some(j) = &args.junit {
         output::check_file(j, true)?;
     }
-    let plan = Plan {
-        command: "check",
-        source: Source::File(args.config.clone()),
-        neighbouring: None,
-        question: Question::Epsilon { delta: args.delta },
-        accountants: parse_accountants(&args.accountant)?,
-        budget: Some(args.max_epsilon),
-        curves: !args.no_plots && (out.dir.is_some() || out.format != Format::Text),
+    Ok(kinds)
+}
+
+/// Loads one input: a file, or the DP-SGD flags (`path` = None).
+fn load_input(args: &Args, path: Option<&Path>) -> Result<(Pipeline, Vec<String>)> {
+    match path {
+        Some(p) => {
+            let pl = load_pipeline(p)?;
+            Ok((pl, Vec::new()))
+        }
+        None => flag_pipeline(args)?.ok_or_else(|| {
+            Error::field(
+                "CONFIG",
+                "nothing to check: give one or more event/sampler files, or DP-SGD flags (--noise-multiplier …)",
+            )
+        }),
+    }
+}
+
+/// Accounts one input and adds its budget verdict.
+fn check_one(
+    args: &Args,
+    kinds: &[AccountantKind],
+    path: Option<&Path>,
+    curves: bool,
+    quiet: bool,
+) -> Result<(Report, report::Verdict, f64)> {
+    let name = path
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| FLAGS_NAME.to_string());
+    let (pipeline, derivation) = load_input(args, path)?;
+    let delta = match (args.delta, pipeline.delta) {
+        (Some(d), _) | (None, Some(d)) => d,
+        (None, None) => {
+            let e = Error::field("--delta", "no δ given: pass --delta or set `delta` in the file");
+            return Err(match path {
+                Some(p) => e.with_file(p),
+                None => e,
+            });
+        }
     };
-    let units = plan.accountants.len() as u64 * if plan.curves { 2 } else { 1 };
-    let progress = Progress::new(Some(units), out.quiet, "check");
-    let rep = audit::audit(&plan, &progress)?;
-    progress.finish();
-    let verdict = rep
-        .verdicts
-        .first()
-        .cloned()
-        .ok_or_else(|| Error::input("no verdict"))?;
-    let subject = args.config.display().to_string();
-    let line = audit::text::verdict_line(&subject, &verdict, rep.delta, progress::color_stdout());
+    crate::accountants::check_delta(delta).map_err(|e| match (args.delta.is_some(), path) {
+        (true, _) | (false, None) => Error::field("--delta", e.message),
+        (false, Some(p)) => e.with_file(p),
+    })?;
+
+    let mut rep = Report::new(format!("Privacy budget check: {name}"), report::command_line());
+    match path {
+        Some(p) => {
+            rep.add_input(pipeline.role, p)?;
+        }
+        None => {
+            for l in &derivation {
+                rep.assumptions
+                    .other
+                    .push(report::Fact::new("DP-SGD derivation", l.clone()));
+            }
+        }
+    }
+    rep.assumptions.step_convention = pipeline.step_convention.clone();
+    let work = kinds.len() as u64 * if curves { 2 } else { 1 };
+    let pb = progress::bar(work, quiet, "check");
+    build::account_event(
+        &mut rep,
+        &pipeline.event,
+        pipeline.neighbouring,
+        delta,
+        kinds,
+        AccountOptions { curves },
+        &mut |what| {
+            pb.set_message(what.to_string());
+            pb.inc(1);
+        },
+    )?;
+    pb.finish_and_clear();
+    let subject = format!("ε budget for {name}");
+    let verdict = build::budget_verdict(&mut rep, &subject, args.max_epsilon);
+    rep.fact("budget ε", report::export::fmt_num(args.max_epsilon));
+    rep.fact("δ", report::export::fmt_num(delta));
+    if let Some(e) = verdict.epsilon {
+        rep.fact("sound ε", report::export::fmt_num(e));
+    }
+    if let Some(m) = verdict.margin {
+        rep.fact("margin (budget − sound ε)", report::export::fmt_num(m));
+    }
+    Ok((rep, verdict, delta))
+}
+
+fn inconclusive_error(rep: &Report, name: &str) -> Error {
+    let reasons: Vec<String> = rep
+        .skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.accountant.as_str(), s.reason))
+        .collect();
+    Error::unsupported(format!(
+        "no sound accountant could account this pipeline, so the budget cannot be checked ({})",
+        reasons.join("; ")
+    ))
+    .with_file(name)
+}
+
+/// Several inputs: one verdict line each (stdout), one JUnit test case each. Exit 2 when any
+/// input could not be checked, else 1 when any is over budget, else 0.
+fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<i32> {
+    let kinds = common_checks(args)?;
+    if out.format != Format::Text || out.dir.is_some() {
+        return Err(Error::field(
+            "--format",
+            "with several inputs, check prints one verdict line each and writes --junit; \
+             run check on one input for --format/--out reports",
+        )
+        .into());
+    }
+    let mut inputs: Vec<Option<&Path>> = args.configs.iter().map(|p| Some(p.as_path())).collect();
+    if flag_pipeline(args)?.is_some() {
+        inputs.push(None);
+    }
+    let mut reports: Vec<(String, std::result::Result<Report, String>)> = Vec::new();
+    let mut code = EXIT_OK;
+    let mut any_error = false;
+    for path in inputs {
+        let name = path
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| FLAGS_NAME.to_string());
+        match check_one(args, &kinds, path, false, true) {
+            Ok((rep, verdict, delta)) => {
+                output::emit_stdout(format!("{}\n", verdict_line(&name, &verdict, delta)).as_bytes())?;
+                match verdict.status {
+                    Status::Pass => {}
+                    Status::Fail => code = code.max(EXIT_VIOLATED),
+                    Status::Inconclusive => {
+                        eprintln!("error: {}", inconclusive_error(&rep, &name));
+                        any_error = true;
+                    }
+                }
+                reports.push((name, Ok(rep)));
+            }
+            Err(e) => {
+                output::emit_stdout(format!("ERROR {name}: {e}\n").as_bytes())?;
+                eprintln!("error: {e}");
+                any_error = true;
+                reports.push((name, Err(e.to_string())));
+            }
+        }
+    }
+    if let Some(j) = &args.junit {
+        let items: Vec<(String, junit::Checked<'_>)> = reports
+            .iter()
+            .map(|(n, r)| {
+                (
+                    n.clone(),
+                    match r {
+                        Ok(rep) => junit::Checked::Report(rep),
+                        Err(m) => junit::Checked::Error(m.clone()),
+                    },
+                )
+            })
+            .collect();
+        let xml = junit::to_junit_many(&items, "dpaudit check", start.elapsed().as_secs_f64());
+        output::write_atomic(j, xml.as_bytes(), true)?;
+    }
+    Ok(if any_error { crate::cli::EXIT_USAGE } else { code })
+}
+
+fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<i32> {
+    let kinds = common_checks(args)?;
+    let path = args.configs.first().map(PathBuf::as_path);
+    let name = path
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| FLAGS_NAME.to_string());
+    let curves = !args.no_plots && (out.dir.is_some() || out.format != Format::Text);
+    let (mut rep, verdict, delta) = check_one(args, &kinds, path, curves, out.quiet)?;
+    rep.audit = "check".into();
+    rep.conclude();
+    let line = crate::audit::text::verdict_line(&name, &verdict, Some(delta), progress::color_stdout());
     if out.format != Format::Text {
         // The verdict stays visible when stdout carries the report.
-        eprint!("{}", audit::text::verdict_line(&subject, &verdict, rep.delta, false));
+        eprint!("{}", crate::audit::text::verdict_line(&name, &verdict, Some(delta), false));
     }
     out.finish(&rep, &line, Vec::new())?;
     if let Some(j) = &args.junit {
@@ -131,17 +422,25 @@ fn run_inner(args: &Args, start: Instant) -> Result<i32> {
     match verdict.status {
         Status::Pass => Ok(EXIT_OK),
         Status::Fail => Ok(EXIT_VIOLATED),
-        Status::Inconclusive => {
-            let reasons: Vec<String> = rep
-                .skipped
-                .iter()
-                .map(|s| format!("{}: {}", s.accountant.as_str(), s.reason))
-                .collect();
-            Err(Error::unsupported(format!(
-                "no sound accountant could account this pipeline, so the budget cannot be checked ({})",
-                reasons.join("; ")
-            ))
-            .with_file(&args.config))
-        }
+        Status::Inconclusive => Err(inconclusive_error(&rep, &name)),
+    }
+}
+
+fn verdict_line(config: &str, v: &report::Verdict, delta: f64) -> String {
+    let f = report::export::fmt_num;
+    match (v.status, v.epsilon, v.margin) {
+        (Status::Pass | Status::Fail, Some(eps), Some(margin)) => format!(
+            "{} {}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}",
+            v.status.as_str(),
+            config,
+            f(eps),
+            v.accountant.map(|a| a.as_str()).unwrap_or("?"),
+            v.bound.map(|b| b.as_str().replace('_', " ")).unwrap_or_default(),
+            if v.status == Status::Pass { "≤" } else { ">" },
+            f(v.budget.unwrap_or(f64::NAN)),
+            f(delta),
+            f(margin)
+        ),
+        _ => format!("{} {}: {}", v.status.as_str(), config, v.message),
     }
 }

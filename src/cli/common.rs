@@ -13,6 +13,7 @@ use crate::report::{self, output, progress, ExportFormat, OutputDir, Report};
 pub enum Format {
     /// A terminal summary.
     #[default]
+    /// Plain text for a terminal.
     Text,
     /// The report as JSON (schema: docs/schema/report.v2.json).
     Json,

@@ -36,6 +36,7 @@ training is wrong); 2 bad input (e.g. checkpoint and config do not match).";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// Membership-inference attacks on a trained denoiser.
 pub struct Args {
     /// Checkpoint card (<stem>.toml), weights (<stem>.safetensors) or stem.
     #[arg(long)]
@@ -71,6 +72,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1e-5)]
     pub delta: f64,
     #[arg(long, default_value_t = 0)]
+    /// Seed of the noise draws, splits and bootstrap.
     pub seed: u64,
     /// Also run every attack with member labels shuffled at random (null test).
     #[arg(long)]
@@ -84,12 +86,15 @@ pub struct Args {
     /// Steps of a cosine-similarity profile (the paper's Figure 1), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub cosine: Vec<String>,
+    /// Output grammar: --format, --out DIR, --force, -q, -v.
     #[command(flatten)]
     pub output: OutputArgs,
     /// Write every ROC point (with the theoretical TPR limit) as CSV.
     #[arg(long)]
     pub roc_out: Option<PathBuf>,
+    /// Device to run the model on (auto: CUDA when built with it and present, else CPU).
     #[arg(long, value_enum, default_value = "auto")]
+    /// Device to run the model on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
 }
 
@@ -298,6 +303,7 @@ fn roc_csv(r: &MiaReport) -> String {
     s
 }
 
+/// Runs `dpaudit mia`; returns the exit code.
 pub fn run(a: Args) -> anyhow::Result<i32> {
     // Output locations are checked (and existing files refused) before any work.
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;

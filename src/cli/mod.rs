@@ -32,12 +32,15 @@ pub const EXIT_USAGE: i32 = 2;
 published DP pipelines (RAPID, DP-RDM, DPAgg-TI) and trained denoisers.\n\n\
 Exit codes: 0 ok, 1 a claim or budget is violated, 2 usage or input error."
 )]
+/// The parsed command line.
 pub struct Cli {
     #[command(subcommand)]
+    /// The subcommand to run.
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
+/// The subcommands.
 pub enum Command {
     /// Account a DP-SGD-style event from flags, or any event tree from a TOML file.
     Account(account::Args),

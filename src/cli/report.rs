@@ -25,6 +25,7 @@ Examples:
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// Re-render a JSON report as Markdown, HTML or CSV.
 pub struct Args {
     /// A JSON report written by dpaudit (`--format json` or `report.json` from `--out`).
     pub input: PathBuf,

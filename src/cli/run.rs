@@ -23,12 +23,15 @@ must stay below the accounted ε). Exit 1 when an audit fails, 2 on bad input.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLE)]
+/// Execute a DP mechanism on data and write its ledger.
 pub struct Args {
     #[command(subcommand)]
+    /// The mechanism to run.
     pub mechanism: Mechanism,
 }
 
 #[derive(Debug, clap::Subcommand)]
+/// The mechanisms `dpaudit run` can execute.
 pub enum Mechanism {
     /// DPAgg-TI: noisy centroid of m subsampled, normalised embeddings.
     #[command(name = "dpagg-ti", after_help = EXAMPLE)]
@@ -39,6 +42,7 @@ pub enum Mechanism {
 }
 
 #[derive(Debug, clap::Args)]
+/// Arguments shared by every mechanism.
 pub struct Common {
     /// Mechanism config (TOML, schema_version = 1).
     pub config: PathBuf,

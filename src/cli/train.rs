@@ -33,6 +33,7 @@ SHA-256, seed, steps, the exact command), <out>.ledger.toml for DP runs (an even
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
+/// Train a small denoiser (optionally with DP).
 pub struct Args {
     /// Data file (digits CSV, optionally .gz).
     #[arg(long, default_value = "fixtures/data/digits.csv.gz")]
@@ -68,6 +69,7 @@ pub struct Args {
     pub nonmembers: usize,
 
     #[arg(long, value_enum, default_value = "mlp")]
+    /// Network architecture.
     pub arch: Arch,
     /// MLP width.
     #[arg(long, default_value_t = 256)]
@@ -85,8 +87,10 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub timesteps: usize,
     #[arg(long, default_value_t = 1e-4)]
+    /// β at the first diffusion step.
     pub beta_start: f64,
     #[arg(long, default_value_t = 0.02)]
+    /// β at the last diffusion step.
     pub beta_end: f64,
 
     /// Optimiser steps (DP: iterations of Algorithm 2).
@@ -96,6 +100,7 @@ pub struct Args {
     #[arg(long, default_value_t = 128)]
     pub batch_size: usize,
     #[arg(long, default_value_t = 1e-3)]
+    /// Learning rate (Adam).
     pub lr: f64,
     /// EMA decay of the saved weights (0: raw weights).
     #[arg(long, default_value_t = 0.999)]
@@ -110,8 +115,10 @@ pub struct Args {
     #[arg(long)]
     pub init: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
+    /// Seed of initialisation, batches and noise.
     pub seed: u64,
     #[arg(long, value_enum, default_value = "auto")]
+    /// Device to train on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
     /// No progress bars or notes on stderr.
     #[arg(long, short, conflicts_with = "verbose")]

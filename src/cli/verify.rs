@@ -26,6 +26,7 @@ CLT estimates never do. Exit codes: 0 no claim violated, 1 a claim is violated (
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLE)]
+/// Verify published privacy claims.
 pub struct Args {
     /// Claims file(s) (TOML, schema_version = 1; tables [[rapid]], [[dp_rdm]], [[dpagg_ti]]).
     #[arg(required = true)]
@@ -41,16 +42,24 @@ pub struct Args {
 /// The serialised result of a verify run.
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifyOutput {
+    /// The claims files read.
     pub files: Vec<String>,
+    /// One result per claim.
     pub claims: Vec<ClaimResult>,
+    /// Counts per verdict.
     pub summary: Summary,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
+/// How many claims got each verdict.
 pub struct Summary {
+    /// Claims that hold.
     pub holds: usize,
+    /// Claims that hold only under some interpretations.
     pub holds_only_under: usize,
+    /// Claims that are violated.
     pub violated: usize,
+    /// Claims that could not be decided.
     pub undecided: usize,
 }
 

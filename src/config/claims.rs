@@ -47,6 +47,7 @@ macro_rules! checked_f64 {
             }
         }
         impl $name {
+            /// The validated value.
             pub fn get(self) -> f64 {
                 self.0
             }
@@ -102,6 +103,7 @@ impl<'de> Deserialize<'de> for Count {
 }
 
 impl Count {
+    /// The validated count.
     pub fn get(self) -> u64 {
         self.0
     }
@@ -111,15 +113,19 @@ impl Count {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimsFile {
+    /// Format version; must be 1.
     pub schema_version: u32,
     /// Free text shown at the top of reports.
     #[serde(default)]
     pub title: Option<String>,
     #[serde(default)]
+    /// RAPID claims (`[[rapid]]`).
     pub rapid: Vec<RapidClaim>,
     #[serde(default)]
+    /// DP-RDM claims (`[[dp_rdm]]`).
     pub dp_rdm: Vec<DpRdmClaim>,
     #[serde(default)]
+    /// DPAgg-TI claims (`[[dpagg_ti]]`).
     pub dpagg_ti: Vec<DpaggTiClaim>,
 }
 
@@ -127,12 +133,15 @@ pub struct ClaimsFile {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RapidClaim {
+    /// Identifier of the claim in output.
     pub id: String,
     /// Paper and table/figure the numbers come from.
     pub source: String,
+    /// Dataset the claim is about.
     pub dataset: String,
     /// Private training-set size N (q = batch_size / N).
     pub n: Count,
+    /// Batch size of DP-SGD.
     pub batch_size: Count,
     /// Noise multiplier σ of Algorithm 2 (noise std C·σ/B on the mean gradient). Omitted when
     /// the paper does not state it.
@@ -147,7 +156,9 @@ pub struct RapidClaim {
     /// Epoch counts to calibrate σ for when σ or epochs are not stated.
     #[serde(default)]
     pub calibrate_epochs: Vec<Positive>,
+    /// Claimed ε.
     pub epsilon: Epsilon,
+    /// Claimed δ.
     pub delta: Delta,
     /// Free text: what the paper omits, assumptions made in this transcription.
     #[serde(default)]
@@ -158,8 +169,11 @@ pub struct RapidClaim {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpRdmClaim {
+    /// Identifier of the claim in output.
     pub id: String,
+    /// Where the claim is published (paper, table).
     pub source: String,
+    /// Dataset the claim is about.
     pub dataset: String,
     /// Private retrieval-set size n (δ = 1/n in the paper).
     pub n: Count,
@@ -169,13 +183,17 @@ pub struct DpRdmClaim {
     pub q: Probability,
     /// Noise std σ added to the mean of the k unit-norm neighbours.
     pub sigma: Positive,
+    /// Number of retrieved neighbours k.
     pub k: Count,
     /// Query interpolation λ (post-processing: does not change ε unless λ = 0).
     #[serde(default)]
     pub lambda: Option<UnitInterval>,
+    /// Claimed ε.
     pub epsilon: Epsilon,
+    /// Claimed δ.
     pub delta: Delta,
     #[serde(default)]
+    /// Free-form notes shown with the verdict.
     pub notes: Option<String>,
 }
 
@@ -183,14 +201,19 @@ pub struct DpRdmClaim {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpaggTiClaim {
+    /// Identifier of the claim in output.
     pub id: String,
+    /// Where the claim is published (paper, table).
     pub source: String,
+    /// Dataset the claim is about.
     pub dataset: String,
     /// Private dataset size n.
     pub n: Count,
     /// Subsample size m (sampled without replacement).
     pub m: Count,
+    /// Claimed ε.
     pub epsilon: Epsilon,
+    /// Claimed δ.
     pub delta: Delta,
     /// Noise std of the centroid. When omitted, the paper's eq. (6) with Δ = 2 over a centroid
     /// of m gives σ = (2/m)·√(2 ln(1.25/δ))/ε.
@@ -200,10 +223,12 @@ pub struct DpaggTiClaim {
     #[serde(default)]
     pub sum_sensitivity: Option<Positive>,
     #[serde(default)]
+    /// Free-form notes shown with the verdict.
     pub notes: Option<String>,
 }
 
 impl DpRdmClaim {
+    /// The neighbouring relation the claim states (replace-one unless it says add/remove).
     pub fn neighbouring_stated(&self) -> Neighbouring {
         Neighbouring::ReplaceOne
     }

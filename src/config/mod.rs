@@ -2,4 +2,5 @@
 //! errors.
 
 pub mod claims;
+pub mod dpsgd;
 pub mod sampler;

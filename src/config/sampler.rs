@@ -4,7 +4,8 @@
 //! ```toml
 //! schema_version = 1
 //! name = "edm-cifar10-paper"
-//! convention = "C"              # step convention A | B | C (see docs/diffusion.md)
+//! sampler = "edm-heun"          # ddim | ddpm | edm-heun | flow-euler: picks the step convention
+//! # convention = "C"            # or the step convention A | B | C itself (see docs/diffusion.md)
 //! delta = 1e-5
 //! neighbouring = "add_remove"   # or "replace_one"
 //!
@@ -21,6 +22,8 @@
 //! subsample_rate = 1.0          # p in (0, 1]
 //! samples = 1                   # S generated samples (composed S times)
 //! switch_at = 0.0               # fraction of the steps run by a public denoiser first
+//! # switch_step = 40            # or the index of the first private step
+//! # stop_step = 45              # sampling stops after this many steps
 //! # private_steps = 1           # how many steps the empirical denoiser runs after the switch
 //! # stop_at = 0.05              # stop at the first noise level ≤ stop_at
 //!
@@ -43,23 +46,100 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SamplerConfig {
+    /// Format version; must be 1.
     pub schema_version: u32,
     #[serde(default)]
+    /// Optional name shown in reports.
     pub name: Option<String>,
     #[serde(default)]
+    /// Optional description shown in reports.
     pub description: Option<String>,
-    /// Step convention (stated in every output).
+    /// The sampler that runs the schedule; when given without `convention` it decides the
+    /// step convention ([`SamplerKind::convention`]).
+    #[serde(default)]
+    pub sampler: Option<SamplerKind>,
+    /// Step convention (stated in every output). Required unless `sampler` names it.
+    #[serde(default = "placeholder_convention")]
     pub convention: Convention,
     #[serde(default = "default_delta")]
+    /// δ at which ε is reported.
     pub delta: f64,
     #[serde(default)]
+    /// Neighbouring relation (default add/remove).
     pub neighbouring: Neighbouring,
+    /// `[schedule]`: the noise levels.
     pub schedule: Schedule,
+    /// `[privacy]`: clipping, dataset size, subsampling.
     pub privacy: PrivacyConfig,
+    /// `[density]`: p_t(x_t) in the per-step μ.
     pub density: DensityConfig,
     /// Directory of the file the config came from (relative data paths resolve against it).
     #[serde(skip)]
     pub base_dir: Option<PathBuf>,
+    /// Privacy-relevant fields the file left out, with the default used (filled by the loaders).
+    #[serde(skip)]
+    pub defaulted: Vec<Defaulted>,
+}
+
+/// A privacy-relevant field that took its default value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaulted {
+    /// The field as users write it (`privacy.samples`).
+    pub field: &'static str,
+    /// The value used.
+    pub value: String,
+    /// Why it matters.
+    pub meaning: &'static str,
+}
+
+/// Samplers a configuration can name instead of a step convention (docs/diffusion.md has the
+/// table and the reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SamplerKind {
+    /// DDIM over a sub-sequence of DDPM timesteps (its stochastic η = 1 form).
+    #[serde(rename = "ddim")]
+    Ddim,
+    /// DDPM ancestral sampling (Ho et al. 2020, Alg. 2).
+    #[serde(rename = "ddpm")]
+    Ddpm,
+    /// EDM (Karras et al. 2022) with its final step to t = 0.
+    #[serde(rename = "edm-heun")]
+    EdmHeun,
+    /// Flow matching / rectified flow integrated with Euler steps down to s = 0.
+    #[serde(rename = "flow-euler")]
+    FlowEuler,
+}
+
+impl SamplerKind {
+    /// The name as written in configs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SamplerKind::Ddim => "ddim",
+            SamplerKind::Ddpm => "ddpm",
+            SamplerKind::EdmHeun => "edm-heun",
+            SamplerKind::FlowEuler => "flow-euler",
+        }
+    }
+
+    /// The step convention that matches the sampler (reasons in docs/diffusion.md):
+    /// - `ddpm`, `ddim`: B. An ancestral step t_k → t_{k−1} draws from the Gaussian posterior,
+    ///   whose μ in the variance-exploding form is 2C/(β|D|)·√(t_k² − t_{k−1}²)/(t_k t_{k−1});
+    ///   that lies between convention A (t = t_k) and B (t = t_{k−1}), so B is the safe side.
+    /// - `edm-heun`, `flow-euler`: C. Eq. (1) of the paper is an Euler step whose denoiser
+    ///   weight 2Δt/t and noise √(2tΔt) are both taken at the start level (convention A's μ
+    ///   exactly), and both samplers take a last step from the smallest level to t = 0 (EDM
+    ///   appends t_N = 0; flow samplers end at s = 0), which C adds (paper §3.2).
+    pub fn convention(self) -> Convention {
+        match self {
+            SamplerKind::Ddim | SamplerKind::Ddpm => Convention::B,
+            SamplerKind::EdmHeun | SamplerKind::FlowEuler => Convention::C,
+        }
+    }
+}
+
+fn placeholder_convention() -> Convention {
+    // Replaced after parsing: from `sampler`, or an error when neither key is given.
+    Convention::C
 }
 
 fn default_delta() -> f64 {
@@ -93,6 +173,7 @@ pub struct PrivacyConfig {
     #[serde(default = "one")]
     pub clip_norm: f64,
     #[serde(default)]
+    /// How the clipping norm scales with the noise level.
     pub clip_scale: ClipScale,
     /// |D|; required with a constant density, taken from the data file otherwise.
     #[serde(default)]
@@ -106,6 +187,13 @@ pub struct PrivacyConfig {
     /// Fraction of the steps run first by a public (non-private) denoiser, in [0, 1).
     #[serde(default)]
     pub switch_at: f64,
+    /// Index of the first private step (the steps before it run the public denoiser); the
+    /// integer form of `switch_at`, which it replaces.
+    #[serde(default)]
+    pub switch_step: Option<usize>,
+    /// Sampling stops after this many steps (steps with index ≥ `stop_step` do not run).
+    #[serde(default)]
+    pub stop_step: Option<usize>,
     /// Number of steps the empirical denoiser runs after the switch (default: all the rest).
     #[serde(default)]
     pub private_steps: Option<usize>,
@@ -118,8 +206,12 @@ pub struct PrivacyConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DensityConfig {
-    /// p_t(x_t) ≡ β (the paper's §6 setting, β = 1).
-    Constant { beta: f64 },
+    /// p_t(x_t) ≡ β (the paper's §6 setting, β = 1; the default when left out, with a warning).
+    Constant {
+        /// The density β (> 0; default 1, with a warning).
+        #[serde(default = "one")]
+        beta: f64,
+    },
     /// p_t(x_t) evaluated along real trajectories of the empirical denoiser on a data file.
     Trajectories(TrajectoryConfig),
 }
@@ -143,6 +235,7 @@ pub struct TrajectoryConfig {
     #[serde(default = "default_trajectories")]
     pub trajectories: usize,
     #[serde(default)]
+    /// Seed of the trajectories.
     pub seed: u64,
 }
 
@@ -157,15 +250,96 @@ impl SamplerConfig {
         let src = error::read_to_string(path)?;
         let mut cfg: SamplerConfig = toml::from_str(&src).map_err(|e| parse_error(path, &src, e))?;
         cfg.base_dir = Some(path.parent().map(Path::to_path_buf).unwrap_or_default());
+        cfg.resolve_keys(&src).map_err(|e| locate(e, &src).with_file(path))?;
         cfg.validate().map_err(|e| locate(e, &src).with_file(path))?;
         Ok(cfg)
     }
 
     /// Parses from a string (no file context; relative data paths resolve against `.`).
     pub fn from_toml_str(src: &str) -> Result<SamplerConfig> {
-        let cfg: SamplerConfig = toml::from_str(src).map_err(|e| error::from_toml(Path::new("<string>"), src, e))?;
+        let mut cfg: SamplerConfig =
+            toml::from_str(src).map_err(|e| error::from_toml(Path::new("<string>"), src, e))?;
+        cfg.resolve_keys(src).map_err(|e| locate(e, src))?;
         cfg.validate().map_err(|e| locate(e, src))?;
         Ok(cfg)
+    }
+
+    /// After parsing: the step convention from `sampler` when `convention` is left out (an
+    /// error when both are), and the list of privacy-relevant fields that took defaults.
+    fn resolve_keys(&mut self, src: &str) -> Result<()> {
+        let table: toml::Table = toml::from_str(src).map_err(|e| Error::input(e.message().to_string()))?;
+        let has = |t: &str, k: &str| -> bool {
+            if t.is_empty() {
+                return table.contains_key(k);
+            }
+            table
+                .get(t)
+                .and_then(|v| v.as_table())
+                .is_some_and(|x| x.contains_key(k))
+        };
+        if !has("", "convention") {
+            match self.sampler {
+                Some(s) => self.convention = s.convention(),
+                None => return Err(Error::field(
+                    "convention",
+                    "missing: name the sampler (sampler = \"ddim\" | \"ddpm\" | \"edm-heun\" | \"flow-euler\") or the \
+                         step convention (convention = \"A\" | \"B\" | \"C\"); see docs/diffusion.md",
+                )),
+            }
+        }
+        self.defaulted.clear();
+        if !has("", "delta") {
+            self.defaulted.push(Defaulted {
+                field: "delta",
+                value: format!("{}", self.delta),
+                meaning: "δ of the reported (ε, δ)",
+            });
+        }
+        if !has("privacy", "samples") {
+            self.defaulted.push(Defaulted {
+                field: "privacy.samples",
+                value: format!("{}", self.privacy.samples),
+                meaning:
+                    "number of generated samples S; every sample composes all private steps again, so ε grows with S",
+            });
+        }
+        if !has("privacy", "clip_norm") {
+            self.defaulted.push(Defaulted {
+                field: "privacy.clip_norm",
+                value: format!("{}", self.privacy.clip_norm),
+                meaning: "clipping norm C of v(x₀; x_t); μ_t is proportional to C",
+            });
+        }
+        if let DensityConfig::Constant { beta } = self.density {
+            if !has("density", "beta") {
+                self.defaulted.push(Defaulted {
+                    field: "density.beta",
+                    value: format!("{beta}"),
+                    meaning: "constant density β = p_t(x_t); μ_t is proportional to 1/β",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One warning line per defaulted privacy-relevant field.
+    pub fn default_warnings(&self) -> Vec<String> {
+        self.defaulted
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} not set: using the default {} ({}); set it explicitly",
+                    d.field, d.value, d.meaning
+                )
+            })
+            .collect()
+    }
+
+    /// Prints [`Self::default_warnings`] to stderr, prefixed with the config's name.
+    pub fn warn_defaults(&self, path: &Path) {
+        for w in self.default_warnings() {
+            eprintln!("warning: {}: {w}", path.display());
+        }
     }
 
     /// Checks every value once; errors name the field as `table.key`.
@@ -205,6 +379,15 @@ impl SamplerConfig {
         }
         if !(p.switch_at >= 0.0 && p.switch_at < 1.0) {
             return bad("switch_at", format!("must be in [0, 1), got {}", p.switch_at));
+        }
+        if p.switch_step.is_some() && p.switch_at != 0.0 {
+            return bad(
+                "switch_step",
+                "give either switch_step (a step index) or switch_at (a fraction), not both".into(),
+            );
+        }
+        if p.stop_step == Some(0) {
+            return bad("stop_step", "must be ≥ 1 (a run of zero steps releases nothing)".into());
         }
         if p.private_steps == Some(0) {
             return bad("private_steps", "must be ≥ 1 (omit it for all remaining steps)".into());
@@ -370,6 +553,44 @@ beta = 1.0
         let e = SamplerConfig::from_toml_str(&bad).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("privacy.subsample_rate"));
         assert_eq!(e.line, Some(13));
+    }
+
+    #[test]
+    fn sampler_names_give_the_convention() {
+        for (name, conv) in [
+            ("ddim", Convention::B),
+            ("ddpm", Convention::B),
+            ("edm-heun", Convention::C),
+            ("flow-euler", Convention::C),
+        ] {
+            let src = PAPER.replace("convention = \"C\"", &format!("sampler = \"{name}\""));
+            let c = SamplerConfig::from_toml_str(&src).unwrap();
+            assert_eq!(c.convention, conv, "{name}");
+            assert_eq!(c.sampler.map(SamplerKind::as_str), Some(name));
+        }
+        // An explicit convention wins over the sampler's.
+        let src = PAPER.replace("convention = \"C\"", "sampler = \"ddpm\"\nconvention = \"A\"");
+        assert_eq!(SamplerConfig::from_toml_str(&src).unwrap().convention, Convention::A);
+        // Neither: an error naming `convention`.
+        let e = SamplerConfig::from_toml_str(&PAPER.replace("convention = \"C\"", "")).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("convention"));
+        assert!(SamplerConfig::from_toml_str(&PAPER.replace("convention = \"C\"", "sampler = \"euler\"")).is_err());
+    }
+
+    #[test]
+    fn defaulted_privacy_fields_are_listed() {
+        let c = SamplerConfig::from_toml_str(PAPER).unwrap();
+        let f: Vec<&str> = c.defaulted.iter().map(|d| d.field).collect();
+        assert_eq!(f, vec!["delta", "privacy.samples"]);
+        let src = PAPER
+            .replace("clip_norm = 1.0\n", "samples = 1\n")
+            .replace("beta = 1.0\n", "")
+            .replace("convention = \"C\"", "convention = \"C\"\ndelta = 1e-5");
+        let c = SamplerConfig::from_toml_str(&src).unwrap();
+        let f: Vec<&str> = c.defaulted.iter().map(|d| d.field).collect();
+        assert_eq!(f, vec!["privacy.clip_norm", "density.beta"]);
+        assert_eq!(c.density, DensityConfig::Constant { beta: 1.0 });
+        assert!(c.default_warnings()[0].starts_with("privacy.clip_norm not set: using the default 1"));
     }
 
     #[test]

@@ -21,12 +21,17 @@ use crate::numeric;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepRow {
+    /// Step number, from 0.
     pub index: usize,
+    /// Noise level the step starts at.
     pub t_from: f64,
+    /// Noise level the step ends at.
     pub t_to: f64,
     /// t in the formula (per the convention).
     pub t: f64,
+    /// Δt of the step (per the convention).
     pub dt: f64,
+    /// Whether the step is private, public or skipped.
     pub role: StepRole,
     /// μ_t of this step if run privately (trajectory density: the maximum over trajectories).
     pub mu: f64,
@@ -34,8 +39,10 @@ pub struct StepRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mu_min: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Median μ_t across trajectories (trajectory density only).
     pub mu_median: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Largest μ_t across trajectories (trajectory density only).
     pub mu_max: Option<f64>,
     /// Full-batch GDP μ of the private steps up to and including this one, for one sample.
     pub cumulative_mu: f64,
@@ -44,8 +51,11 @@ pub struct StepRow {
 /// Per-step μ_t for a configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
+    /// Step convention used.
     pub convention: Convention,
+    /// The steps, first to last.
     pub steps: Vec<StepRow>,
+    /// |D|, the number of records.
     pub dataset_size: u64,
     /// How p_t(x_t) was obtained.
     pub density: String,
@@ -217,9 +227,13 @@ pub fn event_from_mus(private_mus: &[f64], subsample_rate: f64, samples: u64) ->
 /// What `dpaudit check` (and anyone else) needs to account a sampler configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplerAccounting {
+    /// The event to account.
     pub event: DpEvent,
+    /// The neighbouring relation.
     pub neighbouring: Neighbouring,
+    /// δ of the configuration.
     pub delta: f64,
+    /// Step convention used.
     pub convention: Convention,
 }
 
@@ -245,10 +259,13 @@ pub fn sampler_accounting(cfg: &SamplerConfig) -> Result<SamplerAccounting> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AccountantLine {
+    /// Which accountant.
     pub accountant: AccountantKind,
     /// None when the accountant is unavailable.
     pub kind: Option<BoundKind>,
+    /// ε at `delta`; None when unavailable.
     pub epsilon: Option<f64>,
+    /// δ of the line.
     pub delta: f64,
     /// The μ behind the number (GDP μ, CLT μ) when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,8 +273,10 @@ pub struct AccountantLine {
     /// `ok`, `not a guarantee: …` (CLT whose conditions fail) or `unavailable: <reason>`.
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Extra explanation shown with the line.
     pub note: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Diagnostics of the accountant's answer.
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -542,17 +561,23 @@ fn log_expm1(x: f64) -> f64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowRow {
+    /// Step number.
     pub index: usize,
     /// Stop after this step: the level reached.
     pub stop_level: f64,
+    /// Full-batch GDP μ when sampling stops after this step.
     pub stop_mu: f64,
+    /// ε(δ) of that μ.
     pub stop_epsilon: f64,
     /// Trade-off: smallest type II error at type I error 0.05 (G_μ(0.05)).
     pub stop_type2_at_0_05: f64,
     /// Switch to the empirical denoiser at this step's start level.
     pub switch_level: f64,
+    /// Full-batch GDP μ when the empirical denoiser takes over at this step.
     pub switch_mu: f64,
+    /// ε(δ) of that μ.
     pub switch_epsilon: f64,
+    /// Trade-off: smallest type II error at type I error 0.05 for the switch.
     pub switch_type2_at_0_05: f64,
 }
 
@@ -590,27 +615,45 @@ pub fn critical_window(cfg: &SamplerConfig, plan: &Plan) -> Result<Vec<WindowRow
 /// The whole analysis of a configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Analysis {
+    /// Configuration name.
     pub name: String,
+    /// Schedule description.
     pub schedule: String,
+    /// Step convention used.
     pub convention: Convention,
+    /// The convention spelled out.
     pub convention_text: String,
+    /// Neighbouring relation.
     pub neighbouring: Neighbouring,
+    /// δ of the ε values.
     pub delta: f64,
+    /// Clipping norm C.
     pub clip_norm: f64,
+    /// |D|, the number of records.
     pub dataset_size: u64,
+    /// Density description.
     pub density: String,
+    /// Poisson subsampling rate p.
     pub subsample_rate: f64,
+    /// Number of samples drawn.
     pub samples: u64,
+    /// Number of private steps per sample.
     pub private_steps: usize,
+    /// Per-step rows.
     pub steps: Vec<StepRow>,
     /// Full-batch GDP μ over all private steps and samples.
     pub full_batch_mu: f64,
+    /// One line per requested accountant.
     pub accountants: Vec<AccountantLine>,
     /// The smallest ε among sound lines (exact or upper bound), if any.
     pub guarantee: Option<AccountantLine>,
+    /// Validity warnings (CLT conditions, blatant steps).
     pub warnings: Vec<Diagnostic>,
+    /// Critical-window view.
     pub window: Vec<WindowRow>,
+    /// The accounted event.
     pub event: DpEvent,
+    /// The event as an event file (TOML).
     pub ledger: String,
 }
 
@@ -621,6 +664,13 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
     let p = cfg.privacy.subsample_rate;
     let s = cfg.privacy.samples;
     let mut warnings = Vec::new();
+    for (d, text) in cfg.defaulted.iter().zip(cfg.default_warnings()) {
+        warnings.push(Diagnostic {
+            code: format!("defaulted_{}", d.field.replace('.', "_")),
+            message: text,
+            severe: false,
+        });
+    }
     if mus.is_empty() {
         warnings.push(Diagnostic {
             code: "no_private_steps".into(),

@@ -23,12 +23,16 @@ use crate::error::{Error, Result};
 /// A dataset loaded for the empirical denoiser: `n` rows of dimension `d`, row-major.
 #[derive(Debug, Clone)]
 pub struct Dataset {
+    /// Number of rows.
     pub n: usize,
+    /// Dimension of each row.
     pub d: usize,
+    /// The values, row-major (n × d).
     pub values: Vec<f64>,
 }
 
 impl Dataset {
+    /// A dataset from row-major `values` of dimension `d`; errors when empty or not a multiple of `d`.
     pub fn new(values: Vec<f64>, d: usize) -> Result<Self> {
         if d == 0 || values.is_empty() || !values.len().is_multiple_of(d) {
             return Err(Error::input(format!(
@@ -109,6 +113,7 @@ impl Dataset {
         Self::new(values, d).map_err(|e| e.with_file(path))
     }
 
+    /// Row `i`.
     pub fn row(&self, i: usize) -> &[f64] {
         &self.values[i * self.d..(i + 1) * self.d]
     }
@@ -166,12 +171,15 @@ impl EmpiricalDenoiser {
         &self.data_t
     }
 
+    /// Number of records N.
     pub fn len(&self) -> usize {
         self.n
     }
+    /// True when there are no records.
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
+    /// Dimension d of each record.
     pub fn dim(&self) -> usize {
         self.d
     }
@@ -276,7 +284,9 @@ pub struct SampleRun {
 /// Options of [`sample`].
 #[derive(Debug, Clone, Copy)]
 pub struct SamplerOptions {
+    /// Number of trajectories to sample.
     pub trajectories: usize,
+    /// Seed of the sampler noise.
     pub seed: u64,
     /// Poisson subsampling rate of the records at every step (1 = full batch).
     pub subsample_rate: f64,
@@ -287,11 +297,14 @@ pub struct SamplerOptions {
 /// The clipping norm C (eq. 5), possibly scaled with the typical density at each level.
 #[derive(Debug, Clone, Copy)]
 pub enum ClipSpec {
+    /// The same C at every level.
     Absolute {
+        /// The clipping norm C.
         c: f64,
     },
     /// C_t = c · (2πt²)^{−d/2} e^{−d/2} (see `ClipScale::TypicalDensity`).
     TypicalDensity {
+        /// The clipping constant c.
         c: f64,
     },
 }

@@ -9,9 +9,11 @@
 //!   v(x₀; x_t)) and a sampler that runs it, full batch or subsampled.
 //! - [`account`]: per-step plan → [`crate::events::DpEvent`] → every accountant, CLT validity
 //!   checks, critical-window view; [`sampler_accounting`] is the entry point for `dpaudit check`.
-//! - [`sweep`]: parallel, deterministic grid sweeps.
+//! - [`sweep`]: parallel, deterministic grid sweeps over any combination of settings.
+//! - [`calibrate`]: the t_min, rate, samples, switch step or clip that meets a target ε.
 
 pub mod account;
+pub mod calibrate;
 pub mod denoiser;
 pub mod schedule;
 pub mod sensitivity;

@@ -38,37 +38,58 @@ pub enum Spacing {
 pub enum Schedule {
     /// EDM / Karras: `levels` = N noise levels from σ_max down to σ_min.
     Edm {
+        /// Smallest noise level σ_min.
         sigma_min: f64,
+        /// Largest noise level σ_max.
         sigma_max: f64,
+        /// Karras ρ.
         rho: f64,
+        /// Number of noise levels N.
         levels: usize,
     },
     /// DDPM with a linear β schedule over `timesteps` training steps; `levels` (default all)
     /// picks a DDIM sub-sequence with `spacing`.
     DdpmLinear {
+        /// β of the first training step.
         beta_start: f64,
+        /// β of the last training step.
         beta_end: f64,
+        /// Number of training steps.
         timesteps: usize,
         #[serde(default)]
+        /// Sampler levels (default: all training steps).
         levels: Option<usize>,
         #[serde(default)]
+        /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
     },
     /// DDPM with the cosine ᾱ schedule (offset `s`, β clipped at `max_beta`).
     DdpmCosine {
         #[serde(default = "default_cosine_s")]
+        /// Offset s of the cosine schedule.
         s: f64,
         #[serde(default = "default_max_beta")]
+        /// Largest β after clipping.
         max_beta: f64,
+        /// Number of training steps.
         timesteps: usize,
         #[serde(default)]
+        /// Sampler levels (default: all training steps).
         levels: Option<usize>,
         #[serde(default)]
+        /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
     },
     /// Rectified flow / flow matching: `levels` equally spaced noise fractions from `s_max`
     /// down to `s_min` (both in (0, 1)).
-    FlowMatching { s_min: f64, s_max: f64, levels: usize },
+    FlowMatching {
+        /// Smallest noise fraction.
+        s_min: f64,
+        /// Largest noise fraction.
+        s_max: f64,
+        /// Number of levels.
+        levels: usize,
+    },
 }
 
 fn default_cosine_s() -> f64 {
@@ -91,6 +112,7 @@ pub enum Convention {
 }
 
 impl Convention {
+    /// The convention's letter (`A`, `B` or `C`).
     pub fn as_str(self) -> &'static str {
         match self {
             Convention::A => "A",
@@ -554,6 +576,37 @@ mod tests {
         assert_eq!((a[0].t, a[0].dt, b[0].t, b[0].dt), (4.0, 2.0, 2.0, 2.0));
         assert_eq!(c.len(), 3);
         assert_eq!((c[2].t, c[2].dt, c[2].t_to), (1.0, 1.0, 0.0));
+    }
+
+    #[test]
+    fn ddpm_ancestral_step_lies_between_conventions_a_and_b() {
+        // The ancestral step k → k−1 in the variance-exploding form x/√ᾱ: mean weight on the
+        // denoiser w = 1 − (t_{k−1}/t_k)², posterior noise variance t_{k−1}²(t_k² − t_{k−1}²)/t_k²
+        // (Ho et al. 2020 eq. 7 rewritten), so per unit sensitivity μ = √(t_k² − t_{k−1}²)/(t_k t_{k−1}).
+        // Convention A (√(2Δt/t_k³)) is below it and B (√(2Δt/t_{k−1}³)) above it: B is the safe side.
+        let lv = Schedule::DdpmLinear {
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            timesteps: 1000,
+            levels: Some(50),
+            spacing: Spacing::Leading,
+        }
+        .levels()
+        .unwrap();
+        let a = steps(&lv, Convention::A);
+        let b = steps(&lv, Convention::B);
+        for (sa, sb) in a.iter().zip(&b) {
+            let (hi, lo) = (sa.t_from, sa.t_to);
+            let w = 1.0 - (lo / hi).powi(2);
+            let sd = lo * (hi * hi - lo * lo).sqrt() / hi;
+            let exact = w / sd;
+            let ma = (2.0 * sa.dt / sa.t.powi(3)).sqrt();
+            let mb = (2.0 * sb.dt / sb.t.powi(3)).sqrt();
+            assert!(
+                ma <= exact * (1.0 + 1e-12) && exact <= mb * (1.0 + 1e-12),
+                "{hi} → {lo}: {ma} {exact} {mb}"
+            );
+        }
     }
 
     #[test]

@@ -51,11 +51,15 @@ pub fn switch_index(n_steps: usize, switch_at: f64) -> usize {
 /// Roles of `steps` under the hybrid/early-stop settings of `privacy`:
 /// - steps whose start level is ≤ `stop_at` do not run (sampling stops at the first level
 ///   ≤ `stop_at`);
-/// - the first ⌊switch_at·n⌉ steps are public;
+/// - steps with index ≥ `stop_step` do not run;
+/// - the first `switch_step` (else ⌊switch_at·n⌉) steps are public;
 /// - then `private_steps` (default: all the rest) run the empirical denoiser; with a limited
 ///   count the remaining steps are public again (the paper's single-step variant, App. D).
 pub fn roles(steps: &[Step], privacy: &PrivacyConfig) -> Vec<StepRole> {
-    let k0 = switch_index(steps.len(), privacy.switch_at);
+    let k0 = privacy
+        .switch_step
+        .map(|k| k.min(steps.len()))
+        .unwrap_or_else(|| switch_index(steps.len(), privacy.switch_at));
     let k1 = match privacy.private_steps {
         Some(k) => k0.saturating_add(k).min(steps.len()),
         None => steps.len(),
@@ -64,7 +68,7 @@ pub fn roles(steps: &[Step], privacy: &PrivacyConfig) -> Vec<StepRole> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            if privacy.stop_at.is_some_and(|stop| s.t_from <= stop) {
+            if privacy.stop_at.is_some_and(|stop| s.t_from <= stop) || privacy.stop_step.is_some_and(|k| i >= k) {
                 StepRole::Skipped
             } else if i >= k0 && i < k1 {
                 StepRole::Private
@@ -88,6 +92,8 @@ mod tests {
             subsample_rate: 1.0,
             samples: 1,
             switch_at: 0.0,
+            switch_step: None,
+            stop_step: None,
             private_steps: None,
             stop_at: None,
         }
@@ -129,5 +135,20 @@ mod tests {
         let r = roles(&st, &p);
         assert_eq!(r[7], StepRole::Private);
         assert_eq!(r[8], StepRole::Skipped);
+        // The integer forms: first private step 5, stop after 7 steps.
+        p.stop_at = None;
+        p.switch_at = 0.0;
+        p.switch_step = Some(5);
+        p.stop_step = Some(7);
+        let r = roles(&st, &p);
+        assert_eq!(
+            (r[4], r[5], r[6], r[7]),
+            (
+                StepRole::Public,
+                StepRole::Private,
+                StepRole::Private,
+                StepRole::Skipped
+            )
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! Grid sweeps of a sampler configuration (constant density): σ_min, N, p, switch point, S.
+//! Grid sweeps of a sampler configuration (constant density) over any combination of axes:
+//! t_min (σ_min), N, stop step, switch step or fraction, C, |D|, δ, p, S (a cartesian grid).
 //! Grid points run in parallel (rayon) and come back in grid order, so the output is identical
 //! run to run.
 
@@ -11,30 +12,119 @@ use crate::accountants::AccountantKind;
 use crate::config::sampler::{DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
 
-/// The axes of a sweep. An empty axis means "the config's value".
+/// The axes of a sweep. An empty axis means "the config's value"; every non-empty axis is
+/// crossed with every other (a cartesian grid, in the order of the fields: σ_min outermost,
+/// the subsampling rate and S innermost).
 #[derive(Debug, Clone, Default)]
 pub struct SweepSpec {
+    /// Smallest noise level t_min: EDM `sigma_min`; flow matching `s_min` = t_min/(1 + t_min);
+    /// DDPM schedules (whose smallest level is fixed by β) stop at the first level ≤ t_min.
     pub sigma_min: Vec<f64>,
+    /// Number of noise levels N.
     pub levels: Vec<usize>,
-    pub subsample_rate: Vec<f64>,
+    /// Stop after this many steps (`privacy.stop_step`).
+    pub stop_step: Vec<usize>,
+    /// Index of the first private step (`privacy.switch_step`).
+    pub switch_step: Vec<usize>,
+    /// Fraction of the steps run by the public denoiser first (`privacy.switch_at`).
     pub switch_at: Vec<f64>,
+    /// Clipping norm C.
+    pub clip_norm: Vec<f64>,
+    /// Dataset size |D|.
+    pub dataset_size: Vec<u64>,
+    /// δ.
+    pub delta: Vec<f64>,
+    /// Poisson subsampling rate p.
+    pub subsample_rate: Vec<f64>,
+    /// Number of generated samples S.
     pub samples: Vec<u64>,
+    /// Accountants evaluated at every grid point.
     pub accountants: Vec<AccountantKind>,
+}
+
+impl SweepSpec {
+    /// Names (as flags without `--`) of the axes that have values, outermost first.
+    pub fn swept_axes(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        for (name, on) in [
+            ("sigma-min", !self.sigma_min.is_empty()),
+            ("steps", !self.levels.is_empty()),
+            ("stop-step", !self.stop_step.is_empty()),
+            ("switch-step", !self.switch_step.is_empty()),
+            ("switch-at", !self.switch_at.is_empty()),
+            ("clip", !self.clip_norm.is_empty()),
+            ("dataset-size", !self.dataset_size.is_empty()),
+            ("delta", !self.delta.is_empty()),
+            ("subsample-rate", !self.subsample_rate.is_empty()),
+            ("samples", !self.samples.is_empty()),
+        ] {
+            if on {
+                v.push(name);
+            }
+        }
+        v
+    }
+
+    /// Number of grid points (product of the non-empty axes' lengths).
+    pub fn size(&self) -> usize {
+        [
+            self.sigma_min.len(),
+            self.levels.len(),
+            self.stop_step.len(),
+            self.switch_step.len(),
+            self.switch_at.len(),
+            self.clip_norm.len(),
+            self.dataset_size.len(),
+            self.delta.len(),
+            self.subsample_rate.len(),
+            self.samples.len(),
+        ]
+        .iter()
+        .map(|&n| n.max(1))
+        .fold(1usize, |a, n| a.saturating_mul(n))
+    }
 }
 
 /// One grid point's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SweepRow {
+    /// EDM σ_min (other schedules: none).
     pub sigma_min: Option<f64>,
+    /// Smallest noise level the schedule reaches (before any stop).
+    pub t_min: f64,
+    /// Number of noise levels N.
     pub levels: usize,
-    pub subsample_rate: f64,
+    /// Stop after this many steps (none: all steps run).
+    #[serde(default)]
+    pub stop_step: Option<usize>,
+    /// Stop at the first level ≤ this noise level (none: no stop by level).
+    #[serde(default)]
+    pub stop_at: Option<f64>,
+    /// First private step (none: from `switch_at`).
+    #[serde(default)]
+    pub switch_step: Option<usize>,
+    /// Fraction of the steps run by the public denoiser first.
     pub switch_at: f64,
+    /// Clipping norm C.
+    pub clip_norm: f64,
+    /// Dataset size |D|.
+    pub dataset_size: u64,
+    /// δ of the ε columns.
+    pub delta: f64,
+    /// Poisson subsampling rate p.
+    pub subsample_rate: f64,
+    /// Number of generated samples S.
     pub samples: u64,
+    /// Step convention (A, B or C).
     pub convention: String,
+    /// Private steps per sample.
     pub private_steps: usize,
+    /// Largest per-step μ_t.
     pub max_step_mu: f64,
+    /// Full-batch GDP μ over all private steps and samples.
     pub full_batch_mu: f64,
+    /// One line per accountant.
     pub accountants: Vec<AccountantLine>,
 }
 
@@ -64,85 +154,134 @@ pub fn grid(a: f64, b: f64, n: usize, log: bool) -> Result<Vec<f64>> {
         .collect())
 }
 
-/// The configurations of the grid, in order (σ_min outermost, then N, p, switch, S).
-pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<SamplerConfig>> {
-    let beta =
-        match cfg.density {
-            DensityConfig::Constant { beta } => beta,
-            DensityConfig::Trajectories(_) => return Err(Error::field(
-                "density.kind",
-                "sweep needs a constant density (trajectories depend on every grid setting); use `analyze` per setting",
-            )),
-        };
-    let _ = beta;
-    let is_edm = matches!(cfg.schedule, Schedule::Edm { .. });
-    if !spec.sigma_min.is_empty() && !is_edm {
-        return Err(Error::field("--sigma-min", "the σ_min axis needs an EDM schedule"));
+/// A setter for one axis value.
+type Setter = Box<dyn Fn(&mut SamplerConfig) -> Result<()>>;
+
+/// Sets the smallest noise level t_min of any schedule kind (see [`SweepSpec::sigma_min`]).
+pub fn set_t_min(cfg: &mut SamplerConfig, t_min: f64) -> Result<()> {
+    if !(t_min.is_finite() && t_min > 0.0) {
+        return Err(Error::field(
+            "--sigma-min",
+            format!("must be a finite number > 0, got {t_min}"),
+        ));
     }
-    let one = |v: &[f64], d: f64| if v.is_empty() { vec![d] } else { v.to_vec() };
-    let sig: Vec<Option<f64>> = if spec.sigma_min.is_empty() {
-        vec![None]
-    } else {
-        spec.sigma_min.iter().map(|s| Some(*s)).collect()
-    };
-    let lv: Vec<Option<usize>> = if spec.levels.is_empty() {
-        vec![None]
-    } else {
-        spec.levels.iter().map(|s| Some(*s)).collect()
-    };
-    let ps = one(&spec.subsample_rate, cfg.privacy.subsample_rate);
-    let sw = one(&spec.switch_at, cfg.privacy.switch_at);
-    let ss: Vec<u64> = if spec.samples.is_empty() {
-        vec![cfg.privacy.samples]
-    } else {
-        spec.samples.clone()
-    };
-    let mut out = Vec::with_capacity(sig.len() * lv.len() * ps.len() * sw.len() * ss.len());
-    for s in &sig {
-        for l in &lv {
-            for p in &ps {
-                for w in &sw {
-                    for n in &ss {
-                        let mut c = cfg.clone();
-                        set_schedule(&mut c.schedule, *s, *l);
-                        c.privacy.subsample_rate = *p;
-                        c.privacy.switch_at = *w;
-                        c.privacy.samples = *n;
-                        c.validate().map_err(|e| {
-                            let f = e.field.clone().unwrap_or_default();
-                            Error::input(format!("grid point invalid: {}", e.message)).with_field(f)
-                        })?;
-                        out.push(c);
-                    }
-                }
+    match &mut cfg.schedule {
+        Schedule::Edm { sigma_min, .. } => *sigma_min = t_min,
+        // t = s/(1 − s) ⇔ s = t/(1 + t).
+        Schedule::FlowMatching { s_min, .. } => *s_min = t_min / (1.0 + t_min),
+        Schedule::DdpmLinear { .. } | Schedule::DdpmCosine { .. } => cfg.privacy.stop_at = Some(t_min),
+    }
+    Ok(())
+}
+
+/// The configurations of the grid, in order (the first axis of [`SweepSpec`] outermost).
+pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<SamplerConfig>> {
+    if let DensityConfig::Trajectories(_) = cfg.density {
+        return Err(Error::field(
+            "density.kind",
+            "sweep needs a constant density (trajectories depend on every grid setting); use `analyze` per setting",
+        ));
+    }
+    if !spec.switch_step.is_empty() && !spec.switch_at.is_empty() {
+        return Err(Error::field(
+            "--switch-step",
+            "sweep either --switch-step (step indices) or --switch-at (fractions), not both",
+        ));
+    }
+    let n = spec.size();
+    if n > MAX_GRID_POINTS {
+        return Err(Error::field(
+            "--points",
+            format!(
+                "the grid has {n} points (more than {}): use fewer values per axis",
+                MAX_GRID_POINTS
+            ),
+        ));
+    }
+    let mut axes: Vec<(&'static str, Vec<Setter>)> = Vec::new();
+    fn axis<T: Copy + 'static>(
+        axes: &mut Vec<(&'static str, Vec<Setter>)>,
+        flag: &'static str,
+        values: &[T],
+        set: fn(&mut SamplerConfig, T) -> Result<()>,
+    ) {
+        if !values.is_empty() {
+            axes.push((
+                flag,
+                values
+                    .iter()
+                    .map(|&v| Box::new(move |c: &mut SamplerConfig| set(c, v)) as Setter)
+                    .collect(),
+            ));
+        }
+    }
+    axis(&mut axes, "--sigma-min", &spec.sigma_min, set_t_min);
+    axis(&mut axes, "--steps", &spec.levels, |c, v| {
+        set_levels(&mut c.schedule, v);
+        Ok(())
+    });
+    axis(&mut axes, "--stop-step", &spec.stop_step, |c, v| {
+        c.privacy.stop_step = Some(v);
+        Ok(())
+    });
+    axis(&mut axes, "--switch-step", &spec.switch_step, |c, v| {
+        c.privacy.switch_step = Some(v);
+        c.privacy.switch_at = 0.0;
+        Ok(())
+    });
+    axis(&mut axes, "--switch-at", &spec.switch_at, |c, v| {
+        c.privacy.switch_at = v;
+        c.privacy.switch_step = None;
+        Ok(())
+    });
+    axis(&mut axes, "--clip", &spec.clip_norm, |c, v| {
+        c.privacy.clip_norm = v;
+        Ok(())
+    });
+    axis(&mut axes, "--dataset-size", &spec.dataset_size, |c, v| {
+        c.privacy.dataset_size = Some(v);
+        Ok(())
+    });
+    axis(&mut axes, "--delta", &spec.delta, |c, v| {
+        c.delta = v;
+        Ok(())
+    });
+    axis(&mut axes, "--subsample-rate", &spec.subsample_rate, |c, v| {
+        c.privacy.subsample_rate = v;
+        Ok(())
+    });
+    axis(&mut axes, "--samples", &spec.samples, |c, v| {
+        c.privacy.samples = v;
+        Ok(())
+    });
+    let mut out = vec![cfg.clone()];
+    for (flag, setters) in &axes {
+        let mut next = Vec::with_capacity(out.len() * setters.len());
+        for c in &out {
+            for set in setters {
+                let mut c = c.clone();
+                set(&mut c).map_err(|e| e.with_field(*flag))?;
+                next.push(c);
             }
         }
+        out = next;
+    }
+    for c in &out {
+        c.validate().map_err(|e| {
+            let f = e.field.clone().unwrap_or_default();
+            Error::input(format!("grid point invalid: {}", e.message)).with_field(f)
+        })?;
     }
     Ok(out)
 }
 
-fn set_schedule(s: &mut Schedule, sigma_min: Option<f64>, n: Option<usize>) {
+/// Largest grid a sweep builds.
+pub const MAX_GRID_POINTS: usize = 1_000_000;
+
+fn set_levels(s: &mut Schedule, n: usize) {
     match s {
-        Schedule::Edm {
-            sigma_min: sm, levels, ..
-        } => {
-            if let Some(v) = sigma_min {
-                *sm = v;
-            }
-            if let Some(v) = n {
-                *levels = v;
-            }
-        }
-        Schedule::DdpmLinear { levels, .. } | Schedule::DdpmCosine { levels, .. } => {
-            if let Some(v) = n {
-                *levels = Some(v);
-            }
-        }
-        Schedule::FlowMatching { levels, .. } => {
-            if let Some(v) = n {
-                *levels = v;
-            }
-        }
+        Schedule::Edm { levels, .. } | Schedule::FlowMatching { levels, .. } => *levels = n,
+        Schedule::DdpmLinear { levels, .. } | Schedule::DdpmCosine { levels, .. } => *levels = Some(n),
     }
 }
 
@@ -166,9 +305,25 @@ pub fn evaluate(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<S
             Schedule::Edm { sigma_min, .. } => Some(sigma_min),
             _ => None,
         },
+        t_min: match cfg.schedule {
+            // The value as given (the computed last level carries rounding noise).
+            Schedule::Edm { sigma_min, .. } => sigma_min,
+            _ => plan
+                .steps
+                .iter()
+                .map(|r| r.t_to)
+                .filter(|t| *t > 0.0)
+                .fold(f64::INFINITY, f64::min),
+        },
         levels: cfg.schedule.n_levels(),
-        subsample_rate: p,
+        stop_step: cfg.privacy.stop_step,
+        stop_at: cfg.privacy.stop_at,
+        switch_step: cfg.privacy.switch_step,
         switch_at: cfg.privacy.switch_at,
+        clip_norm: cfg.privacy.clip_norm,
+        dataset_size: plan.dataset_size,
+        delta: cfg.delta,
+        subsample_rate: p,
         samples: s,
         convention: cfg.convention.as_str().into(),
         private_steps: mus.len(),
@@ -197,9 +352,16 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
     let mut w = csv::Writer::from_writer(Vec::new());
     let mut header: Vec<String> = [
         "sigma_min",
+        "t_min",
         "levels",
-        "subsample_rate",
+        "stop_step",
+        "stop_at",
+        "switch_step",
         "switch_at",
+        "clip_norm",
+        "dataset_size",
+        "delta",
+        "subsample_rate",
         "samples",
         "convention",
         "private_steps",
@@ -221,9 +383,16 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
     for r in rows {
         let mut rec = vec![
             r.sigma_min.map(fmt).unwrap_or_default(),
+            fmt(r.t_min),
             r.levels.to_string(),
-            fmt(r.subsample_rate),
+            r.stop_step.map(|v| v.to_string()).unwrap_or_default(),
+            r.stop_at.map(fmt).unwrap_or_default(),
+            r.switch_step.map(|v| v.to_string()).unwrap_or_default(),
             fmt(r.switch_at),
+            fmt(r.clip_norm),
+            r.dataset_size.to_string(),
+            fmt(r.delta),
+            fmt(r.subsample_rate),
             r.samples.to_string(),
             r.convention.clone(),
             r.private_steps.to_string(),

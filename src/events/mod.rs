@@ -38,46 +38,99 @@ pub enum DpEvent {
     NoOp,
     /// Gaussian mechanism with noise std = `noise_multiplier` × L2 sensitivity.
     /// A μ-GDP step is `Gaussian { noise_multiplier: 1/μ }`.
-    Gaussian { noise_multiplier: f64 },
+    Gaussian {
+        /// Noise standard deviation divided by the L2 sensitivity (σ).
+        noise_multiplier: f64,
+    },
     /// A mechanism known only to be (ε, δ)-DP.
-    EpsilonDelta { epsilon: f64, delta: f64 },
+    EpsilonDelta {
+        /// ε of the mechanism.
+        epsilon: f64,
+        /// δ of the mechanism.
+        delta: f64,
+    },
     /// Each record is included independently with probability `q`, then `event` runs.
-    PoissonSampled { q: f64, event: Box<DpEvent> },
+    PoissonSampled {
+        /// Inclusion probability in (0, 1].
+        q: f64,
+        /// What runs on the sample.
+        event: Box<DpEvent>,
+    },
     /// A uniformly random subset of exactly `m` of the `n` records, then `event` runs.
-    SampledWithoutReplacement { n: u64, m: u64, event: Box<DpEvent> },
+    SampledWithoutReplacement {
+        /// Dataset size.
+        n: u64,
+        /// Sample size.
+        m: u64,
+        /// What runs on the sample.
+        event: Box<DpEvent>,
+    },
     /// The events run one after another (adaptively).
-    Composed { events: Vec<DpEvent> },
+    Composed {
+        /// The events, in order.
+        events: Vec<DpEvent>,
+    },
     /// `event` runs `count` times.
-    SelfComposed { event: Box<DpEvent>, count: u64 },
+    SelfComposed {
+        /// What runs.
+        event: Box<DpEvent>,
+        /// How many times.
+        count: u64,
+    },
 }
 
 /// How a homogeneous component is sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Sampling {
+    /// Every record takes part.
     Full,
-    Poisson { q: f64 },
-    WithoutReplacement { n: u64, m: u64 },
+    /// Each record independently with probability `q`.
+    Poisson {
+        /// Inclusion probability in (0, 1].
+        q: f64,
+    },
+    /// Exactly `m` of the `n` records, uniformly.
+    WithoutReplacement {
+        /// Dataset size.
+        n: u64,
+        /// Sample size.
+        m: u64,
+    },
 }
 
 /// A privacy-costing leaf.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Mechanism {
-    Gaussian { noise_multiplier: f64 },
-    EpsilonDelta { epsilon: f64, delta: f64 },
+    /// Gaussian noise with std = `noise_multiplier` × L2 sensitivity.
+    Gaussian {
+        /// Noise standard deviation divided by the L2 sensitivity (σ).
+        noise_multiplier: f64,
+    },
+    /// A mechanism known only to be (ε, δ)-DP.
+    EpsilonDelta {
+        /// ε of the mechanism.
+        epsilon: f64,
+        /// δ of the mechanism.
+        delta: f64,
+    },
 }
 
 /// One homogeneous part of a pipeline: a (possibly sampled) mechanism run `count` times.
 /// Most accountants work on the list of components ([`DpEvent::components`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Component {
+    /// How the component is sampled.
     pub sampling: Sampling,
+    /// The mechanism that runs.
     pub mechanism: Mechanism,
+    /// How many times it runs.
     pub count: u64,
 }
 
 impl DpEvent {
+    /// A Gaussian step with noise multiplier σ.
     pub fn gaussian(noise_multiplier: f64) -> Self {
         DpEvent::Gaussian { noise_multiplier }
     }
@@ -87,12 +140,14 @@ impl DpEvent {
             noise_multiplier: 1.0 / mu,
         }
     }
+    /// `event` run on a Poisson(q) sample.
     pub fn poisson(q: f64, event: DpEvent) -> Self {
         DpEvent::PoissonSampled {
             q,
             event: Box::new(event),
         }
     }
+    /// `event` run `count` times.
     pub fn repeat(event: DpEvent, count: u64) -> Self {
         DpEvent::SelfComposed {
             event: Box::new(event),
@@ -344,12 +399,15 @@ pub struct EventBuilder {
 }
 
 impl EventBuilder {
+    /// An empty builder.
     pub fn new() -> Self {
         Self::default()
     }
+    /// Records one run of `event`.
     pub fn push(&mut self, event: DpEvent) -> &mut Self {
         self.push_n(event, 1)
     }
+    /// Records `count` runs of `event` (merged with the previous entry when equal).
     pub fn push_n(&mut self, event: DpEvent, count: u64) -> &mut Self {
         if count == 0 || event == DpEvent::NoOp {
             return self;
@@ -368,9 +426,11 @@ impl EventBuilder {
     pub fn len(&self) -> u64 {
         self.parts.iter().map(|(_, n)| *n).sum()
     }
+    /// True when nothing private has been recorded.
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()
     }
+    /// The recorded events as one tree (`NoOp` when empty).
     pub fn build(&self) -> DpEvent {
         let mut evs: Vec<DpEvent> = self
             .parts
@@ -395,15 +455,33 @@ impl EventBuilder {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventFile {
+    /// Format version; must be 1.
     pub schema_version: u32,
     #[serde(default)]
+    /// Neighbouring relation (default add/remove).
     pub neighbouring: Neighbouring,
     /// Optional δ (flags override).
     pub delta: Option<f64>,
+    /// The event tree (`[event]`).
     pub event: DpEvent,
 }
 
 impl EventFile {
+    /// The file as TOML text, readable by [`EventFile::load`] (floats are written in their
+    /// shortest round-trip form, so a saved file loads back to the identical event).
+    pub fn to_toml(&self, comment: &str) -> Result<String> {
+        let body = toml::to_string(self).map_err(|e| Error::input(format!("cannot write the event file: {e}")))?;
+        let mut s = String::new();
+        for line in comment.lines() {
+            s.push_str("# ");
+            s.push_str(line);
+            s.push('\n');
+        }
+        s.push_str(&body);
+        Ok(s)
+    }
+
+    /// Reads and validates an event file; errors name the file, line and field.
     pub fn load(path: &std::path::Path) -> Result<Self> {
         let f: EventFile = crate::error::load_toml(path)?;
         if f.schema_version != 1 {
@@ -460,6 +538,36 @@ noise_multiplier = 1.1
         let f: EventFile = toml::from_str(&bad).unwrap();
         let e = f.event.validate().unwrap_err();
         assert_eq!(e.field.as_deref(), Some("event.event.q"));
+    }
+
+    #[test]
+    fn saved_files_load_back_identically() {
+        let ev = DpEvent::Composed {
+            events: vec![
+                DpEvent::dpsgd(0.8, 64.0 / 60000.0, 9375),
+                DpEvent::gdp(0.1 + 0.2),
+                DpEvent::SampledWithoutReplacement {
+                    n: 10,
+                    m: 3,
+                    event: Box::new(DpEvent::gaussian(2.0)),
+                },
+                DpEvent::EpsilonDelta {
+                    epsilon: 1.0 / 3.0,
+                    delta: 1e-7,
+                },
+            ],
+        };
+        let f = EventFile {
+            schema_version: 1,
+            neighbouring: Neighbouring::ReplaceOne,
+            delta: Some(1e-5),
+            event: ev.clone(),
+        };
+        let text = f.to_toml("written by a test\nsecond line").unwrap();
+        assert!(text.starts_with("# written by a test\n# second line\n"));
+        let back: EventFile = toml::from_str(&text).unwrap();
+        assert_eq!(back.event, ev);
+        assert_eq!((back.neighbouring, back.delta), (Neighbouring::ReplaceOne, Some(1e-5)));
     }
 
     #[test]

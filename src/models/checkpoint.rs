@@ -22,13 +22,19 @@ use super::{ModelConfig, Net, Schedule};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataInfo {
+    /// Path of the data file.
     pub file: String,
+    /// SHA-256 of the data file.
     pub sha256: String,
+    /// Path of the split manifest.
     pub split: String,
+    /// SHA-256 of the split manifest.
     pub split_sha256: String,
+    /// Which part of the split was trained on.
     pub trained_on: Part,
     /// SHA-256 of the trained-on index list (equals the manifest's `<part>_sha256`).
     pub rows_sha256: String,
+    /// Number of rows trained on.
     pub rows: usize,
 }
 
@@ -36,17 +42,27 @@ pub struct DataInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingInfo {
+    /// Seed of the run.
     pub seed: u64,
+    /// Optimiser steps.
     pub steps: usize,
+    /// Batch size (expected batch size for DP runs).
     pub batch_size: usize,
+    /// Learning rate.
     pub lr: f64,
+    /// EMA decay of the saved weights (0: raw weights).
     pub ema_decay: f64,
+    /// Smallest diffusion step trained on.
     pub t_min: usize,
+    /// Largest diffusion step trained on.
     pub t_max: usize,
+    /// Device used for training.
     pub device: String,
     /// The exact command line that produced this checkpoint.
     pub command: String,
+    /// Denoising loss on fixed held-out draws before training.
     pub eval_loss_before: f64,
+    /// The same loss after training.
     pub eval_loss_after: f64,
     /// Checkpoint the run started from (fine-tuning), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,9 +77,11 @@ pub struct RapidInfo {
     pub k: usize,
     /// Value timestep v < k (the retrieved x̂_v starts the fine-tuned steps).
     pub v: usize,
+    /// Non-DP pretraining steps on public rows.
     pub pretrain_steps: usize,
     /// Public rows used for pretraining / for the knowledge base.
     pub pretrain_rows: usize,
+    /// Public rows in the knowledge base.
     pub kb_rows: usize,
 }
 
@@ -71,16 +89,22 @@ pub struct RapidInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpInfo {
+    /// Noise multiplier σ.
     pub noise_multiplier: f64,
+    /// Per-sample clipping norm.
     pub clip: f64,
+    /// Poisson sampling rate q.
     pub sample_rate: f64,
+    /// DP iterations.
     pub steps: u64,
+    /// δ of the accounted guarantee.
     pub delta: f64,
     /// Per-sample gradient method: `ghost` (one pass) or `loop`.
     pub per_sample: String,
     /// Ledger file (an `events::EventFile`) next to the card.
     pub ledger: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// RAPID retrieval settings, when used.
     pub rapid: Option<RapidInfo>,
 }
 
@@ -88,24 +112,36 @@ pub struct DpInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Card {
+    /// Format version.
     pub schema_version: u32,
     /// Weights file, relative to the card's folder.
     pub weights: String,
+    /// SHA-256 of the safetensors file.
     pub weights_sha256: String,
+    /// Number of trainable parameters.
     pub parameters: usize,
+    /// Architecture.
     pub model: ModelConfig,
+    /// Diffusion schedule.
     pub schedule: ScheduleConfig,
+    /// Training data and split.
     pub data: DataInfo,
+    /// Training settings.
     pub training: TrainingInfo,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// DP-SGD settings (DP runs only).
     pub dp: Option<DpInfo>,
 }
 
 /// A loaded checkpoint.
 pub struct Checkpoint {
+    /// The card.
     pub card: Card,
+    /// Path of the card.
     pub card_path: PathBuf,
+    /// The network with its weights.
     pub net: Net,
+    /// The materialised diffusion schedule.
     pub schedule: Schedule,
 }
 

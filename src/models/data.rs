@@ -42,9 +42,13 @@ pub fn indices_sha256(ix: &[usize]) -> String {
 /// Images scaled to [−1, 1] (row-major, `PIXELS` per image) and labels.
 #[derive(Debug, Clone)]
 pub struct Dataset {
+    /// Path the data was read from.
     pub path: PathBuf,
+    /// SHA-256 of the file.
     pub sha256: String,
+    /// Pixels in [−1, 1], row-major.
     pub pixels: Vec<f32>,
+    /// Digit labels.
     pub labels: Vec<u8>,
 }
 
@@ -108,10 +112,12 @@ impl Dataset {
         })
     }
 
+    /// Number of images.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// True when there are no images.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
@@ -130,8 +136,11 @@ impl Dataset {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Part {
+    /// The rows the model is trained on.
     Members,
+    /// Held-out rows from the same distribution.
     Nonmembers,
+    /// Public rows (pretraining, RAPID's knowledge base).
     Public,
 }
 
@@ -139,16 +148,25 @@ pub enum Part {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SplitManifest {
+    /// Format version; must be 1.
     pub schema_version: u32,
     /// The data file, relative to the repository root (or absolute).
     pub data: String,
+    /// SHA-256 of the data file.
     pub data_sha256: String,
+    /// Seed of the split.
     pub seed: u64,
+    /// SHA-256 of the member index list.
     pub members_sha256: String,
+    /// SHA-256 of the non-member index list.
     pub nonmembers_sha256: String,
+    /// SHA-256 of the public index list.
     pub public_sha256: String,
+    /// Member row indices.
     pub members: Vec<usize>,
+    /// Non-member row indices.
     pub nonmembers: Vec<usize>,
+    /// Public row indices.
     pub public: Vec<usize>,
 }
 
@@ -252,6 +270,7 @@ impl SplitManifest {
         Ok(())
     }
 
+    /// The row indices of part `p`.
     pub fn part(&self, p: Part) -> &[usize] {
         match p {
             Part::Members => &self.members,
@@ -260,6 +279,7 @@ impl SplitManifest {
         }
     }
 
+    /// The manifest as TOML.
     pub fn to_toml(&self) -> Result<String> {
         let mut s = String::from(
             "# Member / non-member / public split of the digits data (row indices, 0-based).\n\

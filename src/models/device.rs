@@ -12,8 +12,11 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum DeviceChoice {
     #[default]
+    /// CUDA when built with it and a GPU is present, else CPU.
     Auto,
+    /// The CPU.
     Cpu,
+    /// GPU 0 (needs the `cuda` feature).
     Cuda,
 }
 

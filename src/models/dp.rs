@@ -53,20 +53,32 @@ pub enum PerSample {
 /// DP-SGD settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct DpConfig {
+    /// Noise multiplier σ (noise std / clipping norm).
     pub noise_multiplier: f64,
+    /// Per-sample clipping norm C.
     pub clip: f64,
+    /// Poisson sampling rate q.
     pub sample_rate: f64,
+    /// DP iterations.
     pub steps: u64,
+    /// Learning rate.
     pub lr: f64,
+    /// EMA decay of the saved weights (0: raw weights).
     pub ema_decay: f64,
+    /// Seed of sampling, noise and initialisation.
     pub seed: u64,
+    /// δ of the accounted guarantee.
     pub delta: f64,
+    /// Smallest diffusion step trained on.
     pub t_min: usize,
+    /// Largest diffusion step trained on.
     pub t_max: usize,
+    /// How per-sample gradients are computed.
     pub per_sample: PerSample,
 }
 
 impl DpConfig {
+    /// Checks the settings against the schedule; errors name the flag.
     pub fn validate(&self, schedule: &Schedule) -> Result<()> {
         if !(self.noise_multiplier > 0.0 && self.noise_multiplier.is_finite()) {
             return Err(Error::field("--noise-multiplier", "must be a finite number > 0"));
@@ -83,7 +95,7 @@ impl DpConfig {
         if !(self.delta > 0.0 && self.delta < 1.0) {
             return Err(Error::field("--delta", "must be in (0, 1)"));
         }
-        if !(self.lr > 0.0) {
+        if self.lr.is_nan() || self.lr <= 0.0 {
             return Err(Error::field("--lr", "must be > 0"));
         }
         if self.t_min > self.t_max || self.t_max >= schedule.len() {
@@ -103,15 +115,20 @@ impl DpConfig {
 
 /// One (noised) training example: x_t, t and the noise target.
 pub struct Examples {
+    /// Noised inputs x_t, row-major.
     pub xt: Vec<f32>,
+    /// Diffusion step of each example.
     pub t: Vec<usize>,
+    /// The noise to predict, row-major.
     pub eps: Vec<f32>,
 }
 
 impl Examples {
+    /// Number of examples.
     pub fn len(&self) -> usize {
         self.t.len()
     }
+    /// True when there are no examples.
     pub fn is_empty(&self) -> bool {
         self.t.is_empty()
     }
@@ -239,7 +256,9 @@ fn per_sample_loop(net: &Net, ex: &Examples, clip: f64) -> Result<(HashMap<Strin
 
 /// RAPID's trajectory knowledge base (§3.3): keys are features of x_k, values x_v.
 pub struct KnowledgeBase {
+    /// Query timestep k.
     pub k: usize,
+    /// Value timestep v.
     pub v: usize,
     /// Keys [m, 64]: one-step denoised x̂₀ of x_k by the pretrained model.
     pub keys: Vec<f32>,
@@ -281,10 +300,12 @@ impl KnowledgeBase {
         Ok(KnowledgeBase { k, v, keys, values })
     }
 
+    /// Number of entries.
     pub fn len(&self) -> usize {
         self.keys.len() / PIXELS
     }
 
+    /// True when there are no entries.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -304,6 +325,7 @@ impl KnowledgeBase {
 
 /// The result of a DP run.
 pub struct DpRun {
+    /// Training log (losses).
     pub log: TrainLog,
     /// The event that ran (built step by step).
     pub event: DpEvent,
@@ -313,7 +335,9 @@ pub struct DpRun {
 
 /// Retrieval context for RAPID fine-tuning: the knowledge base and the frozen pretrained model.
 pub struct Retrieval<'a> {
+    /// RAPID's knowledge base.
     pub kb: &'a KnowledgeBase,
+    /// The frozen pretrained model.
     pub pretrained: &'a Net,
 }
 

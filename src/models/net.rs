@@ -37,6 +37,7 @@ pub enum Arch {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
+    /// Architecture (MLP or UNet).
     pub arch: Arch,
     /// MLP width.
     pub hidden: usize,
@@ -61,6 +62,7 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
+    /// Checks the hyper-parameters; errors name the flag.
     pub fn validate(&self) -> Result<()> {
         let bad = |f: &str, m: &str| Err(Error::field(format!("model.{f}"), m.to_string()));
         if self.hidden == 0 || self.hidden > 8192 {
@@ -69,10 +71,10 @@ impl ModelConfig {
         if self.depth > 64 {
             return bad("depth", "must be ≤ 64");
         }
-        if self.time_dim < 2 || self.time_dim % 2 != 0 || self.time_dim > 4096 {
+        if self.time_dim < 2 || !self.time_dim.is_multiple_of(2) || self.time_dim > 4096 {
             return bad("time_dim", "must be even, 2..=4096");
         }
-        if self.arch == Arch::Unet && (self.channels < 4 || self.channels % 4 != 0 || self.channels > 512) {
+        if self.arch == Arch::Unet && (self.channels < 4 || !self.channels.is_multiple_of(4) || self.channels > 512) {
             return bad(
                 "channels",
                 "must be a multiple of 4 in 4..=512 (group norm uses 4 groups)",
@@ -85,7 +87,9 @@ impl ModelConfig {
 /// Named parameters with a deterministic order.
 #[derive(Debug, Clone)]
 pub struct Params {
+    /// The variables by name.
     pub vars: BTreeMap<String, Var>,
+    /// Device they live on.
     pub device: Device,
 }
 
@@ -116,6 +120,7 @@ impl Params {
         Ok(t)
     }
 
+    /// Every variable, in name order.
     pub fn all_vars(&self) -> Vec<Var> {
         self.vars.values().cloned().collect()
     }
@@ -406,11 +411,16 @@ impl Unet {
 /// A denoiser with its parameters.
 #[derive(Debug, Clone)]
 pub struct Net {
+    /// Architecture hyper-parameters.
     pub config: ModelConfig,
+    /// The parameters.
     pub params: Params,
     body: Body,
 }
 
+// One body per network, never stored in bulk: boxing the larger variant would only add an
+// indirection to every forward pass.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 enum Body {
     Mlp(Mlp),
@@ -434,6 +444,7 @@ impl Net {
         })
     }
 
+    /// Device the parameters live on.
     pub fn device(&self) -> &Device {
         &self.params.device
     }

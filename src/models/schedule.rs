@@ -12,8 +12,11 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
+    /// Number of diffusion steps T.
     pub timesteps: usize,
+    /// β at the first step.
     pub beta_start: f64,
+    /// β at the last step.
     pub beta_end: f64,
 }
 
@@ -30,12 +33,16 @@ impl Default for ScheduleConfig {
 /// A materialised schedule: β_t and ᾱ_t for every step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
+    /// The parameters.
     pub config: ScheduleConfig,
+    /// β_t for t = 0..T.
     pub betas: Vec<f64>,
+    /// ᾱ_t = Π(1 − β_s) for t = 0..T.
     pub alpha_bars: Vec<f64>,
 }
 
 impl Schedule {
+    /// Materialises β_t and ᾱ_t; errors on invalid parameters.
     pub fn new(config: ScheduleConfig) -> Result<Self> {
         let ScheduleConfig {
             timesteps,
@@ -75,6 +82,7 @@ impl Schedule {
         self.betas.len()
     }
 
+    /// True when T = 0 (never after `new`).
     pub fn is_empty(&self) -> bool {
         self.betas.is_empty()
     }

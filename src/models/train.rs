@@ -22,18 +22,24 @@ use super::{Net, Schedule, PIXELS};
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
+    /// Optimiser steps.
     pub steps: usize,
+    /// Batch size.
     pub batch_size: usize,
+    /// Learning rate.
     pub lr: f64,
     /// EMA decay per step (0 disables the average: the raw weights are kept).
     pub ema_decay: f64,
+    /// Seed of initialisation, batches and noise.
     pub seed: u64,
     /// Train only on timesteps `t_min..=t_max` (RAPID fine-tunes the later sampling steps).
     pub t_min: usize,
+    /// Largest diffusion step trained on.
     pub t_max: usize,
 }
 
 impl TrainConfig {
+    /// Checks the settings against the schedule; errors name the flag.
     pub fn validate(&self, schedule: &Schedule) -> Result<()> {
         if self.batch_size == 0 {
             return Err(Error::field("--batch-size", "must be ≥ 1"));
@@ -86,6 +92,7 @@ pub struct Ema {
 }
 
 impl Ema {
+    /// An EMA starting from `net`'s current weights.
     pub fn new(net: &Net, decay: f64) -> Result<Self> {
         let shadow = net
             .params
@@ -96,12 +103,13 @@ impl Ema {
         Ok(Ema { decay, shadow, step: 0 })
     }
 
+    /// Update the average every this many steps.
     pub const EVERY: usize = 10;
 
     /// Call once per optimiser step.
     pub fn update(&mut self, net: &Net) -> Result<()> {
         self.step += 1;
-        if self.decay == 0.0 || self.step % Self::EVERY != 0 {
+        if self.decay == 0.0 || !self.step.is_multiple_of(Self::EVERY) {
             return Ok(());
         }
         let n = self.step as f64;
@@ -145,12 +153,16 @@ pub fn noisy(schedule: &Schedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f
 
 /// A batch for the ε-prediction loss: (x_t, t as f32, ε) tensors on the net's device.
 pub struct Batch {
+    /// Noised inputs x_t.
     pub xt: Tensor,
+    /// Timesteps as f32.
     pub t: Tensor,
+    /// Noise targets ε.
     pub eps: Tensor,
 }
 
 impl Batch {
+    /// A batch on the net's device from row-major slices.
     pub fn new(net: &Net, schedule: &Schedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Result<Self> {
         let n = t.len();
         let dev = net.device();
@@ -174,7 +186,9 @@ pub fn batch_loss(net: &Net, b: &Batch) -> Result<Tensor> {
 pub struct TrainLog {
     /// (step, mean training loss over the last logging window).
     pub losses: Vec<(usize, f64)>,
+    /// Denoising loss on fixed draws before training.
     pub eval_loss_before: f64,
+    /// The same loss after training.
     pub eval_loss_after: f64,
 }
 

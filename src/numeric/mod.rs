@@ -1,5 +1,8 @@
 //! Numeric helpers shared by every accountant: normal tails in log space, log-space sums,
 //! root finding and the project's named tolerances (one place, as statrs' `prec.rs`).
+//!
+//! No linear algebra crate (nalgebra) is needed: the accountants work on 1-D grids and sums,
+//! and the models' matrix work goes through candle tensors.
 
 pub mod roots;
 pub mod tol;

@@ -1,4 +1,9 @@
 //! Root finding on monotone functions with sides chosen for soundness.
+//!
+//! Hand-written rather than argmin's `BrentRoot`: a sound answer needs the whole final bracket
+//! (the caller takes the end on the safe side, e.g. the larger ε or the larger σ), while argmin
+//! returns one best point; argmin also errors instead of expanding a bracket without a sign
+//! change. The method is the textbook one (Brent 1973, ch. 4) in ~100 lines, tested below.
 
 use crate::error::{Error, Result};
 

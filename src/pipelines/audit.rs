@@ -21,8 +21,11 @@ use crate::pipelines::mechanisms::{rng, DpRdm, DpaggTi};
 /// Result of a sensitivity check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SensitivityReport {
+    /// Number of neighbouring pairs tried.
     pub trials: usize,
+    /// The sensitivity the mechanism claims.
     pub claimed_bound: f64,
+    /// Largest output change observed.
     pub max_change: f64,
     /// max_change / claimed_bound.
     pub ratio: f64,
@@ -100,7 +103,9 @@ pub fn dp_rdm_sensitivity(mech: &DpRdm, queries: &[Vec<f64>], trials: usize, see
 /// Result of a distinguishing audit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DistinguishingReport {
+    /// Runs of the mechanism on each dataset.
     pub runs_per_side: usize,
+    /// The distinguishing audit's outcome.
     pub outcome: AuditOutcome,
     /// The accounted (sound) ε upper bound the lower bound is compared with.
     pub epsilon_upper: f64,

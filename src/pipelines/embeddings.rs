@@ -8,10 +8,12 @@ use crate::error::{Error, Result};
 /// Row-major embeddings: `rows[i]` is the i-th record's vector.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Embeddings {
+    /// The rows.
     pub rows: Vec<Vec<f64>>,
 }
 
 impl Embeddings {
+    /// Embeddings from rows; errors when empty, ragged or non-finite.
     pub fn new(rows: Vec<Vec<f64>>) -> Result<Self> {
         let Some(first) = rows.first() else {
             return Err(Error::input("no embedding rows"));
@@ -30,12 +32,15 @@ impl Embeddings {
         }
         Ok(Embeddings { rows })
     }
+    /// Number of rows.
     pub fn len(&self) -> usize {
         self.rows.len()
     }
+    /// True when there are no rows.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
+    /// Dimension of each row.
     pub fn dim(&self) -> usize {
         self.rows[0].len()
     }
@@ -86,10 +91,12 @@ impl Embeddings {
     }
 }
 
+/// Euclidean norm of `v`.
 pub fn norm(v: &[f64]) -> f64 {
     v.iter().map(|x| x * x).sum::<f64>().sqrt()
 }
 
+/// Dot product of `a` and `b`.
 pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

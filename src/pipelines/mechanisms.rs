@@ -37,16 +37,24 @@ pub fn add_gaussian(v: &mut [f64], sigma: f64, rng: &mut impl Rng) {
 /// A privacy budget charged release by release.
 #[derive(Debug, Clone)]
 pub struct Budget {
+    /// Accountant that charges each release.
     pub accountant: AccountantKind,
+    /// Neighbouring relation.
     pub neighbouring: Neighbouring,
+    /// δ of the budget.
     pub delta: f64,
+    /// The ε budget; None: unlimited.
     pub max_epsilon: Option<f64>,
+    /// Every release so far.
     pub ledger: EventBuilder,
+    /// ε spent so far.
     pub spent: f64,
+    /// Releases refused because they would exceed the budget.
     pub refused: u64,
 }
 
 impl Budget {
+    /// An empty budget.
     pub fn new(accountant: AccountantKind, neighbouring: Neighbouring, delta: f64, max_epsilon: Option<f64>) -> Self {
         Budget {
             accountant,
@@ -151,6 +159,7 @@ pub enum SigmaRule {
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
     #[default]
+    /// The correct mechanism.
     None,
     /// Averages the raw embeddings: the sensitivity is 2·max‖u‖/m, not 2/m.
     SkipNormalisation,
@@ -162,15 +171,19 @@ pub enum Fault {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpaggTiConfig {
+    /// Format version; must be 1.
     pub schema_version: u32,
     /// CSV of embeddings (relative to the config file's folder).
     pub embeddings: PathBuf,
+    /// Number of records m subsampled per release.
     pub m: Count,
+    /// Target ε of one release.
     pub epsilon: Epsilon,
     /// Default 1/n, as in the paper.
     #[serde(default)]
     pub delta: Option<Delta>,
     #[serde(default)]
+    /// How σ is derived from ε and δ.
     pub sigma_rule: SigmaRule,
     /// Explicit σ (overrides `sigma_rule`).
     #[serde(default)]
@@ -182,6 +195,7 @@ pub struct DpaggTiConfig {
     #[serde(default)]
     pub budget_epsilon: Option<Epsilon>,
     #[serde(default)]
+    /// Seed of sampling and noise.
     pub seed: u64,
 }
 
@@ -217,13 +231,16 @@ pub fn load_config<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 pub struct DpaggTi {
     /// Rows as the mechanism averages them (normalised unless the fault skips it).
     pub data: Embeddings,
+    /// Records subsampled per release.
     pub m: usize,
     /// Noise std actually added.
     pub sigma: f64,
     /// Noise multiplier the implementation claims, relative to the sensitivity 2/m (what its
     /// ledger records). Equals σ/(2/m) unless a [`Fault`] is injected.
     pub noise_multiplier: f64,
+    /// δ of one release.
     pub delta: f64,
+    /// Deliberate bug to inject (`None` normally).
     pub fault: Fault,
 }
 
@@ -325,17 +342,29 @@ pub fn exact_noise_multiplier(epsilon: f64, delta: f64) -> Result<f64> {
 /// What a DPAgg-TI run produced.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DpaggTiRun {
+    /// Number of private records.
     pub n: usize,
+    /// Records subsampled per release.
     pub m: usize,
+    /// Embedding dimension.
     pub dim: usize,
+    /// Noise std σ.
     pub sigma: f64,
+    /// Noise multiplier σ / sensitivity.
     pub noise_multiplier: f64,
+    /// δ per release.
     pub delta: f64,
+    /// Seed used.
     pub seed: u64,
+    /// Releases made.
     pub released: u64,
+    /// Releases refused by the budget.
     pub refused: u64,
+    /// ε spent.
     pub epsilon_spent: f64,
+    /// Accountant that charged the budget.
     pub accountant: AccountantKind,
+    /// The released centroids.
     pub outputs: Vec<Vec<f64>>,
 }
 
@@ -409,14 +438,21 @@ impl DpaggTiConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpRdmConfig {
+    /// Format version; must be 1.
     pub schema_version: u32,
     /// Private retrieval set, public retrieval set, queries: CSVs (relative to the config).
     pub private: PathBuf,
+    /// Public embeddings (CSV).
     pub public: PathBuf,
+    /// Query embeddings (CSV).
     pub queries: PathBuf,
+    /// Neighbours retrieved per query.
     pub k: Count,
+    /// Poisson sampling rate of the private set per query.
     pub q: Probability,
+    /// Noise std σ.
     pub sigma: Positive,
+    /// Mixing weight λ of the retrieved mean.
     pub lambda: UnitInterval,
     /// Default 1/n (n = private rows), as in the paper.
     #[serde(default)]
@@ -430,6 +466,7 @@ pub struct DpRdmConfig {
     #[serde(default)]
     pub max_queries: Option<Count>,
     #[serde(default)]
+    /// Seed of sampling and noise.
     pub seed: u64,
 }
 
@@ -440,11 +477,17 @@ fn rdp() -> AccountantKind {
 /// The resolved DP-RDM mechanism (unit-norm private and public sets).
 #[derive(Debug, Clone)]
 pub struct DpRdm {
+    /// Private embeddings, unit norm.
     pub private: Embeddings,
+    /// Public embeddings, unit norm.
     pub public: Embeddings,
+    /// Neighbours per query.
     pub k: usize,
+    /// Poisson sampling rate.
     pub q: f64,
+    /// Noise std σ.
     pub sigma: f64,
+    /// Mixing weight λ.
     pub lambda: f64,
 }
 
@@ -518,19 +561,33 @@ impl DpRdm {
 /// What a DP-RDM run produced.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DpRdmRun {
+    /// Number of private records.
     pub n: usize,
+    /// Neighbours per query.
     pub k: usize,
+    /// Poisson sampling rate.
     pub q: f64,
+    /// Noise std σ.
     pub sigma: f64,
+    /// Mixing weight λ.
     pub lambda: f64,
+    /// Noise multiplier (σ over the sensitivity).
     pub noise_multiplier: f64,
+    /// δ of the budget.
     pub delta: f64,
+    /// The ε budget.
     pub budget_epsilon: f64,
+    /// Accountant that charged the budget.
     pub accountant: AccountantKind,
+    /// Seed used.
     pub seed: u64,
+    /// Queries answered.
     pub answered: u64,
+    /// Queries refused by the budget.
     pub refused: u64,
+    /// ε spent.
     pub epsilon_spent: f64,
+    /// One answer per query.
     pub answers: Vec<RdmAnswer>,
 }
 

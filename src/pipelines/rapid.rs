@@ -131,8 +131,8 @@ pub fn verify(c: &RapidClaim) -> Result<ClaimResult> {
         ));
     } else {
         // Calibrate what the missing parameters would have to be.
-        let epochs: Vec<f64> = if c.epochs.is_some() {
-            vec![c.epochs.unwrap().get()]
+        let epochs: Vec<f64> = if let Some(e) = c.epochs {
+            vec![e.get()]
         } else {
             c.calibrate_epochs.iter().map(|e| e.get()).collect()
         };

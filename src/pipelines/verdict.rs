@@ -21,18 +21,24 @@ pub struct Analysis {
     /// Short method name, e.g. `pld`, `rdp`, `rdp_classic_conversion`, `rapid_theorem1`.
     pub method: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// The accountant behind the number, if any.
     pub accountant: Option<AccountantKind>,
+    /// ε of this analysis.
     pub epsilon: f64,
+    /// δ of this analysis.
     pub delta: f64,
+    /// Kind of the number.
     pub kind: BoundKind,
     /// True when this number is a valid upper bound on ε for the interpretation (its kind is
     /// sound *and* its preconditions hold). Only sound analyses enter verdicts.
     pub sound: bool,
     #[serde(skip_serializing_if = "String::is_empty", default)]
+    /// Explanation shown with the number.
     pub note: String,
 }
 
 impl Analysis {
+    /// An analysis named `method`.
     pub fn new(method: &str, epsilon: f64, delta: f64, kind: BoundKind, sound: bool) -> Self {
         Analysis {
             method: method.to_string(),
@@ -44,6 +50,7 @@ impl Analysis {
             note: String::new(),
         }
     }
+    /// Adds an explanation.
     pub fn with_note(mut self, note: impl Into<String>) -> Self {
         self.note = note.into();
         self
@@ -55,12 +62,16 @@ impl Analysis {
 pub struct Interpretation {
     /// Stable id, e.g. `poisson_add_remove`.
     pub id: String,
+    /// What the interpretation assumes, in words.
     pub description: String,
+    /// Neighbouring relation assumed.
     pub neighbouring: Neighbouring,
     /// The sensitivity convention in words, e.g. `Δ = 2/k`.
     pub sensitivity: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// The event, when the interpretation has one.
     pub event: Option<DpEvent>,
+    /// Ways of computing ε for it.
     pub analyses: Vec<Analysis>,
     /// Accountants that could not account the event, with their reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -83,6 +94,7 @@ impl Interpretation {
             .filter(|a| a.sound)
             .min_by(|a, b| a.epsilon.total_cmp(&b.epsilon))
     }
+    /// The analysis named `method`.
     pub fn analysis(&self, method: &str) -> Option<&Analysis> {
         self.analyses.iter().find(|a| a.method == method)
     }
@@ -91,12 +103,16 @@ impl Interpretation {
 /// A validity-range check of a formula or an assumption.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Check {
+    /// Machine-readable name.
     pub code: String,
+    /// Whether the check passed.
     pub ok: bool,
+    /// What was checked and found.
     pub message: String,
 }
 
 impl Check {
+    /// A check result.
     pub fn new(code: &str, ok: bool, message: impl Into<String>) -> Self {
         Check {
             code: code.into(),
@@ -110,24 +126,34 @@ impl Check {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum Verdict {
+    /// A sound ε is within the claim under every interpretation.
     Holds {
+        /// Claimed ε minus the largest sound ε over the interpretations.
         margin: f64,
     },
+    /// The claim holds only under some interpretations.
     HoldsOnlyUnder {
+        /// Ids of the interpretations under which it holds.
         interpretations: Vec<String>,
         /// (interpretation, its sound ε − claimed ε) for those that fail.
         fails: Vec<(String, f64)>,
     },
+    /// Under every interpretation the sound ε exceeds the claim.
     Violated {
+        /// Smallest excess of a sound ε over the claim.
         by: f64,
+        /// The smallest sound ε over the interpretations.
         best_epsilon: f64,
     },
+    /// Some interpretation has no sound ε, or the claim lacks a parameter.
     Undecided {
+        /// What is missing, in words.
         missing: Vec<String>,
     },
 }
 
 impl Verdict {
+    /// Short label (`holds`, `holds_only_under`, `violated`, `undecided`).
     pub fn label(&self) -> &'static str {
         match self {
             Verdict::Holds { .. } => "holds",
@@ -136,6 +162,7 @@ impl Verdict {
             Verdict::Undecided { .. } => "undecided",
         }
     }
+    /// True for [`Verdict::Violated`].
     pub fn is_violated(&self) -> bool {
         matches!(self, Verdict::Violated { .. })
     }
@@ -158,30 +185,45 @@ impl Verdict {
 /// Calibration shown when the claim omits a parameter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
+    /// The parameter calibrated.
     pub what: String,
+    /// The calibrated value.
     pub value: f64,
+    /// How it was calibrated.
     pub description: String,
 }
 
 /// Everything `verify` says about one claim.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClaimResult {
+    /// Identifier of the claim.
     pub id: String,
+    /// Pipeline (`rapid`, `dp_rdm`, `dpagg_ti`).
     pub pipeline: String,
+    /// Where the claim is published.
     pub source: String,
+    /// Dataset the claim is about.
     pub dataset: String,
+    /// Claimed ε.
     pub claimed_epsilon: f64,
+    /// Claimed δ.
     pub claimed_delta: f64,
+    /// The verdict.
     pub verdict: Verdict,
+    /// Each reading of the claim with its analyses.
     pub interpretations: Vec<Interpretation>,
+    /// Validity-range checks.
     pub checks: Vec<Check>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Notable findings in words.
     pub findings: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Calibrations for parameters the claim omits.
     pub calibrations: Vec<Calibration>,
 }
 
 impl ClaimResult {
+    /// The interpretation with id `id`.
     pub fn interpretation(&self, id: &str) -> Option<&Interpretation> {
         self.interpretations.iter().find(|i| i.id == id)
     }
@@ -313,7 +355,10 @@ mod tests {
         let a = interp("a", &[(3.0, true), (2.0, true), (0.1, false)]);
         let b = interp("b", &[(12.0, true)]);
         assert_eq!(a.sound_epsilon(), Some(2.0));
-        assert_eq!(decide(5.0, &[a.clone()], vec![]), Verdict::Holds { margin: 3.0 });
+        assert_eq!(
+            decide(5.0, std::slice::from_ref(&a), vec![]),
+            Verdict::Holds { margin: 3.0 }
+        );
         match decide(5.0, &[a.clone(), b.clone()], vec![]) {
             Verdict::HoldsOnlyUnder { interpretations, fails } => {
                 assert_eq!(interpretations, vec!["a".to_string()]);

@@ -26,6 +26,8 @@ fn kind_words(k: BoundKind) -> &'static str {
         BoundKind::Exact => "an exact value",
         BoundKind::UpperBound => "an upper bound",
         BoundKind::Estimate => "an estimate",
+        BoundKind::LowerBound => "a lower bound",
+        BoundKind::DataDependent => "a data-dependent number (not a DP guarantee)",
     }
 }
 
@@ -76,7 +78,7 @@ pub fn derive(r: &Report) -> Conclusion {
     let estimates: Vec<String> = r
         .results
         .iter()
-        .filter(|x| x.kind == BoundKind::Estimate)
+        .filter(|x| matches!(x.kind, BoundKind::Estimate | BoundKind::DataDependent))
         .map(|x| format!("{} (ε = {})", x.accountant.as_str(), fmt_num(x.epsilon)))
         .collect();
     let estimates = if estimates.is_empty() {

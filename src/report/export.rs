@@ -17,9 +17,13 @@ use crate::error::{Error, Result};
 /// An export format (`--format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportFormat {
+    /// Markdown.
     Md,
+    /// Self-contained HTML with inline SVG plots.
     Html,
+    /// CSV (results and verdicts).
     Csv,
+    /// JSON (the report model).
     Json,
 }
 
@@ -325,6 +329,8 @@ fn kind_label(k: BoundKind) -> &'static str {
         BoundKind::Exact => "exact",
         BoundKind::UpperBound => "upper bound",
         BoundKind::Estimate => "estimate (not a guarantee)",
+        BoundKind::LowerBound => "lower bound",
+        BoundKind::DataDependent => "data-dependent: not a DP guarantee",
     }
 }
 

@@ -81,6 +81,62 @@ pub fn error_junit(suite: &str, case: &str, message: &str, elapsed_s: f64) -> St
     render(suite, &cases, &[], "", elapsed_s)
 }
 
+/// One checked input of a multi-input run: its reports' verdicts, or the error that stopped it.
+pub enum Checked<'a> {
+    /// The input was accounted; its verdicts become test cases.
+    Report(&'a Report),
+    /// The input could not be accounted (bad input): one error test case.
+    Error(String),
+}
+
+/// A JUnit document with one `<testcase>` per input (named after the input) for a run over
+/// several inputs: verdicts as in [`to_junit`], input errors as `<error type="InputError">`.
+pub fn to_junit_many(items: &[(String, Checked<'_>)], suite: &str, elapsed_s: f64) -> String {
+    let mut cases = Vec::new();
+    let mut out_lines = String::new();
+    for (name, item) in items {
+        match item {
+            Checked::Report(r) => {
+                for v in &r.verdicts {
+                    let outcome = match v.status {
+                        Status::Pass => Outcome::Pass,
+                        Status::Fail => Outcome::Failure {
+                            kind: "BudgetExceeded".into(),
+                            message: v.message.clone(),
+                        },
+                        Status::Inconclusive => Outcome::Error {
+                            kind: "Inconclusive".into(),
+                            message: v.message.clone(),
+                        },
+                    };
+                    cases.push(Case {
+                        name: name.clone(),
+                        outcome,
+                    });
+                }
+                for res in &r.results {
+                    let _ = writeln!(
+                        out_lines,
+                        "{name}: {}: ε = {} at δ = {} ({})",
+                        res.accountant.as_str(),
+                        fmt_num(res.epsilon),
+                        fmt_num(res.delta),
+                        res.kind.as_str()
+                    );
+                }
+            }
+            Checked::Error(message) => cases.push(Case {
+                name: name.clone(),
+                outcome: Outcome::Error {
+                    kind: "InputError".into(),
+                    message: message.clone(),
+                },
+            }),
+        }
+    }
+    render(suite, &cases, &[], &out_lines, elapsed_s)
+}
+
 struct Case {
     name: String,
     outcome: Outcome,

@@ -57,6 +57,7 @@ pub struct Report {
     /// The command line that produced the report (for reproduction), e.g.
     /// `dpaudit check fixtures/events/dpsgd.toml --max-epsilon 8`.
     pub command: String,
+    /// The tool and version that wrote it.
     pub tool: Tool,
     /// RNG seed, when the command used randomness.
     #[serde(default)]
@@ -65,6 +66,7 @@ pub struct Report {
     #[serde(default)]
     pub inputs: Vec<Input>,
     #[serde(default)]
+    /// What the accounting assumed.
     pub assumptions: Assumptions,
     /// The accounted event tree (rendered as a ledger).
     #[serde(default)]
@@ -79,15 +81,19 @@ pub struct Report {
     #[serde(default)]
     pub skipped: Vec<Skipped>,
     #[serde(default)]
+    /// Budget or claim verdicts.
     pub verdicts: Vec<Verdict>,
     #[serde(default)]
+    /// Warnings (validity conditions, fallbacks).
     pub warnings: Vec<Diagnostic>,
     /// Headline facts (name → formatted value), shown near the top.
     #[serde(default)]
     pub summary: Vec<Fact>,
     #[serde(default)]
+    /// Tables (per-step values, sweep points).
     pub tables: Vec<Table>,
     #[serde(default)]
+    /// Plots.
     pub plots: Vec<Plot>,
 }
 
@@ -95,7 +101,9 @@ pub struct Report {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tool {
+    /// Tool name.
     pub name: String,
+    /// Tool version.
     pub version: String,
 }
 
@@ -119,6 +127,7 @@ pub struct Input {
     pub path: String,
     /// Lower-case hex SHA-256 of the file's bytes.
     pub sha256: String,
+    /// Size in bytes.
     pub bytes: u64,
 }
 
@@ -128,6 +137,7 @@ impl Input {
         let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
         Ok(Self::from_bytes(role, &path.display().to_string(), &data))
     }
+    /// An input from bytes already read.
     pub fn from_bytes(role: &str, path: &str, data: &[u8]) -> Self {
         Input {
             role: role.to_string(),
@@ -149,6 +159,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Assumptions {
+    /// Neighbouring relation.
     pub neighbouring: Option<Neighbouring>,
     /// e.g. `Poisson, q = 0.01`, `full batch`, `without replacement, 64 of 50000`.
     #[serde(default)]
@@ -165,11 +176,14 @@ pub struct Assumptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fact {
+    /// Name of the value.
     pub name: String,
+    /// The formatted value.
     pub value: String,
 }
 
 impl Fact {
+    /// A fact `name` = `value`.
     pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
         Fact {
             name: name.into(),
@@ -182,7 +196,9 @@ impl Fact {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Skipped {
+    /// The accountant.
     pub accountant: AccountantKind,
+    /// Why it produced nothing.
     pub reason: String,
 }
 
@@ -190,13 +206,16 @@ pub struct Skipped {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// Within the budget or claim.
     Pass,
+    /// Over the budget or claim.
     Fail,
     /// No sound number was available to decide.
     Inconclusive,
 }
 
 impl Status {
+    /// `pass` or `fail`.
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Pass => "PASS",
@@ -212,6 +231,7 @@ impl Status {
 pub struct Verdict {
     /// What was checked, e.g. `ε budget` or a claim's name.
     pub subject: String,
+    /// Pass or fail.
     pub status: Status,
     /// The ε the subject allows (budget or claimed ε).
     #[serde(default, with = "num::opt")]
@@ -226,10 +246,12 @@ pub struct Verdict {
     #[serde(default)]
     pub accountant: Option<AccountantKind>,
     #[serde(default)]
+    /// Kind of the ε compared (exact or upper bound).
     pub bound: Option<BoundKind>,
     /// `budget − epsilon` (negative when over budget).
     #[serde(default, with = "num::opt")]
     pub margin: Option<f64>,
+    /// The verdict in words.
     pub message: String,
 }
 
@@ -239,10 +261,14 @@ pub struct Verdict {
 pub struct Table {
     /// Stable identifier, used in file names (`report-<id>.csv`): `[a-z0-9_-]+`.
     pub id: String,
+    /// Title of the table.
     pub title: String,
+    /// Columns.
     pub columns: Vec<Column>,
+    /// Rows, one cell per column.
     pub rows: Vec<Vec<Cell>>,
     #[serde(default)]
+    /// Note shown under the table.
     pub note: Option<String>,
 }
 
@@ -250,18 +276,22 @@ pub struct Table {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Column {
+    /// Column name.
     pub name: String,
     #[serde(default)]
+    /// Unit, if any.
     pub unit: Option<String>,
 }
 
 impl Column {
+    /// A column without a unit.
     pub fn new(name: &str) -> Self {
         Column {
             name: name.to_string(),
             unit: None,
         }
     }
+    /// A column with a unit.
     pub fn with_unit(name: &str, unit: &str) -> Self {
         Column {
             name: name.to_string(),
@@ -281,9 +311,13 @@ impl Column {
 /// `"-inf"`, `"nan"`), text as strings, empty as `null`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cell {
+    /// An integer.
     Int(i64),
+    /// A float.
     Num(f64),
+    /// Text.
     Text(String),
+    /// No value.
     Empty,
 }
 
@@ -426,6 +460,7 @@ impl Report {
         self
     }
 
+    /// Adds an assumption `name` = `value`.
     pub fn fact(&mut self, name: impl Into<String>, value: impl Into<String>) -> &mut Self {
         self.summary.push(Fact::new(name, value));
         self
@@ -434,10 +469,7 @@ impl Report {
     /// The smallest ε among results whose kind is sound (exact or upper bound): the number a
     /// budget may be checked against. `None` when no sound accountant produced a result.
     pub fn sound_epsilon(&self) -> Option<&AccountResult> {
-        self.results
-            .iter()
-            .filter(|r| r.kind.is_sound() && !r.epsilon.is_nan())
-            .min_by(|a, b| a.epsilon.total_cmp(&b.epsilon))
+        crate::accountants::sound::tightest_upper(&self.results)
     }
 
     /// Checks the model before export: identifiers usable as file names, rectangular tables,

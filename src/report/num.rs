@@ -54,6 +54,7 @@ pub fn parse_non_finite(s: &str) -> Option<f64> {
     }
 }
 
+/// Writes a finite float as a JSON number, a non-finite one as its string (`inf`, `-inf`, `nan`).
 pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
     match non_finite_str(*x) {
         Some(t) => s.serialize_str(t),
@@ -82,6 +83,7 @@ impl Visitor<'_> for NumVisitor {
     }
 }
 
+/// Reads a number, or one of the strings `inf`, `-inf`, `nan`.
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     d.deserialize_any(NumVisitor)
 }
@@ -90,6 +92,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
 pub mod opt {
     use super::*;
 
+    /// Writes `Some(x)` like [`super::serialize`], `None` as `null`.
     pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
         match x {
             Some(v) => super::serialize(v, s),
@@ -114,6 +117,7 @@ pub mod opt {
         }
     }
 
+    /// Reads what [`serialize`] writes.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
         d.deserialize_option(OptVisitor)
     }
@@ -126,6 +130,7 @@ pub mod vec {
     #[derive(serde::Deserialize)]
     struct N(#[serde(with = "super")] f64);
 
+    /// Writes each element like [`super::serialize`].
     pub fn serialize<S: Serializer>(xs: &[f64], s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(xs.len()))?;
         for x in xs {
@@ -137,6 +142,7 @@ pub mod vec {
         seq.end()
     }
 
+    /// Reads what [`serialize`] writes.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
         let v: Vec<N> = serde::Deserialize::deserialize(d)?;
         Ok(v.into_iter().map(|n| n.0).collect())
@@ -151,6 +157,7 @@ pub mod map {
     #[derive(serde::Deserialize)]
     struct N(#[serde(with = "super")] f64);
 
+    /// Writes each value like [`super::serialize`].
     pub fn serialize<S: Serializer>(m: &BTreeMap<String, f64>, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut out = s.serialize_map(Some(m.len()))?;
@@ -163,6 +170,7 @@ pub mod map {
         out.end()
     }
 
+    /// Reads what [`serialize`] writes.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
         let v: BTreeMap<String, N> = serde::Deserialize::deserialize(d)?;
         Ok(v.into_iter().map(|(k, n)| (k, n.0)).collect())

@@ -23,11 +23,16 @@ pub const SIZE: (u32, u32) = (800, 480);
 pub struct Plot {
     /// Stable identifier, used in file names (`plot-<id>.svg`): `[a-z0-9_-]+`.
     pub id: String,
+    /// Title shown above the plot.
     pub title: String,
+    /// Horizontal axis.
     pub x: Axis,
+    /// Vertical axis.
     pub y: Axis,
+    /// The lines.
     pub series: Vec<Series>,
     #[serde(default)]
+    /// Where the legend goes.
     pub legend: LegendPosition,
     /// Shown under the plot (what is drawn and how to read it).
     #[serde(default)]
@@ -36,17 +41,21 @@ pub struct Plot {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+/// A plot axis: label, unit and scale.
 pub struct Axis {
+    /// Axis label.
     pub label: String,
     /// Unit shown in brackets after the label (`""` for dimensionless quantities is allowed but
     /// prefer a word such as `nats` or `probability`).
     #[serde(default)]
     pub unit: Option<String>,
     #[serde(default)]
+    /// Linear or logarithmic.
     pub scale: Scale,
 }
 
 impl Axis {
+    /// An axis; an empty `unit` means none.
     pub fn new(label: &str, unit: &str, scale: Scale) -> Self {
         Axis {
             label: label.to_string(),
@@ -65,9 +74,12 @@ impl Axis {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
+/// Axis scale.
 pub enum Scale {
     #[default]
+    /// Linear.
     Linear,
+    /// Base-10 logarithmic.
     Log,
 }
 
@@ -91,8 +103,10 @@ impl Scale {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
+/// How a line is drawn.
 pub enum LineStyle {
     #[default]
+    /// Solid: exact values and upper bounds.
     Solid,
     /// Used for estimates (e.g. the CLT), so they are never mistaken for bounds.
     Dashed,
@@ -113,13 +127,18 @@ impl LineStyle {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
+/// Where the legend is placed.
 pub enum LegendPosition {
     /// The corner where the lines leave the most room.
     #[default]
     Auto,
+    /// Upper right corner.
     UpperRight,
+    /// Upper left corner.
     UpperLeft,
+    /// Lower right corner.
     LowerRight,
+    /// Lower left corner.
     LowerLeft,
 }
 
@@ -127,8 +146,10 @@ pub enum LegendPosition {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Series {
+    /// Name shown in the legend.
     pub name: String,
     #[serde(default)]
+    /// Line style.
     pub style: LineStyle,
     /// What kind of number the line shows, when it comes from an accountant.
     #[serde(default)]
@@ -137,12 +158,15 @@ pub struct Series {
     #[serde(default)]
     pub markers: bool,
     #[serde(with = "num::vec")]
+    /// x coordinates.
     pub x: Vec<f64>,
     #[serde(with = "num::vec")]
+    /// y coordinates, one per x.
     pub y: Vec<f64>,
 }
 
 impl Series {
+    /// A solid series without markers.
     pub fn new(name: impl Into<String>, x: Vec<f64>, y: Vec<f64>) -> Self {
         Series {
             name: name.into(),
@@ -164,10 +188,12 @@ impl Series {
             y,
         }
     }
+    /// The same series drawn with `style`.
     pub fn with_style(mut self, style: LineStyle) -> Self {
         self.style = style;
         self
     }
+    /// The same series with a marker at every point.
     pub fn with_markers(mut self) -> Self {
         self.markers = true;
         self
