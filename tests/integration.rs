@@ -10,8 +10,8 @@ mod integration {
     mod clt;
     pub mod common;
     mod gdp;
-    mod outputs;
     mod inputs;
+    mod outputs;
     mod pipelines;
     mod pld;
     mod rdp;

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use super::common::{parse_accountants, Format, OutputArgs};
 use crate::audit::{self, Plan, Question, Source};
 use crate::config::dpsgd::{self, BatchSampling, Derived};
-use crate::events::{DpEvent, EventFile};
 use crate::error::{Error, Result};
 use crate::events::Neighbouring;
+use crate::events::{DpEvent, EventFile};
 use crate::report::progress::Progress;
 
 /// `--neighbouring` values.
@@ -191,7 +191,10 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
         (Some(path), _) => Source::File(path.clone()),
         (None, Some(d)) => {
             let sigma = args.noise_multiplier.ok_or_else(|| {
-                Error::field("--noise-multiplier", "required with --epochs/--batch-size/--dataset-size")
+                Error::field(
+                    "--noise-multiplier",
+                    "required with --epochs/--batch-size/--dataset-size",
+                )
             })?;
             Source::Event {
                 event: d.event(check_sigma("--noise-multiplier", sigma)?),
@@ -272,9 +275,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let comment = format!(
             "Event written by: {}{}",
             crate::report::command_line(),
-            derived.as_ref().map(|d| format!("\nDP-SGD run: {}", d.summary())).unwrap_or_default()
+            derived
+                .as_ref()
+                .map(|d| format!("\nDP-SGD run: {}", d.summary()))
+                .unwrap_or_default()
         );
-        let event = rep.event.clone().ok_or_else(|| Error::input("no event was accounted"))?;
+        let event = rep
+            .event
+            .clone()
+            .ok_or_else(|| Error::input("no event was accounted"))?;
         let nb = rep.assumptions.neighbouring.unwrap_or_default();
         save_event(p, &event, nb, rep.delta, &comment)?;
     }

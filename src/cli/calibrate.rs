@@ -262,7 +262,9 @@ fn plan(args: &Args) -> Result<DpSgdPlan> {
 
 /// Runs `dpaudit calibrate`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let outs = args.output.prepare(Format::Text, &["calibrate.csv", "calibrate.json"])?;
+    let outs = args
+        .output
+        .prepare(Format::Text, &["calibrate.csv", "calibrate.json"])?;
     if args.sampler.is_some() {
         return run_sampler(&args, &outs);
     }
@@ -293,9 +295,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &c,
     );
     if let Some(d) = &derived {
-        rep.assumptions
-            .other
-            .extend(d.derivation.iter().map(|l| crate::report::Fact::new("DP-SGD derivation", l.clone())));
+        rep.assumptions.other.extend(
+            d.derivation
+                .iter()
+                .map(|l| crate::report::Fact::new("DP-SGD derivation", l.clone())),
+        );
     }
     let out = Output {
         schema_version: SCHEMA_VERSION,
@@ -326,37 +330,38 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut text = String::new();
     {
         use std::fmt::Write as _;
-            let v = match solve_for {
-                SolveFor::Steps => format!("{}", out.value as u64),
-                _ => format!("{}", out.value),
-            };
-            if let Some(d) = &out.derivation {
-                let _ = writeln!(text, "DP-SGD run: {}", d.summary());
-                for l in &d.derivation {
-                    let _ = writeln!(text, "  {l}");
-                }
+        let v = match solve_for {
+            SolveFor::Steps => format!("{}", out.value as u64),
+            _ => format!("{}", out.value),
+        };
+        if let Some(d) = &out.derivation {
+            let _ = writeln!(text, "DP-SGD run: {}", d.summary());
+            for l in &d.derivation {
+                let _ = writeln!(text, "  {l}");
             }
-            let _ = writeln!(text, "Event:");
-            for line in out.event.ledger().lines() {
-                let _ = writeln!(text, "  {line}");
+        }
+        let _ = writeln!(text, "Event:");
+        for line in out.event.ledger().lines() {
+            let _ = writeln!(text, "  {line}");
+        }
+        let _ = writeln!(
+            text,
+            "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
+            solve_for.as_str(),
+            out.epsilon,
+            kind.as_str(),
+            match out.kind {
+                BoundKind::Estimate => "ESTIMATE, not a guarantee",
+                BoundKind::UpperBound => "upper bound",
+                BoundKind::Exact => "exact",
+                BoundKind::LowerBound => "lower bound",
+                BoundKind::DataDependent => "data-dependent: not a DP guarantee",
             }
-            let _ = writeln!(text, 
-                "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
-                solve_for.as_str(),
-                out.epsilon,
-                kind.as_str(),
-                match out.kind {
-                    BoundKind::Estimate => "ESTIMATE, not a guarantee",
-                    BoundKind::UpperBound => "upper bound",
-                    BoundKind::Exact => "exact",
-                    BoundKind::LowerBound => "lower bound",
-                    BoundKind::DataDependent => "data-dependent: not a DP guarantee",
-                }
-            );
-            for w in &out.warnings {
-                let _ = writeln!(text, "WARNING: {w}");
-            }
-            }
+        );
+        for w in &out.warnings {
+            let _ = writeln!(text, "WARNING: {w}");
+        }
+    }
     let _ = &out.schema_version;
     outs.finish_with_csv(&rep, &text, "calibrate.csv", csv.into_bytes(), Vec::new())?;
     Ok(super::EXIT_OK)

@@ -409,7 +409,10 @@ fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<i32> {
     let line = crate::audit::text::verdict_line(&name, &verdict, Some(delta), progress::color_stdout());
     if out.format != Format::Text {
         // The verdict stays visible when stdout carries the report.
-        eprint!("{}", crate::audit::text::verdict_line(&name, &verdict, Some(delta), false));
+        eprint!(
+            "{}",
+            crate::audit::text::verdict_line(&name, &verdict, Some(delta), false)
+        );
     }
     out.finish(&rep, &line, Vec::new())?;
     if let Some(j) = &args.junit {

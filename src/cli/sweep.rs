@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use crate::accountants::AccountantKind;
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
-use crate::report::progress::Progress;
 use crate::cli::EXIT_OK;
 use crate::diffusion::sweep::{self, SweepRow, SweepSpec};
 use crate::diffusion::SamplerConfig;
 use crate::error::{Error, Result};
+use crate::report::progress::Progress;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \

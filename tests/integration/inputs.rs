@@ -99,7 +99,11 @@ fn opacus_flags_reproduce_the_mnist_and_cifar10_rows() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let v = json(&o);
         let what = format!("N={n} E={epochs} σ={sigma}");
-        assert_eq!(fact(&v, "steps").parse::<u64>().ok(), Some(f(r, "steps_T") as u64), "{what}");
+        assert_eq!(
+            fact(&v, "steps").parse::<u64>().ok(),
+            Some(f(r, "steps_T") as u64),
+            "{what}"
+        );
         assert_eq!(fact(&v, "sample rate q").parse::<f64>().ok(), Some(f(r, "q")), "{what}");
         let eps = |a: &str| {
             v["results"]
@@ -124,7 +128,13 @@ fn opacus_flags_reproduce_the_mnist_and_cifar10_rows() {
             "{what}: rdp {rdp}"
         );
         // The derivation is printed in the text output too.
-        assert!(v["assumptions"]["other"][0]["value"].as_str().unwrap().contains("⌊E·N/B⌋"), "{v}");
+        assert!(
+            v["assumptions"]["other"][0]["value"]
+                .as_str()
+                .unwrap()
+                .contains("⌊E·N/B⌋"),
+            "{v}"
+        );
     }
     assert_eq!(seen, [8, 8], "all MNIST and CIFAR-10 rows");
 }
@@ -514,15 +524,18 @@ fn with_value(dir: &std::path::Path, name: &str, src: &str, from: &str, to: &str
 #[test]
 fn calibrated_sigma_min_meets_the_target_and_one_step_past_does_not() {
     let src = std::fs::read_to_string(root().join("fixtures/samplers/edm-cifar10-paper.toml")).unwrap();
-    let (o, v) = detail(&[
-        "calibrate",
-        "--sampler",
-        "fixtures/samplers/edm-cifar10-paper.toml",
-        "--solve-for",
-        "sigma-min",
-        "--target-epsilon",
-        "8",
-    ], "calibrate.json");
+    let (o, v) = detail(
+        &[
+            "calibrate",
+            "--sampler",
+            "fixtures/samplers/edm-cifar10-paper.toml",
+            "--solve-for",
+            "sigma-min",
+            "--target-epsilon",
+            "8",
+        ],
+        "calibrate.json",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let meets = v["sound"]["meets"]["value"].as_f64().unwrap();
     let past = v["sound"]["past"]["value"].as_f64().unwrap();
@@ -558,15 +571,18 @@ fn calibrated_samples_meet_the_target_and_one_more_does_not() {
     let dir = scratch("calib-s");
     let base = dir.join("base.toml");
     std::fs::write(&base, &src).unwrap();
-    let (o, v) = detail(&[
-        "calibrate",
-        "--sampler",
-        base.to_str().unwrap(),
-        "--solve-for",
-        "samples",
-        "--target-epsilon",
-        "0.05",
-    ], "calibrate.json");
+    let (o, v) = detail(
+        &[
+            "calibrate",
+            "--sampler",
+            base.to_str().unwrap(),
+            "--solve-for",
+            "samples",
+            "--target-epsilon",
+            "0.05",
+        ],
+        "calibrate.json",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let meets = v["sound"]["meets"]["value"].as_f64().unwrap() as u64;
     let past = v["sound"]["past"]["value"].as_f64().unwrap() as u64;
