@@ -18,6 +18,7 @@
 
 pub mod accountants;
 pub mod attacks;
+pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod diffusion;

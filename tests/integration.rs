@@ -15,6 +15,7 @@ mod integration {
     mod gdp;
     mod hostile;
     mod inputs;
+    mod outputs;
     mod pipelines;
     mod pld;
     mod rdp;

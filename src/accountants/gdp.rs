@@ -85,8 +85,15 @@ pub fn composed_mu(event: &DpEvent) -> Result<f64> {
                     sampled.then(String::new)
                 });
                 let path = at.map(|(p, _)| format!("{p}: ")).unwrap_or_default();
+                let how = match s {
+                    crate::events::Sampling::Poisson { q } => format!("Poisson sampling, q = {q}"),
+                    crate::events::Sampling::WithoutReplacement { n, m } => {
+                        format!("sampling without replacement, {m} of {n}")
+                    }
+                    crate::events::Sampling::Full => "full batch".to_string(),
+                };
                 return Err(Error::unsupported(format!(
-                    "gdp: {path}subsampled events ({s:?}) are not exactly GDP; use the clt estimate or the pld/rdp bounds"
+                    "gdp: {path}subsampled events ({how}) are not exactly GDP; use the clt estimate or the pld/rdp bounds"
                 )));
             }
         }

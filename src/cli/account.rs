@@ -4,20 +4,17 @@
 //! `--steps`) or from a TOML event file (`--event FILE`, format [`crate::events::EventFile`]).
 //! Accountants that cannot handle the event are listed with their reason; the command fails
 //! (exit 2) only when none works. The headline is the smallest *sound* ε (never an estimate).
-//! The JSON output is a stable, versioned contract: see docs/accounting.md.
+//! `--format json` writes the one report (schema: docs/schema/report.v2.json).
 
 use std::path::PathBuf;
 
-use serde::Serialize;
-
-use super::common::{parse_accountants, Format};
-use crate::accountants::{AccountResult, AccountantKind};
+use super::common::{parse_accountants, Format, OutputArgs};
+use crate::audit::{self, Plan, Question, Source};
 use crate::config::dpsgd::{self, BatchSampling, Derived};
 use crate::error::{Error, Result};
-use crate::events::{DpEvent, EventFile, Neighbouring};
-
-/// JSON schema version of `account` output.
-pub const SCHEMA_VERSION: u32 = 1;
+use crate::events::Neighbouring;
+use crate::events::{DpEvent, EventFile};
+use crate::report::progress::Progress;
 
 /// `--neighbouring` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -87,9 +84,9 @@ pub struct Args {
     /// Accountants: gdp, clt, rdp, pld, all, or a comma-separated list.
     #[arg(long, default_value = "all")]
     pub accountant: String,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    /// Output grammar: --format, --out DIR, --force, -q, -v.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// `--sampling` values.
@@ -187,44 +184,11 @@ pub(crate) fn check_epsilon_flag(flag: &str, e: f64) -> Result<f64> {
     check_flag(flag, e, e.is_finite() && e >= 0.0, "ε must be finite and ≥ 0")
 }
 
-/// Output formats this command writes.
-pub(crate) fn check_format(f: Format) -> Result<Format> {
-    match f {
-        Format::Text | Format::Json | Format::Csv => Ok(f),
-        other => Err(Error::field(
-            "--format",
-            format!("{other:?} is not available here; use text, json or csv"),
-        )),
-    }
-}
-
-/// What to compute.
-#[derive(Debug, Clone, Copy)]
-enum Query {
-    Epsilon { delta: f64 },
-    Delta { epsilon: f64 },
-}
-
-/// The validated plan.
-struct Plan {
-    event: DpEvent,
-    derived: Option<Derived>,
-    save_event: Option<PathBuf>,
-    neighbouring: Neighbouring,
-    query: Query,
-    accountants: Vec<AccountantKind>,
-    format: Format,
-}
-
-fn plan(args: Args) -> Result<Plan> {
-    let format = check_format(args.format)?;
+/// Flags → a validated audit plan (nothing is read yet).
+fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
     let accountants = parse_accountants(&args.accountant)?;
-    let derived = args.run.derive()?;
-    let (event, file_nb, file_delta) = match (&args.event, &derived) {
-        (Some(path), _) => {
-            let f = EventFile::load(path)?;
-            (f.event, Some(f.neighbouring), f.delta)
-        }
+    let source = match (&args.event, derived) {
+        (Some(path), _) => Source::File(path.clone()),
         (None, Some(d)) => {
             let sigma = args.noise_multiplier.ok_or_else(|| {
                 Error::field(
@@ -232,7 +196,10 @@ fn plan(args: Args) -> Result<Plan> {
                     "required with --epochs/--batch-size/--dataset-size",
                 )
             })?;
-            (d.event(check_sigma("--noise-multiplier", sigma)?), None, None)
+            Source::Event {
+                event: d.event(check_sigma("--noise-multiplier", sigma)?),
+                role: "flags",
+            }
         }
         (None, None) => {
             let sigma = args.noise_multiplier.ok_or_else(|| {
@@ -241,244 +208,60 @@ fn plan(args: Args) -> Result<Plan> {
                     "required (or give the whole event with --event FILE)",
                 )
             })?;
-            let sigma = check_sigma("--noise-multiplier", sigma)?;
-            let q = check_q("--sample-rate", args.sample_rate.unwrap_or(1.0))?;
+            let noise_multiplier = check_sigma("--noise-multiplier", sigma)?;
+            let sample_rate = check_q("--sample-rate", args.sample_rate.unwrap_or(1.0))?;
             let steps = args
                 .steps
                 .ok_or_else(|| Error::field("--steps", "required (or give the whole event with --event FILE)"))?;
-            (DpEvent::dpsgd(sigma, q, steps), None, None)
+            Source::DpSgd {
+                noise_multiplier,
+                sample_rate,
+                steps,
+            }
         }
     };
-    event.validate()?;
-    let neighbouring = args
-        .neighbouring
-        .map(Neighbouring::from)
-        .or(file_nb)
-        .unwrap_or_default();
-    let query = match (args.epsilon, args.delta.or(file_delta)) {
-        (Some(e), _) => Query::Delta {
+    let question = match (args.epsilon, args.delta) {
+        (Some(e), _) => Question::Delta {
             epsilon: check_epsilon_flag("--epsilon", e)?,
         },
-        (None, Some(d)) => Query::Epsilon {
-            delta: check_delta_flag(if args.delta.is_some() { "--delta" } else { "delta" }, d)?,
+        (None, d) => Question::Epsilon {
+            delta: d.map(|d| check_delta_flag("--delta", d)).transpose()?,
         },
-        (None, None) => {
-            return Err(Error::field(
-                "--delta",
-                "required: give --delta (or `delta` in the event file), or --epsilon to ask for δ",
-            ))
-        }
     };
     Ok(Plan {
-        event,
-        derived,
-        save_event: args.save_event.clone(),
-        neighbouring,
-        query,
+        command: "account",
+        source,
+        neighbouring: args.neighbouring.map(Neighbouring::from),
+        question,
         accountants,
-        format,
+        budget: None,
+        curves,
     })
 }
 
-#[derive(Debug, Serialize)]
-struct Unsupported {
-    accountant: AccountantKind,
-    reason: String,
-}
-
-#[derive(Debug, Serialize)]
-struct Headline {
-    accountant: AccountantKind,
-    epsilon: f64,
-    delta: f64,
-    kind: crate::accountants::BoundKind,
-}
-
-/// The JSON document (schema_version 1).
-#[derive(Debug, Serialize)]
-struct Output {
-    schema_version: u32,
-    /// "epsilon" (ε at the given δ) or "delta" (δ at the given ε).
-    query: &'static str,
-    delta: Option<f64>,
-    epsilon: Option<f64>,
-    event: DpEvent,
-    /// Steps and q derived from --epochs/--batch-size/--dataset-size, with the derivation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    derivation: Option<Derived>,
-    neighbouring: Neighbouring,
-    results: Vec<AccountResult>,
-    unsupported: Vec<Unsupported>,
-    /// The smallest sound ε (or δ) among the results; null when only estimates are available.
-    headline: Option<Headline>,
-}
-
-fn account(plan: &Plan) -> Output {
-    let mut results = Vec::new();
-    let mut unsupported = Vec::new();
-    for &k in &plan.accountants {
-        let acc = k.build();
-        let r = acc
-            .supports(&plan.event, plan.neighbouring)
-            .and_then(|_| match plan.query {
-                Query::Epsilon { delta } => acc.epsilon(&plan.event, plan.neighbouring, delta),
-                Query::Delta { epsilon } => acc.delta(&plan.event, plan.neighbouring, epsilon),
-            });
-        match r {
-            Ok(r) => results.push(r),
-            Err(e) => unsupported.push(Unsupported {
-                accountant: k,
-                reason: e.to_string(),
-            }),
-        }
-    }
-    let headline = match plan.query {
-        Query::Epsilon { .. } => crate::accountants::sound::tightest_upper(&results),
-        Query::Delta { .. } => crate::accountants::sound::tightest_upper_delta(&results),
-    }
-    .map(|r| Headline {
-        accountant: r.accountant,
-        epsilon: r.epsilon,
-        delta: r.delta,
-        kind: r.kind,
-    });
-    let (delta, epsilon, query) = match plan.query {
-        Query::Epsilon { delta } => (Some(delta), None, "epsilon"),
-        Query::Delta { epsilon } => (None, Some(epsilon), "delta"),
-    };
-    Output {
-        schema_version: SCHEMA_VERSION,
-        query,
-        delta,
-        epsilon,
-        event: plan.event.clone(),
-        derivation: plan.derived.clone(),
-        neighbouring: plan.neighbouring,
-        results,
-        unsupported,
-        headline,
-    }
-}
-
-fn kind_words(k: crate::accountants::BoundKind) -> &'static str {
-    match k {
-        crate::accountants::BoundKind::Exact => "exact",
-        crate::accountants::BoundKind::UpperBound => "upper bound",
-        crate::accountants::BoundKind::Estimate => "ESTIMATE (not a guarantee)",
-        crate::accountants::BoundKind::LowerBound => "lower bound",
-        crate::accountants::BoundKind::DataDependent => "data-dependent: not a DP guarantee",
-    }
-}
-
-fn render_text(o: &Output) -> String {
-    let mut s = String::new();
-    if let Some(d) = &o.derivation {
-        s.push_str(&format!("DP-SGD run: {}\n", d.summary()));
-        for l in &d.derivation {
-            s.push_str(&format!("  {l}\n"));
-        }
-    }
-    s.push_str(&format!("Event (neighbouring: {}):\n", o.neighbouring));
-    for line in o.event.ledger().lines() {
-        s.push_str(&format!("  {line}\n"));
-    }
-    let by_eps = o.query == "epsilon";
-    match (o.delta, o.epsilon) {
-        (Some(d), _) => s.push_str(&format!("ε at δ = {d:e}:\n")),
-        (_, Some(e)) => s.push_str(&format!("δ at ε = {e}:\n")),
-        _ => {}
-    }
-    for r in &o.results {
-        let v = if by_eps {
-            format!("ε = {:.6}", r.epsilon)
-        } else {
-            format!("δ = {:.6e}", r.delta)
-        };
-        s.push_str(&format!(
-            "  {:<4} {v:<22} {}\n",
-            r.accountant.as_str(),
-            kind_words(r.kind)
-        ));
-        for d in &r.diagnostics {
-            let tag = if d.severe { "WARNING" } else { "note" };
-            s.push_str(&format!("         {tag} [{}]: {}\n", d.code, d.message));
-        }
-    }
-    for u in &o.unsupported {
-        s.push_str(&format!("  {:<4} unsupported: {}\n", u.accountant.as_str(), u.reason));
-    }
-    match &o.headline {
-        Some(h) if by_eps => s.push_str(&format!(
-            "Headline (smallest sound ε): ε = {:.6} at δ = {:e} ({}, {})\n",
-            h.epsilon,
-            h.delta,
-            h.accountant.as_str(),
-            kind_words(h.kind)
-        )),
-        Some(h) => s.push_str(&format!(
-            "Headline (smallest sound δ): δ = {:.6e} at ε = {} ({}, {})\n",
-            h.delta,
-            h.epsilon,
-            h.accountant.as_str(),
-            kind_words(h.kind)
-        )),
-        None => s.push_str("Headline: no sound bound available (only estimates); do not use them as a guarantee\n"),
-    }
-    s
-}
-
-fn render_csv(o: &Output) -> Result<String> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    let io = |e: csv::Error| Error::input(format!("csv: {e}"));
-    w.write_record([
-        "accountant",
-        "status",
-        "epsilon",
-        "delta",
-        "kind",
-        "sound",
-        "headline",
-        "reason",
-    ])
-    .map_err(io)?;
-    for r in &o.results {
-        let head = o.headline.as_ref().is_some_and(|h| h.accountant == r.accountant);
-        w.write_record([
-            r.accountant.as_str().to_string(),
-            "ok".into(),
-            format!("{:e}", r.epsilon),
-            format!("{:e}", r.delta),
-            r.kind.as_str().into(),
-            r.kind.is_sound().to_string(),
-            head.to_string(),
-            String::new(),
-        ])
-        .map_err(io)?;
-    }
-    for u in &o.unsupported {
-        w.write_record([
-            u.accountant.as_str(),
-            "unsupported",
-            "",
-            "",
-            "",
-            "",
-            "false",
-            u.reason.as_str(),
-        ])
-        .map_err(io)?;
-    }
-    let bytes = w.into_inner().map_err(|e| Error::input(format!("csv: {e}")))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-/// Runs `dpaudit account`; returns the exit code.
+/// Runs `dpaudit account`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let plan = plan(args)?;
-    let out = account(&plan);
-    if out.results.is_empty() {
-        let reasons: Vec<String> = out
-            .unsupported
+    let out = args.output.prepare(Format::Text, &["account.csv"])?;
+    if let Some(p) = &args.save_event {
+        crate::report::output::check_file(p, true)?;
+    }
+    let derived = args.run.derive()?;
+    let plan = plan(&args, derived.as_ref(), out.dir.is_some() || out.format != Format::Text)?;
+    let progress = Progress::new(Some(plan.accountants.len() as u64), out.quiet, "account");
+    let mut rep = audit::audit(&plan, &progress)?;
+    if let Some(d) = &derived {
+        rep.fact("steps", d.steps.to_string())
+            .fact("sample rate q", crate::report::num::fmt(d.sample_rate));
+        for l in &d.derivation {
+            rep.assumptions
+                .other
+                .push(crate::report::Fact::new("DP-SGD derivation", l.clone()));
+        }
+    }
+    progress.finish();
+    if rep.results.is_empty() {
+        let reasons: Vec<String> = rep
+            .skipped
             .iter()
             .map(|u| format!("{}: {}", u.accountant.as_str(), u.reason))
             .collect();
@@ -488,26 +271,31 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ))
         .into());
     }
-    if let Some(p) = &plan.save_event {
-        let delta = match plan.query {
-            Query::Epsilon { delta } => Some(delta),
-            Query::Delta { .. } => None,
-        };
+    if let Some(p) = &args.save_event {
         let comment = format!(
             "Event written by: {}{}",
             crate::report::command_line(),
-            plan.derived
+            derived
                 .as_ref()
                 .map(|d| format!("\nDP-SGD run: {}", d.summary()))
                 .unwrap_or_default()
         );
-        save_event(p, &plan.event, plan.neighbouring, delta, &comment)?;
+        let event = rep
+            .event
+            .clone()
+            .ok_or_else(|| Error::input("no event was accounted"))?;
+        let nb = rep.assumptions.neighbouring.unwrap_or_default();
+        save_event(p, &event, nb, rep.delta, &comment)?;
     }
-    let text = match plan.format {
-        Format::Json => serde_json::to_string_pretty(&out)? + "\n",
-        Format::Csv => render_csv(&out)?,
-        _ => render_text(&out),
-    };
-    print!("{text}");
+    let mut text = String::new();
+    if let Some(d) = &derived {
+        text.push_str(&format!("DP-SGD run: {}\n", d.summary()));
+        for l in &d.derivation {
+            text.push_str(&format!("  {l}\n"));
+        }
+    }
+    text.push_str(&audit::text::account(&rep));
+    let csv = audit::text::account_csv(&rep)?;
+    out.finish_with_csv(&rep, &text, "account.csv", csv, Vec::new())?;
     Ok(super::EXIT_OK)
 }

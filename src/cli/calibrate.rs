@@ -4,8 +4,8 @@
 
 use serde::Serialize;
 
-use super::account::{check_delta_flag, check_format, check_q, check_sigma, NeighbouringArg, TrainingRunArgs};
-use super::common::Format;
+use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg, TrainingRunArgs};
+use super::common::{Format, OutputArgs};
 use crate::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
 use crate::accountants::{AccountResult, AccountantKind, BoundKind};
 use crate::config::dpsgd::Derived;
@@ -112,9 +112,9 @@ pub struct Args {
     /// Neighbouring relation.
     #[arg(long, value_enum, default_value = "add-remove")]
     pub neighbouring: NeighbouringArg,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    /// Output grammar: --format, --out DIR, --force, -q, -v.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -141,7 +141,7 @@ struct Output {
 type DpSgdPlan = (AccountantKind, DpSgd, SolveFor, f64, f64, Format, Option<Derived>);
 
 fn plan(args: &Args) -> Result<DpSgdPlan> {
-    let format = check_format(args.format)?;
+    let format = args.output.format.unwrap_or_default();
     let kind: AccountantKind = args.accountant.as_deref().unwrap_or("pld").trim().parse()?;
     let derived = args.run.derive()?;
     let target = args.target_epsilon;
@@ -262,10 +262,13 @@ fn plan(args: &Args) -> Result<DpSgdPlan> {
 
 /// Runs `dpaudit calibrate`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    let outs = args
+        .output
+        .prepare(Format::Text, &["calibrate.csv", "calibrate.json"])?;
     if args.sampler.is_some() {
-        return run_sampler(&args);
+        return run_sampler(&args, &outs);
     }
-    let (kind, fixed, solve_for, target, delta, format, derived) = plan(&args)?;
+    let (kind, fixed, solve_for, target, delta, _format, derived) = plan(&args)?;
     let neighbouring = Neighbouring::from(args.neighbouring);
     let acc = kind.build();
     let mut warnings = Vec::new();
@@ -276,7 +279,28 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         eprintln!("WARNING: {w}");
         warnings.push(w);
     }
+    let progress = crate::report::progress::Progress::new(None, outs.quiet, "calibrate");
+    progress.set_message(format!("solving for {}", solve_for.as_str()));
     let c = calibrate_dpsgd(&*acc, neighbouring, delta, target, fixed, solve_for)?;
+    progress.finish();
+    let mut rep = crate::audit::calibrate::to_report(
+        &crate::audit::calibrate::Plan {
+            accountant: kind,
+            fixed,
+            solve_for,
+            target,
+            delta,
+            neighbouring,
+        },
+        &c,
+    );
+    if let Some(d) = &derived {
+        rep.assumptions.other.extend(
+            d.derivation
+                .iter()
+                .map(|l| crate::report::Fact::new("DP-SGD derivation", l.clone())),
+        );
+    }
     let out = Output {
         schema_version: SCHEMA_VERSION,
         solve_for,
@@ -293,54 +317,53 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         derivation: derived,
         warnings,
     };
-    match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
-        Format::Csv => {
-            println!("solve_for,value,target_epsilon,delta,accountant,kind,epsilon");
-            println!(
-                "{},{:e},{:e},{:e},{},{},{:e}",
-                solve_for.as_str(),
-                out.value,
-                target,
-                delta,
-                kind.as_str(),
-                out.kind.as_str(),
-                out.epsilon
-            );
+    let csv = format!(
+        "solve_for,value,target_epsilon,delta,accountant,kind,epsilon\n{},{},{},{},{},{},{}\n",
+        solve_for.as_str(),
+        out.value,
+        target,
+        delta,
+        kind.as_str(),
+        out.kind.as_str(),
+        out.epsilon
+    );
+    let mut text = String::new();
+    {
+        use std::fmt::Write as _;
+        let v = match solve_for {
+            SolveFor::Steps => format!("{}", out.value as u64),
+            _ => format!("{}", out.value),
+        };
+        if let Some(d) = &out.derivation {
+            let _ = writeln!(text, "DP-SGD run: {}", d.summary());
+            for l in &d.derivation {
+                let _ = writeln!(text, "  {l}");
+            }
         }
-        _ => {
-            let v = match solve_for {
-                SolveFor::Steps => format!("{}", out.value as u64),
-                _ => format!("{}", out.value),
-            };
-            if let Some(d) = &out.derivation {
-                println!("DP-SGD run: {}", d.summary());
-                for l in &d.derivation {
-                    println!("  {l}");
-                }
+        let _ = writeln!(text, "Event:");
+        for line in out.event.ledger().lines() {
+            let _ = writeln!(text, "  {line}");
+        }
+        let _ = writeln!(
+            text,
+            "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
+            solve_for.as_str(),
+            out.epsilon,
+            kind.as_str(),
+            match out.kind {
+                BoundKind::Estimate => "ESTIMATE, not a guarantee",
+                BoundKind::UpperBound => "upper bound",
+                BoundKind::Exact => "exact",
+                BoundKind::LowerBound => "lower bound",
+                BoundKind::DataDependent => "data-dependent: not a DP guarantee",
             }
-            println!("Event:");
-            for line in out.event.ledger().lines() {
-                println!("  {line}");
-            }
-            println!(
-                "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
-                solve_for.as_str(),
-                out.epsilon,
-                kind.as_str(),
-                match out.kind {
-                    BoundKind::Estimate => "ESTIMATE, not a guarantee",
-                    BoundKind::UpperBound => "upper bound",
-                    BoundKind::Exact => "exact",
-                    BoundKind::LowerBound => "lower bound",
-                    BoundKind::DataDependent => "data-dependent: not a DP guarantee",
-                }
-            );
-            for w in &out.warnings {
-                println!("WARNING: {w}");
-            }
+        );
+        for w in &out.warnings {
+            let _ = writeln!(text, "WARNING: {w}");
         }
     }
+    let _ = &out.schema_version;
+    outs.finish_with_csv(&rep, &text, "calibrate.csv", csv.into_bytes(), Vec::new())?;
     Ok(super::EXIT_OK)
 }
 
@@ -353,9 +376,8 @@ struct SamplerOutput<'a> {
     calibration: &'a SamplerCalibration,
 }
 
-fn run_sampler(args: &Args) -> anyhow::Result<i32> {
+fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<i32> {
     let path = args.sampler.as_deref().expect("checked by the caller");
-    let format = check_format(args.format)?;
     let param = args
         .solve_for
         .ok_or_else(|| {
@@ -386,36 +408,69 @@ fn run_sampler(args: &Args) -> anyhow::Result<i32> {
         .into());
     }
     let c = calibrate_sampler(&cfg, param, args.target_epsilon, &accountants).map_err(|e| e.with_file(path))?;
-    match format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&SamplerOutput {
-                schema_version: SCHEMA_VERSION,
-                config: path.display().to_string(),
-                calibration: &c,
-            })?
-        ),
-        Format::Csv => {
-            println!("solve_for,answer,value,epsilon,accountant,kind,past_value,past_epsilon");
-            let row = |name: &str, s: &crate::diffusion::calibrate::Search| {
-                println!(
-                    "{},{name},{},{},{},{},{},{}",
-                    param.as_str(),
-                    s.meets.value,
-                    s.meets.epsilon,
-                    s.meets.line.accountant.as_str(),
-                    s.meets.line.kind.map(|k| k.as_str()).unwrap_or(""),
-                    s.past.as_ref().map(|p| p.value.to_string()).unwrap_or_default(),
-                    s.past.as_ref().map(|p| p.epsilon.to_string()).unwrap_or_default()
-                )
-            };
-            row("sound", &c.sound);
-            if let Some(e) = &c.clt {
-                row("clt_estimate", e);
-            }
-        }
-        _ => print!("{}", render_sampler_text(path, &cfg, &c)),
+    let detail = serde_json::to_vec_pretty(&SamplerOutput {
+        schema_version: SCHEMA_VERSION,
+        config: path.display().to_string(),
+        calibration: &c,
+    })?;
+    let mut csv = String::from("solve_for,answer,value,epsilon,accountant,kind,past_value,past_epsilon\n");
+    let row = |csv: &mut String, name: &str, s: &crate::diffusion::calibrate::Search| {
+        csv.push_str(&format!(
+            "{},{name},{},{},{},{},{},{}\n",
+            param.as_str(),
+            s.meets.value,
+            s.meets.epsilon,
+            s.meets.line.accountant.as_str(),
+            s.meets.line.kind.map(|k| k.as_str()).unwrap_or(""),
+            s.past.as_ref().map(|p| p.value.to_string()).unwrap_or_default(),
+            s.past.as_ref().map(|p| p.epsilon.to_string()).unwrap_or_default()
+        ));
+    };
+    row(&mut csv, "sound", &c.sound);
+    if let Some(e) = &c.clt {
+        row(&mut csv, "clt_estimate", e);
     }
+    let text = render_sampler_text(path, &cfg, &c);
+    let mut rep = crate::report::Report::new(
+        format!("Calibration: {} of {}", param.as_str(), path.display()),
+        crate::report::command_line(),
+    )
+    .for_command("calibrate");
+    rep.add_input("sampler config", path)?;
+    rep.delta = Some(cfg.delta);
+    rep.assumptions.neighbouring = Some(cfg.neighbouring);
+    rep.fact(param.as_str(), crate::report::num::fmt(c.sound.meets.value))
+        .fact("target ε", crate::report::num::fmt(args.target_epsilon))
+        .fact("sound ε at that value", crate::report::num::fmt(c.sound.meets.epsilon));
+    rep.conclusion = Some(crate::report::Conclusion {
+        audited: format!(
+            "Which {} makes the sampler `{}` meet ε ≤ {} at δ = {}.",
+            param.as_str(),
+            path.display(),
+            crate::report::num::fmt(args.target_epsilon),
+            crate::report::num::fmt(cfg.delta)
+        ),
+        guarantee: format!(
+            "{} = {} gives a sound ε = {} ({}).",
+            param.as_str(),
+            crate::report::num::fmt(c.sound.meets.value),
+            crate::report::num::fmt(c.sound.meets.epsilon),
+            c.sound.meets.line.accountant.as_str()
+        ),
+        verdict: "No budget was checked: this is a calibration, on the safe side of the target.".into(),
+        estimates: if c.clt.is_some() {
+            "The CLT answer is shown beside it as an estimate, never a guarantee.".into()
+        } else {
+            "No estimates.".into()
+        },
+    });
+    outs.finish_with_csv(
+        &rep,
+        &text,
+        "calibrate.csv",
+        csv.into_bytes(),
+        vec![("calibrate.json".to_string(), detail)],
+    )?;
     Ok(super::EXIT_OK)
 }
 

@@ -3,19 +3,19 @@
 //! Accounts a pipeline (an event file, or a diffusion sampler config), compares the budget with
 //! the smallest **sound** ε (exact or upper bound; an estimate never decides), prints one verdict
 //! line and exits 0 within budget, 1 over budget, 2 on bad input or when no sound accountant
-//! applies. `--junit FILE` writes a JUnit XML result; `--format json` prints the report, whose
+//! applies. `--junit FILE` writes (and on a re-run replaces) a JUnit XML result; `--format json` prints the report, whose
 //! `verdicts[0].margin` is budget − sound ε.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::accountants::AccountantKind;
-use crate::cli::common::{parse_accountants, Format};
+use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
 use crate::report::build::{self, AccountOptions};
-use crate::report::{self, junit, output, progress, ExportFormat, OutputDir, Report, Status};
+use crate::report::{self, junit, output, progress, Report, Status};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -26,7 +26,8 @@ Examples:
   PASS fixtures/events/edm-fullbatch-sigmamin0.002.toml: sound ε = 3.23818 (gdp exact) ≤ budget 8 at δ = 1e-5, margin 4.76182
 
   # Also write a JUnit result for the CI system, and every report format into reports/ci/
-  # (the directory must exist; --force replaces files from an earlier run).
+  # (created when missing; --force replaces report files from an earlier run; the JUnit file is
+  # replaced on every run, as CI tools expect).
   dpaudit check fixtures/events/dpsgd-mnist-sigma0.8.toml --max-epsilon 1 --junit check.xml --out reports/ci
 
   # Several pipelines at once: one verdict line and one JUnit test case each
@@ -71,21 +72,12 @@ pub struct Args {
     /// Accountants to run: gdp, clt, rdp, pld (comma-separated) or all.
     #[arg(long, default_value = "all")]
     pub accountant: String,
-    /// Write a JUnit XML result to FILE (also on bad input).
+    /// Write a JUnit XML result to FILE (replaced on every run; also written on bad input).
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
-    /// What to print on stdout: the verdict line (text) or the report (json, md, html, csv).
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-    /// Write the report in every format (and its plots) into DIR, with stable file names.
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Overwrite existing report/JUnit files.
-    #[arg(long)]
-    pub force: bool,
-    /// No progress bars.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Output grammar: --format (text = the verdict line), --out DIR, --force, -q, -v.
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Skip the ε(δ)/trade-off curves and per-step tables (faster reports).
     #[arg(long)]
     pub no_plots: bool,
@@ -197,26 +189,29 @@ const FLAGS_NAME: &str = "dp-sgd (flags)";
 /// Runs `dpaudit check`; returns the exit code (0 within budget, 1 over, 2 bad input).
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let start = Instant::now();
+    // Output locations first: existing reports are refused before any work.
+    let out = args.output.prepare(Format::Text, &[])?;
     let has_flags = match flag_pipeline(&args) {
         Ok(f) => f.is_some(),
         Err(e) => return Err(e.into()),
     };
     let n_inputs = args.configs.len() + usize::from(has_flags);
     if n_inputs > 1 {
-        return run_many(&args, start);
+        return run_many(&args, &out, start);
     }
     let name = args
         .configs
         .first()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| FLAGS_NAME.to_string());
-    match run_inner(&args, start) {
+    match run_inner(&args, &out, start) {
         Ok(code) => Ok(code),
         Err(e) => {
             if let Some(j) = &args.junit {
                 let xml = junit::error_junit("dpaudit check", &name, &e.to_string(), start.elapsed().as_secs_f64());
                 // The input error is what the user needs to see; a JUnit write failure is secondary.
-                if let Err(w) = output::write_atomic(j, xml.as_bytes(), args.force) {
+                let written = output::check_file(j, true).and_then(|_| output::write_atomic(j, xml.as_bytes(), true));
+                if let Err(w) = written {
                     eprintln!("warning: JUnit result not written: {w}");
                 }
             }
@@ -235,7 +230,7 @@ fn common_checks(args: &Args) -> Result<Vec<AccountantKind>> {
     }
     let kinds: Vec<AccountantKind> = parse_accountants(&args.accountant)?;
     if let Some(j) = &args.junit {
-        check_target(j, args.force)?;
+        output::check_file(j, true)?;
     }
     Ok(kinds)
 }
@@ -340,9 +335,9 @@ fn inconclusive_error(rep: &Report, name: &str) -> Error {
 
 /// Several inputs: one verdict line each (stdout), one JUnit test case each. Exit 2 when any
 /// input could not be checked, else 1 when any is over budget, else 0.
-fn run_many(args: &Args, start: Instant) -> anyhow::Result<i32> {
+fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<i32> {
     let kinds = common_checks(args)?;
-    if args.format != Format::Text || args.out.is_some() {
+    if out.format != Format::Text || out.dir.is_some() {
         return Err(Error::field(
             "--format",
             "with several inputs, check prints one verdict line each and writes --junit; \
@@ -363,7 +358,7 @@ fn run_many(args: &Args, start: Instant) -> anyhow::Result<i32> {
             .unwrap_or_else(|| FLAGS_NAME.to_string());
         match check_one(args, &kinds, path, false, true) {
             Ok((rep, verdict, delta)) => {
-                println!("{}", verdict_line(&name, &verdict, delta));
+                output::emit_stdout(format!("{}\n", verdict_line(&name, &verdict, delta)).as_bytes())?;
                 match verdict.status {
                     Status::Pass => {}
                     Status::Fail => code = code.max(EXIT_VIOLATED),
@@ -375,7 +370,7 @@ fn run_many(args: &Args, start: Instant) -> anyhow::Result<i32> {
                 reports.push((name, Ok(rep)));
             }
             Err(e) => {
-                println!("ERROR {name}: {e}");
+                output::emit_stdout(format!("ERROR {name}: {e}\n").as_bytes())?;
                 eprintln!("error: {e}");
                 any_error = true;
                 reports.push((name, Err(e.to_string())));
@@ -396,47 +391,33 @@ fn run_many(args: &Args, start: Instant) -> anyhow::Result<i32> {
             })
             .collect();
         let xml = junit::to_junit_many(&items, "dpaudit check", start.elapsed().as_secs_f64());
-        output::write_atomic(j, xml.as_bytes(), args.force)?;
+        output::write_atomic(j, xml.as_bytes(), true)?;
     }
     Ok(if any_error { crate::cli::EXIT_USAGE } else { code })
 }
 
-fn run_inner(args: &Args, start: Instant) -> Result<i32> {
-    // Validate flags and output locations before any work.
+fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<i32> {
     let kinds = common_checks(args)?;
-    let out_dir = args
-        .out
-        .as_deref()
-        .map(|d| OutputDir::open(d, args.force))
-        .transpose()?;
     let path = args.configs.first().map(PathBuf::as_path);
     let name = path
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| FLAGS_NAME.to_string());
-    let curves = !args.no_plots && (args.out.is_some() || args.format != Format::Text);
-    let (rep, verdict, delta) = check_one(args, &kinds, path, curves, args.quiet)?;
-
-    let line = verdict_line(&name, &verdict, delta);
-    match args.format {
-        Format::Text => println!("{line}"),
-        f => {
-            eprintln!("{line}");
-            let fmt = match f {
-                Format::Json => ExportFormat::Json,
-                Format::Csv => ExportFormat::Csv,
-                Format::Md => ExportFormat::Md,
-                Format::Html => ExportFormat::Html,
-                Format::Text => unreachable!("handled above"),
-            };
-            output::emit(None, &report::export(&rep, fmt)?, false)?;
-        }
+    let curves = !args.no_plots && (out.dir.is_some() || out.format != Format::Text);
+    let (mut rep, verdict, delta) = check_one(args, &kinds, path, curves, out.quiet)?;
+    rep.audit = "check".into();
+    rep.conclude();
+    let line = crate::audit::text::verdict_line(&name, &verdict, Some(delta), progress::color_stdout());
+    if out.format != Format::Text {
+        // The verdict stays visible when stdout carries the report.
+        eprint!(
+            "{}",
+            crate::audit::text::verdict_line(&name, &verdict, Some(delta), false)
+        );
     }
-    if let Some(dir) = &out_dir {
-        report::write_all(&rep, dir)?;
-    }
+    out.finish(&rep, &line, Vec::new())?;
     if let Some(j) = &args.junit {
         let xml = junit::to_junit(&rep, "dpaudit check", start.elapsed().as_secs_f64());
-        output::write_atomic(j, xml.as_bytes(), args.force)?;
+        output::write_atomic(j, xml.as_bytes(), true)?;
     }
     for w in rep.warnings.iter().filter(|w| w.severe) {
         eprintln!("warning: {}", w.message);
@@ -446,28 +427,6 @@ fn run_inner(args: &Args, start: Instant) -> Result<i32> {
         Status::Fail => Ok(EXIT_VIOLATED),
         Status::Inconclusive => Err(inconclusive_error(&rep, &name)),
     }
-}
-
-/// Fails early when `path` cannot be written (missing directory, or existing file without --force).
-fn check_target(path: &Path, force: bool) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        return Err(Error::input(format!(
-            "cannot write `{}`: directory `{}` does not exist (create it first)",
-            path.display(),
-            dir.display()
-        )));
-    }
-    if !force && path.exists() {
-        return Err(Error::input(format!(
-            "`{}` already exists; pass --force to overwrite it",
-            path.display()
-        )));
-    }
-    Ok(())
 }
 
 fn verdict_line(config: &str, v: &report::Verdict, delta: f64) -> String {

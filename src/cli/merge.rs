@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::attacks::pipeline;
 use crate::attacks::shard::{self, MiaPart};
-use crate::cli::common::Format;
+use crate::cli::common::{Format, OutputArgs};
 use crate::error::Error;
 use crate::models::data::sha256_file;
 use crate::models::{device, Checkpoint, Dataset, SplitManifest};
@@ -37,12 +37,10 @@ pub struct Args {
     /// Split manifest (default: the path recorded in the parts).
     #[arg(long)]
     pub split: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "text")]
-    /// Output format.
-    pub format: Format,
-    /// Write the report here instead of stdout.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
+    /// Output grammar, as for `mia`: --out DIR receives the report in every format, mia.json and
+    /// mia.csv.
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Write every ROC point (with the theoretical TPR limit) as CSV.
     #[arg(long)]
     pub roc_out: Option<PathBuf>,
@@ -54,6 +52,10 @@ pub struct Args {
 /// Runs `dpaudit merge`.
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let start = std::time::Instant::now();
+    let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
+    for p in a.roc_out.iter().chain(&a.scores_out) {
+        crate::report::output::check_file(p, out.force)?;
+    }
     let parts = a
         .parts
         .iter()
@@ -85,13 +87,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let split = SplitManifest::load(&split_path)?;
     let plan = merged.plan.to_plan();
     let report = pipeline::assemble(&ck, &data, &split, &plan, "merged shards", &merged.records, None, start)?;
-    eprintln!("merged {} parts, {} records", parts.len(), merged.records.len());
-    super::mia::emit(
-        &report,
-        &merged.records,
-        a.format,
-        a.out.as_ref(),
-        a.roc_out.as_ref(),
-        a.scores_out.as_ref(),
-    )
+    crate::report::progress::note(&format!("merged {} parts, {} records", parts.len(), merged.records.len()));
+    super::mia::emit(&report, &merged.records, &out, a.roc_out.as_ref(), a.scores_out.as_ref())
 }

@@ -7,7 +7,7 @@ use crate::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
 use crate::attacks::pipeline::{self, AuditKind, MiaPlan, Table2Opts};
 use crate::attacks::shard::{MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
 use crate::attacks::{render, scores};
-use crate::cli::common::Format;
+use crate::cli::common::{Format, OutputArgs, Outputs};
 use crate::error::Error;
 use crate::models::{device, Checkpoint, Dataset, DeviceChoice, SplitManifest};
 
@@ -18,7 +18,7 @@ Examples:
 
   # The DP (RAPID) checkpoint: each attack beside the limit of the mechanism it attacks (the
   # checkpoint's training ledger), plus the null test (labels shuffled at random):
-  dpaudit mia --checkpoint models/digits-rapid.toml --null-test --format json --out mia.json
+  dpaudit mia --checkpoint models/digits-rapid.toml --null-test --format json > mia.json
 
   # A valid ε lower bound from one training run with canaries (train --canaries 200 first):
   dpaudit mia --checkpoint x.toml --audit one-run --attack loss,pia --timesteps 10,50,100
@@ -30,8 +30,10 @@ Examples:
   # Table-2-style comparison (diffusion-sampling-privacy §6.4):
   dpaudit mia --checkpoint models/digits-mlp.toml --table2 --attack loss --timesteps 10
 
-Formats: text (default), json and csv (this command's own records), md and html (the shared
-report). --roc-out writes every ROC point with the TPR limit of the attacked mechanism.
+Formats: text (default), csv (one row per attack and step), json, md and html (the shared report:
+tables, the ROC against the limit of the attacked mechanism). --out DIR writes the report in every
+format plus mia.json (the detailed record) and mia.csv. --roc-out writes every ROC point with the
+TPR limit of the attacked mechanism.
 
 Exit codes: 0 ok; 1 an audit's ε lower bound (one-run or many-runs) exceeds the accounted ε of
 the same mechanism; 2 bad input. A single model's ASR never decides the exit code.";
@@ -108,12 +110,9 @@ pub struct Args {
     /// Steps of a cosine-similarity profile (the paper's Figure 1), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub cosine: Vec<String>,
-    #[arg(long, value_enum, default_value = "text")]
-    /// Output format.
-    pub format: Format,
-    /// Write the report here instead of stdout.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
+    /// Output grammar; --out DIR also receives mia.json and mia.csv (with --shard: the part file).
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Write every ROC point (with the theoretical TPR limit) as CSV.
     #[arg(long)]
     pub roc_out: Option<PathBuf>,
@@ -125,9 +124,6 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "auto")]
     /// Device to run the model on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
     /// Diffusers checkpoints: attack only the first N members and the first N non-members.
     #[arg(long)]
     pub max_examples: Option<usize>,
@@ -219,7 +215,7 @@ fn run_diffusers(
         p.attacks.retain(|k| *k != AttackKind::Empirical);
     }
     eprintln!("device: {dev_name}");
-    let bar = crate::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.quiet, "mia");
+    let bar = crate::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
     let r = crate::attacks::diffusers::run(
         &ck,
         &den,
@@ -240,13 +236,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if let Some(spec) = &a.shard {
         return run_shard(&a, spec);
     }
-    // Fail fast on a bad output path, before the long run.
-    for p in a.out.iter().chain(&a.roc_out).chain(&a.scores_out) {
-        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.is_dir() {
-                return Err(Error::input(format!("output folder {} does not exist", dir.display())).into());
-            }
-        }
+    // Output locations are checked (and existing files refused) before the long run.
+    let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
+    for p in a.roc_out.iter().chain(&a.scores_out) {
+        crate::report::output::check_file(p, out.force)?;
     }
     let dev = device::select(a.device)?;
     let dev_name = device::describe(&dev);
@@ -275,59 +268,42 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             let split = SplitManifest::load(&a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split)))?;
             let total =
                 (plan.attacks.len() * plan.timesteps.len() + plan.table2.as_ref().map_or(0, |t| t.steps.len())) as u64;
-            let bar = crate::report::progress::bar(total, a.quiet, "mia");
+            let bar = crate::report::progress::bar(total, a.output.quiet, "mia");
             let out = pipeline::run(ck, &data, &split, &plan, &dev_name, Some(&bar))?;
             bar.finish_and_clear();
             out
         }
     };
-    emit(
-        &report,
-        &records,
-        a.format,
-        a.out.as_ref(),
-        a.roc_out.as_ref(),
-        a.scores_out.as_ref(),
-    )
+    emit(&report, &records, &out, a.roc_out.as_ref(), a.scores_out.as_ref())
 }
 
-/// Writes `report` (and the ROC / score files asked for) and maps its violations to the exit
-/// code; shared by `mia` and `merge`.
+/// Writes `report` (stdout in `--format`, `--out DIR`, and the ROC / score files asked for) and
+/// maps its violations to the exit code; shared by `mia` and `merge`.
 pub(crate) fn emit(
     report: &pipeline::MiaReport,
     records: &[scores::ScoreRecord],
-    format: Format,
-    out: Option<&PathBuf>,
+    out: &Outputs,
     roc_out: Option<&PathBuf>,
     scores_out: Option<&PathBuf>,
 ) -> anyhow::Result<i32> {
-    let shared = |f: crate::report::ExportFormat| -> anyhow::Result<String> {
-        Ok(String::from_utf8(crate::report::export(
-            &report.to_report(&crate::report::command_line()),
-            f,
-        )?)?)
-    };
-    let body = match format {
-        Format::Json => serde_json::to_string_pretty(report)? + "\n",
-        Format::Csv => render::csv(report),
-        Format::Md => shared(crate::report::ExportFormat::Md)?,
-        Format::Html => shared(crate::report::ExportFormat::Html)?,
-        Format::Text => render::text(report),
-    };
-    let write = |p: &PathBuf, text: String| -> anyhow::Result<()> {
-        std::fs::write(p, text).map_err(|e| Error::io(p, &e))?;
-        eprintln!("wrote {}", p.display());
-        Ok(())
-    };
-    match out {
-        Some(p) => write(p, body)?,
-        None => print!("{body}"),
-    }
+    let mut rep = report.to_report(&crate::report::command_line());
+    rep.audit = "mia".into();
+    rep.conclude();
+    let detail = serde_json::to_vec_pretty(report)?;
+    out.finish_with_csv(
+        &rep,
+        &render::text(report),
+        "mia.csv",
+        render::csv(report).into_bytes(),
+        vec![("mia.json".to_string(), detail)],
+    )?;
     if let Some(p) = roc_out {
-        write(p, render::roc_csv(report))?;
+        crate::report::output::write_atomic(p, render::roc_csv(report).as_bytes(), out.force)?;
+        crate::report::progress::note(&format!("wrote {}", p.display()));
     }
     if let Some(p) = scores_out {
-        write(p, scores::to_csv(records))?;
+        crate::report::output::write_atomic(p, scores::to_csv(records).as_bytes(), out.force)?;
+        crate::report::progress::note(&format!("wrote {}", p.display()));
     }
     let violations = report.violations();
     for c in &violations {
@@ -359,18 +335,14 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         }
     }
     let dir = a
+        .output
         .out
         .as_ref()
         .ok_or_else(|| Error::field("--out", "--shard needs --out DIR (the part file is written there)"))?;
+    crate::report::progress::set_verbosity(a.output.quiet, a.output.verbose);
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
     let path = dir.join(spec.file_name());
-    if path.exists() {
-        return Err(
-            Error::input("part file exists already: remove it or choose another --out")
-                .with_file(&path)
-                .into(),
-        );
-    }
+    crate::report::output::check_file(&path, a.output.force)?;
     let card = a
         .checkpoint
         .as_ref()
@@ -391,7 +363,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
     let split = SplitManifest::load(&split_path)?;
     let inputs = PartInputs::of(&ck.card_path, &data_path, &split_path)?;
     let total = (plan.attacks.len() * plan.timesteps.len()) as u64;
-    let bar = crate::report::progress::bar(total, a.quiet, "mia shard");
+    let bar = crate::report::progress::bar(total, a.output.quiet, "mia shard");
     let recs = pipeline::score_checkpoint_shard(&ck, &data, &split, &plan, Some(&bar), Some(spec))?;
     bar.finish_and_clear();
     let part = MiaPart {
@@ -402,7 +374,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         records: recs.iter().map(|(p, r)| PartRecord::new(*p, r)).collect(),
     };
     let text = serde_json::to_string(&part)? + "\n";
-    crate::report::output::write_atomic(&path, text.as_bytes(), false)?;
+    crate::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
     eprintln!("wrote {} ({} records)", path.display(), part.records.len());
     Ok(crate::cli::EXIT_OK)
 }

@@ -1,12 +1,14 @@
-//! `dpaudit report <result.json> --format md|html|csv|json [--out DIR]`: re-renders a JSON
-//! report written by any dpaudit command. The JSON is read strictly (unknown fields are errors),
-//! so a report renders to exactly what the original command produced.
+//! `dpaudit report <result.json> --format md|html|csv|json|text [--out DIR]`: re-renders the
+//! JSON report written by any dpaudit command (`--format json`, or `report.json` from `--out`).
+//! The JSON is read strictly (unknown fields are errors), so a report renders to exactly what
+//! the original command produced; version 1 files are upgraded.
 
 use std::path::PathBuf;
 
+use crate::cli::common::{Format, OutputArgs};
 use crate::cli::EXIT_OK;
 use crate::error::{Error, Result};
-use crate::report::{self, output, ExportFormat, OutputDir};
+use crate::report::{self, output};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -15,7 +17,7 @@ Examples:
   dpaudit report result.json --format html > result.html
 
   # Every format at once (report.md, report.html, report.json, report-*.csv,
-  # plot-*.svg, plot-*.png) into an existing directory; --force replaces old files.
+  # plot-*.svg, plot-*.png) into a directory (created when missing); --force replaces old files.
   dpaudit report reports/check-dpsgd-cifar10/report.json --out /tmp/review --force
 
   # Tables as CSV (each table preceded by a `# <id>: <title>` line).
@@ -27,49 +29,36 @@ Examples:
 pub struct Args {
     /// A JSON report written by dpaudit (`--format json` or `report.json` from `--out`).
     pub input: PathBuf,
-    /// Output format (printed on stdout unless --out or --output is given).
-    #[arg(long, value_enum, default_value_t = ExportFormat::Md)]
-    pub format: ExportFormat,
-    /// Write every format and the plots into DIR, with stable file names.
-    #[arg(long, value_name = "DIR", conflicts_with = "output")]
-    pub out: Option<PathBuf>,
+    /// Output grammar (default format for this command: md).
+    #[command(flatten)]
+    pub output_args: OutputArgs,
     /// Write the one --format to FILE (atomically) instead of stdout.
-    #[arg(long, short, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE", conflicts_with = "out")]
     pub output: Option<PathBuf>,
-    /// Overwrite existing files.
-    #[arg(long)]
-    pub force: bool,
-    /// No progress bars.
-    #[arg(long, short)]
-    pub quiet: bool,
 }
 
-/// Runs `dpaudit report`; returns the exit code.
+/// Runs `dpaudit report`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(run_inner(&args)?)
 }
 
 fn run_inner(args: &Args) -> Result<i32> {
-    let out_dir = args
-        .out
-        .as_deref()
-        .map(|d| OutputDir::open(d, args.force))
-        .transpose()?;
+    let out = args.output_args.prepare(Format::Md, &[])?;
+    if let Some(p) = &args.output {
+        output::check_file(p, out.force)?;
+    }
     let bytes = std::fs::read(&args.input).map_err(|e| Error::io(&args.input, &e))?;
     let rep = report::from_json(&bytes).map_err(|e| e.with_file(&args.input))?;
-    match out_dir {
-        Some(dir) => {
-            let pb = report::progress::bar(1, args.quiet, "report");
-            pb.set_message("rendering");
-            let written = report::write_all(&rep, &dir)?;
-            pb.finish_and_clear();
-            if !args.quiet {
-                eprintln!("wrote {} files to {}", written.len(), dir.path().display());
-            }
+    match &args.output {
+        Some(p) => {
+            let data = match out.format.export() {
+                Some(f) => report::export(&rep, f)?,
+                None => report::export::to_text(&rep).into_bytes(),
+            };
+            output::write_atomic(p, &data, out.force)?;
         }
         None => {
-            let data = report::export(&rep, args.format)?;
-            output::emit(args.output.as_deref(), &data, args.force)?;
+            out.finish(&rep, &report::export::to_text(&rep), Vec::new())?;
         }
     }
     Ok(EXIT_OK)

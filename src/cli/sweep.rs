@@ -1,21 +1,23 @@
 //! `dpaudit sweep <sampler.toml> --sigma-min A..B --points N [--log] [axes…]`: a grid of
 //! settings, evaluated in parallel, one output row per grid point (deterministic order).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use crate::accountants::AccountantKind;
-use crate::cli::common::{parse_accountants, Format};
+use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use crate::cli::EXIT_OK;
 use crate::diffusion::sweep::{self, SweepRow, SweepSpec};
 use crate::diffusion::SamplerConfig;
 use crate::error::{Error, Result};
+use crate::report::progress::Progress;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \
 dpaudit sweep fixtures/samplers/edm-cifar10-paper.toml --sigma-min 0.002..5 --points 40 --log \\\n      \
 --subsample-rate 1,0.5,0.01 --format csv > sweep.csv\n  \
 dpaudit sweep fixtures/samplers/ddpm-linear-ddim50.toml --stop-step 40,45,49 --clip 0.5,1 --samples 1,100\n\n\
+--format csv (the default) prints the grid table; json, md and html give the report with the plot of\n\
+ε against the swept axis (bounds solid, estimates dashed, --max-epsilon as the budget line).\n\n\
 Every axis given is crossed with every other (a cartesian grid): --sigma-min/--t-min, --steps,\n\
 --stop-step, --switch-step or --switch-at, --clip, --dataset-size, --delta, --subsample-rate, --samples.\n\
 Every accountant is its own set of columns (<name>_epsilon, <name>_kind, <name>_status). The default\n\
@@ -65,15 +67,12 @@ pub struct Args {
     /// Accountants (gdp, clt, rdp, pld or all).
     #[arg(long, default_value = "gdp,clt")]
     pub accountant: String,
-    /// Output format (text, json or csv).
-    #[arg(long, value_enum, default_value_t = Format::Csv)]
-    pub format: Format,
-    /// Write the output to this file instead of stdout.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// An ε budget, drawn as a line on the plot and counted in the conclusion.
+    #[arg(long, value_name = "E")]
+    pub max_epsilon: Option<f64>,
+    /// Output grammar (default format for this command: csv, the grid table).
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, s: &Option<String>) -> Result<Vec<T>> {
@@ -114,6 +113,12 @@ pub fn parse_range(s: &str) -> Result<(f64, f64)> {
 
 /// Runs `dpaudit sweep`; returns the exit code.
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    let outs = args.output.prepare(Format::Csv, &["sweep.csv", "sweep.json"])?;
+    if let Some(b) = args.max_epsilon {
+        if !(b.is_finite() && b >= 0.0) {
+            return Err(Error::field("--max-epsilon", format!("must be a finite number ≥ 0, got {b}")).into());
+        }
+    }
     let accountants = parse_accountants(&args.accountant)?;
     let cfg = SamplerConfig::load(&args.config)?;
     cfg.warn_defaults(&args.config);
@@ -138,41 +143,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         samples: list("--samples", &args.samples)?,
         accountants: accountants.clone(),
     };
-    let n = sweep::grid_configs(&cfg, &spec)
-        .map_err(|e| e.with_file(&args.config))?
-        .len();
-    let show = !args.quiet && std::io::stdout().is_terminal() && n >= 50;
-    let bar = if show {
-        let b = indicatif::ProgressBar::new(n as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} grid points ({eta})")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        Some(b)
-    } else {
-        None
-    };
-    let tick = || {
-        if let Some(b) = &bar {
-            b.inc(1);
-        }
-    };
-    let rows = sweep::run(&cfg, &spec, &tick).map_err(|e| e.with_file(&args.config))?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    let out = match args.format {
-        Format::Csv => sweep::to_csv(&rows, &accountants)?,
-        Format::Json => serde_json::to_string_pretty(&rows)? + "\n",
-        Format::Text => render_text(&rows, &accountants),
-        Format::Md | Format::Html => {
-            return Err(Error::unsupported("sweep writes text, json or csv").into());
-        }
-    };
-    match &args.out {
-        Some(p) => std::fs::write(p, out).map_err(|e| Error::io(p, &e))?,
-        None => print!("{out}"),
-    }
+    let progress = Progress::new(Some(0), outs.quiet, "sweep");
+    let (rows, rep) = crate::audit::sweep::sweep(&cfg, &args.config, &spec, args.max_epsilon, &progress)?;
+    progress.finish();
+    let csv = sweep::to_csv(&rows, &accountants)?;
+    let detail = serde_json::to_vec_pretty(&rows)?;
+    outs.finish_with_csv(
+        &rep,
+        &render_text(&rows, &accountants),
+        "sweep.csv",
+        csv.into_bytes(),
+        vec![("sweep.json".to_string(), detail)],
+    )?;
     Ok(EXIT_OK)
 }
 

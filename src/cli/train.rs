@@ -1,7 +1,7 @@
 //! `dpaudit train`: arguments → [`TrainPlan`] → [`crate::models::run::run`] → exit code.
 //! The run itself (DP-SGD, RAPID, canaries, ledger, card) lives in the library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::Error;
 use crate::models::data::Part;
@@ -45,9 +45,19 @@ pub struct Args {
     /// Which rows of the split to train on (DP and RAPID runs use the members as private data).
     #[arg(long, value_enum, default_value = "members")]
     pub on: Part,
-    /// Output stem: writes <out>.safetensors and <out>.toml.
-    #[arg(long)]
+    /// Output stem: writes <out>.safetensors and <out>.toml (and <out>.ledger.toml for DP runs);
+    /// missing folders are created, existing files are refused before any work unless --force.
+    #[arg(long, value_name = "STEM")]
     pub out: Option<PathBuf>,
+    /// What to print on stdout when done: text, json, csv, md or html (the training report).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<crate::cli::common::Format>,
+    /// Replace the checkpoint (or split manifest) from an earlier run.
+    #[arg(long)]
+    pub force: bool,
+    /// More detail on stderr.
+    #[arg(long, short, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 
     /// Write a new split manifest to this path and exit.
     #[arg(long, value_name = "PATH")]
@@ -119,8 +129,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "auto")]
     /// Device to train on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
-    /// No progress bar.
-    #[arg(long)]
+    /// No progress bars or notes on stderr.
+    #[arg(long, short, conflicts_with = "verbose")]
     pub quiet: bool,
 
     /// Train with DP-SGD (RAPID Algorithm 2): Poisson sampling, clipping, Gaussian noise, Adam.
@@ -158,32 +168,48 @@ pub struct Args {
 
 /// Runs `dpaudit train`.
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    // Output locations are checked (and existing files refused) before any work.
+    let outputs = crate::cli::common::OutputArgs {
+        format: a.format,
+        out: None,
+        force: a.force,
+        quiet: a.quiet,
+        verbose: a.verbose,
+    }
+    .prepare(crate::cli::common::Format::Text, &[])?;
     if let Some(out) = &a.make_split {
+        crate::report::output::check_file(out, a.force)?;
         let data = Dataset::load(&a.data)?;
         let seed = a.seed.unwrap_or(0);
         let m = SplitManifest::random(&data, &a.data.display().to_string(), a.members, a.nonmembers, seed)?;
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
         }
-        std::fs::write(out, m.to_toml()?).map_err(|e| Error::io(out, &e))?;
-        println!(
-            "wrote {}: {} members, {} non-members, {} public (seed {seed})",
-            out.display(),
-            m.members.len(),
-            m.nonmembers.len(),
-            m.public.len(),
-        );
+        crate::report::output::write_atomic(out, m.to_toml()?.as_bytes(), a.force)?;
+        crate::report::output::emit_stdout(
+            format!(
+                "wrote {}: {} members, {} non-members, {} public (seed {seed})\n",
+                out.display(),
+                m.members.len(),
+                m.nonmembers.len(),
+                m.public.len(),
+            )
+            .as_bytes(),
+        )?;
         return Ok(crate::cli::EXIT_OK);
     }
     let Some(out) = a.out.clone() else {
         return Err(Error::field("--out", "give an output stem, e.g. --out models/digits-mlp").into());
     };
+    for p in stem_files(&out, a.dp, a.canaries > 0) {
+        crate::report::output::check_file(&p, a.force)?;
+    }
     if a.rapid && !a.dp {
         return Err(Error::field("--rapid", "needs --dp").into());
     }
     let dev = device::select(a.device)?;
     let dev_name = device::describe(&dev);
-    eprintln!("device: {dev_name}");
+    crate::report::progress::note(&format!("device: {dev_name}"));
     let plan = TrainPlan {
         data: a.data,
         split: a.split,
@@ -226,8 +252,26 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         quiet: a.quiet,
     };
     let outcome = crate::models::run::run(&plan, &dev, &dev_name)?;
+    let mut text = String::new();
     for l in &outcome.lines {
-        println!("{}", l.trim_end());
+        text.push_str(l.trim_end());
+        text.push('\n');
     }
+    let rep = crate::audit::train::report(&outcome.card, &outcome.card_path, outcome.event.as_ref())?;
+    outputs.finish(&rep, &text, Vec::new())?;
     Ok(crate::cli::EXIT_OK)
+}
+
+/// The files a training run writes for `--out STEM`.
+fn stem_files(stem: &Path, dp: bool, canaries: bool) -> Vec<PathBuf> {
+    let mut exts = vec!["safetensors", "toml"];
+    if dp {
+        exts.push("ledger.toml");
+    }
+    if canaries {
+        exts.push("canaries.csv");
+    }
+    exts.iter()
+        .map(|ext| PathBuf::from(format!("{}.{ext}", stem.display())))
+        .collect()
 }

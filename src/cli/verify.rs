@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::cli::common::Format;
+use crate::cli::common::{Format, OutputArgs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
 use crate::config::claims::ClaimsFile;
 use crate::pipelines::{self, ClaimResult, Verdict};
@@ -16,6 +16,7 @@ Examples:
   dpaudit verify fixtures/claims/dp-rdm.toml
   dpaudit verify fixtures/claims/rapid-scenarios.toml --format json
   dpaudit verify fixtures/claims/dp-rdm-cifar10.toml --out reports/verify --force   # md, html, csv, json
+  (--out DIR is created when missing; files from an earlier run need --force)
   dpaudit verify fixtures/claims/dpagg-ti.toml --format csv
 
 Verdicts, under the interpretation the paper states (adjacency, σ reading, sampling):
@@ -35,16 +36,9 @@ pub struct Args {
     /// Claims file(s) (TOML, schema_version = 1; tables [[rapid]], [[dp_rdm]], [[dpagg_ti]]).
     #[arg(required = true)]
     pub claims: Vec<PathBuf>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-    /// Also write the report in every format (report.json/.md/.html, report-*.csv) and the
-    /// detailed verify.json into this existing folder.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Overwrite files from an earlier run in --out.
-    #[arg(long)]
-    pub force: bool,
+    /// Output grammar; --out DIR also receives the detailed verify.json and verify.csv.
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Also exit 1 when a claim fails under an interpretation other than the paper's.
     #[arg(long)]
     pub strict: bool,
@@ -74,21 +68,22 @@ pub struct Summary {
     pub holds_not_under_every_interpretation: usize,
 }
 
-/// Runs `dpaudit verify`; returns the exit code.
+/// Runs `dpaudit verify`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    // A bad output folder fails before any accounting.
-    let out_dir = match &args.out {
-        Some(d) => Some(report::OutputDir::open(d, args.force)?),
-        None => None,
-    };
+    // Bad output locations fail before any accounting.
+    let out = args.output.prepare(Format::Text, &["verify.json", "verify.csv"])?;
+    let progress = crate::report::progress::Progress::new(Some(args.claims.len() as u64), out.quiet, "verify");
     let mut claims = Vec::new();
     let mut files = Vec::new();
     for p in &args.claims {
+        progress.set_message(p.display().to_string());
         let f = ClaimsFile::load(p)?;
         let res = pipelines::verify_claims(&f).map_err(|e| e.with_file(p))?;
         claims.extend(res);
         files.push(p.display().to_string());
+        progress.inc(1);
     }
+    progress.finish();
     let mut summary = Summary::default();
     for c in &claims {
         match c.verdict {
@@ -100,22 +95,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             summary.holds_not_under_every_interpretation += 1;
         }
     }
-    let out = VerifyOutput { files, claims, summary };
-    let (bytes, _) = render(&out, args.format)?;
-    if let Some(dir) = &out_dir {
-        let rep = to_report(&out)?;
-        let mut written = report::write_all(&rep, dir)?;
-        let detail = serde_json::to_vec_pretty(&out)?;
-        written.extend(dir.write_files(&[("verify.json".to_string(), detail)])?);
-        for p in written {
-            eprintln!("wrote {}", p.display());
-        }
-    }
-    {
-        use std::io::Write;
-        std::io::stdout().write_all(&bytes)?;
-    }
-    let s = &out.summary;
+    let out_data = VerifyOutput { files, claims, summary };
+    let mut rep = to_report(&out_data)?;
+    rep.conclude();
+    let detail = serde_json::to_vec_pretty(&out_data)?;
+    out.finish_with_csv(
+        &rep,
+        &text(&out_data),
+        "verify.csv",
+        csv_rows(&out_data)?,
+        vec![("verify.json".to_string(), detail)],
+    )?;
+    let s = &out_data.summary;
     let code =
         if s.violated > 0 || s.not_demonstrated > 0 || (args.strict && s.holds_not_under_every_interpretation > 0) {
             EXIT_VIOLATED
@@ -319,7 +310,8 @@ pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
     let mut r = Report::new(
         format!("dpaudit verify: {}", out.files.join(", ")),
         report::command_line(),
-    );
+    )
+    .for_command("verify");
     for f in &out.files {
         r.add_input("claims", std::path::Path::new(f))?;
     }

@@ -210,14 +210,27 @@ pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
     }
     let tensors = net.params.tensors();
-    candle_core::safetensors::save(&tensors, &weights).map_err(|e| Error::model(e.to_string()).with_file(&weights))?;
+    // Atomic: written to a temporary file in the same folder, synced, then renamed.
+    let dir = match weights.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".dpaudit-tmp-")
+        .suffix(".safetensors")
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, &e))?;
+    candle_core::safetensors::save(&tensors, tmp.path())
+        .map_err(|e| Error::model(e.to_string()).with_file(&weights))?;
+    tmp.as_file().sync_all().map_err(|e| Error::io(&weights, &e))?;
+    tmp.persist(&weights).map_err(|e| Error::io(&weights, &e.error))?;
     card.weights = weights.file_name().unwrap().to_string_lossy().into_owned();
     card.weights_sha256 = sha256_file(&weights)?;
     card.parameters = net.params.count();
     let body = toml::to_string(card).map_err(|e| Error::input(e.to_string()))?;
     let text =
         format!("# dpaudit checkpoint card: weights, model, data/split hashes and the command that made them.\n{body}");
-    std::fs::write(&card_file, text).map_err(|e| Error::io(&card_file, &e))?;
+    crate::report::output::write_atomic(&card_file, text.as_bytes(), true)?;
     Ok(card_file)
 }
 

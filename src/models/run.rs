@@ -413,7 +413,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
     let canary_info = match &canaries {
         Some(c) => {
             let p = PathBuf::from(format!("{}.canaries.csv", plan.out.display()));
-            std::fs::write(&p, c.to_csv()).map_err(|e| Error::io(&p, &e))?;
+            crate::report::output::write_atomic(&p, c.to_csv().as_bytes(), true)?;
             lines.push(format!(
                 "wrote {} ({} canaries; the inclusion bits are the audit's secret: keep the file from whoever the audit models)",
                 p.display(),
@@ -496,7 +496,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                 d.clip
             ),
         )?;
-        std::fs::write(&p, text).map_err(|e| Error::io(&p, &e))?;
+        crate::report::output::write_atomic(&p, text.as_bytes(), true)?;
         lines.push(format!(
             "wrote {} — account it with: dpaudit account --event {} --delta {}",
             p.display(),

@@ -88,6 +88,43 @@ pub fn account_event(
     Ok(())
 }
 
+/// Runs each accountant for δ at `epsilon` (the `--epsilon` question) and records results,
+/// skipped accountants, the event and the assumptions. [`Report::delta`] stays empty: each
+/// result carries its own δ.
+pub fn account_delta(
+    report: &mut Report,
+    event: &DpEvent,
+    neighbouring: Neighbouring,
+    epsilon: f64,
+    kinds: &[AccountantKind],
+    tick: &mut dyn FnMut(&str),
+) -> Result<()> {
+    crate::accountants::check_epsilon(epsilon)?;
+    event.validate()?;
+    report.event = Some(event.clone());
+    report.assumptions.neighbouring = Some(neighbouring);
+    report.assumptions.sampling = Some(match event.components() {
+        Ok(c) => describe_sampling(&c),
+        Err(_) => "not a supported shape (see the skipped accountants)".into(),
+    });
+    for &k in kinds {
+        let acc = k.build();
+        tick(k.as_str());
+        match acc
+            .supports(event, neighbouring)
+            .and_then(|_| acc.delta(event, neighbouring, epsilon))
+        {
+            Ok(r) => report.results.push(r),
+            Err(e) => report.skipped.push(Skipped {
+                accountant: k,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    report.fact("question", format!("δ at ε = {}", super::num::fmt(epsilon)));
+    Ok(())
+}
+
 /// One line describing how the components are sampled.
 pub fn describe_sampling(comps: &[Component]) -> String {
     let mut parts: Vec<String> = Vec::new();
@@ -198,7 +235,8 @@ pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()>
         cum_mu.push(c);
         cum_eps.push(gdp::epsilon_for_delta(c, delta)?);
     }
-    let steps: Vec<f64> = (1..=mu.len()).map(|i| i as f64).collect();
+    // Steps are numbered from 0, as in `analyze`'s tables, in both the table and the plots.
+    let steps: Vec<f64> = (0..mu.len()).map(|i| i as f64).collect();
     report.tables.push(Table {
         id: "steps".into(),
         title: "Per-step privacy along the trajectory".into(),
@@ -211,7 +249,7 @@ pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()>
         rows: (0..mu.len())
             .map(|i| {
                 vec![
-                    Cell::from(i + 1),
+                    Cell::from(i),
                     Cell::Num(mu[i]),
                     Cell::Num(cum_mu[i]),
                     Cell::Num(cum_eps[i]),
@@ -346,6 +384,22 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
                 super::export::fmt_num(est.epsilon)
             );
             report.warn("estimate_within_budget", msg, true);
+        }
+    }
+    // The budget as a dotted line on the ε(δ) plot.
+    if let Some(p) = report.plots.iter_mut().find(|p| p.id == "epsilon_vs_delta") {
+        let xs: Vec<f64> = p.series.iter().flat_map(|s| s.x.iter().copied()).collect();
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if lo.is_finite() && hi.is_finite() {
+            p.series.push(
+                Series::new(
+                    format!("budget ε = {}", super::num::fmt(budget)),
+                    vec![lo, hi],
+                    vec![budget, budget],
+                )
+                .with_style(plot::LineStyle::Dotted),
+            );
         }
     }
     report.verdicts.push(v.clone());

@@ -31,8 +31,9 @@ pub enum ExportFormat {
 /// `# <id>: <title>` comment line and separated by an empty line (`--out` writes one file each).
 pub fn export(report: &Report, format: ExportFormat) -> Result<Vec<u8>> {
     report.validate()?;
+    let report = &with_conclusion(report);
     Ok(match format {
-        ExportFormat::Md => to_markdown(report).into_bytes(),
+        ExportFormat::Md => markdown(report, Images::Inline)?.into_bytes(),
         ExportFormat::Html => to_html(report)?.into_bytes(),
         ExportFormat::Json => to_json(report)?.into_bytes(),
         ExportFormat::Csv => {
@@ -51,7 +52,15 @@ pub fn export(report: &Report, format: ExportFormat) -> Result<Vec<u8>> {
 
 /// Writes every format (and each plot as SVG and PNG) into `dir` with stable names.
 pub fn write_all(report: &Report, dir: &OutputDir) -> Result<Vec<PathBuf>> {
+    write_all_with(report, dir, Vec::new())
+}
+
+/// [`write_all`] plus a command's own files (`extra`: name and bytes), all targets checked
+/// before the first is written, each written atomically. The Markdown links the plot files
+/// written beside it.
+pub fn write_all_with(report: &Report, dir: &OutputDir, extra: Vec<(String, Vec<u8>)>) -> Result<Vec<PathBuf>> {
     report.validate()?;
+    let report = &with_conclusion(report);
     let mut files: Vec<(String, Vec<u8>)> = vec![
         ("report.json".into(), to_json(report)?.into_bytes()),
         ("report.md".into(), to_markdown(report).into_bytes()),
@@ -62,7 +71,24 @@ pub fn write_all(report: &Report, dir: &OutputDir) -> Result<Vec<PathBuf>> {
         files.push((format!("plot-{}.svg", p.id), plot::render_svg(p)?.into_bytes()));
         files.push((format!("plot-{}.png", p.id), plot::render_png(p)?));
     }
+    files.extend(extra);
     dir.write_files(&files)
+}
+
+/// The report with its conclusion filled in (see [`Report::conclude`]).
+fn with_conclusion(r: &Report) -> std::borrow::Cow<'_, Report> {
+    if r.conclusion.is_some() {
+        std::borrow::Cow::Borrowed(r)
+    } else {
+        let mut r = r.clone();
+        r.conclude();
+        std::borrow::Cow::Owned(r)
+    }
+}
+
+/// The conclusion of `r` (derived when the report has none).
+fn conclusion_of(r: &Report) -> super::Conclusion {
+    r.conclusion.clone().unwrap_or_else(|| super::conclusion::derive(r))
 }
 
 /// The JSON report (pretty-printed, trailing newline).
@@ -74,32 +100,43 @@ pub fn to_json(report: &Report) -> Result<String> {
 }
 
 /// Reads a JSON report strictly (unknown fields are errors) and checks its schema version.
+/// Version 1 reports (dpaudit before the one-report contract) are upgraded: they lack only the
+/// `audit` name and the conclusion, which is derived from their content.
 pub fn from_json(bytes: &[u8]) -> Result<Report> {
     // Check the version first so an old/new report gets a clear message, not a field error.
+    let mut upgrade = false;
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
         match v.get("schema_version").and_then(|s| s.as_u64()) {
+            Some(1) => upgrade = true,
             Some(n) if n != SCHEMA_VERSION as u64 => {
                 return Err(Error::field(
                     "schema_version",
-                    format!("unsupported report schema_version {n} (this dpaudit reads {SCHEMA_VERSION})"),
+                    format!(
+                        "unsupported report schema_version {n} (this dpaudit reads 1 and {SCHEMA_VERSION}; \
+a newer dpaudit wrote this file)"
+                    ),
                 ))
             }
             None if v.is_object() => {
                 return Err(Error::field(
                     "schema_version",
-                    "missing; is this a dpaudit JSON report?",
+                    "missing; this is not a dpaudit report (dpaudit reports start with \"schema_version\")",
                 ))
             }
             _ => {}
         }
     }
-    let r: Report = serde_json::from_slice(bytes).map_err(|e| {
+    let mut r: Report = serde_json::from_slice(bytes).map_err(|e| {
         let mut err = Error::input(format!("not a valid dpaudit report: {e}"));
         if e.line() > 0 {
             err = err.with_line(e.line());
         }
         err
     })?;
+    if upgrade {
+        r.schema_version = SCHEMA_VERSION;
+        r.conclude();
+    }
     r.validate()?;
     Ok(r)
 }
@@ -112,21 +149,26 @@ pub fn to_csv_files(report: &Report) -> Result<Vec<(String, Vec<u8>)>> {
         .collect())
 }
 
+/// One table as a plain CSV (header row, then one row per table row; numbers in shortest
+/// round-trip form, non-finite as `inf`/`-inf`/`nan`).
+pub fn table_csv(t: &Table) -> Result<Vec<u8>> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let err = |e: csv::Error| Error::input(format!("CSV for table `{}`: {e}", t.id));
+    w.write_record(t.columns.iter().map(|c| c.header())).map_err(err)?;
+    for row in &t.rows {
+        w.write_record(row.iter().map(csv_cell)).map_err(err)?;
+    }
+    w.into_inner()
+        .map_err(|e| Error::input(format!("CSV for table `{}`: {e}", t.id)))
+}
+
 fn csv_tables(report: &Report) -> Result<Vec<(String, String, Vec<u8>)>> {
     let mut out = Vec::new();
     for t in std::iter::once(results_table(report))
         .chain(verdicts_table(report))
         .chain(report.tables.iter().cloned())
     {
-        let mut w = csv::Writer::from_writer(Vec::new());
-        let err = |e: csv::Error| Error::input(format!("CSV for table `{}`: {e}", t.id));
-        w.write_record(t.columns.iter().map(|c| c.header())).map_err(err)?;
-        for row in &t.rows {
-            w.write_record(row.iter().map(csv_cell)).map_err(err)?;
-        }
-        let bytes = w
-            .into_inner()
-            .map_err(|e| Error::input(format!("CSV for table `{}`: {e}", t.id)))?;
+        let bytes = table_csv(&t)?;
         out.push((t.id.clone(), t.title.clone(), bytes));
     }
     Ok(out)
@@ -297,10 +339,87 @@ fn md_cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
-/// The report as Markdown. Plots are referenced as `plot-<id>.svg` (written beside it by `--out`).
+/// A short terminal summary of any report: title, conclusion, verdicts, headline results.
+pub fn to_text(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{}", r.title);
+    let c = conclusion_of(r);
+    for (name, text) in [
+        ("audited", &c.audited),
+        ("guarantee", &c.guarantee),
+        ("verdict", &c.verdict),
+        ("estimates", &c.estimates),
+    ] {
+        let _ = writeln!(s, "  {name:<9}  {text}");
+    }
+    for v in &r.verdicts {
+        let _ = writeln!(s, "{} {}: {}", v.status.as_str(), v.subject, v.message);
+    }
+    for a in &r.results {
+        let _ = writeln!(
+            s,
+            "  {:<4} ε = {} at δ = {} ({})",
+            a.accountant.as_str(),
+            fmt_num(a.epsilon),
+            fmt_num(a.delta),
+            kind_label(a.kind)
+        );
+    }
+    for f in &r.summary {
+        let _ = writeln!(s, "  {}: {}", f.name, f.value);
+    }
+    s
+}
+
+/// How Markdown shows plots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Images {
+    /// `![title](plot-<id>.svg)`: the files are written beside the Markdown (`--out DIR`).
+    Linked,
+    /// `![title](data:image/svg+xml;base64,…)`: the Markdown stands alone (stdout).
+    Inline,
+}
+
+/// The report as Markdown. Plots are referenced as `plot-<id>.svg`, which [`write_all`]
+/// writes beside it; [`export`] inlines them instead.
 pub fn to_markdown(r: &Report) -> String {
+    // Linked images need no rendering, so this cannot fail.
+    markdown(r, Images::Linked).unwrap_or_default()
+}
+
+/// Standard base64 (RFC 4648, with padding).
+pub fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The report as Markdown with plots shown as `images`.
+pub fn markdown(r: &Report, images: Images) -> Result<String> {
     let mut s = String::new();
     let _ = writeln!(s, "# {}\n", r.title);
+    let c = conclusion_of(r);
+    let _ = writeln!(s, "## Conclusion\n");
+    for (name, text) in [
+        ("Audited", &c.audited),
+        ("Guarantee", &c.guarantee),
+        ("Verdict", &c.verdict),
+        ("Estimates", &c.estimates),
+    ] {
+        let _ = writeln!(s, "- **{name}**: {text}");
+    }
+    s.push('\n');
     let _ = writeln!(s, "Generated by {} {} with:\n", r.tool.name, r.tool.version);
     let _ = writeln!(s, "```text\n{}\n```\n", r.command);
     if let Some(seed) = r.seed {
@@ -406,7 +525,20 @@ pub fn to_markdown(r: &Report) -> String {
     if !r.plots.is_empty() {
         let _ = writeln!(s, "## Plots\n");
         for p in &r.plots {
-            let _ = writeln!(s, "![{}](plot-{}.svg)\n", p.title, p.id);
+            match images {
+                Images::Linked => {
+                    let _ = writeln!(s, "![{}](plot-{}.svg)\n", p.title, p.id);
+                }
+                Images::Inline => {
+                    let svg = plot::render_svg(p)?;
+                    let _ = writeln!(
+                        s,
+                        "![{}](data:image/svg+xml;base64,{})\n",
+                        p.title,
+                        base64(svg.as_bytes())
+                    );
+                }
+            }
             if let Some(c) = &p.caption {
                 let _ = writeln!(s, "*{c}*\n");
             }
@@ -456,7 +588,7 @@ pub fn to_markdown(r: &Report) -> String {
     while s.ends_with("\n\n") {
         s.pop();
     }
-    s
+    Ok(s)
 }
 
 fn assumption_lines(r: &Report) -> Vec<(String, String)> {
@@ -506,7 +638,8 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .pass{color:#fff;background:#1a7f37;font-weight:bold}.fail{color:#fff;background:#cf222e;font-weight:bold}\
 .inconclusive{color:#000;background:#f0c000;font-weight:bold}.estimate{font-style:italic;color:#8a4b00}\
 .severe{color:#cf222e;font-weight:bold}pre{background:#f6f8fa;padding:.8em;overflow:auto}\
-figure{margin:1em 0}figcaption{color:#555;font-size:.9em}code{font-size:.9em}.meta{color:#555}";
+figure{margin:1em 0}.conclusion{background:#f6f8fa;border-left:4px solid #0969da;padding:.2em 1em}\
+.conclusion dt{font-weight:bold;margin-top:.4em}.conclusion dd{margin-left:1em}figcaption{color:#555;font-size:.9em}code{font-size:.9em}.meta{color:#555}";
 
 /// Makes an SVG from plotters safe to inline: drops the XML prolog and the namespace attribute
 /// (an HTML5 parser does not need it, and the page must contain no URLs at all).
@@ -529,6 +662,17 @@ pub fn to_html(r: &Report) -> Result<String> {
         esc(&r.title)
     );
     let _ = writeln!(s, "<h1>{}</h1>", esc(&r.title));
+    let c = conclusion_of(r);
+    let _ = writeln!(s, "<section class=\"conclusion\">\n<h2>Conclusion</h2>\n<dl>");
+    for (name, text) in [
+        ("Audited", &c.audited),
+        ("Guarantee", &c.guarantee),
+        ("Verdict", &c.verdict),
+        ("Estimates", &c.estimates),
+    ] {
+        let _ = writeln!(s, "<dt>{name}</dt><dd>{}</dd>", esc(text));
+    }
+    let _ = writeln!(s, "</dl>\n</section>");
     let _ = writeln!(
         s,
         "<p class=\"meta\">Generated by {} {} with <code>{}</code>{}</p>",
@@ -730,6 +874,20 @@ mod tests {
         assert_eq!(fmt_num(-0.05), "-0.05");
         assert_eq!(fmt_num(1.25e7), "1.25e7");
         assert_eq!(fmt_num(f64::INFINITY), "∞");
+    }
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        // RFC 4648 §10 test vectors.
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! See `docs/reports.md` for how a command fills the model.
 
 pub mod build;
+pub mod conclusion;
 pub mod export;
 pub mod junit;
 pub mod num;
@@ -25,12 +26,17 @@ use crate::accountants::{AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
 
-pub use export::{export, from_json, to_csv_files, to_html, to_json, to_markdown, write_all, ExportFormat};
+pub use export::{
+    export, from_json, to_csv_files, to_html, to_json, to_markdown, write_all, write_all_with, ExportFormat,
+};
 pub use output::OutputDir;
 pub use plot::{Axis, LegendPosition, LineStyle, Plot, Scale, Series};
 
-/// Version of the JSON report format written and read by this dpaudit.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version of the JSON report format written by this dpaudit (described by
+/// `docs/schema/report.v2.json`). Version 1 files are read and upgraded.
+pub const SCHEMA_VERSION: u32 = 2;
+
+pub use conclusion::Conclusion;
 
 /// Everything a reviewer needs to judge one dpaudit result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,8 +44,16 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub struct Report {
     /// Always [`SCHEMA_VERSION`] when written by this dpaudit.
     pub schema_version: u32,
-    /// Title of the report.
+    /// The dpaudit command that produced the report: `account`, `analyze`, `calibrate`,
+    /// `check`, `mia`, `run`, `sweep`, `train` or `verify` (empty in upgraded version 1 files).
+    #[serde(default)]
+    pub audit: String,
+    /// Report title.
     pub title: String,
+    /// The plain-language conclusion shown first (what was audited, the guarantee, the
+    /// verdict, what is an estimate). Filled by [`Report::conclude`] before export.
+    #[serde(default)]
+    pub conclusion: Option<Conclusion>,
     /// The command line that produced the report (for reproduction), e.g.
     /// `dpaudit check fixtures/events/dpsgd.toml --max-epsilon 8`.
     pub command: String,
@@ -393,7 +407,9 @@ impl Report {
     pub fn new(title: impl Into<String>, command: impl Into<String>) -> Self {
         Report {
             schema_version: SCHEMA_VERSION,
+            audit: String::new(),
             title: title.into(),
+            conclusion: None,
             command: command.into(),
             tool: Tool::current(),
             seed: None,
@@ -409,6 +425,20 @@ impl Report {
             tables: Vec::new(),
             plots: Vec::new(),
         }
+    }
+
+    /// Sets the command name ([`Report::audit`]).
+    pub fn for_command(mut self, audit: &str) -> Self {
+        self.audit = audit.to_string();
+        self
+    }
+
+    /// Fills [`Report::conclusion`] from the report's content when a command has not set it.
+    pub fn conclude(&mut self) -> &mut Self {
+        if self.conclusion.is_none() {
+            self.conclusion = Some(conclusion::derive(self));
+        }
+        self
     }
 
     /// Records an input file with its hash.

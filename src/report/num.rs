@@ -6,6 +6,31 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
 use std::fmt;
 
+/// Shortest round-trip text of `x` (Rust's `{}`: the fewest digits that read back to the same
+/// `f64`), `inf`, `-inf` or `nan` for non-finite values. For numbers shown to users and in CSV.
+pub fn fmt(x: f64) -> String {
+    match non_finite_str(x) {
+        Some(t) => t.to_string(),
+        None if x == 0.0 => "0".to_string(),
+        None => format!("{x}"),
+    }
+}
+
+/// `x` without floating-point arithmetic noise: rounded to 15 significant digits, so a grid
+/// point computed as 0.47500000000000003 reads 0.475. For values derived from what the user
+/// typed (grid points, parameters); never for bounds, whose last digit matters for soundness.
+pub fn clean(x: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    format!("{x:.14e}").parse().unwrap_or(x)
+}
+
+/// [`fmt`] of [`clean`]: the text of a parameter or grid value.
+pub fn fmt_clean(x: f64) -> String {
+    fmt(clean(x))
+}
+
 /// The string used for a non-finite value.
 pub fn non_finite_str(x: f64) -> Option<&'static str> {
     if x.is_nan() {
@@ -149,5 +174,25 @@ pub mod map {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
         let v: BTreeMap<String, N> = serde::Deserialize::deserialize(d)?;
         Ok(v.into_iter().map(|(k, n)| (k, n.0)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shortest_round_trip_and_clean() {
+        assert_eq!(fmt(0.1 + 0.2), "0.30000000000000004");
+        assert_eq!(fmt_clean(0.1 + 0.2), "0.3");
+        assert_eq!(fmt_clean(0.1 + 0.375), "0.475");
+        assert_eq!(fmt(1e-5), "0.00001");
+        assert_eq!(fmt(f64::INFINITY), "inf");
+        assert_eq!(fmt(-0.0), "0");
+        // 1/3 has no shorter form: clean keeps 15 significant digits and reads back close.
+        assert!((clean(1.0 / 3.0) - 1.0 / 3.0).abs() < 1e-15);
+        for x in [0.475, 3.238181234567891, 1e-300, 787.6] {
+            assert_eq!(fmt(x).parse::<f64>().unwrap(), x);
+        }
     }
 }

@@ -113,7 +113,7 @@ pub enum LineStyle {
     Solid,
     /// Used for estimates (e.g. the CLT), so they are never mistaken for bounds.
     Dashed,
-    /// Used for reference lines (e.g. the no-privacy diagonal of a trade-off plot).
+    /// Used for reference lines (the perfect-privacy diagonal of a trade-off plot, budgets).
     Dotted,
 }
 
@@ -271,9 +271,10 @@ pub fn epsilon_vs_delta(series: Vec<Series>) -> Plot {
 }
 
 /// Trade-off curves (type I error α against the smallest type II error β), with the
-/// no-privacy diagonal β = 1 − α dotted for reference.
+/// perfect-privacy diagonal β = 1 − α dotted for reference (no test beats a coin flip there).
 pub fn tradeoff(mut series: Vec<Series>) -> Plot {
-    series.push(Series::new("no privacy: β = 1 − α", vec![0.0, 1.0], vec![1.0, 0.0]).with_style(LineStyle::Dotted));
+    series
+        .push(Series::new("perfect privacy: β = 1 − α", vec![0.0, 1.0], vec![1.0, 0.0]).with_style(LineStyle::Dotted));
     Plot {
         id: "tradeoff".into(),
         title: "Trade-off curve: type I vs type II error".into(),
@@ -282,8 +283,8 @@ pub fn tradeoff(mut series: Vec<Series>) -> Plot {
         series,
         legend: LegendPosition::Auto,
         caption: Some(
-            "Any membership test has (α, β) on or above a sound curve; closer to the diagonal is more private. \
-Dashed curves are estimates."
+            "Any membership test has (α, β) on or above a sound curve; the dotted diagonal is perfect privacy \
+(no test does better than guessing), so closer to it is more private. Dashed curves are estimates."
                 .into(),
         ),
     }

@@ -389,28 +389,32 @@ fn all_accountants_are_reported_with_kind_or_reason() {
         "json",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The one report: each accountant is a result (with its kind) or skipped (with a reason).
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let lines = v["accountants"].as_array().unwrap();
-    assert_eq!(lines.len(), 4);
-    for l in lines {
-        let status = l["status"].as_str().unwrap();
-        if l["epsilon"].is_null() {
-            assert!(status.starts_with("unavailable: "), "{l}");
-        } else {
-            assert!(!l["kind"].is_null(), "{l}");
-        }
+    let results = v["results"].as_array().unwrap();
+    let skipped = v["skipped"].as_array().unwrap();
+    assert_eq!(results.len() + skipped.len(), 4, "{v}");
+    for r in results {
+        assert!(!r["kind"].is_null(), "{r}");
     }
-    assert_ne!(v["guarantee"]["accountant"], "clt");
-    assert_eq!(v["convention"], "A");
+    for k in skipped {
+        assert!(!k["reason"].as_str().unwrap().is_empty(), "{k}");
+    }
+    let guarantee = v["conclusion"]["guarantee"].as_str().unwrap();
+    assert!(!guarantee.contains("clt"), "{guarantee}");
+    let convention = v["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "step convention")
+        .unwrap();
+    assert_eq!(convention["value"], "A");
     // The last step carries 60 % of Σμ²: the CLT's "no step dominates" condition fails.
-    let warn = v["warnings"].to_string();
-    assert!(warn.contains("clt_step_dominates"), "{warn}");
-    let clt = lines.iter().find(|l| l["accountant"] == "clt").unwrap();
-    let st = clt["status"].as_str().unwrap();
-    assert!(
-        st.starts_with("not a guarantee") || st.starts_with("unavailable"),
-        "{st}"
-    );
+    assert!(v.to_string().contains("clt_step_dominates"), "{v}");
+    if let Some(clt) = results.iter().find(|r| r["accountant"] == "clt") {
+        assert_eq!(clt["kind"], "estimate");
+        assert!(v["conclusion"]["estimates"].as_str().unwrap().contains("clt"));
+    }
 }
 
 #[test]

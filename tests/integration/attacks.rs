@@ -233,12 +233,15 @@ fn dp_training_ledger_accounts_like_account() {
     }
 }
 
+/// The detailed attack record (`mia.json` in `--out DIR`; `--format json` is the shared report).
 fn mia_json(args: &[&str]) -> serde_json::Value {
-    let mut full = vec!["mia", "--format", "json", "--quiet", "--bootstrap", "300"];
+    let dir = tmp();
+    let d = dir.path().to_str().unwrap().to_string();
+    let mut full = vec!["mia", "--quiet", "--bootstrap", "300", "--out", &d];
     full.extend_from_slice(args);
     let o = dpaudit(&full);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    serde_json::from_str(&stdout(&o)).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(dir.path().join("mia.json")).unwrap()).unwrap()
 }
 
 /// On the shipped non-DP checkpoint, the attacks beat chance: the bootstrap interval of the

@@ -34,10 +34,11 @@ fn account_json_contract() {
         "--format",
         "json",
     ]);
-    assert_eq!(v["schema_version"], 1);
-    assert_eq!(v["query"], "epsilon");
+    // The one report (schema_version 2).
+    assert_eq!(v["schema_version"], 2);
+    assert_eq!(v["audit"], "account");
     assert_eq!(v["delta"], 1e-5);
-    assert_eq!(v["neighbouring"], "add_remove");
+    assert_eq!(v["assumptions"]["neighbouring"], "add_remove");
     // The event round-trips into the library type.
     let ev: dpaudit::events::DpEvent = serde_json::from_value(v["event"].clone()).unwrap();
     assert_eq!(ev, dpaudit::events::DpEvent::dpsgd(1.1, 0.004, 14062));
@@ -49,29 +50,22 @@ fn account_json_contract() {
         assert!(r["epsilon"].as_f64().unwrap() >= 0.0);
         seen.push(r["accountant"].as_str().unwrap().into());
     }
-    for u in v["unsupported"].as_array().unwrap() {
+    for u in v["skipped"].as_array().unwrap() {
         assert!(!u["reason"].as_str().unwrap().is_empty());
         seen.push(u["accountant"].as_str().unwrap().into());
     }
     seen.sort();
     assert_eq!(seen, ["clt", "gdp", "pld", "rdp"]);
-    // GDP cannot do subsampled events; CLT is an estimate and never the headline.
-    assert!(v["unsupported"]
+    // GDP cannot do subsampled events; CLT is an estimate and never the guarantee.
+    assert!(v["skipped"]
         .as_array()
         .unwrap()
         .iter()
         .any(|u| u["accountant"] == "gdp"));
     let clt = result(&v, "clt").expect("clt result");
     assert_eq!(clt["kind"], "estimate");
-    if !v["headline"].is_null() {
-        assert_ne!(v["headline"]["kind"], "estimate");
-        let h = v["headline"]["epsilon"].as_f64().unwrap();
-        for r in v["results"].as_array().unwrap() {
-            if r["kind"] != "estimate" {
-                assert!(h <= r["epsilon"].as_f64().unwrap());
-            }
-        }
-    }
+    let guarantee = v["conclusion"]["guarantee"].as_str().unwrap();
+    assert!(!guarantee.contains("clt"), "{guarantee}");
 }
 
 /// The CLI's CLT number is the reference one (clt_const.csv, μ = 1, T = 1000, p = 0.01).
@@ -98,7 +92,12 @@ fn account_clt_matches_reference() {
     ]);
     let e = result(&v, "clt").unwrap()["epsilon"].as_f64().unwrap();
     assert!(rel(e, row["drs_clt_eps"].parse().unwrap()) < 1e-6, "{e}");
-    assert!(v["headline"].is_null(), "an estimate must never be the headline");
+    let c = &v["conclusion"];
+    assert!(
+        c["guarantee"].as_str().unwrap().starts_with("No guarantee"),
+        "an estimate must never be the guarantee: {c}"
+    );
+    assert!(c["estimates"].as_str().unwrap().contains("clt"), "{c}");
 }
 
 #[test]
@@ -137,7 +136,7 @@ fn account_delta_query_and_csv() {
         "--format",
         "json",
     ]);
-    assert_eq!(v["query"], "delta");
+    assert!(v["delta"].is_null(), "δ at ε: no single δ for the report");
     let d = result(&v, "gdp").unwrap()["delta"].as_f64().unwrap();
     assert!(rel(d, 1e-6) < 1e-4, "{d}");
     let o = dpaudit(&[
@@ -182,7 +181,7 @@ fn account_replace_one_and_neighbouring_flag() {
         "--format",
         "json",
     ]);
-    assert_eq!(v["neighbouring"], "replace_one");
+    assert_eq!(v["assumptions"]["neighbouring"], "replace_one");
     assert_eq!(result(&v, "gdp").unwrap()["kind"], "exact");
     // Poisson under replace-one: RDP accounts it (joint-convexity bound, flagged), so the
     // command succeeds; CLT, PLD and GDP refuse it and each says why.
@@ -201,11 +200,11 @@ fn account_replace_one_and_neighbouring_flag() {
         "--format",
         "json",
     ]);
-    assert_eq!(v["neighbouring"], "replace_one");
+    assert_eq!(v["assumptions"]["neighbouring"], "replace_one");
     let rdp = result(&v, "rdp").expect("rdp accounts replace-one Poisson");
     assert_eq!(rdp["kind"], "upper_bound");
     assert!(rdp.to_string().contains("rdp_poisson_replace_one"), "{rdp}");
-    let u = v["unsupported"].as_array().unwrap();
+    let u = v["skipped"].as_array().unwrap();
     let mut refused: Vec<&str> = u.iter().map(|u| u["accountant"].as_str().unwrap()).collect();
     refused.sort();
     assert_eq!(refused, ["clt", "gdp", "pld"], "{u:?}");

@@ -15,6 +15,43 @@ fn json(o: &std::process::Output) -> serde_json::Value {
 }
 
 /// A fresh scratch directory under the system temp dir.
+/// A summary fact of a report (`--format json` is the shared report, schema_version 2).
+fn fact(v: &serde_json::Value, name: &str) -> String {
+    v["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("no fact `{name}` in {v}"))["value"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The smallest sound ε among a report's results.
+fn sound_eps(v: &serde_json::Value) -> f64 {
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "exact" || r["kind"] == "upper_bound")
+        .map(|r| r["epsilon"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Runs `args` with `--out` into a scratch folder and reads the command's detailed record.
+fn detail(args: &[&str], file: &str) -> (std::process::Output, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = args.to_vec();
+    let d = dir.path().to_str().unwrap().to_string();
+    a.extend(["--out", &d, "-q"]);
+    let o = dpaudit(&a);
+    let v = std::fs::read_to_string(dir.path().join(file))
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(serde_json::Value::Null);
+    (o, v)
+}
+
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("dpaudit-inputs-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -63,11 +100,11 @@ fn opacus_flags_reproduce_the_mnist_and_cifar10_rows() {
         let v = json(&o);
         let what = format!("N={n} E={epochs} σ={sigma}");
         assert_eq!(
-            v["derivation"]["steps"].as_u64(),
+            fact(&v, "steps").parse::<u64>().ok(),
             Some(f(r, "steps_T") as u64),
             "{what}"
         );
-        assert_eq!(v["derivation"]["sample_rate"].as_f64(), Some(f(r, "q")), "{what}");
+        assert_eq!(fact(&v, "sample rate q").parse::<f64>().ok(), Some(f(r, "q")), "{what}");
         let eps = |a: &str| {
             v["results"]
                 .as_array()
@@ -91,7 +128,13 @@ fn opacus_flags_reproduce_the_mnist_and_cifar10_rows() {
             "{what}: rdp {rdp}"
         );
         // The derivation is printed in the text output too.
-        assert!(v["derivation"]["derivation"][0].as_str().unwrap().contains("⌊E·N/B⌋"));
+        assert!(
+            v["assumptions"]["other"][0]["value"]
+                .as_str()
+                .unwrap()
+                .contains("⌊E·N/B⌋"),
+            "{v}"
+        );
     }
     assert_eq!(seen, [8, 8], "all MNIST and CIFAR-10 rows");
 }
@@ -204,12 +247,12 @@ fn save_event_then_check_gives_the_same_sound_epsilon() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let acc = json(&o);
-    let head = acc["headline"]["epsilon"].as_f64().unwrap();
+    let head = sound_eps(&acc);
     // The saved event is the accounted one, and the shipped fixture for the same run.
     let again = json(&dpaudit(&["account", "--event", file_s, "--format", "json"]));
     assert_eq!(again["event"], acc["event"]);
     assert_eq!(again["delta"], acc["delta"]);
-    assert_eq!(again["headline"]["epsilon"].as_f64(), Some(head));
+    assert_eq!(sound_eps(&again), head);
     let fixture = json(&dpaudit(&[
         "account",
         "--event",
@@ -333,7 +376,7 @@ fn sampler_name_sets_the_convention_and_defaults_are_warned() {
     std::fs::write(&cfg, DDPM_NAMED).unwrap();
     let o = dpaudit(&["analyze", cfg.to_str().unwrap(), "--format", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(json(&o)["convention"], "B");
+    assert_eq!(fact(&json(&o), "step convention"), "B");
     let err = stderr(&o);
     for field in ["delta", "privacy.samples", "privacy.clip_norm", "density.beta"] {
         assert!(
@@ -356,13 +399,13 @@ fn sampler_name_sets_the_convention_and_defaults_are_warned() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The sweep's rows (`sweep.json` in `--out DIR`; `--format json` is the shared report).
 fn sweep_rows(args: &[&str]) -> Vec<serde_json::Value> {
     let mut a = vec!["sweep"];
     a.extend(args);
-    a.extend(["--format", "json", "-q"]);
-    let o = dpaudit(&a);
+    let (o, v) = detail(&a, "sweep.json");
     assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
-    json(&o).as_array().unwrap().clone()
+    v.as_array().unwrap().clone()
 }
 
 fn gdp_eps(r: &serde_json::Value) -> f64 {
@@ -481,19 +524,19 @@ fn with_value(dir: &std::path::Path, name: &str, src: &str, from: &str, to: &str
 #[test]
 fn calibrated_sigma_min_meets_the_target_and_one_step_past_does_not() {
     let src = std::fs::read_to_string(root().join("fixtures/samplers/edm-cifar10-paper.toml")).unwrap();
-    let o = dpaudit(&[
-        "calibrate",
-        "--sampler",
-        "fixtures/samplers/edm-cifar10-paper.toml",
-        "--solve-for",
-        "sigma-min",
-        "--target-epsilon",
-        "8",
-        "--format",
-        "json",
-    ]);
+    let (o, v) = detail(
+        &[
+            "calibrate",
+            "--sampler",
+            "fixtures/samplers/edm-cifar10-paper.toml",
+            "--solve-for",
+            "sigma-min",
+            "--target-epsilon",
+            "8",
+        ],
+        "calibrate.json",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v = json(&o);
     let meets = v["sound"]["meets"]["value"].as_f64().unwrap();
     let past = v["sound"]["past"]["value"].as_f64().unwrap();
     assert!(past < meets && (meets - past) / meets < 2e-5, "{meets} {past}");
@@ -528,19 +571,19 @@ fn calibrated_samples_meet_the_target_and_one_more_does_not() {
     let dir = scratch("calib-s");
     let base = dir.join("base.toml");
     std::fs::write(&base, &src).unwrap();
-    let o = dpaudit(&[
-        "calibrate",
-        "--sampler",
-        base.to_str().unwrap(),
-        "--solve-for",
-        "samples",
-        "--target-epsilon",
-        "0.05",
-        "--format",
-        "json",
-    ]);
+    let (o, v) = detail(
+        &[
+            "calibrate",
+            "--sampler",
+            base.to_str().unwrap(),
+            "--solve-for",
+            "samples",
+            "--target-epsilon",
+            "0.05",
+        ],
+        "calibrate.json",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v = json(&o);
     let meets = v["sound"]["meets"]["value"].as_f64().unwrap() as u64;
     let past = v["sound"]["past"]["value"].as_f64().unwrap() as u64;
     assert_eq!(past, meets + 1);

@@ -16,11 +16,15 @@ fn f(row: &std::collections::HashMap<String, String>, k: &str) -> f64 {
     row[k].parse().unwrap_or_else(|_| panic!("{k}: {}", row[k]))
 }
 
+/// The detailed verify record (`verify.json`, written into `--out DIR`; `--format json` is the
+/// shared report).
 fn verify_json(file: &str) -> (i32, Value) {
-    let o = dpaudit(&["verify", file, "--format", "json"]);
+    let dir = tempfile::tempdir().unwrap();
+    let o = dpaudit(&["verify", file, "--out", dir.path().to_str().unwrap(), "-q"]);
     let code = o.status.code().unwrap();
     assert!(code == 0 || code == 1, "{}", stderr(&o));
-    (code, serde_json::from_str(&stdout(&o)).expect("json"))
+    let detail = std::fs::read_to_string(dir.path().join("verify.json")).expect("verify.json");
+    (code, serde_json::from_str(&detail).expect("json"))
 }
 
 fn claim<'a>(v: &'a Value, id: &str) -> &'a Value {

@@ -10,13 +10,6 @@ use dpaudit::events::{DpEvent, Neighbouring};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 
-/// Every row of the larger tables when `DPAUDIT_FULL_TABLES=1` (meant for
-/// `cargo test --release --test integration pld`); a deterministic subset otherwise, so the
-/// debug-build suite stays short on a shared machine.
-fn full_tables() -> bool {
-    std::env::var_os("DPAUDIT_FULL_TABLES").is_some()
-}
-
 type Row = std::collections::HashMap<String, String>;
 
 fn f(row: &std::collections::HashMap<String, String>, k: &str) -> f64 {

@@ -1,0 +1,257 @@
+//! The audit core: input → events → accountants → sound ε and verdicts → Report, in one screen.
+//!
+//! ```text
+//!  event file / sampler config / flags ─► DpEvent ─► accountants ─► sound ε ─► verdict ─► Report
+//!        (load)                         (what ran)  (each: ε, kind)  (never an   (budget)   (md, html,
+//!                                                                     estimate)              csv, json)
+//! ```
+//!
+//! [`audit`] is the whole chain for `account` and `check`; the other commands run the same
+//! stages through their own stage modules and build the same [`Report`]: [`analyze`]
+//! (diffusion sampling), [`calibrate`], [`sweep`], [`run`] (mechanisms on data) and the
+//! verify/mia/train stages in `pipelines`, `attacks` and `models`. Every command's report opens
+//! with the plain-language conclusion ([`Report::conclude`]).
+
+pub mod analyze;
+pub mod calibrate;
+pub mod run;
+pub mod sweep;
+pub mod text;
+pub mod train;
+
+use std::path::{Path, PathBuf};
+
+use crate::accountants::AccountantKind;
+use crate::error::{Error, Result};
+use crate::events::{DpEvent, EventFile, Neighbouring};
+use crate::report::build::{self, AccountOptions};
+use crate::report::progress::Progress;
+use crate::report::{self, Report};
+
+/// Where the event comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// An event file or a diffusion sampler config, told apart by their keys.
+    File(PathBuf),
+    /// An event built from flags (e.g. DP-SGD in epochs, batch and dataset size).
+    Event {
+        /// The event.
+        event: DpEvent,
+        /// How it was given (`flags`).
+        role: &'static str,
+    },
+    /// A DP-SGD-style event from flags: `steps` Poisson-sampled Gaussian steps.
+    DpSgd {
+        /// Noise std / sensitivity.
+        noise_multiplier: f64,
+        /// Poisson rate q in (0, 1].
+        sample_rate: f64,
+        /// Number of steps.
+        steps: u64,
+    },
+}
+
+/// What to ask the accountants.
+#[derive(Debug, Clone, Copy)]
+pub enum Question {
+    /// ε at δ (δ from the flag, else from the file).
+    Epsilon {
+        /// `--delta`, when given.
+        delta: Option<f64>,
+    },
+    /// δ at ε.
+    Delta {
+        /// `--epsilon`.
+        epsilon: f64,
+    },
+}
+
+/// A validated audit plan (built by `account` and `check` from their flags).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The command name recorded in the report (`account`, `check`).
+    pub command: &'static str,
+    /// The input.
+    pub source: Source,
+    /// Overrides the file's neighbouring relation.
+    pub neighbouring: Option<Neighbouring>,
+    /// ε at δ, or δ at ε.
+    pub question: Question,
+    /// Accountants to run.
+    pub accountants: Vec<AccountantKind>,
+    /// An ε budget to judge (`check --max-epsilon`).
+    pub budget: Option<f64>,
+    /// Tables and plots besides the headline numbers.
+    pub curves: bool,
+}
+
+/// The whole chain: input → events → accountants → sound ε and verdict → Report.
+pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
+    // 1. Input: the file (hashed into the report) or the flags.
+    let input = load(&plan.source)?;
+    let mut rep = Report::new(title(plan), report::command_line()).for_command(plan.command);
+    if let Source::File(path) = &plan.source {
+        rep.add_input(input.role, path)?;
+    }
+    rep.assumptions.step_convention = input.step_convention.clone();
+    // 2. Events: what ran, under which neighbouring relation.
+    let neighbouring = plan.neighbouring.unwrap_or(input.neighbouring);
+    // 3. Accountants: each gives ε (or δ) with its kind (exact, upper bound, estimate).
+    let tick = &mut |what: &str| {
+        progress.set_message(what.to_string());
+        progress.inc(1);
+    };
+    match plan.question {
+        Question::Epsilon { delta } => {
+            let delta = resolve_delta(delta, input.delta, &plan.source)?;
+            let opts = AccountOptions { curves: plan.curves };
+            build::account_event(
+                &mut rep,
+                &input.event,
+                neighbouring,
+                delta,
+                &plan.accountants,
+                opts,
+                tick,
+            )?;
+        }
+        Question::Delta { epsilon } => {
+            build::account_delta(&mut rep, &input.event, neighbouring, epsilon, &plan.accountants, tick)?
+        }
+    }
+    // 4–5. Sound ε (exact or upper bound, never an estimate) against the budget: the verdict.
+    if let Some(budget) = plan.budget {
+        let subject = match &plan.source {
+            Source::File(p) => format!("ε budget for {}", p.display()),
+            _ => "ε budget".to_string(),
+        };
+        build::budget_verdict(&mut rep, &subject, budget);
+    }
+    // 6. Report: opens with the plain-language conclusion.
+    rep.conclude();
+    Ok(rep)
+}
+
+fn title(plan: &Plan) -> String {
+    match (&plan.source, plan.budget.is_some()) {
+        (Source::File(p), true) => format!("Privacy budget check: {}", p.display()),
+        (Source::File(p), false) => format!("Privacy accounting: {}", p.display()),
+        (_, true) => "Privacy budget check: DP-SGD-style event".into(),
+        (_, false) => "Privacy accounting: DP-SGD-style event".into(),
+    }
+}
+
+/// δ from the flag, else from the file; the error names where it came from.
+fn resolve_delta(flag: Option<f64>, file: Option<f64>, source: &Source) -> Result<f64> {
+    let named = |e: Error| match source {
+        Source::File(p) if flag.is_none() => e.with_file(p),
+        _ => e,
+    };
+    let delta = match (flag, file) {
+        (Some(d), _) | (None, Some(d)) => d,
+        (None, None) => {
+            return Err(named(Error::field(
+                "--delta",
+                "no δ given: pass --delta (or set `delta` in the file), or --epsilon to ask for δ",
+            )))
+        }
+    };
+    crate::accountants::check_delta(delta).map_err(|e| {
+        if flag.is_some() {
+            Error::field("--delta", e.message)
+        } else {
+            named(e)
+        }
+    })?;
+    Ok(delta)
+}
+
+/// An input ready to account.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// The event that ran.
+    pub event: DpEvent,
+    /// The neighbouring relation the input states (add/remove by default).
+    pub neighbouring: Neighbouring,
+    /// δ stated by the input, if any.
+    pub delta: Option<f64>,
+    /// What kind of input it was (`event file`, `sampler config`, `flags`).
+    pub role: &'static str,
+    /// Step convention or other assumptions the input states.
+    pub step_convention: Option<String>,
+}
+
+/// Reads an input: an event file or a sampler config (told apart by their keys), or flags.
+pub fn load(source: &Source) -> Result<Input> {
+    match source {
+        Source::File(path) => load_file(path),
+        Source::Event { event, role } => {
+            event.validate()?;
+            Ok(Input {
+                event: event.clone(),
+                neighbouring: Neighbouring::default(),
+                delta: None,
+                role,
+                step_convention: None,
+            })
+        }
+        Source::DpSgd {
+            noise_multiplier,
+            sample_rate,
+            steps,
+        } => {
+            let event = DpEvent::dpsgd(*noise_multiplier, *sample_rate, *steps);
+            event.validate()?;
+            Ok(Input {
+                event,
+                neighbouring: Neighbouring::default(),
+                delta: None,
+                role: "flags",
+                step_convention: None,
+            })
+        }
+    }
+}
+
+/// Reads `path`, tells an event file from a sampler config by its keys, and returns the event
+/// to account. Errors name the file (and line/field where known).
+pub fn load_file(path: &Path) -> Result<Input> {
+    let src = crate::error::read_to_string(path)?;
+    let table: toml::Table = toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))?;
+    if table.contains_key("event") {
+        let f = EventFile::load(path)?;
+        f.event.validate().map_err(|e| e.with_file(path))?;
+        return Ok(Input {
+            event: f.event,
+            neighbouring: f.neighbouring,
+            delta: f.delta,
+            role: "event file",
+            step_convention: None,
+        });
+    }
+    if ["schedule", "privacy", "density", "convention"]
+        .iter()
+        .any(|k| table.contains_key(*k))
+    {
+        let cfg = crate::config::sampler::SamplerConfig::load(path)?;
+        let acc = crate::diffusion::account::sampler_accounting(&cfg).map_err(|e| e.with_file(path))?;
+        return Ok(Input {
+            event: acc.event,
+            neighbouring: acc.neighbouring,
+            delta: Some(acc.delta),
+            role: "sampler config",
+            step_convention: Some(acc.convention.describe().to_string()),
+        });
+    }
+    let keys: Vec<&str> = table.keys().map(String::as_str).collect();
+    Err(Error::input(format!(
+        "cannot tell what this file describes (top-level keys: {}): an event file has `schema_version` and an \
+[event] table; a sampler config has [schedule], [privacy] and [density]",
+        if keys.is_empty() {
+            "none".to_string()
+        } else {
+            keys.join(", ")
+        }
+    ))
+    .with_file(path))
+}

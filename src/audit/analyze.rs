@@ -1,0 +1,408 @@
+//! Diffusion sampling analysis (`analyze`): per-step μ_t, totals for each accountant (with the
+//! kind of number each gives), CLT validity warnings and the critical-window view, as a
+//! terminal table, a CSV and the shared [`Report`].
+
+use std::fmt::Write as _;
+
+use crate::accountants::AccountantKind;
+use crate::diffusion::account::{AccountantLine, Analysis};
+use crate::diffusion::sensitivity::StepRole;
+use crate::diffusion::SamplerConfig;
+use crate::error::Result;
+use crate::report::{plot, Cell, Column, Fact, Report, Skipped, Table};
+
+/// Analyses `cfg` with `accountants`: the stage result and its report.
+pub fn analyze(
+    cfg: &SamplerConfig,
+    config_path: &std::path::Path,
+    accountants: &[AccountantKind],
+) -> Result<(Analysis, Report)> {
+    let a = crate::diffusion::analyze(cfg, accountants).map_err(|e| e.with_file(config_path))?;
+    let mut rep = build_report(&a, cfg, config_path, &crate::report::command_line())?;
+    rep.conclude();
+    Ok((a, rep))
+}
+
+/// Fixed-point for ordinary magnitudes, scientific otherwise.
+fn num(x: f64) -> String {
+    if x == 0.0 || (x.abs() >= 1e-4 && x.abs() < 1e6) {
+        format!("{x:.6}")
+    } else {
+        format!("{x:.6e}")
+    }
+}
+
+fn e6(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:.6e}")
+    }
+}
+
+fn line_text(l: &AccountantLine) -> String {
+    let kind = l.kind.map(|k| k.as_str()).unwrap_or("-");
+    let eps = l.epsilon.map(num).unwrap_or_else(|| "-".into());
+    let mu = l.mu.map(|m| format!("μ = {}", e6(m))).unwrap_or_default();
+    let mut s = format!(
+        "  {:<4} {:<12} ε = {:<14} {:<16} {}",
+        l.accountant.as_str(),
+        kind,
+        eps,
+        mu,
+        l.status
+    );
+    if let Some(n) = &l.note {
+        let _ = write!(s, " ({n})");
+    }
+    if l.accountant == AccountantKind::Clt && l.epsilon.is_some() {
+        s.push_str(" [estimate: never the guarantee]");
+    }
+    s.trim_end().to_string()
+}
+
+/// Why there is no guarantee: the numbers are data-dependent, or no sound accountant answered.
+fn no_guarantee(a: &Analysis) -> String {
+    if a.accountants
+        .iter()
+        .any(|l| l.kind == Some(crate::accountants::BoundKind::DataDependent))
+    {
+        "none: μ_t were computed from the private data (data-dependent: not a DP guarantee)".into()
+    } else {
+        "none available (no sound accountant answered)".into()
+    }
+}
+
+/// Plain-text rendering (stable: golden files compare it byte for byte).
+pub fn render_text(a: &Analysis) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "sampler: {}", a.name);
+    let _ = writeln!(s, "schedule: {}", a.schedule);
+    let _ = writeln!(s, "step convention {}", a.convention_text);
+    let _ = writeln!(
+        s,
+        "neighbouring: {}; δ = {:e}; C = {}; |D| = {}; p = {}; S = {} sample(s)",
+        a.neighbouring, a.delta, a.clip_norm, a.dataset_size, a.subsample_rate, a.samples
+    );
+    let _ = writeln!(s, "density: {}", a.density);
+    let _ = writeln!(
+        s,
+        "per-step μ_t = 2C/(p_t(x_t)|D|)·√(2Δt/t³) (diffusion-sampling-privacy.md §3.1, eq. 5); {} private step(s) per sample",
+        a.private_steps
+    );
+    let _ = writeln!(s);
+    let traj = a.steps.iter().any(|r| r.mu_min.is_some());
+    let _ = write!(
+        s,
+        "{:>4} {:>13} {:>13} {:>13} {:>13} {:>8} {:>13} {:>13}",
+        "step", "t_from", "t_to", "t", "Δt", "role", "μ_t", "cum. μ"
+    );
+    if traj {
+        let _ = write!(s, " {:>13} {:>13}", "μ_t min", "μ_t median");
+    }
+    let _ = writeln!(s, " {:>13} {:>13}", "ε stop here", "ε switch here");
+    for (r, w) in a
+        .steps
+        .iter()
+        .zip(a.steps.iter().map(|r| a.window.iter().find(|w| w.index == r.index)))
+    {
+        let role = match r.role {
+            StepRole::Public => "public",
+            StepRole::Private => "private",
+            StepRole::Skipped => "skipped",
+        };
+        let _ = write!(
+            s,
+            "{:>4} {:>13} {:>13} {:>13} {:>13} {:>8} {:>13} {:>13}",
+            r.index,
+            e6(r.t_from),
+            e6(r.t_to),
+            e6(r.t),
+            e6(r.dt),
+            role,
+            e6(r.mu),
+            e6(r.cumulative_mu)
+        );
+        if traj {
+            let _ = write!(
+                s,
+                " {:>13} {:>13}",
+                e6(r.mu_min.unwrap_or(0.0)),
+                e6(r.mu_median.unwrap_or(0.0))
+            );
+        }
+        match w {
+            Some(w) => {
+                let _ = writeln!(s, " {:>13} {:>13}", e6(w.stop_epsilon), e6(w.switch_epsilon));
+            }
+            None => {
+                let _ = writeln!(s, " {:>13} {:>13}", "-", "-");
+            }
+        }
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "full-batch GDP μ over all private steps and samples: {} ({})",
+        num(a.full_batch_mu),
+        if a.subsample_rate < 1.0 {
+            "ignores subsampling"
+        } else {
+            "exact"
+        }
+    );
+    let _ = writeln!(s, "totals at δ = {:e} (kind: exact | upper_bound | estimate):", a.delta);
+    for l in &a.accountants {
+        let _ = writeln!(s, "{}", line_text(l));
+    }
+    match &a.guarantee {
+        Some(g) => {
+            let _ = writeln!(
+                s,
+                "guarantee: ε = {} at δ = {:e} ({}, {})",
+                num(g.epsilon.unwrap_or(f64::NAN)),
+                a.delta,
+                g.accountant.as_str(),
+                g.kind.map(|k| k.as_str()).unwrap_or("-")
+            );
+        }
+        None if a.private_steps > 0 => {
+            let _ = writeln!(s, "guarantee: {}", no_guarantee(a));
+        }
+        None => {}
+    }
+    if !a.warnings.is_empty() {
+        let _ = writeln!(s, "warnings:");
+        for w in &a.warnings {
+            let _ = writeln!(
+                s,
+                "  - [{}]{} {}",
+                w.code,
+                if w.severe { " SEVERE" } else { "" },
+                w.message
+            );
+        }
+    }
+    let _ = writeln!(s, "critical window: \"ε stop here\" = GDP ε if sampling stops after the step; \"ε switch here\" = GDP ε if the empirical denoiser takes over at the step (full-batch μ, {})",
+        if a.subsample_rate < 1.0 { "an upper bound that ignores subsampling" } else { "exact" });
+    let _ = writeln!(s, "event:");
+    for l in a.ledger.lines() {
+        let _ = writeln!(s, "  {l}");
+    }
+    s
+}
+
+fn csv_err(e: csv::Error) -> crate::Error {
+    crate::Error::input(format!("CSV: {e}"))
+}
+
+/// CSV: one row per step, with the convention on every row.
+pub fn render_csv(a: &Analysis) -> Result<String> {
+    use crate::diffusion::sweep::fmt;
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "convention",
+        "step",
+        "t_from",
+        "t_to",
+        "t",
+        "dt",
+        "role",
+        "mu",
+        "mu_min",
+        "mu_median",
+        "mu_max",
+        "cumulative_mu",
+        "stop_epsilon",
+        "switch_epsilon",
+    ])
+    .map_err(csv_err)?;
+    for r in &a.steps {
+        let win = a.window.iter().find(|w| w.index == r.index);
+        let role = match r.role {
+            StepRole::Public => "public",
+            StepRole::Private => "private",
+            StepRole::Skipped => "skipped",
+        };
+        w.write_record([
+            a.convention.as_str().to_string(),
+            r.index.to_string(),
+            fmt(r.t_from),
+            fmt(r.t_to),
+            fmt(r.t),
+            fmt(r.dt),
+            role.to_string(),
+            fmt(r.mu),
+            r.mu_min.map(fmt).unwrap_or_default(),
+            r.mu_median.map(fmt).unwrap_or_default(),
+            r.mu_max.map(fmt).unwrap_or_default(),
+            fmt(r.cumulative_mu),
+            win.map(|w| fmt(w.stop_epsilon)).unwrap_or_default(),
+            win.map(|w| fmt(w.switch_epsilon)).unwrap_or_default(),
+        ])
+        .map_err(csv_err)?;
+    }
+    let bytes = w.into_inner().map_err(|e| crate::Error::input(format!("CSV: {e}")))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Fills the shared [`Report`] model (Markdown/HTML exporters) from an analysis.
+pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::Path, command: &str) -> Result<Report> {
+    use crate::accountants::AccountResult;
+    use crate::config::sampler::DensityConfig;
+    let mut r = Report::new(format!("Diffusion sampling analysis: {}", a.name), command).for_command("analyze");
+    r.add_input("sampler config", config_path)?;
+    if let DensityConfig::Trajectories(t) = &cfg.density {
+        r.add_input("dataset", &cfg.resolve(&t.data))?;
+        r.seed = Some(t.seed);
+    }
+    r.event = Some(a.event.clone());
+    r.delta = Some(a.delta);
+    r.assumptions.neighbouring = Some(a.neighbouring);
+    r.assumptions.sampling = Some(if a.subsample_rate < 1.0 {
+        format!("Poisson, p = {} at every private step", a.subsample_rate)
+    } else {
+        "full batch".into()
+    });
+    r.assumptions.step_convention = Some(a.convention_text.clone());
+    r.assumptions.other = vec![
+        Fact::new("schedule", a.schedule.clone()),
+        Fact::new(
+            "per-step μ_t",
+            "2C/(p_t(x_t)|D|)·√(2Δt/t³) (diffusion-sampling-privacy.md §3.1, eq. 5)",
+        ),
+        Fact::new("clip norm C", a.clip_norm.to_string()),
+        Fact::new("|D|", a.dataset_size.to_string()),
+        Fact::new("density", a.density.clone()),
+        Fact::new("generated samples S", a.samples.to_string()),
+    ];
+    for l in &a.accountants {
+        match (l.epsilon, l.kind) {
+            (Some(eps), Some(kind)) => {
+                let mut res = AccountResult::new(l.accountant, eps, l.delta, kind);
+                if let Some(mu) = l.mu {
+                    res = res.with_detail("mu", mu);
+                }
+                res.diagnostics = l.diagnostics.clone();
+                r.results.push(res);
+            }
+            _ => r.skipped.push(Skipped {
+                accountant: l.accountant,
+                reason: l.status.trim_start_matches("unavailable: ").to_string(),
+            }),
+        }
+    }
+    // Diagnostics already attached to a result are shown with it; the rest are warnings.
+    for w in &a.warnings {
+        if !r.results.iter().any(|x| x.diagnostics.contains(w)) {
+            r.warn(&w.code, w.message.clone(), w.severe);
+        }
+    }
+    r.summary.push(Fact::new("step convention", a.convention.as_str()));
+    r.summary
+        .push(Fact::new("private steps per sample", a.private_steps.to_string()));
+    r.summary.push(Fact::new("full-batch GDP μ", num(a.full_batch_mu)));
+    r.summary.push(Fact::new(
+        "guarantee",
+        match &a.guarantee {
+            Some(g) => format!(
+                "ε = {} at δ = {:e} ({}, {})",
+                num(g.epsilon.unwrap_or(f64::NAN)),
+                a.delta,
+                g.accountant.as_str(),
+                g.kind.map(|k| k.as_str()).unwrap_or("-")
+            ),
+            None => no_guarantee(a),
+        },
+    ));
+    let role = |x: StepRole| match x {
+        StepRole::Public => "public",
+        StepRole::Private => "private",
+        StepRole::Skipped => "skipped",
+    };
+    r.tables.push(Table {
+        id: "steps".into(),
+        title: format!("Per-step μ_t (convention {})", a.convention.as_str()),
+        columns: [
+            "step",
+            "t_from",
+            "t_to",
+            "t",
+            "dt",
+            "role",
+            "mu",
+            "mu_min",
+            "mu_median",
+            "mu_max",
+            "cumulative_mu",
+        ]
+        .iter()
+        .map(|c| Column::new(c))
+        .collect(),
+        rows: a
+            .steps
+            .iter()
+            .map(|s| {
+                vec![
+                    Cell::from(s.index),
+                    s.t_from.into(),
+                    s.t_to.into(),
+                    s.t.into(),
+                    s.dt.into(),
+                    role(s.role).into(),
+                    s.mu.into(),
+                    s.mu_min.into(),
+                    s.mu_median.into(),
+                    s.mu_max.into(),
+                    s.cumulative_mu.into(),
+                ]
+            })
+            .collect(),
+        note: Some(a.convention_text.clone()),
+    });
+    r.tables.push(Table {
+        id: "window".into(),
+        title: "Critical window: ε if sampling stops after / switches to the empirical denoiser at each step".into(),
+        columns: vec![
+            Column::new("step"),
+            Column::new("stop_level"),
+            Column::with_unit("stop_mu", "GDP μ"),
+            Column::with_unit("stop_epsilon", "nats"),
+            Column::new("stop_type2_at_0.05"),
+            Column::new("switch_level"),
+            Column::with_unit("switch_mu", "GDP μ"),
+            Column::with_unit("switch_epsilon", "nats"),
+            Column::new("switch_type2_at_0.05"),
+        ],
+        rows: a
+            .window
+            .iter()
+            .map(|w| {
+                vec![
+                    Cell::from(w.index),
+                    w.stop_level.into(),
+                    w.stop_mu.into(),
+                    w.stop_epsilon.into(),
+                    w.stop_type2_at_0_05.into(),
+                    w.switch_level.into(),
+                    w.switch_mu.into(),
+                    w.switch_epsilon.into(),
+                    w.switch_type2_at_0_05.into(),
+                ]
+            })
+            .collect(),
+        note: Some(if a.subsample_rate < 1.0 {
+            "full-batch GDP μ over all samples: a sound upper bound that ignores subsampling".into()
+        } else {
+            "full-batch GDP μ over all samples (exact)".into()
+        }),
+    });
+    let priv_steps: Vec<&crate::diffusion::account::StepRow> =
+        a.steps.iter().filter(|s| s.role == StepRole::Private).collect();
+    if !priv_steps.is_empty() && priv_steps.iter().all(|s| s.mu.is_finite() && s.mu > 0.0) {
+        let x: Vec<f64> = priv_steps.iter().map(|s| s.index as f64).collect();
+        let y: Vec<f64> = priv_steps.iter().map(|s| s.mu).collect();
+        r.plots.push(plot::per_step_mu(&x, &y, "step (generation order)", ""));
+    }
+    Ok(r)
+}

@@ -1,0 +1,172 @@
+//! Terminal summaries (`--format text`) of the reports built by [`super::audit`]: `account`
+//! and `check`.
+
+use std::fmt::Write as _;
+
+use crate::accountants::BoundKind;
+use crate::report::export::fmt_num;
+use crate::report::progress::{paint, Tone};
+use crate::report::{Report, Status, Verdict};
+
+/// How a kind reads in a terminal (estimates shout: they are never guarantees).
+pub fn kind_words(k: BoundKind) -> String {
+    match k {
+        BoundKind::Estimate => "ESTIMATE (not a guarantee)".to_string(),
+        other => other.as_str().replace('_', " "),
+    }
+}
+
+/// `account`: the event ledger, each accountant's answer with its kind, the skipped ones, and
+/// the headline (smallest sound ε, or δ for the `--epsilon` question).
+pub fn account(r: &Report) -> String {
+    let mut s = String::new();
+    let nb = r
+        .assumptions
+        .neighbouring
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "not stated".into());
+    let _ = writeln!(s, "Event (neighbouring: {nb}):");
+    if let Some(ev) = &r.event {
+        for line in ev.ledger().lines() {
+            let _ = writeln!(s, "  {line}");
+        }
+    }
+    let by_eps = r.delta.is_some();
+    match r.delta {
+        Some(d) => {
+            let _ = writeln!(s, "ε at δ = {}:", fmt_num(d));
+        }
+        None => {
+            if let Some(e) = r.results.first() {
+                let _ = writeln!(s, "δ at ε = {}:", fmt_num(e.epsilon));
+            }
+        }
+    }
+    for a in &r.results {
+        let v = if by_eps {
+            format!("ε = {}", fmt_num(a.epsilon))
+        } else {
+            format!("δ = {}", fmt_num(a.delta))
+        };
+        let _ = writeln!(s, "  {:<4} {v:<22} {}", a.accountant.as_str(), kind_words(a.kind));
+        for d in &a.diagnostics {
+            let tag = if d.severe { "WARNING" } else { "note" };
+            let _ = writeln!(s, "         {tag} [{}]: {}", d.code, d.message);
+        }
+    }
+    for k in &r.skipped {
+        let _ = writeln!(s, "  {:<4} unsupported: {}", k.accountant.as_str(), k.reason);
+    }
+    let sound = r.results.iter().filter(|a| a.kind.is_sound());
+    let head = if by_eps {
+        sound.min_by(|a, b| a.epsilon.total_cmp(&b.epsilon))
+    } else {
+        sound.min_by(|a, b| a.delta.total_cmp(&b.delta))
+    };
+    match head {
+        Some(h) if by_eps => {
+            let _ = writeln!(
+                s,
+                "Headline (smallest sound ε): ε = {} at δ = {} ({}, {})",
+                fmt_num(h.epsilon),
+                fmt_num(h.delta),
+                h.accountant.as_str(),
+                kind_words(h.kind)
+            );
+        }
+        Some(h) => {
+            let _ = writeln!(
+                s,
+                "Headline (smallest sound δ): δ = {} at ε = {} ({}, {})",
+                fmt_num(h.delta),
+                fmt_num(h.epsilon),
+                h.accountant.as_str(),
+                kind_words(h.kind)
+            );
+        }
+        None => s.push_str("Headline: no sound bound available (only estimates); do not use them as a guarantee\n"),
+    }
+    s
+}
+
+/// `check`: one verdict line, coloured on a terminal unless `NO_COLOR`.
+pub fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool) -> String {
+    let (word, tone) = match v.status {
+        Status::Pass => ("PASS", Tone::Good),
+        Status::Fail => ("FAIL", Tone::Bad),
+        Status::Inconclusive => ("INCONCLUSIVE", Tone::Unsure),
+    };
+    let word = paint(word, tone, color);
+    match (v.status, v.epsilon, v.margin) {
+        (Status::Pass | Status::Fail, Some(eps), Some(margin)) => format!(
+            "{word} {subject}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}\n",
+            fmt_num(eps),
+            v.accountant.map(|a| a.as_str()).unwrap_or("?"),
+            v.bound.map(|b| b.as_str().replace('_', " ")).unwrap_or_default(),
+            if v.status == Status::Pass { "≤" } else { ">" },
+            fmt_num(v.budget.unwrap_or(f64::NAN)),
+            fmt_num(delta.or(v.delta).unwrap_or(f64::NAN)),
+            fmt_num(margin)
+        ),
+        _ => format!("{word} {subject}: {}\n", v.message),
+    }
+}
+
+/// `account --format csv`: one row per accountant (`status` ok or unsupported with the
+/// reason), numbers in shortest round-trip form; `headline` marks the smallest sound ε (or δ).
+pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
+    use crate::report::num;
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let err = |e: csv::Error| crate::Error::input(format!("CSV: {e}"));
+    w.write_record([
+        "accountant",
+        "status",
+        "epsilon",
+        "delta",
+        "kind",
+        "sound",
+        "headline",
+        "reason",
+    ])
+    .map_err(err)?;
+    let by_eps = r.delta.is_some();
+    let head = r
+        .results
+        .iter()
+        .filter(|a| a.kind.is_sound())
+        .min_by(|a, b| {
+            if by_eps {
+                a.epsilon.total_cmp(&b.epsilon)
+            } else {
+                a.delta.total_cmp(&b.delta)
+            }
+        })
+        .map(|a| a.accountant);
+    for a in &r.results {
+        w.write_record([
+            a.accountant.as_str().to_string(),
+            "ok".into(),
+            num::fmt(a.epsilon),
+            num::fmt(a.delta),
+            a.kind.as_str().into(),
+            a.kind.is_sound().to_string(),
+            (head == Some(a.accountant)).to_string(),
+            String::new(),
+        ])
+        .map_err(err)?;
+    }
+    for k in &r.skipped {
+        w.write_record([
+            k.accountant.as_str(),
+            "unsupported",
+            "",
+            "",
+            "",
+            "",
+            "false",
+            k.reason.as_str(),
+        ])
+        .map_err(err)?;
+    }
+    w.into_inner().map_err(|e| crate::Error::input(format!("CSV: {e}")))
+}
