@@ -36,7 +36,11 @@ pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result
                 .fact("clip norm C", num::fmt(dp.clip))
                 .fact("ledger", dp.ledger.clone());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => format!("ε = {} at δ = {} ({acc}, upper bound); ", num::fmt(e), num::fmt(dp.delta)),
+                (Some(e), Some(acc)) => format!(
+                    "ε = {} at δ = {} ({acc}, upper bound); ",
+                    num::fmt(e),
+                    num::fmt(dp.delta)
+                ),
                 _ => String::new(),
             };
             format!(

@@ -87,6 +87,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let split = SplitManifest::load(&split_path)?;
     let plan = merged.plan.to_plan();
     let report = pipeline::assemble(&ck, &data, &split, &plan, "merged shards", &merged.records, None, start)?;
-    crate::report::progress::note(&format!("merged {} parts, {} records", parts.len(), merged.records.len()));
-    super::mia::emit(&report, &merged.records, &out, a.roc_out.as_ref(), a.scores_out.as_ref())
+    crate::report::progress::note(&format!(
+        "merged {} parts, {} records",
+        parts.len(),
+        merged.records.len()
+    ));
+    super::mia::emit(
+        &report,
+        &merged.records,
+        &out,
+        a.roc_out.as_ref(),
+        a.scores_out.as_ref(),
+    )
 }

@@ -133,7 +133,10 @@ pub struct Args {
 }
 
 /// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
-pub(crate) fn plan(a: &Args, parse_t: Option<&dyn Fn(&str) -> crate::Result<usize>>) -> anyhow::Result<MiaPlan> {
+/// Parses a step spec (`10`, `T/4`) against a schedule.
+pub(crate) type ParseT<'a> = &'a dyn Fn(&str) -> crate::Result<usize>;
+
+pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaPlan> {
     let steps = |v: &[String]| -> crate::Result<Vec<usize>> {
         match parse_t {
             Some(f) => v.iter().map(|s| f(s)).collect(),

@@ -72,12 +72,12 @@ fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
     .find(|p| p.is_file())
 }
 
+/// Tensors by name, the dtype count of the file, and its SHA-256.
+pub type Weights = (HashMap<String, Tensor>, BTreeMap<String, usize>, String);
+
 /// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
 /// to F32. Errors name the file and the tensor.
-pub fn read_weights(
-    path: &Path,
-    device: &Device,
-) -> Result<(HashMap<String, Tensor>, BTreeMap<String, usize>, String)> {
+pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
     let sha = sha256_hex(&bytes);
     let st = candle_core::safetensors::SliceSafetensors::new(&bytes)

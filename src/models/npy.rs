@@ -267,7 +267,7 @@ mod tests {
         // The exact header numpy 1.x/2.x writes for np.zeros((2,), np.int64).
         let mut bytes = b"\x93NUMPY\x01\x00v\x00".to_vec();
         let mut h = "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }".to_string();
-        while (10 + h.len() + 1) % 64 != 0 {
+        while !(10 + h.len() + 1).is_multiple_of(64) {
             h.push(' ');
         }
         h.push('\n');

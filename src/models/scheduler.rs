@@ -161,7 +161,7 @@ impl SchedulerConfig {
             }
         };
         let t = num("num_train_timesteps", 1000.0)?;
-        if !(t >= 2.0 && t <= 1e6 && t.fract() == 0.0) {
+        if !((2.0..=1e6).contains(&t) && t.fract() == 0.0) {
             return Err(err(
                 path,
                 "num_train_timesteps",

@@ -533,7 +533,7 @@ impl WeightStore {
     }
 
     fn group_norm(&self, p: &str, groups: usize, ch: usize, eps: f64) -> Result<GroupNorm> {
-        if ch % groups != 0 {
+        if !ch.is_multiple_of(groups) {
             return Err(Error::input(format!(
                 "`{p}`: {groups} groups do not divide {ch} channels (check norm_num_groups)"
             ))
@@ -733,12 +733,12 @@ impl AttnBlock {
 
 enum Down {
     Conv(Conv2d, usize),
-    Resnet(ResnetBlock),
+    Resnet(Box<ResnetBlock>),
 }
 
 enum Up {
     Conv(Conv2d),
-    Resnet(ResnetBlock),
+    Resnet(Box<ResnetBlock>),
 }
 
 struct Block {
@@ -837,7 +837,7 @@ impl Unet2dModel {
             let d = if is_final {
                 None
             } else if attn && config.downsample_type == Resample::Resnet {
-                Some(Down::Resnet(ResnetBlock::new(
+                Some(Down::Resnet(Box::new(ResnetBlock::new(
                     w,
                     &dp,
                     out_ch,
@@ -845,7 +845,7 @@ impl Unet2dModel {
                     common,
                     1.0,
                     Updown::Down,
-                )?))
+                )?)))
             } else {
                 let pad = config.downsample_padding;
                 Some(Down::Conv(
@@ -922,7 +922,7 @@ impl Unet2dModel {
             let u = if is_final {
                 None
             } else if attn && config.upsample_type == Resample::Resnet {
-                Some(Up::Resnet(ResnetBlock::new(
+                Some(Up::Resnet(Box::new(ResnetBlock::new(
                     w,
                     &upp,
                     out_ch,
@@ -930,7 +930,7 @@ impl Unet2dModel {
                     common,
                     1.0,
                     Updown::Up,
-                )?))
+                )?)))
             } else {
                 Some(Up::Conv(w.conv(&format!("{upp}.conv"), out_ch, out_ch, 3, 1, 1)?))
             };
