@@ -97,7 +97,11 @@ pub fn release<R: Rng + ?Sized>(
     noise: &mut R,
 ) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::with_capacity(sum.len());
-    for (name, g) in sum {
+    // Draw in name order: a seeded run must give the same noise to the same parameter.
+    let mut names: Vec<&String> = sum.keys().collect();
+    names.sort();
+    for name in names {
+        let g = &sum[name];
         let z = normals(noise, g.elem_count());
         let z = Tensor::from_vec(z, g.dims(), g.device())?;
         out.insert(name.clone(), ((g + (z * noise_std)?)? / expected_batch)?);
