@@ -146,11 +146,13 @@ pub fn grid(a: f64, b: f64, n: usize, log: bool) -> Result<Vec<f64>> {
     Ok((0..n)
         .map(|i| {
             let f = i as f64 / (n - 1) as f64;
-            if log {
+            // A grid point is a parameter the user could have typed: 15 significant digits, so
+            // 0.1..1 gives 0.9, not 0.8999999999999999 (the endpoints are exact either way).
+            crate::report::num::clean(if log {
                 (a.ln() + f * (b.ln() - a.ln())).exp()
             } else {
                 a + f * (b - a)
-            }
+            })
         })
         .collect())
 }

@@ -299,7 +299,9 @@ fn add_profile_plots(
         let mut ys = Vec::new();
         let mut kind = None;
         for &d in DELTA_GRID.iter() {
-            if let Ok(r) = acc.epsilon(event, nb, d) {
+            // ε below 1e-12 is 0 to the eye and would stretch the log axis over hundreds of
+            // decades (an accountant may return the smallest positive float for ε = 0).
+            if let Some(r) = acc.epsilon(event, nb, d).ok().filter(|r| r.epsilon.is_finite() && r.epsilon >= 1e-12) {
                 kind = Some(r.kind);
                 xs.push(d);
                 ys.push(r.epsilon);

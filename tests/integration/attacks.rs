@@ -438,6 +438,26 @@ fn device_cuda_trains_on_the_gpu_or_is_refused_cleanly() {
     }
 }
 
+/// Runs `mia`/`merge` (exit 0) with `--out` into a scratch folder and returns the detailed record
+/// `mia.json` (stdout's `--format json` is the shared report); a `--format json` pair is dropped.
+fn ok_detail(args: &[&str]) -> serde_json::Value {
+    let dir = tmp();
+    let d = dir.path().join("o");
+    let mut full: Vec<&str> = Vec::new();
+    let mut k = 0;
+    while k < args.len() {
+        if args[k] == "--format" && args.get(k + 1) == Some(&"json") {
+            k += 2;
+            continue;
+        }
+        full.push(args[k]);
+        k += 1;
+    }
+    full.extend_from_slice(&["--out", d.to_str().unwrap()]);
+    run_ok(&full);
+    serde_json::from_str(&std::fs::read_to_string(d.join("mia.json")).unwrap()).unwrap()
+}
+
 fn run_ok(args: &[&str]) -> std::process::Output {
     let o = dpaudit(args);
     assert_eq!(o.status.code(), Some(0), "{args:?}\n{}\n{}", stdout(&o), stderr(&o));
@@ -454,7 +474,7 @@ fn weights_sha(card_path: &std::path::Path) -> String {
 #[test]
 fn mia_help_example_on_the_rapid_checkpoint_compares_like_with_like() {
     let dir = tmp();
-    let out = dir.path().join("mia.json");
+    let out = dir.path().join("o");
     let o = dpaudit(&[
         "mia",
         "--checkpoint",
@@ -467,7 +487,7 @@ fn mia_help_example_on_the_rapid_checkpoint_compares_like_with_like() {
         "--quiet",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("mia.json")).unwrap()).unwrap();
     let results = v["results"].as_array().unwrap();
     let comps = v["comparisons"].as_array().unwrap();
     assert_eq!(comps.len(), results.len(), "one comparison per attack result");
@@ -596,7 +616,7 @@ fn one_run_audit_detects_a_non_private_run_and_respects_a_dp_run() {
         dir.path().join(format!("{stem}.toml"))
     };
     let audit = |card_path: &std::path::Path| -> serde_json::Value {
-        let o = dpaudit(&[
+        ok_detail(&[
             "mia",
             "--checkpoint",
             card_path.to_str().unwrap(),
@@ -613,9 +633,7 @@ fn one_run_audit_detects_a_non_private_run_and_respects_a_dp_run() {
             "--format",
             "json",
             "--quiet",
-        ]);
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        serde_json::from_str(&stdout(&o)).unwrap()
+        ])
     };
     let plain = train("plain", &["--steps", "1500"]);
     let v = audit(&plain);
@@ -822,7 +840,7 @@ fn scores_round_trip_reproduces_the_metrics() {
         f.to_str().unwrap(),
     ];
     a.extend_from_slice(&common);
-    let first: serde_json::Value = serde_json::from_str(&stdout(&run_ok(&a))).unwrap();
+    let first: serde_json::Value = ok_detail(&a);
     let mut a = vec![
         "mia",
         "--scores",
@@ -831,7 +849,7 @@ fn scores_round_trip_reproduces_the_metrics() {
         "models/digits-rapid.toml",
     ];
     a.extend_from_slice(&common);
-    let second: serde_json::Value = serde_json::from_str(&stdout(&run_ok(&a))).unwrap();
+    let second: serde_json::Value = ok_detail(&a);
     assert_eq!(first["results"], second["results"]);
     assert_eq!(first["comparisons"], second["comparisons"]);
     let rows = std::fs::read_to_string(&f).unwrap();
@@ -905,7 +923,7 @@ fn dp_removes_a_real_membership_signal() {
         run_ok(&a);
         let sc = dir.path().join(format!("{stem}.csv"));
         let card_path = dir.path().join(format!("{stem}.toml"));
-        let o = run_ok(&[
+        let v = ok_detail(&[
             "mia",
             "--checkpoint",
             card_path.to_str().unwrap(),
@@ -923,7 +941,7 @@ fn dp_removes_a_real_membership_signal() {
             "--scores-out",
             sc.to_str().unwrap(),
         ]);
-        (serde_json::from_str(&stdout(&o)).unwrap(), member_mean_gap(&sc))
+        (v, member_mean_gap(&sc))
     };
     let (plain, gap_plain) = go("plain", &[]);
     assert!(

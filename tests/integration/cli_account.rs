@@ -207,8 +207,10 @@ fn account_replace_one_and_neighbouring_flag() {
     let u = v["skipped"].as_array().unwrap();
     let mut refused: Vec<&str> = u.iter().map(|u| u["accountant"].as_str().unwrap()).collect();
     refused.sort();
-    assert_eq!(refused, ["clt", "gdp", "pld"], "{u:?}");
-    for acc in ["clt", "pld"] {
+    // PLD accounts replace-one Poisson (the dominating pair of dp_accounting's REPLACE_ONE).
+    assert_eq!(refused, ["clt", "gdp"], "{u:?}");
+    assert_eq!(result(&v, "pld").expect("pld accounts replace-one Poisson")["kind"], "upper_bound");
+    for acc in ["clt"] {
         let r = u.iter().find(|u| u["accountant"] == acc).unwrap()["reason"]
             .as_str()
             .unwrap();
@@ -249,7 +251,7 @@ fn account_bad_inputs_exit_2_with_named_flag() {
         (vec!["--epsilon", "-1"], "--epsilon"),
         (vec!["--epsilon", "NaN"], "--epsilon"),
         (vec!["--delta", "1e-5", "--accountant", "foo"], "--accountant"),
-        (vec!["--delta", "1e-5", "--format", "html"], "--format"),
+        (vec!["--delta", "1e-5", "--format", "pdf"], "--format"),
         (vec!["--delta", "1e-5", "--neighbouring", "sideways"], "--neighbouring"),
         (vec!["--delta", "1e-5", "--steps", "-3"], "--steps"),
     ];
@@ -332,7 +334,7 @@ fn calibrate_through_the_binary() {
         "--format",
         "json",
     ]);
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], 2);
     assert_eq!(v["solve_for"], "noise-multiplier");
     let sigma = v["value"].as_f64().unwrap();
     let e = dpaudit::accountants::gdp::epsilon_for_delta(10f64.sqrt() / sigma, 1e-5).unwrap();

@@ -177,11 +177,24 @@ fn step_mus(config: &str) -> Vec<f64> {
     let o = dpaudit(&["analyze", config, "--accountant", "gdp", "--format", "json"]);
     assert_eq!(o.status.code(), Some(0), "{config}: {}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    v["steps"]
+    // The report's `steps` table (schema v2): the `mu` column of every row.
+    let t = v["tables"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| s["mu"].as_f64().unwrap())
+        .find(|t| t["id"] == "steps")
+        .expect("steps table");
+    let col = t["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c == "mu" || c["name"] == "mu")
+        .expect("mu column");
+    t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[col].as_f64().unwrap())
         .collect()
 }
 

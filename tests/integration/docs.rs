@@ -66,7 +66,7 @@ fn parse_commands(file: &str, first_line: usize, body: &[&str]) -> Vec<Cmd> {
             start = first_line + k;
         }
         if let Some(stripped) = l.strip_suffix('\\') {
-            cur.push_str(stripped);
+            cur.push_str(stripped.trim_end());
             cur.push(' ');
             continue;
         }

@@ -215,7 +215,9 @@ fn dpagg_ti_reproduces_reference() {
         assert!(rel(amp_t, f(&row, "eps_amplified_classic=log(1+(m/n)(e^eps-1))")) < 1e-9);
         // RDP for sampling without replacement (WBK 2019 Thm 9), now at the claimed δ.
         let rdp = analysis(c, i, "rdp").unwrap();
-        assert!(rdp.is_finite() && rdp > 0.0, "m={m} ε={eps}: {rdp}");
+        // ε = 0 is a valid answer at these large δ (= 1/n): for m = 4 the amplified δ(0) is
+        // already below the claimed δ.
+        assert!(rdp.is_finite() && rdp >= 0.0, "m={m} ε={eps}: {rdp}");
         // Validity range: ε ≥ 1 is outside the classic formula's stated range, yet sound here.
         let checks = c["checks"].as_array().unwrap();
         let range = checks.iter().find(|k| k["code"] == "classic_formula_range").unwrap();

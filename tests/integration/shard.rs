@@ -1,7 +1,7 @@
 //! `mia --shard i/n` + `merge` equals one unsharded run; parts that do not belong together are
 //! refused.
 
-use super::common::{dpaudit, stderr, stdout};
+use super::common::{dpaudit, stderr};
 
 const ATTACK: &[&str] = &[
     "--checkpoint",
@@ -19,10 +19,25 @@ const ATTACK: &[&str] = &[
     "7",
 ];
 
+/// The detailed record `mia.json` of a `mia`/`merge` run (`--out` into a scratch folder; a
+/// `--format json` pair is dropped: stdout's JSON is the shared report).
 fn json(args: &[&str]) -> serde_json::Value {
-    let o = dpaudit(args);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("o");
+    let mut full: Vec<&str> = Vec::new();
+    let mut k = 0;
+    while k < args.len() {
+        if args[k] == "--format" && args.get(k + 1) == Some(&"json") {
+            k += 2;
+            continue;
+        }
+        full.push(args[k]);
+        k += 1;
+    }
+    full.extend_from_slice(&["--out", d.to_str().unwrap(), "-q"]);
+    let o = dpaudit(&full);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    serde_json::from_str(&stdout(&o)).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(d.join("mia.json")).unwrap()).unwrap()
 }
 
 fn shards(dir: &std::path::Path, n: usize, extra: &[&str]) -> Vec<String> {
@@ -127,7 +142,7 @@ fn parts_that_do_not_belong_together_are_refused() {
     again.extend_from_slice(&["--shard", "0/2", "--out", dir.path().to_str().unwrap()]);
     let o = dpaudit(&again);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("exists already"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
     let o = dpaudit(&[
         "mia",
         "--checkpoint",
