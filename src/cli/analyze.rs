@@ -32,7 +32,7 @@ pub struct Args {
 
 /// Runs `dpaudit analyze`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let out = args.output.prepare(Format::Text, &["analyze.csv"])?;
+    let out = args.output.prepare(Format::Text, &["analyze.csv", "analyze.json"])?;
     let accountants = parse_accountants(&args.accountant)?;
     let mut cfg = SamplerConfig::load(&args.config)?;
     cfg.warn_defaults(&args.config);
@@ -44,6 +44,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let (a, rep) = analyze::analyze(&cfg, &args.config, &accountants)?;
     let csv = analyze::render_csv(&a)?.into_bytes();
-    out.finish_with_csv(&rep, &render_text(&a), "analyze.csv", csv, Vec::new())?;
+    // The detailed record (every step, window row and accountant line) beside the one report.
+    let detail = serde_json::to_vec_pretty(&a)?;
+    out.finish_with_csv(
+        &rep,
+        &render_text(&a),
+        "analyze.csv",
+        csv,
+        vec![("analyze.json".to_string(), detail)],
+    )?;
     Ok(EXIT_OK)
 }

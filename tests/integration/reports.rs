@@ -102,6 +102,8 @@ fn sweep_report() -> Report {
         mu_half,
         BoundKind::Estimate,
     )]));
+    // Every report carries its plain-language conclusion (derived from its content).
+    r.conclude();
     r
 }
 
@@ -441,8 +443,12 @@ fn out_dir_writes_all_formats_with_stable_names_and_needs_force_to_overwrite() {
         expected.insert(format!("plot-{}.png", p.id));
     }
     assert_eq!(listing(d.path()), expected);
-    let golden_md = std::fs::read(case_dir("check-edm-fullbatch").join("report.md")).unwrap();
-    assert_eq!(std::fs::read(d.path().join("report.md")).unwrap(), golden_md);
+    // The Markdown in --out links the plot files beside it (stdout's Markdown inlines them).
+    let md = std::fs::read_to_string(d.path().join("report.md")).unwrap();
+    for p in &r.plots {
+        let link = format!("](plot-{}.svg)", p.id);
+        assert!(md.contains(&link), "report.md lacks {link}");
+    }
     // PNG plots are real PNGs.
     let png = std::fs::read(d.path().join("plot-tradeoff.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
