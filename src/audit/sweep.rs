@@ -229,6 +229,18 @@ fn epsilon_plot(
                 let first = axis_value(&rows[0], id).to_bits();
                 rows.iter().any(|x| axis_value(x, id).to_bits() != first)
             })
+            // An axis that follows the swept one (t_min = σ_min when only σ_min is swept) is
+            // not a separate series: grouping by it would leave one point per line.
+            .filter(|(id, _)| {
+                let distinct = |f: &dyn Fn(&SweepRow) -> Vec<u64>| {
+                    let mut v: Vec<Vec<u64>> = rows.iter().map(f).collect();
+                    v.sort_unstable();
+                    v.dedup();
+                    v.len()
+                };
+                distinct(&|x| vec![axis_value(x, axis).to_bits(), axis_value(x, id).to_bits()])
+                    != distinct(&|x| vec![axis_value(x, axis).to_bits()])
+            })
             .map(|(id, _)| format!("{id} = {}", num::fmt_clean(axis_value(row, id))))
             .collect();
         let key = key.join(", ");

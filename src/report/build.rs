@@ -301,7 +301,11 @@ fn add_profile_plots(
         for &d in DELTA_GRID.iter() {
             // ε below 1e-12 is 0 to the eye and would stretch the log axis over hundreds of
             // decades (an accountant may return the smallest positive float for ε = 0).
-            if let Some(r) = acc.epsilon(event, nb, d).ok().filter(|r| r.epsilon.is_finite() && r.epsilon >= 1e-12) {
+            if let Some(r) = acc
+                .epsilon(event, nb, d)
+                .ok()
+                .filter(|r| r.epsilon.is_finite() && r.epsilon >= 1e-12)
+            {
                 kind = Some(r.kind);
                 xs.push(d);
                 ys.push(r.epsilon);

@@ -32,7 +32,12 @@ fn eps(acc: &dyn Accountant, ev: &DpEvent, delta: f64) -> Option<dpaudit::accoun
                 (acc.kind(), r.accountant),
                 (AccountantKind::Clt, AccountantKind::Gdp) | (AccountantKind::Pld, AccountantKind::Rdp)
             );
-            assert!(r.accountant == acc.kind() || fallback, "{:?} answered as {:?}", acc.kind(), r.accountant);
+            assert!(
+                r.accountant == acc.kind() || fallback,
+                "{:?} answered as {:?}",
+                acc.kind(),
+                r.accountant
+            );
             assert!(
                 r.epsilon.is_finite() && r.epsilon >= 0.0,
                 "{:?}: ε = {}",

@@ -380,7 +380,11 @@ fn golden_analyze_outputs() {
         for line in txt.lines() {
             let cols: Vec<&str> = line.split_whitespace().collect();
             // Step rows only (the event ledger below also starts lines with counts).
-            let Some(i) = cols.first().and_then(|c| c.parse::<usize>().ok()).filter(|_| cols.len() >= 9) else {
+            let Some(i) = cols
+                .first()
+                .and_then(|c| c.parse::<usize>().ok())
+                .filter(|_| cols.len() >= 9)
+            else {
                 continue;
             };
             let mu: f64 = cols[6].parse().unwrap_or_else(|_| panic!("{stem}.txt: {line}"));
@@ -503,7 +507,10 @@ fn sweep_is_deterministic() {
     }
     // First row: σ_min = 0.002, p = 1, S = 1 is the reference row (C = 1, convention A).
     let row1: Vec<&str> = s.lines().nth(1).unwrap().split(',').collect();
-    let at = header.split(',').position(|h| h == "full_batch_mu").expect("full_batch_mu column");
+    let at = header
+        .split(',')
+        .position(|h| h == "full_batch_mu")
+        .expect("full_batch_mu column");
     let full_mu: f64 = row1[at].parse().unwrap();
     assert!(rel(full_mu, 0.013876295022582965) < 1e-9);
     assert!(s.lines().nth(1).unwrap().contains(",exact,"));

@@ -209,7 +209,10 @@ fn account_replace_one_and_neighbouring_flag() {
     refused.sort();
     // PLD accounts replace-one Poisson (the dominating pair of dp_accounting's REPLACE_ONE).
     assert_eq!(refused, ["clt", "gdp"], "{u:?}");
-    assert_eq!(result(&v, "pld").expect("pld accounts replace-one Poisson")["kind"], "upper_bound");
+    assert_eq!(
+        result(&v, "pld").expect("pld accounts replace-one Poisson")["kind"],
+        "upper_bound"
+    );
     for acc in ["clt"] {
         let r = u.iter().find(|u| u["accountant"] == acc).unwrap()["reason"]
             .as_str()

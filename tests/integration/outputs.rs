@@ -741,7 +741,7 @@ fn screenshot(browser: &Path, html: &Path) -> (u32, u32, Vec<(u8, u8, u8)>) {
             "--no-first-run",
             "--disable-sync",
             "--hide-scrollbars",
-            "--window-size=1200,2000",
+            "--window-size=1200,3200",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("--screenshot={}", shot.display()))
@@ -775,7 +775,7 @@ fn html_report_of_every_command_renders_in_chromium() {
         let html = tmp.path().join(format!("{cmd}.html"));
         std::fs::write(&html, &o.stdout).unwrap();
         let (w, h, px) = screenshot(&browser, &html);
-        assert_eq!((w, h), (1200, 2000), "{cmd}");
+        assert_eq!((w, h), (1200, 3200), "{cmd}");
         let near = |p: &(u8, u8, u8), c: (i32, i32, i32)| {
             (p.0 as i32 - c.0).abs() < 30 && (p.1 as i32 - c.1).abs() < 30 && (p.2 as i32 - c.2).abs() < 30
         };

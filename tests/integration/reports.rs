@@ -340,7 +340,7 @@ fn html_report_renders_in_headless_chromium() {
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("--screenshot={}", shot.display()))
-        .arg("--window-size=1200,2000")
+        .arg("--window-size=1200,6000")
         .arg(format!("file://{}", html.display()))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -370,7 +370,7 @@ fn html_report_renders_in_headless_chromium() {
     let mut reader = decoder.read_info().unwrap();
     let mut buf = vec![0; reader.output_buffer_size()];
     let info = reader.next_frame(&mut buf).unwrap();
-    assert_eq!((info.width, info.height), (1200, 2000));
+    assert_eq!((info.width, info.height), (1200, 6000));
     let channels = info.color_type.samples();
     assert!(channels >= 3, "{:?}", info.color_type);
     let px = |x: u32, y: u32| -> (u8, u8, u8) {
@@ -462,7 +462,11 @@ fn out_dir_writes_all_formats_with_stable_names_and_needs_force_to_overwrite() {
     assert_eq!(listing(d.path()), expected, "no temporary files left behind");
     let o = dpaudit(&["report", input, "--out", out, "--force"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(std::fs::read_to_string(d.path().join("report.md")).unwrap(), md, "--force rewrites the same report");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("report.md")).unwrap(),
+        md,
+        "--force rewrites the same report"
+    );
 }
 
 #[test]
