@@ -89,6 +89,13 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     model.save_pretrained(a.out, safe_serialization=True)
     sched.save_pretrained(a.out)
+    # from_pretrained (--init) records the folder it read; the shipped config names no local path.
+    cfg_path = os.path.join(a.out, "config.json")
+    cfg = json.load(open(cfg_path))
+    if cfg.pop("_name_or_path", None) is not None:
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+            f.write("\n")
     # Round trip through diffusers.
     back = UNet2DModel.from_pretrained(a.out).eval()
     with torch.no_grad():

@@ -823,6 +823,26 @@ fn compose(
                 // (underflow; what is dropped is below N·1e-320, inside the 1e-300 added to ι), so skip
                 // the transcendental work there.
                 let m_min = if t > 1.0 { (-745.0 / (t - 1.0)).exp() } else { 0.0 };
+                if *count == 1 {
+                    // T = 1: the transform is used as it is (no power, so no power rounding);
+                    // m^{T−1} = 1, so the propagation bounds below reduce to ‖ΔA‖ itself.
+                    let g_leaf = buf.iter().map(|c| c.norm()).fold(0.0f64, f64::max) + ea;
+                    let prop_cw = ea * sqrt_n;
+                    let prop_nw = kappa * sqrt_n * l2;
+                    let e2 = prop_cw.min(prop_nw);
+                    let mut norm2 = 0.0;
+                    for (yk, bk) in y.iter_mut().zip(buf.iter()) {
+                        *yk *= *bk;
+                        norm2 += yk.norm_sqr();
+                    }
+                    return (
+                        y,
+                        e * g_leaf + g * e2 + 4.0 * U * norm2.sqrt(),
+                        g * g_leaf,
+                        buf,
+                        scratch,
+                    );
+                }
                 for c in buf.iter_mut() {
                     let r2 = c.norm_sqr();
                     if t > 1.0 && r2.sqrt() + ea < m_min {

@@ -591,7 +591,7 @@ fn on_terminal(cmd: &str, env: &[(&str, &str)]) -> Option<String> {
 }
 
 const SLOW_SWEEP: &str =
-    "sweep fixtures/samplers/edm-cifar10-paper.toml --sigma-min 0.002..5 --points 60 --log --subsample-rate 1,0.5 --accountant gdp,clt,rdp --format text";
+    "sweep fixtures/samplers/edm-cifar10-paper.toml --sigma-min 0.002..5 --points 8 --log --subsample-rate 1,0.5 --accountant gdp,clt,rdp --format text";
 
 /// Progress (with an ETA) is drawn on a terminal for work over a second, never when stderr is
 /// a pipe, and not with -q.
