@@ -350,6 +350,16 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         .checkpoint
         .as_ref()
         .ok_or_else(|| Error::field("--checkpoint", "required with --shard"))?;
+    if crate::models::diffusers::unet_dir(card).is_some() {
+        return Err(Error::field(
+            "--shard",
+            format!(
+                "{} is a diffusers folder: --shard covers dpaudit checkpoint cards; score a diffusers checkpoint in one run (batched, --batch-size)",
+                card.display()
+            ),
+        )
+        .into());
+    }
     let dev = device::select(a.device)?;
     eprintln!(
         "device: {}   shard {}/{}",
