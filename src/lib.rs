@@ -12,6 +12,31 @@
 //! [`diffusion`] derives per-step sensitivities of diffusion sampling, [`pipelines`] maps published
 //! mechanisms (RAPID, DP-RDM, DPAgg-TI) to events and runs them, [`attacks`] measures empirical
 //! leakage, [`models`] trains small denoisers, and [`report`] renders everything.
+//!
+//! ## Library use
+//!
+//! Every accountant answers through the [`accountants::Accountant`] trait and says what kind of
+//! number it returns; a sound kind is never below the truth:
+//!
+//! ```
+//! use dpaudit::accountants::{gdp, Accountant, AccountantKind, BoundKind};
+//! use dpaudit::events::{DpEvent, Neighbouring};
+//!
+//! // One full-batch Gaussian step with noise multiplier 1 is exactly 1-GDP
+//! // (Dong, Roth & Su 2022), so its ε(δ) has a closed form (their Cor. 2.13).
+//! let exact = gdp::epsilon_for_delta(1.0, 1e-5).unwrap();
+//! let pld = AccountantKind::Pld.build();
+//! let r = pld.epsilon(&DpEvent::gaussian(1.0), Neighbouring::AddRemove, 1e-5).unwrap();
+//! assert_eq!(r.kind, BoundKind::UpperBound);
+//! assert!(r.epsilon >= exact && r.epsilon <= exact * 1.01);
+//!
+//! // DP-SGD (σ = 1.1, q = 0.004, 14,062 steps): RDP and PLD are sound, the PLD the tighter one.
+//! let ev = DpEvent::dpsgd(1.1, 0.004, 14_062);
+//! let rdp = AccountantKind::Rdp.build().epsilon(&ev, Neighbouring::AddRemove, 1e-5).unwrap();
+//! let pld = pld.epsilon(&ev, Neighbouring::AddRemove, 1e-5).unwrap();
+//! assert!(rdp.kind.is_sound() && pld.kind.is_sound());
+//! assert!(pld.epsilon <= rdp.epsilon);
+//! ```
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
