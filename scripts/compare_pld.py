@@ -2,7 +2,7 @@
 """Speed/accuracy anchor for `benches/pld.rs`: dp_accounting's PLDAccountant (pessimistic,
 connect-the-dots, value_discretization_interval 1e-4, add/remove) on the same pipelines.
 
-Usage: python3 scripts/compare_pld.py [hetero|dpsgd|all]
+Usage: python3 scripts/compare_pld.py [hetero|hetero1000|dpsgd|all]
 Prints: case, epsilon at delta, wall and CPU seconds (compare CPU seconds on a loaded machine). Not part of CI.
 """
 import sys
@@ -16,18 +16,17 @@ from dp_accounting.pld import pld_privacy_accountant
 DELTA = 1e-5
 
 
-def hetero_event():
-    """50 distinct Poisson-subsampled Gaussian steps, each composed 10^4 times.
+def hetero_event(n=50, count=10_000, ds=0.02, dq=0.00002):
+    """n distinct Poisson-subsampled Gaussian steps (sigma_j = 0.8 + ds*j, q_j = 0.001 + dq*j),
+    each composed `count` times: 50 x 10^4 by default, 1,000 x 10^3 as `hetero1000`.
 
     Must match `hetero_steps()` in benches/pld.rs.
     """
-    evs = []
-    for j in range(50):
-        sigma = 0.8 + 0.02 * j
-        q = 0.001 + 0.00002 * j
-        evs.append(dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), 10_000))
-    return dp_event.ComposedDpEvent(evs)
+    return dp_event.ComposedDpEvent([
+        dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(0.001 + dq * j, dp_event.GaussianDpEvent(0.8 + ds * j)), count)
+        for j in range(n)
+    ])
 
 
 def dpsgd_event():
@@ -54,3 +53,5 @@ if __name__ == "__main__":
         run("dpsgd", dpsgd_event())
     if which in ("hetero", "all"):
         run("hetero", hetero_event())
+    if which in ("hetero1000", "all"):
+        run("hetero1000", hetero_event(1000, 1_000, 0.001, 0.000001))

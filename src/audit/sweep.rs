@@ -219,34 +219,39 @@ fn epsilon_plot(
     delta: f64,
     budget: Option<f64>,
 ) -> plot::Plot {
-    // Group rows by the other axes' values (in first-seen order).
+    // The axes that tell series apart: every other axis with more than one value, except an axis
+    // that follows the swept one (t_min = σ_min when only σ_min is swept), which would leave one
+    // point per line. Decided once for the whole sweep (O(rows log rows)).
+    let distinct = |f: &dyn Fn(&SweepRow) -> (u64, u64)| {
+        let mut v: Vec<(u64, u64)> = rows.iter().map(f).collect();
+        v.sort_unstable();
+        v.dedup();
+        v.len()
+    };
+    let swept_values = distinct(&|x| (axis_value(x, axis).to_bits(), 0));
+    let series_axes: Vec<&str> = AXES
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| *id != axis)
+        .filter(|id| distinct(&|x| (axis_value(x, id).to_bits(), 0)) > 1)
+        .filter(|id| distinct(&|x| (axis_value(x, axis).to_bits(), axis_value(x, id).to_bits())) != swept_values)
+        .collect();
+    // Group rows by those axes' values (in first-seen order).
     let mut groups: Vec<(String, Vec<&SweepRow>)> = Vec::new();
+    let mut index: std::collections::HashMap<Vec<u64>, usize> = std::collections::HashMap::new();
     for row in rows {
-        let key: Vec<String> = AXES
-            .iter()
-            .filter(|(id, _)| *id != axis)
-            .filter(|(id, _)| {
-                let first = axis_value(&rows[0], id).to_bits();
-                rows.iter().any(|x| axis_value(x, id).to_bits() != first)
-            })
-            // An axis that follows the swept one (t_min = σ_min when only σ_min is swept) is
-            // not a separate series: grouping by it would leave one point per line.
-            .filter(|(id, _)| {
-                let distinct = |f: &dyn Fn(&SweepRow) -> Vec<u64>| {
-                    let mut v: Vec<Vec<u64>> = rows.iter().map(f).collect();
-                    v.sort_unstable();
-                    v.dedup();
-                    v.len()
-                };
-                distinct(&|x| vec![axis_value(x, axis).to_bits(), axis_value(x, id).to_bits()])
-                    != distinct(&|x| vec![axis_value(x, axis).to_bits()])
-            })
-            .map(|(id, _)| format!("{id} = {}", num::fmt_clean(axis_value(row, id))))
-            .collect();
-        let key = key.join(", ");
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(row),
-            None => groups.push((key, vec![row])),
+        let bits: Vec<u64> = series_axes.iter().map(|id| axis_value(row, id).to_bits()).collect();
+        match index.get(&bits) {
+            Some(&i) => groups[i].1.push(row),
+            None => {
+                let key = series_axes
+                    .iter()
+                    .map(|id| format!("{id} = {}", num::fmt_clean(axis_value(row, id))))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                index.insert(bits, groups.len());
+                groups.push((key, vec![row]));
+            }
         }
     }
     let mut series = Vec::new();
