@@ -216,6 +216,12 @@ pub fn load(source: &Source) -> Result<Input> {
 /// Reads `path`, tells an event file from a sampler config by its keys, and returns the event
 /// to account. Errors name the file (and line/field where known).
 pub fn load_file(path: &Path) -> Result<Input> {
+    load_file_with(path, false)
+}
+
+/// [`load_file`], also printing (on stderr) the sampler settings that were left at their
+/// defaults when `warn_defaults` (what `check` does, so that a CI log shows them).
+pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
     let src = crate::error::read_to_string(path)?;
     let table: toml::Table = toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))?;
     if table.contains_key("event") {
@@ -234,6 +240,9 @@ pub fn load_file(path: &Path) -> Result<Input> {
         .any(|k| table.contains_key(*k))
     {
         let cfg = crate::config::sampler::SamplerConfig::load(path)?;
+        if warn_defaults {
+            cfg.warn_defaults(path);
+        }
         let acc = crate::diffusion::account::sampler_accounting(&cfg).map_err(|e| e.with_file(path))?;
         return Ok(Input {
             event: acc.event,

@@ -13,7 +13,7 @@ use crate::accountants::AccountantKind;
 use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
 use crate::error::{Error, Result};
-use crate::events::{DpEvent, EventFile, Neighbouring};
+use crate::events::{DpEvent, Neighbouring};
 use crate::report::build::{self, AccountOptions};
 use crate::report::{self, junit, output, progress, Report, Status};
 
@@ -83,63 +83,8 @@ pub struct Args {
     pub no_plots: bool,
 }
 
-/// A pipeline ready to account.
-#[derive(Debug, Clone)]
-pub struct Pipeline {
-    /// The event to account.
-    pub event: DpEvent,
-    /// The neighbouring relation it is accounted under.
-    pub neighbouring: Neighbouring,
-    /// δ stated by the file, if any.
-    pub delta: Option<f64>,
-    /// What kind of file it was (`event file`, `sampler config`).
-    pub role: &'static str,
-    /// Step convention or other assumptions the file states.
-    pub step_convention: Option<String>,
-}
-
-/// Reads `path`, tells an event file from a sampler config by its keys, and returns the event
-/// to account. Errors name the file (and line/field where known).
-pub fn load_pipeline(path: &Path) -> Result<Pipeline> {
-    let src = crate::error::read_to_string(path)?;
-    let table: toml::Table = toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))?;
-    if table.contains_key("event") {
-        let f = EventFile::load(path)?;
-        return Ok(Pipeline {
-            event: f.event,
-            neighbouring: f.neighbouring,
-            delta: f.delta,
-            role: "event file",
-            step_convention: None,
-        });
-    }
-    if ["schedule", "privacy", "density", "convention"]
-        .iter()
-        .any(|k| table.contains_key(*k))
-    {
-        let cfg = crate::config::sampler::SamplerConfig::load(path)?;
-        cfg.warn_defaults(path);
-        let acc = crate::diffusion::account::sampler_accounting(&cfg).map_err(|e| e.with_file(path))?;
-        return Ok(Pipeline {
-            event: acc.event,
-            neighbouring: acc.neighbouring,
-            delta: Some(acc.delta),
-            role: "sampler config",
-            step_convention: Some(acc.convention.describe().to_string()),
-        });
-    }
-    let keys: Vec<&str> = table.keys().map(String::as_str).collect();
-    Err(Error::input(format!(
-        "cannot tell what this file describes (top-level keys: {}): an event file has `schema_version` and an \
-[event] table; a sampler config has [schedule], [privacy] and [density]",
-        if keys.is_empty() {
-            "none".to_string()
-        } else {
-            keys.join(", ")
-        }
-    ))
-    .with_file(path))
-}
+/// A pipeline ready to account: the audit core's input (event, neighbouring, δ, role).
+pub use crate::audit::Input as Pipeline;
 
 /// The DP-SGD pipeline given by flags (`--noise-multiplier` with `--steps [--sample-rate]` or
 /// `--epochs --batch-size --dataset-size [--sampling]`), if any.
@@ -239,7 +184,8 @@ fn common_checks(args: &Args) -> Result<Vec<AccountantKind>> {
 fn load_input(args: &Args, path: Option<&Path>) -> Result<(Pipeline, Vec<String>)> {
     match path {
         Some(p) => {
-            let pl = load_pipeline(p)?;
+            // The audit core's loader, with the sampler defaults a CI log should show as warnings.
+            let pl = crate::audit::load_file_with(p, true)?;
             Ok((pl, Vec::new()))
         }
         None => flag_pipeline(args)?.ok_or_else(|| {

@@ -176,7 +176,19 @@ impl SplitManifest {
     /// A seeded random split of `n` rows: `n_members` members, `n_nonmembers` non-members, the
     /// rest public. Lists are sorted.
     pub fn random(data: &Dataset, data_name: &str, n_members: usize, n_nonmembers: usize, seed: u64) -> Result<Self> {
-        let n = data.len();
+        Self::random_rows(data.len(), &data.sha256, data_name, n_members, n_nonmembers, seed)
+    }
+
+    /// A seeded random split of `n` rows of the data file `data_name` (SHA-256 `data_sha256`):
+    /// `n_members` members, `n_nonmembers` non-members, the rest public. Lists are sorted.
+    pub fn random_rows(
+        n: usize,
+        data_sha256: &str,
+        data_name: &str,
+        n_members: usize,
+        n_nonmembers: usize,
+        seed: u64,
+    ) -> Result<Self> {
         if n_members == 0 || n_nonmembers == 0 || n_members + n_nonmembers > n {
             return Err(Error::field(
                 "--members",
@@ -194,7 +206,7 @@ impl SplitManifest {
         Ok(SplitManifest {
             schema_version: 1,
             data: data_name.to_string(),
-            data_sha256: data.sha256.clone(),
+            data_sha256: data_sha256.to_string(),
             seed,
             members_sha256: indices_sha256(&members),
             nonmembers_sha256: indices_sha256(&nonmembers),

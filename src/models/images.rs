@@ -13,14 +13,11 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-use super::data::{indices_sha256, sha256_hex, SplitManifest};
+use super::data::{sha256_hex, SplitManifest};
 
 /// Side of an MNIST image.
 pub const MNIST_SIDE: usize = 28;
@@ -266,33 +263,7 @@ impl ImageSet {
         n_nonmembers: usize,
         seed: u64,
     ) -> Result<SplitManifest> {
-        let n = self.len();
-        if n_members == 0 || n_nonmembers == 0 || n_members + n_nonmembers > n {
-            return Err(Error::field(
-                "--members",
-                format!("need members ≥ 1, non-members ≥ 1 and members + non-members ≤ {n}"),
-            ));
-        }
-        let mut ix: Vec<usize> = (0..n).collect();
-        ix.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-        let mut members = ix[..n_members].to_vec();
-        let mut nonmembers = ix[n_members..n_members + n_nonmembers].to_vec();
-        let mut public = ix[n_members + n_nonmembers..].to_vec();
-        members.sort_unstable();
-        nonmembers.sort_unstable();
-        public.sort_unstable();
-        Ok(SplitManifest {
-            schema_version: 1,
-            data: data_name.to_string(),
-            data_sha256: self.sha256.clone(),
-            seed,
-            members_sha256: indices_sha256(&members),
-            nonmembers_sha256: indices_sha256(&nonmembers),
-            public_sha256: indices_sha256(&public),
-            members,
-            nonmembers,
-            public,
-        })
+        SplitManifest::random_rows(self.len(), &self.sha256, data_name, n_members, n_nonmembers, seed)
     }
 
     /// Checks a split against these images (data hash and index range).
