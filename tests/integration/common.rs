@@ -58,3 +58,22 @@ pub fn bless() -> bool {
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
+
+/// `dpaudit mia` on the shipped MNIST diffusers checkpoint with its data and split; callers
+/// append the rest of the command line.
+pub const MNIST_MIA: [&str; 7] = [
+    "mia",
+    "--checkpoint",
+    "models/mnist-ddpm",
+    "--data",
+    "fixtures/data/mnist/mnist-10k.u8.gz",
+    "--split",
+    "fixtures/splits/mnist.toml",
+];
+
+/// Runs [`MNIST_MIA`] followed by `rest`.
+pub fn mnist_mia(rest: &[&str]) -> Output {
+    let mut args = MNIST_MIA.to_vec();
+    args.extend_from_slice(rest);
+    dpaudit(&args)
+}

@@ -264,14 +264,7 @@ fn mnist_fixture_loads_with_documented_counts_and_split() {
 #[test]
 fn mia_on_the_mnist_diffusers_checkpoint_finds_membership_with_secmi() {
     let out = tempfile::tempdir().unwrap();
-    let o = dpaudit(&[
-        "mia",
-        "--checkpoint",
-        "models/mnist-ddpm",
-        "--data",
-        "fixtures/data/mnist/mnist-10k.u8.gz",
-        "--split",
-        "fixtures/splits/mnist.toml",
+    let o = super::common::mnist_mia(&[
         "--attack",
         "secmi",
         "--attack",

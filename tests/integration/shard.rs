@@ -161,20 +161,7 @@ fn parts_that_do_not_belong_together_are_refused() {
 #[test]
 fn shard_of_a_diffusers_folder_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let o = dpaudit(&[
-        "mia",
-        "--checkpoint",
-        "models/mnist-ddpm",
-        "--data",
-        "fixtures/data/mnist/mnist-10k.u8.gz",
-        "--split",
-        "fixtures/splits/mnist.toml",
-        "--shard",
-        "0/2",
-        "--out",
-        dir.path().to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = super::common::mnist_mia(&["--shard", "0/2", "--out", dir.path().to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert!(e.contains("--shard") && e.contains("diffusers folder"), "{e}");
