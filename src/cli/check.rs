@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::accountants::AccountantKind;
+use crate::audit::Input;
 use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
 use crate::error::{Error, Result};
@@ -83,12 +84,9 @@ pub struct Args {
     pub no_plots: bool,
 }
 
-/// A pipeline ready to account: the audit core's input (event, neighbouring, δ, role).
-pub use crate::audit::Input as Pipeline;
-
 /// The DP-SGD pipeline given by flags (`--noise-multiplier` with `--steps [--sample-rate]` or
 /// `--epochs --batch-size --dataset-size [--sampling]`), if any.
-fn flag_pipeline(args: &Args) -> Result<Option<(Pipeline, Vec<String>)>> {
+fn flag_pipeline(args: &Args) -> Result<Option<(Input, Vec<String>)>> {
     let derived = args.run.derive()?;
     if args.noise_multiplier.is_none() && derived.is_none() && args.steps.is_none() && args.sample_rate.is_none() {
         return Ok(None);
@@ -117,7 +115,7 @@ fn flag_pipeline(args: &Args) -> Result<Option<(Pipeline, Vec<String>)>> {
     };
     event.validate()?;
     Ok(Some((
-        Pipeline {
+        Input {
             event,
             neighbouring: Neighbouring::AddRemove,
             delta: None,
@@ -181,7 +179,7 @@ fn common_checks(args: &Args) -> Result<Vec<AccountantKind>> {
 }
 
 /// Loads one input: a file, or the DP-SGD flags (`path` = None).
-fn load_input(args: &Args, path: Option<&Path>) -> Result<(Pipeline, Vec<String>)> {
+fn load_input(args: &Args, path: Option<&Path>) -> Result<(Input, Vec<String>)> {
     match path {
         Some(p) => {
             // The audit core's loader, with the sampler defaults a CI log should show as warnings.

@@ -337,15 +337,6 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
             return Err(Error::field(flag, "not with --shard: give it to `dpaudit merge`").into());
         }
     }
-    let dir = a
-        .output
-        .out
-        .as_ref()
-        .ok_or_else(|| Error::field("--out", "--shard needs --out DIR (the part file is written there)"))?;
-    crate::report::progress::set_verbosity(a.output.quiet, a.output.verbose);
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
-    let path = dir.join(spec.file_name());
-    crate::report::output::check_file(&path, a.output.force)?;
     let card = a
         .checkpoint
         .as_ref()
@@ -360,6 +351,15 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         )
         .into());
     }
+    let dir = a
+        .output
+        .out
+        .as_ref()
+        .ok_or_else(|| Error::field("--out", "--shard needs --out DIR (the part file is written there)"))?;
+    crate::report::progress::set_verbosity(a.output.quiet, a.output.verbose);
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
+    let path = dir.join(spec.file_name());
+    crate::report::output::check_file(&path, a.output.force)?;
     let dev = device::select(a.device)?;
     eprintln!(
         "device: {}   shard {}/{}",
