@@ -39,6 +39,8 @@ const TAIL_REL_ERR: f64 = 8.0 * U;
 /// algorithms", §24.1, gives 4.3u per radix-2 level; 10u covers rustfft's radix-4/8 butterflies).
 const FFT_ERR_PER_LEVEL: f64 = 10.0 * U;
 
+static FFT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Largest privacy loss (nats) one step's grid holds; P-mass above goes to +∞ (counted in δ).
 const MAX_STEP_LOSS: f64 = 200.0;
 
@@ -258,10 +260,26 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         }
     };
     // x where the loss crosses ε: for Remove the loss exceeds ε iff x > xb; for Add iff x < xb.
+    // (`inv_log_mix` with ln q computed once.)
+    let ln_q = q.ln();
+    let inv = |e: f64| -> f64 {
+        if q >= 1.0 {
+            e
+        } else if e > 0.0 {
+            e + (-(1.0 - q) * (-e).exp()).ln_1p() - ln_q
+        } else {
+            let t = e.exp_m1() / q;
+            if t <= -1.0 {
+                f64::NEG_INFINITY
+            } else {
+                t.ln_1p()
+            }
+        }
+    };
     let x_bound = |eps: f64| -> f64 {
         match dir {
-            Direction::Remove => s2 * inv_log_mix(q, eps) + 0.5,
-            Direction::Add => s2 * inv_log_mix(q, -eps) + 0.5,
+            Direction::Remove => s2 * inv(eps) + 0.5,
+            Direction::Add => s2 * inv(-eps) + 0.5,
         }
     };
     let (eps_lo, eps_hi) = match dir {
@@ -294,6 +312,7 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
     let xs: Vec<f64> = (0..n).map(|k| x_bound((i_lo + k as i64) as f64 * h)).collect();
     let t0: Vec<Tails> = xs.iter().map(|&x| Tails::at(x / sigma)).collect();
     let t1: Vec<Tails> = xs.iter().map(|&x| Tails::at((x - 1.0) / sigma)).collect();
+    drop(xs);
 
     // S_k = P(loss > ε_k), each rounded up, then made non-increasing from the top (raising only).
     let mut surv: Vec<f64> = (0..n)
@@ -636,6 +655,7 @@ fn leaf_pld(leaf: Leaf, dir: Direction, h: f64, tau: f64, max_points: usize) -> 
 
 /// ln Σ_i p_i e^{t·i} over a discrete PLD's finite part (t in grid units), by Horner from the
 /// top so nothing overflows.
+#[cfg(test)]
 fn log_mgf(d: &DiscretePld, t: f64) -> f64 {
     if d.probs.is_empty() {
         return f64::NEG_INFINITY;
@@ -653,11 +673,243 @@ fn log_mgf(d: &DiscretePld, t: f64) -> f64 {
     }
 }
 
+/// [`log_mgf`] at up to [`MGF_BATCH`] exponents of one sign in one pass over the PLD (the Horner
+/// chains run side by side, so the probabilities are read once and the chains pipeline).
+fn log_mgf_batch(d: &DiscretePld, ts: &[f64], out: &mut [f64]) {
+    debug_assert!(ts.len() <= MGF_BATCH && ts.iter().all(|&t| (t >= 0.0) == (ts[0] >= 0.0)));
+    if d.probs.is_empty() {
+        out.iter_mut().for_each(|o| *o = f64::NEG_INFINITY);
+        return;
+    }
+    let positive = ts[0] >= 0.0;
+    let mut f = [0.0f64; MGF_BATCH];
+    for (fi, &t) in f.iter_mut().zip(ts) {
+        *fi = if positive { (-t).exp() } else { t.exp() };
+    }
+    let mut s = [0.0f64; MGF_BATCH];
+    let mut step = |p: f64| {
+        for j in 0..MGF_BATCH {
+            s[j] = s[j] * f[j] + p;
+        }
+    };
+    if positive {
+        d.probs.iter().for_each(|&p| step(p));
+    } else {
+        d.probs.iter().rev().for_each(|&p| step(p));
+    }
+    for (j, (o, &t)) in out.iter_mut().zip(ts).enumerate() {
+        *o = if positive {
+            t * d.hi() as f64 + s[j].ln()
+        } else {
+            t * d.lo as f64 + s[j].ln()
+        };
+    }
+}
+
+/// Exponents evaluated together by [`log_mgf_batch`].
+const MGF_BATCH: usize = 16;
+
+/// Λ(t) = Σ_j T_j ln E[e^{t·K_j}] of the composition at every t in `ts` (all of one sign), one
+/// pass over each PLD per batch of exponents, leaves in parallel.
+fn cumulants(parts: &[(DiscretePld, u64)], ts: &[f64]) -> Vec<f64> {
+    let mut out = vec![0.0f64; ts.len()];
+    for (chunk, o) in ts.chunks(MGF_BATCH).zip(out.chunks_mut(MGF_BATCH)) {
+        let sums = parts
+            .par_iter()
+            .fold(
+                || vec![0.0f64; chunk.len()],
+                |mut acc, (d, c)| {
+                    let mut v = [0.0f64; MGF_BATCH];
+                    log_mgf_batch(d, chunk, &mut v[..chunk.len()]);
+                    for (a, x) in acc.iter_mut().zip(v) {
+                        *a += *c as f64 * x;
+                    }
+                    acc
+                },
+            )
+            .reduce(
+                || vec![0.0f64; chunk.len()],
+                |mut a, b| {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            );
+        o.copy_from_slice(&sums);
+    }
+    out
+}
+
 /// Smallest FFT-friendly length ≥ n (2^k or 3·2^k).
 fn fft_len(n: usize) -> usize {
     let p2 = n.next_power_of_two();
     let p3 = (n.div_ceil(3)).next_power_of_two() * 3;
     p2.min(p3).max(2)
+}
+
+/// A frequency whose product bound P(ω) falls below this is set to 0 ("dead"); what it can still
+/// hold is at most DEAD · G (G bounds every later factor) and is added to the round-off bound.
+const DEAD: f64 = 1e-280;
+/// Relative error of one complex multiplication with the textbook formula: √5·u (Brent, Percival
+/// & Zimmermann 2007, "Error bounds on complex floating-point multiplication", Thm 1), plus a
+/// margin for an underflowing component (every product formed is ≥ 1e-300 in modulus, so the
+/// absolute underflow error, ≤ 4·2⁻¹⁰⁷⁴, is below 1e-20 of it).
+const CMUL_ERR: f64 = 2.236_067_977_499_79 * U + 1e-20;
+
+/// Per-leaf constants for raising a transform value to the leaf's count T.
+struct LeafPower {
+    t: u64,
+    tf: f64,
+    /// Componentwise bound on the error of the transform values Â (e_a).
+    ea: f64,
+    /// Below this |Â|² the power |Â|^T < e^{−690} is replaced by 0 (its error is then ≤ m^T).
+    thr_r2: f64,
+    /// ρ_T ≥ (1 + CMUL_ERR)^{T−1} − 1: relative error of Â^T by repeated squaring (each product
+    /// of two computed powers a^i(1+θ_i), a^j(1+θ_j) rounds once, so by induction a^T carries
+    /// (1 + CMUL_ERR)^{T−1}).
+    rho: f64,
+    /// ≥ (1 − u)^{−(T−1)}: makes the computed m^T (repeated squaring, one rounding per product)
+    /// an upper bound, including the rounding of this multiplication.
+    infl_m: f64,
+}
+
+impl LeafPower {
+    fn new(t: u64, ea: f64) -> Self {
+        let tf = t as f64;
+        LeafPower {
+            t,
+            tf,
+            ea,
+            thr_r2: if t <= 1 { 0.0 } else { (-1380.0 / tf).exp() },
+            rho: ((tf - 1.0).max(0.0) * CMUL_ERR).exp_m1() * (1.0 + 1e-6),
+            infl_m: 1.0 + (2.0 * tf * U).exp_m1() * (1.0 + 1e-6) + 4.0 * U,
+        }
+    }
+}
+
+/// x^e by repeated squaring (e ≥ 1).
+#[inline]
+fn powc(mut base: Complex64, mut e: u64) -> Complex64 {
+    let mut acc = Complex64::new(1.0, 0.0);
+    loop {
+        if e & 1 == 1 {
+            acc *= base;
+        }
+        e >>= 1;
+        if e == 0 {
+            return acc;
+        }
+        base *= base;
+    }
+}
+
+/// m^e by repeated squaring (e ≥ 1); relative error ≤ (1 + u)^{e−1} − 1.
+#[inline]
+fn powr(mut base: f64, mut e: u64) -> f64 {
+    let mut acc = 1.0;
+    loop {
+        if e & 1 == 1 {
+            acc *= base;
+        }
+        e >>= 1;
+        if e == 0 {
+            return acc;
+        }
+        base *= base;
+    }
+}
+
+/// A running product of transforms raised to their counts, on the half spectrum, with a
+/// per-frequency error bound.
+///
+/// Invariant at every live frequency ω (P(ω) > 0): P(ω) ≥ Π_j m_j(ω)^{T_j} ≥ |Y(ω)| for the exact
+/// product Y = Π_j A_j^{T_j} of the factors folded in so far, and |Ŷ(ω) − Y(ω)| ≤ P(ω)(e^{S(ω)} − 1).
+/// Proof by induction over the factors: a factor F̂ (= Â^T, computed) with |F̂ − F| ≤ s·M and
+/// |F| ≤ M, multiplied in with one rounding (1 + θ), |θ| ≤ CMUL_ERR, gives
+/// |Ŷ F̂(1+θ) − Y F| ≤ P(e^S − 1)·M(1+s)(1+θ) + P·M((1+s)(1+θ) − 1) ≤ P·M(e^{S + s + CMUL_ERR} − 1).
+/// For F = A^T with |Â − A| ≤ e_a and m = |Â| + e_a: |Â^T(1+ρ) − A^T| ≤ m^T(ρ + T e_a/m) (mean value
+/// theorem), so s = ρ + T e_a/m, M = m^T. A dead frequency (P < [`DEAD`]) is set to 0.
+struct FourierProduct {
+    y: Vec<Complex64>,
+    p: Vec<f64>,
+    s: Vec<f64>,
+    /// Every frequency at or above this index is dead.
+    live_end: usize,
+    /// Σ_j T_j over the leaves folded in.
+    total_t: f64,
+    /// Σ_j T_j e_a,j over the leaves folded in.
+    total_t_ea: f64,
+}
+
+impl FourierProduct {
+    fn new(half: usize) -> Self {
+        FourierProduct {
+            y: vec![Complex64::new(1.0, 0.0); half],
+            p: vec![1.0; half],
+            s: vec![0.0; half],
+            live_end: half,
+            total_t: 0.0,
+            total_t_ea: 0.0,
+        }
+    }
+
+    fn kill(&mut self, k: usize) {
+        self.p[k] = 0.0;
+        self.y[k] = Complex64::new(0.0, 0.0);
+    }
+
+    /// Multiplies Â^T into frequency k; false when the frequency dies.
+    #[inline]
+    fn apply(&mut self, k: usize, a: Complex64, lp: &LeafPower) -> bool {
+        let r2 = a.norm_sqr();
+        // m ≥ |Â| + e_a despite the rounding of |Â|² and √ (and an underflowing |Â|²).
+        let m = (r2.sqrt() + lp.ea + 1e-150) * (1.0 + 4.0 * U);
+        let p = self.p[k] * (powr(m, lp.t) * lp.infl_m) * (1.0 + 4.0 * U);
+        if p.is_nan() || p < DEAD {
+            self.kill(k);
+            return false;
+        }
+        let (b, s) = if lp.t == 1 {
+            (a, lp.ea / m * (1.0 + 4.0 * U))
+        } else if r2 < lp.thr_r2 {
+            (Complex64::new(0.0, 0.0), 1.0)
+        } else {
+            (powc(a, lp.t), lp.rho + lp.tf * lp.ea / m * (1.0 + 4.0 * U))
+        };
+        self.y[k] *= b;
+        self.s[k] += s + CMUL_ERR;
+        self.p[k] = p;
+        true
+    }
+
+    /// The product of two running products (the same induction step with F = the other product).
+    fn combine(mut self, other: FourierProduct) -> FourierProduct {
+        let end = self.live_end.min(other.live_end);
+        for k in 0..end {
+            if self.p[k] == 0.0 {
+                continue;
+            }
+            let p = self.p[k] * other.p[k] * (1.0 + 4.0 * U);
+            if p.is_nan() || p < DEAD {
+                self.kill(k);
+                continue;
+            }
+            self.y[k] *= other.y[k];
+            self.s[k] += other.s[k] + CMUL_ERR;
+            self.p[k] = p;
+        }
+        for k in end..self.live_end {
+            self.kill(k);
+        }
+        self.live_end = end;
+        self.total_t += other.total_t;
+        self.total_t_ea += other.total_t_ea;
+        self
+    }
+
+    /// G ≥ Π_j max_ω m_j(ω)^{T_j}: m_j ≤ (|A_j| + 2e_a + 1e-150)(1 + 4u) with |A_j| ≤ ‖a_j‖₁ ≤ 1 + 1e-12.
+    fn growth(&self) -> f64 {
+        (3.0 * self.total_t_ea + self.total_t * (1e-12 + 10.0 * U)).exp()
+    }
 }
 
 /// Composes discrete PLDs with counts (Fourier domain, one common cyclic grid). See the module
@@ -698,7 +950,6 @@ fn compose(
     let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * *c as i64).sum();
     let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * *c as i64).sum();
     // Chernoff window: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL).
-    let lam = |t: f64| -> f64 { parts.iter().map(|(d, c)| *c as f64 * log_mgf(d, t)).sum() };
     let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
     let t_start = std::time::Instant::now();
     let ln_tau = (tau_window / 2.0).ln();
@@ -713,14 +964,16 @@ fn compose(
                 -((ln_tau - l) / t)
             }
         };
-        let mut pts: Vec<(f64, f64)> = coarse.par_iter().map(|&t| (t, lam(sign * t))).collect();
+        let signed: Vec<f64> = coarse.iter().map(|&t| sign * t).collect();
+        let mut pts: Vec<(f64, f64)> = coarse.iter().copied().zip(cumulants(parts, &signed)).collect();
         let best = (0..pts.len())
             .min_by(|&a, &b| score(pts[a].0, pts[a].1).total_cmp(&score(pts[b].0, pts[b].1)))
             .unwrap();
         let lo_t = coarse[best.saturating_sub(1)];
         let hi_t = coarse[(best + 1).min(coarse.len() - 1)];
         let fine: Vec<f64> = (1..9).map(|i| lo_t * (hi_t / lo_t).powf(i as f64 / 9.0)).collect();
-        pts.extend(fine.par_iter().map(|&t| (t, lam(sign * t))).collect::<Vec<_>>());
+        let signed: Vec<f64> = fine.iter().map(|&t| sign * t).collect();
+        pts.extend(fine.iter().copied().zip(cumulants(parts, &signed)));
         pts
     };
     let pos = refine(1.0);
@@ -775,114 +1028,108 @@ fn compose(
     let fwd: Arc<dyn Fft<f64>> = planner.plan_fft_forward(n);
     let inv: Arc<dyn Fft<f64>> = planner.plan_fft_inverse(n);
 
-    // Per part: y = (FFT a)^T, an L2 bound on its error and a bound g ≥ max_k |(FFT a)_k^T|;
-    // folded into a running product (Y, E, G) with E an L2 error bound of Y.
-    let sqrt_n = (n as f64).sqrt();
-    let identity = || (vec![Complex64::new(1.0, 0.0); n], 0.0f64, 1.0f64);
-    let combine = |(mut y1, e1, g1): (Vec<Complex64>, f64, f64), (y2, e2, g2): (Vec<Complex64>, f64, f64)| {
-        let mut norm2 = 0.0;
-        for k in 0..n {
-            y1[k] *= y2[k];
-            norm2 += y1[k].norm_sqr();
-        }
-        (y1, e1 * g2 + g1 * e2 + 4.0 * U * norm2.sqrt(), g1 * g2)
-    };
-    // Per thread: the running product, a transform buffer and FFT scratch (no per-leaf allocation).
+    // Fourier-domain product Y = Π_j (FFT a_j)^{T_j}, kept on the half spectrum k ∈ [0, n/2]
+    // (every a_j is real, so Y is Hermitian). Two leaves share one complex FFT (a in the real
+    // part, b in the imaginary part). Per frequency the product carries P(ω) ≥ Π_j m_j(ω)^{T_j}
+    // (m_j = |Â_j| + e_a ≥ |A_j|) and S(ω) with |Ŷ − Y| ≤ P(e^S − 1): see [`FourierProduct`].
+    let t_fft = std::time::Instant::now();
+    let half = n / 2 + 1;
     let scratch_len = fwd.get_inplace_scratch_len();
-    let per_thread = parts.len().div_ceil(rayon::current_num_threads()).max(1);
-    let (mut buf, err_l2, _) = parts
+    let pairs: Vec<&[(DiscretePld, u64)]> = parts.chunks(2).collect();
+    let per_thread = pairs.len().div_ceil(rayon::current_num_threads()).max(1);
+    let product = pairs
         .par_iter()
         .with_min_len(per_thread)
         .fold(
             || {
-                let (y, e, g) = identity();
                 (
-                    y,
-                    e,
-                    g,
+                    FourierProduct::new(half),
                     vec![Complex64::new(0.0, 0.0); n],
                     vec![Complex64::new(0.0, 0.0); scratch_len],
                 )
             },
-            |(mut y, e, g, mut buf, mut scratch), (d, count)| {
+            |(mut prod, mut buf, mut scratch), pair| {
                 buf.iter_mut().for_each(|c| *c = Complex64::new(0.0, 0.0));
                 let nn = n as i64;
-                let (mut l1, mut l2) = (0.0, 0.0);
-                for (k, &p) in d.probs.iter().enumerate() {
-                    buf[(d.lo + k as i64).rem_euclid(nn) as usize].re += p;
-                    l1 += p;
-                    l2 += p * p;
+                let mut l1 = 0.0;
+                for (slot, (d, _)) in pair.iter().enumerate() {
+                    for (k, &p) in d.probs.iter().enumerate() {
+                        let c = &mut buf[(d.lo + k as i64).rem_euclid(nn) as usize];
+                        if slot == 0 {
+                            c.re += p;
+                        } else {
+                            c.im += p;
+                        }
+                        l1 += p;
+                    }
                 }
-                let l2 = l2.sqrt();
+                let t_f = std::time::Instant::now();
                 fwd.process_with_scratch(&mut buf, &mut scratch);
-                // Componentwise forward error |ΔA_k| ≤ κ‖a‖₁; normwise ‖ΔA‖₂ ≤ κ√N‖a‖₂ (Higham Thm 24.2).
-                let ea = kappa * l1 * (1.0 + 1e-9);
-                let t = *count as f64;
-                let (mut sum_m2, mut max_m, mut g_leaf, mut round2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-                // Below m_min, m^{T−1} < e^{−745}: the power and its error bound are exactly 0 in f64
-                // (underflow; what is dropped is below N·1e-320, inside the 1e-300 added to ι), so skip
-                // the transcendental work there.
-                let m_min = if t > 1.0 { (-745.0 / (t - 1.0)).exp() } else { 0.0 };
-                if *count == 1 {
-                    // T = 1: the transform is used as it is (no power, so no power rounding);
-                    // m^{T−1} = 1, so the propagation bounds below reduce to ‖ΔA‖ itself.
-                    let g_leaf = buf.iter().map(|c| c.norm()).fold(0.0f64, f64::max) + ea;
-                    let prop_cw = ea * sqrt_n;
-                    let prop_nw = kappa * sqrt_n * l2;
-                    let e2 = prop_cw.min(prop_nw);
-                    let mut norm2 = 0.0;
-                    for (yk, bk) in y.iter_mut().zip(buf.iter()) {
-                        *yk *= *bk;
-                        norm2 += yk.norm_sqr();
-                    }
-                    return (
-                        y,
-                        e * g_leaf + g * e2 + 4.0 * U * norm2.sqrt(),
-                        g * g_leaf,
-                        buf,
-                        scratch,
-                    );
-                }
-                for c in buf.iter_mut() {
-                    let r2 = c.norm_sqr();
-                    if t > 1.0 && r2.sqrt() + ea < m_min {
-                        *c = Complex64::new(0.0, 0.0);
+                FFT_NS.fetch_add(t_f.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+                // Componentwise forward error |ΔZ_k| ≤ κ‖z‖₁ ≤ κ(‖a‖₁ + ‖b‖₁) (Higham 2002, §24.1);
+                // separating A_k = (Z_k + conj Z_{−k})/2 and B_k = (Z_k − conj Z_{−k})/(2i) averages two
+                // such errors and rounds one complex addition (≤ u(|Z_k| + |Z_{−k}|)/2 ≤ u‖z‖₁).
+                let ea = (kappa + U) * l1 * (1.0 + 1e-9);
+                let leaves: Vec<LeafPower> = pair.iter().map(|(_, c)| LeafPower::new(*c, ea)).collect();
+                prod.total_t_ea += pair.iter().map(|(_, c)| *c as f64 * ea).sum::<f64>();
+                prod.total_t += pair.iter().map(|(_, c)| *c as f64).sum::<f64>();
+                let mut live_end = 0;
+                for k in 0..prod.live_end {
+                    if prod.p[k] == 0.0 {
                         continue;
                     }
-                    let r = r2.sqrt();
-                    let m = r + ea;
-                    // |A^T − Â^T| ≤ T |ΔA| m^{T−1} (mean value theorem), m ≥ max(|A|, |Â|).
-                    let m_pow = ((t - 1.0) * m.ln()).exp();
-                    sum_m2 += m_pow * m_pow;
-                    max_m = max_m.max(m_pow);
-                    g_leaf = g_leaf.max(m_pow * m);
-                    if r == 0.0 {
-                        *c = Complex64::new(0.0, 0.0);
+                    let zk = buf[k];
+                    let zm = buf[(n - k) % n].conj();
+                    let sum = zk + zm;
+                    let a = Complex64::new(0.5 * sum.re, 0.5 * sum.im);
+                    if !prod.apply(k, a, &leaves[0]) {
                         continue;
                     }
-                    let lr = r.ln();
-                    let mag = (t * lr).exp();
-                    let pw = Complex64::from_polar(mag, t * c.arg());
-                    // Rounding of exp(T ln r) and of the angle T·θ.
-                    let rel = 4.0 * U * t * (lr.abs() + std::f64::consts::PI + 1.0) + 8.0 * U;
-                    round2 += (mag * rel) * (mag * rel);
-                    *c = pw;
+                    if let Some(lb) = leaves.get(1) {
+                        let dif = zk - zm;
+                        // (Z_k − conj Z_{−k})/(2i): exact swap and halving of the difference.
+                        let b = Complex64::new(0.5 * dif.im, -0.5 * dif.re);
+                        if !prod.apply(k, b, lb) {
+                            continue;
+                        }
+                    }
+                    live_end = k + 1;
                 }
-                let prop_cw = t * ea * sum_m2.sqrt();
-                let prop_nw = t * max_m * kappa * sqrt_n * l2;
-                let (e2, g2) = (prop_cw.min(prop_nw) + round2.sqrt(), g_leaf);
-                let mut norm2 = 0.0;
-                for (yk, bk) in y.iter_mut().zip(buf.iter()) {
-                    *yk *= *bk;
-                    norm2 += yk.norm_sqr();
-                }
-                (y, e * g2 + g * e2 + 4.0 * U * norm2.sqrt(), g * g2, buf, scratch)
+                prod.live_end = live_end;
+                (prod, buf, scratch)
             },
         )
-        .map(|(y, e, g, _, _)| (y, e, g))
-        .reduce(identity, combine);
+        .map(|(prod, _, _)| prod)
+        .reduce(|| FourierProduct::new(half), FourierProduct::combine);
     if timing {
-        eprintln!("pld timing: fft+powers {:?}", t_start.elapsed());
+        eprintln!(
+            "pld timing: fft+powers {:?} (forward FFTs {} ms CPU, {} live frequencies)",
+            t_fft.elapsed(),
+            FFT_NS.swap(0, std::sync::atomic::Ordering::Relaxed) / 1_000_000,
+            product.live_end
+        );
+    }
+    // Error of Ŷ in L2 over all n frequencies (k and n − k carry the same error), plus the
+    // frequencies declared dead: there |Y| ≤ DEAD · G with G = Π_j max m_j^{T_j} ≤ e^{Σ T_j(2e_a + 5u)}.
+    let growth = product.growth().min(f64::MAX);
+    let mut err2 = 0.0f64;
+    for k in 0..product.live_end {
+        if product.p[k] == 0.0 {
+            continue;
+        }
+        let e = product.p[k] * (product.s[k] * (1.0 + 1e-9)).exp_m1();
+        let mult = if k == 0 || 2 * k == n { 1.0 } else { 2.0 };
+        err2 += mult * e * e;
+    }
+    let err_l2 = err2.sqrt() * (1.0 + 1e-9) + (n as f64).sqrt() * 2.0 * DEAD * growth;
+    // Full Hermitian spectrum for the inverse transform.
+    let mut buf = vec![Complex64::new(0.0, 0.0); n];
+    for k in 0..product.live_end.min(half) {
+        let y = product.y[k];
+        buf[k] = y;
+        if k != 0 && 2 * k != n {
+            buf[n - k] = y.conj();
+        }
     }
     let norm_y: f64 = buf.iter().map(|c| c.norm_sqr()).sum::<f64>().sqrt();
     let mut scratch = vec![Complex64::new(0.0, 0.0); inv.get_inplace_scratch_len()];
@@ -1100,6 +1347,7 @@ impl PldAccountant {
         let directions = dirs
             .iter()
             .map(|&dir| {
+                let t_disc = std::time::Instant::now();
                 let parts = merged
                     .par_iter()
                     .map(|&(l, c)| {
@@ -1109,7 +1357,11 @@ impl PldAccountant {
                     .collect::<Result<Vec<_>>>()?;
                 if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
                     let pts: usize = parts.iter().map(|(p, _)| p.probs.len()).sum();
-                    eprintln!("pld timing: discretised {} leaves, {pts} points", parts.len());
+                    eprintln!(
+                        "pld timing: discretised {} leaves, {pts} points in {:?}",
+                        parts.len(),
+                        t_disc.elapsed()
+                    );
                 }
                 compose(&parts, dir, h, tau_window, self.max_grid_points)
             })
@@ -1268,6 +1520,37 @@ mod tests {
                     "σ={sigma} δ={d}: pld {e} vs {exact}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn batched_cumulants_equal_one_exponent_at_a_time() {
+        let d = gaussian_pld(0.01, 0.9, Direction::Remove, 1e-3, 1e-15, 1 << 20).unwrap();
+        for sign in [1.0, -1.0] {
+            let ts: Vec<f64> = (0..MGF_BATCH).map(|i| sign * 1e-5 * 2f64.powi(i as i32)).collect();
+            let mut out = vec![0.0; ts.len()];
+            log_mgf_batch(&d, &ts, &mut out);
+            for (&t, &o) in ts.iter().zip(&out) {
+                let one = log_mgf(&d, t);
+                assert!((o - one).abs() <= 1e-12 * (1.0 + one.abs()), "t = {t}: {o} vs {one}");
+            }
+        }
+    }
+
+    #[test]
+    fn powers_by_squaring_stay_within_their_bound() {
+        // |a| = 1 − 1e-4 at an angle: the exact power is known in polar form.
+        for &t in &[1u64, 2, 3, 17, 1000, 10_007, 1 << 20] {
+            let (r, th) = (1.0 - 1e-4f64, 0.3f64);
+            let a = Complex64::from_polar(r, th);
+            let got = powc(a, t);
+            let exact = Complex64::from_polar((t as f64 * r.ln()).exp(), (t as f64 * th) % std::f64::consts::TAU);
+            let lp = LeafPower::new(t, 0.0);
+            // The polar reference itself carries ≈ T·u of angle error; allow it on top of ρ_T.
+            let allowed = (lp.rho + 8.0 * U * t as f64) * exact.norm() + 1e-300;
+            assert!((got - exact).norm() <= allowed, "T = {t}: {got} vs {exact}");
+            let m = powr(r, t) * lp.infl_m;
+            assert!(m >= exact.norm(), "T = {t}: m^T {m} below |a|^T {}", exact.norm());
         }
     }
 
