@@ -27,6 +27,7 @@ use super::{check_delta, check_epsilon, AccountResult, Accountant, AccountantKin
 use crate::error::{Error, Result};
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
+use crate::numeric::dd::{self, Cdd, Dd};
 
 /// Unit round-off of f64.
 const U: f64 = f64::EPSILON / 2.0;
@@ -49,6 +50,10 @@ fn tail_rel_err(z: f64) -> f64 {
 const FFT_ERR_PER_LEVEL: f64 = 10.0 * U;
 
 static FFT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Largest cost (directions × distinct leaves × transform length) of the double-word precise mode
+/// (≈ 0.1 µs per point and level: 2²³ points of length 2²⁰ take a few seconds).
+const PRECISE_BUDGET: usize = 1 << 23;
 
 /// Largest privacy loss (nats) one step's grid holds; P-mass above goes to +∞ (counted in δ).
 const MAX_STEP_LOSS: f64 = 200.0;
@@ -267,6 +272,18 @@ fn inv_log_mix(q: f64, eps: f64) -> f64 {
     }
 }
 
+/// Per-thread buffers of [`gaussian_pld`].
+#[derive(Default)]
+struct DiscretiseScratch {
+    t0: Vec<Tails>,
+    t1: Vec<Tails>,
+    surv: Vec<f64>,
+}
+
+thread_local! {
+    static DISCRETISE_SCRATCH: std::cell::Cell<DiscretiseScratch> = std::cell::Cell::new(DiscretiseScratch::default());
+}
+
 /// Pessimistic connect-the-dots PLD of Poisson(q) ∘ Gaussian(σ) (sensitivity 1) in one
 /// direction, on the grid i·h.
 ///
@@ -342,26 +359,31 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
     }
     let n = (i_hi - i_lo + 1) as usize;
 
-    // Tails of N(0,σ²) and N(1,σ²) at every boundary x_b(ε_i).
-    let xs: Vec<f64> = (0..n).map(|k| x_bound((i_lo + k as i64) as f64 * h)).collect();
-    let t0: Vec<Tails> = xs.iter().map(|&x| Tails::at(x / sigma)).collect();
-    let t1: Vec<Tails> = xs.iter().map(|&x| Tails::at((x - 1.0) / sigma)).collect();
-    drop(xs);
+    // Tails of N(0,σ²) and N(1,σ²) at every boundary x_b(ε_i), in per-thread buffers reused
+    // from leaf to leaf (large short-lived allocations cost page faults and TLB flushes).
+    let mut scratch = DISCRETISE_SCRATCH.with(|c| c.take());
+    let (t0, t1, surv) = (&mut scratch.t0, &mut scratch.t1, &mut scratch.surv);
+    t0.clear();
+    t1.clear();
+    surv.clear();
+    for k in 0..n {
+        let x = x_bound((i_lo + k as i64) as f64 * h);
+        t0.push(Tails::at(x / sigma));
+        t1.push(Tails::at((x - 1.0) / sigma));
+    }
 
     // S_k = P(loss > ε_k), each rounded up, then made non-increasing from the top (raising only).
-    let mut surv: Vec<f64> = (0..n)
-        .map(|k| {
-            let v = match dir {
-                Direction::Remove => (1.0 - q) * t0[k].upper + q * t1[k].upper,
-                Direction::Add => t0[k].lower,
-            };
-            let rel = match dir {
-                Direction::Remove => t0[k].upper_rel().max(t1[k].upper_rel()),
-                Direction::Add => t0[k].lower_rel(),
-            };
-            (v * (1.0 + rel)).min(1.0)
-        })
-        .collect();
+    surv.extend((0..n).map(|k| {
+        let v = match dir {
+            Direction::Remove => (1.0 - q) * t0[k].upper + q * t1[k].upper,
+            Direction::Add => t0[k].lower,
+        };
+        let rel = match dir {
+            Direction::Remove => t0[k].upper_rel().max(t1[k].upper_rel()),
+            Direction::Add => t0[k].lower_rel(),
+        };
+        (v * (1.0 + rel)).min(1.0)
+    }));
     for k in (0..n - 1).rev() {
         if surv[k] < surv[k + 1] {
             surv[k] = surv[k + 1];
@@ -410,6 +432,7 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         probs[k] += p_int - up;
     }
     let inf_mass = surv[n - 1];
+    DISCRETISE_SCRATCH.with(|c| c.set(scratch));
     Ok(trim(DiscretePld {
         lo: i_lo,
         probs,
@@ -957,6 +980,179 @@ impl FourierProduct {
     }
 }
 
+/// Frequencies of the double-word product whose bound P falls below this are set to 0; every
+/// power and product formed stays above it, so no double-word part underflows.
+const DEAD_DD: f64 = 1e-250;
+
+/// The Fourier-domain product and inverse transform of [`compose`] on double words (precise
+/// mode): the same per-frequency bookkeeping as [`FourierProduct`], with the error constants of
+/// [`dd`] (≈ u² instead of u), so the certified round-off drops from ≈ T·κ‖a‖₁ (κ ≈ 10u·log₂N)
+/// to ≈ 1e-26 and δ down to 1e-12 and below can be certified. One leaf per transform; N is a
+/// power of two.
+#[allow(clippy::too_many_arguments)]
+fn fourier_precise(
+    parts: &[(DiscretePld, u64)],
+    dir: Direction,
+    h: f64,
+    lower: i64,
+    upper: i64,
+    inf_mass: f64,
+    window_tail_mass: f64,
+    rel_inflation: f64,
+) -> ComposedDirection {
+    let width = (upper - lower + 1) as usize;
+    let n = width.next_power_of_two().max(8);
+    let tw = dd::twiddles(n);
+    let kappa = dd::fft_err(n);
+    let half = n / 2 + 1;
+    struct Prod {
+        y: Vec<Cdd>,
+        p: Vec<f64>,
+        s: Vec<f64>,
+        live_end: usize,
+        total_t: f64,
+        total_t_ea: f64,
+    }
+    let new = || Prod {
+        y: vec![Cdd::ONE; half],
+        p: vec![1.0; half],
+        s: vec![0.0; half],
+        live_end: half,
+        total_t: 0.0,
+        total_t_ea: 0.0,
+    };
+    // Per-multiplication error: dd::CMUL_ERR plus a margin for underflowing low words when the
+    // running product itself is tiny (absolute ≤ 1e-320 against P ≥ DEAD_DD).
+    let cmul = dd::CMUL_ERR + 1e-60;
+    let per_thread = parts.len().div_ceil(rayon::current_num_threads()).max(1);
+    let prod = parts
+        .par_iter()
+        .with_min_len(per_thread)
+        .fold(
+            || (new(), vec![Cdd::ZERO; n]),
+            |(mut pr, mut buf), (d, count)| {
+                buf.iter_mut().for_each(|c| *c = Cdd::ZERO);
+                let nn = n as i64;
+                let mut l1 = 0.0;
+                for (k, &p) in d.probs.iter().enumerate() {
+                    let c = &mut buf[(d.lo + k as i64).rem_euclid(nn) as usize];
+                    c.re = c.re + Dd::from_f64(p);
+                    l1 += p;
+                }
+                // The loaded values are exact unless two grid points alias onto one slot (then
+                // one double-word addition each, inside the FFT's first-level budget).
+                dd::fft(&mut buf, &tw, false);
+                let ea = kappa * l1 * (1.0 + 1e-9);
+                let lp = LeafPower::new(*count, ea);
+                let t = *count;
+                let tf = t as f64;
+                let rho = ((tf - 1.0).max(0.0) * cmul).exp_m1() * (1.0 + 1e-6);
+                // |Â|^T ≥ e^{−575} (≈ 1e-250) wherever the power is formed.
+                let thr = if t <= 1 {
+                    0.0
+                } else {
+                    (-1150.0 / tf).exp() * (1.0 + 1e-6)
+                };
+                pr.total_t += tf;
+                pr.total_t_ea += tf * ea;
+                let mut live_end = 0;
+                for (k, &a) in buf.iter().enumerate().take(pr.live_end) {
+                    if pr.p[k] == 0.0 {
+                        continue;
+                    }
+                    let m = (a.norm_upper() + ea + 1e-150) * (1.0 + 4.0 * U);
+                    let p = pr.p[k] * (powr(m, t) * lp.infl_m) * (1.0 + 4.0 * U);
+                    if p.is_nan() || p < DEAD_DD {
+                        pr.p[k] = 0.0;
+                        pr.y[k] = Cdd::ZERO;
+                        continue;
+                    }
+                    let r = a.norm_f64() * (1.0 - 8.0 * U);
+                    let (b, s) = if t == 1 {
+                        (a, ea / m * (1.0 + 4.0 * U))
+                    } else if r * r < thr {
+                        (Cdd::ZERO, 1.0)
+                    } else {
+                        (a.powu(t), rho + tf * ea / m * (1.0 + 4.0 * U))
+                    };
+                    pr.y[k] = pr.y[k] * b;
+                    pr.s[k] += s + cmul;
+                    pr.p[k] = p;
+                    live_end = k + 1;
+                }
+                pr.live_end = live_end;
+                (pr, buf)
+            },
+        )
+        .map(|(pr, _)| pr)
+        .reduce(new, |mut a, b| {
+            let end = a.live_end.min(b.live_end);
+            for k in 0..end {
+                if a.p[k] == 0.0 {
+                    continue;
+                }
+                let p = a.p[k] * b.p[k] * (1.0 + 4.0 * U);
+                if p.is_nan() || p < DEAD_DD {
+                    a.p[k] = 0.0;
+                    a.y[k] = Cdd::ZERO;
+                    continue;
+                }
+                a.y[k] = a.y[k] * b.y[k];
+                a.s[k] += b.s[k] + cmul;
+                a.p[k] = p;
+            }
+            for k in end..a.live_end {
+                a.p[k] = 0.0;
+                a.y[k] = Cdd::ZERO;
+            }
+            a.live_end = end;
+            a.total_t += b.total_t;
+            a.total_t_ea += b.total_t_ea;
+            a
+        });
+    let growth = (3.0 * prod.total_t_ea + prod.total_t * (1e-12 + 10.0 * U))
+        .exp()
+        .min(f64::MAX);
+    let mut err2 = 0.0f64;
+    let mut y_l1 = 0.0f64;
+    let mut buf = vec![Cdd::ZERO; n];
+    for k in 0..prod.live_end.min(half) {
+        let mult = if k == 0 || 2 * k == n { 1.0 } else { 2.0 };
+        if prod.p[k] > 0.0 {
+            let e = prod.p[k] * (prod.s[k] * (1.0 + 1e-9)).exp_m1();
+            err2 += mult * e * e;
+        }
+        let y = prod.y[k];
+        y_l1 += mult * y.norm_upper();
+        buf[k] = y;
+        if k != 0 && 2 * k != n {
+            buf[n - k] = y.conj();
+        }
+    }
+    let err_l2 = err2.sqrt() * (1.0 + 1e-9) + (n as f64).sqrt() * 2.0 * DEAD_DD * growth;
+    dd::fft(&mut buf, &tw, true);
+    // c = Z/N: ‖Δc‖₁ ≤ ‖ΔY‖₂ (the inverse transform is √N × unitary) + κ‖Ŷ‖₁ (componentwise
+    // bound of the double-word inverse transform, summed over N outputs and divided by N).
+    let roundoff = (err_l2 + kappa * y_l1) * (1.0 + 1e-9) + 1e-300;
+    let scale = 1.0 / n as f64;
+    let nn = n as i64;
+    let probs: Vec<f64> = (lower..=upper)
+        .map(|kk| (buf[kk.rem_euclid(nn) as usize].re.scale(scale).to_f64()).max(0.0))
+        .collect();
+    ComposedDirection {
+        direction: dir,
+        h,
+        lo: lower,
+        probs,
+        inf_mass,
+        window_tail_mass,
+        roundoff,
+        // The rounding of each composed mass to a double (≤ u relative).
+        rel_inflation: rel_inflation + 2.0 * U,
+        fft_len: n,
+    }
+}
+
 /// Composes discrete PLDs with counts (Fourier domain, one common cyclic grid). See the module
 /// doc and docs/pld.md for the bounds added to δ.
 fn compose(
@@ -965,6 +1161,7 @@ fn compose(
     h: f64,
     tau_window: f64,
     max_points: usize,
+    precise: bool,
 ) -> Result<ComposedDirection> {
     let total_steps: f64 = parts.iter().map(|(_, c)| *c as f64).sum();
     // ∞-mass: 1 − Π(1 − ι_j)^{T_j}, rounded up.
@@ -1063,6 +1260,18 @@ fn compose(
     // Mass strictly above `upper` / strictly below `lower`.
     let window_tail_mass = (bound_hi(upper) + bound_lo(lower)) * (1.0 + 1e-9);
     let width = (upper - lower + 1) as usize;
+    if precise {
+        return Ok(fourier_precise(
+            parts,
+            dir,
+            h,
+            lower,
+            upper,
+            inf_mass,
+            window_tail_mass,
+            rel_inflation,
+        ));
+    }
     let n = fft_len(width);
     if timing {
         eprintln!("pld timing: chernoff {:?}", t_start.elapsed());
@@ -1337,6 +1546,11 @@ impl PldAccountant {
     }
 
     fn compose_leaves(&self, leaves: &[(Leaf, u64)]) -> Result<ComposedPld> {
+        self.compose_leaves_with(leaves, false)
+    }
+
+    /// [`Self::compose_leaves`], the Fourier product on double words when `precise`.
+    fn compose_leaves_with(&self, leaves: &[(Leaf, u64)], precise: bool) -> Result<ComposedPld> {
         self.check()?;
         let h = self.value_discretization_interval;
         // Merge equal leaves; drop zero counts.
@@ -1408,13 +1622,41 @@ impl PldAccountant {
                         t_disc.elapsed()
                     );
                 }
-                compose(&parts, dir, h, tau_window, self.max_grid_points)
+                compose(&parts, dir, h, tau_window, self.max_grid_points, precise)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(ComposedPld {
             directions,
             value_discretization_interval: h,
         })
+    }
+
+    /// The composition with the Fourier product on double words and a truncation budget of
+    /// δ/1000 (precise mode), or `None` when its cost (directions × distinct leaves × transform
+    /// length) would exceed [`PRECISE_BUDGET`]; `first` is the double-precision composition,
+    /// used for the estimate.
+    fn compose_precise(&self, leaves: &[(Leaf, u64)], delta: f64, first: &ComposedPld) -> Result<Option<ComposedPld>> {
+        let distinct = {
+            let mut v: Vec<Leaf> = Vec::new();
+            for &(l, c) in leaves {
+                if c > 0 && !v.contains(&l) {
+                    v.push(l);
+                }
+            }
+            v.len()
+        };
+        let width = first.directions.iter().map(|d| d.grid_points()).max().unwrap_or(0);
+        // The window widens a little with the smaller truncation budget.
+        let n = (width + width / 4 + 16).next_power_of_two();
+        let cost = first.directions.len() * distinct * n;
+        if cost > PRECISE_BUDGET || width == 0 {
+            return Ok(None);
+        }
+        let acc = PldAccountant {
+            tail_mass_truncation: self.tail_mass_truncation.min(delta * 1e-3),
+            ..self.clone()
+        };
+        acc.compose_leaves_with(leaves, true).map(Some)
     }
 
     /// Composes a list of (Poisson-subsampled) Gaussian steps (add/remove).
@@ -1499,6 +1741,37 @@ impl Accountant for PldAccountant {
         } else {
             let pld = self.compose_leaves(&ls)?;
             let eps = pld.epsilon(delta);
+            // Precise mode: where the double-precision floor (mostly the certified FFT
+            // round-off) is more than 1% of δ, compose again on double words with the
+            // truncation budget scaled to δ, when that costs at most PRECISE_BUDGET transform
+            // points; keep whichever certified ε is smaller (both are upper bounds).
+            if pld.delta_floor() > 0.01 * delta {
+                if let Some(precise) = self.compose_precise(&ls, delta, &pld)? {
+                    let e2 = precise.epsilon(delta);
+                    if e2 < eps {
+                        let r = AccountResult::new(AccountantKind::Pld, e2, delta, BoundKind::UpperBound);
+                        let r = precise
+                            .annotate(r, Some(delta))
+                            .with_detail("double_word_fft", 1.0)
+                            .with_detail("double_precision_epsilon", eps)
+                            .with_diagnostic(
+                                "pld_double_word",
+                                format!(
+                                    "the double-precision PLD's floor ({:e}: certified FFT round-off, \
+                                     window tails, infinite-loss mass) is more than 1% of δ = {delta:e}; \
+                                     ε was recomputed with the Fourier product on double words (round-off \
+                                     floor {:e}): ε = {e2} instead of {eps}",
+                                    pld.delta_floor(),
+                                    precise.delta_floor()
+                                ),
+                                false,
+                            );
+                        if e2.is_finite() {
+                            return Ok(r);
+                        }
+                    }
+                }
+            }
             let r = AccountResult::new(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
             let r = pld.annotate(r, Some(delta));
             if eps.is_finite() {
@@ -1536,8 +1809,24 @@ impl Accountant for PldAccountant {
     }
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
-        let pld = self.compose_event(event, neighbouring)?;
+        event.validate()?;
+        let ls = leaves(&event.components()?, neighbouring)?;
+        let pld = self.compose_leaves(&ls)?;
         let d = pld.delta(epsilon);
+        // As in ε(δ): where the double-precision floor is more than 1% of the answer, the
+        // double-word composition (truncation budget scaled to the answer) may certify less.
+        if pld.delta_floor() > 0.01 * d && d < 1.0 {
+            if let Some(precise) = self.compose_precise(&ls, d, &pld)? {
+                let d2 = precise.delta(epsilon);
+                if d2 < d {
+                    let r = AccountResult::new(AccountantKind::Pld, epsilon, d2, BoundKind::UpperBound);
+                    return Ok(precise
+                        .annotate(r, None)
+                        .with_detail("double_word_fft", 1.0)
+                        .with_detail("double_precision_delta", d));
+                }
+            }
+        }
         let r = AccountResult::new(AccountantKind::Pld, epsilon, d, BoundKind::UpperBound);
         Ok(pld.annotate(r, None))
     }

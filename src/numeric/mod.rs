@@ -4,6 +4,7 @@
 //! No linear algebra crate (nalgebra) is needed: the accountants work on 1-D grids and sums,
 //! and the models' matrix work goes through candle tensors.
 
+pub mod dd;
 pub mod roots;
 pub mod tol;
 
