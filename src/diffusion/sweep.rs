@@ -428,15 +428,22 @@ impl Block {
     /// Validates the block's points in grid order (outer error, as [`grid_configs`]), then
     /// computes what they share (inner error, as [`evaluate`]).
     fn new(
-        mut cfg: SamplerConfig,
+        cfg: SamplerConfig,
         inner: &[(f64, u64)],
         samples: &[u64],
         accountants: &[AccountantKind],
     ) -> Result<Result<Self>> {
-        for &(p, s) in inner {
-            cfg.privacy.subsample_rate = p;
-            cfg.privacy.samples = s;
-            cfg.validate().map_err(invalid_point)?;
+        // `validate` point by point in grid order, without repeating the checks that read
+        // neither p nor S: those before them fail at the first point, those after them at the
+        // first point whose p and S pass.
+        cfg.validate_before_rate().map_err(invalid_point)?;
+        for (i, &(p, s)) in inner.iter().enumerate() {
+            SamplerConfig::validate_rate(p)
+                .and_then(|()| SamplerConfig::validate_samples(s))
+                .map_err(invalid_point)?;
+            if i == 0 {
+                cfg.validate_after_samples().map_err(invalid_point)?;
+            }
         }
         Ok(Self::shared(cfg, samples, accountants))
     }
