@@ -348,6 +348,14 @@ impl SamplerConfig {
 
     /// Checks every value once; errors name the field as `table.key`.
     pub fn validate(&self) -> Result<()> {
+        self.validate_before_rate()?;
+        Self::validate_rate(self.privacy.subsample_rate)?;
+        Self::validate_samples(self.privacy.samples)?;
+        self.validate_after_samples()
+    }
+
+    /// The checks of [`Self::validate`] before the subsampling rate's (they read neither p nor S).
+    pub fn validate_before_rate(&self) -> Result<()> {
         if self.schema_version != SCHEMA_VERSION {
             return Err(Error::field(
                 "schema_version",
@@ -372,15 +380,32 @@ impl SamplerConfig {
                 format!("C must be a finite number > 0, got {}", p.clip_norm),
             );
         }
-        if !(p.subsample_rate > 0.0 && p.subsample_rate <= 1.0) {
-            return bad(
-                "subsample_rate",
-                format!("p must be in (0, 1], got {}", p.subsample_rate),
-            );
+        Ok(())
+    }
+
+    /// The subsampling-rate check of [`Self::validate`].
+    pub fn validate_rate(subsample_rate: f64) -> Result<()> {
+        if !(subsample_rate > 0.0 && subsample_rate <= 1.0) {
+            return Err(Error::field(
+                "privacy.subsample_rate",
+                format!("p must be in (0, 1], got {subsample_rate}"),
+            ));
         }
-        if p.samples == 0 {
-            return bad("samples", "S must be ≥ 1".into());
+        Ok(())
+    }
+
+    /// The sample-count check of [`Self::validate`].
+    pub fn validate_samples(samples: u64) -> Result<()> {
+        if samples == 0 {
+            return Err(Error::field("privacy.samples", "S must be ≥ 1"));
         }
+        Ok(())
+    }
+
+    /// The checks of [`Self::validate`] after the sample count's (they read neither p nor S).
+    pub fn validate_after_samples(&self) -> Result<()> {
+        let p = &self.privacy;
+        let bad = |f: &str, m: String| Err(Error::field(format!("privacy.{f}"), m));
         if !(p.switch_at >= 0.0 && p.switch_at < 1.0) {
             return bad("switch_at", format!("must be in [0, 1), got {}", p.switch_at));
         }

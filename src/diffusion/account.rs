@@ -73,8 +73,12 @@ impl Plan {
     }
 }
 
-/// Per-step μ_t with a constant density β (no allocation beyond the step list).
-pub fn constant_plan(cfg: &SamplerConfig, beta: f64) -> Result<Plan> {
+/// |D|, the steps, their roles and μ_t of every step.
+type ConstantSteps = (u64, Vec<Step>, Vec<StepRole>, Vec<f64>);
+
+/// |D|, the steps, their roles and μ_t = 2C/(β|D|)·√(2Δt/t³) of every step for a constant
+/// density β (§3.1, [`mu_constant`]).
+fn constant_steps(cfg: &SamplerConfig, beta: f64) -> Result<ConstantSteps> {
     let n = cfg
         .privacy
         .dataset_size
@@ -86,6 +90,31 @@ pub fn constant_plan(cfg: &SamplerConfig, beta: f64) -> Result<Plan> {
         .iter()
         .map(|s| mu_constant(cfg.privacy.clip_norm, beta, n as f64, s.t, s.dt))
         .collect();
+    Ok((n, steps, roles, mus))
+}
+
+/// What a sweep point needs of [`constant_plan`], without its step rows or description: |D|,
+/// μ_t = 2C/(β|D|)·√(2Δt/t³) of the private steps in generation order (§3.1, the same numbers
+/// as [`Plan::private_mus`]), and the smallest level > 0 any step reaches (∞ if none).
+pub fn constant_private_mus(cfg: &SamplerConfig, beta: f64) -> Result<(u64, Vec<f64>, f64)> {
+    let (n, steps, roles, mus) = constant_steps(cfg, beta)?;
+    let t_min = steps
+        .iter()
+        .map(|s| s.t_to)
+        .filter(|t| *t > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let private = mus
+        .iter()
+        .zip(&roles)
+        .filter(|(_, r)| **r == StepRole::Private)
+        .map(|(m, _)| *m)
+        .collect();
+    Ok((n, private, t_min))
+}
+
+/// Per-step μ_t with a constant density β (no allocation beyond the step list).
+pub fn constant_plan(cfg: &SamplerConfig, beta: f64) -> Result<Plan> {
+    let (n, steps, roles, mus) = constant_steps(cfg, beta)?;
     Ok(Plan {
         convention: cfg.convention,
         steps: rows(&steps, &roles, &mus, None),
@@ -363,9 +392,30 @@ pub fn gdp_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64)
 
 /// The same GDP line as [`gdp_line`] without building an event tree (sweeps): μ² summed as the
 /// GDP accountant sums it (count / noise_multiplier², DRS Cor. 3.3), ε from the exact μ-GDP curve.
+/// The number does not depend on p (the full-batch μ, DRS Cor. 3.3): it is
+/// [`gdp_full_batch_line_fast`] labelled for p by [`gdp_line_at_rate`], which sweeps call apart to
+/// compute ε once for every rate.
 pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> AccountantLine {
+    gdp_line_at_rate(gdp_full_batch_line_fast(mus, samples, delta), p)
+}
+
+/// A full-batch GDP line (p = 1) labelled for subsampling rate p: at p < 1 the full-batch μ is
+/// still a sound upper bound (subsampling only adds privacy: C_p(G_μ) ≥ G_μ), labelled as such,
+/// exactly as [`gdp_line`] labels it. Lines without a number are unchanged.
+pub fn gdp_line_at_rate(mut l: AccountantLine, p: f64) -> AccountantLine {
+    if p < 1.0 && l.epsilon.is_some() {
+        l.kind = Some(BoundKind::UpperBound);
+        l.note = Some("full-batch μ: ignores the amplification by subsampling".into());
+    }
+    l
+}
+
+/// [`gdp_line_fast`] at p = 1: μ = √(S·Σμ_t²) summed as the GDP accountant sums it
+/// (count / noise_multiplier², DRS Cor. 3.3), ε from the exact μ-GDP curve (DRS Cor. 2.13);
+/// invalid μ_t or δ go through the accountant ([`gdp_line`]) for its error.
+pub fn gdp_full_batch_line_fast(mus: &[f64], samples: u64, delta: f64) -> AccountantLine {
     if mus.iter().any(|m| !(m.is_finite() && *m > 0.0)) || crate::accountants::check_delta(delta).is_err() {
-        return gdp_line(mus, p, samples, Neighbouring::AddRemove, delta);
+        return gdp_line(mus, 1.0, samples, Neighbouring::AddRemove, delta);
     }
     let count = samples as f64;
     let mu = mus
@@ -379,16 +429,12 @@ pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> Accountan
     match crate::accountants::gdp::epsilon_for_delta(mu, delta) {
         Ok(eps) => AccountantLine {
             accountant: AccountantKind::Gdp,
-            kind: Some(if p < 1.0 {
-                BoundKind::UpperBound
-            } else {
-                BoundKind::Exact
-            }),
+            kind: Some(BoundKind::Exact),
             epsilon: Some(eps),
             delta,
             mu: Some(mu),
             status: "ok".into(),
-            note: (p < 1.0).then(|| "full-batch μ: ignores the amplification by subsampling".into()),
+            note: None,
             diagnostics: Vec::new(),
         },
         Err(e) => AccountantLine::unavailable(AccountantKind::Gdp, delta, e),
@@ -511,28 +557,43 @@ pub fn account_mus_with(
 ) -> Vec<AccountantLine> {
     accountants
         .iter()
-        .map(|&a| match a {
-            AccountantKind::Gdp if fast => gdp_line_fast(mus, p, samples, delta),
-            AccountantKind::Gdp => gdp_line(mus, p, samples, nb, delta),
-            AccountantKind::Clt if fast => clt_line_fast(mus, p, samples, nb, delta),
-            AccountantKind::Clt => clt_line(mus, p, samples, nb, delta),
-            other => {
-                let l = bound_line(other, mus, p, samples, nb, delta);
-                // A PLD that certified nothing answers with the RDP bound, labelled `rdp`: when an
-                // rdp row is shown anyway, the pld row says why it has no number instead.
-                if other == AccountantKind::Pld && l.accountant != other && accountants.contains(&l.accountant) {
-                    let why = l
-                        .diagnostics
-                        .iter()
-                        .find(|d| d.code == "pld_fallback_rdp")
-                        .map_or_else(|| "no finite ε certified".to_string(), |d| d.message.clone());
-                    AccountantLine::unavailable(other, delta, why)
-                } else {
-                    l
-                }
-            }
-        })
+        .map(|&a| account_one(a, mus, p, samples, nb, delta, accountants, fast))
         .collect()
+}
+
+/// The line of accountant `a`, one of the requested `accountants` (as [`account_mus_with`]).
+#[allow(clippy::too_many_arguments)]
+pub fn account_one(
+    a: AccountantKind,
+    mus: &[f64],
+    p: f64,
+    samples: u64,
+    nb: Neighbouring,
+    delta: f64,
+    accountants: &[AccountantKind],
+    fast: bool,
+) -> AccountantLine {
+    match a {
+        AccountantKind::Gdp if fast => gdp_line_fast(mus, p, samples, delta),
+        AccountantKind::Gdp => gdp_line(mus, p, samples, nb, delta),
+        AccountantKind::Clt if fast => clt_line_fast(mus, p, samples, nb, delta),
+        AccountantKind::Clt => clt_line(mus, p, samples, nb, delta),
+        other => {
+            let l = bound_line(other, mus, p, samples, nb, delta);
+            // A PLD that certified nothing answers with the RDP bound, labelled `rdp`: when an
+            // rdp row is shown anyway, the pld row says why it has no number instead.
+            if other == AccountantKind::Pld && l.accountant != other && accountants.contains(&l.accountant) {
+                let why = l
+                    .diagnostics
+                    .iter()
+                    .find(|d| d.code == "pld_fallback_rdp")
+                    .map_or_else(|| "no finite ε certified".to_string(), |d| d.message.clone());
+                AccountantLine::unavailable(other, delta, why)
+            } else {
+                l
+            }
+        }
+    }
 }
 
 /// μ at which one μ-GDP step is "nearly blatant": G_μ(δ) ≤ δ, i.e. μ ≥ 2Φ⁻¹(1 − δ): a test

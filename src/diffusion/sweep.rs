@@ -6,7 +6,10 @@
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::account::{account_mus_with, constant_plan, full_batch_mu, AccountantLine};
+use super::account::{
+    account_mus_with, account_one, constant_plan, constant_private_mus, full_batch_mu, gdp_full_batch_line_fast,
+    gdp_line_at_rate, AccountantLine,
+};
 use super::schedule::Schedule;
 use crate::accountants::AccountantKind;
 use crate::config::sampler::{DensityConfig, SamplerConfig};
@@ -179,6 +182,23 @@ pub fn set_t_min(cfg: &mut SamplerConfig, t_min: f64) -> Result<()> {
 
 /// The configurations of the grid, in order (the first axis of [`SweepSpec`] outermost).
 pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<SamplerConfig>> {
+    check_spec(cfg, spec)?;
+    let out = build_configs(cfg, spec, true)?;
+    for c in &out {
+        c.validate().map_err(invalid_point)?;
+    }
+    Ok(out)
+}
+
+/// A grid point's validation error, as the sweep reports it.
+fn invalid_point(e: Error) -> Error {
+    let f = e.field.clone().unwrap_or_default();
+    Error::input(format!("grid point invalid: {}", e.message)).with_field(f)
+}
+
+/// What the grid must satisfy before any point is built: a constant density, not both switch
+/// axes, and a size within the limits.
+fn check_spec(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<()> {
     if let DensityConfig::Trajectories(_) = cfg.density {
         return Err(Error::field(
             "density.kind",
@@ -207,6 +227,12 @@ pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<Sampler
         e.message = format!("the grid has {n} points: {}", e.message);
         e
     })?;
+    Ok(())
+}
+
+/// The configurations of the grid, in order, not validated; without the two innermost axes (p
+/// and S) unless `inner`.
+fn build_configs(cfg: &SamplerConfig, spec: &SweepSpec, inner: bool) -> Result<Vec<SamplerConfig>> {
     let mut axes: Vec<(&'static str, Vec<Setter>)> = Vec::new();
     fn axis<T: Copy + 'static>(
         axes: &mut Vec<(&'static str, Vec<Setter>)>,
@@ -255,14 +281,16 @@ pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<Sampler
         c.delta = v;
         Ok(())
     });
-    axis(&mut axes, "--subsample-rate", &spec.subsample_rate, |c, v| {
-        c.privacy.subsample_rate = v;
-        Ok(())
-    });
-    axis(&mut axes, "--samples", &spec.samples, |c, v| {
-        c.privacy.samples = v;
-        Ok(())
-    });
+    if inner {
+        axis(&mut axes, "--subsample-rate", &spec.subsample_rate, |c, v| {
+            c.privacy.subsample_rate = v;
+            Ok(())
+        });
+        axis(&mut axes, "--samples", &spec.samples, |c, v| {
+            c.privacy.samples = v;
+            Ok(())
+        });
+    }
     let mut out = vec![cfg.clone()];
     for (flag, setters) in &axes {
         let mut next = Vec::with_capacity(out.len() * setters.len());
@@ -274,12 +302,6 @@ pub fn grid_configs(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<Vec<Sampler
             }
         }
         out = next;
-    }
-    for c in &out {
-        c.validate().map_err(|e| {
-            let f = e.field.clone().unwrap_or_default();
-            Error::input(format!("grid point invalid: {}", e.message)).with_field(f)
-        })?;
     }
     Ok(out)
 }
@@ -294,7 +316,7 @@ fn set_levels(s: &mut Schedule, n: usize) {
     }
 }
 
-/// Evaluates one grid configuration.
+/// Evaluates one grid configuration (the reference for [`run`], which shares work between points).
 pub fn evaluate(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<SweepRow> {
     let beta = match cfg.density {
         DensityConfig::Constant { beta } => beta,
@@ -343,16 +365,158 @@ pub fn evaluate(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<S
 }
 
 /// Runs the sweep in parallel; `tick` is called once per finished point (progress bars).
+///
+/// The rows are those of [`evaluate`] on every configuration of [`grid_configs`], in grid order,
+/// with the same errors (an invalid point first, in grid order). The points of a block (one
+/// setting of every axis but the two innermost, p and S) share their schedule and μ_t, built
+/// once per block, and their GDP line, which does not depend on p (the full-batch μ, DRS
+/// Cor. 3.3): ε(δ) once per block and S. The other accountants run at every point.
 pub fn run(cfg: &SamplerConfig, spec: &SweepSpec, tick: &(dyn Fn() + Sync)) -> Result<Vec<SweepRow>> {
-    let configs = grid_configs(cfg, spec)?;
-    configs
-        .par_iter()
-        .map(|c| {
-            let r = evaluate(c, &spec.accountants);
+    check_spec(cfg, spec)?;
+    let outer = build_configs(cfg, spec, false)?;
+    let rates = if spec.subsample_rate.is_empty() {
+        vec![cfg.privacy.subsample_rate]
+    } else {
+        spec.subsample_rate.clone()
+    };
+    let samples = if spec.samples.is_empty() {
+        vec![cfg.privacy.samples]
+    } else {
+        spec.samples.clone()
+    };
+    let inner: Vec<(f64, u64)> = rates
+        .iter()
+        .flat_map(|&p| samples.iter().map(move |&s| (p, s)))
+        .collect();
+    let blocks: Vec<Result<Result<Block>>> = outer
+        .into_par_iter()
+        .map(|c| Block::new(c, &inner, &samples, &spec.accountants))
+        .collect();
+    // In grid order: an invalid point first, then a block that cannot be evaluated.
+    let blocks: Vec<Result<Block>> = blocks.into_iter().collect::<Result<_>>()?;
+    let blocks: Vec<Block> = blocks.into_iter().collect::<Result<_>>()?;
+    let per = inner.len();
+    Ok((0..blocks.len() * per)
+        .into_par_iter()
+        .map(|k| {
+            let (p, s) = inner[k % per];
+            let r = blocks[k / per].row(p, s, &spec.accountants);
             tick();
             r
         })
-        .collect()
+        .collect())
+}
+
+/// What the points of one block (one setting of every axis but p and S) share.
+struct Block {
+    /// The block's configuration (p and S are the points').
+    cfg: SamplerConfig,
+    /// |D|.
+    dataset_size: u64,
+    /// t_min of the rows.
+    t_min: f64,
+    /// μ_t of the private steps, in generation order.
+    mus: Vec<f64>,
+    /// Largest μ_t.
+    max_step_mu: f64,
+    /// Per distinct S: the full-batch μ (DRS Cor. 3.3) and, when gdp is requested, the GDP line
+    /// at p = 1.
+    per_samples: Vec<(u64, f64, Option<AccountantLine>)>,
+}
+
+impl Block {
+    /// Validates the block's points in grid order (outer error, as [`grid_configs`]), then
+    /// computes what they share (inner error, as [`evaluate`]).
+    fn new(
+        cfg: SamplerConfig,
+        inner: &[(f64, u64)],
+        samples: &[u64],
+        accountants: &[AccountantKind],
+    ) -> Result<Result<Self>> {
+        // `validate` point by point in grid order, without repeating the checks that read
+        // neither p nor S: those before them fail at the first point, those after them at the
+        // first point whose p and S pass.
+        cfg.validate_before_rate().map_err(invalid_point)?;
+        for (i, &(p, s)) in inner.iter().enumerate() {
+            SamplerConfig::validate_rate(p)
+                .and_then(|()| SamplerConfig::validate_samples(s))
+                .map_err(invalid_point)?;
+            if i == 0 {
+                cfg.validate_after_samples().map_err(invalid_point)?;
+            }
+        }
+        Ok(Self::shared(cfg, samples, accountants))
+    }
+
+    fn shared(cfg: SamplerConfig, samples: &[u64], accountants: &[AccountantKind]) -> Result<Self> {
+        let beta = match cfg.density {
+            DensityConfig::Constant { beta } => beta,
+            DensityConfig::Trajectories(_) => {
+                return Err(Error::field("density.kind", "sweep needs a constant density"))
+            }
+        };
+        let (dataset_size, mus, step_t_min) = constant_private_mus(&cfg, beta)?;
+        let t_min = match cfg.schedule {
+            // The value as given (the computed last level carries rounding noise).
+            Schedule::Edm { sigma_min, .. } => sigma_min,
+            _ => step_t_min,
+        };
+        let gdp = !mus.is_empty() && accountants.contains(&AccountantKind::Gdp);
+        let mut per_samples: Vec<(u64, f64, Option<AccountantLine>)> = Vec::with_capacity(samples.len());
+        for &s in samples {
+            if per_samples.iter().all(|x| x.0 != s) {
+                let line = gdp.then(|| gdp_full_batch_line_fast(&mus, s, cfg.delta));
+                per_samples.push((s, full_batch_mu(&mus, s), line));
+            }
+        }
+        Ok(Block {
+            dataset_size,
+            t_min,
+            max_step_mu: mus.iter().cloned().fold(0.0, f64::max),
+            mus,
+            per_samples,
+            cfg,
+        })
+    }
+
+    /// The row of point (p, S): what [`evaluate`] gives for the block's configuration at p and S.
+    fn row(&self, p: f64, s: u64, accountants: &[AccountantKind]) -> SweepRow {
+        let cfg = &self.cfg;
+        let memo = self.per_samples.iter().find(|x| x.0 == s);
+        let lines = if self.mus.is_empty() {
+            Vec::new()
+        } else {
+            accountants
+                .iter()
+                .map(|&a| match (a, memo.and_then(|m| m.2.as_ref())) {
+                    (AccountantKind::Gdp, Some(l)) => gdp_line_at_rate(l.clone(), p),
+                    _ => account_one(a, &self.mus, p, s, cfg.neighbouring, cfg.delta, accountants, true),
+                })
+                .collect()
+        };
+        SweepRow {
+            sigma_min: match cfg.schedule {
+                Schedule::Edm { sigma_min, .. } => Some(sigma_min),
+                _ => None,
+            },
+            t_min: self.t_min,
+            levels: cfg.schedule.n_levels(),
+            stop_step: cfg.privacy.stop_step,
+            stop_at: cfg.privacy.stop_at,
+            switch_step: cfg.privacy.switch_step,
+            switch_at: cfg.privacy.switch_at,
+            clip_norm: cfg.privacy.clip_norm,
+            dataset_size: self.dataset_size,
+            delta: cfg.delta,
+            subsample_rate: p,
+            samples: s,
+            convention: cfg.convention.as_str().into(),
+            private_steps: self.mus.len(),
+            max_step_mu: self.max_step_mu,
+            full_batch_mu: memo.map_or_else(|| full_batch_mu(&self.mus, s), |m| m.1),
+            accountants: lines,
+        }
+    }
 }
 
 /// CSV of sweep rows: one row per grid point, per accountant `<a>_epsilon`, `<a>_kind`,

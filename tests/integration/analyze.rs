@@ -516,6 +516,68 @@ fn sweep_is_deterministic() {
     assert!(s.lines().nth(1).unwrap().contains(",exact,"));
 }
 
+/// `sweep::run` shares the schedule, μ_t and the GDP ε(δ) between the points of a block (every
+/// axis but p and S): its rows must equal the per-point evaluation of every grid configuration
+/// (a memo keyed wrongly, by rate, S, δ or clip, gives a different row), the GDP line must equal
+/// `analyze`'s at the same settings, and a bad grid must give `grid_configs`' error.
+#[test]
+fn sweep_rows_equal_per_point_evaluation_and_analyze() {
+    use dpaudit::diffusion::sweep::{self, SweepSpec};
+    let cfg = SamplerConfig::load(root().join("fixtures/samplers/edm-cifar10-subsampled.toml")).unwrap();
+    let spec = SweepSpec {
+        sigma_min: sweep::grid(0.002, 5.0, 7, true).unwrap(),
+        clip_norm: vec![0.5, 1.0],
+        delta: vec![1e-5, 1e-7],
+        subsample_rate: vec![1.0, 0.5, 0.01],
+        samples: vec![1, 10, 1],
+        accountants: vec![AccountantKind::Gdp, AccountantKind::Clt],
+        ..Default::default()
+    };
+    let rows = sweep::run(&cfg, &spec, &|| {}).unwrap();
+    let configs = sweep::grid_configs(&cfg, &spec).unwrap();
+    assert_eq!(rows.len(), 7 * 2 * 2 * 3 * 3);
+    assert_eq!(rows.len(), configs.len());
+    for (i, (r, c)) in rows.iter().zip(&configs).enumerate() {
+        assert_eq!(*r, sweep::evaluate(c, &spec.accountants).unwrap(), "row {i}");
+    }
+    for k in [0, 4, 13, 40, 77, 100, 251] {
+        let a = dpaudit::diffusion::analyze(&configs[k], &[AccountantKind::Gdp]).unwrap();
+        let (want, got) = (&a.accountants[0], &rows[k].accountants[0]);
+        assert_eq!(got.accountant, AccountantKind::Gdp);
+        assert_eq!(
+            (got.kind, &got.status, &got.note),
+            (want.kind, &want.status, &want.note),
+            "row {k}"
+        );
+        assert!(rel(got.epsilon.unwrap(), want.epsilon.unwrap()) < 1e-12, "row {k}");
+        assert!(rel(got.mu.unwrap(), want.mu.unwrap()) < 1e-12, "row {k}");
+        assert_eq!(rows[k].private_steps, a.private_steps);
+        assert_eq!(rows[k].subsample_rate, a.subsample_rate);
+        assert_eq!(rows[k].samples, a.samples);
+        assert!(rel(rows[k].full_batch_mu, a.full_batch_mu) < 1e-12, "row {k}");
+    }
+    // Errors: an invalid rate or S (inner axes), δ (outer) or t_min, as grid_configs reports them.
+    for bad in [
+        SweepSpec {
+            subsample_rate: vec![0.5, 0.0],
+            ..spec.clone()
+        },
+        SweepSpec {
+            samples: vec![1, 0],
+            delta: vec![1e-5, 2.0],
+            ..spec.clone()
+        },
+        SweepSpec {
+            sigma_min: vec![0.1, -1.0],
+            subsample_rate: vec![2.0],
+            ..spec.clone()
+        },
+    ] {
+        let want = sweep::grid_configs(&cfg, &bad).unwrap_err().to_string();
+        assert_eq!(sweep::run(&cfg, &bad, &|| {}).unwrap_err().to_string(), want);
+    }
+}
+
 fn write_cfg(dir: &tempfile::TempDir, name: &str, body: &str) -> String {
     let p = dir.path().join(name);
     std::fs::write(&p, body).unwrap();
