@@ -864,36 +864,16 @@ impl LeafPower {
     }
 }
 
-/// x^e by repeated squaring (e ≥ 1).
+/// Â^e by repeated squaring (relative error ≤ (1 + CMUL_ERR)^{e−1} − 1).
 #[inline]
-fn powc(mut base: Complex64, mut e: u64) -> Complex64 {
-    let mut acc = Complex64::new(1.0, 0.0);
-    loop {
-        if e & 1 == 1 {
-            acc *= base;
-        }
-        e >>= 1;
-        if e == 0 {
-            return acc;
-        }
-        base *= base;
-    }
+fn powc(base: Complex64, e: u64) -> Complex64 {
+    numeric::pow_by_squaring(base, e, Complex64::new(1.0, 0.0))
 }
 
-/// m^e by repeated squaring (e ≥ 1); relative error ≤ (1 + u)^{e−1} − 1.
+/// m^e by repeated squaring (relative error ≤ (1 + u)^{e−1} − 1).
 #[inline]
-fn powr(mut base: f64, mut e: u64) -> f64 {
-    let mut acc = 1.0;
-    loop {
-        if e & 1 == 1 {
-            acc *= base;
-        }
-        e >>= 1;
-        if e == 0 {
-            return acc;
-        }
-        base *= base;
-    }
+fn powr(base: f64, e: u64) -> f64 {
+    numeric::pow_by_squaring(base, e, 1.0)
 }
 
 /// A running product of transforms raised to their counts, on the half spectrum, with a

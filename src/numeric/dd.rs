@@ -166,18 +166,8 @@ impl Cdd {
     }
     /// z^e by repeated squaring (e ≥ 1): relative error ≤ (1 + CMUL_ERR)^{e−1} − 1 (by induction,
     /// as for doubles).
-    pub fn powu(mut self, mut e: u64) -> Cdd {
-        let mut acc = Cdd::ONE;
-        loop {
-            if e & 1 == 1 {
-                acc = acc * self;
-            }
-            e >>= 1;
-            if e == 0 {
-                return acc;
-            }
-            self = self * self;
-        }
+    pub fn powu(self, e: u64) -> Cdd {
+        super::pow_by_squaring(self, e, Cdd::ONE)
     }
 }
 

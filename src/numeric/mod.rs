@@ -15,6 +15,24 @@ use std::f64::consts::{LN_2, SQRT_2};
 /// ln(sqrt(2π)).
 pub const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 
+/// x^e by repeated squaring (e ≥ 1), for any multiplication. When each product of two computed
+/// powers rounds with relative error ≤ ε, the result carries (1 + ε)^{e−1} (by induction: a^i(1+θ_i)
+/// times a^j(1+θ_j) with one rounding gives (1+ε)^{i+j−1}; the first product, by `one`, is exact).
+#[inline]
+pub fn pow_by_squaring<T: Copy + std::ops::Mul<Output = T>>(mut base: T, mut e: u64, one: T) -> T {
+    let mut acc = one;
+    loop {
+        if e & 1 == 1 {
+            acc = acc * base;
+        }
+        e >>= 1;
+        if e == 0 {
+            return acc;
+        }
+        base = base * base;
+    }
+}
+
 /// Standard normal CDF Φ(x), through libm's `erfc` (≈1e-16 relative; statrs' `cdf` is only
 /// ≈1e-10 relative, see ../shared/STACK.md).
 pub fn ndtr(x: f64) -> f64 {
