@@ -31,11 +31,12 @@ use crate::numeric::dd::{self, Cdd, Dd};
 
 /// Unit round-off of f64.
 const U: f64 = f64::EPSILON / 2.0;
-/// Relative error allowed for one normal tail value Φ(z) or Φ̄(z) from libm's `erfc` at an exact
-/// argument, plus the arithmetic around it: measured ≤ 3.1u for the `libm` crate's `erfc` (and
-/// ≤ 3.8u for glibc's) against 120-bit mpmath on 50,000 points in [−3, 39]; 8u leaves a margin.
-/// The rounding of the argument (x/σ, then /√2 inside [`numeric::ndtr_sf`]) adds ≈ 2.5u·z²
-/// (d ln Φ̄(z)/d ln z ≈ −z² in the tail): see [`tail_rel_err`].
+/// Relative error allowed for one normal tail value Φ(z) or Φ̄(z) from
+/// [`numeric::normal_tail::upper_tail`] at an exact argument, plus the arithmetic around it:
+/// measured ≤ 3.43u against 50-digit mpmath on 10⁶ points of [0, 37) (a priori ≤ 9u with the
+/// platform `exp` within 1 ulp; see that module); 8u leaves a margin over the measurement.
+/// The rounding of the argument x/σ adds ≈ u·z² (d ln Φ̄(z)/d ln z ≈ −z² in the tail):
+/// see [`tail_rel_err`].
 const TAIL_REL_ERR: f64 = 8.0 * U;
 
 /// Relative error bound of a tail value at z, including the rounding of its argument:
@@ -159,8 +160,9 @@ impl DiscretePld {
     }
 }
 
-/// Standard normal tails at a point: (Φ(z), Φ̄(z)), the smaller one computed directly through
-/// `erfc` (full relative accuracy), the larger one as 1 − the smaller.
+/// Standard normal tails at a point: (Φ(z), Φ̄(z)), the smaller one computed directly
+/// ([`numeric::normal_tail::upper_tail`], full relative accuracy), the larger one as 1 − the
+/// smaller.
 #[derive(Debug, Clone, Copy)]
 struct Tails {
     z: f64,
@@ -188,21 +190,26 @@ impl Tails {
                 rel: 0.0,
             };
         }
+        // Beyond the table the tail is only bounded (≤ 1e-299): relative error 1 covers [0, 2·bound].
+        let small = numeric::normal_tail::upper_tail(z.abs());
+        let rel = if z.abs() < numeric::normal_tail::Z_MAX {
+            tail_rel_err(z)
+        } else {
+            1.0
+        };
         if z >= 0.0 {
-            let upper = numeric::ndtr_sf(z);
             Tails {
                 z,
-                lower: 1.0 - upper,
-                upper,
-                rel: tail_rel_err(z),
+                lower: 1.0 - small,
+                upper: small,
+                rel,
             }
         } else {
-            let lower = numeric::ndtr(z);
             Tails {
                 z,
-                lower,
-                upper: 1.0 - lower,
-                rel: tail_rel_err(z),
+                lower: small,
+                upper: 1.0 - small,
+                rel,
             }
         }
     }
@@ -279,59 +286,25 @@ struct DiscretiseScratch {
     t0: Vec<Tails>,
     t1: Vec<Tails>,
     surv: Vec<f64>,
+    probs: Vec<f64>,
 }
 
 thread_local! {
     static DISCRETISE_SCRATCH: std::cell::Cell<DiscretiseScratch> = std::cell::Cell::new(DiscretiseScratch::default());
 }
 
-/// Pessimistic connect-the-dots PLD of Poisson(q) ∘ Gaussian(σ) (sensitivity 1) in one
-/// direction, on the grid i·h.
-///
-/// Remove: P = (1−q)N(0,σ²) + qN(1,σ²), Q = N(0,σ²), loss ℓ(x) = ln(1−q+q e^{(2x−1)/2σ²}),
-/// increasing in x. Add: P = N(0,σ²), Q = the mixture, loss −ℓ(x), decreasing in x.
-/// (Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy via characteristic
-/// function", Prop. 8: these pairs dominate the subsampled Gaussian under add/remove.)
-///
-/// Each interval (ε_i, ε_{i+1}] of true losses is split between its two grid ends so that both
-/// its P- and Q-mass are kept (Doroshenko et al. 2022, Alg. 1): the upper end gets P-mass
-/// num/(1 − e^{−h}) with num = P(I) − e^{ε_i}Q(I) ≥ 0. We round num up by its error bound and the
-/// tail mass above every grid boundary up by its error bound ([`tail_rel_err`]), so mass only moves to higher
-/// losses (see docs/pld.md, "Soundness").
-fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points: usize) -> Result<DiscretePld> {
+/// Grid of [`gaussian_pld`]: first index and number of points (all but `tau` of the P-mass on
+/// each side, losses up to [`MAX_STEP_LOSS`], at most `max_points`).
+fn gaussian_range(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points: usize) -> Result<(i64, usize)> {
     let s2 = sigma * sigma;
     let q = q.min(1.0);
     // Range of x holding all but `tau` of the P-mass on each side.
     let z_tau = numeric::ndtri_sf(tau);
-    // Privacy loss and boundaries as functions of x.
     let loss_x = |x: f64| -> f64 {
         let y = (2.0 * x - 1.0) / (2.0 * s2);
         match dir {
             Direction::Remove => log_mix(q, y),
             Direction::Add => -log_mix(q, y),
-        }
-    };
-    // x where the loss crosses ε: for Remove the loss exceeds ε iff x > xb; for Add iff x < xb.
-    // (`inv_log_mix` with ln q computed once.)
-    let ln_q = q.ln();
-    let inv = |e: f64| -> f64 {
-        if q >= 1.0 {
-            e
-        } else if e > 0.0 {
-            e + (-(1.0 - q) * (-e).exp()).ln_1p() - ln_q
-        } else {
-            let t = e.exp_m1() / q;
-            if t <= -1.0 {
-                f64::NEG_INFINITY
-            } else {
-                t.ln_1p()
-            }
-        }
-    };
-    let x_bound = |eps: f64| -> f64 {
-        match dir {
-            Direction::Remove => s2 * inv(eps) + 0.5,
-            Direction::Add => s2 * inv(-eps) + 0.5,
         }
     };
     let (eps_lo, eps_hi) = match dir {
@@ -342,7 +315,10 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
             } else {
                 -(-q).ln_1p()
             };
-            (loss_x(sigma * z_tau), top)
+            // Low losses are high x; where Φ̄(x/σ) < 1e-16 the survival S = 1 − Φ̄ rounded up by
+            // its error bound (≥ 8u) is 1, so grid points there would carry no mass (the mass
+            // below lands on the first point either way).
+            (loss_x(sigma * numeric::ndtri_sf(tau.max(1e-16))), top)
         }
     };
     if !(eps_lo.is_finite() && eps_hi.is_finite()) {
@@ -358,18 +334,127 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
     if (i_hi - i_lo + 1) as usize > max_points {
         i_hi = i_lo + max_points as i64 - 1;
     }
-    let n = (i_hi - i_lo + 1) as usize;
+    Ok((i_lo, (i_hi - i_lo + 1) as usize))
+}
+
+/// e^{ε_i}, e^{ε_i} − 1, e^{−ε_i} and e^{−ε_i} − 1 at the grid values ε_i = i·h of an index
+/// range, shared by every leaf of a composition (the same calls a leaf would make, so the
+/// discretisation is bit-for-bit the same with or without the table; outside the range the
+/// values are computed on the spot).
+struct GridExp {
+    h: f64,
+    i0: i64,
+    v: Vec<[f64; 4]>,
+}
+
+impl GridExp {
+    /// Largest table (entries of 32 bytes).
+    const MAX_LEN: usize = 1 << 20;
+
+    fn values(eps: f64) -> [f64; 4] {
+        [eps.exp(), eps.exp_m1(), (-eps).exp(), (-eps).exp_m1()]
+    }
+
+    fn new(h: f64, i_lo: i64, n: usize) -> GridExp {
+        let n = if n > Self::MAX_LEN { 0 } else { n };
+        GridExp {
+            h,
+            i0: i_lo,
+            v: (0..n).map(|k| Self::values((i_lo + k as i64) as f64 * h)).collect(),
+        }
+    }
+
+    fn empty(h: f64) -> GridExp {
+        GridExp {
+            h,
+            i0: 0,
+            v: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn at(&self, i: i64) -> [f64; 4] {
+        match usize::try_from(i - self.i0) {
+            Ok(k) if k < self.v.len() => self.v[k],
+            _ => Self::values(i as f64 * self.h),
+        }
+    }
+}
+
+/// Pessimistic connect-the-dots PLD of Poisson(q) ∘ Gaussian(σ) (sensitivity 1) in one
+/// direction, on the grid i·h.
+///
+/// Remove: P = (1−q)N(0,σ²) + qN(1,σ²), Q = N(0,σ²), loss ℓ(x) = ln(1−q+q e^{(2x−1)/2σ²}),
+/// increasing in x. Add: P = N(0,σ²), Q = the mixture, loss −ℓ(x), decreasing in x.
+/// (Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy via characteristic
+/// function", Prop. 8: these pairs dominate the subsampled Gaussian under add/remove.)
+///
+/// Each interval (ε_i, ε_{i+1}] of true losses is split between its two grid ends so that both
+/// its P- and Q-mass are kept (Doroshenko et al. 2022, Alg. 1): the upper end gets P-mass
+/// num/(1 − e^{−h}) with num = P(I) − e^{ε_i}Q(I) ≥ 0. We round num up by its error bound and the
+/// tail mass above every grid boundary up by its error bound ([`tail_rel_err`]), so mass only moves to higher
+/// losses (see docs/pld.md, "Soundness").
+fn gaussian_pld(
+    q: f64,
+    sigma: f64,
+    dir: Direction,
+    h: f64,
+    tau: f64,
+    max_points: usize,
+    grid: &GridExp,
+) -> Result<DiscretePld> {
+    debug_assert_eq!(grid.h, h);
+    let (i_lo, n) = gaussian_range(q, sigma, dir, h, tau, max_points)?;
+    let s2 = sigma * sigma;
+    let q = q.min(1.0);
+    let ln_q = q.ln();
+    // x_b(ε_i): for Remove the loss exceeds ε_i iff x > x_b, for Add iff x < x_b; x_b = σ²·y + ½
+    // with y = `inv_log_mix`(q, ±ε_i), its exponentials taken from the shared table.
+    let x_bound = |i: i64| -> f64 {
+        if q >= 1.0 {
+            let e = match dir {
+                Direction::Remove => i as f64 * h,
+                Direction::Add => -(i as f64 * h),
+            };
+            return s2 * e + 0.5;
+        }
+        let [exp_p, expm1_p, exp_n, expm1_n] = grid.at(i);
+        let eps = i as f64 * h;
+        // (e, e^{−e}, e^e − 1) for e = ±ε_i.
+        let (e, exp_neg_e, expm1_e) = match dir {
+            Direction::Remove => (eps, exp_n, expm1_p),
+            Direction::Add => (-eps, exp_p, expm1_n),
+        };
+        let y = if e > 0.0 {
+            e + (-(1.0 - q) * exp_neg_e).ln_1p() - ln_q
+        } else {
+            let t = expm1_e / q;
+            if t <= -1.0 {
+                f64::NEG_INFINITY
+            } else {
+                t.ln_1p()
+            }
+        };
+        s2 * y + 0.5
+    };
 
     // Tails of N(0,σ²) and N(1,σ²) at every boundary x_b(ε_i), in per-thread buffers reused
     // from leaf to leaf (large short-lived allocations cost page faults and TLB flushes).
     let mut scratch = DISCRETISE_SCRATCH.with(|c| c.take());
-    let (xs, t0, t1, surv) = (&mut scratch.xs, &mut scratch.t0, &mut scratch.t1, &mut scratch.surv);
+    let (xs, t0, t1, surv, probs) = (
+        &mut scratch.xs,
+        &mut scratch.t0,
+        &mut scratch.t1,
+        &mut scratch.surv,
+        &mut scratch.probs,
+    );
     xs.clear();
     t0.clear();
     t1.clear();
     surv.clear();
+    probs.clear();
     // Separate passes (each a tight loop of one kind of call) run faster than one fused loop.
-    xs.extend((0..n).map(|k| x_bound((i_lo + k as i64) as f64 * h)));
+    xs.extend((0..n).map(|k| x_bound(i_lo + k as i64)));
     t0.extend(xs.iter().map(|&x| Tails::at(x / sigma)));
     t1.extend(xs.iter().map(|&x| Tails::at((x - 1.0) / sigma)));
 
@@ -391,7 +476,9 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         }
     }
 
-    let mut probs = vec![0.0f64; n];
+    // (A reused buffer: a fresh zeroed one is read before it is written, and every such page
+    // costs a copy-on-write fault with a TLB shootdown across the worker threads.)
+    probs.resize(n, 0.0);
     // Lower tail (loss ≤ ε_lo): all of it at ε_lo (rounding up).
     probs[0] += 1.0 - surv[0];
     let one_minus_e_neg_h = -(-h).exp_m1();
@@ -400,7 +487,7 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         if p_int == 0.0 {
             continue;
         }
-        let eps_k = (i_lo + k as i64) as f64 * h;
+        let [exp_k, expm1_k, _, _] = grid.at(i_lo + k as i64);
         // Interval masses of N(0,σ²) and N(1,σ²) over the x-interval of (ε_k, ε_{k+1}].
         let (m0, e0, m1, e1) = match dir {
             Direction::Remove => {
@@ -417,13 +504,13 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         // num = P(I) − e^{ε_k} Q(I), written without the (1 − q) terms that cancel.
         let (num, err) = match dir {
             Direction::Remove => {
-                let c = eps_k.exp_m1() + q;
+                let c = expm1_k + q;
                 let num = q * m1 - c * m0;
                 (num, q * e1 + c.abs() * e0 + 4.0 * U * (q * m1 + c.abs() * m0))
             }
             Direction::Add => {
-                let d = q - (1.0 - q) * eps_k.exp_m1();
-                let g = q * eps_k.exp();
+                let d = q - (1.0 - q) * expm1_k;
+                let g = q * exp_k;
                 let num = d * m0 - g * m1;
                 (num, d.abs() * e0 + g * e1 + 4.0 * U * (d.abs() * m0 + g * m1))
             }
@@ -433,12 +520,24 @@ fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points
         probs[k] += p_int - up;
     }
     let inf_mass = surv[n - 1];
+    // The result holds only the support (no zeros at either end), copied out of the buffer.
+    let d = match probs.iter().position(|&p| p > 0.0) {
+        None => DiscretePld {
+            lo: 0,
+            probs: Vec::new(),
+            inf_mass,
+        },
+        Some(f) => {
+            let last = probs.iter().rposition(|&p| p > 0.0).unwrap();
+            DiscretePld {
+                lo: i_lo + f as i64,
+                probs: probs[f..=last].to_vec(),
+                inf_mass,
+            }
+        }
+    };
     DISCRETISE_SCRATCH.with(|c| c.set(scratch));
-    Ok(trim(DiscretePld {
-        lo: i_lo,
-        probs,
-        inf_mass,
-    }))
+    Ok(d)
 }
 
 /// x where the replace-one privacy loss ℓ(x) (see [`replace_one_pld`]) equals ε: with
@@ -719,9 +818,9 @@ impl ComposedPld {
 }
 
 /// Plans one leaf in one direction.
-fn leaf_pld(leaf: Leaf, dir: Direction, h: f64, tau: f64, max_points: usize) -> Result<DiscretePld> {
+fn leaf_pld(leaf: Leaf, dir: Direction, h: f64, tau: f64, max_points: usize, grid: &GridExp) -> Result<DiscretePld> {
     match leaf {
-        Leaf::SampledGaussian { q, sigma } => gaussian_pld(q, sigma, dir, h, tau, max_points),
+        Leaf::SampledGaussian { q, sigma } => gaussian_pld(q, sigma, dir, h, tau, max_points, grid),
         Leaf::EpsilonDelta { epsilon, delta } => Ok(epsilon_delta_pld(epsilon, delta, h)),
         Leaf::ReplaceGaussian { q, sigma } => replace_one_pld(q, sigma, h, tau, max_points),
     }
@@ -1250,6 +1349,12 @@ fn compose(
     // Mass strictly above `upper` / strictly below `lower`.
     let window_tail_mass = (bound_hi(upper) + bound_lo(lower)) * (1.0 + 1e-9);
     let width = (upper - lower + 1) as usize;
+    if timing {
+        eprintln!(
+            "pld timing: window [{lower}, {upper}] width {width} fft {} (trivial [{triv_lo}, {triv_hi}])",
+            fft_len(width)
+        );
+    }
     if precise {
         return Ok(fourier_precise(
             parts,
@@ -1595,12 +1700,30 @@ impl PldAccountant {
         };
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
             let t_disc = std::time::Instant::now();
+            let leaf_dir = |l: Leaf| if l.symmetric() { Direction::Remove } else { dir };
+            // One table of the grid's exponentials for all subsampled-Gaussian leaves (with
+            // more than a few of them): their index ranges overlap almost entirely.
+            let grid = {
+                let ranges: Vec<(i64, usize)> = merged
+                    .iter()
+                    .filter_map(|&(l, _)| match l {
+                        Leaf::SampledGaussian { q, sigma } => {
+                            gaussian_range(q, sigma, leaf_dir(l), h, tau_step, self.max_grid_points).ok()
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                if ranges.len() >= 4 {
+                    let lo = ranges.iter().map(|r| r.0).min().unwrap();
+                    let hi = ranges.iter().map(|r| r.0 + r.1 as i64).max().unwrap();
+                    GridExp::new(h, lo, (hi - lo) as usize)
+                } else {
+                    GridExp::empty(h)
+                }
+            };
             let parts = merged
                 .par_iter()
-                .map(|&(l, c)| {
-                    let d = if l.symmetric() { Direction::Remove } else { dir };
-                    leaf_pld(l, d, h, tau_step, self.max_grid_points).map(|p| (p, c))
-                })
+                .map(|&(l, c)| leaf_pld(l, leaf_dir(l), h, tau_step, self.max_grid_points, &grid).map(|p| (p, c)))
                 .collect::<Result<Vec<_>>>()?;
             if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
                 let pts: usize = parts.iter().map(|(p, _)| p.probs.len()).sum();
@@ -1855,7 +1978,16 @@ mod tests {
 
     #[test]
     fn batched_cumulants_equal_one_exponent_at_a_time() {
-        let d = gaussian_pld(0.01, 0.9, Direction::Remove, 1e-3, 1e-15, 1 << 20).unwrap();
+        let d = gaussian_pld(
+            0.01,
+            0.9,
+            Direction::Remove,
+            1e-3,
+            1e-15,
+            1 << 20,
+            &GridExp::empty(1e-3),
+        )
+        .unwrap();
         for sign in [1.0, -1.0] {
             let ts: Vec<f64> = (0..MGF_BATCH).map(|i| sign * 1e-5 * 2f64.powi(i as i32)).collect();
             let mut out = vec![0.0; ts.len()];
@@ -1889,7 +2021,7 @@ mod tests {
         // The discretised PLD is a probability distribution and E_P[e^{−ℓ}] ≤ 1 (validity).
         for &(q, s) in &[(1.0, 1.0), (0.01, 0.8), (0.3, 2.0)] {
             for dir in [Direction::Remove, Direction::Add] {
-                let d = gaussian_pld(q, s, dir, 1e-4, 1e-16, 1 << 22).unwrap();
+                let d = gaussian_pld(q, s, dir, 1e-4, 1e-16, 1 << 22, &GridExp::empty(1e-4)).unwrap();
                 let total: f64 = d.probs.iter().sum::<f64>() + d.inf_mass;
                 assert!((total - 1.0).abs() < 1e-12, "q={q} σ={s} {dir:?}: total {total}");
                 let qmass: f64 = d
