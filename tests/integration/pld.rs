@@ -564,3 +564,46 @@ fn tiny_delta_is_certified_by_the_pld_within_1pct_of_dp_accounting() {
     // T = 9375 and σ = 1, T = 46875); no sound accountant can match it there.
     assert_eq!(below_lower, 2);
 }
+
+#[test]
+fn calibration_at_tiny_delta_is_within_1pct_of_dp_accounting_and_above_prv_lower() {
+    // fixtures/reference/pld_calibration.csv (scripts/gen_calibration_reference.py):
+    // dp_accounting 0.6.0's calibrate_dp_mechanism with its pessimistic PLD (grid 1e-4) and the
+    // noise multiplier at which prv_accountant 0.2.0's *lower* ε bound meets the target (no
+    // sound calibration may go below it), for DP-SGD settings of dpsgd.csv at δ = 1e-10 and 1e-12.
+    use dpaudit::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
+    let rows = read_csv("fixtures/reference/pld_calibration.csv");
+    assert!(rows.len() >= 6);
+    let acc = PldAccountant::default();
+    for r in &rows {
+        let (q, t) = (f(r, "q"), f(r, "steps_T") as u64);
+        let (target, delta) = (f(r, "target_epsilon"), f(r, "delta"));
+        let fixed = DpSgd {
+            noise_multiplier: 1.0,
+            sample_rate: q,
+            steps: t,
+        };
+        let c = calibrate_dpsgd(
+            &acc,
+            Neighbouring::AddRemove,
+            delta,
+            target,
+            fixed,
+            SolveFor::NoiseMultiplier,
+        )
+        .unwrap();
+        let (dp, low) = (f(r, "sigma_dpacc_pld"), f(r, "sigma_prv_low"));
+        assert_eq!(c.result.accountant, AccountantKind::Pld, "q={q} T={t} δ={delta}");
+        assert!(c.result.epsilon <= target);
+        assert!(
+            c.value > low,
+            "q={q} T={t} ε={target} δ={delta}: σ = {} at or below PRV's lower-bound σ {low}",
+            c.value
+        );
+        assert!(
+            c.value <= 1.01 * dp,
+            "q={q} T={t} ε={target} δ={delta}: σ = {} vs dp_accounting {dp}",
+            c.value
+        );
+    }
+}
