@@ -309,17 +309,15 @@ fn gaussian_range(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_poin
     };
     let (eps_lo, eps_hi) = match dir {
         Direction::Remove => (loss_x(-sigma * z_tau), loss_x(1.0 + sigma * z_tau)),
-        Direction::Add => {
-            let top = if q >= 1.0 {
-                loss_x(-sigma * z_tau)
-            } else {
-                -(-q).ln_1p()
-            };
-            // Low losses are high x; where Φ̄(x/σ) < 1e-16 the survival S = 1 − Φ̄ rounded up by
-            // its error bound (≥ 8u) is 1, so grid points there would carry no mass (the mass
-            // below lands on the first point either way).
-            (loss_x(sigma * numeric::ndtri_sf(tau.max(1e-16))), top)
-        }
+        // Add: the loss rises as x falls, towards −ln(1 − q). Above x = σ·Φ̄⁻¹(τ) it goes to +∞
+        // (P-mass ≤ τ, as in the remove direction) rather than filling a grid up to −ln(1 − q)
+        // with masses that only rounding tells apart from 0. Low losses are high x; where
+        // Φ̄(x/σ) < 1e-16 the survival S = 1 − Φ̄ rounded up by its error bound (≥ 8u) is 1, so
+        // grid points there would carry no mass (the mass below lands on the first point anyway).
+        Direction::Add => (
+            loss_x(sigma * numeric::ndtri_sf(tau.max(1e-16))),
+            loss_x(-sigma * z_tau),
+        ),
     };
     if !(eps_lo.is_finite() && eps_hi.is_finite()) {
         return Err(Error::numeric(format!(
@@ -1701,8 +1699,9 @@ impl PldAccountant {
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
             let t_disc = std::time::Instant::now();
             let leaf_dir = |l: Leaf| if l.symmetric() { Direction::Remove } else { dir };
-            // One table of the grid's exponentials for all subsampled-Gaussian leaves (with
-            // more than a few of them): their index ranges overlap almost entirely.
+            // One table of the grid's exponentials for all subsampled-Gaussian leaves, where it
+            // pays: its 4 calls per entry against ≈ 2 saved per leaf grid point (leaves of one
+            // training run overlap almost entirely; a diffusion sampler's steps do not).
             let grid = {
                 let ranges: Vec<(i64, usize)> = merged
                     .iter()
@@ -1713,12 +1712,13 @@ impl PldAccountant {
                         _ => None,
                     })
                     .collect();
-                if ranges.len() >= 4 {
-                    let lo = ranges.iter().map(|r| r.0).min().unwrap();
-                    let hi = ranges.iter().map(|r| r.0 + r.1 as i64).max().unwrap();
-                    GridExp::new(h, lo, (hi - lo) as usize)
-                } else {
-                    GridExp::empty(h)
+                let points: usize = ranges.iter().map(|r| r.1).sum();
+                match (
+                    ranges.iter().map(|r| r.0).min(),
+                    ranges.iter().map(|r| r.0 + r.1 as i64).max(),
+                ) {
+                    (Some(lo), Some(hi)) if points >= 4 * (hi - lo) as usize => GridExp::new(h, lo, (hi - lo) as usize),
+                    _ => GridExp::empty(h),
                 }
             };
             let parts = merged
