@@ -521,8 +521,9 @@ fn tiny_delta_is_certified_by_the_pld_within_1pct_of_dp_accounting() {
     // pessimistic, add/remove) and prv_accountant 0.2.0's lower bound, at δ = 1e-10 and 1e-12.
     // In double precision the certified FFT round-off (≈ 1e-9 here) is above these δ, so the PLD
     // recomputes its Fourier product on double words. Every answer is a PLD number (no RDP
-    // fallback), never below PRV's lower bound, and at most 1% above dp_accounting's, except
-    // where dp_accounting's own number lies below PRV's lower bound (it counts no round-off).
+    // fallback), never below PRV's lower bound, and at most 1% above dp_accounting's, or where
+    // dp_accounting's own number lies below PRV's lower bound (it counts no round-off), at most
+    // 1% above that lower bound.
     let rows = read_csv("fixtures/reference/pld_dpsgd.csv");
     assert!(rows.len() >= 16);
     let acc = PldAccountant::default();
@@ -553,7 +554,14 @@ fn tiny_delta_is_certified_by_the_pld_within_1pct_of_dp_accounting() {
                     res.epsilon
                 );
             } else {
+                // dp_accounting below a proven lower bound: the best any sound accountant can
+                // do is the lower bound itself; hold ours within 1% of it.
                 below_lower += 1;
+                assert!(
+                    res.epsilon <= 1.01 * low,
+                    "σ={sigma} T={t} δ={d}: ε = {} vs PRV's lower bound {low}",
+                    res.epsilon
+                );
             }
             // The slack is a small share of δ.
             let floor = res.details["inf_mass"] + res.details["window_tail_mass"] + res.details["fft_roundoff_bound"];
@@ -561,7 +569,10 @@ fn tiny_delta_is_certified_by_the_pld_within_1pct_of_dp_accounting() {
         }
     }
     // dp_accounting's δ = 1e-12 value lies below PRV's lower bound on two rows (σ = 0.8,
-    // T = 9375 and σ = 1, T = 46875); no sound accountant can match it there.
+    // T = 9375 and σ = 1, T = 46875). On the first, 1.01 × dp_accounting (2.978) is below that
+    // lower bound (2.9959), so no sound accountant can be within 1% of it; ours (3.0076) is
+    // within 0.4% of the lower bound, and finer grids converge to it (3.00760 at h = 5e-5,
+    // 3.00758 at 2e-5). On the second ours (2.1096) is also within 1% of dp_accounting.
     assert_eq!(below_lower, 2);
 }
 
