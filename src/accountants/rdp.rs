@@ -317,28 +317,31 @@ impl LogBinom {
     #[inline]
     fn next(&mut self) -> f64 {
         let kf = self.k as f64;
-        if self.since >= Self::RESYNC {
-            self.cur = self.lg_a - ln_gamma(kf + 1.0) - ln_gamma(self.a - kf + 1.0);
-            self.since = 0;
-        } else {
-            self.cur += ((self.a - kf + 1.0) / kf).ln();
-            self.since += 1;
-        }
+        // C(a, k) = C(a, k − 1)·(a − k + 1)/k.
+        let v = self.current(((self.a - kf + 1.0) / kf).ln());
         self.k += 1;
-        self.cur
+        v
     }
-    /// ln C(a, k) for the current k, then moves k down by one (C(a, k − 1) = C(a, k)·k/(a − k + 1)).
+    /// ln C(a, k) for the current k, then moves k down by one (C(a, k) = C(a, k + 1)·(k + 1)/(a − k)).
     #[inline]
     fn prev(&mut self) -> f64 {
         let kf = self.k as f64;
+        let v = self.current(((kf + 1.0) / (self.a - kf)).ln());
+        self.k = self.k.saturating_sub(1);
+        v
+    }
+    /// ln C(a, k) at the current k: from ln Γ every [`Self::RESYNC`] calls, else the previous
+    /// value plus `ln_ratio` (ln of C(a, k) over the previous value).
+    #[inline]
+    fn current(&mut self, ln_ratio: f64) -> f64 {
         if self.since >= Self::RESYNC {
+            let kf = self.k as f64;
             self.cur = self.lg_a - ln_gamma(kf + 1.0) - ln_gamma(self.a - kf + 1.0);
             self.since = 0;
         } else {
-            self.cur += ((kf + 1.0) / (self.a - kf)).ln();
+            self.cur += ln_ratio;
             self.since += 1;
         }
-        self.k = self.k.saturating_sub(1);
         self.cur
     }
     /// Absolute error bound of any value returned: three lgamma values (≤ LIBM_REL each, of
