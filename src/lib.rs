@@ -44,7 +44,6 @@
 pub mod accountants;
 pub mod attacks;
 pub mod audit;
-pub mod cli;
 pub mod config;
 pub mod diffusion;
 pub mod error;

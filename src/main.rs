@@ -1,7 +1,12 @@
-//! Thin binary: parse the command line, call the library, map the outcome to an exit code
+//! Thin binary: parse the command line ([`cli`], the only code that knows clap), run the
+//! library's application layer (`dpaudit::audit`), map the outcome to an exit code
 //! (0 ok, 1 a claim/budget is violated, 2 usage or input error).
+
+#![forbid(unsafe_code)]
+
+mod cli;
 
 fn main() {
     dpaudit::error::install_broken_pipe_hook();
-    std::process::exit(dpaudit::cli::main_with_args(std::env::args_os()));
+    std::process::exit(cli::main_with_args(std::env::args_os()));
 }

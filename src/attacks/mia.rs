@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::models::train::normals;
 
 /// Which attack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttackKind {
     /// Denoising loss at step t.

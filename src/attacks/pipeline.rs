@@ -59,7 +59,7 @@ impl Default for Table2Opts {
 }
 
 /// Which audit with a valid ε lower bound to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AuditKind {
     /// Steinke, Nasr & Jagielski 2023: the canaries of one training run (`train --canaries m`).

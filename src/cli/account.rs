@@ -1,7 +1,7 @@
 //! `dpaudit account`: ε(δ) (or δ(ε)) of one event by every requested accountant.
 //!
 //! The event comes either from DP-SGD-style flags (`--noise-multiplier`, `--sample-rate`,
-//! `--steps`) or from a TOML event file (`--event FILE`, format [`crate::events::EventFile`]).
+//! `--steps`) or from a TOML event file (`--event FILE`, format [`dpaudit::events::EventFile`]).
 //! Accountants that cannot handle the event are listed with their reason; the command fails
 //! (exit 2) only when none works. The headline is the smallest *sound* ε (never an estimate).
 //! `--format json` writes the one report (schema: docs/schema/report.v2.json).
@@ -9,12 +9,12 @@
 use std::path::PathBuf;
 
 use super::common::{parse_accountants, Format, OutputArgs};
-use crate::audit::{self, Plan, Question, Source};
-use crate::config::dpsgd::{self, BatchSampling, Derived};
-use crate::error::{Error, Result};
-use crate::events::Neighbouring;
-use crate::events::{DpEvent, EventFile};
-use crate::report::progress::Progress;
+use dpaudit::audit::{self, Plan, Question, Source};
+use dpaudit::config::dpsgd::{self, BatchSampling, Derived};
+use dpaudit::error::{Error, Result};
+use dpaudit::events::Neighbouring;
+use dpaudit::events::{DpEvent, EventFile};
+use dpaudit::report::progress::Progress;
 
 /// `--neighbouring` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -157,7 +157,7 @@ pub(crate) fn save_event(
         event: event.clone(),
     };
     let text = f.to_toml(comment)?;
-    crate::report::output::write_atomic(path, text.as_bytes(), true).map_err(|e| e.with_field("--save-event"))
+    dpaudit::report::output::write_atomic(path, text.as_bytes(), true).map_err(|e| e.with_field("--save-event"))
 }
 
 /// Checks a user-given number for a flag.
@@ -243,7 +243,7 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let out = args.output.prepare(Format::Text, &["account.csv"])?;
     if let Some(p) = &args.save_event {
-        crate::report::output::check_file(p, true)?;
+        dpaudit::report::output::check_file(p, true)?;
     }
     let derived = args.run.derive()?;
     let plan = plan(&args, derived.as_ref(), out.dir.is_some() || out.format != Format::Text)?;
@@ -251,11 +251,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut rep = audit::audit(&plan, &progress)?;
     if let Some(d) = &derived {
         rep.fact("steps", d.steps.to_string())
-            .fact("sample rate q", crate::report::num::fmt(d.sample_rate));
+            .fact("sample rate q", dpaudit::report::num::fmt(d.sample_rate));
         for l in &d.derivation {
             rep.assumptions
                 .other
-                .push(crate::report::Fact::new("DP-SGD derivation", l.clone()));
+                .push(dpaudit::report::Fact::new("DP-SGD derivation", l.clone()));
         }
     }
     progress.finish();
@@ -274,7 +274,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(p) = &args.save_event {
         let comment = format!(
             "Event written by: {}{}",
-            crate::report::command_line(),
+            dpaudit::report::command_line(),
             derived
                 .as_ref()
                 .map(|d| format!("\nDP-SGD run: {}", d.summary()))

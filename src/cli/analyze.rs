@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-use crate::audit::analyze::{self, render_text};
+use dpaudit::audit::analyze::{self, render_text};
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use crate::cli::EXIT_OK;
-use crate::diffusion::SamplerConfig;
-use crate::error::Error;
+use dpaudit::diffusion::SamplerConfig;
+use dpaudit::error::Error;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \

@@ -1,17 +1,17 @@
 //! `dpaudit calibrate`: the noise multiplier, sampling rate or number of steps of a DP-SGD-style
 //! event that meets a target ε at δ, on the safe side (see
-//! [`crate::accountants::calibrate`]).
+//! [`dpaudit::accountants::calibrate`]).
 
 use serde::Serialize;
 
 use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg, TrainingRunArgs};
 use super::common::{Format, OutputArgs};
-use crate::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
-use crate::accountants::{AccountResult, AccountantKind, BoundKind};
-use crate::config::dpsgd::Derived;
-use crate::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
-use crate::error::{Error, Result};
-use crate::events::{DpEvent, Neighbouring};
+use dpaudit::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
+use dpaudit::accountants::{AccountResult, AccountantKind, BoundKind};
+use dpaudit::config::dpsgd::Derived;
+use dpaudit::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
+use dpaudit::error::{Error, Result};
+use dpaudit::events::{DpEvent, Neighbouring};
 
 /// JSON schema version of `calibrate` output.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -279,12 +279,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         eprintln!("WARNING: {w}");
         warnings.push(w);
     }
-    let progress = crate::report::progress::Progress::new(None, outs.quiet, "calibrate");
+    let progress = dpaudit::report::progress::Progress::new(None, outs.quiet, "calibrate");
     progress.set_message(format!("solving for {}", solve_for.as_str()));
     let c = calibrate_dpsgd(&*acc, neighbouring, delta, target, fixed, solve_for)?;
     progress.finish();
-    let mut rep = crate::audit::calibrate::to_report(
-        &crate::audit::calibrate::Plan {
+    let mut rep = dpaudit::audit::calibrate::to_report(
+        &dpaudit::audit::calibrate::Plan {
             accountant: kind,
             fixed,
             solve_for,
@@ -298,7 +298,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         rep.assumptions.other.extend(
             d.derivation
                 .iter()
-                .map(|l| crate::report::Fact::new("DP-SGD derivation", l.clone())),
+                .map(|l| dpaudit::report::Fact::new("DP-SGD derivation", l.clone())),
         );
     }
     let out = Output {
@@ -394,7 +394,7 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         )
         .into());
     }
-    let mut cfg = crate::config::sampler::SamplerConfig::load(path)?;
+    let mut cfg = dpaudit::config::sampler::SamplerConfig::load(path)?;
     cfg.warn_defaults(path);
     if let Some(d) = args.delta {
         cfg.delta = check_delta_flag("--delta", d)?;
@@ -414,7 +414,7 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         calibration: &c,
     })?;
     let mut csv = String::from("solve_for,answer,value,epsilon,accountant,kind,past_value,past_epsilon\n");
-    let row = |csv: &mut String, name: &str, s: &crate::diffusion::calibrate::Search| {
+    let row = |csv: &mut String, name: &str, s: &dpaudit::diffusion::calibrate::Search| {
         csv.push_str(&format!(
             "{},{name},{},{},{},{},{},{}\n",
             param.as_str(),
@@ -431,30 +431,30 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         row(&mut csv, "clt_estimate", e);
     }
     let text = render_sampler_text(path, &cfg, &c);
-    let mut rep = crate::report::Report::new(
+    let mut rep = dpaudit::report::Report::new(
         format!("Calibration: {} of {}", param.as_str(), path.display()),
-        crate::report::command_line(),
+        dpaudit::report::command_line(),
     )
     .for_command("calibrate");
     rep.add_input("sampler config", path)?;
     rep.delta = Some(cfg.delta);
     rep.assumptions.neighbouring = Some(cfg.neighbouring);
-    rep.fact(param.as_str(), crate::report::num::fmt(c.sound.meets.value))
-        .fact("target ε", crate::report::num::fmt(args.target_epsilon))
-        .fact("sound ε at that value", crate::report::num::fmt(c.sound.meets.epsilon));
-    rep.conclusion = Some(crate::report::Conclusion {
+    rep.fact(param.as_str(), dpaudit::report::num::fmt(c.sound.meets.value))
+        .fact("target ε", dpaudit::report::num::fmt(args.target_epsilon))
+        .fact("sound ε at that value", dpaudit::report::num::fmt(c.sound.meets.epsilon));
+    rep.conclusion = Some(dpaudit::report::Conclusion {
         audited: format!(
             "Which {} makes the sampler `{}` meet ε ≤ {} at δ = {}.",
             param.as_str(),
             path.display(),
-            crate::report::num::fmt(args.target_epsilon),
-            crate::report::num::fmt(cfg.delta)
+            dpaudit::report::num::fmt(args.target_epsilon),
+            dpaudit::report::num::fmt(cfg.delta)
         ),
         guarantee: format!(
             "{} = {} gives a sound ε = {} ({}).",
             param.as_str(),
-            crate::report::num::fmt(c.sound.meets.value),
-            crate::report::num::fmt(c.sound.meets.epsilon),
+            dpaudit::report::num::fmt(c.sound.meets.value),
+            dpaudit::report::num::fmt(c.sound.meets.epsilon),
             c.sound.meets.line.accountant.as_str()
         ),
         verdict: "No budget was checked: this is a calibration, on the safe side of the target.".into(),
@@ -476,11 +476,11 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
 
 fn render_sampler_text(
     path: &std::path::Path,
-    cfg: &crate::config::sampler::SamplerConfig,
+    cfg: &dpaudit::config::sampler::SamplerConfig,
     c: &SamplerCalibration,
 ) -> String {
     use std::fmt::Write as _;
-    let f = crate::report::export::fmt_num;
+    let f = dpaudit::report::export::fmt_num;
     // ε in full (shortest round-trip): a rounded 8 next to "≤ 8" would hide which side it is on.
     let e = |x: f64| format!("{x}");
     let name = c.param.as_str();

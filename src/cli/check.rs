@@ -9,14 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::accountants::AccountantKind;
-use crate::audit::Input;
+use dpaudit::accountants::AccountantKind;
+use dpaudit::audit::Input;
 use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
-use crate::error::{Error, Result};
-use crate::events::{DpEvent, Neighbouring};
-use crate::report::build::{self, AccountOptions};
-use crate::report::{self, junit, output, progress, Report, Status};
+use dpaudit::error::{Error, Result};
+use dpaudit::events::{DpEvent, Neighbouring};
+use dpaudit::report::build::{self, AccountOptions};
+use dpaudit::report::{self, junit, output, progress, Report, Status};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -183,7 +183,7 @@ fn load_input(args: &Args, path: Option<&Path>) -> Result<(Input, Vec<String>)> 
     match path {
         Some(p) => {
             // The audit core's loader, with the sampler defaults a CI log should show as warnings.
-            let pl = crate::audit::load_file_with(p, true)?;
+            let pl = dpaudit::audit::load_file_with(p, true)?;
             Ok((pl, Vec::new()))
         }
         None => flag_pipeline(args)?.ok_or_else(|| {
@@ -217,7 +217,7 @@ fn check_one(
             });
         }
     };
-    crate::accountants::check_delta(delta).map_err(|e| match (args.delta.is_some(), path) {
+    dpaudit::accountants::check_delta(delta).map_err(|e| match (args.delta.is_some(), path) {
         (true, _) | (false, None) => Error::field("--delta", e.message),
         (false, Some(p)) => e.with_file(p),
     })?;
@@ -350,12 +350,12 @@ fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<i32> {
     let (mut rep, verdict, delta) = check_one(args, &kinds, path, curves, out.quiet)?;
     rep.audit = "check".into();
     rep.conclude();
-    let line = crate::audit::text::verdict_line(&name, &verdict, Some(delta), progress::color_stdout());
+    let line = dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), progress::color_stdout());
     if out.format != Format::Text {
         // The verdict stays visible when stdout carries the report.
         eprint!(
             "{}",
-            crate::audit::text::verdict_line(&name, &verdict, Some(delta), false)
+            dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), false)
         );
     }
     out.finish(&rep, &line, Vec::new())?;

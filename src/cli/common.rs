@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::accountants::AccountantKind;
-use crate::error::Result;
-use crate::report::{self, output, progress, ExportFormat, OutputDir, Report};
+use dpaudit::accountants::AccountantKind;
+use dpaudit::error::Result;
+use dpaudit::report::{self, output, progress, ExportFormat, OutputDir, Report};
 
 /// Output format of a command. Every command accepts every value: `text` is the command's own
 /// terminal summary, the others render its [`Report`].
@@ -141,7 +141,7 @@ impl Outputs {
 }
 
 /// Parses `--accountant gdp|rdp|pld|clt|all` (comma-separated lists allowed).
-pub fn parse_accountants(s: &str) -> Result<Vec<AccountantKind>, crate::Error> {
+pub fn parse_accountants(s: &str) -> Result<Vec<AccountantKind>, dpaudit::Error> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if part.eq_ignore_ascii_case("all") {
@@ -153,7 +153,7 @@ pub fn parse_accountants(s: &str) -> Result<Vec<AccountantKind>, crate::Error> {
         }
     }
     if out.is_empty() {
-        return Err(crate::Error::field("--accountant", "no accountant given"));
+        return Err(dpaudit::Error::field("--accountant", "no accountant given"));
     }
     Ok(out)
 }

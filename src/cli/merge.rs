@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
-use crate::attacks::pipeline;
-use crate::attacks::shard::{self, MiaPart};
+use dpaudit::attacks::pipeline;
+use dpaudit::attacks::shard::{self, MiaPart};
 use crate::cli::common::{Format, OutputArgs};
-use crate::error::Error;
-use crate::models::data::sha256_file;
-use crate::models::{device, Checkpoint, Dataset, SplitManifest};
+use dpaudit::error::Error;
+use dpaudit::models::data::sha256_file;
+use dpaudit::models::{device, Checkpoint, Dataset, SplitManifest};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -54,16 +54,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let start = std::time::Instant::now();
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
     for p in a.roc_out.iter().chain(&a.scores_out) {
-        crate::report::output::check_file(p, out.force)?;
+        dpaudit::report::output::check_file(p, out.force)?;
     }
     let parts = a
         .parts
         .iter()
         .map(|p| Ok((p.clone(), MiaPart::load(p)?)))
-        .collect::<crate::Result<Vec<_>>>()?;
+        .collect::<dpaudit::Result<Vec<_>>>()?;
     let merged = shard::merge(&parts)?;
     let inputs = &merged.inputs;
-    let checked = |given: &Option<PathBuf>, recorded: &PathBuf, want: &str, what: &str| -> crate::Result<PathBuf> {
+    let checked = |given: &Option<PathBuf>, recorded: &PathBuf, want: &str, what: &str| -> dpaudit::Result<PathBuf> {
         let path = given.clone().unwrap_or_else(|| recorded.clone());
         let got = sha256_file(&path)?;
         if got != want {
@@ -87,7 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let split = SplitManifest::load(&split_path)?;
     let plan = merged.plan.to_plan();
     let report = pipeline::assemble(&ck, &data, &split, &plan, "merged shards", &merged.records, None, start)?;
-    crate::report::progress::note(&format!(
+    dpaudit::report::progress::note(&format!(
         "merged {} parts, {} records",
         parts.len(),
         merged.records.len()

@@ -3,13 +3,14 @@
 
 use std::path::PathBuf;
 
-use crate::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
-use crate::attacks::pipeline::{self, AuditKind, MiaPlan, Table2Opts};
-use crate::attacks::shard::{MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
-use crate::attacks::{render, scores};
+use crate::cli::values::{AttackKind as AttackArg, AuditKind, DeviceChoice};
+use dpaudit::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
+use dpaudit::attacks::pipeline::{self, MiaPlan, Table2Opts};
+use dpaudit::attacks::shard::{MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
+use dpaudit::attacks::{render, scores};
 use crate::cli::common::{Format, OutputArgs, Outputs};
-use crate::error::Error;
-use crate::models::{device, Checkpoint, Dataset, DeviceChoice, SplitManifest};
+use dpaudit::error::Error;
+use dpaudit::models::{device, Checkpoint, Dataset, SplitManifest};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -69,7 +70,7 @@ pub struct Args {
     pub split: Option<PathBuf>,
     /// Attacks, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "loss,secmi,pia,empirical")]
-    pub attack: Vec<AttackKind>,
+    pub attack: Vec<AttackArg>,
     /// Steps to attack at: integers or fractions of T (T, 3T/4, T/2, T/4, 0.1T), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,50,100,T/4")]
     pub timesteps: Vec<String>,
@@ -134,10 +135,10 @@ pub struct Args {
 
 /// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
 /// Parses a step spec (`10`, `T/4`) against a schedule.
-pub(crate) type ParseT<'a> = &'a dyn Fn(&str) -> crate::Result<usize>;
+pub(crate) type ParseT<'a> = &'a dyn Fn(&str) -> dpaudit::Result<usize>;
 
 pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaPlan> {
-    let steps = |v: &[String]| -> crate::Result<Vec<usize>> {
+    let steps = |v: &[String]| -> dpaudit::Result<Vec<usize>> {
         match parse_t {
             Some(f) => v.iter().map(|s| f(s)).collect(),
             None => Ok(Vec::new()),
@@ -159,7 +160,7 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
         return Err(Error::field("--pia-norm", "must be a finite p ≥ 1").into());
     }
     Ok(MiaPlan {
-        attacks: a.attack.clone(),
+        attacks: a.attack.iter().map(|&k| k.into()).collect(),
         timesteps: steps(&a.timesteps)?,
         score: ScoreOpts {
             noise_draws: a.noise_draws,
@@ -181,7 +182,7 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
             ..Default::default()
         }),
         cosine_steps: steps(&a.cosine)?,
-        audit: a.audit,
+        audit: a.audit.map(Into::into),
         sampler: match &a.sampler {
             Some(p) => Some(pipeline::sampler_basis(p, a.delta)?),
             None => None,
@@ -196,7 +197,7 @@ fn run_diffusers(
     dev: &candle_core::Device,
     dev_name: &str,
 ) -> anyhow::Result<pipeline::MiaReport> {
-    use crate::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
+    use dpaudit::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
     if a.batch_size == 0 || a.max_examples == Some(0) {
         return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
     }
@@ -218,8 +219,8 @@ fn run_diffusers(
         p.attacks.retain(|k| *k != AttackKind::Empirical);
     }
     eprintln!("device: {dev_name}");
-    let bar = crate::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
-    let r = crate::attacks::diffusers::run(
+    let bar = dpaudit::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
+    let r = dpaudit::attacks::diffusers::run(
         &ck,
         &den,
         &images,
@@ -242,15 +243,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     // Output locations are checked (and existing files refused) before the long run.
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
     for p in a.roc_out.iter().chain(&a.scores_out) {
-        crate::report::output::check_file(p, out.force)?;
+        dpaudit::report::output::check_file(p, out.force)?;
     }
-    let dev = device::select(a.device)?;
+    let dev = device::select(a.device.into())?;
     let dev_name = device::describe(&dev);
     // A diffusers folder (config.json + safetensors + scheduler_config.json) takes its own path.
     let diffusers = a
         .checkpoint
         .as_deref()
-        .filter(|p| crate::models::diffusers::unet_dir(p).is_some());
+        .filter(|p| dpaudit::models::diffusers::unet_dir(p).is_some());
     let ck = match diffusers {
         Some(_) => None,
         None => a.checkpoint.as_ref().map(|p| Checkpoint::load(p, &dev)).transpose()?,
@@ -271,7 +272,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             let split = SplitManifest::load(&a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split)))?;
             let total =
                 (plan.attacks.len() * plan.timesteps.len() + plan.table2.as_ref().map_or(0, |t| t.steps.len())) as u64;
-            let bar = crate::report::progress::bar(total, a.output.quiet, "mia");
+            let bar = dpaudit::report::progress::bar(total, a.output.quiet, "mia");
             let out = pipeline::run(ck, &data, &split, &plan, &dev_name, Some(&bar))?;
             bar.finish_and_clear();
             out
@@ -289,7 +290,7 @@ pub(crate) fn emit(
     roc_out: Option<&PathBuf>,
     scores_out: Option<&PathBuf>,
 ) -> anyhow::Result<i32> {
-    let mut rep = report.to_report(&crate::report::command_line());
+    let mut rep = report.to_report(&dpaudit::report::command_line());
     rep.audit = "mia".into();
     rep.conclude();
     let detail = serde_json::to_vec_pretty(report)?;
@@ -301,12 +302,12 @@ pub(crate) fn emit(
         vec![("mia.json".to_string(), detail)],
     )?;
     if let Some(p) = roc_out {
-        crate::report::output::write_atomic(p, render::roc_csv(report).as_bytes(), out.force)?;
-        crate::report::progress::note(&format!("wrote {}", p.display()));
+        dpaudit::report::output::write_atomic(p, render::roc_csv(report).as_bytes(), out.force)?;
+        dpaudit::report::progress::note(&format!("wrote {}", p.display()));
     }
     if let Some(p) = scores_out {
-        crate::report::output::write_atomic(p, scores::to_csv(records).as_bytes(), out.force)?;
-        crate::report::progress::note(&format!("wrote {}", p.display()));
+        dpaudit::report::output::write_atomic(p, scores::to_csv(records).as_bytes(), out.force)?;
+        dpaudit::report::progress::note(&format!("wrote {}", p.display()));
     }
     let violations = report.violations();
     for c in &violations {
@@ -341,7 +342,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         .checkpoint
         .as_ref()
         .ok_or_else(|| Error::field("--checkpoint", "required with --shard"))?;
-    if crate::models::diffusers::unet_dir(card).is_some() {
+    if dpaudit::models::diffusers::unet_dir(card).is_some() {
         return Err(Error::field(
             "--shard",
             format!(
@@ -356,11 +357,11 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         .out
         .as_ref()
         .ok_or_else(|| Error::field("--out", "--shard needs --out DIR (the part file is written there)"))?;
-    crate::report::progress::set_verbosity(a.output.quiet, a.output.verbose);
+    dpaudit::report::progress::set_verbosity(a.output.quiet, a.output.verbose);
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
     let path = dir.join(spec.file_name());
-    crate::report::output::check_file(&path, a.output.force)?;
-    let dev = device::select(a.device)?;
+    dpaudit::report::output::check_file(&path, a.output.force)?;
+    let dev = device::select(a.device.into())?;
     eprintln!(
         "device: {}   shard {}/{}",
         device::describe(&dev),
@@ -376,7 +377,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
     let split = SplitManifest::load(&split_path)?;
     let inputs = PartInputs::of(&ck.card_path, &data_path, &split_path)?;
     let total = (plan.attacks.len() * plan.timesteps.len()) as u64;
-    let bar = crate::report::progress::bar(total, a.output.quiet, "mia shard");
+    let bar = dpaudit::report::progress::bar(total, a.output.quiet, "mia shard");
     let recs = pipeline::score_checkpoint_shard(&ck, &data, &split, &plan, Some(&bar), Some(spec))?;
     bar.finish_and_clear();
     let part = MiaPart {
@@ -387,7 +388,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
         records: recs.iter().map(|(p, r)| PartRecord::new(*p, r)).collect(),
     };
     let text = serde_json::to_string(&part)? + "\n";
-    crate::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
+    dpaudit::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
     eprintln!("wrote {} ({} records)", path.display(), part.records.len());
     Ok(crate::cli::EXIT_OK)
 }

@@ -14,6 +14,7 @@ pub mod report;
 pub mod run;
 pub mod sweep;
 pub mod train;
+pub mod values;
 pub mod verify;
 
 use clap::{Parser, Subcommand};
@@ -114,7 +115,7 @@ where
         }
         Err(e) => {
             eprintln!("error: {e:#}");
-            e.downcast_ref::<crate::Error>()
+            e.downcast_ref::<dpaudit::Error>()
                 .map(|e| e.exit_code())
                 .unwrap_or(EXIT_USAGE)
         }

@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 
-use crate::error::Error;
-use crate::models::diffusers::DiffusersCheckpoint;
-use crate::models::{device, npy, DeviceChoice};
+use dpaudit::error::Error;
+use dpaudit::models::diffusers::DiffusersCheckpoint;
+use crate::cli::values::DeviceChoice;
+use dpaudit::models::{device, npy};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -75,7 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             if e.batch == 0 {
                 return Err(Error::field("--batch", "must be ≥ 1").into());
             }
-            let dev = device::select(e.device)?;
+            let dev = device::select(e.device.into())?;
             let ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
             let x = npy::read(&e.input)?;
             let xs = x.to_f32().ok_or_else(|| {

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
 use crate::cli::EXIT_OK;
-use crate::error::{Error, Result};
-use crate::report::{self, output};
+use dpaudit::error::{Error, Result};
+use dpaudit::report::{self, output};
 
 const EXAMPLES: &str = "\
 Examples:

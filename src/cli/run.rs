@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
-use crate::audit::run::{self, Options, RUN_FILES};
+use dpaudit::audit::run::{self, Options, RUN_FILES};
 use crate::cli::common::{Format, OutputArgs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
-use crate::pipelines::mechanisms::Fault;
+use crate::cli::values::Fault;
 
 const EXAMPLE: &str = "\
 Examples:
@@ -79,9 +79,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         audit: c.audit,
         audit_runs: c.audit_runs,
         audit_trials: c.audit_trials,
-        inject_fault: c.inject_fault,
+        inject_fault: c.inject_fault.into(),
     };
-    let progress = crate::report::progress::Progress::new(None, out.quiet, "run");
+    let progress = dpaudit::report::progress::Progress::new(None, out.quiet, "run");
     progress.set_message(if c.audit { "running and auditing" } else { "running" });
     let outcome = if dpagg {
         run::run_dpagg(&opts)?

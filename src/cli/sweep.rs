@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use crate::accountants::AccountantKind;
+use dpaudit::accountants::AccountantKind;
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use crate::cli::EXIT_OK;
-use crate::diffusion::sweep::{self, SweepRow, SweepSpec};
-use crate::diffusion::SamplerConfig;
-use crate::error::{Error, Result};
-use crate::report::progress::Progress;
+use dpaudit::diffusion::sweep::{self, SweepRow, SweepSpec};
+use dpaudit::diffusion::SamplerConfig;
+use dpaudit::error::{Error, Result};
+use dpaudit::report::progress::Progress;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \
@@ -144,7 +144,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         accountants: accountants.clone(),
     };
     let progress = Progress::new(Some(0), outs.quiet, "sweep");
-    let (rows, rep) = crate::audit::sweep::sweep(&cfg, &args.config, &spec, args.max_epsilon, &progress)?;
+    let (rows, rep) = dpaudit::audit::sweep::sweep(&cfg, &args.config, &spec, args.max_epsilon, &progress)?;
     progress.finish();
     let csv = sweep::to_csv(&rows, &accountants)?;
     let detail = serde_json::to_vec_pretty(&rows)?;

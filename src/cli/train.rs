@@ -1,14 +1,13 @@
-//! `dpaudit train`: arguments → [`TrainPlan`] → [`crate::models::run::run`] → exit code.
+//! `dpaudit train`: arguments → [`TrainPlan`] → [`dpaudit::models::run::run`] → exit code.
 //! The run itself (DP-SGD, RAPID, canaries, ledger, card) lives in the library.
 
 use std::path::{Path, PathBuf};
 
-use crate::error::Error;
-use crate::models::data::Part;
-use crate::models::dp::PerSample;
-use crate::models::run::{DpPlan, RapidPlan, TrainPlan};
-use crate::models::schedule::ScheduleConfig;
-use crate::models::{device, Arch, Dataset, DeviceChoice, ModelConfig, SplitManifest};
+use dpaudit::error::Error;
+use crate::cli::values::{Arch, DeviceChoice, Part, PerSample};
+use dpaudit::models::run::{DpPlan, RapidPlan, TrainPlan};
+use dpaudit::models::schedule::ScheduleConfig;
+use dpaudit::models::{device, Dataset, ModelConfig, SplitManifest};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -178,15 +177,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     .prepare(crate::cli::common::Format::Text, &[])?;
     if let Some(out) = &a.make_split {
-        crate::report::output::check_file(out, a.force)?;
+        dpaudit::report::output::check_file(out, a.force)?;
         let data = Dataset::load(&a.data)?;
         let seed = a.seed.unwrap_or(0);
         let m = SplitManifest::random(&data, &a.data.display().to_string(), a.members, a.nonmembers, seed)?;
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
         }
-        crate::report::output::write_atomic(out, m.to_toml()?.as_bytes(), a.force)?;
-        crate::report::output::emit_stdout(
+        dpaudit::report::output::write_atomic(out, m.to_toml()?.as_bytes(), a.force)?;
+        dpaudit::report::output::emit_stdout(
             format!(
                 "wrote {}: {} members, {} non-members, {} public (seed {seed})\n",
                 out.display(),
@@ -202,21 +201,21 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         return Err(Error::field("--out", "give an output stem, e.g. --out models/digits-mlp").into());
     };
     for p in stem_files(&out, a.dp, a.canaries > 0) {
-        crate::report::output::check_file(&p, a.force)?;
+        dpaudit::report::output::check_file(&p, a.force)?;
     }
     if a.rapid && !a.dp {
         return Err(Error::field("--rapid", "needs --dp").into());
     }
-    let dev = device::select(a.device)?;
+    let dev = device::select(a.device.into())?;
     let dev_name = device::describe(&dev);
-    crate::report::progress::note(&format!("device: {dev_name}"));
+    dpaudit::report::progress::note(&format!("device: {dev_name}"));
     let plan = TrainPlan {
         data: a.data,
         split: a.split,
-        on: a.on,
+        on: a.on.into(),
         out,
         model: ModelConfig {
-            arch: a.arch,
+            arch: a.arch.into(),
             hidden: a.hidden,
             depth: a.depth,
             time_dim: a.time_dim,
@@ -241,23 +240,23 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             clip: a.clip,
             sample_rate: a.sample_rate,
             delta: a.delta,
-            per_sample: a.per_sample,
+            per_sample: a.per_sample.into(),
             rapid: a.rapid.then_some(RapidPlan {
                 pretrain_steps: a.pretrain_steps,
                 k: a.rapid_k,
                 v: a.rapid_v,
             }),
         }),
-        command: crate::report::command_line(),
+        command: dpaudit::report::command_line(),
         quiet: a.quiet,
     };
-    let outcome = crate::models::run::run(&plan, &dev, &dev_name)?;
+    let outcome = dpaudit::models::run::run(&plan, &dev, &dev_name)?;
     let mut text = String::new();
     for l in &outcome.lines {
         text.push_str(l.trim_end());
         text.push('\n');
     }
-    let rep = crate::audit::train::report(&outcome.card, &outcome.card_path, outcome.event.as_ref())?;
+    let rep = dpaudit::audit::train::report(&outcome.card, &outcome.card_path, outcome.event.as_ref())?;
     outputs.finish(&rep, &text, Vec::new())?;
     Ok(crate::cli::EXIT_OK)
 }

@@ -7,9 +7,9 @@ use serde::Serialize;
 
 use crate::cli::common::{Format, OutputArgs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
-use crate::config::claims::ClaimsFile;
-use crate::pipelines::{self, ClaimResult, Verdict};
-use crate::report::{self, Cell, Column, Report, Status, Table};
+use dpaudit::config::claims::ClaimsFile;
+use dpaudit::pipelines::{self, ClaimResult, Verdict};
+use dpaudit::report::{self, Cell, Column, Report, Status, Table};
 
 const EXAMPLE: &str = "\
 Examples:
@@ -72,7 +72,7 @@ pub struct Summary {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     // Bad output locations fail before any accounting.
     let out = args.output.prepare(Format::Text, &["verify.json", "verify.csv"])?;
-    let progress = crate::report::progress::Progress::new(Some(args.claims.len() as u64), out.quiet, "verify");
+    let progress = dpaudit::report::progress::Progress::new(Some(args.claims.len() as u64), out.quiet, "verify");
     let mut claims = Vec::new();
     let mut files = Vec::new();
     for p in &args.claims {
@@ -114,26 +114,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             EXIT_OK
         };
     Ok(code)
-}
-
-/// Renders the output in a format; returns (bytes, file extension).
-pub fn render(out: &VerifyOutput, format: Format) -> crate::Result<(Vec<u8>, &'static str)> {
-    Ok(match format {
-        Format::Json => (
-            serde_json::to_vec_pretty(out).map_err(|e| crate::Error::input(e.to_string()))?,
-            "json",
-        ),
-        Format::Csv => (csv_rows(out)?, "csv"),
-        Format::Text => (text(out).into_bytes(), "txt"),
-        Format::Md => (
-            crate::report::export(&to_report(out)?, crate::report::ExportFormat::Md)?,
-            "md",
-        ),
-        Format::Html => (
-            crate::report::export(&to_report(out)?, crate::report::ExportFormat::Html)?,
-            "html",
-        ),
-    })
 }
 
 fn fmt_eps(e: f64) -> String {
@@ -238,9 +218,9 @@ fn text(out: &VerifyOutput) -> String {
     s
 }
 
-fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
+fn csv_rows(out: &VerifyOutput) -> dpaudit::Result<Vec<u8>> {
     let mut w = csv::Writer::from_writer(Vec::new());
-    let err = |e: csv::Error| crate::Error::input(e.to_string());
+    let err = |e: csv::Error| dpaudit::Error::input(e.to_string());
     w.write_record([
         "claim",
         "pipeline",
@@ -300,13 +280,13 @@ fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
             .map_err(err)?;
         }
     }
-    w.into_inner().map_err(|e| crate::Error::input(e.to_string()))
+    w.into_inner().map_err(|e| dpaudit::Error::input(e.to_string()))
 }
 
 /// Fills the shared report model: one verdict per claim (PASS holds, FAIL violated,
 /// INCONCLUSIVE holds only under some interpretations or undecided), warnings for failed
 /// validity checks and findings, and tables of claims, analyses, checks and calibrations.
-pub fn to_report(out: &VerifyOutput) -> crate::Result<Report> {
+pub fn to_report(out: &VerifyOutput) -> dpaudit::Result<Report> {
     let mut r = Report::new(
         format!("dpaudit verify: {}", out.files.join(", ")),
         report::command_line(),

@@ -135,7 +135,7 @@ impl Dataset {
 }
 
 /// Which part of a split a command works on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Part {
     /// The rows the model is trained on.

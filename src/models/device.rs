@@ -9,7 +9,7 @@ use candle_core::Device;
 use crate::error::{Error, Result};
 
 /// The `--device` flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceChoice {
     #[default]
     /// CUDA when built with it and a GPU is present, else CPU.

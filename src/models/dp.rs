@@ -38,7 +38,7 @@ use super::train::{adam, normals, Ema, TrainLog};
 use super::{Net, Schedule, PIXELS};
 
 /// How per-sample gradients are computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum PerSample {
     /// One backward pass with per-sample norms from layer activations (MLP), else the loop.

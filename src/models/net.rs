@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use super::{PIXELS, SIDE};
 
 /// Network architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
     /// MLP with sinusoidal time embedding (supports one-pass per-sample gradients).

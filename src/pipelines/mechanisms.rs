@@ -155,7 +155,7 @@ pub enum SigmaRule {
 }
 
 /// A deliberate implementation bug, for showing that the audits catch it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
     #[default]

@@ -15,7 +15,7 @@ use crate::accountants::BoundKind;
 use crate::error::{Error, Result};
 
 /// An export format (`--format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExportFormat {
     /// Markdown.
     Md,
