@@ -14,10 +14,13 @@
 
 pub mod analyze;
 pub mod calibrate;
+pub mod check;
+pub mod mia;
 pub mod run;
 pub mod sweep;
 pub mod text;
 pub mod train;
+pub mod verify;
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
 use crate::report::build::{self, AccountOptions};
 use crate::report::progress::Progress;
-use crate::report::{self, Report};
+use crate::report::{self, Report, Verdict};
 
 /// Where the event comes from.
 #[derive(Debug, Clone)]
@@ -94,6 +97,9 @@ pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
         rep.add_input(input.role, path)?;
     }
     rep.assumptions.step_convention = input.step_convention.clone();
+    for w in &input.warnings {
+        rep.warn(&w.code, w.message.clone(), w.severe);
+    }
     // 2. Events: what ran, under which neighbouring relation.
     let neighbouring = plan.neighbouring.unwrap_or(input.neighbouring);
     // 3. Accountants: each gives ε (or δ) with its kind (exact, upper bound, estimate).
@@ -125,7 +131,7 @@ pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
             Source::File(p) => format!("ε budget for {}", p.display()),
             _ => "ε budget".to_string(),
         };
-        build::budget_verdict(&mut rep, &subject, budget);
+        budget_verdict(&mut rep, &subject, budget);
     }
     // 6. Report: opens with the plain-language conclusion.
     rep.conclude();
@@ -166,6 +172,14 @@ fn resolve_delta(flag: Option<f64>, file: Option<f64>, source: &Source) -> Resul
     Ok(delta)
 }
 
+/// The input-level warnings of a sampler config, exactly as `analyze` lists them (its analysis
+/// with no accountant: defaulted privacy fields, subsample normalisation, data-dependent density).
+pub fn sampler_warnings(cfg: &crate::config::sampler::SamplerConfig) -> Vec<crate::accountants::Diagnostic> {
+    crate::diffusion::account::analyze(cfg, &[])
+        .map(|a| a.warnings)
+        .unwrap_or_default()
+}
+
 /// An input ready to account.
 #[derive(Debug, Clone)]
 pub struct Input {
@@ -179,6 +193,9 @@ pub struct Input {
     pub role: &'static str,
     /// Step convention or other assumptions the input states.
     pub step_convention: Option<String>,
+    /// Warnings the input carries whichever command reads it (a sampler config's defaulted
+    /// privacy fields, its subsample normalisation): the same list `analyze` shows.
+    pub warnings: Vec<crate::accountants::Diagnostic>,
 }
 
 /// Reads an input: an event file or a sampler config (told apart by their keys), or flags.
@@ -193,6 +210,7 @@ pub fn load(source: &Source) -> Result<Input> {
                 delta: None,
                 role,
                 step_convention: None,
+                warnings: Vec::new(),
             })
         }
         Source::DpSgd {
@@ -208,6 +226,7 @@ pub fn load(source: &Source) -> Result<Input> {
                 delta: None,
                 role: "flags",
                 step_convention: None,
+                warnings: Vec::new(),
             })
         }
     }
@@ -233,6 +252,7 @@ pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
             delta: f.delta,
             role: "event file",
             step_convention: None,
+            warnings: Vec::new(),
         });
     }
     if ["schedule", "privacy", "density", "convention"]
@@ -250,6 +270,7 @@ pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
             delta: Some(acc.delta),
             role: "sampler config",
             step_convention: Some(acc.convention.describe().to_string()),
+            warnings: sampler_warnings(&cfg),
         });
     }
     let keys: Vec<&str> = table.keys().map(String::as_str).collect();
@@ -263,4 +284,124 @@ pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
         }
     ))
     .with_file(path))
+}
+
+/// Compares `budget` with the smallest sound ε in the report (never an estimate) and adds the
+/// verdict. `Inconclusive` when no sound accountant produced a result.
+pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdict {
+    use crate::report::{Series, Status};
+    let delta = report.delta;
+    let v = match report.sound_epsilon() {
+        Some(r) => {
+            let pass = r.epsilon <= budget;
+            let margin = budget - r.epsilon;
+            Verdict {
+                source: None,
+                subject: subject.to_string(),
+                status: if pass { Status::Pass } else { Status::Fail },
+                budget: Some(budget),
+                epsilon: Some(r.epsilon),
+                delta: Some(r.delta),
+                accountant: Some(r.accountant),
+                bound: Some(r.kind),
+                margin: Some(margin),
+                message: format!(
+                    "sound ε = {} ({} {}) {} budget {}",
+                    crate::report::export::fmt_num(r.epsilon),
+                    r.accountant.as_str(),
+                    r.kind.as_str().replace('_', " "),
+                    if pass { "≤" } else { ">" },
+                    crate::report::export::fmt_num(budget)
+                ),
+            }
+        }
+        None => Verdict {
+            source: None,
+            subject: subject.to_string(),
+            status: Status::Inconclusive,
+            budget: Some(budget),
+            epsilon: None,
+            delta,
+            accountant: None,
+            bound: None,
+            margin: None,
+            message: "no sound accountant (exact or upper bound) could account this event".into(),
+        },
+    };
+    if v.status == Status::Fail {
+        if let Some(est) = report
+            .results
+            .iter()
+            .find(|r| !r.kind.is_sound() && r.epsilon <= budget)
+        {
+            let msg = format!(
+                "the {} estimate ε = {} is within the budget, but an estimate is not a guarantee: the sound bound exceeds it",
+                est.accountant.as_str(),
+                crate::report::export::fmt_num(est.epsilon)
+            );
+            report.warn("estimate_within_budget", msg, true);
+        }
+    }
+    // The budget as a dotted line on the ε(δ) plot.
+    if let Some(p) = report.plots.iter_mut().find(|p| p.id == "epsilon_vs_delta") {
+        let xs: Vec<f64> = p.series.iter().flat_map(|s| s.x.iter().copied()).collect();
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if lo.is_finite() && hi.is_finite() {
+            p.series.push(
+                Series::new(
+                    format!("budget ε = {}", crate::report::num::fmt(budget)),
+                    vec![lo, hi],
+                    vec![budget, budget],
+                )
+                .with_style(crate::report::LineStyle::Dotted),
+            );
+        }
+    }
+    report.verdicts.push(v.clone());
+    v
+}
+
+/// The exit code of an outcome's status: 0 ok, 1 a claim or budget is violated, 2 the question
+/// could not be answered (the one place a status becomes an exit code).
+pub fn exit_code(status: crate::report::Status) -> i32 {
+    match status {
+        crate::report::Status::Pass => 0,
+        crate::report::Status::Fail => 1,
+        crate::report::Status::Inconclusive => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::build::{account_event, AccountOptions};
+    use crate::report::Status;
+
+    #[test]
+    fn full_batch_report_has_gdp_verdict_and_plots() {
+        // 4 steps of μ = 0.5 compose to μ = 1 (DRS Cor. 3.3); ε(1e-5) of 1-GDP = 4.377178095681224
+        // (fixtures/reference/gdp_conv.csv, closed form + brentq in log space).
+        let ev = DpEvent::repeat(DpEvent::gdp(0.5), 4);
+        let mut r = Report::new("t", "x");
+        account_event(
+            &mut r,
+            &ev,
+            Neighbouring::AddRemove,
+            1e-5,
+            &[AccountantKind::Gdp],
+            AccountOptions { curves: true },
+            &mut |_| {},
+        )
+        .unwrap();
+        let v = budget_verdict(&mut r, "budget", 4.0);
+        assert!((v.epsilon.unwrap() - 4.377178095681224).abs() < 1e-9, "{v:?}");
+        assert_eq!(v.status, Status::Fail);
+        assert!(v.margin.unwrap() < 0.0);
+        let v = budget_verdict(&mut r, "budget", 5.0);
+        assert_eq!(v.status, Status::Pass);
+        let ids: Vec<&str> = r.plots.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["per_step_mu", "cumulative", "epsilon_vs_delta", "tradeoff"]);
+        r.validate().unwrap();
+    }
 }

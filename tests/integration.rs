@@ -2,6 +2,7 @@
 //! accountant conformance, reference agreement, golden reports, regressions).
 
 mod integration {
+    mod acceptance;
     mod accountants;
     mod analyze;
     mod attacks;

@@ -10,6 +10,7 @@ pub mod gdp;
 pub mod pld;
 pub mod rdp;
 pub mod sound;
+pub mod tradeoff;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -144,6 +145,9 @@ pub struct AccountResult {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     /// Validity conditions and warnings attached to this answer.
     pub diagnostics: Vec<Diagnostic>,
+    /// The mechanism the number is about, when a report holds several (e.g. `checkpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mechanism: Option<String>,
 }
 
 impl AccountResult {
@@ -156,7 +160,13 @@ impl AccountResult {
             kind,
             details: BTreeMap::new(),
             diagnostics: Vec::new(),
+            mechanism: None,
         }
+    }
+    /// Names the mechanism the number is about.
+    pub fn for_mechanism(mut self, mechanism: &str) -> Self {
+        self.mechanism = Some(mechanism.to_string());
+        self
     }
     /// Adds a named number to `details`.
     pub fn with_detail(mut self, key: &str, value: f64) -> Self {

@@ -49,7 +49,7 @@ pub struct Evidence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accountant: Option<AccountantKind>,
     /// ε (nats); `"inf"` when nothing finite is certified.
-    #[serde(with = "crate::report::num")]
+    #[serde(with = "crate::numeric::json")]
     pub epsilon: f64,
     /// δ at which ε holds.
     pub delta: f64,

@@ -13,20 +13,11 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::accountants::tradeoff::{asr_limit_eps_delta, tpr_limit_eps_delta};
 use crate::accountants::{gdp, AccountantKind, BoundKind};
 use crate::error::Result;
 use crate::events::{DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
-
-/// ASR ≤ (e^ε + δ)/(1 + e^ε) for (ε, δ)-DP (written to stay finite for large ε).
-pub fn asr_limit_eps_delta(epsilon: f64, delta: f64) -> f64 {
-    if !epsilon.is_finite() {
-        return 1.0;
-    }
-    // (e^ε + δ)/(1 + e^ε) = (1 + δ e^{−ε})/(1 + e^{−ε})
-    let em = (-epsilon).exp();
-    ((1.0 + delta * em) / (1.0 + em)).min(1.0)
-}
 
 /// ASR ≤ Φ(μ/2) for μ-GDP.
 pub fn asr_limit_gdp(mu: f64) -> f64 {
@@ -36,16 +27,6 @@ pub fn asr_limit_gdp(mu: f64) -> f64 {
 /// TPR ≤ Φ(Φ⁻¹(FPR) + μ) = 1 − G_μ(FPR) for μ-GDP.
 pub fn tpr_limit_gdp(mu: f64, fpr: f64) -> f64 {
     1.0 - gdp::tradeoff(mu, fpr)
-}
-
-/// TPR ≤ min(e^ε·FPR + δ, 1 − e^{−ε}(1 − δ − FPR)) for (ε, δ)-DP.
-pub fn tpr_limit_eps_delta(epsilon: f64, delta: f64, fpr: f64) -> f64 {
-    if !epsilon.is_finite() {
-        return 1.0;
-    }
-    let a = epsilon.exp() * fpr + delta;
-    let b = 1.0 - (-epsilon).exp() * (1.0 - delta - fpr);
-    a.min(b).clamp(0.0, 1.0)
 }
 
 /// One sound guarantee for an event.

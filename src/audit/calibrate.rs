@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use crate::accountants::calibrate::{calibrate_dpsgd, Calibration, DpSgd, SolveFor};
 use crate::accountants::{AccountantKind, BoundKind};
+use crate::config::sampler::SamplerConfig;
+use crate::diffusion::calibrate::SamplerCalibration;
 use crate::error::Result;
 use crate::events::Neighbouring;
 use crate::report::export::fmt_num;
@@ -66,6 +68,19 @@ pub fn to_report(plan: &Plan, c: &Calibration) -> Report {
     r.assumptions.neighbouring = Some(plan.neighbouring);
     r.assumptions.sampling = c.event.components().ok().map(|c| report::build::describe_sampling(&c));
     r.results.push(c.result.clone());
+    // The answer as typed numbers: the whole calibrated run, and the ε it gives.
+    let mut run = plan.fixed;
+    match plan.solve_for {
+        SolveFor::NoiseMultiplier => run.noise_multiplier = c.value,
+        SolveFor::SampleRate => run.sample_rate = c.value,
+        SolveFor::Steps => run.steps = c.value as u64,
+    }
+    r.answers.insert("noise_multiplier".into(), run.noise_multiplier);
+    r.answers.insert("sample_rate".into(), run.sample_rate);
+    r.answers.insert("steps".into(), run.steps as f64);
+    r.answers.insert("epsilon".into(), c.result.epsilon);
+    r.answers.insert("delta".into(), plan.delta);
+    r.answers.insert("target_epsilon".into(), plan.target);
     let value = value_text(plan.solve_for, c.value);
     r.fact(plan.solve_for.as_str(), value.clone())
         .fact("target ε", num::fmt(plan.target))
@@ -123,12 +138,14 @@ value may not meet the target; use --accountant pld or rdp for a sound answer",
             )
         } else {
             format!(
-                "{} = {value} gives ε = {} at δ = {} ({}, {}).",
+                "{} = {value} gives ε = {} at δ = {} ({}, {}) under: {}. {}",
                 plan.solve_for.as_str(),
                 fmt_num(c.result.epsilon),
                 num::fmt(plan.delta),
                 plan.accountant.as_str(),
-                c.result.kind.as_str().replace('_', " ")
+                c.result.kind.as_str().replace('_', " "),
+                report::conclusion::under(&r),
+                report::conclusion::scale(c.result.epsilon, plan.delta)
             )
         },
         verdict: "No budget was checked: this is a calibration, on the safe side of the target.".into(),
@@ -165,4 +182,56 @@ pub fn text(plan: &Plan, c: &Calibration) -> String {
         s.push_str("WARNING: the clt accountant gives an ESTIMATE, not a guarantee; use --accountant pld or rdp\n");
     }
     s
+}
+
+/// The report of a sampler calibration (`calibrate --sampler`): the value of the solved setting
+/// that meets the target with a sound ε, the CLT's answer beside it, and the typed answer.
+pub fn sampler_report(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCalibration) -> Result<Report> {
+    let param = c.param;
+    let mut rep = Report::new(
+        format!("Calibration: {} of {}", param.as_str(), path.display()),
+        report::command_line(),
+    )
+    .for_command("calibrate");
+    rep.add_input("sampler config", path)?;
+    rep.delta = Some(cfg.delta);
+    rep.assumptions.neighbouring = Some(cfg.neighbouring);
+    rep.assumptions.step_convention = Some(cfg.convention.describe().to_string());
+    for w in super::sampler_warnings(cfg) {
+        rep.warn(&w.code, w.message, w.severe);
+    }
+    rep.fact(param.as_str(), num::fmt(c.sound.meets.value))
+        .fact("target ε", num::fmt(c.target_epsilon))
+        .fact("sound ε at that value", num::fmt(c.sound.meets.epsilon));
+    rep.answers
+        .insert(param.as_str().replace('-', "_"), c.sound.meets.value);
+    rep.answers.insert("epsilon".into(), c.sound.meets.epsilon);
+    rep.answers.insert("delta".into(), cfg.delta);
+    rep.answers.insert("target_epsilon".into(), c.target_epsilon);
+    let sound = c.sound.meets.epsilon;
+    rep.conclusion = Some(Conclusion {
+        audited: format!(
+            "Which {} makes the sampler `{}` meet ε ≤ {} at δ = {}.",
+            param.as_str(),
+            path.display(),
+            num::fmt(c.target_epsilon),
+            num::fmt(cfg.delta)
+        ),
+        guarantee: format!(
+            "{} = {} gives a sound ε = {} ({}) under: {}. {}",
+            param.as_str(),
+            num::fmt(c.sound.meets.value),
+            num::fmt(sound),
+            c.sound.meets.line.accountant.as_str(),
+            report::conclusion::under(&rep),
+            report::conclusion::scale(sound, cfg.delta)
+        ),
+        verdict: "No budget was checked: this is a calibration, on the safe side of the target.".into(),
+        estimates: if c.clt.is_some() {
+            "The CLT answer is shown beside it as an estimate, never a guarantee.".into()
+        } else {
+            "No estimates.".into()
+        },
+    });
+    Ok(rep)
 }

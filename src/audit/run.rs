@@ -264,6 +264,19 @@ fn to_report<R: Serialize>(
     for line in header.lines().skip(1) {
         r.fact("run", line.to_string());
     }
+    // One ε for the run: the ledger's, as `dpaudit account --event ledger.toml` gives it.
+    if let Some(delta) = ledger.delta {
+        match crate::accountants::AccountantKind::Gdp
+            .build()
+            .epsilon(&ledger.event, ledger.neighbouring, delta)
+        {
+            Ok(res) => r.results.push(res),
+            Err(e) => r.skipped.push(report::Skipped {
+                accountant: crate::accountants::AccountantKind::Gdp,
+                reason: e.to_string(),
+            }),
+        }
+    }
     let mut audits = Table {
         id: "audits".into(),
         title: "Implementation audits".into(),
@@ -290,6 +303,7 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
             Cell::from(if sr.ok { "ok" } else { "exceeds the claimed sensitivity" }),
         ]);
         r.verdicts.push(Verdict {
+            source: None,
             subject: "claimed sensitivity".into(),
             status: if sr.ok { Status::Pass } else { Status::Fail },
             budget: None,
@@ -318,16 +332,18 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
             }),
         ]);
         r.verdicts.push(Verdict {
-            subject: "accounted ε against the distinguishing audit".into(),
+            subject: "one release's accounted ε against the distinguishing audit".into(),
             status: if d.violation { Status::Fail } else { Status::Pass },
             budget: Some(d.epsilon_upper),
             epsilon: Some(d.outcome.epsilon_lower),
             delta: Some(d.outcome.delta),
             accountant: None,
-            bound: None,
+            // A Clopper–Pearson lower bound, labelled as one (never under "sound ε").
+            bound: Some(crate::accountants::BoundKind::LowerBound),
+            source: Some("Clopper–Pearson audit".into()),
             margin: Some(d.epsilon_upper - d.outcome.epsilon_lower),
             message: format!(
-                "empirical ε lower bound {} vs accounted ε {}",
+                "Clopper–Pearson ε lower bound {} vs the accounted ε {} of one release",
                 report::export::fmt_num(d.outcome.epsilon_lower),
                 report::export::fmt_num(d.epsilon_upper)
             ),
@@ -338,10 +354,10 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
     }
     r.conclusion = Some(Conclusion {
         audited: format!("A run of the {mechanism} mechanism on the data of `{}`.", a.config.display()),
-        guarantee: format!(
-            "The ledger (ledger.toml) records every release that ran; account it with `dpaudit account --event ledger.toml`. {}",
-            header.lines().last().unwrap_or_default()
-        ),
+        guarantee: match r.sound_epsilon() {
+            Some(_) => crate::report::conclusion::derive(&r).guarantee,
+            None => "No guarantee was shown: the ledger (ledger.toml) could not be accounted.".into(),
+        },
         verdict: if rec.sensitivity.is_none() && rec.distinguishing.is_none() {
             "No audit was run (--audit), so there is no verdict.".into()
         } else if failed {

@@ -126,6 +126,10 @@ pub fn to_report(
     if let Some(c) = rows.first() {
         r.assumptions.step_convention = Some(c.convention.clone());
     }
+    // The config's own warnings, as `analyze` and `check` show them for the same file.
+    for w in super::sampler_warnings(cfg) {
+        r.warn(&w.code, w.message, w.severe);
+    }
     let (columns, table_rows) = table_from_csv(csv)?;
     r.tables.push(Table {
         id: "sweep".into(),
@@ -173,10 +177,12 @@ pld and rdp are upper bounds."
         } else {
             let (lo, hi) = range(&sound);
             format!(
-                "Sound ε (exact values and upper bounds) at δ = {} ranges from {} to {} across the grid.",
+                "Sound ε (exact values and upper bounds) at δ = {} ranges from {} to {} across the grid, under: {}. At the largest, {}",
                 num::fmt(cfg.delta),
                 report::export::fmt_num(lo),
-                report::export::fmt_num(hi)
+                report::export::fmt_num(hi),
+                report::conclusion::under(&r),
+                report::conclusion::scale(hi, cfg.delta).replacen("What it allows", "what it allows", 1)
             )
         },
         verdict: match budget {

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use dpaudit::audit::analyze::{self, render_text};
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use crate::cli::EXIT_OK;
+use dpaudit::audit::analyze::{self, render_text};
 use dpaudit::diffusion::SamplerConfig;
 use dpaudit::error::Error;
 

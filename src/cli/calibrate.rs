@@ -431,39 +431,7 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         row(&mut csv, "clt_estimate", e);
     }
     let text = render_sampler_text(path, &cfg, &c);
-    let mut rep = dpaudit::report::Report::new(
-        format!("Calibration: {} of {}", param.as_str(), path.display()),
-        dpaudit::report::command_line(),
-    )
-    .for_command("calibrate");
-    rep.add_input("sampler config", path)?;
-    rep.delta = Some(cfg.delta);
-    rep.assumptions.neighbouring = Some(cfg.neighbouring);
-    rep.fact(param.as_str(), dpaudit::report::num::fmt(c.sound.meets.value))
-        .fact("target ε", dpaudit::report::num::fmt(args.target_epsilon))
-        .fact("sound ε at that value", dpaudit::report::num::fmt(c.sound.meets.epsilon));
-    rep.conclusion = Some(dpaudit::report::Conclusion {
-        audited: format!(
-            "Which {} makes the sampler `{}` meet ε ≤ {} at δ = {}.",
-            param.as_str(),
-            path.display(),
-            dpaudit::report::num::fmt(args.target_epsilon),
-            dpaudit::report::num::fmt(cfg.delta)
-        ),
-        guarantee: format!(
-            "{} = {} gives a sound ε = {} ({}).",
-            param.as_str(),
-            dpaudit::report::num::fmt(c.sound.meets.value),
-            dpaudit::report::num::fmt(c.sound.meets.epsilon),
-            c.sound.meets.line.accountant.as_str()
-        ),
-        verdict: "No budget was checked: this is a calibration, on the safe side of the target.".into(),
-        estimates: if c.clt.is_some() {
-            "The CLT answer is shown beside it as an estimate, never a guarantee.".into()
-        } else {
-            "No estimates.".into()
-        },
-    });
+    let rep = dpaudit::audit::calibrate::sampler_report(path, &cfg, &c)?;
     outs.finish_with_csv(
         &rep,
         &text,

@@ -9,13 +9,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use dpaudit::accountants::AccountantKind;
-use dpaudit::audit::Input;
 use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
-use crate::cli::{EXIT_OK, EXIT_VIOLATED};
+use crate::cli::EXIT_OK;
+use dpaudit::accountants::AccountantKind;
+use dpaudit::audit::exit_code;
+use dpaudit::audit::Input;
 use dpaudit::error::{Error, Result};
 use dpaudit::events::{DpEvent, Neighbouring};
-use dpaudit::report::build::{self, AccountOptions};
 use dpaudit::report::{self, junit, output, progress, Report, Status};
 
 const EXAMPLES: &str = "\
@@ -121,6 +121,7 @@ fn flag_pipeline(args: &Args) -> Result<Option<(Input, Vec<String>)>> {
             delta: None,
             role: "DP-SGD flags",
             step_convention: None,
+            warnings: Vec::new(),
         },
         lines,
     )))
@@ -195,7 +196,7 @@ fn load_input(args: &Args, path: Option<&Path>) -> Result<(Input, Vec<String>)> 
     }
 }
 
-/// Accounts one input and adds its budget verdict.
+/// Accounts one input and adds its budget verdict (the application layer's `check`).
 fn check_one(
     args: &Args,
     kinds: &[AccountantKind],
@@ -207,61 +208,16 @@ fn check_one(
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| FLAGS_NAME.to_string());
     let (pipeline, derivation) = load_input(args, path)?;
-    let delta = match (args.delta, pipeline.delta) {
-        (Some(d), _) | (None, Some(d)) => d,
-        (None, None) => {
-            let e = Error::field("--delta", "no δ given: pass --delta or set `delta` in the file");
-            return Err(match path {
-                Some(p) => e.with_file(p),
-                None => e,
-            });
-        }
+    let plan = dpaudit::audit::check::Plan {
+        name,
+        path,
+        delta_flag: args.delta,
+        budget: args.max_epsilon,
+        accountants: kinds,
+        curves,
+        quiet,
     };
-    dpaudit::accountants::check_delta(delta).map_err(|e| match (args.delta.is_some(), path) {
-        (true, _) | (false, None) => Error::field("--delta", e.message),
-        (false, Some(p)) => e.with_file(p),
-    })?;
-
-    let mut rep = Report::new(format!("Privacy budget check: {name}"), report::command_line());
-    match path {
-        Some(p) => {
-            rep.add_input(pipeline.role, p)?;
-        }
-        None => {
-            for l in &derivation {
-                rep.assumptions
-                    .other
-                    .push(report::Fact::new("DP-SGD derivation", l.clone()));
-            }
-        }
-    }
-    rep.assumptions.step_convention = pipeline.step_convention.clone();
-    let work = kinds.len() as u64 * if curves { 2 } else { 1 };
-    let pb = progress::bar(work, quiet, "check");
-    build::account_event(
-        &mut rep,
-        &pipeline.event,
-        pipeline.neighbouring,
-        delta,
-        kinds,
-        AccountOptions { curves },
-        &mut |what| {
-            pb.set_message(what.to_string());
-            pb.inc(1);
-        },
-    )?;
-    pb.finish_and_clear();
-    let subject = format!("ε budget for {name}");
-    let verdict = build::budget_verdict(&mut rep, &subject, args.max_epsilon);
-    rep.fact("budget ε", report::export::fmt_num(args.max_epsilon));
-    rep.fact("δ", report::export::fmt_num(delta));
-    if let Some(e) = verdict.epsilon {
-        rep.fact("sound ε", report::export::fmt_num(e));
-    }
-    if let Some(m) = verdict.margin {
-        rep.fact("margin (budget − sound ε)", report::export::fmt_num(m));
-    }
-    Ok((rep, verdict, delta))
+    dpaudit::audit::check::run(&plan, &pipeline, &derivation)
 }
 
 fn inconclusive_error(rep: &Report, name: &str) -> Error {
@@ -304,8 +260,7 @@ fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<i32> {
             Ok((rep, verdict, delta)) => {
                 output::emit_stdout(format!("{}\n", verdict_line(&name, &verdict, delta)).as_bytes())?;
                 match verdict.status {
-                    Status::Pass => {}
-                    Status::Fail => code = code.max(EXIT_VIOLATED),
+                    Status::Pass | Status::Fail => code = code.max(exit_code(verdict.status)),
                     Status::Inconclusive => {
                         eprintln!("error: {}", inconclusive_error(&rep, &name));
                         any_error = true;
@@ -367,9 +322,8 @@ fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<i32> {
         eprintln!("warning: {}", w.message);
     }
     match verdict.status {
-        Status::Pass => Ok(EXIT_OK),
-        Status::Fail => Ok(EXIT_VIOLATED),
         Status::Inconclusive => Err(inconclusive_error(&rep, &name)),
+        s => Ok(exit_code(s)),
     }
 }
 

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
+use crate::cli::common::{Format, OutputArgs};
 use dpaudit::attacks::pipeline;
 use dpaudit::attacks::shard::{self, MiaPart};
-use crate::cli::common::{Format, OutputArgs};
 use dpaudit::error::Error;
 use dpaudit::models::data::sha256_file;
 use dpaudit::models::{device, Checkpoint, Dataset, SplitManifest};

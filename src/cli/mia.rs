@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
+use crate::cli::common::{Format, OutputArgs, Outputs};
 use crate::cli::values::{AttackKind as AttackArg, AuditKind, DeviceChoice};
 use dpaudit::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
 use dpaudit::attacks::pipeline::{self, MiaPlan, Table2Opts};
 use dpaudit::attacks::shard::{MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
 use dpaudit::attacks::{render, scores};
-use crate::cli::common::{Format, OutputArgs, Outputs};
 use dpaudit::error::Error;
 use dpaudit::models::{device, Checkpoint, Dataset, SplitManifest};
 
@@ -290,7 +290,7 @@ pub(crate) fn emit(
     roc_out: Option<&PathBuf>,
     scores_out: Option<&PathBuf>,
 ) -> anyhow::Result<i32> {
-    let mut rep = report.to_report(&dpaudit::report::command_line());
+    let mut rep = dpaudit::audit::mia::to_report(&report, &dpaudit::report::command_line());
     rep.audit = "mia".into();
     rep.conclude();
     let detail = serde_json::to_vec_pretty(report)?;

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
+use crate::cli::values::DeviceChoice;
 use dpaudit::error::Error;
 use dpaudit::models::diffusers::DiffusersCheckpoint;
-use crate::cli::values::DeviceChoice;
 use dpaudit::models::{device, npy};
 
 const EXAMPLES: &str = "\

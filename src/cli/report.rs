@@ -48,6 +48,7 @@ fn run_inner(args: &Args) -> Result<i32> {
         output::check_file(p, out.force)?;
     }
     let bytes = std::fs::read(&args.input).map_err(|e| Error::io(&args.input, &e))?;
+    not_a_detail_file(&args.input, &bytes)?;
     let rep = report::from_json(&bytes).map_err(|e| e.with_file(&args.input))?;
     match &args.output {
         Some(p) => {
@@ -62,4 +63,27 @@ fn run_inner(args: &Args) -> Result<i32> {
         }
     }
     Ok(EXIT_OK)
+}
+
+/// A command's detail file (sweep.json, calibrate.json, verify.json, mia.json, run.json) is
+/// not a report: exit 2 pointing to the report.json written beside it.
+fn not_a_detail_file(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Ok(());
+    };
+    let is_report = v.get("title").is_some_and(|t| t.is_string()) && v.get("command").is_some();
+    if is_report {
+        return Ok(());
+    }
+    let beside = path.with_file_name("report.json");
+    Err(Error::input(format!(
+        "this is a command's detail file, not a dpaudit report: `dpaudit report` renders the report.json that \
+--out writes beside it{}",
+        if beside.is_file() {
+            format!(" (`dpaudit report {}`)", beside.display())
+        } else {
+            String::new()
+        }
+    ))
+    .with_file(path))
 }

@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
-use dpaudit::audit::run::{self, Options, RUN_FILES};
 use crate::cli::common::{Format, OutputArgs};
-use crate::cli::{EXIT_OK, EXIT_VIOLATED};
 use crate::cli::values::Fault;
+use crate::cli::{EXIT_OK, EXIT_VIOLATED};
+use dpaudit::audit::run::{self, Options, RUN_FILES};
 
 const EXAMPLE: &str = "\
 Examples:

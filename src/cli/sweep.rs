@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use dpaudit::accountants::AccountantKind;
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use crate::cli::EXIT_OK;
+use dpaudit::accountants::AccountantKind;
 use dpaudit::diffusion::sweep::{self, SweepRow, SweepSpec};
 use dpaudit::diffusion::SamplerConfig;
 use dpaudit::error::{Error, Result};

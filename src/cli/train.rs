@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use dpaudit::error::Error;
 use crate::cli::values::{Arch, DeviceChoice, Part, PerSample};
+use dpaudit::error::Error;
 use dpaudit::models::run::{DpPlan, RapidPlan, TrainPlan};
 use dpaudit::models::schedule::ScheduleConfig;
 use dpaudit::models::{device, Dataset, ModelConfig, SplitManifest};

@@ -3,13 +3,9 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use serde::Serialize;
-
 use crate::cli::common::{Format, OutputArgs};
 use crate::cli::{EXIT_OK, EXIT_VIOLATED};
-use dpaudit::config::claims::ClaimsFile;
-use dpaudit::pipelines::{self, ClaimResult, Verdict};
-use dpaudit::report::{self, Cell, Column, Report, Status, Table};
+use dpaudit::audit::verify::{self, VerifyOutput};
 
 const EXAMPLE: &str = "\
 Examples:
@@ -44,60 +40,13 @@ pub struct Args {
     pub strict: bool,
 }
 
-/// The serialised result of a verify run.
-#[derive(Debug, Clone, Serialize)]
-pub struct VerifyOutput {
-    /// The claims files read.
-    pub files: Vec<String>,
-    /// One result per claim.
-    pub claims: Vec<ClaimResult>,
-    /// Counts per verdict.
-    pub summary: Summary,
-}
-
-/// Counts of verdicts (under each claim's stated interpretation).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Summary {
-    /// Claims that hold.
-    pub holds: usize,
-    /// Claims violated (a lower-bound witness exceeds them).
-    pub violated: usize,
-    /// Claims neither shown to hold nor violated.
-    pub not_demonstrated: usize,
-    /// Claims that hold under the stated interpretation but not under every other one.
-    pub holds_not_under_every_interpretation: usize,
-}
-
 /// Runs `dpaudit verify`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     // Bad output locations fail before any accounting.
     let out = args.output.prepare(Format::Text, &["verify.json", "verify.csv"])?;
     let progress = dpaudit::report::progress::Progress::new(Some(args.claims.len() as u64), out.quiet, "verify");
-    let mut claims = Vec::new();
-    let mut files = Vec::new();
-    for p in &args.claims {
-        progress.set_message(p.display().to_string());
-        let f = ClaimsFile::load(p)?;
-        let res = pipelines::verify_claims(&f).map_err(|e| e.with_file(p))?;
-        claims.extend(res);
-        files.push(p.display().to_string());
-        progress.inc(1);
-    }
+    let (out_data, rep) = verify::run(&args.claims, &progress)?;
     progress.finish();
-    let mut summary = Summary::default();
-    for c in &claims {
-        match c.verdict {
-            Verdict::Holds => summary.holds += 1,
-            Verdict::Violated => summary.violated += 1,
-            Verdict::NotDemonstrated => summary.not_demonstrated += 1,
-        }
-        if c.verdict == Verdict::Holds && c.interpretations.iter().any(|i| i.decision.verdict != Verdict::Holds) {
-            summary.holds_not_under_every_interpretation += 1;
-        }
-    }
-    let out_data = VerifyOutput { files, claims, summary };
-    let mut rep = to_report(&out_data)?;
-    rep.conclude();
     let detail = serde_json::to_vec_pretty(&out_data)?;
     out.finish_with_csv(
         &rep,
@@ -281,172 +230,4 @@ fn csv_rows(out: &VerifyOutput) -> dpaudit::Result<Vec<u8>> {
         }
     }
     w.into_inner().map_err(|e| dpaudit::Error::input(e.to_string()))
-}
-
-/// Fills the shared report model: one verdict per claim (PASS holds, FAIL violated,
-/// INCONCLUSIVE holds only under some interpretations or undecided), warnings for failed
-/// validity checks and findings, and tables of claims, analyses, checks and calibrations.
-pub fn to_report(out: &VerifyOutput) -> dpaudit::Result<Report> {
-    let mut r = Report::new(
-        format!("dpaudit verify: {}", out.files.join(", ")),
-        report::command_line(),
-    )
-    .for_command("verify");
-    for f in &out.files {
-        r.add_input("claims", std::path::Path::new(f))?;
-    }
-    let m = &out.summary;
-    r.fact("claims", out.claims.len().to_string())
-        .fact("hold", m.holds.to_string())
-        .fact("violated", m.violated.to_string())
-        .fact("not demonstrated", m.not_demonstrated.to_string());
-    let mut claims = Table {
-        id: "claims".into(),
-        title: "Claims and verdicts".into(),
-        columns: [
-            "claim",
-            "pipeline",
-            "dataset",
-            "source",
-            "claimed ε",
-            "δ",
-            "verdict",
-            "evidence ε",
-            "accountant",
-            "kind",
-            "holds under",
-            "detail",
-        ]
-        .iter()
-        .map(|c| Column::new(c))
-        .collect(),
-        rows: vec![],
-        note: Some(
-            "holds needs a sound upper bound ≤ the claim, violated a sound lower bound above it; anything else is \
-             not demonstrated. Estimates (CLT) never decide."
-                .into(),
-        ),
-    };
-    let mut analyses = Table {
-        id: "analyses".into(),
-        title: "ε per claim, interpretation and method".into(),
-        columns: [
-            "claim",
-            "interpretation",
-            "neighbouring",
-            "sensitivity",
-            "method",
-            "ε",
-            "δ",
-            "accountant",
-            "kind",
-            "stated",
-            "verdict",
-            "note",
-        ]
-        .iter()
-        .map(|c| Column::new(c))
-        .collect(),
-        rows: vec![],
-        note: None,
-    };
-    let mut checks = Table {
-        id: "checks".into(),
-        title: "Validity-range checks".into(),
-        columns: ["claim", "check", "ok", "message"]
-            .iter()
-            .map(|c| Column::new(c))
-            .collect(),
-        rows: vec![],
-        note: None,
-    };
-    let mut cals = Table {
-        id: "calibrations".into(),
-        title: "Calibrations (what an omitted or alternative parameter would have to be)".into(),
-        columns: ["claim", "what", "value", "description"]
-            .iter()
-            .map(|c| Column::new(c))
-            .collect(),
-        rows: vec![],
-        note: None,
-    };
-    for c in &out.claims {
-        let status = match c.verdict {
-            Verdict::Holds => Status::Pass,
-            Verdict::Violated => Status::Fail,
-            Verdict::NotDemonstrated => Status::Inconclusive,
-        };
-        // The verdict's evidence carries its own accountant and kind: they label the number.
-        let ev = c.evidence.as_ref();
-        r.verdicts.push(report::Verdict {
-            subject: format!("{} ({})", c.id, c.pipeline),
-            status,
-            budget: Some(c.claimed_epsilon),
-            epsilon: ev.map(|e| e.epsilon),
-            delta: Some(c.claimed_delta),
-            accountant: ev.and_then(|e| e.accountant),
-            bound: ev.map(|e| e.kind),
-            margin: ev.map(|e| c.claimed_epsilon - e.epsilon),
-            message: c.describe(),
-        });
-        claims.rows.push(vec![
-            Cell::from(c.id.as_str()),
-            Cell::from(c.pipeline.as_str()),
-            Cell::from(c.dataset.as_str()),
-            Cell::from(c.source.as_str()),
-            Cell::from(c.claimed_epsilon),
-            Cell::from(c.claimed_delta),
-            Cell::from(c.verdict.as_str()),
-            ev.map_or(Cell::Empty, |e| Cell::from(e.epsilon)),
-            Cell::from(ev.map_or("", |e| e.source())),
-            Cell::from(ev.map_or("", |e| e.kind.as_str())),
-            Cell::from(c.holds_under.join(", ")),
-            Cell::from(c.reason.as_str()),
-        ]);
-        for i in &c.interpretations {
-            for a in &i.sound.analyses {
-                analyses.rows.push(vec![
-                    Cell::from(c.id.as_str()),
-                    Cell::from(i.id.as_str()),
-                    Cell::from(i.neighbouring.to_string()),
-                    Cell::from(i.sensitivity.as_str()),
-                    Cell::from(a.method.as_str()),
-                    Cell::from(a.epsilon),
-                    Cell::from(a.delta),
-                    Cell::from(a.source()),
-                    Cell::from(a.kind.as_str()),
-                    Cell::from(if i.stated { "yes" } else { "no" }),
-                    Cell::from(i.decision.verdict.as_str()),
-                    Cell::from(a.note.as_str()),
-                ]);
-            }
-        }
-        for ch in &c.checks {
-            checks.rows.push(vec![
-                Cell::from(c.id.as_str()),
-                Cell::from(ch.code.as_str()),
-                Cell::from(if ch.ok { "yes" } else { "no" }),
-                Cell::from(ch.message.as_str()),
-            ]);
-            if !ch.ok {
-                r.warn(&ch.code, format!("{}: {}", c.id, ch.message), false);
-            }
-        }
-        for f in &c.findings {
-            r.warn("finding", format!("{}: {f}", c.id), false);
-        }
-        for k in &c.calibrations {
-            cals.rows.push(vec![
-                Cell::from(c.id.as_str()),
-                Cell::from(k.what.as_str()),
-                Cell::from(k.value),
-                Cell::from(k.description.as_str()),
-            ]);
-        }
-    }
-    r.tables = vec![claims, analyses, checks];
-    if !cals.rows.is_empty() {
-        r.tables.push(cals);
-    }
-    Ok(r)
 }

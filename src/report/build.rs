@@ -1,10 +1,10 @@
 //! Filling a [`Report`] from an accounted event: results of several accountants, the
 //! components table, the per-step trajectory (when the event is a sequence of full-batch
-//! Gaussian steps), ε-versus-δ and trade-off plots, and budget verdicts. Used by `check`, and
-//! by any command that accounts a [`DpEvent`].
+//! Gaussian steps), ε-versus-δ and trade-off plots, Used by `check`, and by any command that
+//! accounts a [`DpEvent`] (the budget verdict is decided in `audit`).
 
 use super::plot::{self, Series};
-use super::{Cell, Column, Report, Skipped, Status, Table, Verdict};
+use super::{Cell, Column, Report, Skipped, Table};
 use crate::accountants::{gdp, AccountResult, Accountant, AccountantKind, BoundKind};
 use crate::error::Result;
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
@@ -339,79 +339,6 @@ fn add_profile_plots(
     }
 }
 
-/// Compares `budget` with the smallest sound ε in the report (never an estimate) and adds the
-/// verdict. `Inconclusive` when no sound accountant produced a result.
-pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdict {
-    let delta = report.delta;
-    let v = match report.sound_epsilon() {
-        Some(r) => {
-            let pass = r.epsilon <= budget;
-            let margin = budget - r.epsilon;
-            Verdict {
-                subject: subject.to_string(),
-                status: if pass { Status::Pass } else { Status::Fail },
-                budget: Some(budget),
-                epsilon: Some(r.epsilon),
-                delta: Some(r.delta),
-                accountant: Some(r.accountant),
-                bound: Some(r.kind),
-                margin: Some(margin),
-                message: format!(
-                    "sound ε = {} ({} {}) {} budget {}",
-                    super::export::fmt_num(r.epsilon),
-                    r.accountant.as_str(),
-                    r.kind.as_str().replace('_', " "),
-                    if pass { "≤" } else { ">" },
-                    super::export::fmt_num(budget)
-                ),
-            }
-        }
-        None => Verdict {
-            subject: subject.to_string(),
-            status: Status::Inconclusive,
-            budget: Some(budget),
-            epsilon: None,
-            delta,
-            accountant: None,
-            bound: None,
-            margin: None,
-            message: "no sound accountant (exact or upper bound) could account this event".into(),
-        },
-    };
-    if v.status == Status::Fail {
-        if let Some(est) = report
-            .results
-            .iter()
-            .find(|r| !r.kind.is_sound() && r.epsilon <= budget)
-        {
-            let msg = format!(
-                "the {} estimate ε = {} is within the budget, but an estimate is not a guarantee: the sound bound exceeds it",
-                est.accountant.as_str(),
-                super::export::fmt_num(est.epsilon)
-            );
-            report.warn("estimate_within_budget", msg, true);
-        }
-    }
-    // The budget as a dotted line on the ε(δ) plot.
-    if let Some(p) = report.plots.iter_mut().find(|p| p.id == "epsilon_vs_delta") {
-        let xs: Vec<f64> = p.series.iter().flat_map(|s| s.x.iter().copied()).collect();
-        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if lo.is_finite() && hi.is_finite() {
-            p.series.push(
-                Series::new(
-                    format!("budget ε = {}", super::num::fmt(budget)),
-                    vec![lo, hi],
-                    vec![budget, budget],
-                )
-                .with_style(plot::LineStyle::Dotted),
-            );
-        }
-    }
-    report.verdicts.push(v.clone());
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,32 +350,5 @@ mod tests {
         };
         assert_eq!(trajectory(&ev).unwrap(), vec![0.5, 0.25, 0.25, 0.25]);
         assert!(trajectory(&DpEvent::dpsgd(1.0, 0.01, 10)).is_none());
-    }
-
-    #[test]
-    fn full_batch_report_has_gdp_verdict_and_plots() {
-        // 4 steps of μ = 0.5 compose to μ = 1 (DRS Cor. 3.3); ε(1e-5) of 1-GDP = 4.377178095681224
-        // (fixtures/reference/gdp_conv.csv, closed form + brentq in log space).
-        let ev = DpEvent::repeat(DpEvent::gdp(0.5), 4);
-        let mut r = Report::new("t", "x");
-        account_event(
-            &mut r,
-            &ev,
-            Neighbouring::AddRemove,
-            1e-5,
-            &[AccountantKind::Gdp],
-            AccountOptions { curves: true },
-            &mut |_| {},
-        )
-        .unwrap();
-        let v = budget_verdict(&mut r, "budget", 4.0);
-        assert!((v.epsilon.unwrap() - 4.377178095681224).abs() < 1e-9, "{v:?}");
-        assert_eq!(v.status, Status::Fail);
-        assert!(v.margin.unwrap() < 0.0);
-        let v = budget_verdict(&mut r, "budget", 5.0);
-        assert_eq!(v.status, Status::Pass);
-        let ids: Vec<&str> = r.plots.iter().map(|p| p.id.as_str()).collect();
-        assert_eq!(ids, ["per_step_mu", "cumulative", "epsilon_vs_delta", "tradeoff"]);
-        r.validate().unwrap();
     }
 }

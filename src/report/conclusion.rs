@@ -3,9 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::export::fmt_num;
-use super::{Report, Status};
-use crate::accountants::BoundKind;
+use super::num::fmt_num;
+use super::{Cell, Report, Status, Table};
+use crate::accountants::{tradeoff, BoundKind};
 
 /// Four sentences a reviewer reads first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,8 +31,130 @@ fn kind_words(k: BoundKind) -> &'static str {
     }
 }
 
-/// Derives the conclusion from a report's content (used for reports whose command did not
-/// write its own, and for upgraded version 1 files).
+/// What the report's guarantee rests on, for the "under: …" clause: the neighbouring relation,
+/// the sampling, the step convention and every privacy setting left at its default.
+pub fn under(r: &Report) -> String {
+    let mut parts = Vec::new();
+    match r.assumptions.neighbouring {
+        Some(n) => parts.push(format!("{n} neighbouring datasets")),
+        None => parts.push("the input's neighbouring relation".to_string()),
+    }
+    if let Some(s) = &r.assumptions.sampling {
+        parts.push(format!("sampling: {s}"));
+    }
+    if let Some(c) = &r.assumptions.step_convention {
+        parts.push(format!("step convention: {c}"));
+    }
+    for w in r.warnings.iter().filter(|w| w.code.starts_with("defaulted_")) {
+        parts.push(format!(
+            "default {}",
+            w.message.split(';').next().unwrap_or(&w.message).trim()
+        ));
+    }
+    for w in r.warnings.iter().filter(|w| w.code == "subsampled_normalisation") {
+        parts.push(w.message.split(':').next().unwrap_or(&w.message).trim().to_string());
+    }
+    parts.join("; ")
+}
+
+/// The one line of scale a stated (ε, δ) guarantee carries: what it allows a membership-inference
+/// attacker (Kairouz, Oh & Viswanath 2015, Thm 2.1; see `accountants::tradeoff`).
+pub fn scale(epsilon: f64, delta: f64) -> String {
+    format!(
+        "What it allows an attacker: membership accuracy ≤ {}, TPR at 1 % FPR ≤ {}.",
+        fmt_num(tradeoff::asr_limit_eps_delta(epsilon, delta)),
+        fmt_num(tradeoff::tpr_limit_eps_delta(epsilon, delta, 0.01))
+    )
+}
+
+/// What the report's sound numbers are about, as the subject of the guarantee sentence.
+fn subject(r: &Report) -> String {
+    let mechanism = r.sound_epsilon().and_then(|s| s.mechanism.clone());
+    match (r.audit.as_str(), mechanism) {
+        (_, Some(m)) => format!("The {m}"),
+        ("run", _) => "The run".into(),
+        ("train", _) => "The training run".into(),
+        _ => "The pipeline".into(),
+    }
+}
+
+fn cell_text(c: &Cell) -> String {
+    match c {
+        Cell::Int(i) => i.to_string(),
+        Cell::Num(x) => fmt_num(*x),
+        Cell::Text(t) => t.clone(),
+        Cell::Empty => String::new(),
+    }
+}
+
+/// The column `name` of `table`, per row.
+fn column<'a>(t: &'a Table, name: &str) -> Option<Vec<&'a Cell>> {
+    let i = t.columns.iter().position(|c| c.name == name)?;
+    Some(t.rows.iter().filter_map(|row| row.get(i)).collect())
+}
+
+/// The outcome of every comparison in a `comparisons` table (measured number against the
+/// guarantee of the mechanism it attacks), grouped by outcome.
+fn comparisons_sentence(t: &Table) -> Option<String> {
+    let what = column(t, "what")?;
+    let outcome = column(t, "outcome")?;
+    if what.is_empty() {
+        return None;
+    }
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for (w, o) in what.iter().zip(&outcome) {
+        let o = cell_text(o);
+        let w = cell_text(w);
+        match groups.iter_mut().find(|(k, _)| *k == o) {
+            Some((_, v)) => v.push(w),
+            None => groups.push((o, vec![w])),
+        }
+    }
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(o, ws)| format!("{o} ({}): {}", ws.len(), ws.join(", ")))
+        .collect();
+    Some(format!(
+        "{} comparisons of a measured number with the guarantee of the mechanism it attacks — {}.",
+        what.len(),
+        parts.join("; ")
+    ))
+}
+
+/// Estimates (and data-dependent numbers) listed in the report's tables: every row of a table
+/// with a `kind` column whose kind is not a guarantee.
+fn table_estimates(r: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in &r.tables {
+        let Some(kinds) = column(t, "kind") else { continue };
+        let eps = column(t, "ε").or_else(|| column(t, "epsilon"));
+        let who = column(t, "accountant").or_else(|| column(t, "method"));
+        let first = column(t, &t.columns[0].name);
+        for (i, k) in kinds.iter().enumerate() {
+            let k = cell_text(k);
+            if k != BoundKind::Estimate.as_str() && k != BoundKind::DataDependent.as_str() {
+                continue;
+            }
+            let mut label = String::new();
+            if let Some(f) = &first {
+                label.push_str(&cell_text(f[i]));
+            }
+            if let Some(w) = &who {
+                label = format!("{label} {}", cell_text(w[i])).trim().to_string();
+            }
+            if let Some(e) = &eps {
+                label = format!("{label} (ε = {})", cell_text(e[i]));
+            }
+            if !out.contains(&label) {
+                out.push(label);
+            }
+        }
+    }
+    out
+}
+
+/// Derives the conclusion from a report's content: every sentence is computed from the
+/// report's own results, verdicts and tables.
 pub fn derive(r: &Report) -> Conclusion {
     let audited = if r.inputs.is_empty() {
         format!("{}.", r.title.trim_end_matches('.'))
@@ -40,18 +162,16 @@ pub fn derive(r: &Report) -> Conclusion {
         let inputs: Vec<String> = r.inputs.iter().map(|i| format!("{} `{}`", i.role, i.path)).collect();
         format!("{} (from {}).", r.title.trim_end_matches('.'), inputs.join(", "))
     };
-    let nb = r
-        .assumptions
-        .neighbouring
-        .map(|n| format!(" for {n} neighbouring datasets"))
-        .unwrap_or_default();
     let guarantee = match r.sound_epsilon() {
         Some(s) => format!(
-            "The pipeline is (ε = {}, δ = {})-differentially private{nb}: {} from the {} accountant.",
+            "{} is (ε = {}, δ = {})-differentially private under: {}: {} from the {} accountant. {}",
+            subject(r),
             fmt_num(s.epsilon),
             fmt_num(s.delta),
+            under(r),
             kind_words(s.kind),
-            s.accountant.as_str()
+            s.accountant.as_str(),
+            scale(s.epsilon, s.delta)
         ),
         None if r.event.is_some() => {
             "No guarantee was shown: no sound accountant (exact value or upper bound) could account this event.".into()
@@ -61,10 +181,16 @@ pub fn derive(r: &Report) -> Conclusion {
         }
         None => "This report computes no privacy guarantee.".into(),
     };
-    let verdict = match r.verdicts.as_slice() {
-        [] => "No budget or claim was checked, so there is no verdict.".into(),
-        [v] => format!("{}: {}", v.status.as_str(), v.message.trim_end_matches('.')) + ".",
-        vs => {
+    let comparisons = r
+        .tables
+        .iter()
+        .find(|t| t.id == "comparisons")
+        .and_then(comparisons_sentence);
+    let verdict = match (r.verdicts.as_slice(), comparisons) {
+        ([], Some(c)) => c,
+        ([], None) => "No budget or claim was checked, so there is no verdict.".into(),
+        ([v], _) => format!("{}: {}", v.status.as_str(), v.message.trim_end_matches('.')) + ".",
+        (vs, _) => {
             let n = |s: Status| vs.iter().filter(|v| v.status == s).count();
             format!(
                 "{} subjects: {} PASS, {} FAIL, {} INCONCLUSIVE (not demonstrated either way).",
@@ -75,15 +201,23 @@ pub fn derive(r: &Report) -> Conclusion {
             )
         }
     };
-    let estimates: Vec<String> = r
+    let mut estimates: Vec<String> = r
         .results
         .iter()
         .filter(|x| matches!(x.kind, BoundKind::Estimate | BoundKind::DataDependent))
         .map(|x| format!("{} (ε = {})", x.accountant.as_str(), fmt_num(x.epsilon)))
         .collect();
-    let estimates = if estimates.is_empty() {
-        if r.results.is_empty() {
+    for e in table_estimates(r) {
+        if !estimates.contains(&e) {
+            estimates.push(e);
+        }
+    }
+    let measured = r.tables.iter().any(|t| t.id == "attacks" || t.id == "audits");
+    let mut estimates = if estimates.is_empty() {
+        if r.results.is_empty() && !measured {
             "No accountant numbers appear in this report.".into()
+        } else if r.results.is_empty() {
+            "No accountant number here is an estimate.".into()
         } else {
             "Every accountant number here is an exact value or an upper bound; none is an estimate.".into()
         }
@@ -94,6 +228,9 @@ pub fn derive(r: &Report) -> Conclusion {
             if estimates.len() == 1 { "is" } else { "are each" }
         )
     };
+    if measured {
+        estimates.push_str(" Attack and audit numbers are measurements on this data, not guarantees.");
+    }
     Conclusion {
         audited,
         guarantee,

@@ -268,48 +268,32 @@ fn verdicts_table(report: &Report) -> Option<Table> {
     })
 }
 
-/// Human formatting of a number: up to 6 significant digits, scientific outside [1e-4, 1e6),
-/// `∞` for infinity. Used by Markdown, HTML and plot ticks.
-pub fn fmt_num(x: f64) -> String {
-    if x.is_nan() {
-        return "NaN".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 { "∞".into() } else { "−∞".into() };
-    }
-    if x == 0.0 {
-        return "0".into();
-    }
-    let a = x.abs();
-    if (1e-4..1e6).contains(&a) {
-        let digits = (5 - a.log10().floor() as i32).clamp(0, 10) as usize;
-        let s = format!("{x:.digits$}");
-        let s = if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            s
-        };
-        if s == "-0" {
-            "0".into()
-        } else {
-            s
-        }
+/// The heading of the verdicts' ε column: "sound ε" while every compared number is an exact
+/// value or an upper bound; "evidence ε" once one is a lower bound (which is never shown under an
+/// upper-bound heading).
+fn verdict_epsilon_heading(r: &Report) -> &'static str {
+    if r.verdicts.iter().all(|v| v.bound.is_none_or(|b| b.is_sound())) {
+        "sound ε"
     } else {
-        let s = format!("{x:.4e}");
-        // 1.2300e-7 -> 1.23e-7
-        match s.split_once('e') {
-            Some((m, e)) => {
-                let m = if m.contains('.') {
-                    m.trim_end_matches('0').trim_end_matches('.')
-                } else {
-                    m
-                };
-                format!("{m}e{e}")
-            }
-            None => s,
-        }
+        "evidence ε"
     }
 }
+
+/// Where a verdict's ε comes from: the accountant or named source, and its kind.
+fn verdict_from(v: &super::Verdict) -> String {
+    let who = v
+        .accountant
+        .map(|a| a.as_str().to_string())
+        .or_else(|| v.source.clone());
+    match (who, v.bound) {
+        (Some(w), Some(b)) => format!("{w} ({})", kind_label(b)),
+        (Some(w), None) => w,
+        (None, Some(b)) => kind_label(b).to_string(),
+        (None, None) => "–".into(),
+    }
+}
+
+pub use super::num::fmt_num;
 
 fn fmt_opt(x: Option<f64>) -> String {
     x.map(fmt_num).unwrap_or_else(|| "–".into())
@@ -430,14 +414,11 @@ pub fn markdown(r: &Report, images: Images) -> Result<String> {
         let _ = writeln!(s, "## Verdicts\n");
         let _ = writeln!(
             s,
-            "| status | subject | budget ε | sound ε | δ | from | margin | message |\n|---|---|---|---|---|---|---|---|"
+            "| status | subject | budget ε | {} | δ | from | margin | message |\n|---|---|---|---|---|---|---|---|",
+            verdict_epsilon_heading(r)
         );
         for v in &r.verdicts {
-            let from = match (v.accountant, v.bound) {
-                (Some(a), Some(b)) => format!("{} ({})", a.as_str(), kind_label(b)),
-                (Some(a), None) => a.as_str().to_string(),
-                _ => "–".into(),
-            };
+            let from = md_cell(&verdict_from(v));
             let _ = writeln!(
                 s,
                 "| **{}** | {} | {} | {} | {} | {} | {} | {} |",
@@ -683,18 +664,14 @@ pub fn to_html(r: &Report) -> Result<String> {
     );
 
     if !r.verdicts.is_empty() {
-        let _ = writeln!(s, "<h2>Verdicts</h2>\n<table>\n<tr><th>status</th><th>subject</th><th>budget ε</th><th>sound ε</th><th>δ</th><th>from</th><th>margin</th><th>message</th></tr>");
+        let _ = writeln!(s, "<h2>Verdicts</h2>\n<table>\n<tr><th>status</th><th>subject</th><th>budget ε</th><th>{}</th><th>δ</th><th>from</th><th>margin</th><th>message</th></tr>", verdict_epsilon_heading(r));
         for v in &r.verdicts {
             let class = match v.status {
                 Status::Pass => "pass",
                 Status::Fail => "fail",
                 Status::Inconclusive => "inconclusive",
             };
-            let from = match (v.accountant, v.bound) {
-                (Some(a), Some(b)) => format!("{} ({})", a.as_str(), kind_label(b)),
-                (Some(a), None) => a.as_str().to_string(),
-                _ => "–".into(),
-            };
+            let from = esc(&verdict_from(v));
             let _ = writeln!(
                 s,
                 "<tr><td class=\"{class}\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>",

@@ -80,6 +80,10 @@ pub struct Report {
     /// Accountants that could not account the event, and why.
     #[serde(default)]
     pub skipped: Vec<Skipped>,
+    /// The command's answer as typed numbers (calibrate's σ, q, steps or samples, the ε it
+    /// gives), keyed by name: what a program reads instead of parsing `summary`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub answers: BTreeMap<String, f64>,
     #[serde(default)]
     /// Budget or claim verdicts.
     pub verdicts: Vec<Verdict>,
@@ -251,6 +255,10 @@ pub struct Verdict {
     /// `budget − epsilon` (negative when over budget).
     #[serde(default, with = "num::opt")]
     pub margin: Option<f64>,
+    /// Where `epsilon` comes from when no accountant gave it (a δ floor, a Clopper–Pearson
+    /// audit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// The verdict in words.
     pub message: String,
 }
@@ -419,6 +427,7 @@ impl Report {
             delta: None,
             results: Vec::new(),
             skipped: Vec::new(),
+            answers: BTreeMap::new(),
             verdicts: Vec::new(),
             warnings: Vec::new(),
             summary: Vec::new(),
@@ -577,6 +586,8 @@ mod results_serde {
         details: BTreeMap<String, f64>,
         #[serde(default)]
         diagnostics: Vec<Diagnostic>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mechanism: Option<String>,
     }
 
     pub fn serialize<S: serde::Serializer>(v: &[AccountResult], s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -589,6 +600,7 @@ mod results_serde {
                 kind: r.kind,
                 details: r.details.clone(),
                 diagnostics: r.diagnostics.clone(),
+                mechanism: r.mechanism.clone(),
             })
             .collect();
         reprs.serialize(s)
@@ -602,6 +614,7 @@ mod results_serde {
                 let mut a = AccountResult::new(r.accountant, r.epsilon, r.delta, r.kind);
                 a.details = r.details;
                 a.diagnostics = r.diagnostics;
+                a.mechanism = r.mechanism;
                 a
             })
             .collect())

@@ -339,7 +339,7 @@ pub fn profile_tradeoff(eps: &[f64], delta: &[f64], alpha: &[f64]) -> Vec<f64> {
 }
 
 fn fmt_delta(d: f64) -> String {
-    super::export::fmt_num(d)
+    super::num::fmt_num(d)
 }
 
 // ---------------------------------------------------------------- rendering
@@ -554,7 +554,7 @@ fn emptiest_corner(pts: &[Vec<(f64, f64)>], x: (f64, f64, Scale), y: (f64, f64, 
 }
 
 fn tick(v: &f64) -> String {
-    super::export::fmt_num(*v)
+    super::num::fmt_num(*v)
 }
 
 fn draw_in<DB, X, Y>(

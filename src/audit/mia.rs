@@ -1,0 +1,355 @@
+//! `mia`: the report of a membership-inference run — facts, the attack table, the null test, the
+//! cosine profile, the Table-2 comparison, the comparisons of each measured number with the
+//! guarantee of the mechanism it attacks, and one ROC plot per attacked mechanism.
+
+use crate::accountants::{AccountResult, AccountantKind};
+use crate::attacks::mia::{AttackKind, AttackResult, Target};
+use crate::attacks::pipeline::{MiaReport, Table2Row};
+use crate::attacks::theory::{self, Guarantee};
+use crate::report::export::fmt_num;
+use crate::report::{plot, Axis, Cell, Column, LegendPosition, LineStyle, Plot, Report, Scale, Series, Table};
+
+/// The shared report model of a `mia` run (for `--format md|html|json` and `--out`).
+pub fn to_report(m: &MiaReport, command: &str) -> Report {
+    let f = fmt_num;
+    let title = match (&m.target, &m.scores_file) {
+        (Some(t), _) => format!("Membership inference on {}", t.checkpoint),
+        (None, Some(s)) => format!("Membership inference from scores {s}"),
+        (None, None) => "Membership inference".to_string(),
+    };
+    let mut r = Report::new(title, command);
+    r.seed = Some(m.seed);
+    r.event = m.checkpoint_basis.as_ref().and_then(|b| b.event.clone());
+    r.delta = Some(m.delta);
+    for (role, p) in [
+        (
+            "checkpoint",
+            m.target.as_ref().map(|t| t.checkpoint.as_str()).unwrap_or(""),
+        ),
+        ("data", m.data.as_str()),
+        ("split", m.split.as_str()),
+        ("scores", m.scores_file.as_deref().unwrap_or("")),
+    ] {
+        if !p.is_empty() {
+            let _ = r.add_input(role, std::path::Path::new(p));
+        }
+    }
+    r.assumptions.neighbouring = r.event.as_ref().map(|_| crate::events::Neighbouring::AddRemove);
+    if let Some(t) = &m.target {
+        r.fact("model", format!("{} ({} parameters)", t.arch, t.parameters));
+        r.fact(
+            "trained on",
+            format!("{} ({} rows), {} steps", t.trained_on, t.train_rows, t.steps),
+        );
+        r.fact("training command", t.command.clone());
+        r.fact("training randomness", t.randomness.clone());
+        match &t.dp {
+            None => {
+                r.fact("DP", "none: no theoretical limit applies to the checkpoint");
+            }
+            Some(dp) => {
+                r.fact(
+                    "DP",
+                    format!(
+                        "σ = {}, C = {}, q = {}, {} steps",
+                        dp.noise_multiplier, dp.clip, dp.sample_rate, dp.steps
+                    ),
+                );
+            }
+        }
+    }
+    r.fact("device", m.device.clone());
+    // The checkpoint's accounted guarantees are the report's results (the guarantee the
+    // conclusion states); the sampler's stay facts, they are about another mechanism.
+    if let Some(basis) = &m.checkpoint_basis {
+        for g in &basis.guarantees {
+            let Some(acc) = g
+                .source
+                .split_whitespace()
+                .next()
+                .and_then(|a| a.parse::<AccountantKind>().ok())
+            else {
+                continue;
+            };
+            let mut res = AccountResult::new(acc, g.epsilon, g.delta, g.kind).for_mechanism("checkpoint");
+            if let Some(mu) = g.mu {
+                res = res.with_detail("mu", mu);
+            }
+            if g.source.contains("no amplification") {
+                res = res.with_detail("no_amplification", 1.0);
+            }
+            r.results.push(res);
+        }
+    }
+    for (name, b) in [("checkpoint", &m.checkpoint_basis), ("sampler", &m.sampler_basis)] {
+        if let Some(b) = b {
+            for g in &b.guarantees {
+                r.fact(
+                    format!("accounted ε of the {name} ({}, {})", g.source, g.kind.as_str()),
+                    format!("{} at δ = {}", f(g.epsilon), f(g.delta)),
+                );
+            }
+        }
+    }
+    for w in &m.warnings {
+        r.warn("mia_warning", w.clone(), w.contains("seeded"));
+    }
+    for c in m.violations() {
+        r.warn(
+            "violation",
+            format!("{}: {} — {} (basis: {})", c.what, c.outcome, c.measured, c.basis),
+            true,
+        );
+    }
+    r.tables.push(Table {
+        id: "comparisons".into(),
+        title: "Each measured number against the guarantee of the mechanism it attacks".into(),
+        columns: ["what", "mechanism", "basis", "measured", "limit", "outcome"]
+            .iter()
+            .map(|c| Column::new(c))
+            .collect(),
+        rows: m
+            .comparisons
+            .iter()
+            .map(|c| {
+                vec![
+                    c.what.clone().into(),
+                    c.mechanism.clone().into(),
+                    c.basis.clone().into(),
+                    c.measured.clone().into(),
+                    c.limit.into(),
+                    c.outcome.clone().into(),
+                ]
+            })
+            .collect(),
+        note: Some("Only an audit's ε lower bound (one-run canaries, or independent runs) can show a violation; a single model's ASR at the held-out threshold is a measurement, not a bound.".into()),
+    });
+    if let Some(a) = &m.one_run {
+        r.tables.push(Table {
+            id: "one-run".into(),
+            title: format!(
+                "One-run audit: {} canaries, {} included; ε lower bound {} at confidence {}",
+                a.canaries,
+                a.included,
+                f(a.epsilon_lower),
+                f(a.confidence)
+            ),
+            columns: ["attack", "t", "k+", "k-", "guesses", "correct", "ε lower (at 1 − β/N)"]
+                .iter()
+                .map(|c| Column::new(c))
+                .collect(),
+            rows: a
+                .all
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.attack.clone().into(),
+                        c.t.into(),
+                        c.k_pos.into(),
+                        c.k_neg.into(),
+                        (c.guesses as usize).into(),
+                        (c.correct as usize).into(),
+                        c.epsilon_lower.into(),
+                    ]
+                })
+                .collect(),
+            note: Some(format!(
+                "Steinke, Nasr & Jagielski 2023, Thm 3.3 at δ = {}; Bonferroni over N = {} candidates.",
+                f(a.delta),
+                a.candidates
+            )),
+        });
+    }
+    let cols = [
+        "attack",
+        "t",
+        "labels",
+        "AUC",
+        "AUC lo",
+        "AUC hi",
+        "TPR@1%FPR",
+        "TPR@0.1%FPR",
+        "ASR held-out",
+        "lo",
+        "hi",
+        "ASR oracle",
+        "lo",
+        "hi",
+        "threshold",
+        "ASR limit",
+        "TPR@1% limit",
+    ];
+    let row = |a: &AttackResult| -> Vec<Cell> {
+        vec![
+            a.attack.as_str().into(),
+            a.t.into(),
+            (if a.shuffled_labels { "shuffled" } else { "true" }).into(),
+            a.auc.into(),
+            a.auc_ci.lo.into(),
+            a.auc_ci.hi.into(),
+            a.tpr_at_1pct_fpr.into(),
+            a.tpr_at_01pct_fpr.into(),
+            a.asr_heldout.into(),
+            a.asr_heldout_ci.lo.into(),
+            a.asr_heldout_ci.hi.into(),
+            a.asr_oracle.into(),
+            a.asr_oracle_ci.lo.into(),
+            a.asr_oracle_ci.hi.into(),
+            a.threshold.into(),
+            a.limits.as_ref().map(|l| l.asr).into(),
+            a.limits.as_ref().map(|l| l.tpr_at_1pct).into(),
+        ]
+    };
+    let note = format!(
+        "{:.0}% stratified bootstrap intervals. ASR held-out: empirical ASR at the threshold chosen on a held-out half (one model: a measurement, not a bound). Limits from the tightest sound guarantee of the attacked mechanism (checkpoint: training ledger; empirical: sampler accounting).",
+        m.confidence * 100.0
+    );
+    r.tables.push(Table {
+        id: "attacks".into(),
+        title: "Attacks".into(),
+        columns: cols.iter().map(|c| Column::new(c)).collect(),
+        rows: m.results.iter().map(row).collect(),
+        note: Some(note.clone()),
+    });
+    if !m.null_results.is_empty() {
+        r.tables.push(Table {
+            id: "null-test".into(),
+            title: "Null test (labels shuffled at random; AUC and ASR should be near 0.5)".into(),
+            columns: cols.iter().map(|c| Column::new(c)).collect(),
+            rows: m.null_results.iter().map(row).collect(),
+            note: Some(note),
+        });
+    }
+    if !m.cosine.is_empty() {
+        r.tables.push(Table {
+            id: "cosine".into(),
+            title: "Cosine between empirical and neural denoising directions (Figure 1)".into(),
+            columns: vec![
+                Column::new("t"),
+                Column::new("log SNR"),
+                Column::new("mean"),
+                Column::new("min"),
+            ],
+            rows: m
+                .cosine
+                .iter()
+                .map(|c| vec![c.t.into(), c.log_snr.into(), c.cosine_mean.into(), c.cosine_min.into()])
+                .collect(),
+            note: None,
+        });
+        r.plots.push(Plot {
+            id: "cosine".into(),
+            title: "Empirical vs neural denoiser: cosine of denoising directions".into(),
+            x: Axis::new("log SNR", "nats", Scale::Linear),
+            y: Axis::new("cosine similarity", "", Scale::Linear),
+            series: vec![Series::new(
+                "mean over held-out queries",
+                m.cosine.iter().map(|c| c.log_snr).collect(),
+                m.cosine.iter().map(|c| c.cosine_mean).collect(),
+            )
+            .with_markers()],
+            legend: LegendPosition::LowerLeft,
+            caption: None,
+        });
+    }
+    if let Some(tb) = &m.table2 {
+        let mut columns = vec![Column::new("quantity")];
+        columns.extend(tb.rows.iter().map(|x| Column::new(&format!("{} ({})", x.label, x.t))));
+        let mut rows = vec![{
+            let mut v: Vec<Cell> = vec!["cosine similarity".into()];
+            v.extend(tb.rows.iter().map(|x| Cell::from(x.cosine)));
+            v
+        }];
+        for (i, p) in tb.rates.iter().enumerate() {
+            let mut v: Vec<Cell> = vec![format!("theoretical ASR at p = {p}").into()];
+            v.extend(tb.rows.iter().map(|x| Cell::from(x.theoretical_asr[i])));
+            rows.push(v);
+        }
+        for (name, g) in [
+            (
+                "numerical ASR (SecMI)",
+                (|x: &Table2Row| x.asr_secmi) as fn(&Table2Row) -> f64,
+            ),
+            ("numerical ASR (loss)", |x| x.asr_loss),
+            ("numerical ASR (empirical)", |x| x.asr_empirical),
+        ] {
+            let mut v: Vec<Cell> = vec![name.into()];
+            v.extend(tb.rows.iter().map(|x| Cell::from(g(x))));
+            rows.push(v);
+        }
+        r.tables.push(Table {
+            id: "table2".into(),
+            title: "Table-2-style comparison (diffusion-sampling-privacy §6.4)".into(),
+            columns,
+            rows,
+            note: Some(tb.note.clone()),
+        });
+    }
+    // ROC of each attack at its best step, against the limit of the mechanism it attacks: the
+    // checkpoint's attacks against the training ledger's limit, the sampler's (empirical) attack
+    // against the sampler's accounting, never one against the other's.
+    for (target, id, name, basis) in [
+        (Target::Checkpoint, "roc", "checkpoint", &m.checkpoint_basis),
+        (Target::Sampler, "roc-sampler", "sampler", &m.sampler_basis),
+    ] {
+        let mut series = Vec::new();
+        for kind in [
+            AttackKind::Loss,
+            AttackKind::Secmi,
+            AttackKind::Pia,
+            AttackKind::Empirical,
+        ] {
+            if kind.target() != target {
+                continue;
+            }
+            let best = m
+                .results
+                .iter()
+                .filter(|a| a.attack == kind)
+                .max_by(|a, b| a.auc.total_cmp(&b.auc));
+            if let Some(a) = best {
+                if let Some(roc) = &a.roc {
+                    series.push(Series::new(
+                        format!("{} at t = {}", kind.as_str(), a.t),
+                        roc.fpr.clone(),
+                        roc.tpr.clone(),
+                    ));
+                }
+            }
+        }
+        if series.is_empty() {
+            continue;
+        }
+        let grid = plot::alpha_grid(200);
+        let gs: &[Guarantee] = basis.as_ref().map_or(&[][..], |b| &b.guarantees[..]);
+        let limited = theory::tightest(gs, |g| g.asr_limit()).is_some();
+        if let Some((_, src)) = theory::tightest(gs, |g| g.asr_limit()) {
+            let lim: Vec<f64> = grid
+                .iter()
+                .map(|&x| theory::tightest(gs, |g| g.tpr_limit(x)).map_or(1.0, |v| v.0))
+                .collect();
+            series.push(
+                Series::new(format!("{name}'s TPR limit ({src})"), grid.clone(), lim).with_style(LineStyle::Dashed),
+            );
+        }
+        series.push(Series::new("chance", vec![0.0, 1.0], vec![0.0, 1.0]).with_style(LineStyle::Dotted));
+        r.plots.push(Plot {
+            id: id.into(),
+            title: if target == Target::Checkpoint {
+                "ROC of each attack on the checkpoint (best step) against the theoretical limit".into()
+            } else {
+                "ROC of the attack on the empirical-denoiser sampler (best step) against its limit".into()
+            },
+            x: Axis::new("false positive rate", "probability", Scale::Linear),
+            y: Axis::new("true positive rate", "probability", Scale::Linear),
+            series,
+            legend: LegendPosition::LowerRight,
+            caption: Some(if limited {
+                format!("An attack's ROC must stay below a sound limit; the dashed curve is the {name}'s TPR ≤ Φ(Φ⁻¹(FPR) + μ) or the (ε, δ) region.")
+            } else {
+                format!("No sound guarantee applies to the {name}: no limit is drawn.")
+            }),
+        });
+    }
+    r
+}
