@@ -11,6 +11,7 @@ mod integration {
     pub mod common;
     mod diffusers;
     mod docs;
+    mod edges;
     mod fuzz;
     mod gdp;
     mod hostile;
