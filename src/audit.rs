@@ -255,9 +255,16 @@ pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
             warnings: Vec::new(),
         });
     }
-    if ["schedule", "privacy", "density", "convention"]
-        .iter()
-        .any(|k| table.contains_key(*k))
+    if [
+        "schedule",
+        "scheduler_config",
+        "privacy",
+        "density",
+        "convention",
+        "sampler",
+    ]
+    .iter()
+    .any(|k| table.contains_key(*k))
     {
         let cfg = crate::config::sampler::SamplerConfig::load(path)?;
         if warn_defaults {

@@ -12,6 +12,7 @@ mod integration {
     pub mod common;
     mod diffusers;
     mod docs;
+    mod edges;
     mod fuzz;
     mod gdp;
     mod hostile;

@@ -126,6 +126,59 @@ pub fn calibrate_dpsgd(
     calibrate(acc, neighbouring, delta, target, solve_for, &*make)
 }
 
+/// [`calibrate_dpsgd`] with `primary`; when it finds no value in range (or the target is
+/// unreachable for it), the other sound accountants (gdp, rdp, pld) are tried and the best value
+/// any of them certifies is returned (smallest σ, largest q, most steps), its result labelled
+/// with the accountant that certified it. The second element says why the fallback ran. Every
+/// accountant's answer is a sound bound, so the value found meets the target whichever
+/// certified it; an estimate (clt) is never a fallback.
+pub fn calibrate_dpsgd_any(
+    primary: super::AccountantKind,
+    neighbouring: Neighbouring,
+    delta: f64,
+    target: f64,
+    fixed: DpSgd,
+    solve_for: SolveFor,
+) -> Result<(Calibration, Option<String>)> {
+    use super::AccountantKind as K;
+    let first = match calibrate_dpsgd(&*primary.build(), neighbouring, delta, target, fixed, solve_for) {
+        Ok(c) => return Ok((c, None)),
+        Err(e) => e,
+    };
+    if primary == K::Clt || !matches!(first.kind, crate::error::ErrorKind::Numeric) {
+        return Err(first);
+    }
+    let better = |a: &Calibration, b: &Calibration| match solve_for {
+        SolveFor::NoiseMultiplier => a.value < b.value,
+        SolveFor::SampleRate | SolveFor::Steps => a.value > b.value,
+    };
+    let mut best: Option<Calibration> = None;
+    for kind in [K::Gdp, K::Rdp, K::Pld] {
+        if kind == primary {
+            continue;
+        }
+        let acc = kind.build();
+        if let Ok(c) = calibrate_dpsgd(&*acc, neighbouring, delta, target, fixed, solve_for) {
+            if c.result.kind.is_sound() && best.as_ref().is_none_or(|b| better(&c, b)) {
+                best = Some(c);
+            }
+        }
+    }
+    match best {
+        Some(c) => {
+            let why = format!(
+                "the {} accountant certifies no {} in range ({}); the {} accountant's upper bound does",
+                primary.as_str(),
+                solve_for.as_str(),
+                first.message,
+                c.result.accountant.as_str()
+            );
+            Ok((c, Some(why)))
+        }
+        None => Err(first),
+    }
+}
+
 /// Generic calibration: `make(x)` builds the event for parameter value x (σ > 0, q ∈ (0, 1],
 /// or an integer number of steps ≥ 1, according to `solve_for`). ε must be monotone in x
 /// (decreasing for σ, increasing for q and steps).

@@ -599,6 +599,16 @@ fn parts(event: &DpEvent, neighbouring: Neighbouring) -> Result<Parts> {
                     _ => None,
                 }));
             }
+            (_, Mechanism::Laplace { .. }) => {
+                return Err(unsupported(&|e| match e {
+                    DpEvent::Laplace { .. } => Some(
+                        "a Laplace mechanism has no Gaussian trade-off curve (it is only dominated by one); the CLT \
+                         needs Gaussian steps: use the pld or rdp bound"
+                            .into(),
+                    ),
+                    _ => None,
+                }));
+            }
             (Sampling::WithoutReplacement { .. }, _) => {
                 return Err(unsupported(&|e| match e {
                     DpEvent::SampledWithoutReplacement { .. } => Some(
@@ -723,12 +733,20 @@ impl Accountant for CltAccountant {
     }
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
+        event.validate()?;
+        if let Some(r) = super::uncertified_epsilon(AccountantKind::Clt, event, delta) {
+            return Ok(r);
+        }
         let (parts, est) = self.estimate(event, neighbouring)?;
         let eps = gdp::epsilon_for_delta(est.mu, delta)?;
         Ok(self.result(&parts, est, eps, delta))
     }
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
+        event.validate()?;
+        if let Some(r) = super::uncertified_delta(AccountantKind::Clt, event, epsilon) {
+            return Ok(r);
+        }
         let (parts, est) = self.estimate(event, neighbouring)?;
         let delta = gdp::delta_for_epsilon(est.mu, epsilon);
         Ok(self.result(&parts, est, epsilon, delta))

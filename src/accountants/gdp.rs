@@ -69,6 +69,16 @@ pub fn composed_mu(event: &DpEvent) -> Result<f64> {
             (Sampling::Full, Mechanism::Gaussian { noise_multiplier }) => {
                 sum_sq += c.count as f64 / (noise_multiplier * noise_multiplier);
             }
+            (Sampling::Full, Mechanism::Laplace { .. }) => {
+                let at = super::clt::find_path(event, "event", &|e| {
+                    matches!(e, DpEvent::Laplace { .. }).then(String::new)
+                });
+                let path = at.map(|(p, _)| format!("{p}: ")).unwrap_or_default();
+                return Err(Error::unsupported(format!(
+                    "gdp: {path}a Laplace mechanism is not exactly GDP (its trade-off curve is not G_μ; it is only \
+                     dominated by one): use the pld or rdp accountant"
+                )));
+            }
             (Sampling::Full, _) => {
                 let at = super::clt::find_path(event, "event", &|e| {
                     matches!(e, DpEvent::EpsilonDelta { .. }).then(String::new)
@@ -111,12 +121,18 @@ impl Accountant for GdpAccountant {
     fn epsilon(&self, event: &DpEvent, _neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
         let mu = composed_mu(event)?;
+        if let Some(r) = super::uncertified_epsilon(AccountantKind::Gdp, event, delta) {
+            return Ok(r);
+        }
         let eps = epsilon_for_delta(mu, delta)?;
         Ok(AccountResult::new(AccountantKind::Gdp, eps, delta, BoundKind::Exact).with_detail("mu", mu))
     }
     fn delta(&self, event: &DpEvent, _neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         let mu = composed_mu(event)?;
+        if let Some(r) = super::uncertified_delta(AccountantKind::Gdp, event, epsilon) {
+            return Ok(r);
+        }
         // A δ below the f64 range is not rounded to 0: it becomes the next double above it,
         // labelled an upper bound, with ln δ beside it.
         let ld = log_delta_for_epsilon(mu, epsilon);

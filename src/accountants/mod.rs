@@ -217,3 +217,96 @@ pub fn check_epsilon(epsilon: f64) -> Result<()> {
     }
     Ok(())
 }
+
+/// The smallest Gaussian noise multiplier σ whose accounting any accountant here certifies.
+/// Below it every accountant answers ε = ∞ (and δ = 1), labelled as a bound, with the severe
+/// diagnostic `noise_below_certified_range`; a pipeline that needs a finite ε then fails its
+/// budget or claim instead of being certified by a number its arithmetic cannot back.
+///
+/// Reporting ε = ∞ (δ = 1) is always sound. Where the certified range of each accountant ends
+/// (u = 2⁻⁵³; σ ≥ 10⁻¹⁰⁰ gives σ² ≥ 10⁻²⁰⁰, a normal double, and μ = 1/σ ≤ 10¹⁰⁰):
+/// - **gdp**: μ² = Σ count/σ² (DRS Cor. 3.3). While σ² is a normal double it carries relative
+///   error ≤ u, so μ is accurate to a few u and overflow goes to μ = ∞ (ε = ∞, sound). Below
+///   σ ≈ 1.5·10⁻¹⁵⁴ σ² is subnormal (relative error up to 100 %) or 0: μ could be rounded down.
+/// - **rdp**: the Poisson series (MTZ 2019 §3.2) has exponents c·k(k − 1), c = 1/(2σ²), for
+///   orders k ≤ 2²⁰. They are finite while c·2⁴⁰ < 2¹⁰²⁴, i.e. σ > 2⁻⁴⁹² ≈ 10⁻¹⁴⁸; below it c or
+///   the exponents overflow to ∞ and ln(e^∞ − e^∞) is NaN, which `f64::max(NaN, 0) = 0` would
+///   have turned into an ε = 0 certificate (σ = 10⁻¹⁶⁰ did exactly that). At σ = 10⁻¹⁰⁰ every
+///   exponent is ≤ 5·10¹⁹⁹·2⁴⁰ < 10²¹², far from overflow.
+/// - **pld**: the Gaussian leaf's losses μx − μ²/2 need μ² finite (σ > 2⁻⁵¹²); losses above the
+///   grid's top are infinite mass, so every nearly blatant step only raises the δ floor.
+/// - **clt**: an estimate with μᵢ = 1/σᵢ (never a bound); ∞ is reported for the same inputs so
+///   that no command prints a finite estimate beside an uncertified mechanism.
+///
+/// 10⁻¹⁰⁰ keeps a margin of more than 10⁴⁰ to every limit above, and any σ below it already has
+/// ε ≥ 10¹⁰⁰ at every δ below the nearly blatant floor, so nothing useful is lost.
+pub const MIN_CERTIFIED_NOISE_MULTIPLIER: f64 = 1e-100;
+
+/// The path and value of the smallest Gaussian noise multiplier in `event` that lies in
+/// (0, [`MIN_CERTIFIED_NOISE_MULTIPLIER`]); `None` when every σ is certified (σ ≤ 0, NaN and ∞ are
+/// left to validation).
+pub fn uncertified_noise(event: &DpEvent) -> Option<(String, f64)> {
+    fn walk(e: &DpEvent, path: &mut String, best: &mut Option<(String, f64)>) {
+        match e {
+            DpEvent::Gaussian { noise_multiplier: s } | DpEvent::Laplace { noise_multiplier: s } => {
+                if *s > 0.0 && *s < MIN_CERTIFIED_NOISE_MULTIPLIER && best.as_ref().is_none_or(|(_, b)| s < b) {
+                    *best = Some((format!("{path}.noise_multiplier"), *s));
+                }
+            }
+            DpEvent::PoissonSampled { event, .. }
+            | DpEvent::SampledWithoutReplacement { event, .. }
+            | DpEvent::SelfComposed { event, .. } => {
+                let len = path.len();
+                path.push_str(".event");
+                walk(event, path, best);
+                path.truncate(len);
+            }
+            DpEvent::Composed { events } => {
+                for (i, ev) in events.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!(".events[{i}]"));
+                    walk(ev, path, best);
+                    path.truncate(len);
+                }
+            }
+            DpEvent::NoOp | DpEvent::EpsilonDelta { .. } => {}
+        }
+    }
+    let mut best = None;
+    walk(event, &mut "event".to_string(), &mut best);
+    best
+}
+
+fn uncertified_result(kind: AccountantKind, at: (String, f64), epsilon: f64, delta: f64) -> AccountResult {
+    let (path, sigma) = at;
+    AccountResult::new(
+        kind,
+        epsilon,
+        delta,
+        if kind == AccountantKind::Clt {
+            BoundKind::Estimate
+        } else {
+            BoundKind::UpperBound
+        },
+    )
+    .with_detail("noise_multiplier", sigma)
+    .with_diagnostic(
+        "noise_below_certified_range",
+        format!(
+            "{path} = {sigma:e} is below {MIN_CERTIFIED_NOISE_MULTIPLIER:e}, the smallest noise multiplier whose \
+             accounting is certified (the noise is too small to bound): no finite ε is certified, ε = ∞"
+        ),
+        true,
+    )
+}
+
+/// ε = ∞ at `delta` when `event` holds a noise multiplier below the certified range (see
+/// [`MIN_CERTIFIED_NOISE_MULTIPLIER`]); every accountant answers through this first.
+pub fn uncertified_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<AccountResult> {
+    uncertified_noise(event).map(|at| uncertified_result(kind, at, f64::INFINITY, delta))
+}
+
+/// δ = 1 at `epsilon` when `event` holds a noise multiplier below the certified range.
+pub fn uncertified_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
+    uncertified_noise(event).map(|at| uncertified_result(kind, at, epsilon, 1.0))
+}

@@ -1531,6 +1531,12 @@ pub fn single_step_delta_exact(q: f64, sigma: f64, eps: f64) -> f64 {
 
 /// Turns an event's components into PLD leaves with counts, or an `Unsupported` error saying
 /// which part and why.
+/// ε of the pure-DP guarantee of a Laplace mechanism with scale b per unit L1 sensitivity: 1/b
+/// (Dwork & Roth 2014, Thm 3.6), rounded up.
+fn laplace_pure_epsilon(b: f64) -> f64 {
+    (1.0 / b).next_up()
+}
+
 fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(Leaf, u64)>> {
     let mut out = Vec::new();
     for (i, c) in components.iter().enumerate() {
@@ -1540,6 +1546,13 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
                 sigma: noise_multiplier,
             },
             (Sampling::Full, Mechanism::EpsilonDelta { epsilon, delta }) => Leaf::EpsilonDelta { epsilon, delta },
+            // A Laplace mechanism with scale b (per unit L1 sensitivity) is (1/b, 0)-DP, so the
+            // (1/b, 0) dominating pair (Kairouz, Oh & Viswanath 2015, Thm 2.1) dominates it: a
+            // sound upper bound, not the exact Laplace PLD.
+            (Sampling::Full, Mechanism::Laplace { noise_multiplier }) => Leaf::EpsilonDelta {
+                epsilon: laplace_pure_epsilon(noise_multiplier),
+                delta: 0.0,
+            },
             (Sampling::Poisson { q }, mech) => {
                 if neighbouring == Neighbouring::ReplaceOne {
                     out.push((
@@ -1561,6 +1574,10 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
                                 epsilon: (q * epsilon.exp_m1()).ln_1p(),
                                 delta: q * delta,
                             },
+                            Mechanism::Laplace { noise_multiplier } => Leaf::EpsilonDelta {
+                                epsilon: (q * laplace_pure_epsilon(noise_multiplier).exp_m1()).ln_1p(),
+                                delta: 0.0,
+                            },
                         },
                         c.count,
                     ));
@@ -1576,6 +1593,10 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
                     Mechanism::EpsilonDelta { epsilon, delta } => Leaf::EpsilonDelta {
                         epsilon: (q * epsilon.exp_m1()).ln_1p(),
                         delta: q * delta,
+                    },
+                    Mechanism::Laplace { noise_multiplier } => Leaf::EpsilonDelta {
+                        epsilon: (q * laplace_pure_epsilon(noise_multiplier).exp_m1()).ln_1p(),
+                        delta: 0.0,
                     },
                 }
             }
@@ -1837,10 +1858,51 @@ impl Accountant for PldAccountant {
         leaves(&event.components()?, neighbouring).map(|_| ())
     }
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
+        self.epsilon_at(event, neighbouring, delta)
+            .map(|r| replace_one_assumption(r, event, neighbouring))
+    }
+    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
+        self.delta_at(event, neighbouring, epsilon)
+            .map(|r| replace_one_assumption(r, event, neighbouring))
+    }
+}
+
+/// Entry-point annotation: under replace-one, a Poisson-subsampled Gaussian is accounted with
+/// the clipped-sum pair of [`replace_one_pld`] (the record's contribution has norm ≤ Δ/2), an
+/// assumption the RDP bound does not make; every result says so, so that a headline taken from
+/// it can restate it.
+fn replace_one_assumption(r: AccountResult, event: &DpEvent, neighbouring: Neighbouring) -> AccountResult {
+    let poisson = event.components().is_ok_and(|cs| {
+        cs.iter()
+            .any(|c| matches!(c.sampling, crate::events::Sampling::Poisson { .. }))
+    });
+    if neighbouring != Neighbouring::ReplaceOne
+        || !poisson
+        || !r.epsilon.is_finite()
+        || r.accountant != AccountantKind::Pld
+    {
+        return r;
+    }
+    r.with_diagnostic(
+        "assumption_replace_one_clipped_sum",
+        "replace-one with Poisson sampling is accounted for a clipped sum: the replaced record adds a vector of \
+         norm ≤ Δ/2 to the sampled sum, so the two outputs are (1 − q)N(0, σ²) + qN(½, σ²) against \
+         (1 − q)N(0, σ²) + qN(−½, σ²) (as dp_accounting's REPLACE_ONE); a mechanism whose add/remove change can \
+         reach Δ needs the rdp bound (joint convexity, no such assumption)",
+        false,
+    )
+}
+
+impl PldAccountant {
+    fn epsilon_at(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
         self.check()?;
         event.validate()?;
         let ls = leaves(&event.components()?, neighbouring)?;
+        // Degenerate-input guard: noise below the certified range is ε = ∞ (accountants::mod).
+        if let Some(r) = super::uncertified_epsilon(AccountantKind::Pld, event, delta) {
+            return Ok(r);
+        }
         // Decide before building any grid whether the PLD can certify anything at this δ.
         let known_floor = inf_mass_floor(&ls);
         let (r, floor) = if known_floor >= delta {
@@ -1926,10 +1988,14 @@ impl Accountant for PldAccountant {
             _ => Ok(r),
         }
     }
-    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
+    fn delta_at(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         event.validate()?;
         let ls = leaves(&event.components()?, neighbouring)?;
+        // Degenerate-input guard: noise below the certified range is δ = 1 (accountants::mod).
+        if let Some(r) = super::uncertified_delta(AccountantKind::Pld, event, epsilon) {
+            return Ok(r);
+        }
         let pld = self.compose_leaves(&ls)?;
         let d = pld.delta(epsilon);
         // As in ε(δ): where the double-precision floor is more than 1% of the answer, the

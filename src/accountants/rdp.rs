@@ -74,6 +74,16 @@ pub fn default_orders() -> Vec<f64> {
     v
 }
 
+/// max(x, 0) for a log-moment, with NaN (an overflowed series: ln(∞ − ∞)) read as +∞, the only
+/// sound value; `f64::max` would have returned 0 and certified ε = 0.
+fn nonneg(x: f64) -> f64 {
+    if x.is_nan() {
+        f64::INFINITY
+    } else {
+        x.max(0.0)
+    }
+}
+
 /// ln(eˣ − 1) for x > 0, accurate for tiny and huge x.
 fn log_expm1(x: f64) -> f64 {
     if x > 36.0 {
@@ -88,6 +98,20 @@ fn log_expm1(x: f64) -> f64 {
 /// to that relation's sensitivity.
 pub fn rdp_gaussian(sigma: f64, alpha: f64) -> f64 {
     round_up(alpha / (2.0 * sigma * sigma))
+}
+
+/// RDP of the Laplace mechanism with scale b (relative to the L1 sensitivity) at order α > 1
+/// (Mironov 2017, "Rényi differential privacy", Prop. 6, Table II):
+/// D_α = (1/(α − 1))·ln((α/(2α − 1))·e^{(α−1)/b} + ((α − 1)/(2α − 1))·e^{−α/b}), computed in log
+/// space (no overflow for small b) and rounded up; it never exceeds the pure-DP value 1/b.
+pub fn rdp_laplace(b: f64, alpha: f64) -> f64 {
+    if alpha.is_infinite() {
+        return round_up(1.0 / b);
+    }
+    let a = (alpha / (2.0 * alpha - 1.0)).ln() + (alpha - 1.0) / b;
+    let c = ((alpha - 1.0) / (2.0 * alpha - 1.0)).ln() - alpha / b;
+    let v = round_up(log_add_exp(a, c) * (1.0 + 4.0 * LIBM_REL) / (alpha - 1.0));
+    v.min(round_up(1.0 / b)).max(0.0)
 }
 
 /// Online ln Σ exp(tᵢ) over terms given as logs: a running maximum with a rescaled,
@@ -483,7 +507,7 @@ pub fn rdp_poisson_gaussian(q: f64, sigma: f64, alpha: f64) -> f64 {
         } else {
             interpolate_ln_a(alpha, |k| ln_a_poisson_small_noise(q, c, k as f64))
         };
-        return round_up(ln_a.max(0.0) / (alpha - 1.0)).min(rdp_gaussian(sigma, alpha));
+        return round_up(nonneg(ln_a) / (alpha - 1.0)).min(rdp_gaussian(sigma, alpha));
     }
     let ln_a_int = |k: u64| log_add_exp(0.0, log_am1_poisson_int(q, sigma, k));
     let ln_a = if alpha.fract() == 0.0 {
@@ -500,7 +524,7 @@ pub fn rdp_poisson_gaussian(q: f64, sigma: f64, alpha: f64) -> f64 {
             series.min(interpolate_ln_a(alpha, ln_a_int))
         }
     };
-    round_up(ln_a.max(0.0) / (alpha - 1.0)).min(rdp_gaussian(sigma, alpha))
+    round_up(nonneg(ln_a) / (alpha - 1.0)).min(rdp_gaussian(sigma, alpha))
 }
 
 /// Upper bound on ln A_α at a fractional α from upper bounds at the neighbouring integers:
@@ -544,7 +568,7 @@ pub fn rdp_poisson_gaussian_replace_one(q: f64, sigma: f64, alpha: f64) -> f64 {
     }
     let x = (alpha - 1.0) * alpha / (2.0 * sigma * sigma);
     let ln_h = log_add_exp((-q).ln_1p(), q.ln() + x);
-    round_up(ln_h.max(0.0) / (alpha - 1.0)).min(rdp_gaussian(sigma, alpha))
+    round_up(nonneg(ln_h) / (alpha - 1.0)).min(rdp_gaussian(sigma, alpha))
 }
 
 /// ln(B_α − 1), B_α the Wang, Balle & Kasiviswanathan 2019 ("Subsampled Rényi differential
@@ -588,15 +612,27 @@ pub fn rdp_wor_gaussian(n: u64, m: u64, sigma: f64, alpha: f64) -> f64 {
         return convexity;
     }
     let ln_b = interpolate_ln_a(alpha, |k| log_add_exp(0.0, log_bm1_wor_int(gamma, sigma, k)));
-    round_up(ln_b.max(0.0) / (alpha - 1.0)).min(convexity)
+    round_up(nonneg(ln_b) / (alpha - 1.0)).min(convexity)
 }
 
 /// RDP at order α of one run of a component (before multiplying by its count).
 pub fn component_rdp(c: &Component, neighbouring: Neighbouring, alpha: f64) -> Result<f64> {
-    let Mechanism::Gaussian { noise_multiplier: s } = c.mechanism else {
-        return Err(Error::unsupported(
-            "rdp: an (ε, δ)-DP mechanism has no RDP curve (use the pld accountant)",
-        ));
+    let s = match c.mechanism {
+        Mechanism::Gaussian { noise_multiplier } => noise_multiplier,
+        Mechanism::Laplace { noise_multiplier: b } => {
+            if c.sampling != Sampling::Full {
+                return Err(Error::unsupported(
+                    "rdp: a subsampled Laplace mechanism has no closed-form RDP here (only the full-batch \
+                     Laplace, Mironov 2017 Prop. 6); use the pld accountant",
+                ));
+            }
+            return convert::clamp_rdp(alpha, rdp_laplace(b, alpha));
+        }
+        Mechanism::EpsilonDelta { .. } => {
+            return Err(Error::unsupported(
+                "rdp: an (ε, δ)-DP mechanism has no RDP curve (use the pld accountant)",
+            ))
+        }
     };
     let r = match (c.sampling, neighbouring) {
         (Sampling::Full, _) => rdp_gaussian(s, alpha),
@@ -667,12 +703,22 @@ fn check_order(a: f64) -> Result<()> {
 /// sub-event, then flattens it into components.
 pub fn rdp_components(event: &DpEvent, neighbouring: Neighbouring) -> Result<Vec<Component>> {
     check_tree(event, neighbouring, "event")?;
-    event.components()
+    let comps = event.components()?;
+    if comps
+        .iter()
+        .any(|c| matches!(c.mechanism, Mechanism::Laplace { .. }) && c.sampling != Sampling::Full)
+    {
+        return Err(Error::unsupported(
+            "rdp: a subsampled Laplace mechanism has no closed-form RDP here (only the full-batch Laplace, \
+             Mironov 2017 Prop. 6); use the pld accountant",
+        ));
+    }
+    Ok(comps)
 }
 
 fn check_tree(ev: &DpEvent, nb: Neighbouring, path: &str) -> Result<()> {
     match ev {
-        DpEvent::NoOp | DpEvent::Gaussian { .. } => Ok(()),
+        DpEvent::NoOp | DpEvent::Gaussian { .. } | DpEvent::Laplace { .. } => Ok(()),
         DpEvent::EpsilonDelta { epsilon, delta } => Err(Error::unsupported(format!(
             "rdp: {path} is an (ε = {epsilon}, δ = {delta})-DP event; an (ε, δ) guarantee has no RDP curve \
              (use the pld accountant, or describe the mechanism itself)"
@@ -979,6 +1025,9 @@ impl Accountant for RdpAccountant {
         check_delta(delta)?;
         event.validate()?;
         let comps = rdp_components(event, neighbouring)?;
+        if let Some(r) = super::uncertified_epsilon(AccountantKind::Rdp, event, delta) {
+            return Ok(r);
+        }
         if comps.is_empty() {
             return Ok(AccountResult::new(
                 AccountantKind::Rdp,
@@ -1019,6 +1068,9 @@ impl Accountant for RdpAccountant {
         check_epsilon(epsilon)?;
         event.validate()?;
         let comps = rdp_components(event, neighbouring)?;
+        if let Some(r) = super::uncertified_delta(AccountantKind::Rdp, event, epsilon) {
+            return Ok(r);
+        }
         if comps.is_empty() {
             return Ok(AccountResult::new(
                 AccountantKind::Rdp,
@@ -1163,6 +1215,20 @@ mod tests {
         let mid = rdp_wor_gaussian(1000, 10, 2.0, 5.5);
         assert!(lo <= mid * (1.0 + 1e-12) && mid <= hi * (1.0 + 1e-12));
         assert_eq!(rdp_wor_gaussian(10, 10, 2.0, 3.0), rdp_gaussian(2.0, 3.0));
+    }
+
+    #[test]
+    fn laplace_rdp_matches_mironov_prop6() {
+        // b = 1, α = 2: ln(2/3·e + 1/3·e^{−2}) = 0.619134…; α → ∞ tends to 1/b; α → 1 to the KL
+        // 1/b + e^{−1/b} − 1.
+        let v = rdp_laplace(1.0, 2.0);
+        let want = ((2.0 / 3.0) * 1f64.exp() + (1.0 / 3.0) * (-2f64).exp()).ln();
+        assert!(v >= want && v <= want * (1.0 + 1e-12), "{v} {want}");
+        assert!(rdp_laplace(1.0, 1e6) <= 1.0 + 1e-12 && rdp_laplace(1.0, 1e6) > 0.999);
+        let kl = 1.0 + (-1f64).exp() - 1.0;
+        assert!((rdp_laplace(1.0, 1.000001) - kl).abs() < 1e-5);
+        // Tiny b: no overflow, capped at the pure-DP value.
+        assert!(rdp_laplace(1e-3, 50.0) <= 1e3 * (1.0 + 1e-12));
     }
 
     #[test]

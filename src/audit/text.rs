@@ -73,6 +73,7 @@ pub fn account(r: &Report) -> String {
                 h.accountant.as_str(),
                 kind_words(h.kind)
             );
+            restate_assumptions(&mut s, h);
         }
         Some(h) => {
             let _ = writeln!(
@@ -83,10 +84,19 @@ pub fn account(r: &Report) -> String {
                 h.accountant.as_str(),
                 kind_words(h.kind)
             );
+            restate_assumptions(&mut s, h);
         }
         None => s.push_str("Headline: no sound bound available (only estimates); do not use them as a guarantee\n"),
     }
     s
+}
+
+/// Restates, under the headline, every assumption (`assumption_*` diagnostic) the headline's
+/// number rests on that other accountants' numbers do not.
+fn restate_assumptions(s: &mut String, h: &crate::accountants::AccountResult) {
+    for d in h.diagnostics.iter().filter(|d| d.code.starts_with("assumption_")) {
+        let _ = writeln!(s, "  under: {}", d.message);
+    }
 }
 
 /// `check`: one verdict line, coloured on a terminal unless `NO_COLOR`.

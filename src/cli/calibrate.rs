@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg, TrainingRunArgs};
 use super::common::{Format, OutputArgs};
-use dpaudit::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
+use dpaudit::accountants::calibrate::{calibrate_dpsgd_any, DpSgd, SolveFor};
 use dpaudit::accountants::{AccountResult, AccountantKind, BoundKind};
 use dpaudit::config::dpsgd::Derived;
 use dpaudit::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
@@ -270,7 +270,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let (kind, fixed, solve_for, target, delta, _format, derived) = plan(&args)?;
     let neighbouring = Neighbouring::from(args.neighbouring);
-    let acc = kind.build();
     let mut warnings = Vec::new();
     if kind == AccountantKind::Clt {
         let w = "the clt accountant gives an ESTIMATE (DRS Thm 3.5), not a guarantee: the calibrated value \
@@ -281,8 +280,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let progress = dpaudit::report::progress::Progress::new(None, outs.quiet, "calibrate");
     progress.set_message(format!("solving for {}", solve_for.as_str()));
-    let c = calibrate_dpsgd(&*acc, neighbouring, delta, target, fixed, solve_for)?;
+    // What any sound accountant can certify: when `kind` finds nothing in range, the others
+    // are tried and the answer names the accountant that certified it.
+    let (c, fallback) = calibrate_dpsgd_any(kind, neighbouring, delta, target, fixed, solve_for)?;
     progress.finish();
+    if let Some(w) = &fallback {
+        eprintln!("warning: {w}");
+        warnings.push(w.clone());
+    }
+    let kind = c.result.accountant;
     let mut rep = dpaudit::audit::calibrate::to_report(
         &dpaudit::audit::calibrate::Plan {
             accountant: kind,
@@ -294,6 +300,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         },
         &c,
     );
+    if let Some(w) = &fallback {
+        rep.warn("calibration_fallback_accountant", w, false);
+    }
     if let Some(d) = &derived {
         rep.assumptions.other.extend(
             d.derivation

@@ -67,11 +67,22 @@ pub struct SamplerConfig {
     #[serde(default)]
     /// Neighbouring relation (default add/remove).
     pub neighbouring: Neighbouring,
-    /// `[schedule]`: the noise levels.
+    /// A diffusers `scheduler_config.json` (relative to this file) that gives the schedule
+    /// instead of a `[schedule]` table (one or the other). Not serialised: outputs carry the
+    /// `[schedule]` it resolves to.
+    #[serde(default, skip_serializing)]
+    pub scheduler_config: Option<PathBuf>,
+    /// With `scheduler_config`: the number of inference steps (default: all training steps).
+    #[serde(default, skip_serializing)]
+    pub inference_steps: Option<usize>,
+    /// `[schedule]`: the noise levels (filled from `scheduler_config` when that is given).
+    #[serde(default = "placeholder_schedule")]
     pub schedule: Schedule,
     /// `[privacy]`: clipping, dataset size, subsampling.
     pub privacy: PrivacyConfig,
-    /// `[density]`: p_t(x_t) in the per-step μ.
+    /// `[density]`: p_t(x_t) in the per-step μ (default: constant β = 1, warned as
+    /// `density.beta`).
+    #[serde(default = "default_density")]
     pub density: DensityConfig,
     /// Directory of the file the config came from (relative data paths resolve against it).
     #[serde(skip)]
@@ -140,6 +151,19 @@ impl SamplerKind {
 fn placeholder_convention() -> Convention {
     // Replaced after parsing: from `sampler`, or an error when neither key is given.
     Convention::C
+}
+
+fn placeholder_schedule() -> Schedule {
+    // Replaced after parsing: `[schedule]` or `scheduler_config` is required (resolve_keys).
+    Schedule::FlowMatching {
+        s_min: 0.5,
+        s_max: 0.5,
+        levels: 0,
+    }
+}
+
+fn default_density() -> DensityConfig {
+    DensityConfig::Constant { beta: 1.0 }
 }
 
 fn default_delta() -> f64 {
@@ -245,32 +269,43 @@ fn default_trajectories() -> usize {
 
 impl SamplerConfig {
     /// Reads, parses and validates a sampler configuration. Errors carry file, line and field.
+    /// A TOML that names a diffusers `scheduler_config.json` instead of giving `[schedule]` goes
+    /// through exactly the same parse, key resolution (`sampler`/`convention`, defaults and their
+    /// warnings, unknown keys with their line) and validation; only the schedule comes from the
+    /// scheduler file.
     pub fn load(path: impl AsRef<Path>) -> Result<SamplerConfig> {
         let path = path.as_ref();
         let src = error::read_to_string(path)?;
-        // A TOML naming a diffusers scheduler_config.json (`scheduler_config = "…"`).
-        if let Some(cfg) = crate::models::scheduler::load_sampler_config(path, &src)? {
-            return Ok(cfg);
-        }
-        let mut cfg: SamplerConfig = toml::from_str(&src).map_err(|e| parse_error(path, &src, e))?;
-        cfg.base_dir = Some(path.parent().map(Path::to_path_buf).unwrap_or_default());
-        cfg.resolve_keys(&src).map_err(|e| locate(e, &src).with_file(path))?;
-        cfg.validate().map_err(|e| locate(e, &src).with_file(path))?;
-        Ok(cfg)
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::finish(&src, Some(path), dir)
     }
 
-    /// Parses from a string (no file context; relative data paths resolve against `.`).
+    /// Parses from a string (no file context; relative paths resolve against `.`).
     pub fn from_toml_str(src: &str) -> Result<SamplerConfig> {
-        let mut cfg: SamplerConfig =
-            toml::from_str(src).map_err(|e| error::from_toml(Path::new("<string>"), src, e))?;
-        cfg.resolve_keys(src).map_err(|e| locate(e, src))?;
-        cfg.validate().map_err(|e| locate(e, src))?;
+        Self::finish(src, None, PathBuf::from("."))
+    }
+
+    fn finish(src: &str, path: Option<&Path>, dir: PathBuf) -> Result<SamplerConfig> {
+        let mut cfg: SamplerConfig = match path {
+            Some(p) => toml::from_str(src).map_err(|e| parse_error(p, src, e))?,
+            None => toml::from_str(src).map_err(|e| error::from_toml(Path::new("<string>"), src, e))?,
+        };
+        cfg.base_dir = Some(dir);
+        // Errors from the scheduler file already name that file (and its key): keep them.
+        let here = |e: Error| match (e.file.is_some(), path) {
+            (true, _) => e,
+            (false, Some(p)) => locate(e, src).with_file(p),
+            (false, None) => locate(e, src),
+        };
+        cfg.resolve_keys(src).map_err(here)?;
+        cfg.validate().map_err(here)?;
         Ok(cfg)
     }
 
     /// After parsing: the step convention from `sampler` when `convention` is left out (an
     /// error when both are), and the list of privacy-relevant fields that took defaults.
     fn resolve_keys(&mut self, src: &str) -> Result<()> {
+        self.defaulted.clear();
         let table: toml::Table = toml::from_str(src).map_err(|e| Error::input(e.message().to_string()))?;
         let has = |t: &str, k: &str| -> bool {
             if t.is_empty() {
@@ -281,6 +316,46 @@ impl SamplerConfig {
                 .and_then(|v| v.as_table())
                 .is_some_and(|x| x.contains_key(k))
         };
+        match (has("", "schedule"), self.scheduler_config.clone()) {
+            (true, Some(_)) => {
+                return Err(Error::field(
+                    "scheduler_config",
+                    "give either scheduler_config or a [schedule] table, not both",
+                ))
+            }
+            (false, None) => {
+                return Err(Error::field(
+                    "schedule",
+                    "missing: give a [schedule] table or scheduler_config = \"path/to/scheduler_config.json\"",
+                ))
+            }
+            (true, None) => {
+                if self.inference_steps.is_some() {
+                    return Err(Error::field(
+                        "inference_steps",
+                        "only with scheduler_config (with a [schedule] table, give schedule.levels)",
+                    ));
+                }
+            }
+            (false, Some(rel)) => {
+                if let Some(n) = self.inference_steps.filter(|&n| n < 2) {
+                    return Err(Error::field(
+                        "inference_steps",
+                        format!("expected an integer ≥ 2, got {n}"),
+                    ));
+                }
+                let p = self.resolve(&rel);
+                let sc = crate::models::scheduler::SchedulerConfig::load(&p)?;
+                self.schedule = sc.to_sampler_schedule(self.inference_steps, &p)?;
+                if self.inference_steps.is_none() {
+                    self.defaulted.push(Defaulted {
+                        field: "inference_steps",
+                        value: format!("{}", sc.num_train_timesteps),
+                        meaning: "sampling runs every training step of the scheduler",
+                    });
+                }
+            }
+        }
         if !has("", "convention") {
             match self.sampler {
                 Some(s) => self.convention = s.convention(),
@@ -291,7 +366,6 @@ impl SamplerConfig {
                 )),
             }
         }
-        self.defaulted.clear();
         if !has("", "delta") {
             self.defaulted.push(Defaulted {
                 field: "delta",

@@ -212,7 +212,10 @@ pub fn calibrate_sampler(
         ));
     }
     if param == SamplerParam::SigmaMin
-        && matches!(cfg.schedule, Schedule::DdpmLinear { .. } | Schedule::DdpmCosine { .. })
+        && matches!(
+            cfg.schedule,
+            Schedule::DdpmLinear { .. } | Schedule::DdpmScaledLinear { .. } | Schedule::DdpmCosine { .. }
+        )
     {
         return Err(Error::field(
             "--solve-for",

@@ -63,6 +63,29 @@ pub enum Schedule {
         #[serde(default)]
         /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        /// diffusers' `steps_offset`: added to every `leading` timestep (default 0).
+        steps_offset: usize,
+    },
+    /// DDPM with Stable Diffusion's `scaled_linear` β: √β linear from √`beta_start` to
+    /// √`beta_end` over `timesteps`, squared (diffusers `DDPMScheduler`); `levels` and `spacing`
+    /// as for `ddpm_linear`.
+    DdpmScaledLinear {
+        /// β of the first training step.
+        beta_start: f64,
+        /// β of the last training step.
+        beta_end: f64,
+        /// Number of training steps.
+        timesteps: usize,
+        #[serde(default)]
+        /// Sampler levels (default: all training steps).
+        levels: Option<usize>,
+        #[serde(default)]
+        /// How the DDIM sub-sequence is spaced.
+        spacing: Spacing,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        /// diffusers' `steps_offset`: added to every `leading` timestep (default 0).
+        steps_offset: usize,
     },
     /// DDPM with the cosine ᾱ schedule (offset `s`, β clipped at `max_beta`).
     DdpmCosine {
@@ -80,6 +103,9 @@ pub enum Schedule {
         #[serde(default)]
         /// How the DDIM sub-sequence is spaced.
         spacing: Spacing,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        /// diffusers' `steps_offset`: added to every `leading` timestep (default 0).
+        steps_offset: usize,
     },
     /// Rectified flow / flow matching: `levels` equally spaced noise fractions from `s_max`
     /// down to `s_min` (both in (0, 1)).
@@ -91,6 +117,10 @@ pub enum Schedule {
         /// Number of levels.
         levels: usize,
     },
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn default_cosine_s() -> f64 {
@@ -148,6 +178,14 @@ pub struct Step {
     pub dt: f64,
 }
 
+fn offset_note(steps_offset: usize) -> String {
+    if steps_offset == 0 {
+        String::new()
+    } else {
+        format!(", steps_offset {steps_offset}")
+    }
+}
+
 impl Schedule {
     /// Short human description.
     pub fn describe(&self) -> String {
@@ -164,9 +202,23 @@ impl Schedule {
                 timesteps,
                 levels,
                 spacing,
+                steps_offset,
             } => format!(
-                "DDPM linear β {beta_start}..{beta_end}, T = {timesteps}, {} levels ({spacing:?} spacing), as t = √((1−ᾱ)/ᾱ)",
-                levels.unwrap_or(*timesteps)
+                "DDPM linear β {beta_start}..{beta_end}, T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ)",
+                levels.unwrap_or(*timesteps),
+                offset_note(*steps_offset)
+            ),
+            Schedule::DdpmScaledLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                levels,
+                spacing,
+                steps_offset,
+            } => format!(
+                "DDPM scaled-linear β ({beta_start}..{beta_end}, √β linear), T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ)",
+                levels.unwrap_or(*timesteps),
+                offset_note(*steps_offset)
             ),
             Schedule::DdpmCosine {
                 s,
@@ -174,9 +226,11 @@ impl Schedule {
                 timesteps,
                 levels,
                 spacing,
+                steps_offset,
             } => format!(
-                "DDPM cosine (s = {s}, β ≤ {max_beta}), T = {timesteps}, {} levels ({spacing:?} spacing), as t = √((1−ᾱ)/ᾱ)",
-                levels.unwrap_or(*timesteps)
+                "DDPM cosine (s = {s}, β ≤ {max_beta}), T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ)",
+                levels.unwrap_or(*timesteps),
+                offset_note(*steps_offset)
             ),
             Schedule::FlowMatching { s_min, s_max, levels } => {
                 format!("flow matching s = {s_max}..{s_min}, N = {levels}, as t = s/(1−s)")
@@ -188,9 +242,9 @@ impl Schedule {
     pub fn n_levels(&self) -> usize {
         match self {
             Schedule::Edm { levels, .. } | Schedule::FlowMatching { levels, .. } => *levels,
-            Schedule::DdpmLinear { levels, timesteps, .. } | Schedule::DdpmCosine { levels, timesteps, .. } => {
-                levels.unwrap_or(*timesteps)
-            }
+            Schedule::DdpmLinear { levels, timesteps, .. }
+            | Schedule::DdpmScaledLinear { levels, timesteps, .. }
+            | Schedule::DdpmCosine { levels, timesteps, .. } => levels.unwrap_or(*timesteps),
         }
     }
 
@@ -230,6 +284,13 @@ impl Schedule {
                 levels_ok(*levels)
             }
             Schedule::DdpmLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                levels,
+                ..
+            }
+            | Schedule::DdpmScaledLinear {
                 beta_start,
                 beta_end,
                 timesteps,
@@ -315,9 +376,26 @@ impl Schedule {
                 timesteps,
                 levels,
                 spacing,
+                steps_offset,
             } => {
                 let ab = alpha_bar_from_betas(&linear_betas(*beta_start, *beta_end, *timesteps));
-                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing)?;
+                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing, *steps_offset)?;
+                idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
+            }
+            Schedule::DdpmScaledLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                levels,
+                spacing,
+                steps_offset,
+            } => {
+                let betas: Vec<f64> = linear_betas(beta_start.sqrt(), beta_end.sqrt(), *timesteps)
+                    .into_iter()
+                    .map(|b| b * b)
+                    .collect();
+                let ab = alpha_bar_from_betas(&betas);
+                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing, *steps_offset)?;
                 idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
             }
             Schedule::DdpmCosine {
@@ -326,9 +404,10 @@ impl Schedule {
                 timesteps,
                 levels,
                 spacing,
+                steps_offset,
             } => {
                 let ab = alpha_bar_from_betas(&cosine_betas(*s, *max_beta, *timesteps));
-                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing)?;
+                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing, *steps_offset)?;
                 idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
             }
             Schedule::FlowMatching { s_min, s_max, levels } => (0..*levels)
@@ -400,35 +479,100 @@ pub fn ve_sigma(alpha_bar: f64) -> f64 {
     ((1.0 - alpha_bar) / alpha_bar).sqrt()
 }
 
-/// DDIM sub-sequence of `s` timesteps out of `t` (increasing, 0-based indices into ᾱ).
-pub fn ddim_timesteps(t: usize, s: usize, spacing: Spacing) -> Result<Vec<usize>> {
-    if s < 2 || s > t {
-        return Err(Error::field("levels", format!("need 2 ≤ levels ≤ T = {t}, got {s}")));
+/// The timesteps diffusers' `DDIMScheduler`/`DDPMScheduler.set_timesteps(s)` (0.42.1) returns for
+/// `num_train_timesteps = t`, in its (decreasing) order, with numpy's float arithmetic reproduced
+/// operation by operation, so every value, ties included, is the one diffusers runs:
+/// - `leading`: i·⌊t/s⌋ + `steps_offset`, i = s − 1, …, 0;
+/// - `trailing`: `np.round(np.arange(t, 0, -t/s)) − 1`. numpy's float `arange` has
+///   ⌈t/(t/s)⌉ elements (one more than s when t/(t/s) rounds above s, e.g. t = 1000, s = 61, whose
+///   last element rounds to 0 and gives timestep −1) and fills them as t + i·d with
+///   d = (t − t/s) − t (numpy's `DOUBLE_fill`);
+/// - `linspace`: `np.linspace(0, t − 1, s).round()`, i.e. i·((t − 1)/(s − 1)) with the last value
+///   set to t − 1 (0 alone when s = 1);
+/// `np.round` rounds half to even ([`f64::round_ties_even`]). `steps_offset` shifts only `leading`
+/// (as in diffusers). `quadratic` (not a diffusers spacing) is the DDIM paper's
+/// ⌊(i·√(0.8t)/(s − 1))²⌋. Checked against diffusers on every row of
+/// fixtures/reference/diffusers_timesteps.csv (scripts/gen_diffusers_timesteps.py).
+pub fn diffusers_timesteps(t: usize, s: usize, spacing: Spacing, steps_offset: usize) -> Vec<i64> {
+    if s == 0 || t == 0 {
+        return Vec::new();
     }
-    let mut v: Vec<usize> = match spacing {
+    let (tf, sf) = (t as f64, s as f64);
+    let mut v: Vec<i64> = match spacing {
         Spacing::Leading => {
-            let c = t / s;
-            (0..s).map(|i| i * c).collect()
+            let c = (t / s) as i64;
+            (0..s as i64).map(|i| i * c + steps_offset as i64).collect()
         }
         Spacing::Trailing => {
-            let c = t as f64 / s as f64;
-            (0..s)
-                .map(|i| ((t as f64 - i as f64 * c).round() as usize).saturating_sub(1))
-                .collect()
+            let step = -(tf / sf);
+            // numpy `_calc_length`: ceil((stop − start)/step); then buffer[0] = start,
+            // buffer[1] = start + step, buffer[i] = start + i·(buffer[1] − buffer[0]).
+            let n = ((0.0 - tf) / step).ceil().max(0.0) as usize;
+            let next = tf + step;
+            let d = next - tf;
+            let vals = (0..n).map(|i| match i {
+                0 => tf,
+                1 => next,
+                _ => tf + i as f64 * d,
+            });
+            let mut out: Vec<i64> = vals.map(|x| x.round_ties_even() as i64 - 1).collect();
+            out.reverse();
+            out
         }
-        Spacing::Linspace => (0..s)
-            .map(|i| ((i as f64) * ((t - 1) as f64) / ((s - 1) as f64)).round() as usize)
-            .collect(),
+        Spacing::Linspace => {
+            if s == 1 {
+                vec![0]
+            } else {
+                let step = (tf - 1.0) / (sf - 1.0);
+                (0..s)
+                    .map(|i| {
+                        let x = if i == s - 1 { tf - 1.0 } else { i as f64 * step };
+                        x.round_ties_even() as i64
+                    })
+                    .collect()
+            }
+        }
         Spacing::Quadratic => {
-            let top = (0.8 * t as f64).sqrt();
+            let top = (0.8 * tf).sqrt();
             (0..s)
                 .map(|i| {
-                    let x = i as f64 * top / (s - 1) as f64;
-                    (x * x).floor() as usize
+                    let x = if s == 1 { 0.0 } else { i as f64 * top / (sf - 1.0) };
+                    (x * x).floor() as i64
                 })
                 .collect()
         }
     };
+    v.reverse();
+    v
+}
+
+/// DDIM sub-sequence of `s` timesteps out of `t` (increasing, 0-based indices into ᾱ): exactly
+/// the timesteps of [`diffusers_timesteps`], refused (naming `levels`) where diffusers would run
+/// a timestep outside 0..t (−1 from numpy's `arange` length, or t from `steps_offset`), repeat
+/// one, or run a count other than `s`.
+pub fn ddim_timesteps(t: usize, s: usize, spacing: Spacing, steps_offset: usize) -> Result<Vec<usize>> {
+    if s < 2 || s > t {
+        return Err(Error::field("levels", format!("need 2 ≤ levels ≤ T = {t}, got {s}")));
+    }
+    let raw = diffusers_timesteps(t, s, spacing, steps_offset);
+    if raw.len() != s || raw.iter().any(|&k| k < 0 || k >= t as i64) {
+        let (lo, hi) = (
+            raw.iter().min().copied().unwrap_or(0),
+            raw.iter().max().copied().unwrap_or(0),
+        );
+        return Err(Error::field(
+            "levels",
+            format!(
+                "{spacing:?} spacing of {s} out of {t} timesteps (steps_offset {steps_offset}) gives {} timesteps \
+                 from {hi} down to {lo} in diffusers (numpy's float arange/rounding): outside 0..{} or not {s} \
+                 steps; diffusers would index ᾱ out of range, so this schedule is refused; choose another \
+                 number of steps",
+                raw.len(),
+                t - 1
+            ),
+        ));
+    }
+    let mut v: Vec<usize> = raw.iter().map(|&k| k as usize).collect();
     v.sort_unstable();
     let before = v.len();
     v.dedup();
@@ -516,19 +660,19 @@ mod tests {
 
     #[test]
     fn ddim_subsequences() {
-        assert_eq!(ddim_timesteps(1000, 50, Spacing::Leading).unwrap()[..3], [0, 20, 40]);
+        assert_eq!(ddim_timesteps(1000, 50, Spacing::Leading, 0).unwrap()[..3], [0, 20, 40]);
         assert_eq!(
-            *ddim_timesteps(1000, 50, Spacing::Leading).unwrap().last().unwrap(),
+            *ddim_timesteps(1000, 50, Spacing::Leading, 0).unwrap().last().unwrap(),
             980
         );
-        let tr = ddim_timesteps(1000, 50, Spacing::Trailing).unwrap();
+        let tr = ddim_timesteps(1000, 50, Spacing::Trailing, 0).unwrap();
         assert_eq!((tr[0], *tr.last().unwrap(), tr.len()), (19, 999, 50));
-        let ls = ddim_timesteps(1000, 10, Spacing::Linspace).unwrap();
+        let ls = ddim_timesteps(1000, 10, Spacing::Linspace, 0).unwrap();
         assert_eq!(ls, vec![0, 111, 222, 333, 444, 555, 666, 777, 888, 999]);
         // DDIM paper quadratic: ((linspace(0, √(0.8T), S))²).astype(int)
-        let q = ddim_timesteps(1000, 5, Spacing::Quadratic).unwrap();
+        let q = ddim_timesteps(1000, 5, Spacing::Quadratic, 0).unwrap();
         assert_eq!(q, vec![0, 50, 200, 450, 800]);
-        assert!(ddim_timesteps(10, 11, Spacing::Leading).is_err());
+        assert!(ddim_timesteps(10, 11, Spacing::Leading, 0).is_err());
     }
 
     #[test]
@@ -539,6 +683,7 @@ mod tests {
             timesteps: 1000,
             levels: None,
             spacing: Spacing::Leading,
+            steps_offset: 0,
         }
         .levels()
         .unwrap();
@@ -548,6 +693,7 @@ mod tests {
             timesteps: 1000,
             levels: Some(50),
             spacing: Spacing::Leading,
+            steps_offset: 0,
         }
         .levels()
         .unwrap();
@@ -594,6 +740,7 @@ mod tests {
             timesteps: 1000,
             levels: Some(50),
             spacing: Spacing::Leading,
+            steps_offset: 0,
         }
         .levels()
         .unwrap();

@@ -175,7 +175,9 @@ pub fn set_t_min(cfg: &mut SamplerConfig, t_min: f64) -> Result<()> {
         Schedule::Edm { sigma_min, .. } => *sigma_min = t_min,
         // t = s/(1 − s) ⇔ s = t/(1 + t).
         Schedule::FlowMatching { s_min, .. } => *s_min = t_min / (1.0 + t_min),
-        Schedule::DdpmLinear { .. } | Schedule::DdpmCosine { .. } => cfg.privacy.stop_at = Some(t_min),
+        Schedule::DdpmLinear { .. } | Schedule::DdpmScaledLinear { .. } | Schedule::DdpmCosine { .. } => {
+            cfg.privacy.stop_at = Some(t_min)
+        }
     }
     Ok(())
 }
@@ -312,7 +314,9 @@ pub const MAX_GRID_POINTS: usize = 1_000_000;
 fn set_levels(s: &mut Schedule, n: usize) {
     match s {
         Schedule::Edm { levels, .. } | Schedule::FlowMatching { levels, .. } => *levels = n,
-        Schedule::DdpmLinear { levels, .. } | Schedule::DdpmCosine { levels, .. } => *levels = Some(n),
+        Schedule::DdpmLinear { levels, .. }
+        | Schedule::DdpmScaledLinear { levels, .. }
+        | Schedule::DdpmCosine { levels, .. } => *levels = Some(n),
     }
 }
 

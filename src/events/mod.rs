@@ -49,6 +49,11 @@ pub enum DpEvent {
         /// δ of the mechanism.
         delta: f64,
     },
+    /// Laplace mechanism with noise scale b = `noise_multiplier` × L1 sensitivity.
+    Laplace {
+        /// Noise scale b divided by the L1 sensitivity.
+        noise_multiplier: f64,
+    },
     /// Each record is included independently with probability `q`, then `event` runs.
     PoissonSampled {
         /// Inclusion probability in (0, 1].
@@ -115,6 +120,11 @@ pub enum Mechanism {
         /// δ of the mechanism.
         delta: f64,
     },
+    /// Laplace noise with scale b = `noise_multiplier` × L1 sensitivity.
+    Laplace {
+        /// Noise scale b divided by the L1 sensitivity.
+        noise_multiplier: f64,
+    },
 }
 
 /// One homogeneous part of a pipeline: a (possibly sampled) mechanism run `count` times.
@@ -170,6 +180,7 @@ impl DpEvent {
             DpEvent::NoOp => "no_op",
             DpEvent::Gaussian { .. } => "gaussian",
             DpEvent::EpsilonDelta { .. } => "epsilon_delta",
+            DpEvent::Laplace { .. } => "laplace",
             DpEvent::PoissonSampled { .. } => "poisson_sampled",
             DpEvent::SampledWithoutReplacement { .. } => "sampled_without_replacement",
             DpEvent::Composed { .. } => "composed",
@@ -190,6 +201,12 @@ impl DpEvent {
             DpEvent::Gaussian { noise_multiplier: s } => {
                 if !(s.is_finite() && *s > 0.0) {
                     return bad("noise_multiplier", format!("must be a finite number > 0, got {s}"));
+                }
+                Ok(())
+            }
+            DpEvent::Laplace { noise_multiplier: b } => {
+                if !(b.is_finite() && *b > 0.0) {
+                    return bad("noise_multiplier", format!("must be a finite number > 0, got {b}"));
                 }
                 Ok(())
             }
@@ -249,6 +266,9 @@ impl DpEvent {
                     epsilon: *epsilon,
                     delta: *delta,
                 }),
+                DpEvent::Laplace { noise_multiplier } => Some(Mechanism::Laplace {
+                    noise_multiplier: *noise_multiplier,
+                }),
                 _ => None,
             }
         };
@@ -260,14 +280,12 @@ impl DpEvent {
         };
         match self {
             DpEvent::NoOp => Ok(()),
-            DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } => {
-                if let Some(m) = leaf(self) {
-                    acc.push(Sampling::Full, m, mult);
-                }
-                Ok(())
-            }
+            DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } | DpEvent::Laplace { .. } => match leaf(self) {
+                Some(m) => acc.push(Sampling::Full, m, mult, path),
+                None => Ok(()),
+            },
             DpEvent::PoissonSampled { q, event } => {
-                let (inner, count) = unwrap_repeat(event);
+                let (inner, count) = unwrap_repeat(event).ok_or_else(|| overflow(path))?;
                 let Some(m) = leaf(inner) else {
                     return Err(unsupported(path, inner));
                 };
@@ -276,20 +294,19 @@ impl DpEvent {
                 } else {
                     Sampling::Poisson { q: *q }
                 };
-                acc.push(s, m, mult.saturating_mul(count));
-                Ok(())
+                acc.push(s, m, mult.checked_mul(count).ok_or_else(|| overflow(path))?, path)
             }
             DpEvent::SampledWithoutReplacement { n, m: size, event } => {
-                let (inner, count) = unwrap_repeat(event);
+                let (inner, count) = unwrap_repeat(event).ok_or_else(|| overflow(path))?;
                 let Some(m) = leaf(inner) else {
                     return Err(unsupported(path, inner));
                 };
                 acc.push(
                     Sampling::WithoutReplacement { n: *n, m: *size },
                     m,
-                    mult.saturating_mul(count),
-                );
-                Ok(())
+                    mult.checked_mul(count).ok_or_else(|| overflow(path))?,
+                    path,
+                )
             }
             DpEvent::Composed { events } => {
                 for (i, e) in events.iter().enumerate() {
@@ -298,7 +315,8 @@ impl DpEvent {
                 Ok(())
             }
             DpEvent::SelfComposed { event, count } => {
-                event.collect(&Path::Event(path), mult.saturating_mul(*count), acc)
+                let mult = mult.checked_mul(*count).ok_or_else(|| overflow(path))?;
+                event.collect(&Path::Event(path), mult, acc)
             }
         }
     }
@@ -310,6 +328,7 @@ impl DpEvent {
             let leaf = match c.mechanism {
                 Mechanism::Gaussian { noise_multiplier } => DpEvent::Gaussian { noise_multiplier },
                 Mechanism::EpsilonDelta { epsilon, delta } => DpEvent::EpsilonDelta { epsilon, delta },
+                Mechanism::Laplace { noise_multiplier } => DpEvent::Laplace { noise_multiplier },
             };
             let ev = match c.sampling {
                 Sampling::Full => leaf,
@@ -341,6 +360,9 @@ impl DpEvent {
                 1.0 / noise_multiplier
             )),
             DpEvent::EpsilonDelta { epsilon, delta } => s.push_str(&format!("{pad}(ε = {epsilon}, δ = {delta})-DP\n")),
+            DpEvent::Laplace { noise_multiplier } => s.push_str(&format!(
+                "{pad}Laplace(noise_multiplier = {noise_multiplier}, scale/L1 sensitivity)\n"
+            )),
             DpEvent::PoissonSampled { q, event } => {
                 s.push_str(&format!("{pad}Poisson sample (q = {q}) of:\n"));
                 event.write_ledger(depth + 1, s);
@@ -363,14 +385,27 @@ impl DpEvent {
     }
 }
 
-fn unwrap_repeat(e: &DpEvent) -> (&DpEvent, u64) {
+/// The innermost non-repeat event and the product of the counts around it; `None` when the
+/// product exceeds u64 (never saturated: 2⁶⁵ steps are not 2⁶⁴ − 1 steps).
+fn unwrap_repeat(e: &DpEvent) -> Option<(&DpEvent, u64)> {
     match e {
         DpEvent::SelfComposed { event, count } => {
-            let (inner, c) = unwrap_repeat(event);
-            (inner, c.saturating_mul(*count))
+            let (inner, c) = unwrap_repeat(event)?;
+            Some((inner, c.checked_mul(*count)?))
         }
-        other => (other, 1),
+        other => Some((other, 1)),
     }
+}
+
+/// The error for a composed count beyond u64 (counts are never saturated silently).
+fn overflow(path: &Path<'_>) -> Error {
+    Error::field(
+        format!("{path}.count"),
+        format!(
+            "the number of times this sub-event runs exceeds {} (2^64 − 1), the largest count dpaudit accounts;              it is refused rather than rounded down",
+            u64::MAX
+        ),
+    )
 }
 
 /// The path of a node in the tree (`event.events[3].event`), built only when an error
@@ -404,6 +439,7 @@ fn component_key(sampling: Sampling, mechanism: Mechanism) -> ComponentKey {
     let (mk, mp) = match mechanism {
         Mechanism::Gaussian { noise_multiplier } => (0u8, [(noise_multiplier + 0.0).to_bits(), 0]),
         Mechanism::EpsilonDelta { epsilon, delta } => (1, [(epsilon + 0.0).to_bits(), (delta + 0.0).to_bits()]),
+        Mechanism::Laplace { noise_multiplier } => (2, [(noise_multiplier + 0.0).to_bits(), 0]),
     };
     (sk, sa, sb, mk, mp)
 }
@@ -416,14 +452,14 @@ struct Collector {
 }
 
 impl Collector {
-    fn push(&mut self, sampling: Sampling, mechanism: Mechanism, count: u64) {
+    fn push(&mut self, sampling: Sampling, mechanism: Mechanism, count: u64, path: &Path<'_>) -> Result<()> {
         if count == 0 {
-            return;
+            return Ok(());
         }
         match self.index.entry(component_key(sampling, mechanism)) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let c = &mut self.out[*e.get()];
-                c.count = c.count.saturating_add(count);
+                c.count = c.count.checked_add(count).ok_or_else(|| overflow(path))?;
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(self.out.len());
@@ -434,6 +470,7 @@ impl Collector {
                 });
             }
         }
+        Ok(())
     }
 }
 
@@ -463,19 +500,21 @@ impl EventBuilder {
         if count == 0 || event == DpEvent::NoOp {
             return self;
         }
+        // Counts never saturate: a product or sum beyond u64 keeps its own (nested) entry, and
+        // flattening it ([`DpEvent::components`]) refuses it with the path of its count.
         let (event, count) = match event {
-            DpEvent::SelfComposed { event, count: c } => (*event, c.saturating_mul(count)),
+            DpEvent::SelfComposed { event, count: c } if c.checked_mul(count).is_some() => (*event, c * count),
             e => (e, count),
         };
         match self.parts.last_mut() {
-            Some((last, n)) if *last == event => *n = n.saturating_add(count),
+            Some((last, n)) if *last == event && n.checked_add(count).is_some() => *n += count,
             _ => self.parts.push((event, count)),
         }
         self
     }
-    /// Number of events pushed so far (counting repeats).
+    /// Number of events pushed so far (counting repeats; saturates at 2⁶⁴ − 1, display only).
     pub fn len(&self) -> u64 {
-        self.parts.iter().map(|(_, n)| *n).sum()
+        self.parts.iter().fold(0u64, |a, (_, n)| a.saturating_add(*n))
     }
     /// True when nothing private has been recorded.
     pub fn is_empty(&self) -> bool {

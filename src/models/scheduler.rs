@@ -6,9 +6,10 @@
 //! * attacks need ᾱ_t and ε: [`SchedulerConfig::schedule`] gives the ᾱ table (β as in diffusers'
 //!   `DDPMScheduler.__init__`), [`PredictionType::to_eps`] converts the model output to ε;
 //! * `analyze`/`sweep` need the noise levels of sampling: [`SchedulerConfig::to_sampler_schedule`]
-//!   maps the config onto dpaudit's own [`crate::diffusion::schedule::Schedule`], and
-//!   [`sampler_toml_from_scheduler`] fills in a sampler TOML that names a scheduler file
-//!   (`scheduler_config = "…"`) with the privacy settings the scheduler file cannot hold.
+//!   maps the config onto dpaudit's own [`crate::diffusion::schedule::Schedule`]; a sampler TOML
+//!   that names a scheduler file (`scheduler_config = "…"`) is read by the one sampler loader,
+//!   [`crate::config::sampler::SamplerConfig::load`], with the same keys, defaults and errors as
+//!   a TOML with its own `[schedule]`.
 
 use std::path::Path;
 
@@ -340,19 +341,11 @@ impl SchedulerConfig {
         })
     }
 
-    /// dpaudit's sampler schedule for sampling with `levels` inference steps (default: all T).
-    /// Supported: linear and `squaredcos_cap_v2` β with `steps_offset = 0`.
+    /// dpaudit's sampler schedule for sampling with `levels` inference steps (default: all T),
+    /// with the scheduler's `timestep_spacing` and `steps_offset` (timesteps exactly as diffusers'
+    /// `set_timesteps`, see [`crate::diffusion::schedule::diffusers_timesteps`]).
+    /// Supported: linear, `scaled_linear` and `squaredcos_cap_v2` β.
     pub fn to_sampler_schedule(&self, levels: Option<usize>, path: &Path) -> Result<SamplerSchedule> {
-        if self.steps_offset != 0 {
-            return Err(err(
-                path,
-                "steps_offset",
-                format!(
-                    "steps_offset = {} is not supported by the sampler analysis yet (only 0)",
-                    self.steps_offset
-                ),
-            ));
-        }
         if self.rescale_betas_zero_snr {
             return Err(err(
                 path,
@@ -369,6 +362,15 @@ impl SchedulerConfig {
                 timesteps,
                 levels,
                 spacing,
+                steps_offset: self.steps_offset,
+            }),
+            BetaSchedule::ScaledLinear => Ok(SamplerSchedule::DdpmScaledLinear {
+                beta_start: self.beta_start,
+                beta_end: self.beta_end,
+                timesteps,
+                levels,
+                spacing,
+                steps_offset: self.steps_offset,
             }),
             BetaSchedule::SquaredcosCapV2 => Ok(SamplerSchedule::DdpmCosine {
                 s: 0.008,
@@ -376,151 +378,15 @@ impl SchedulerConfig {
                 timesteps,
                 levels,
                 spacing,
+                steps_offset: self.steps_offset,
             }),
             _ => Err(err(
                 path,
                 "beta_schedule",
-                "the sampler analysis supports linear and squaredcos_cap_v2 β schedules (scaled_linear, sigmoid and trained_betas: not yet)",
+                "the sampler analysis supports linear, scaled_linear and squaredcos_cap_v2 β schedules (sigmoid and trained_betas: not yet)",
             )),
         }
     }
-}
-
-/// Defaults used for what a scheduler file cannot say, with the name each is written under.
-const DEFAULTS: &[(&str, &str, &str)] = &[
-    ("", "convention", "\"A\""),
-    ("", "delta", "1e-5"),
-    ("privacy", "clip_norm", "1.0"),
-    ("privacy", "subsample_rate", "1.0"),
-    ("privacy", "samples", "1"),
-];
-
-/// Turns a sampler TOML that names a diffusers scheduler (`scheduler_config = "path"`, with an
-/// optional `inference_steps = N`) into a complete sampler TOML table: the `[schedule]` table is
-/// built from the scheduler file, and every privacy setting the TOML leaves out gets its default,
-/// returned as a warning line. `dir` resolves the relative scheduler path. Returns `None` when the
-/// TOML does not name a scheduler file.
-pub fn sampler_toml_from_scheduler(
-    table: &mut toml::Table,
-    dir: &Path,
-    toml_path: &Path,
-) -> Result<Option<Vec<String>>> {
-    let Some(v) = table.remove("scheduler_config") else {
-        return Ok(None);
-    };
-    let rel = v.as_str().ok_or_else(|| {
-        err(
-            toml_path,
-            "scheduler_config",
-            "expected a path to a scheduler_config.json",
-        )
-    })?;
-    let levels = match table.remove("inference_steps") {
-        None => None,
-        Some(v) => Some(v.as_integer().filter(|&n| n >= 2).ok_or_else(|| {
-            err(
-                toml_path,
-                "inference_steps",
-                format!("expected an integer ≥ 2, got {v}"),
-            )
-        })? as usize),
-    };
-    if table.contains_key("schedule") {
-        return Err(err(
-            toml_path,
-            "schedule",
-            "give either scheduler_config or a [schedule] table, not both",
-        ));
-    }
-    let p = dir.join(rel);
-    let sc = SchedulerConfig::load(&p)?;
-    let sched = sc.to_sampler_schedule(levels, &p)?;
-    let sched_val = toml::Value::try_from(&sched).map_err(|e| Error::input(e.to_string()).with_file(&p))?;
-    table.insert("schedule".into(), sched_val);
-    let mut warnings = Vec::new();
-    if levels.is_none() {
-        warnings.push(format!(
-            "inference_steps not given: sampling uses all {} training steps",
-            sc.num_train_timesteps
-        ));
-    }
-    if sc.prediction_type != PredictionType::Epsilon {
-        warnings.push(format!(
-            "{}: prediction_type = \"{}\" (the per-step analysis depends only on the noise levels)",
-            p.display(),
-            sc.prediction_type.as_str()
-        ));
-    }
-    table.entry("schema_version").or_insert(toml::Value::Integer(1));
-    for (section, key, default) in DEFAULTS {
-        let t: &mut toml::Table = if section.is_empty() {
-            &mut *table
-        } else {
-            table
-                .entry(section.to_string())
-                .or_insert(toml::Value::Table(toml::Table::new()))
-                .as_table_mut()
-                .ok_or_else(|| err(toml_path, section, "expected a table"))?
-        };
-        if !t.contains_key(*key) {
-            let val: toml::Value = toml::from_str::<toml::Table>(&format!("x = {default}"))
-                .map_err(|e| Error::input(e.to_string()))?
-                .remove("x")
-                .unwrap();
-            t.insert(key.to_string(), val);
-            let name = if section.is_empty() {
-                key.to_string()
-            } else {
-                format!("{section}.{key}")
-            };
-            warnings.push(format!("{name} not given: using the default {default}"));
-        }
-    }
-    if !table.contains_key("density") {
-        let mut d = toml::Table::new();
-        d.insert("kind".into(), "constant".into());
-        d.insert("beta".into(), toml::Value::Float(1.0));
-        table.insert("density".into(), toml::Value::Table(d));
-        warnings.push("density not given: using a constant density β = 1 (the paper's §6 setting)".into());
-    }
-    let needs_d = table
-        .get("density")
-        .and_then(|d| d.get("kind"))
-        .and_then(|k| k.as_str())
-        == Some("constant");
-    let has_d = table.get("privacy").and_then(|p| p.get("dataset_size")).is_some();
-    if needs_d && !has_d {
-        return Err(err(
-            toml_path,
-            "privacy.dataset_size",
-            "required: a scheduler file does not say how many training records |D| there are",
-        ));
-    }
-    Ok(Some(warnings))
-}
-
-/// Loads a sampler configuration whose TOML (`src`, read from `path`) names a diffusers
-/// scheduler file; prints the defaults it used as warnings on stderr. `None` when the TOML does
-/// not name one (it is then an ordinary sampler configuration).
-pub fn load_sampler_config(path: &Path, src: &str) -> Result<Option<crate::config::sampler::SamplerConfig>> {
-    let Ok(mut table) = toml::from_str::<toml::Table>(src) else {
-        // Not parseable as a table: let the ordinary loader report the syntax error.
-        return Ok(None);
-    };
-    if !table.contains_key("scheduler_config") {
-        return Ok(None);
-    }
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let warnings = sampler_toml_from_scheduler(&mut table, &dir, path)?.unwrap_or_default();
-    for w in &warnings {
-        eprintln!("warning: {}: {w}", path.display());
-    }
-    let mut cfg: crate::config::sampler::SamplerConfig = toml::Value::Table(table)
-        .try_into()
-        .map_err(|e: toml::de::Error| Error::input(e.message().to_string()).with_file(path))?;
-    cfg.base_dir = Some(dir);
-    cfg.validate().map_err(|e| e.with_file(path))?;
-    Ok(Some(cfg))
 }
 
 #[cfg(test)]

@@ -120,6 +120,25 @@ pub fn calibrate_at_rate(target: f64, delta: f64, m: u64, n: u64) -> Result<Opti
     Ok(Some(hi))
 }
 
+/// The bound that makes a claim with δ ≥ m/n trivially true: under replace-one, couple the two
+/// samples of m of n by position; the differing record is in the sample with probability m/n,
+/// and otherwise both samples, hence both outputs, are equal. So the total variation between the
+/// outputs is ≤ m/n and P(S) − Q(S) ≤ m/n for every event S: the release is (0, m/n)-DP whatever
+/// σ is (Balle, Barthe & Gaboardi 2018, §5, the coupling of sampling without replacement), and
+/// (ε, δ)-DP for every ε ≥ 0 and δ ≥ m/n. Such a claim holds and says nothing: the mechanism
+/// may publish the sampled records in the clear.
+pub fn trivial_delta_bound(delta: f64, m: u64, n: u64) -> Option<Evidence> {
+    let rate = m as f64 / n as f64;
+    (delta >= rate).then(|| {
+        Evidence::new("trivial_delta", 0.0, delta, BoundKind::UpperBound).with_note(format!(
+            "δ = {delta:.4e} ≥ m/n = {rate:.4e}: the differing record is sampled with probability m/n, so the \
+             outputs differ in total variation by at most m/n and the release is (0, m/n)-DP whatever σ \
+             (coupling of sampling without replacement): the claim is trivially true and guarantees nothing \
+             (releasing the sampled records in the clear would meet it)"
+        ))
+    })
+}
+
 /// The sound analyses of one reading: σ (noise std on the centroid) → event and SoundEpsilon.
 fn account_reading(
     spec: InterpretationSpec,
@@ -157,6 +176,9 @@ fn account_reading(
                 "eq. (3) on the exact Gaussian ε at δ₀ = δ·n/m = {d0:.4e}, giving δ' = (m/n)δ₀ = δ (the best split)"
             )),
         );
+    }
+    if let Some(e) = trivial_delta_bound(delta, m, n) {
+        extra.push(e);
     }
     if let Some(e) = paper_eq3_target {
         extra.push(
@@ -303,6 +325,21 @@ pub fn verify(c: &DpaggTiClaim) -> Result<ClaimResult> {
             }
         ),
     ));
+    let rate = m as f64 / n as f64;
+    if delta >= rate {
+        checks.push(Check::new(
+            "delta_below_sampling_rate",
+            false,
+            format!(
+                "δ = {delta:.4e} ≥ m/n = {rate:.4e}: every mechanism on a sample of m of n is (0, m/n)-DP, so the \
+                 claim is trivially true (it holds whatever σ) and guarantees nothing"
+            ),
+        ));
+        findings.push(format!(
+            "the claim is trivially true: δ = {delta:.4e} ≥ m/n = {rate:.4e}, and sampling m of n without replacement \
+             alone makes any release (0, m/n)-DP (it could publish the sampled records in the clear)"
+        ));
+    }
     checks.push(Check::new(
         "unit_norm_embeddings",
         c.sum_sensitivity.is_none() || sum_sens <= UNIT_SUM_SENSITIVITY,

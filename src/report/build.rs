@@ -165,6 +165,7 @@ pub fn components_table(comps: &[Component]) -> Table {
                     None,
                 ),
                 Mechanism::EpsilonDelta { epsilon, delta } => ("epsilon_delta", None, None, Some(epsilon), Some(delta)),
+                Mechanism::Laplace { noise_multiplier } => ("laplace", Some(noise_multiplier), None, None, None),
             };
             vec![
                 Cell::from(i),

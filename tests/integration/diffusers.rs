@@ -209,8 +209,9 @@ fn scheduler_config_gives_the_same_per_step_mu_as_the_dpaudit_toml() {
     assert_eq!(ours, theirs);
 }
 
-/// Leaving privacy settings out of a scheduler TOML prints each default as a warning; leaving
-/// out |D| is an error naming the field.
+/// Leaving privacy settings out of a scheduler TOML prints each default as a warning, exactly as
+/// for a native TOML; leaving out |D| is an error naming the field, and leaving out both
+/// `sampler` and `convention` is an error naming `convention` (it used to default to convention A).
 #[test]
 fn scheduler_toml_defaults_are_warned_and_dataset_size_is_required() {
     let tmp = tempfile::tempdir().unwrap();
@@ -219,7 +220,7 @@ fn scheduler_toml_defaults_are_warned_and_dataset_size_is_required() {
     std::fs::write(
         &p,
         format!(
-            "scheduler_config = {:?}\ninference_steps = 20\n[privacy]\ndataset_size = 1000\n",
+            "scheduler_config = {:?}\ninference_steps = 20\nsampler = \"ddim\"\nschema_version = 1\n[privacy]\ndataset_size = 1000\n",
             sched.to_str().unwrap()
         ),
     )
@@ -227,13 +228,31 @@ fn scheduler_toml_defaults_are_warned_and_dataset_size_is_required() {
     let o = dpaudit(&["analyze", p.to_str().unwrap(), "--accountant", "gdp"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let e = stderr(&o);
-    for w in ["privacy.clip_norm", "privacy.samples", "delta", "convention", "density"] {
+    for w in ["privacy.clip_norm", "privacy.samples", "delta", "density.beta"] {
         assert!(e.contains(&format!("warning: {}: {w}", p.display())), "{w}: {e}");
     }
-    std::fs::write(&p, format!("scheduler_config = {:?}\n", sched.to_str().unwrap())).unwrap();
+    std::fs::write(
+        &p,
+        format!(
+            "scheduler_config = {:?}\nsampler = \"ddim\"\nschema_version = 1\n[privacy]\nclip_norm = 1.0\n",
+            sched.to_str().unwrap()
+        ),
+    )
+    .unwrap();
     let o = dpaudit(&["analyze", p.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("privacy.dataset_size"), "{}", stderr(&o));
+    std::fs::write(
+        &p,
+        format!(
+            "scheduler_config = {:?}\nschema_version = 1\n[privacy]\ndataset_size = 1000\n",
+            sched.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let o = dpaudit(&["analyze", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("convention"), "{}", stderr(&o));
 }
 
 /// The shipped MNIST digits load with the label counts their README states, and the shipped
