@@ -21,5 +21,6 @@ mod integration {
     mod rdp;
     mod reports;
     mod shard;
+    mod transactions;
     mod verdicts;
 }

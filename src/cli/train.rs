@@ -250,6 +250,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }),
         command: crate::report::command_line(),
         quiet: a.quiet,
+        force: a.force,
     };
     let outcome = crate::models::run::run(&plan, &dev, &dev_name)?;
     let mut text = String::new();
