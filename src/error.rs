@@ -140,6 +140,8 @@ pub fn from_toml(path: &Path, src: &str, err: toml::de::Error) -> Error {
 
 /// Reads a whole text file with an I/O error that names it.
 pub fn read_to_string(path: &Path) -> Result<String> {
+    // A member of a dpaudit output set is read only when its whole set is intact.
+    crate::report::output::verify_member(path)?;
     std::fs::read_to_string(path).map_err(|e| Error::io(path, &e))
 }
 

@@ -23,5 +23,6 @@ mod integration {
     mod rdp;
     mod reports;
     mod shard;
+    mod transactions;
     mod verdicts;
 }

@@ -246,6 +246,7 @@ pub struct MiaPart {
 impl MiaPart {
     /// Reads a part file, naming it in every error.
     pub fn load(path: &Path) -> Result<Self> {
+        crate::report::output::verify_member(path)?;
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
         let text = crate::limits::read_text_capped(file, path)?;
         let part: MiaPart = serde_json::from_str(&text)
@@ -269,6 +270,97 @@ pub struct Merged {
     pub plan: PartPlan,
     /// Every record, in the order one unsharded run produces them.
     pub records: Vec<ScoreRecord>,
+    /// Each record's position in the unsharded run (parallel to `records`).
+    pub positions: Vec<usize>,
+}
+
+impl Merged {
+    /// Checks every record against the split and checkpoint the parts name: a split record at
+    /// position p is row `all[p]` of members-then-non-members with `member = p < members`; a
+    /// canary record is canary p − |split| with its inclusion bit; and every (attack, step) of
+    /// the plan holds exactly one record per position (so one part relabelled `i/1` as if it
+    /// were the complete run, or records dropped or invented, are refused).
+    pub fn check_records(
+        &self,
+        ck: &crate::models::Checkpoint,
+        data: &crate::models::Dataset,
+        split: &crate::models::SplitManifest,
+    ) -> Result<()> {
+        let (member_ix, nonmember_ix) = super::pipeline::split_rows(ck, data, split)?;
+        let all: Vec<usize> = member_ix.iter().chain(&nonmember_ix).copied().collect();
+        let canaries = match self.plan.audit {
+            Some(AuditKind::OneRun) => Some(super::canary::Canaries::of_checkpoint(ck)?),
+            _ => None,
+        };
+        let n_canaries = canaries.as_ref().map_or(0, |c| c.ids.len());
+        let bad = |what: String| Err(Error::input(format!("the parts do not match the split: {what}")));
+        for (r, &p) in self.records.iter().zip(&self.positions) {
+            match r.set {
+                ScoreSet::Split => {
+                    let Some(row) = all.get(p) else {
+                        return bad(format!(
+                            "record {} at position {p} is past the split's {} rows",
+                            r.record_id,
+                            all.len()
+                        ));
+                    };
+                    if r.record_id != row.to_string() {
+                        return bad(format!(
+                            "the record at position {p} is `{}`, the split's row there is {row}",
+                            r.record_id
+                        ));
+                    }
+                    if r.member != (p < member_ix.len()) {
+                        return bad(format!(
+                            "record {} is labelled {}, the split says {}",
+                            r.record_id,
+                            if r.member { "member" } else { "non-member" },
+                            if p < member_ix.len() { "member" } else { "non-member" }
+                        ));
+                    }
+                }
+                ScoreSet::Canary => {
+                    let j = p.checked_sub(all.len());
+                    let Some((c, j)) = canaries.as_ref().zip(j).filter(|(c, j)| *j < c.ids.len()) else {
+                        return bad(format!(
+                            "canary record {} at position {p} is not a canary of the checkpoint",
+                            r.record_id
+                        ));
+                    };
+                    if r.record_id != c.ids[j] || r.member != c.included[j] {
+                        return bad(format!(
+                            "canary record {} at position {p} differs from the checkpoint's canary {} (id or inclusion bit)",
+                            r.record_id, c.ids[j]
+                        ));
+                    }
+                }
+            }
+        }
+        for &a in &self.plan.attacks {
+            for &t in &self.plan.timesteps {
+                let of = |set: ScoreSet| {
+                    self.records
+                        .iter()
+                        .filter(|r| r.attack == a && r.t == t && r.set == set)
+                        .count()
+                };
+                let want_c = if a.target() == super::mia::Target::Checkpoint {
+                    n_canaries
+                } else {
+                    0
+                };
+                let (got_s, got_c) = (of(ScoreSet::Split), of(ScoreSet::Canary));
+                if got_s != all.len() || got_c != want_c {
+                    return bad(format!(
+                        "{} at t = {t} has {got_s} split and {got_c} canary records; the split and checkpoint make {} and {want_c} (a part is missing or relabelled)",
+                        a.as_str(),
+                        all.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Checks that `parts` are the complete set of one sharded run (same input hashes, same plan,
@@ -351,6 +443,7 @@ pub fn merge(parts: &[(PathBuf, MiaPart)]) -> Result<Merged> {
     Ok(Merged {
         inputs: first.inputs.clone(),
         plan: first.plan.clone(),
+        positions: keyed.iter().map(|(k, _)| k.2).collect(),
         records: keyed.into_iter().map(|(_, r)| r.record()).collect(),
     })
 }

@@ -57,6 +57,9 @@ struct RunRecord<R: Serialize> {
     #[serde(skip_serializing_if = "Option::is_none")]
     distinguishing: Option<DistinguishingReport>,
     fault: Fault,
+    /// The seed of the release (None: OS randomness); in `run` inside the record.
+    #[serde(skip)]
+    seed: Option<u64>,
 }
 
 /// Runs DPAgg-TI.
@@ -76,10 +79,13 @@ pub fn run_dpagg(a: &Options) -> Result<Outcome> {
             a.inject_fault,
         )?;
     }
-    let seed = a.seed.unwrap_or(cfg.seed);
-    let (run, budget) = mechanisms::run_dpagg_ti(&mech, cfg.releases.get(), cfg.budget_epsilon.map(|e| e.get()), seed)?;
+    let seed = a.seed.or(cfg.seed);
+    // The audits' own trials are reproducible (public seed); the releases are not, unless seeded.
+    let audit_seed = seed.unwrap_or(0);
+    let (run, budget) =
+        mechanisms::run_dpagg_ti_noise(&mech, cfg.releases.get(), cfg.budget_epsilon.map(|e| e.get()), seed)?;
     let (sens, dist) = if a.audit {
-        let s = audit::dpagg_ti_sensitivity(&mech, a.audit_trials, seed ^ 0x5e45);
+        let s = audit::dpagg_ti_sensitivity(&mech, a.audit_trials, audit_seed ^ 0x5e45);
         // Accounted upper bound of one release: exact Gaussian ε (no amplification credit).
         let upper = crate::accountants::AccountantKind::Gdp
             .build()
@@ -89,21 +95,22 @@ pub fn run_dpagg(a: &Options) -> Result<Outcome> {
                 mech.delta,
             )?
             .epsilon;
-        let d = audit::dpagg_ti_distinguishing(&mech, a.audit_runs, upper, 0.05, seed ^ 0xd157)?;
+        let d = audit::dpagg_ti_distinguishing(&mech, a.audit_runs, upper, 0.05, audit_seed ^ 0xd157)?;
         (Some(s), Some(d))
     } else {
         (None, None)
     };
     let failed = sens.as_ref().is_some_and(|s| !s.ok) || dist.as_ref().is_some_and(|d| d.violation);
     let header = format!(
-        "dpaudit run dpagg-ti {}\nn = {}, m = {}, sigma = {}, noise_multiplier = {} (sensitivity 2/m), seed = {}\n\
+        "dpaudit run dpagg-ti {}\nrandomness: {}\nn = {}, m = {}, sigma = {}, noise_multiplier = {} (sensitivity 2/m), seed = {}\n\
          released = {}, refused = {}, epsilon charged (gdp, no amplification) = {}",
         a.config.display(),
+        run.randomness,
         run.n,
         run.m,
         run.sigma,
         run.noise_multiplier,
-        seed,
+        seed_text(seed),
         run.released,
         run.refused,
         run.epsilon_spent
@@ -116,6 +123,7 @@ pub fn run_dpagg(a: &Options) -> Result<Outcome> {
         sensitivity: sens,
         distinguishing: dist,
         fault: a.inject_fault,
+        seed,
     };
     finish(a, "dpagg-ti", &rep, &rows, &budget.event_file(), &header, failed)
 }
@@ -126,25 +134,28 @@ pub fn run_rdm(a: &Options) -> Result<Outcome> {
     if a.inject_fault != Fault::None {
         return Err(Error::field("--inject-fault", "only DPAgg-TI has injectable faults"));
     }
-    let seed = a.seed.unwrap_or(cfg.seed);
+    let seed = a.seed.or(cfg.seed);
+    let audit_seed = seed.unwrap_or(0);
     let delta = cfg.delta.map_or(1.0 / mech.private.len() as f64, |d| d.get());
     let accountant: AccountantKind = cfg.accountant;
-    let (run, budget) = mechanisms::run_dp_rdm(&mech, &queries, cfg.budget_epsilon.get(), delta, accountant, seed)?;
+    let (run, budget) =
+        mechanisms::run_dp_rdm_noise(&mech, &queries, cfg.budget_epsilon.get(), delta, accountant, seed)?;
     let sens = a
         .audit
-        .then(|| audit::dp_rdm_sensitivity(&mech, &queries.rows, a.audit_trials, seed ^ 0x5e45));
+        .then(|| audit::dp_rdm_sensitivity(&mech, &queries.rows, a.audit_trials, audit_seed ^ 0x5e45));
     let failed = sens.as_ref().is_some_and(|s| !s.ok);
     let header = format!(
-        "dpaudit run dp-rdm {}\nn = {}, k = {}, q = {}, sigma = {}, lambda = {}, noise_multiplier = {} (Theorem 3.1, 2/k), seed = {}\n\
+        "dpaudit run dp-rdm {}\nrandomness: {}\nn = {}, k = {}, q = {}, sigma = {}, lambda = {}, noise_multiplier = {} (Theorem 3.1, 2/k), seed = {}\n\
          answered = {}, refused = {}, epsilon spent ({}) = {} of budget {}",
         a.config.display(),
+        run.randomness,
         run.n,
         run.k,
         run.q,
         run.sigma,
         run.lambda,
         run.noise_multiplier,
-        seed,
+        seed_text(seed),
         run.answered,
         run.refused,
         accountant.as_str(),
@@ -159,8 +170,13 @@ pub fn run_rdm(a: &Options) -> Result<Outcome> {
         sensitivity: sens,
         distinguishing: None,
         fault: Fault::None,
+        seed,
     };
     finish(a, "dp-rdm", &rep, &rows, &budget.event_file(), &header, failed)
+}
+
+fn seed_text(seed: Option<u64>) -> String {
+    seed.map_or_else(|| "none (OS CSPRNG)".into(), |s| s.to_string())
 }
 
 fn outputs_csv(rows: &[Vec<f64>]) -> Vec<u8> {
@@ -199,10 +215,19 @@ fn finish<R: Serialize>(
     header: &str,
     failed: bool,
 ) -> Result<Outcome> {
-    let json = serde_json::to_vec_pretty(rec).map_err(|e| Error::input(format!("run record: {e}")))?;
+    let outputs = outputs_csv(rows);
+    // The ledger and run.json name the hash of the release they describe (checked by readers).
+    let released = crate::report::output::released_line("outputs.csv", &outputs);
+    let ledger_bytes = ledger_toml(ledger, &format!("{header}\n{released}"))?;
+    let mut value = serde_json::to_value(rec).map_err(|e| Error::input(format!("run record: {e}")))?;
+    if let Some(o) = value.as_object_mut() {
+        o.insert("outputs_sha256".into(), report::sha256_hex(&outputs).into());
+        o.insert("ledger_sha256".into(), report::sha256_hex(&ledger_bytes).into());
+    }
+    let json = serde_json::to_vec_pretty(&value).map_err(|e| Error::input(format!("run record: {e}")))?;
     let files = vec![
-        ("ledger.toml".to_string(), ledger_toml(ledger, header)?),
-        ("outputs.csv".to_string(), outputs_csv(rows)),
+        ("ledger.toml".to_string(), ledger_bytes),
+        ("outputs.csv".to_string(), outputs),
         ("run.json".to_string(), json),
     ];
     let mut s = String::new();
@@ -257,6 +282,7 @@ fn to_report<R: Serialize>(
         report::command_line(),
     )
     .for_command("run");
+    r.seed = rec.seed;
     r.add_input("mechanism config", &a.config)?;
     r.event = Some(ledger.event.clone());
     r.delta = ledger.delta;

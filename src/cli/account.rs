@@ -149,6 +149,7 @@ pub(crate) fn save_event(
     neighbouring: Neighbouring,
     delta: Option<f64>,
     comment: &str,
+    force: bool,
 ) -> Result<()> {
     let f = EventFile {
         schema_version: 1,
@@ -157,7 +158,7 @@ pub(crate) fn save_event(
         event: event.clone(),
     };
     let text = f.to_toml(comment)?;
-    dpaudit::report::output::write_atomic(path, text.as_bytes(), true).map_err(|e| e.with_field("--save-event"))
+    dpaudit::report::output::write_atomic(path, text.as_bytes(), force).map_err(|e| e.with_field("--save-event"))
 }
 
 /// Checks a user-given number for a flag.
@@ -243,7 +244,7 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let out = args.output.prepare(Format::Text, &["account.csv"])?;
     if let Some(p) = &args.save_event {
-        dpaudit::report::output::check_file(p, true)?;
+        dpaudit::report::output::check_file(p, out.force).map_err(|e| e.with_field("--save-event"))?;
     }
     let derived = args.run.derive()?;
     let plan = plan(&args, derived.as_ref(), out.dir.is_some() || out.format != Format::Text)?;
@@ -285,7 +286,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             .clone()
             .ok_or_else(|| Error::input("no event was accounted"))?;
         let nb = rep.assumptions.neighbouring.unwrap_or_default();
-        save_event(p, &event, nb, rep.delta, &comment)?;
+        save_event(p, &event, nb, rep.delta, &comment, out.force)?;
     }
     let mut text = String::new();
     if let Some(d) = &derived {

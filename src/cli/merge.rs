@@ -85,6 +85,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let ck = Checkpoint::load(&card, &dev)?;
     let data = Dataset::load(&data_path)?;
     let split = SplitManifest::load(&split_path)?;
+    merged.check_records(&ck, &data, &split)?;
     let plan = merged.plan.to_plan();
     let report = pipeline::assemble(&ck, &data, &split, &plan, "merged shards", &merged.records, None, start)?;
     dpaudit::report::progress::note(&format!(

@@ -51,6 +51,9 @@ struct EvalArgs {
     /// Output .npy (float32, (B, C_out, H, W)).
     #[arg(long)]
     out: PathBuf,
+    /// Replace an existing --out file (without it, an existing file is refused before any work).
+    #[arg(long)]
+    force: bool,
     /// Images per forward pass.
     #[arg(long, default_value_t = 64)]
     batch: usize,
@@ -76,6 +79,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             if e.batch == 0 {
                 return Err(Error::field("--batch", "must be ≥ 1").into());
             }
+            dpaudit::report::output::check_file(&e.out, e.force).map_err(|err| err.with_field("--out"))?;
             let dev = device::select(e.device.into())?;
             let ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
             let x = npy::read(&e.input)?;
@@ -119,7 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 .eval(&xs, shape, &ts, e.batch)
                 .map_err(|err| err.with_file(&e.input))?;
             let out_shape = [shape[0], ck.model.config.out_channels, shape[2], shape[3]];
-            npy::write_f32(&e.out, &out_shape, &y)?;
+            dpaudit::report::output::write_atomic(&e.out, &npy::encode_f32(&out_shape, &y), e.force)?;
             eprintln!(
                 "wrote {} ({}×{}×{}×{} float32)",
                 e.out.display(),

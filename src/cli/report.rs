@@ -47,9 +47,11 @@ fn run_inner(args: &Args) -> Result<i32> {
     if let Some(p) = &args.output {
         output::check_file(p, out.force)?;
     }
+    output::verify_member(&args.input)?;
     let bytes = std::fs::read(&args.input).map_err(|e| Error::io(&args.input, &e))?;
     not_a_detail_file(&args.input, &bytes)?;
     let rep = report::from_json(&bytes).map_err(|e| e.with_file(&args.input))?;
+    report::rederive::check(&rep).map_err(|e| e.with_file(&args.input))?;
     match &args.output {
         Some(p) => {
             let data = match out.format.export() {

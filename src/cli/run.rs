@@ -46,7 +46,10 @@ pub enum Mechanism {
 pub struct Common {
     /// Mechanism config (TOML, schema_version = 1).
     pub config: PathBuf,
-    /// Seed (overrides the config's).
+    /// Seed of the sampling and noise (overrides the config's). Without one (here or in the
+    /// config) the noise comes from the OS CSPRNG and two runs release different outputs; a
+    /// seeded release is not private against anyone who knows the seed (its ledger, run.json
+    /// and report say so).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Run the sensitivity and distinguishing audits.

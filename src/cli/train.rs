@@ -249,6 +249,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }),
         command: dpaudit::report::command_line(),
         quiet: a.quiet,
+        force: a.force,
     };
     let outcome = dpaudit::models::run::run(&plan, &dev, &dev_name)?;
     let mut text = String::new();

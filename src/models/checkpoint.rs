@@ -133,6 +133,9 @@ pub struct DpInfo {
     /// checkpoint trained on data disjoint from the private rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_ledger: Option<String>,
+    /// SHA-256 of the ledger file (checked whenever the checkpoint is loaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_sha256: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// RAPID retrieval settings, when used.
     pub rapid: Option<RapidInfo>,
@@ -202,36 +205,62 @@ pub fn card_path(path: &Path) -> PathBuf {
     }
 }
 
-/// Writes `<stem>.safetensors` and `<stem>.toml`; fills in the weights file name and hash.
-pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
-    let weights = PathBuf::from(format!("{}.safetensors", stem.display()));
-    let card_file = PathBuf::from(format!("{}.toml", stem.display()));
-    if let Some(dir) = weights.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
-    }
+/// The safetensors bytes of `net`'s weights.
+pub fn weights_bytes(net: &Net) -> Result<Vec<u8>> {
     let tensors = net.params.tensors();
-    // Atomic: written to a temporary file in the same folder, synced, then renamed.
-    let dir = match weights.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
     let tmp = tempfile::Builder::new()
         .prefix(".dpaudit-tmp-")
         .suffix(".safetensors")
-        .tempfile_in(dir)
-        .map_err(|e| Error::io(dir, &e))?;
-    candle_core::safetensors::save(&tensors, tmp.path())
-        .map_err(|e| Error::model(e.to_string()).with_file(&weights))?;
-    tmp.as_file().sync_all().map_err(|e| Error::io(&weights, &e))?;
-    tmp.persist(&weights).map_err(|e| Error::io(&weights, &e.error))?;
-    card.weights = weights.file_name().unwrap().to_string_lossy().into_owned();
-    card.weights_sha256 = sha256_file(&weights)?;
+        .tempfile()
+        .map_err(|e| Error::io(&std::env::temp_dir(), &e))?;
+    candle_core::safetensors::save(&tensors, tmp.path()).map_err(|e| Error::model(e.to_string()))?;
+    std::fs::read(tmp.path()).map_err(|e| Error::io(tmp.path(), &e))
+}
+
+/// The stem's folder and file name (`models/x` → (`models`, `x`)).
+pub fn stem_parts(stem: &Path) -> Result<(PathBuf, String)> {
+    let dir = match stem.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = stem
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty() && !n.starts_with('.'))
+        .ok_or_else(|| Error::field("--out", format!("`{}` is not a usable output stem", stem.display())))?;
+    Ok((dir, name.to_string()))
+}
+
+/// Fills the card's weights fields from `weights` (the safetensors bytes) for `stem`.
+pub fn describe_weights(stem_name: &str, weights: &[u8], net: &Net, card: &mut Card) {
+    card.weights = format!("{stem_name}.safetensors");
+    card.weights_sha256 = crate::report::sha256_hex(weights);
     card.parameters = net.params.count();
+}
+
+/// The card's file bytes.
+pub fn card_bytes(card: &Card) -> Result<Vec<u8>> {
     let body = toml::to_string(card).map_err(|e| Error::input(e.to_string()))?;
-    let text =
-        format!("# dpaudit checkpoint card: weights, model, data/split hashes and the command that made them.\n{body}");
-    crate::report::output::write_atomic(&card_file, text.as_bytes(), true)?;
-    Ok(card_file)
+    Ok(
+        format!("# dpaudit checkpoint card: weights, model, data/split hashes and the command that made them.\n{body}")
+            .into_bytes(),
+    )
+}
+
+/// Writes `<stem>.safetensors` and `<stem>.toml` as one output set (both appear at once; see
+/// [`crate::report::output::commit_set`]), replacing an earlier pair; fills in the weights file
+/// name and hash.
+pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
+    let (dir, name) = stem_parts(stem)?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, &e))?;
+    let weights = weights_bytes(net)?;
+    describe_weights(&name, &weights, net, card);
+    let files = vec![
+        (card.weights.clone(), weights),
+        (format!("{name}.toml"), card_bytes(card)?),
+    ];
+    let written = crate::report::output::commit_set(&dir, Some(&name), &files, true)?;
+    Ok(written[1].clone())
 }
 
 /// Reads a safetensors file of model weights (size checked against the memory cap first),
@@ -300,6 +329,23 @@ impl Checkpoint {
                 ),
             )
             .with_file(&card_path));
+        }
+        if let Some(dp) = &card.dp {
+            if let Some(want) = &dp.ledger_sha256 {
+                let ledger = dir.join(&dp.ledger);
+                let got = sha256_file(&ledger).ok();
+                if got.as_deref() != Some(want.as_str()) {
+                    return Err(Error::field(
+                        "dp.ledger_sha256",
+                        format!(
+                            "the card's DP ledger {} {}, the card says {want}: the card and its ledger disagree (ε and steps would be wrong)",
+                            ledger.display(),
+                            got.map_or_else(|| "is missing".to_string(), |g| format!("has SHA-256 {g}"))
+                        ),
+                    )
+                    .with_file(&card_path));
+                }
+            }
         }
         card.model.validate().map_err(|e| e.with_file(&card_path))?;
         let schedule = Schedule::new(card.schedule).map_err(|e| e.with_file(&card_path))?;

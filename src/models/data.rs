@@ -28,6 +28,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Hex SHA-256 of a file.
 pub fn sha256_file(path: &Path) -> Result<String> {
+    crate::report::output::note_input(path);
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
     Ok(sha256_hex(&bytes))
 }

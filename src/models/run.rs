@@ -96,6 +96,8 @@ pub struct TrainPlan {
     pub command: String,
     /// No progress bars.
     pub quiet: bool,
+    /// Replace an earlier run's files of the same stem (`--force`).
+    pub force: bool,
 }
 
 /// What a run wrote and spent.
@@ -355,6 +357,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                 epsilon_accountant: eps_text.as_ref().map(|e| e.1.clone()),
                 init_ledger: init_ledger.as_ref().map(|(_, p)| path_str(p)),
                 rapid: rag_parts.map(|(_, _, info)| info),
+                ledger_sha256: None,
             });
             lines.push(match &eps_text {
                 Some((e, acc)) => format!(
@@ -407,29 +410,71 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             )
         }
     };
-    if let Some(dir) = plan.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
-    }
+    // Every output of the run is rendered first, then committed as one set (weights, ledger,
+    // canaries, card: all appear at once, see `report::output::commit_set`).
+    let (out_dir, stem_name) = checkpoint::stem_parts(&plan.out)?;
+    std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(&out_dir, &e))?;
+    let stem_file = |ext: &str| format!("{stem_name}.{ext}");
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let weights = checkpoint::weights_bytes(&net)?;
+    let weights_name = stem_file("safetensors");
+    let weights_released = crate::report::output::released_line(&weights_name, &weights);
+    files.push((weights_name, weights.clone()));
     let canary_info = match &canaries {
         Some(c) => {
-            let p = PathBuf::from(format!("{}.canaries.csv", plan.out.display()));
-            crate::report::output::write_atomic(&p, c.to_csv().as_bytes(), true)?;
+            let name = stem_file("canaries.csv");
+            let bytes = c.to_csv().into_bytes();
             lines.push(format!(
                 "wrote {} ({} canaries; the inclusion bits are the audit's secret: keep the file from whoever the audit models)",
-                p.display(),
+                out_dir.join(&name).display(),
                 c.len()
             ));
-            Some(CanaryInfo {
-                file: p
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                sha256: sha256_file(&p)?,
+            let info = CanaryInfo {
+                file: name.clone(),
+                sha256: crate::report::sha256_hex(&bytes),
                 count: c.len(),
-            })
+            };
+            files.push((name, bytes));
+            Some(info)
         }
         None => None,
     };
+    let randomness = if plan.seed.is_some() {
+        RANDOMNESS_SEEDED
+    } else {
+        RANDOMNESS_OS
+    };
+    let mut ledger_path = None;
+    let mut event = None;
+    let mut ledger_lines = Vec::new();
+    if let (Some((p, ev)), Some(d)) = (ledger, &plan.dp) {
+        let text = dp::ledger_toml(
+            &ev,
+            d.delta,
+            &format!(
+                "DpEvent that ran in `{}`{}\n(RAPID Algorithm 2: Poisson sampling q, clipping C = {}, Gaussian noise σ·C, add/remove-one neighbours)\nrandomness: {randomness}\n{weights_released}",
+                plan.command,
+                init_ledger
+                    .as_ref()
+                    .map(|(_, p)| format!(", after the ledger of --init ({})", p.display()))
+                    .unwrap_or_default(),
+                d.clip
+            ),
+        )?;
+        if let Some(info) = dp_info.as_mut() {
+            info.ledger_sha256 = Some(crate::report::sha256_hex(text.as_bytes()));
+        }
+        files.push((stem_file("ledger.toml"), text.into_bytes()));
+        ledger_lines.push(format!(
+            "wrote {} — account it with: dpaudit account --event {} --delta {}",
+            p.display(),
+            p.display(),
+            d.delta
+        ));
+        ledger_lines.push(ev.ledger());
+        ledger_path = Some(p);
+        event = Some(ev);
+    }
     let mut card = Card {
         schema_version: checkpoint::CARD_SCHEMA,
         weights: String::new(),
@@ -448,12 +493,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         },
         training: TrainingInfo {
             seed: plan.seed,
-            randomness: if plan.seed.is_some() {
-                RANDOMNESS_SEEDED
-            } else {
-                RANDOMNESS_OS
-            }
-            .to_string(),
+            randomness: randomness.to_string(),
             steps,
             batch_size: batch,
             lr: plan.lr,
@@ -470,7 +510,11 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         dp: dp_info,
         canaries: canary_info,
     };
-    let card_path = checkpoint::save(&plan.out, &net, &mut card)?;
+    checkpoint::describe_weights(&stem_name, &weights, &net, &mut card);
+    let card_name = stem_file("toml");
+    files.push((card_name.clone(), checkpoint::card_bytes(&card)?));
+    crate::report::output::commit_set(&out_dir, Some(&stem_name), &files, plan.force)?;
+    let card_path = PathBuf::from(format!("{}.toml", plan.out.display()));
     if let Some((b, a)) = eval {
         lines.push(format!(
             "denoising loss on the {eval_on} (fixed evaluation draws): {b:.4} -> {a:.4}"
@@ -480,33 +524,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         lines.push(format!("training randomness: {RANDOMNESS_SEEDED}"));
     }
     lines.push(format!("wrote {} and {}", card_path.display(), card.weights));
-    let mut ledger_path = None;
-    let mut event = None;
-    if let (Some((p, ev)), Some(d)) = (ledger, &plan.dp) {
-        let text = dp::ledger_toml(
-            &ev,
-            d.delta,
-            &format!(
-                "DpEvent that ran in `{}`{}\n(RAPID Algorithm 2: Poisson sampling q, clipping C = {}, Gaussian noise σ·C, add/remove-one neighbours)",
-                plan.command,
-                init_ledger
-                    .as_ref()
-                    .map(|(_, p)| format!(", after the ledger of --init ({})", p.display()))
-                    .unwrap_or_default(),
-                d.clip
-            ),
-        )?;
-        crate::report::output::write_atomic(&p, text.as_bytes(), true)?;
-        lines.push(format!(
-            "wrote {} — account it with: dpaudit account --event {} --delta {}",
-            p.display(),
-            p.display(),
-            d.delta
-        ));
-        lines.push(ev.ledger());
-        ledger_path = Some(p);
-        event = Some(ev);
-    }
+    lines.extend(ledger_lines);
     Ok(TrainOutcome {
         card_path,
         card,

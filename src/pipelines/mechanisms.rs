@@ -23,9 +23,28 @@ use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
 use crate::pipelines::dpagg_ti;
 use crate::pipelines::embeddings::{dot, Embeddings};
 
-/// The seeded generator every mechanism uses.
+/// The seeded generator of audits and tests (reproducible, public).
 pub fn rng(seed: u64) -> ChaCha20Rng {
     ChaCha20Rng::seed_from_u64(seed)
+}
+
+/// What a release's randomness says of itself: drawn from the OS, or seeded (and then not
+/// private against anyone who knows the seed).
+pub fn randomness(seed: Option<u64>) -> &'static str {
+    match seed {
+        Some(_) => crate::models::checkpoint::RANDOMNESS_SEEDED,
+        None => crate::models::checkpoint::RANDOMNESS_OS,
+    }
+}
+
+/// The generator of a mechanism's released randomness (sampling and noise): a ChaCha20 stream
+/// keyed by the operating system's CSPRNG (`getrandom`) unless a seed is given. A seeded stream
+/// is reproducible and therefore not private against anyone who knows the seed.
+pub fn noise_rng(seed: Option<u64>) -> ChaCha20Rng {
+    match seed {
+        Some(s) => ChaCha20Rng::seed_from_u64(s),
+        None => ChaCha20Rng::from_os_rng(),
+    }
 }
 
 /// Adds N(0, σ²) to every coordinate.
@@ -195,8 +214,9 @@ pub struct DpaggTiConfig {
     #[serde(default)]
     pub budget_epsilon: Option<Epsilon>,
     #[serde(default)]
-    /// Seed of sampling and noise.
-    pub seed: u64,
+    /// Seed of sampling and noise. Absent (the default): the noise comes from the operating
+    /// system's CSPRNG. Present: reproducible, and not private against anyone who knows it.
+    pub seed: Option<u64>,
 }
 
 fn one() -> Count {
@@ -366,8 +386,10 @@ pub struct DpaggTiRun {
     pub noise_multiplier: f64,
     /// δ per release.
     pub delta: f64,
-    /// Seed used.
-    pub seed: u64,
+    /// Seed used (None: OS randomness).
+    pub seed: Option<u64>,
+    /// Where the noise came from ([`randomness`]).
+    pub randomness: String,
     /// Releases made.
     pub released: u64,
     /// Releases refused by the budget.
@@ -383,7 +405,17 @@ pub struct DpaggTiRun {
 /// Runs DPAgg-TI `releases` times under an optional budget (GDP exact, replace-one, no
 /// amplification credit: a sound, conservative charge).
 pub fn run_dpagg_ti(mech: &DpaggTi, releases: u64, budget: Option<f64>, seed: u64) -> Result<(DpaggTiRun, Budget)> {
-    let mut r = rng(seed);
+    run_dpagg_ti_noise(mech, releases, budget, Some(seed))
+}
+
+/// [`run_dpagg_ti`] with the noise from the OS CSPRNG when `seed` is None ([`noise_rng`]).
+pub fn run_dpagg_ti_noise(
+    mech: &DpaggTi,
+    releases: u64,
+    budget: Option<f64>,
+    seed: Option<u64>,
+) -> Result<(DpaggTiRun, Budget)> {
+    let mut r = noise_rng(seed);
     let mut b = Budget::new(AccountantKind::Gdp, Neighbouring::ReplaceOne, mech.delta, budget);
     // GDP cannot account the sampled event; charge the Gaussian (no amplification credit) and
     // record the sampled event in the ledger.
@@ -426,6 +458,7 @@ pub fn run_dpagg_ti(mech: &DpaggTi, releases: u64, budget: Option<f64>, seed: u6
         noise_multiplier: mech.noise_multiplier,
         delta: mech.delta,
         seed,
+        randomness: randomness(seed).into(),
         released: outputs.len() as u64,
         refused: b.refused,
         epsilon_spent: b.spent,
@@ -526,8 +559,9 @@ pub struct DpRdmConfig {
     #[serde(default)]
     pub max_queries: Option<Count>,
     #[serde(default)]
-    /// Seed of sampling and noise.
-    pub seed: u64,
+    /// Seed of sampling and noise. Absent (the default): the noise comes from the operating
+    /// system's CSPRNG. Present: reproducible, and not private against anyone who knows it.
+    pub seed: Option<u64>,
 }
 
 fn rdp() -> AccountantKind {
@@ -639,8 +673,10 @@ pub struct DpRdmRun {
     pub budget_epsilon: f64,
     /// Accountant that charged the budget.
     pub accountant: AccountantKind,
-    /// Seed used.
-    pub seed: u64,
+    /// Seed used (None: OS randomness).
+    pub seed: Option<u64>,
+    /// Where the noise came from ([`randomness`]).
+    pub randomness: String,
     /// Queries answered.
     pub answered: u64,
     /// Queries refused by the budget.
@@ -661,7 +697,19 @@ pub fn run_dp_rdm(
     accountant: AccountantKind,
     seed: u64,
 ) -> Result<(DpRdmRun, Budget)> {
-    let mut r = rng(seed);
+    run_dp_rdm_noise(mech, queries, budget, delta, accountant, Some(seed))
+}
+
+/// [`run_dp_rdm`] with the noise from the OS CSPRNG when `seed` is None ([`noise_rng`]).
+pub fn run_dp_rdm_noise(
+    mech: &DpRdm,
+    queries: &Embeddings,
+    budget: f64,
+    delta: f64,
+    accountant: AccountantKind,
+    seed: Option<u64>,
+) -> Result<(DpRdmRun, Budget)> {
+    let mut r = noise_rng(seed);
     // λ = 0 releases nothing private; otherwise Theorem 3.1's event per query.
     let ev = if mech.lambda == 0.0 {
         DpEvent::NoOp
@@ -688,6 +736,7 @@ pub fn run_dp_rdm(
         budget_epsilon: budget,
         accountant,
         seed,
+        randomness: randomness(seed).into(),
         answered: answers.len() as u64,
         refused: b.refused,
         epsilon_spent: b.spent,

@@ -17,6 +17,7 @@ pub mod num;
 pub mod output;
 pub mod plot;
 pub mod progress;
+pub mod rederive;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -138,6 +139,7 @@ pub struct Input {
 impl Input {
     /// Hashes the file at `path`.
     pub fn from_file(role: &str, path: &Path) -> Result<Self> {
+        output::note_input(path);
         let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
         Ok(Self::from_bytes(role, &path.display().to_string(), &data))
     }

@@ -9,13 +9,35 @@
 //! * `--out DIR` is created when missing.
 //! * stdout: a closed pipe (`dpaudit … | head`) ends quietly ([`emit_stdout`]).
 //!
+//! * A command's output *set* (the report formats, ledger, outputs, card, weights, run.json) is
+//!   committed as one transaction ([`commit_set`]): every file is written and synced in a
+//!   staging folder `.dpaudit-tmp-set-*` inside the target folder, then a manifest
+//!   (`.dpaudit-manifest.json`, or `.<stem>.dpaudit-manifest.json` for a `train` stem) naming
+//!   every member with its SHA-256 is renamed into place, then each member. Every reader
+//!   ([`verify_member`], called by [`crate::error::read_to_string`] and `dpaudit report`) checks
+//!   the whole set against the manifest, so a set that a kill left half renamed (new ledger
+//!   beside old outputs) is refused (exit 2), never read as valid. Staging folders left by a
+//!   killed run are removed by the next commit of the same set and never count as outputs.
+//! * Writers of one set are serialised by a lock file (`.dpaudit-lock`,
+//!   `.<stem>.dpaudit-lock`): without `--force` a second writer is refused while the first
+//!   holds it; with `--force` it waits, then replaces the whole set.
+//! * Nothing replaces a non-regular file (a device such as `/dev/null` or `/dev/stdout`, a
+//!   pipe: single-file outputs are written *into* a character device or pipe, never renamed
+//!   over it; a directory or socket is refused) or a file this command read as input.
+//!
 //! For tests of torn outputs, the environment variable `DPAUDIT_INJECT_WRITE_FAILURE=<name>`
 //! makes the write of any file whose name is `<name>` (or every file, with `*`) fail half-way
-//! with "No space left on device", exactly as a full disk does.
+//! with "No space left on device", exactly as a full disk does. `DPAUDIT_FAULT_AT=<n>` ends the
+//! process (exit 134, no clean-up, as a kill does) just before the n-th rename of a set commit
+//! (1 = the manifest, 2… = the members in order).
 
 use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -117,27 +139,11 @@ impl OutputDir {
         ))
     }
 
-    /// Writes every `(file name, bytes)` atomically. Refuses (before writing anything) when a
-    /// target exists and `force` is off. Returns the written paths.
+    /// Writes every `(file name, bytes)` as one set ([`commit_set`]): all appear at once, or
+    /// none. Refuses (before writing anything) when a target exists and `force` is off.
+    /// Returns the written paths.
     pub fn write_files(&self, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
-        for (name, _) in files {
-            check_file_name(name)?;
-        }
-        if !self.force {
-            for (name, _) in files {
-                let p = self.dir.join(name);
-                if p.exists() {
-                    return Err(exists_error(&p));
-                }
-            }
-        }
-        let mut out = Vec::with_capacity(files.len());
-        for (name, bytes) in files {
-            let p = self.dir.join(name);
-            write_atomic(&p, bytes, self.force)?;
-            out.push(p);
-        }
-        Ok(out)
+        commit_set(&self.dir, None, files, self.force)
     }
 }
 
@@ -198,10 +204,10 @@ pub fn check_file(path: &Path, overwrite: bool) -> Result<()> {
             )
         })?;
     }
-    if !overwrite && path.exists() {
-        return Err(exists_error(path));
+    match target_kind(path)? {
+        Target::Regular if !overwrite => Err(exists_error(path)),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn injected_failure(path: &Path) -> bool {
@@ -228,8 +234,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
             ),
         ));
     }
-    if !force && path.exists() {
-        return Err(exists_error(path));
+    match target_kind(path)? {
+        Target::Special => return write_into_special(path, bytes),
+        Target::Regular if !force => return Err(exists_error(path)),
+        _ => {}
     }
     let mut tmp = tempfile::Builder::new()
         .prefix(".dpaudit-tmp-")
@@ -274,6 +282,428 @@ fn write_error(path: &Path, e: &std::io::Error) -> Error {
             path.display()
         ),
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs and targets
+
+/// (device, inode) of every file this process read as input (see [`note_input`]).
+static INPUTS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// Records `path` as an input of this command: no output may replace it.
+pub fn note_input(path: &Path) {
+    if let Ok(m) = std::fs::metadata(path) {
+        if let Ok(mut v) = INPUTS.lock() {
+            if !v.contains(&(m.dev(), m.ino())) {
+                v.push((m.dev(), m.ino()));
+            }
+        }
+    }
+}
+
+fn is_input(m: &std::fs::Metadata) -> bool {
+    INPUTS.lock().map(|v| v.contains(&(m.dev(), m.ino()))).unwrap_or(false)
+}
+
+/// What an output path names now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Nothing.
+    Absent,
+    /// A regular file (not an input of this command).
+    Regular,
+    /// A character device or a pipe (`/dev/null`, `/dev/stdout`): written into, never replaced.
+    Special,
+}
+
+/// Classifies an output path; refuses a directory, block device, socket, or an input file.
+fn target_kind(path: &Path) -> Result<Target> {
+    let m = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A dangling symbolic link: renaming over it replaces the link, which is fine.
+            return Ok(Target::Absent);
+        }
+        Err(e) => return Err(Error::io(path, &e)),
+    };
+    let ft = m.file_type();
+    if ft.is_file() {
+        if is_input(&m) {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "`{}` is an input of this command; refusing to overwrite it with an output",
+                    path.display()
+                ),
+            ));
+        }
+        return Ok(Target::Regular);
+    }
+    if ft.is_char_device() || ft.is_fifo() {
+        return Ok(Target::Special);
+    }
+    Err(Error::new(
+        ErrorKind::Io,
+        format!(
+            "output `{}` exists and is not a regular file (a directory, block device or socket); dpaudit never replaces it",
+            path.display()
+        ),
+    ))
+}
+
+/// Writes into a character device or pipe in place (no temporary file, no rename).
+fn write_into_special(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| write_error(path, &e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.flush())
+        .map_err(|e| write_error(path, &e))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output sets: staging, manifest, lock
+
+/// Environment variable of the commit fault hook (see the module docs).
+pub const FAULT_AT_ENV: &str = "DPAUDIT_FAULT_AT";
+
+/// Exit code of a process ended by the fault hook.
+pub const FAULT_EXIT: i32 = 134;
+
+static COMMIT_STEPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one rename of a set commit; ends the process at the step `DPAUDIT_FAULT_AT` names.
+fn commit_step() {
+    let n = COMMIT_STEPS.fetch_add(1, Ordering::SeqCst) + 1;
+    if let Some(v) = std::env::var_os(FAULT_AT_ENV) {
+        if v.to_str().and_then(|s| s.trim().parse::<usize>().ok()) == Some(n) {
+            // As a kill: no destructor runs, no temporary file is removed.
+            std::process::exit(FAULT_EXIT);
+        }
+    }
+}
+
+/// Name suffix of every manifest.
+pub const MANIFEST_SUFFIX: &str = "dpaudit-manifest.json";
+const STAGING_PREFIX: &str = ".dpaudit-tmp-set-";
+
+/// The manifest of an output set: every member with its SHA-256.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Format version (1).
+    pub dpaudit_manifest: u32,
+    /// The members, in commit order.
+    pub files: Vec<ManifestEntry>,
+}
+
+/// One member of an output set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestEntry {
+    /// File name (in the manifest's folder).
+    pub name: String,
+    /// Lower-case hex SHA-256 of its bytes.
+    pub sha256: String,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// The manifest file name of a set: `.dpaudit-manifest.json` for a `--out DIR` set,
+/// `.<stem>.dpaudit-manifest.json` for a stem (`train --out models/x` → `.x.dpaudit-manifest.json`).
+pub fn manifest_name(stem: Option<&str>) -> String {
+    match stem {
+        None => format!(".{MANIFEST_SUFFIX}"),
+        Some(s) => format!(".{s}.{MANIFEST_SUFFIX}"),
+    }
+}
+
+fn lock_name(stem: Option<&str>) -> String {
+    match stem {
+        None => ".dpaudit-lock".into(),
+        Some(s) => format!(".{s}.dpaudit-lock"),
+    }
+}
+
+/// The lock of one output set, held while it is staged and committed.
+struct SetLock {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl SetLock {
+    /// Takes the lock: refused while another writer holds it unless `wait` (`--force`).
+    fn acquire(path: PathBuf, wait: bool) -> Result<Self> {
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::io(&path, &e))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    if !wait {
+                        return Err(Error::new(
+                            ErrorKind::Io,
+                            format!(
+                                "another dpaudit is writing the same outputs (lock `{}`); wait for it, or pass --force to wait and then replace its outputs",
+                                path.display()
+                            ),
+                        ));
+                    }
+                    file.lock().map_err(|e| Error::io(&path, &e))?;
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, &e)),
+            }
+            // The previous holder removes the file when done: hold the lock only if the path
+            // still names the file we locked, else start again.
+            let mine = file.metadata().map_err(|e| Error::io(&path, &e))?;
+            match std::fs::metadata(&path) {
+                Ok(now) if now.dev() == mine.dev() && now.ino() == mine.ino() => {
+                    return Ok(SetLock { file, path });
+                }
+                _ => continue,
+            }
+        }
+    }
+}
+
+impl Drop for SetLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.file.unlock();
+    }
+}
+
+/// Removes staging folders of `stem`'s set left by a killed writer (only called under the
+/// set's lock, so no live writer owns them).
+fn clean_debris(dir: &Path, stem: Option<&str>) {
+    let prefix = format!("{STAGING_PREFIX}{}-", stem.unwrap_or(""));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) && e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Commits `files` into `dir` as one output set (see the module docs): under the set's lock,
+/// refuses existing members without `force` (and non-regular or input files always), stages
+/// and syncs every file, renames the manifest, then every member. `stem` names a stem set
+/// (`train`), None the `--out DIR` set. Returns the written paths.
+pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], force: bool) -> Result<Vec<PathBuf>> {
+    for (name, _) in files {
+        check_file_name(name)?;
+    }
+    if !dir.is_dir() {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!("cannot write into `{}`: it is not a directory", dir.display()),
+        ));
+    }
+    let _lock = SetLock::acquire(dir.join(lock_name(stem)), force)?;
+    clean_debris(dir, stem);
+    for (name, _) in files {
+        let p = dir.join(name);
+        match target_kind(&p)? {
+            Target::Absent => {}
+            Target::Regular if force => {}
+            Target::Regular => return Err(exists_error(&p)),
+            Target::Special => {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "output `{}` is a device or pipe; dpaudit never replaces it",
+                        p.display()
+                    ),
+                ))
+            }
+        }
+    }
+    let staging = tempfile::Builder::new()
+        .prefix(&format!("{STAGING_PREFIX}{}-", stem.unwrap_or("")))
+        .tempdir_in(dir)
+        .map_err(|e| not_writable(dir, &e))?;
+    let mut entries = Vec::with_capacity(files.len());
+    for (name, bytes) in files {
+        let p = dir.join(name);
+        let staged = staging.path().join(name);
+        let written = std::fs::File::create(&staged).and_then(|mut f| {
+            if injected_failure(&p) {
+                f.write_all(&bytes[..bytes.len() / 2])?;
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            f.write_all(bytes)?;
+            f.sync_all()
+        });
+        written.map_err(|e| write_error(&p, &e))?;
+        entries.push(ManifestEntry {
+            name: name.clone(),
+            sha256: super::sha256_hex(bytes),
+            bytes: bytes.len() as u64,
+        });
+    }
+    let manifest = Manifest {
+        dpaudit_manifest: 1,
+        files: entries,
+    };
+    let mname = manifest_name(stem);
+    let mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::input(format!("manifest: {e}")))?;
+    let staged_manifest = staging.path().join(&mname);
+    std::fs::File::create(&staged_manifest)
+        .and_then(|mut f| {
+            f.write_all(&mbytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| write_error(&dir.join(&mname), &e))?;
+    sync_dir(staging.path());
+    // From here the set changes: first the manifest (the old set stops reading as valid), then
+    // the members (the new set reads as valid once the last is in place).
+    commit_step();
+    std::fs::rename(&staged_manifest, dir.join(&mname)).map_err(|e| write_error(&dir.join(&mname), &e))?;
+    let mut out = Vec::with_capacity(files.len());
+    for (name, _) in files {
+        let p = dir.join(name);
+        commit_step();
+        std::fs::rename(staging.path().join(name), &p).map_err(|e| write_error(&p, &e))?;
+        out.push(p);
+    }
+    sync_dir(dir);
+    drop(staging);
+    Ok(out)
+}
+
+/// Reads a manifest (small, JSON).
+fn read_manifest(path: &Path) -> Result<Manifest> {
+    let text = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    serde_json::from_slice(&text)
+        .map_err(|e| Error::input(format!("not a dpaudit output manifest: {e}")).with_file(path))
+}
+
+fn file_sha256(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The comment line (without `# `) by which a ledger names the release it describes:
+/// `released: <file> sha256 <hex>`. [`verify_member`] checks it whenever the ledger is read.
+pub fn released_line(file: &str, bytes: &[u8]) -> String {
+    format!("released: {file} sha256 {}", super::sha256_hex(bytes))
+}
+
+/// Checks every `# released: <file> sha256 <hex>` comment line at the top of `path`.
+fn verify_released(path: &Path) -> Result<()> {
+    let Ok(f) = std::fs::File::open(path) else {
+        return Ok(());
+    };
+    let mut head = String::new();
+    // Comment lines come first; 64 KiB is far more than any ledger header.
+    let _ = std::io::Read::read_to_string(&mut std::io::Read::take(f, 1 << 16), &mut head);
+    for (i, line) in head.lines().enumerate() {
+        let Some(rest) = line.strip_prefix("# released: ") else {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            break;
+        };
+        let mut it = rest.split_whitespace();
+        let (Some(name), Some("sha256"), Some(want)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+            continue;
+        }
+        let p = parent_dir(path).join(name);
+        let got = file_sha256(&p).ok();
+        if got.as_deref() != Some(want) {
+            let mut e = Error::field(
+                "released",
+                format!(
+                    "this ledger describes `{}` with SHA-256 {want}, but {}: the ledger and the release disagree",
+                    p.display(),
+                    match got {
+                        None => "that file is missing".to_string(),
+                        Some(g) => format!("it has SHA-256 {g}"),
+                    }
+                ),
+            )
+            .with_file(path);
+            e.line = Some(i + 1);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Before a file is read as input: when a manifest in its folder lists it, every member of that
+/// set must be present with the manifest's SHA-256, else the set is mixed or incomplete (a run
+/// was killed between renames, or two runs wrote into one place) and is refused (exit 2,
+/// naming the first member that differs). Also records `path` as an input ([`note_input`]).
+pub fn verify_member(path: &Path) -> Result<()> {
+    note_input(path);
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(());
+    };
+    if name.ends_with(".toml") {
+        verify_released(path)?;
+    }
+    let dir = parent_dir(path);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let mname = e.file_name().to_string_lossy().into_owned();
+        if !(mname.starts_with('.') && mname.ends_with(MANIFEST_SUFFIX)) {
+            continue;
+        }
+        let mpath = dir.join(&mname);
+        let m = read_manifest(&mpath)?;
+        if !m.files.iter().any(|f| f.name == name) {
+            continue;
+        }
+        for f in &m.files {
+            let p = dir.join(&f.name);
+            let got = file_sha256(&p).ok();
+            if got.as_deref() != Some(f.sha256.as_str()) {
+                let what = match got {
+                    None => "is missing from",
+                    Some(_) => "differs from",
+                };
+                return Err(Error::field(
+                    "sha256",
+                    format!(
+                        "`{}` {what} the output set recorded in `{}` that `{}` belongs to: the set is mixed or incomplete (a run was interrupted between renames, or two runs wrote into one place); rerun the command that wrote it",
+                        p.display(),
+                        mpath.display(),
+                        path.display()
+                    ),
+                )
+                .with_file(path));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Set once stdout turned out to be a closed pipe: later output is dropped.

@@ -426,6 +426,8 @@ fn out_dir_writes_all_formats_with_stable_names_and_needs_force_to_overwrite() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let r = report::from_json(&std::fs::read(root().join(input)).unwrap()).unwrap();
     let mut expected: BTreeSet<String> = [
+        // The set's manifest (every member with its SHA-256: a mixed set is refused).
+        ".dpaudit-manifest.json",
         "report.json",
         "report.md",
         "report.html",
