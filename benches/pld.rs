@@ -8,6 +8,9 @@
 //! - `hetero_1000x1e3`: 1,000 distinct steps (σ_j = 0.8 + 0.001 j, q_j = 0.001 + 0.000001 j),
 //!   each composed 10³ times; ε at δ = 1e-5.
 //! - `dpsgd_rapid`: σ = 1.0, q = 64/60000, 9375 steps (fixtures/reference/dpsgd.csv); ε at δ = 1e-5.
+//! - `long_1e6`, `long_1e7`, `long_1e8`: σ = 1.1, q = 0.004, 10⁶ / 10⁷ / 10⁸ steps (long horizons,
+//!   fixtures/reference/pld_long_horizon.csv); ε at δ = 1e-5. Run only these with
+//!   `cargo bench --bench pld -- long`.
 //!
 //! Run: `cargo bench --bench pld` (the ε values are printed once before timing).
 //! Probe mode (used by the compare script): with `PLD_COMPARE=1` in the environment, prints one
@@ -43,17 +46,37 @@ fn dpsgd_steps() -> Vec<PldStep> {
     }]
 }
 
+/// DP-SGD over a long horizon: σ = 1.1, q = 0.004, `count` steps.
+fn long_steps(count: u64) -> Vec<PldStep> {
+    vec![PldStep {
+        q: 0.004,
+        noise_multiplier: 1.1,
+        count,
+    }]
+}
+
 fn cases() -> Vec<(&'static str, Vec<PldStep>)> {
     vec![
         ("hetero_50x1e4", hetero_steps(50)),
         ("hetero_1000x1e3", hetero_steps(1000)),
         ("dpsgd_rapid", dpsgd_steps()),
+        ("long_1e6", long_steps(1_000_000)),
+        ("long_1e7", long_steps(10_000_000)),
+        ("long_1e8", long_steps(100_000_000)),
     ]
 }
 
 fn bench(c: &mut Criterion) {
     let acc = PldAccountant::default();
+    // The ε line of a case is printed only when criterion's filter (first free argument) selects it.
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-') && a != "pld");
     for (name, steps) in cases() {
+        if filter
+            .as_deref()
+            .is_some_and(|f| !name.contains(f) && !format!("pld/{name}").contains(f))
+        {
+            continue;
+        }
         let t0 = Instant::now();
         let pld = acc.compose_steps(&steps).unwrap();
         let eps = pld.epsilon(1e-5);

@@ -197,6 +197,26 @@ pub trait Accountant: Send + Sync {
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult>;
     /// δ at the given ε (the result's `delta` field holds it).
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult>;
+    /// ε at `delta`, exactly as [`Accountant::epsilon`] gives it, and ε at each δ of `grid`
+    /// (the points of an ε-versus-δ plot) read from the work done for `delta`: an accountant
+    /// whose work is a composition independent of δ (PLD: the composed distributions; RDP: the
+    /// composed RDP at each order) builds it once and converts every δ from it. A grid value is
+    /// a sound bound of the same kind as `epsilon` at that δ and equals it wherever that δ needs
+    /// no more than `delta` did (PLD: no precise composition of its own; RDP: the grid orders,
+    /// without the golden-section refinement between them), and is never below it otherwise.
+    /// The default asks `epsilon` once per δ (closed forms: exact for every δ).
+    fn epsilon_profile(
+        &self,
+        event: &DpEvent,
+        neighbouring: Neighbouring,
+        delta: f64,
+        grid: &[f64],
+    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+        (
+            self.epsilon(event, neighbouring, delta),
+            grid.iter().map(|&d| self.epsilon(event, neighbouring, d)).collect(),
+        )
+    }
 }
 
 /// Validates a δ given by a user.

@@ -59,6 +59,19 @@ const PRECISE_BUDGET: usize = 1 << 23;
 /// Largest privacy loss (nats) one step's grid holds; P-mass above goes to +∞ (counted in δ).
 const MAX_STEP_LOSS: f64 = 200.0;
 
+/// Leaves composed at least this many times get their transform values at the live frequencies
+/// on double words ([`dd_transform_at`]) and their powers on double words, so the certified
+/// round-off no longer grows like T·κ (κ ≈ 10u·log₂N, the double FFT's componentwise bound) but
+/// like T·u²·(support): 10⁷ steps certify δ = 1e-5 in one composition instead of composing again
+/// on double words. Below it the double-precision transform is cheaper and accurate enough.
+const HYBRID_MIN_COUNT: u64 = 1 << 20;
+
+/// Widest composition window (grid points) at the requested grid interval: beyond it the grid
+/// interval is doubled until the window fits (a coarser grid is still a dominating
+/// discretisation, so only tightness changes; over a window this wide the composed loss has a
+/// standard deviation of tens of nats, and connect-the-dots adds at most h²/4 of variance per step).
+const REGRID_WIDTH: i64 = 1 << 21;
+
 /// The PLD accountant. Defaults follow dp_accounting's `PLDAccountant` (grid 1e-4, pessimistic).
 #[derive(Debug, Clone)]
 pub struct PldAccountant {
@@ -1036,6 +1049,40 @@ impl FourierProduct {
         true
     }
 
+    /// Multiplies A^T into frequency k from a double-word transform value `a` with
+    /// |a − A| ≤ `e` (see [`dd_transform_at`]): the power is taken on double words (relative
+    /// error ρ = (1 + c)^{T−1} − 1, c = dd::CMUL_ERR + 1e-20 for low words near underflow) and
+    /// rounded to a double (≤ u relative), so |F̂ − A^T| ≤ M(u(1 + ρ) + ρ + T·e/m) with m = |a| + e,
+    /// M ≥ m^T (mean value theorem, as in [`FourierProduct::apply`]). False when the frequency dies.
+    fn apply_dd(&mut self, k: usize, a: Cdd, e: f64, t: u64) -> bool {
+        let tf = t as f64;
+        let m = (a.norm_upper() + e + 1e-150) * (1.0 + 4.0 * U);
+        let infl_m = 1.0 + (2.0 * tf * U).exp_m1() * (1.0 + 1e-6) + 4.0 * U;
+        let big_m = powr(m, t) * infl_m * (1.0 + 4.0 * U);
+        let p = self.p[k] * big_m * (1.0 + 4.0 * U);
+        if p.is_nan() || p < DEAD {
+            self.kill(k);
+            return false;
+        }
+        let rho = ((tf - 1.0).max(0.0) * (dd::CMUL_ERR + 1e-20)).exp_m1() * (1.0 + 1e-6);
+        let r = a.norm_f64() * (1.0 - 8.0 * U);
+        // |a|^T < e^{−690}: replaced by 0 (error ≤ M); every power formed stays above 1e-300.
+        let thr = if t <= 1 { 0.0 } else { (-1380.0 / tf).exp() };
+        let (b, s) = if r * r < thr {
+            (Complex64::new(0.0, 0.0), 1.0)
+        } else {
+            let bd = a.powu(t);
+            (
+                Complex64::new(bd.re.to_f64(), bd.im.to_f64()),
+                (1.5 * U * (1.0 + rho) + rho + tf * e / m) * (1.0 + 4.0 * U),
+            )
+        };
+        self.y[k] *= b;
+        self.s[k] += s + CMUL_ERR;
+        self.p[k] = p;
+        true
+    }
+
     /// The product of two running products (the same induction step with F = the other product).
     fn combine(mut self, other: FourierProduct) -> FourierProduct {
         let end = self.live_end.min(other.live_end);
@@ -1240,6 +1287,38 @@ fn fourier_precise(
     }
 }
 
+/// The length-N DFT of a discrete PLD at frequency k, A_k = Σ_i p_i w^{(lo+i)k} with
+/// w = e^{−2πi/N} (aliasing included: w^N = 1), on double words: Horner in z = w^k over the S
+/// support points, times w^{lo·k}. Returns the value and a bound e ≥ |value − A_k|: each Horner
+/// step s ← s·ẑ + p_i adds at most ‖p‖₁(|ẑ − z| + dd::CMUL_ERR(1 + |ẑ − z|) + dd::ADD_ERR) + ADD_ERR·p_i
+/// (|s| ≤ ‖p‖₁ up to these errors, |z| = 1), and the final product one more such term, so
+/// e ≤ (S + 2)·‖p‖₁·(TWIDDLE_ANY_ERR + CMUL_ERR + 2·ADD_ERR)·(1 + 1e-6) (≈ 1e-27 for S = 10⁴).
+fn dd_transform_at(d: &DiscretePld, k: usize, n: usize) -> (Cdd, f64) {
+    let nn = n as u64;
+    let z = dd::twiddle(k as u64, nn);
+    let shift = ((d.lo.rem_euclid(n as i64) as u128 * k as u128) % nn as u128) as u64;
+    let w0 = dd::twiddle(shift, nn);
+    let mut acc = Cdd::ZERO;
+    for &p in d.probs.iter().rev() {
+        acc = acc * z;
+        acc.re = acc.re + Dd::from_f64(p);
+    }
+    let v = acc * w0;
+    let l1: f64 = d.probs.iter().sum::<f64>() * (1.0 + 1e-9);
+    let e = (d.probs.len() as f64 + 2.0) * l1 * (dd::TWIDDLE_ANY_ERR + dd::CMUL_ERR + 2.0 * dd::ADD_ERR) * (1.0 + 1e-6)
+        + 1e-300;
+    (v, e)
+}
+
+/// The composition window [L, U] of [`compose`]: Chernoff bounds on the mass outside, and the
+/// width the window would need before the `max_points` cap.
+struct Window {
+    lower: i64,
+    upper: i64,
+    window_tail_mass: f64,
+    uncapped_width: i64,
+}
+
 /// Composes discrete PLDs with counts (Fourier domain, one common cyclic grid). See the module
 /// doc and docs/pld.md for the bounds added to δ.
 fn compose(
@@ -1249,6 +1328,7 @@ fn compose(
     tau_window: f64,
     max_points: usize,
     precise: bool,
+    window: Option<Window>,
 ) -> Result<ComposedDirection> {
     let total_steps: f64 = parts.iter().map(|(_, c)| *c as f64).sum();
     // ∞-mass: 1 − Π(1 − ι_j)^{T_j}, rounded up.
@@ -1275,6 +1355,16 @@ fn compose(
         e.probs = vec![1.0];
         return Ok(e);
     }
+    let window = match window {
+        Some(w) => w,
+        None => chernoff_window(parts, tau_window, max_points),
+    };
+    compose_in_window(parts, dir, h, window, inf_mass, rel_inflation, precise)
+}
+
+/// The Chernoff window of a composition: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL),
+/// minimised over t, with at most `tau_window`/2 outside on each side (at most `max_points` wide).
+fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max_points: usize) -> Window {
     // Trivial support of the composition.
     let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * *c as i64).sum();
     let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * *c as i64).sum();
@@ -1324,6 +1414,7 @@ fn compose(
     if lower > upper {
         lower = upper;
     }
+    let uncapped_width = upper - lower + 1;
     if (upper - lower + 1) as usize > max_points {
         upper = lower + max_points as i64 - 1;
     }
@@ -1346,13 +1437,39 @@ fn compose(
     };
     // Mass strictly above `upper` / strictly below `lower`.
     let window_tail_mass = (bound_hi(upper) + bound_lo(lower)) * (1.0 + 1e-9);
-    let width = (upper - lower + 1) as usize;
     if timing {
         eprintln!(
-            "pld timing: window [{lower}, {upper}] width {width} fft {} (trivial [{triv_lo}, {triv_hi}])",
-            fft_len(width)
+            "pld timing: window [{lower}, {upper}] width {} (uncapped {uncapped_width}) (trivial [{triv_lo}, {triv_hi}]) in {:?}",
+            upper - lower + 1,
+            t_start.elapsed()
         );
     }
+    Window {
+        lower,
+        upper,
+        window_tail_mass,
+        uncapped_width,
+    }
+}
+
+/// The Fourier-domain composition of `parts` over a window (see [`compose`]).
+fn compose_in_window(
+    parts: &[(DiscretePld, u64)],
+    dir: Direction,
+    h: f64,
+    window: Window,
+    inf_mass: f64,
+    rel_inflation: f64,
+    precise: bool,
+) -> Result<ComposedDirection> {
+    let Window {
+        lower,
+        upper,
+        window_tail_mass,
+        ..
+    } = window;
+    let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
+    let width = (upper - lower + 1) as usize;
     if precise {
         return Ok(fourier_precise(
             parts,
@@ -1367,7 +1484,7 @@ fn compose(
     }
     let n = fft_len(width);
     if timing {
-        eprintln!("pld timing: chernoff {:?}", t_start.elapsed());
+        eprintln!("pld timing: fft length {n}");
     }
     let levels = (n as f64).log2().ceil();
     let kappa = FFT_ERR_PER_LEVEL * levels;
@@ -1382,7 +1499,11 @@ fn compose(
     let t_fft = std::time::Instant::now();
     let half = n / 2 + 1;
     let scratch_len = fwd.get_inplace_scratch_len();
-    let pairs: Vec<&[(DiscretePld, u64)]> = parts.chunks(2).collect();
+    // Leaves with a large count go through the double-word transform values below; the others
+    // share complex transforms two by two.
+    let (hybrid, plain): (Vec<&(DiscretePld, u64)>, Vec<&(DiscretePld, u64)>) =
+        parts.iter().partition(|(_, c)| *c >= HYBRID_MIN_COUNT);
+    let pairs: Vec<&[&(DiscretePld, u64)]> = plain.chunks(2).collect();
     let per_thread = pairs.len().div_ceil(rayon::current_num_threads()).max(1);
     let product = pairs
         .par_iter()
@@ -1399,7 +1520,8 @@ fn compose(
                 buf.iter_mut().for_each(|c| *c = Complex64::new(0.0, 0.0));
                 let nn = n as i64;
                 let mut l1 = 0.0;
-                for (slot, (d, _)) in pair.iter().enumerate() {
+                for (slot, part) in pair.iter().enumerate() {
+                    let d = &part.0;
                     for (k, &p) in d.probs.iter().enumerate() {
                         let c = &mut buf[(d.lo + k as i64).rem_euclid(nn) as usize];
                         if slot == 0 {
@@ -1417,9 +1539,9 @@ fn compose(
                 // separating A_k = (Z_k + conj Z_{−k})/2 and B_k = (Z_k − conj Z_{−k})/(2i) averages two
                 // such errors and rounds one complex addition (≤ u(|Z_k| + |Z_{−k}|)/2 ≤ u‖z‖₁).
                 let ea = (kappa + U) * l1 * (1.0 + 1e-9);
-                let leaves: Vec<LeafPower> = pair.iter().map(|(_, c)| LeafPower::new(*c, ea)).collect();
-                prod.total_t_ea += pair.iter().map(|(_, c)| *c as f64 * ea).sum::<f64>();
-                prod.total_t += pair.iter().map(|(_, c)| *c as f64).sum::<f64>();
+                let leaves: Vec<LeafPower> = pair.iter().map(|part| LeafPower::new(part.1, ea)).collect();
+                prod.total_t_ea += pair.iter().map(|part| part.1 as f64 * ea).sum::<f64>();
+                prod.total_t += pair.iter().map(|part| part.1 as f64).sum::<f64>();
                 let mut live_end = 0;
                 for k in 0..prod.live_end {
                     if prod.p[k] == 0.0 {
@@ -1448,6 +1570,60 @@ fn compose(
         )
         .map(|(prod, _, _)| prod)
         .reduce(|| FourierProduct::new(half), FourierProduct::combine);
+    // Large-count leaves: a double-precision transform screens every frequency (m = |Â| + e_a ≥ |A|
+    // with e_a = κ‖a‖₁, so a frequency whose bound falls below DEAD is dead for good); at the
+    // live ones the transform value is recomputed on double words and raised to T there.
+    let mut product = product;
+    if !hybrid.is_empty() {
+        let mut buf = vec![Complex64::new(0.0, 0.0); n];
+        let mut scratch = vec![Complex64::new(0.0, 0.0); scratch_len];
+        let nn = n as i64;
+        for part in &hybrid {
+            let (d, count) = (&part.0, part.1);
+            buf.iter_mut().for_each(|c| *c = Complex64::new(0.0, 0.0));
+            let mut l1 = 0.0;
+            for (k, &p) in d.probs.iter().enumerate() {
+                buf[(d.lo + k as i64).rem_euclid(nn) as usize].re += p;
+                l1 += p;
+            }
+            fwd.process_with_scratch(&mut buf, &mut scratch);
+            // One real leaf per transform: Z_k = A_k, componentwise error ≤ κ‖a‖₁.
+            let ea = kappa * l1 * (1.0 + 1e-9);
+            let lp = LeafPower::new(count, ea);
+            product.total_t += count as f64;
+            product.total_t_ea += count as f64 * ea;
+            let mut live = Vec::new();
+            for k in 0..product.live_end {
+                if product.p[k] == 0.0 {
+                    continue;
+                }
+                let m = (buf[k].norm_sqr().sqrt() + ea + 1e-150) * (1.0 + 4.0 * U);
+                let p = product.p[k] * (powr(m, count) * lp.infl_m) * (1.0 + 4.0 * U);
+                if p.is_nan() || p < DEAD {
+                    product.kill(k);
+                } else {
+                    live.push(k);
+                }
+            }
+            let values: Vec<(Cdd, f64)> = live.par_iter().map(|&k| dd_transform_at(d, k, n)).collect();
+            let mut live_end = 0;
+            for (&k, &(a, e)) in live.iter().zip(&values) {
+                if product.apply_dd(k, a, e, count) {
+                    live_end = k + 1;
+                }
+            }
+            for k in live_end..product.live_end {
+                product.kill(k);
+            }
+            product.live_end = live_end;
+            if timing {
+                eprintln!(
+                    "pld timing: double-word transform values at {} live frequencies",
+                    live.len()
+                );
+            }
+        }
+    }
     if timing {
         eprintln!(
             "pld timing: fft+powers {:?} (forward FFTs {} ms CPU, {} live frequencies)",
@@ -1718,43 +1894,24 @@ impl PldAccountant {
             &[Direction::Remove, Direction::Add]
         };
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
-            let t_disc = std::time::Instant::now();
-            let leaf_dir = |l: Leaf| if l.symmetric() { Direction::Remove } else { dir };
-            // One table of the grid's exponentials for all subsampled-Gaussian leaves, where it
-            // pays: its 4 calls per entry against ≈ 2 saved per leaf grid point (leaves of one
-            // training run overlap almost entirely; a diffusion sampler's steps do not).
-            let grid = {
-                let ranges: Vec<(i64, usize)> = merged
-                    .iter()
-                    .filter_map(|&(l, _)| match l {
-                        Leaf::SampledGaussian { q, sigma } => {
-                            gaussian_range(q, sigma, leaf_dir(l), h, tau_step, self.max_grid_points).ok()
+            // The requested grid interval, doubled while the composition window would be wider
+            // than REGRID_WIDTH points (see there).
+            let mut h = h;
+            loop {
+                let (parts, window) = self.discretise_direction(&merged, dir, h, tau_step, tau_window)?;
+                match &window {
+                    Some(w) if w.uncapped_width > REGRID_WIDTH => {
+                        let factor = (w.uncapped_width as f64 / REGRID_WIDTH as f64).log2().ceil().max(1.0);
+                        h *= 2f64.powi(factor as i32);
+                        if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+                            eprintln!("pld timing: window {} points, grid interval → {h}", w.uncapped_width);
                         }
-                        _ => None,
-                    })
-                    .collect();
-                let points: usize = ranges.iter().map(|r| r.1).sum();
-                match (
-                    ranges.iter().map(|r| r.0).min(),
-                    ranges.iter().map(|r| r.0 + r.1 as i64).max(),
-                ) {
-                    (Some(lo), Some(hi)) if points >= 4 * (hi - lo) as usize => GridExp::new(h, lo, (hi - lo) as usize),
-                    _ => GridExp::empty(h),
+                        continue;
+                    }
+                    _ => {}
                 }
-            };
-            let parts = merged
-                .par_iter()
-                .map(|&(l, c)| leaf_pld(l, leaf_dir(l), h, tau_step, self.max_grid_points, &grid).map(|p| (p, c)))
-                .collect::<Result<Vec<_>>>()?;
-            if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
-                let pts: usize = parts.iter().map(|(p, _)| p.probs.len()).sum();
-                eprintln!(
-                    "pld timing: discretised {} leaves, {pts} points in {:?}",
-                    parts.len(),
-                    t_disc.elapsed()
-                );
+                return compose(&parts, dir, h, tau_window, self.max_grid_points, precise, window);
             }
-            compose(&parts, dir, h, tau_window, self.max_grid_points, precise)
         };
         // With few leaves the two directions run side by side, so the serial end of one
         // (combining the per-thread products, the inverse transform) overlaps the other's
@@ -1765,10 +1922,65 @@ impl PldAccountant {
         } else {
             dirs.iter().map(|&d| one_direction(d)).collect::<Result<Vec<_>>>()?
         };
+        let h_used = directions.iter().map(|d| d.h).fold(h, f64::max);
         Ok(ComposedPld {
             directions,
-            value_discretization_interval: h,
+            value_discretization_interval: h_used,
         })
+    }
+
+    /// Every leaf's PLD in one direction on the grid i·h, and the Chernoff window of their
+    /// composition (`None` where [`compose`] needs none: no leaves, or an empty leaf).
+    fn discretise_direction(
+        &self,
+        merged: &[(Leaf, u64)],
+        dir: Direction,
+        h: f64,
+        tau_step: f64,
+        tau_window: f64,
+    ) -> Result<(Vec<(DiscretePld, u64)>, Option<Window>)> {
+        let t_disc = std::time::Instant::now();
+        let leaf_dir = |l: Leaf| if l.symmetric() { Direction::Remove } else { dir };
+        // One table of the grid's exponentials for all subsampled-Gaussian leaves, where it
+        // pays: its 4 calls per entry against ≈ 2 saved per leaf grid point (leaves of one
+        // training run overlap almost entirely; a diffusion sampler's steps do not).
+        let grid = {
+            let ranges: Vec<(i64, usize)> = merged
+                .iter()
+                .filter_map(|&(l, _)| match l {
+                    Leaf::SampledGaussian { q, sigma } => {
+                        gaussian_range(q, sigma, leaf_dir(l), h, tau_step, self.max_grid_points).ok()
+                    }
+                    _ => None,
+                })
+                .collect();
+            let points: usize = ranges.iter().map(|r| r.1).sum();
+            match (
+                ranges.iter().map(|r| r.0).min(),
+                ranges.iter().map(|r| r.0 + r.1 as i64).max(),
+            ) {
+                (Some(lo), Some(hi)) if points >= 4 * (hi - lo) as usize => GridExp::new(h, lo, (hi - lo) as usize),
+                _ => GridExp::empty(h),
+            }
+        };
+        let parts = merged
+            .par_iter()
+            .map(|&(l, c)| leaf_pld(l, leaf_dir(l), h, tau_step, self.max_grid_points, &grid).map(|p| (p, c)))
+            .collect::<Result<Vec<_>>>()?;
+        if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+            let pts: usize = parts.iter().map(|(p, _)| p.probs.len()).sum();
+            eprintln!(
+                "pld timing: discretised {} leaves, {pts} points in {:?}",
+                parts.len(),
+                t_disc.elapsed()
+            );
+        }
+        let window = if parts.is_empty() || parts.iter().any(|(d, _)| d.probs.is_empty()) {
+            None
+        } else {
+            Some(chernoff_window(&parts, tau_window, self.max_grid_points))
+        };
+        Ok((parts, window))
     }
 
     /// The composition with the Fourier product on double words and a truncation budget of
@@ -1793,10 +2005,187 @@ impl PldAccountant {
             return Ok(None);
         }
         let acc = PldAccountant {
-            tail_mass_truncation: self.tail_mass_truncation.min(delta * 1e-3),
+            tail_mass_truncation: self.precise_truncation(delta),
             ..self.clone()
         };
         acc.compose_leaves_with(leaves, true).map(Some)
+    }
+
+    /// ε(δ) at each δ of `deltas` (see [`Accountant::epsilon_profile`]): the composition is
+    /// built once, a precise one at most once per truncation budget and only for a δ flagged
+    /// `true` (one flagged `false` reads the precise composition only if one with its budget was
+    /// built), and every δ is read from them with the same bookkeeping as a single δ (precise
+    /// mode, δ floor, labelled RDP fallback). The outer error is one that every δ alone would
+    /// give (settings, event, unsupported leaves).
+    fn epsilon_many(
+        &self,
+        event: &DpEvent,
+        neighbouring: Neighbouring,
+        deltas: &[(f64, bool)],
+    ) -> Result<Vec<Result<AccountResult>>> {
+        self.check()?;
+        event.validate()?;
+        let ls = leaves(&event.components()?, neighbouring)?;
+        // Degenerate-input guard: noise below the certified range is ε = ∞ (accountants::mod).
+        if super::uncertified_epsilon(AccountantKind::Pld, event, 0.5).is_some() {
+            return Ok(deltas
+                .iter()
+                .map(|&(d, _)| {
+                    check_delta(d)?;
+                    Ok(super::uncertified_epsilon(AccountantKind::Pld, event, d).expect("uncertified noise"))
+                })
+                .collect());
+        }
+        // Decide before building any grid whether the PLD can certify anything at a δ.
+        let known_floor = inf_mass_floor(&ls);
+        let mut composed: Option<Result<ComposedPld>> = None;
+        // Precise compositions by truncation budget (bits of the f64).
+        let mut precise_by_tau: Vec<(u64, Option<ComposedPld>)> = Vec::new();
+        // Per δ: a final answer, or a PLD result that needs the RDP fallback (with its floor).
+        enum Step {
+            Done(Result<AccountResult>),
+            Fallback(AccountResult, f64),
+        }
+        let mut steps = Vec::with_capacity(deltas.len());
+        for &(delta, may_build) in deltas {
+            if let Err(e) = check_delta(delta) {
+                steps.push(Step::Done(Err(e)));
+                continue;
+            }
+            if known_floor >= delta {
+                let r = AccountResult::new(AccountantKind::Pld, f64::INFINITY, delta, BoundKind::UpperBound)
+                    .with_detail("grid_interval", self.value_discretization_interval)
+                    .with_detail("inf_mass", known_floor)
+                    .with_diagnostic(
+                        "pld_delta_below_floor",
+                        format!(
+                            "δ = {delta:e} is at or below the infinite-loss mass of nearly blatant steps \
+                             ({known_floor:e}, losses above {MAX_STEP_LOSS} nats); no finite ε is certified by the \
+                             PLD, so no grid was built"
+                        ),
+                        true,
+                    );
+                steps.push(Step::Fallback(r, known_floor));
+                continue;
+            }
+            let pld = match composed.get_or_insert_with(|| self.compose_leaves(&ls)) {
+                Ok(p) => p,
+                Err(e) => {
+                    steps.push(Step::Done(Err(e.clone())));
+                    continue;
+                }
+            };
+            let eps = pld.epsilon(delta);
+            // Precise mode: where the double-precision floor (mostly the certified FFT
+            // round-off) is more than 1% of δ, compose again on double words with the
+            // truncation budget scaled to δ, when that costs at most PRECISE_BUDGET transform
+            // points; keep whichever certified ε is smaller (both are upper bounds).
+            if pld.precision_limited(delta) {
+                let tau = self.precise_truncation(delta);
+                let idx = match precise_by_tau.iter().position(|(b, _)| *b == tau.to_bits()) {
+                    Some(i) => Some(i),
+                    None if !may_build => None,
+                    None => match self.compose_precise(&ls, delta, pld) {
+                        Ok(p) => {
+                            precise_by_tau.push((tau.to_bits(), p));
+                            Some(precise_by_tau.len() - 1)
+                        }
+                        Err(e) => {
+                            steps.push(Step::Done(Err(e)));
+                            continue;
+                        }
+                    },
+                };
+                if let Some(precise) = idx.and_then(|i| precise_by_tau[i].1.as_ref()) {
+                    let e2 = precise.epsilon(delta);
+                    if e2 < eps && e2.is_finite() {
+                        let r = AccountResult::new(AccountantKind::Pld, e2, delta, BoundKind::UpperBound);
+                        let r = precise
+                            .annotate(r, Some(delta))
+                            .with_detail("double_word_fft", 1.0)
+                            .with_detail("double_precision_epsilon", eps)
+                            .with_diagnostic(
+                                "pld_double_word",
+                                format!(
+                                    "the double-precision PLD's floor ({:e}: certified FFT round-off, \
+                                     window tails, infinite-loss mass) is more than 1% of δ = {delta:e}; \
+                                     ε was recomputed with the Fourier product on double words (round-off \
+                                     floor {:e}): ε = {e2} instead of {eps}",
+                                    pld.delta_floor(),
+                                    precise.delta_floor()
+                                ),
+                                false,
+                            );
+                        steps.push(Step::Done(Ok(r)));
+                        continue;
+                    }
+                }
+            }
+            let r = AccountResult::new(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
+            let r = pld.annotate(r, Some(delta));
+            if eps.is_finite() {
+                steps.push(Step::Done(Ok(r)));
+            } else {
+                steps.push(Step::Fallback(r, pld.delta_floor()));
+            }
+        }
+        // The PLD's own floor (infinite-loss mass from losses beyond the grid, window tails,
+        // certified FFT round-off) is at or above δ, so the PLD alone certifies no finite ε.
+        // The true δ(ε) curve lies below every sound curve, so the RDP bound of the same event
+        // is still a sound answer: report it *as the RDP bound it is* (accountant `rdp`), say
+        // why the PLD gave none, and keep the PLD diagnostics. One RDP curve serves every such δ.
+        // The first such δ gets `epsilon`'s RDP answer, the others the RDP profile's.
+        let fallback_deltas: Vec<f64> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Fallback(r, _) => Some(r.delta),
+                Step::Done(_) => None,
+            })
+            .collect();
+        let mut rdp_answers = match fallback_deltas.split_first() {
+            None => Vec::new(),
+            Some((&first, rest)) => {
+                let (head, mut v) =
+                    super::rdp::RdpAccountant::default().epsilon_profile(event, neighbouring, first, rest);
+                v.insert(0, head);
+                v
+            }
+        }
+        .into_iter();
+        Ok(steps
+            .into_iter()
+            .map(|s| match s {
+                Step::Done(r) => r,
+                Step::Fallback(r, floor) => match rdp_answers.next().expect("one RDP answer per fallback δ") {
+                    Ok(rdp) if rdp.epsilon.is_finite() => {
+                        let delta = r.delta;
+                        let mut out = AccountResult::new(AccountantKind::Rdp, rdp.epsilon, delta, rdp.kind);
+                        out.details = r.details;
+                        out.diagnostics = r.diagnostics;
+                        if let Some(order) = rdp.details.get("rdp_order") {
+                            out.details.insert("rdp_order".into(), *order);
+                        }
+                        out.details.insert("pld_delta_floor".into(), floor);
+                        Ok(out.with_diagnostic(
+                            "pld_fallback_rdp",
+                            format!(
+                                "the PLD certifies no finite ε at δ = {delta:e}: its δ floor is {:e} (infinite-loss \
+                                 mass beyond its grid, window tails and round-off), so the ε shown is the RDP upper \
+                                 bound of the same event, labelled rdp",
+                                floor
+                            ),
+                            false,
+                        ))
+                    }
+                    _ => Ok(r),
+                },
+            })
+            .collect())
+    }
+
+    /// Truncation budget of the precise mode at δ: min(`tail_mass_truncation`, δ/1000).
+    fn precise_truncation(&self, delta: f64) -> f64 {
+        self.tail_mass_truncation.min(delta * 1e-3)
     }
 
     /// Composes a list of (Poisson-subsampled) Gaussian steps (add/remove).
@@ -1865,6 +2254,17 @@ impl Accountant for PldAccountant {
         self.delta_at(event, neighbouring, epsilon)
             .map(|r| replace_one_assumption(r, event, neighbouring))
     }
+    fn epsilon_profile(
+        &self,
+        event: &DpEvent,
+        neighbouring: Neighbouring,
+        delta: f64,
+        grid: &[f64],
+    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+        let (head, rest) = self.profile_at(event, neighbouring, delta, grid);
+        let note = |r: Result<AccountResult>| r.map(|r| replace_one_assumption(r, event, neighbouring));
+        (note(head), rest.into_iter().map(note).collect())
+    }
 }
 
 /// Entry-point annotation: under replace-one, a Poisson-subsampled Gaussian is accounted with
@@ -1896,98 +2296,36 @@ fn replace_one_assumption(r: AccountResult, event: &DpEvent, neighbouring: Neigh
 impl PldAccountant {
     fn epsilon_at(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
-        self.check()?;
-        event.validate()?;
-        let ls = leaves(&event.components()?, neighbouring)?;
-        // Degenerate-input guard: noise below the certified range is ε = ∞ (accountants::mod).
-        if let Some(r) = super::uncertified_epsilon(AccountantKind::Pld, event, delta) {
-            return Ok(r);
+        self.epsilon_many(event, neighbouring, &[(delta, true)])?
+            .pop()
+            .expect("one answer per δ")
+    }
+
+    /// ε at `delta` exactly as `epsilon`; every grid δ read from the compositions built for it
+    /// (the double-precision one, and the precise one when `delta` needed it): equal to
+    /// `epsilon` at that δ unless that δ alone would have needed a precise composition of its
+    /// own, and then the larger double-precision bound (or the labelled RDP fallback).
+    fn profile_at(
+        &self,
+        event: &DpEvent,
+        neighbouring: Neighbouring,
+        delta: f64,
+        grid: &[f64],
+    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+        if let Err(e) = check_delta(delta) {
+            return (Err(e.clone()), grid.iter().map(|_| Err(e.clone())).collect());
         }
-        // Decide before building any grid whether the PLD can certify anything at this δ.
-        let known_floor = inf_mass_floor(&ls);
-        let (r, floor) = if known_floor >= delta {
-            let r = AccountResult::new(AccountantKind::Pld, f64::INFINITY, delta, BoundKind::UpperBound)
-                .with_detail("grid_interval", self.value_discretization_interval)
-                .with_detail("inf_mass", known_floor)
-                .with_diagnostic(
-                    "pld_delta_below_floor",
-                    format!(
-                        "δ = {delta:e} is at or below the infinite-loss mass of nearly blatant steps \
-                         ({known_floor:e}, losses above {MAX_STEP_LOSS} nats); no finite ε is certified by the \
-                         PLD, so no grid was built"
-                    ),
-                    true,
-                );
-            (r, known_floor)
-        } else {
-            let pld = self.compose_leaves(&ls)?;
-            let eps = pld.epsilon(delta);
-            // Precise mode: where the double-precision floor (mostly the certified FFT
-            // round-off) is more than 1% of δ, compose again on double words with the
-            // truncation budget scaled to δ, when that costs at most PRECISE_BUDGET transform
-            // points; keep whichever certified ε is smaller (both are upper bounds).
-            if pld.precision_limited(delta) {
-                if let Some(precise) = self.compose_precise(&ls, delta, &pld)? {
-                    let e2 = precise.epsilon(delta);
-                    if e2 < eps {
-                        let r = AccountResult::new(AccountantKind::Pld, e2, delta, BoundKind::UpperBound);
-                        let r = precise
-                            .annotate(r, Some(delta))
-                            .with_detail("double_word_fft", 1.0)
-                            .with_detail("double_precision_epsilon", eps)
-                            .with_diagnostic(
-                                "pld_double_word",
-                                format!(
-                                    "the double-precision PLD's floor ({:e}: certified FFT round-off, \
-                                     window tails, infinite-loss mass) is more than 1% of δ = {delta:e}; \
-                                     ε was recomputed with the Fourier product on double words (round-off \
-                                     floor {:e}): ε = {e2} instead of {eps}",
-                                    pld.delta_floor(),
-                                    precise.delta_floor()
-                                ),
-                                false,
-                            );
-                        if e2.is_finite() {
-                            return Ok(r);
-                        }
-                    }
-                }
+        let mut asks = vec![(delta, true)];
+        asks.extend(grid.iter().map(|&d| (d, false)));
+        match self.epsilon_many(event, neighbouring, &asks) {
+            Ok(mut v) => {
+                let head = v.remove(0);
+                (head, v)
             }
-            let r = AccountResult::new(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
-            let r = pld.annotate(r, Some(delta));
-            if eps.is_finite() {
-                return Ok(r);
-            }
-            (r, pld.delta_floor())
-        };
-        // The PLD's own floor (infinite-loss mass from losses beyond the grid, window tails,
-        // certified FFT round-off) is at or above δ, so the PLD alone certifies no finite ε.
-        // The true δ(ε) curve lies below every sound curve, so the RDP bound of the same event
-        // is still a sound answer: report it *as the RDP bound it is* (accountant `rdp`), say
-        // why the PLD gave none, and keep the PLD diagnostics.
-        match super::rdp::RdpAccountant::default().epsilon(event, neighbouring, delta) {
-            Ok(rdp) if rdp.epsilon.is_finite() => {
-                let mut out = AccountResult::new(AccountantKind::Rdp, rdp.epsilon, delta, rdp.kind);
-                out.details = r.details;
-                out.diagnostics = r.diagnostics;
-                if let Some(order) = rdp.details.get("rdp_order") {
-                    out.details.insert("rdp_order".into(), *order);
-                }
-                out.details.insert("pld_delta_floor".into(), floor);
-                Ok(out.with_diagnostic(
-                    "pld_fallback_rdp",
-                    format!(
-                        "the PLD certifies no finite ε at δ = {delta:e}: its δ floor is {:e} (infinite-loss mass \
-                         beyond its grid, window tails and round-off), so the ε shown is the RDP upper bound of \
-                         the same event, labelled rdp",
-                        floor
-                    ),
-                    false,
-                ))
-            }
-            _ => Ok(r),
+            Err(e) => (Err(e.clone()), grid.iter().map(|_| Err(e.clone())).collect()),
         }
     }
+
     fn delta_at(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         event.validate()?;
@@ -2118,6 +2456,66 @@ mod tests {
     fn no_steps_is_zero() {
         let pld = acc().compose_steps(&[]).unwrap();
         assert_eq!(pld.epsilon(1e-5), 0.0);
+    }
+
+    /// The double-word transform value at a frequency agrees with the double-precision FFT to
+    /// within the FFT's componentwise bound plus its own, and its own bound is tiny.
+    #[test]
+    fn double_word_transform_values_match_the_fft() {
+        let grid = GridExp::empty(1e-4);
+        for &(q, s, dir) in &[
+            (0.004, 1.1, Direction::Remove),
+            (0.004, 1.1, Direction::Add),
+            (1.0, 3.0, Direction::Remove),
+        ] {
+            let d = gaussian_pld(q, s, dir, 1e-4, 1e-16, 1 << 22, &grid).unwrap();
+            for &n in &[5 * (1usize << 14), 1 << 17] {
+                let mut buf = vec![Complex64::new(0.0, 0.0); n];
+                for (k, &p) in d.probs.iter().enumerate() {
+                    buf[(d.lo + k as i64).rem_euclid(n as i64) as usize].re += p;
+                }
+                FftPlanner::<f64>::new().plan_fft_forward(n).process(&mut buf);
+                let kappa = FFT_ERR_PER_LEVEL * (n as f64).log2().ceil();
+                for k in [0usize, 1, 2, 17, 100, n / 3, n / 2] {
+                    let (v, e) = dd_transform_at(&d, k, n);
+                    assert!(e < 1e-24, "bound {e:e}");
+                    let diff = (Complex64::new(v.re.to_f64(), v.im.to_f64()) - buf[k]).norm();
+                    assert!(diff <= kappa + e, "q={q} σ={s} n={n} k={k}: {diff:e}");
+                }
+                let (v0, _) = dd_transform_at(&d, 0, n);
+                // The DC term is the total mass (the naive f64 sum rounds by ≤ S·u).
+                assert!((v0.re.to_f64() - d.probs.iter().sum::<f64>()).abs() < 1e-12);
+                assert!(v0.im.to_f64().abs() < 1e-30);
+            }
+        }
+    }
+
+    /// Long horizons: large-count leaves take the double-word transform values, so one
+    /// composition certifies δ = 1e-5 (floor ≪ 1% of δ) where the double-precision product's
+    /// round-off bound alone (≈ T·κ) was ≈ 5.7e-7.
+    #[test]
+    fn large_counts_have_a_tiny_roundoff_floor() {
+        let steps = [PldStep {
+            q: 0.004,
+            noise_multiplier: 1.1,
+            count: 2_000_000,
+        }];
+        let pld = acc().compose_steps(&steps).unwrap();
+        for d in &pld.directions {
+            assert!(d.roundoff < 1e-11, "{:?}: round-off {:e}", d.direction, d.roundoff);
+        }
+        assert!(!pld.precision_limited(1e-5));
+        let eps = pld.epsilon(1e-5);
+        assert!(eps.is_finite() && eps > 0.0);
+        // Never below a single step's exact ε... nor below the composition of fewer steps.
+        let fewer = acc()
+            .compose_steps(&[PldStep {
+                count: 1_000_000,
+                ..steps[0]
+            }])
+            .unwrap()
+            .epsilon(1e-5);
+        assert!(eps > fewer, "{eps} vs {fewer}");
     }
 
     #[test]

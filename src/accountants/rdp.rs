@@ -932,12 +932,23 @@ impl RdpAccountant {
         hopeless: P,
         floor: f64,
     ) -> Result<(f64, f64, f64)> {
+        self.minimise_with(&mut |a| total_rdp(comps, nb, a), score, hopeless, floor)
+    }
+
+    /// [`Self::minimise`] with the composed RDP given by `rdp` (e.g. memoised across δ).
+    fn minimise_with<S: Fn(f64, f64) -> f64, P: Fn(f64, f64, f64) -> bool>(
+        &self,
+        rdp: &mut dyn FnMut(f64) -> Result<f64>,
+        score: S,
+        hopeless: P,
+        floor: f64,
+    ) -> Result<(f64, f64, f64)> {
         let orders = self.sorted_orders()?;
         let mut best = (f64::INFINITY, orders[0], f64::INFINITY);
         let mut best_i = 0;
         let mut evaluated = 0;
         for (i, &a) in orders.iter().enumerate() {
-            let r = total_rdp(comps, nb, a)?;
+            let r = rdp(a)?;
             let s = score(a, r);
             evaluated = i + 1;
             if s < best.0 {
@@ -958,7 +969,7 @@ impl RdpAccountant {
             if hi > lo {
                 let mut err = None;
                 let (s, a) = golden_min(
-                    |a| match total_rdp(comps, nb, a) {
+                    |a| match rdp(a) {
                         Ok(r) => score(a, r),
                         Err(e) => {
                             err = Some(e);
@@ -973,11 +984,54 @@ impl RdpAccountant {
                     return Err(e);
                 }
                 if s < best.0 {
-                    best = (s, a, total_rdp(comps, nb, a)?);
+                    best = (s, a, rdp(a)?);
                 }
             }
         }
         Ok(best)
+    }
+
+    /// ε(δ) of the flattened components, the composed RDP at order α given by `rdp`.
+    fn epsilon_of(
+        &self,
+        comps: &[Component],
+        neighbouring: Neighbouring,
+        delta: f64,
+        rdp: &mut dyn FnMut(f64) -> Result<f64>,
+    ) -> Result<AccountResult> {
+        if comps.is_empty() {
+            return Ok(AccountResult::new(
+                AccountantKind::Rdp,
+                0.0,
+                delta,
+                BoundKind::UpperBound,
+            ));
+        }
+        let conv = self.conversion;
+        let (eps, order, r) = self.minimise_with(
+            rdp,
+            |a, r| convert::epsilon_at_order(a, r, delta, conv),
+            // For α' ≥ α ≥ 2 and r nondecreasing in the order: classic ε(α') ≥ r(α); improved
+            // ε(α') = r(α') + ln(1 − 1/α') + (ln(1/δ) − ln α')/(α' − 1) ≥ r(α) + ln(1 − 1/α) −
+            // ln m/(m − 1) with m = max(α, 1/δ) (the last term is ≥ 0 while α' ≤ 1/δ, and
+            // ln x/(x − 1) decreases). Stopping only skips orders, so ε stays sound either way.
+            move |a, r, best| match conv {
+                Conversion::Classic => r > best,
+                Conversion::Improved => {
+                    let m = a.max(1.0 / delta);
+                    r + (-1.0 / a).ln_1p() - m.ln() / (m - 1.0) > best
+                }
+            },
+            // ε ≤ 0 is reported as round_up(0) = the smallest positive double; no order does better.
+            f64::MIN_POSITIVE,
+        )?;
+        if eps.is_nan() {
+            return Err(Error::numeric("rdp: ε is NaN"));
+        }
+        let res = AccountResult::new(AccountantKind::Rdp, eps, delta, BoundKind::UpperBound)
+            .with_detail("rdp_order", order)
+            .with_detail("rdp", r);
+        Ok(self.annotate(res, comps, neighbouring, order))
     }
 
     fn annotate(&self, mut res: AccountResult, comps: &[Component], nb: Neighbouring, order: f64) -> AccountResult {
@@ -1028,40 +1082,60 @@ impl Accountant for RdpAccountant {
         if let Some(r) = super::uncertified_epsilon(AccountantKind::Rdp, event, delta) {
             return Ok(r);
         }
-        if comps.is_empty() {
-            return Ok(AccountResult::new(
-                AccountantKind::Rdp,
-                0.0,
-                delta,
-                BoundKind::UpperBound,
-            ));
+        self.epsilon_of(&comps, neighbouring, delta, &mut |a| total_rdp(&comps, neighbouring, a))
+    }
+
+    /// One RDP curve, many conversions: the composed RDP at each order is computed once
+    /// (memoised by order); ε at `delta` is exactly `epsilon`'s (grid orders and refinement),
+    /// ε at each grid δ the best conversion over the grid orders (no refinement: a sound upper
+    /// bound, equal to `epsilon` at that δ without refinement, never below it with).
+    fn epsilon_profile(
+        &self,
+        event: &DpEvent,
+        neighbouring: Neighbouring,
+        delta: f64,
+        grid: &[f64],
+    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+        let comps = match check_delta(delta)
+            .and_then(|_| event.validate())
+            .and_then(|_| rdp_components(event, neighbouring))
+        {
+            Ok(c) => c,
+            Err(e) => return (Err(e.clone()), grid.iter().map(|_| Err(e.clone())).collect()),
+        };
+        // Degenerate-input guard: noise below the certified range is ε = ∞ at every δ.
+        if let Some(r) = super::uncertified_epsilon(AccountantKind::Rdp, event, delta) {
+            let rest = grid
+                .iter()
+                .map(|&d| {
+                    check_delta(d)?;
+                    Ok(super::uncertified_epsilon(AccountantKind::Rdp, event, d).expect("uncertified noise"))
+                })
+                .collect();
+            return (Ok(r), rest);
         }
-        let conv = self.conversion;
-        let (eps, order, r) = self.minimise(
-            &comps,
-            neighbouring,
-            |a, r| convert::epsilon_at_order(a, r, delta, conv),
-            // For α' ≥ α ≥ 2 and r nondecreasing in the order: classic ε(α') ≥ r(α); improved
-            // ε(α') = r(α') + ln(1 − 1/α') + (ln(1/δ) − ln α')/(α' − 1) ≥ r(α) + ln(1 − 1/α) −
-            // ln m/(m − 1) with m = max(α, 1/δ) (the last term is ≥ 0 while α' ≤ 1/δ, and
-            // ln x/(x − 1) decreases). Stopping only skips orders, so ε stays sound either way.
-            move |a, r, best| match conv {
-                Conversion::Classic => r > best,
-                Conversion::Improved => {
-                    let m = a.max(1.0 / delta);
-                    r + (-1.0 / a).ln_1p() - m.ln() / (m - 1.0) > best
-                }
-            },
-            // ε ≤ 0 is reported as round_up(0) = the smallest positive double; no order does better.
-            f64::MIN_POSITIVE,
-        )?;
-        if eps.is_nan() {
-            return Err(Error::numeric("rdp: ε is NaN"));
-        }
-        let res = AccountResult::new(AccountantKind::Rdp, eps, delta, BoundKind::UpperBound)
-            .with_detail("rdp_order", order)
-            .with_detail("rdp", r);
-        Ok(self.annotate(res, &comps, neighbouring, order))
+        let mut memo: std::collections::HashMap<u64, f64> = std::collections::HashMap::new();
+        let mut rdp = |a: f64| -> Result<f64> {
+            if let Some(&r) = memo.get(&a.to_bits()) {
+                return Ok(r);
+            }
+            let r = total_rdp(&comps, neighbouring, a)?;
+            memo.insert(a.to_bits(), r);
+            Ok(r)
+        };
+        let head = self.epsilon_of(&comps, neighbouring, delta, &mut rdp);
+        let unrefined = RdpAccountant {
+            optimize: false,
+            ..self.clone()
+        };
+        let rest = grid
+            .iter()
+            .map(|&d| {
+                check_delta(d)?;
+                unrefined.epsilon_of(&comps, neighbouring, d, &mut rdp)
+            })
+            .collect();
+        (head, rest)
     }
 
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {

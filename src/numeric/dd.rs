@@ -273,6 +273,37 @@ pub fn twiddles(n: usize) -> Vec<Cdd> {
         .collect()
 }
 
+/// Relative error bound of one twiddle from [`twiddle`]: [`TWIDDLE_ERR`] for the series and
+/// θ = 2πr/(8N), plus the division by 8N (≈ 3u²); doubled for margin.
+pub const TWIDDLE_ANY_ERR: f64 = 2.0 * TWIDDLE_ERR;
+
+/// One N-th root of unity e^{−2πij/N} on double words, for any N ≤ 2⁵⁰ (not only powers of
+/// two): j is reduced exactly to an octant, θ = 2πr/(8N) ∈ [0, π/4] is formed on double words and
+/// [`cos_sin`] gives the rest by exact symmetries. Relative error ≤ [`TWIDDLE_ANY_ERR`].
+pub fn twiddle(j: u64, n: u64) -> Cdd {
+    assert!(n > 0 && n <= 1 << 50);
+    let j = j % n;
+    // 8j = oct·N + r8 with 0 ≤ r8 < N: angle = oct·π/4 + 2π·r8/(8N).
+    let oct = (8 * j as u128 / n as u128) as u64;
+    let r8 = 8 * j - oct * n;
+    let theta = |r: u64| div_small(TWO_PI * Dd::from_f64(r as f64), (8 * n) as f64);
+    // angle = q·π/2 ± θ with θ ∈ [0, π/4].
+    let (q, c, s) = if oct % 2 == 0 {
+        let (c, s) = cos_sin(theta(r8));
+        (oct / 2, c, s)
+    } else {
+        let (c, s) = cos_sin(theta(n - r8));
+        ((oct + 1) / 2, c, -s)
+    };
+    let (cos, sin) = match q % 4 {
+        0 => (c, s),
+        1 => (-s, c),
+        2 => (-c, -s),
+        _ => (s, -c),
+    };
+    Cdd { re: cos, im: -sin }
+}
+
 /// In-place radix-2 FFT on double words: X_k = Σ_j x_j w^{jk} with w = e^{∓2πi/N} (`inverse`:
 /// the + sign, unnormalised). `tw` from [`twiddles`] for this N.
 pub fn fft(x: &mut [Cdd], tw: &[Cdd], inverse: bool) {
@@ -311,6 +342,30 @@ pub fn fft_err(n: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn twiddle_of_any_length_matches_the_table_and_the_platform() {
+        // Powers of two: the table (≤ 256u² each) and the general form agree to ≈ 1e-30.
+        let n = 1usize << 12;
+        let tw = twiddles(n);
+        for j in (0..n).step_by(7) {
+            let a = twiddle(j as u64, n as u64);
+            let d = (a - tw[j]).norm_upper();
+            assert!(d < 1e-29, "j = {j}: {d:e}");
+        }
+        // Other lengths (f·2^k, f ∈ {3, 5, 7}): within the rounding of the platform's argument
+        // (|2πj/N| ≤ 2π, ≈ 1e-15) of its cos/sin, and on the unit circle to double-word accuracy.
+        for &n in &[3u64 * 1024, 5 * 4096, 7 * 65536, 2_621_440] {
+            for j in [0, 1, 2, n / 8, n / 8 + 1, n / 3, n / 2 - 1, n / 2, n - 1, 12345 % n] {
+                let a = twiddle(j, n);
+                let ang = -std::f64::consts::TAU * (j as f64 / n as f64);
+                assert!((a.re.to_f64() - ang.cos()).abs() < 4e-15, "n={n} j={j}");
+                assert!((a.im.to_f64() - ang.sin()).abs() < 4e-15, "n={n} j={j}");
+                let r2 = a.re * a.re + a.im * a.im - Dd::ONE;
+                assert!(r2.to_f64().abs() < 1e-30, "n={n} j={j}: |w|² − 1 = {:e}", r2.to_f64());
+            }
+        }
+    }
 
     #[test]
     fn arithmetic_is_twice_as_precise_as_doubles() {

@@ -47,16 +47,24 @@ pub fn account_event(
     });
 
     let mut accountants: Vec<Box<dyn Accountant>> = Vec::new();
+    // ε at every δ of the plots, from the same composition as the headline ε.
+    let mut curves: Vec<Vec<Result<AccountResult>>> = Vec::new();
     for &k in kinds {
         let acc = k.build();
         tick(k.as_str());
-        match acc
-            .supports(event, neighbouring)
-            .and_then(|_| acc.epsilon(event, neighbouring, delta))
-        {
+        let mut curve = Vec::new();
+        match acc.supports(event, neighbouring).and_then(|_| {
+            if !opts.curves {
+                return acc.epsilon(event, neighbouring, delta);
+            }
+            let (head, grid) = acc.epsilon_profile(event, neighbouring, delta, &DELTA_GRID);
+            curve = grid;
+            head
+        }) {
             Ok(r) => {
                 report.results.push(r);
                 accountants.push(acc);
+                curves.push(curve);
             }
             Err(e) => report.skipped.push(Skipped {
                 accountant: k,
@@ -84,7 +92,7 @@ pub fn account_event(
     if let Some(steps) = trajectory(event) {
         add_trajectory(report, &steps, delta)?;
     }
-    add_profile_plots(report, event, neighbouring, &accountants, tick);
+    add_profile_plots(report, &accountants, curves, tick);
     Ok(())
 }
 
@@ -285,28 +293,24 @@ pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()>
 /// ε versus δ for each accountant that produced a result, and the trade-off curves: exact G_μ
 /// for GDP, G_μ of the CLT's μ (dashed, estimate), and the curve implied by the (ε, δ) profile
 /// for the others (a sound lower bound on their trade-off function).
+/// `curves[i]` holds accountant i's ε at each δ of [`DELTA_GRID`].
 fn add_profile_plots(
     report: &mut Report,
-    event: &DpEvent,
-    nb: Neighbouring,
     accountants: &[Box<dyn Accountant>],
+    curves: Vec<Vec<Result<AccountResult>>>,
     tick: &mut dyn FnMut(&str),
 ) {
     let mut eps_series = Vec::new();
     let mut trade_series = Vec::new();
-    for acc in accountants {
+    for (acc, curve) in accountants.iter().zip(curves) {
         tick(&format!("{} ε(δ)", acc.kind().as_str()));
         let mut xs = Vec::new();
         let mut ys = Vec::new();
         let mut kind = None;
-        for &d in DELTA_GRID.iter() {
+        for (&d, r) in DELTA_GRID.iter().zip(curve) {
             // ε below 1e-12 is 0 to the eye and would stretch the log axis over hundreds of
             // decades (an accountant may return the smallest positive float for ε = 0).
-            if let Some(r) = acc
-                .epsilon(event, nb, d)
-                .ok()
-                .filter(|r| r.epsilon.is_finite() && r.epsilon >= 1e-12)
-            {
+            if let Some(r) = r.ok().filter(|r| r.epsilon.is_finite() && r.epsilon >= 1e-12) {
                 kind = Some(r.kind);
                 xs.push(d);
                 ys.push(r.epsilon);
