@@ -2,10 +2,13 @@
 //! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
 //! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, and SiLU.
 //!
-//! The GEMM is the crate's only `unsafe` call: `gemm::gemm` takes raw pointers and strides. The
-//! safe wrapper [`sgemm`] checks, before the call, that every element each matrix's shape and
-//! strides address lies inside its slice, and that distinct destination elements are distinct
-//! memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the inputs.
+//! The crate's only `unsafe` code is here, in two forms. (1) `gemm::gemm` takes raw pointers and
+//! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
+//! shape and strides address lies inside its slice, and that distinct destination elements are
+//! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
+//! inputs. (2) The element-wise kernels (SiLU, softmax, group-norm sums, affine) are safe code
+//! compiled twice, once for AVX2; calling the AVX2 copy is `unsafe` and happens only after
+//! `is_x86_feature_detected!("avx2")`.
 
 use gemm::Parallelism;
 
@@ -106,14 +109,17 @@ pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting rounds to an integer
-    let x = x.clamp(-87.3, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let x = x.max(-87.3).min(88.0);
+    let shifted = x * LOG2E + ROUND;
+    let n = shifted - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n sits in the low mantissa bits of `shifted` (|n| ≤ 127 ≪ 2^22): integer arithmetic on the
+    // bits gives 2^n without a float → int conversion, so the loop vectorises.
+    let scale = f32::from_bits(shifted.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     p * scale
 }
 
@@ -123,10 +129,127 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// SiLU of every element, in place.
-pub fn silu_inplace(v: &mut [f32]) {
+/// Defines `pub fn $name(args)` that runs `$imp(args)` compiled for AVX2 when the CPU has it (a
+/// second copy of the same safe code, whose element loops LLVM vectorises 8 wide instead of
+/// SSE2's 4), else the baseline copy.
+macro_rules! avx2_dispatch {
+    ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),*) $(-> $r:ty)? => $imp:ident) => {
+        $(#[$m])*
+        pub fn $name($($a: $t),*) $(-> $r)? {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                #[target_feature(enable = "avx2")]
+                fn avx2($($a: $t),*) $(-> $r)? {
+                    $imp($($a),*)
+                }
+                // SAFETY: calling a `target_feature` function is sound when the CPU has the
+                // feature, which was detected just above.
+                #[allow(unsafe_code)]
+                return unsafe { avx2($($a),*) };
+            }
+            $imp($($a),*)
+        }
+    };
+}
+
+avx2_dispatch! {
+    /// SiLU of every element, in place.
+    pub fn silu_inplace(v: &mut [f32]) => silu_inplace_impl
+}
+
+#[inline(always)]
+fn silu_inplace_impl(v: &mut [f32]) {
     for x in v {
         *x = silu(*x);
+    }
+}
+
+avx2_dispatch! {
+    /// Sum of the elements in f64 (f32 partial sums over eight lanes per block of 256, widened).
+    pub fn sum(v: &[f32]) -> f64 => sum_impl
+}
+
+#[inline(always)]
+fn sum_impl(v: &[f32]) -> f64 {
+    lanes(v, |x| x)
+}
+
+avx2_dispatch! {
+    /// Σ (v − mean)² in f64 (f32 partial sums, widened).
+    pub fn sq_dev(v: &[f32], mean: f32) -> f64 => sq_dev_impl
+}
+
+#[inline(always)]
+fn sq_dev_impl(v: &[f32], mean: f32) -> f64 {
+    lanes(v, |x| (x - mean) * (x - mean))
+}
+
+#[inline(always)]
+fn lanes(v: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    let mut total = 0f64;
+    // Blocks of 256 keep the f32 partial sums short (relative error ≲ 32 ulp per block).
+    for block in v.chunks(256) {
+        let mut acc = [0f32; 8];
+        let mut it = block.chunks_exact(8);
+        for c in &mut it {
+            for (a, &x) in acc.iter_mut().zip(c) {
+                *a += f(x);
+            }
+        }
+        let mut s: f64 = acc.iter().map(|&a| a as f64).sum();
+        s += it.remainder().iter().map(|&x| f(x) as f64).sum::<f64>();
+        total += s;
+    }
+    total
+}
+
+/// Largest element (−∞ for an empty slice).
+#[inline(always)]
+fn max(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut it = v.chunks_exact(8);
+    for c in &mut it {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.max(x);
+        }
+    }
+    it.remainder().iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+}
+
+avx2_dispatch! {
+    /// Softmax of each row of `l` values, in place.
+    pub fn softmax_rows(p: &mut [f32], l: usize) => softmax_rows_impl
+}
+
+#[inline(always)]
+fn softmax_rows_impl(p: &mut [f32], l: usize) {
+    for row in p.chunks_exact_mut(l) {
+        let mx = max(row);
+        for s in row.iter_mut() {
+            *s = exp(*s - mx);
+        }
+        let inv = (1.0 / lanes(row, |x| x)) as f32;
+        for s in row.iter_mut() {
+            *s *= inv;
+        }
+    }
+}
+
+avx2_dispatch! {
+    /// dst = src·a + b, then SiLU when `silu_after`.
+    pub fn affine(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) => affine_impl
+}
+
+#[inline(always)]
+fn affine_impl(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) {
+    if silu_after {
+        for (y, &v) in dst.iter_mut().zip(src) {
+            *y = silu(v * a + b);
+        }
+    } else {
+        for (y, &v) in dst.iter_mut().zip(src) {
+            *y = v * a + b;
+        }
     }
 }
 

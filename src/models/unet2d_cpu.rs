@@ -26,7 +26,7 @@
 
 use rayon::prelude::*;
 
-use super::super::kernels::{exp, sgemm, silu_inplace, Mat};
+use super::super::kernels::{affine, exp, sgemm, silu_inplace, softmax_rows, sq_dev, sum, Mat};
 use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
 use crate::error::{Error, Result};
 use candle_core::Tensor;
@@ -106,9 +106,9 @@ impl Lin {
 
     /// Channel-major features `x` [cin, m] → [cout, m]; `init` (same shape as the output) is
     /// added to the result.
-    fn channels(&self, x: &[f32], m: usize, init: Option<&[f32]>) -> Vec<f32> {
+    fn channels(&self, x: &[f32], m: usize, init: Option<Vec<f32>>) -> Vec<f32> {
         let mut out = match init {
-            Some(i) => i.to_vec(),
+            Some(i) => i,
             None => vec![0.0; self.cout * m],
         };
         for (row, &b) in out.chunks_exact_mut(m).zip(&self.b) {
@@ -171,23 +171,24 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn conv(&mut self, cv: &Conv, x: &Feat, init: Option<&[f32]>, bias_nb: Option<&[f32]>) -> Feat {
+    fn conv(&mut self, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Option<&[f32]>) -> Feat {
         conv(self, cv, x, init, bias_nb)
     }
 }
 
 /// Convolution of `x`; the output starts from the bias, plus `bias_nb[b·cout + c]` per image
 /// when given, plus `init` (same shape as the output) when given, and the GEMM accumulates on it.
-fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<&[f32]>, bias_nb: Option<&[f32]>) -> Feat {
+fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Option<&[f32]>) -> Feat {
     let nb = ctx.nb;
     let (k, s) = (cv.k, cv.stride);
     let ho = (x.h + cv.pad_lo + cv.pad_hi - k) / s + 1;
     let wo = (x.w + cv.pad_lo + cv.pad_hi - k) / s + 1;
     let (hwo, hwi) = (ho * wo, x.hw());
     let mut out = match init {
-        Some(i) => i.to_vec(),
+        Some(i) => i,
         None => vec![0.0; cv.cout * nb * hwo],
     };
+    debug_assert_eq!(out.len(), cv.cout * nb * hwo);
     for c in 0..cv.cout {
         for b in 0..nb {
             let add = cv.b[c] + bias_nb.map_or(0.0, |t| t[b * cv.cout + c]);
@@ -206,6 +207,8 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<&[f32]>, bias_nb: Optio
             w: wo,
         };
     }
+    // A stride-1 "same" convolution: each column-matrix plane is the input plane shifted.
+    let same = s == 1 && ho == x.h && wo == x.w;
     let sub = (COL_BUDGET / (kk * hwo).max(1)).clamp(1, nb);
     for b0 in (0..nb).step_by(sub) {
         let sb = sub.min(nb - b0);
@@ -221,7 +224,11 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<&[f32]>, bias_nb: Optio
                     for bi in 0..sb {
                         let src = &x.d[(ci * nb + b0 + bi) * hwi..][..hwi];
                         let dst = &mut row[bi * hwo..][..hwo];
-                        im2col_plane(src, dst, x.h, x.w, ho, wo, dy, dx, s, cv.pad_lo);
+                        if same {
+                            shifted_plane(src, dst, x.w, dy as isize - cv.pad_lo as isize, dx as isize - cv.pad_lo as isize);
+                        } else {
+                            im2col_plane(src, dst, x.h, x.w, ho, wo, dy, dx, s, cv.pad_lo);
+                        }
                     }
                 }
             }
@@ -243,6 +250,34 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<&[f32]>, bias_nb: Optio
         c: cv.cout,
         h: ho,
         w: wo,
+    }
+}
+
+/// One plane of a stride-1 "same" convolution's column matrix: dst[y·w + x] = src[(y + oy)·w +
+/// x + ox] inside the image, 0 outside: one contiguous copy of the overlapping range, then the
+/// columns that wrapped around a row edge are zeroed.
+fn shifted_plane(src: &[f32], dst: &mut [f32], w: usize, oy: isize, ox: isize) {
+    let n = src.len() as isize;
+    let off = oy * w as isize + ox;
+    // dst[i] = src[i + off] for 0 ≤ i + off < n.
+    let lo = (-off).clamp(0, n) as usize;
+    let hi = (n - off).clamp(0, n) as usize;
+    dst[..lo].fill(0.0);
+    dst[hi.max(lo)..].fill(0.0);
+    if hi > lo {
+        let s0 = (lo as isize + off) as usize;
+        dst[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+    }
+    // Columns x with x + ox outside [0, w) read a neighbouring row: zero them.
+    let (c0, c1) = if ox < 0 {
+        (0, (-ox) as usize)
+    } else {
+        (w - (ox as usize).min(w), w)
+    };
+    if c1 > c0 {
+        for row in dst.chunks_exact_mut(w) {
+            row[c0..c1].fill(0.0);
+        }
     }
 }
 
@@ -285,21 +320,9 @@ fn norm_act(nb: usize, n: &Norm, x: &Feat, scale_shift: Option<(&[f32], usize)>,
         for g in 0..n.groups {
             let slab = |c: usize| (c * nb + b) * hw..(c * nb + b + 1) * hw;
             let cnt = (cpg * hw) as f64;
-            let mut sum = 0f64;
-            for c in g * cpg..(g + 1) * cpg {
-                sum += x.d[slab(c)].iter().map(|&v| v as f64).sum::<f64>();
-            }
-            let mean = sum / cnt;
-            let mut ss = 0f64;
-            for c in g * cpg..(g + 1) * cpg {
-                ss += x.d[slab(c)]
-                    .iter()
-                    .map(|&v| {
-                        let d = v as f64 - mean;
-                        d * d
-                    })
-                    .sum::<f64>();
-            }
+            let total: f64 = (g * cpg..(g + 1) * cpg).map(|c| sum(&x.d[slab(c)])).sum();
+            let mean = total / cnt;
+            let ss: f64 = (g * cpg..(g + 1) * cpg).map(|c| sq_dev(&x.d[slab(c)], mean as f32)).sum();
             let rstd = 1.0 / (ss / cnt + n.eps).sqrt();
             for c in g * cpg..(g + 1) * cpg {
                 let mut a = (rstd * n.g[c] as f64) as f32;
@@ -310,11 +333,13 @@ fn norm_act(nb: usize, n: &Norm, x: &Feat, scale_shift: Option<(&[f32], usize)>,
                     sh = sh * (1.0 + sc) + sf;
                 }
                 let o = &mut out[slab(c)];
-                for (y, &v) in o.iter_mut().zip(&x.d[slab(c)]) {
-                    *y = v * a + sh;
-                }
-                if let Some(act) = act {
-                    act_inplace(act, o);
+                match act {
+                    None => affine(o, &x.d[slab(c)], a, sh, false),
+                    Some(Act::Silu) => affine(o, &x.d[slab(c)], a, sh, true),
+                    Some(act) => {
+                        affine(o, &x.d[slab(c)], a, sh, false);
+                        act_inplace(act, o);
+                    }
                 }
             }
         }
@@ -423,7 +448,7 @@ impl Res {
             Some(s) => ctx.conv(s, &input, None, None).d,
             None => input.d,
         };
-        let mut out = ctx.conv(&self.conv2, &h, Some(&residual), None);
+        let mut out = ctx.conv(&self.conv2, &h, Some(residual), None);
         if self.output_scale != 1.0 {
             out.d.iter_mut().for_each(|v| *v /= self.output_scale);
         }
@@ -480,25 +505,17 @@ impl Attn {
                 let off = hh * hd * m + b * l;
                 // scores[i, j] = scale · Σ_d q[d, i] k[d, j]
                 sgemm(l, l, hd, &mut p, l, false, Mat::cols(&q[off..], m), Mat::rows(&k[off..], m), scale);
-                for row in p.chunks_exact_mut(l) {
-                    let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for s in row.iter_mut() {
-                        *s = exp(*s - mx);
-                        sum += *s;
-                    }
-                    let inv = 1.0 / sum;
-                    row.iter_mut().for_each(|s| *s *= inv);
-                }
+                softmax_rows(&mut p, l);
                 // o[d, i] = Σ_j v[d, j] p[i, j]
                 sgemm(hd, l, l, &mut o[off..], m, false, Mat::rows(&v[off..], m), Mat::cols(&p, l), 1.0);
             }
         }
-        let mut out = self.out.channels(&o, m, Some(&x.d));
+        let (c, h, w) = (x.c, x.h, x.w);
+        let mut out = self.out.channels(&o, m, Some(x.d));
         if self.rescale != 1.0 {
             out.iter_mut().for_each(|v| *v /= self.rescale);
         }
-        Feat { d: out, ..x }
+        Feat { d: out, c, h, w }
     }
 }
 
