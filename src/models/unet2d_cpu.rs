@@ -12,8 +12,9 @@
 //!   W[cout, cin·k²] × col[cin·k², N·H·W] whose output is already the next layer's input, 1×1
 //!   convolutions and the attention projections need no im2col at all, and a channel concat is
 //!   an append.
-//! * **im2col by row segments** (contiguous copies, zero edges), in sub-chunks of images so that
-//!   the column buffer stays near 16 MB, reused for the whole forward.
+//! * **im2col by shifted planes** (one contiguous copy per plane and tap, wrapped edges zeroed),
+//!   in tiles of whole images or of output rows whose column matrix stays in L2 (512 KB), in one
+//!   buffer reused for the whole forward.
 //! * **Fused epilogues**: the bias (plus the time embedding, for `default` time conditioning) is
 //!   the GEMM's initial value; the residual (or its 1×1 shortcut) is the second convolution's
 //!   initial value; group norm, the scale/shift of `scale_shift` conditioning and the activation
@@ -32,8 +33,8 @@ use crate::error::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::{Conv2d, Linear};
 
-/// Column-buffer budget per task, in floats (16 MB).
-const COL_BUDGET: usize = 1 << 22;
+/// Column-matrix budget of one GEMM, in floats (512 KB: the panel stays in L2).
+const COL_BUDGET: usize = 1 << 17;
 /// Activation budget of one task's widest feature map, in floats: sets how many images a task
 /// takes (4 MB: a whole 28×28 MNIST batch of 64 splits into two tasks; 32×32×128 into 8 images).
 const CHUNK_BUDGET: usize = 1 << 20;
@@ -209,10 +210,25 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
     }
     // A stride-1 "same" convolution: each column-matrix plane is the input plane shifted.
     let same = s == 1 && ho == x.h && wo == x.w;
-    let sub = (COL_BUDGET / (kk * hwo).max(1)).clamp(1, nb);
-    for b0 in (0..nb).step_by(sub) {
-        let sb = sub.min(nb - b0);
-        let ncol = sb * hwo;
+    // Tiles of whole images, or of output rows of one image, whose column matrix fits the
+    // budget (an L2-sized panel the GEMM streams through).
+    let mut tiles = Vec::new();
+    if kk * hwo <= COL_BUDGET {
+        let sub = (COL_BUDGET / (kk * hwo)).clamp(1, nb);
+        for b0 in (0..nb).step_by(sub) {
+            tiles.push((b0, sub.min(nb - b0), 0, ho));
+        }
+    } else {
+        let rows = (COL_BUDGET / (kk * wo).max(1)).clamp(1, ho);
+        for b0 in 0..nb {
+            for y0 in (0..ho).step_by(rows) {
+                tiles.push((b0, 1, y0, (y0 + rows).min(ho)));
+            }
+        }
+    }
+    for (b0, sb, y0, y1) in tiles {
+        let per = (y1 - y0) * wo;
+        let ncol = sb * per;
         if ctx.col.len() < kk * ncol {
             ctx.col.resize(kk * ncol, 0.0);
         }
@@ -223,11 +239,12 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
                     let row = &mut col[((ci * k + dy) * k + dx) * ncol..][..ncol];
                     for bi in 0..sb {
                         let src = &x.d[(ci * nb + b0 + bi) * hwi..][..hwi];
-                        let dst = &mut row[bi * hwo..][..hwo];
+                        let dst = &mut row[bi * per..][..per];
                         if same {
-                            shifted_plane(src, dst, x.w, dy as isize - cv.pad_lo as isize, dx as isize - cv.pad_lo as isize);
+                            let (oy, ox) = (dy as isize - cv.pad_lo as isize, dx as isize - cv.pad_lo as isize);
+                            shifted_plane(src, dst, x.w, (y0 as isize + oy) * x.w as isize + ox, ox);
                         } else {
-                            im2col_plane(src, dst, x.h, x.w, ho, wo, dy, dx, s, cv.pad_lo);
+                            im2col_plane(src, dst, x.h, x.w, y0..y1, wo, dy, dx, s, cv.pad_lo);
                         }
                     }
                 }
@@ -237,7 +254,7 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
             cv.cout,
             ncol,
             kk,
-            &mut out[b0 * hwo..],
+            &mut out[b0 * hwo + y0 * wo..],
             nb * hwo,
             true,
             Mat::rows(&cv.w, kk),
@@ -253,15 +270,16 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
     }
 }
 
-/// One plane of a stride-1 "same" convolution's column matrix: dst[y·w + x] = src[(y + oy)·w +
-/// x + ox] inside the image, 0 outside: one contiguous copy of the overlapping range, then the
-/// columns that wrapped around a row edge are zeroed.
-fn shifted_plane(src: &[f32], dst: &mut [f32], w: usize, oy: isize, ox: isize) {
+/// Output rows of one plane of a stride-1 "same" convolution's column matrix: with `dst` the
+/// rows y0.. of the output and `off` = (y0 + oy)·w + ox, dst[i] = src[i + off] inside the image
+/// and 0 outside: one contiguous copy of the overlapping range, then the columns that wrapped
+/// around a row edge (x + ox outside [0, w)) are zeroed.
+fn shifted_plane(src: &[f32], dst: &mut [f32], w: usize, off: isize, ox: isize) {
     let n = src.len() as isize;
-    let off = oy * w as isize + ox;
+    let m = dst.len() as isize;
     // dst[i] = src[i + off] for 0 ≤ i + off < n.
-    let lo = (-off).clamp(0, n) as usize;
-    let hi = (n - off).clamp(0, n) as usize;
+    let lo = (-off).clamp(0, m) as usize;
+    let hi = (n - off).clamp(0, m) as usize;
     dst[..lo].fill(0.0);
     dst[hi.max(lo)..].fill(0.0);
     if hi > lo {
@@ -284,9 +302,21 @@ fn shifted_plane(src: &[f32], dst: &mut [f32], w: usize, oy: isize, ox: isize) {
 /// One (channel, image, tap) plane of the column matrix: dst[y·wo + x] = src[iy·w + ix] with
 /// iy = y·s + dy − pad, ix = x·s + dx − pad, and 0 outside the image.
 #[allow(clippy::too_many_arguments)]
-fn im2col_plane(src: &[f32], dst: &mut [f32], h: usize, w: usize, ho: usize, wo: usize, dy: usize, dx: usize, s: usize, pad: usize) {
-    for y in 0..ho {
-        let drow = &mut dst[y * wo..(y + 1) * wo];
+fn im2col_plane(
+    src: &[f32],
+    dst: &mut [f32],
+    h: usize,
+    w: usize,
+    rows: std::ops::Range<usize>,
+    wo: usize,
+    dy: usize,
+    dx: usize,
+    s: usize,
+    pad: usize,
+) {
+    let y0 = rows.start;
+    for y in rows {
+        let drow = &mut dst[(y - y0) * wo..(y - y0 + 1) * wo];
         let iy = (y * s + dy) as isize - pad as isize;
         if iy < 0 || iy >= h as isize {
             drow.fill(0.0);
