@@ -1,6 +1,9 @@
 //! Attack benchmarks: exact ROC + AUC over 800 scores, one bootstrap interval (1000 resamples),
 //! the empirical denoiser over the 400 digits members for 800 queries, and the loss and SecMI
-//! scores of the shipped checkpoint (MLP, 312,896 parameters) on 800 rows.
+//! scores of the shipped checkpoint (MLP, 312,896 parameters) on 800 rows, and the diffusers
+//! UNet forward of models/mnist-ddpm (batch 64, 28×28): the CPU forward against candle's kernels
+//! (`unet_forward_mnist64/cpu` vs `/candle`; quote their ratio), plus SecMI (t = 100, k = 10)
+//! and PIA on 32 + 32 MNIST images through it.
 //!
 //! Run: `cargo bench --bench attacks`. The end-to-end timing is `dpaudit mia` (docs/attacks.md).
 
@@ -11,6 +14,8 @@ use std::path::Path;
 use dpaudit::attacks::empirical::EmpiricalDenoiser;
 use dpaudit::attacks::metrics;
 use dpaudit::attacks::mia::{self, AttackKind, ScoreOpts};
+use dpaudit::models::diffusers::DiffusersCheckpoint;
+use dpaudit::models::images::ImageSet;
 use dpaudit::models::{Checkpoint, Dataset, SplitManifest, PIXELS};
 
 fn bench(c: &mut Criterion) {
@@ -49,6 +54,29 @@ fn bench(c: &mut Criterion) {
     g.bench_function("secmi_t100_k10", |b| {
         b.iter(|| mia::scores(AttackKind::Secmi, &ck, &members, &rows, 100, &o).unwrap())
     });
+    g.finish();
+
+    let dev = candle_core::Device::Cpu;
+    let unet = DiffusersCheckpoint::load(&root.join("models/mnist-ddpm"), &dev).unwrap();
+    let images = ImageSet::load(&root.join("fixtures/data/mnist/mnist-10k.u8.gz")).unwrap();
+    let msplit = SplitManifest::load(&root.join("fixtures/splits/mnist.toml")).unwrap();
+    let ix: Vec<usize> = msplit.members.iter().take(32).chain(msplit.nonmembers.iter().take(32)).copied().collect();
+    let x = images.rows(&ix);
+    let t: Vec<f64> = (0..64).map(|i| (i * 15) as f64).collect();
+    let shape = [64, 1, 28, 28];
+    let xt = candle_core::Tensor::from_slice(&x, (64, 1, 28, 28), &dev).unwrap();
+    let mut g = c.benchmark_group("unet_forward_mnist64");
+    g.sample_size(10);
+    g.bench_function("cpu", |b| b.iter(|| unet.model.forward_host(black_box(&x), shape, &t).unwrap()));
+    g.bench_function("candle", |b| b.iter(|| unet.model.forward_candle(black_box(&xt), &t).unwrap()));
+    g.finish();
+    let den = unet.denoiser(images.shape, 64).unwrap();
+    let mut g = c.benchmark_group("diffusers_scores_mnist64");
+    g.sample_size(10);
+    g.bench_function("secmi_t100_k10", |b| {
+        b.iter(|| mia::scores(AttackKind::Secmi, &den, &[], &x, 100, &o).unwrap())
+    });
+    g.bench_function("pia_t100", |b| b.iter(|| mia::scores(AttackKind::Pia, &den, &[], &x, 100, &o).unwrap()));
     g.finish();
 }
 

@@ -45,6 +45,7 @@ impl super::denoiser::Denoiser for DiffusersDenoiser<'_> {
 /// non-members; `max_examples` keeps only the first that many of each (a reduced set for quick
 /// runs). The empirical attack, audits and the Table-2/cosine extras are for 8×8 checkpoints
 /// only. No DP ledger exists for a diffusers checkpoint, so results have no theoretical limit.
+/// Returns the report and every score record (for `--scores-out`; record ids are the data rows).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     ck: &DiffusersCheckpoint,
@@ -56,7 +57,7 @@ pub fn run(
     max_examples: Option<usize>,
     device: &str,
     bar: Option<&ProgressBar>,
-) -> Result<MiaReport> {
+) -> Result<(MiaReport, Vec<scores::ScoreRecord>)> {
     let start = std::time::Instant::now();
     images.check_split(split, split_path)?;
     if plan.table2.is_some() || !plan.cosine_steps.is_empty() || plan.audit.is_some() {
@@ -121,7 +122,7 @@ pub fn run(
         many_runs,
         comparisons,
     } = evaluate_scores(&records, plan, None, Some(&name))?;
-    Ok(MiaReport {
+    let report = MiaReport {
         schema: "dpaudit.mia/2".into(),
         target: Some(TargetInfo {
             checkpoint: name,
@@ -155,5 +156,6 @@ pub fn run(
         cosine: Vec::new(),
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
-    })
+    };
+    Ok((report, records))
 }

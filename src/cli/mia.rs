@@ -196,7 +196,7 @@ fn run_diffusers(
     dir: &std::path::Path,
     dev: &candle_core::Device,
     dev_name: &str,
-) -> anyhow::Result<pipeline::MiaReport> {
+) -> anyhow::Result<(pipeline::MiaReport, Vec<scores::ScoreRecord>)> {
     use dpaudit::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
     if a.batch_size == 0 || a.max_examples == Some(0) {
         return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
@@ -257,7 +257,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         None => a.checkpoint.as_ref().map(|p| Checkpoint::load(p, &dev)).transpose()?,
     };
     let (report, records) = match &a.scores {
-        None if diffusers.is_some() => (run_diffusers(&a, diffusers.unwrap(), &dev, &dev_name)?, Vec::new()),
+        None if diffusers.is_some() => run_diffusers(&a, diffusers.unwrap(), &dev, &dev_name)?,
         Some(path) => {
             let recs = scores::read_csv(path)?;
             let plan = plan(&a, None)?;

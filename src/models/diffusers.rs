@@ -175,11 +175,17 @@ impl DiffusersCheckpoint {
         let mut out = Vec::with_capacity(x.len() / c * self.model.config.out_channels);
         for start in (0..b).step_by(batch.max(1)) {
             let n = batch.max(1).min(b - start);
-            let xt = Tensor::from_slice(&x[start * per..(start + n) * per], (n, c, h, w), &self.device)?;
-            let y = self.model.forward(&xt, &t[start..start + n])?;
-            out.extend(y.flatten_all()?.to_vec1::<f32>()?);
+            let y = self
+                .model
+                .forward_host(&x[start * per..(start + n) * per], [n, c, h, w], &t[start..start + n])?;
+            out.extend(y);
         }
         Ok(out)
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Multi-line description for `dpaudit model info`.

@@ -17,6 +17,7 @@
 //! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
+//! * [`kernels`]: the CPU GEMM, exp and SiLU kernels of the diffusers UNet's CPU forward.
 
 pub mod checkpoint;
 pub mod data;
@@ -25,6 +26,7 @@ pub mod diffusers;
 pub mod dp;
 pub mod eps;
 pub mod images;
+pub mod kernels;
 pub mod net;
 pub mod npy;
 pub mod run;

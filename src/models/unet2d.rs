@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Conv2d, Conv2dConfig, GroupNorm, Linear, Module};
+
+#[path = "unet2d_cpu.rs"]
+mod cpu;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -532,7 +535,7 @@ impl WeightStore {
         Ok(Linear::new(w, Some(b)))
     }
 
-    fn group_norm(&self, p: &str, groups: usize, ch: usize, eps: f64) -> Result<GroupNorm> {
+    fn group_norm(&self, p: &str, groups: usize, ch: usize, eps: f64) -> Result<Gn> {
         if !ch.is_multiple_of(groups) {
             return Err(Error::input(format!(
                 "`{p}`: {groups} groups do not divide {ch} channels (check norm_num_groups)"
@@ -541,7 +544,28 @@ impl WeightStore {
         }
         let w = self.get(&format!("{p}.weight"), &[ch])?;
         let b = self.get(&format!("{p}.bias"), &[ch])?;
-        Ok(GroupNorm::new(w, b, ch, groups, eps)?)
+        Ok(Gn {
+            m: GroupNorm::new(w.clone(), b.clone(), ch, groups, eps)?,
+            weight: w,
+            bias: b,
+            groups,
+            eps,
+        })
+    }
+}
+
+/// candle-nn's `GroupNorm` with its parameters kept readable (for the CPU forward).
+struct Gn {
+    m: GroupNorm,
+    weight: Tensor,
+    bias: Tensor,
+    groups: usize,
+    eps: f64,
+}
+
+impl Module for Gn {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.m.forward(x)
     }
 }
 
@@ -553,10 +577,10 @@ enum Updown {
 }
 
 struct ResnetBlock {
-    norm1: GroupNorm,
+    norm1: Gn,
     conv1: Conv2d,
     time_emb_proj: Linear,
-    norm2: GroupNorm,
+    norm2: Gn,
     conv2: Conv2d,
     shortcut: Option<Conv2d>,
     scale_shift: bool,
@@ -657,7 +681,7 @@ impl ResnetBlock {
 /// with a residual connection): group norm, q/k/v projections, softmax(q kᵀ/√d) v, output
 /// projection, + residual, ÷ rescale factor.
 struct AttnBlock {
-    norm: Option<GroupNorm>,
+    norm: Option<Gn>,
     q: Linear,
     k: Linear,
     v: Linear,
@@ -773,10 +797,12 @@ pub struct Unet2dModel {
     down: Vec<DownBlock>,
     mid: Option<MidBlock>,
     up: Vec<UpBlock>,
-    norm_out: GroupNorm,
+    norm_out: Gn,
     conv_out: Conv2d,
     /// Number of scalar parameters.
     pub parameters: usize,
+    /// The weights laid out for the CPU forward (`None` when they live on another device).
+    cpu: Option<cpu::CpuUnet>,
 }
 
 impl Unet2dModel {
@@ -952,7 +978,7 @@ impl Unet2dModel {
             .with_file(&w.file));
         }
         let parameters = w.tensors.values().map(|t| t.elem_count()).sum();
-        Ok(Unet2dModel {
+        let mut model = Unet2dModel {
             config: config.clone(),
             fourier_w,
             time_linear_1,
@@ -964,11 +990,23 @@ impl Unet2dModel {
             norm_out,
             conv_out,
             parameters,
-        })
+            cpu: None,
+        };
+        cpu::check_skips(&model)?;
+        if model.conv_in.weight().device().is_cpu() {
+            model.cpu = Some(cpu::CpuUnet::new(&model)?);
+        }
+        Ok(model)
     }
 
     fn time_features(&self, t: &[f64], device: &Device) -> Result<Tensor> {
-        let b = t.len();
+        let v = self.time_features_host(t)?;
+        let width = v.len() / t.len().max(1);
+        Ok(Tensor::from_vec(v, (t.len(), width), device)?)
+    }
+
+    /// The time features before the embedding MLP, [B, width] row-major.
+    fn time_features_host(&self, t: &[f64]) -> Result<Vec<f32>> {
         let c0 = self.config.block_out_channels[0];
         match self.config.time_embedding {
             TimeEmbedding::Positional {
@@ -982,7 +1020,7 @@ impl Unet2dModel {
                 let freqs: Vec<f32> = (0..half)
                     .map(|i| (ln * i as f32 / (half as f32 - freq_shift as f32)).exp())
                     .collect();
-                let mut out = vec![0f32; b * c0];
+                let mut out = vec![0f32; t.len() * c0];
                 for (r, &tt) in t.iter().enumerate() {
                     let row = &mut out[r * c0..(r + 1) * c0];
                     for (i, &f) in freqs.iter().enumerate() {
@@ -997,12 +1035,12 @@ impl Unet2dModel {
                         }
                     }
                 }
-                Ok(Tensor::from_vec(out, (b, c0), device)?)
+                Ok(out)
             }
             TimeEmbedding::Fourier => {
                 let w: Vec<f32> = self.fourier_w.as_ref().unwrap().to_vec1()?;
                 let pi = std::f32::consts::PI;
-                let mut out = vec![0f32; b * 2 * c0];
+                let mut out = vec![0f32; t.len() * 2 * c0];
                 for (r, &tt) in t.iter().enumerate() {
                     let lt = (tt as f32).ln();
                     let row = &mut out[r * 2 * c0..(r + 1) * 2 * c0];
@@ -1013,14 +1051,25 @@ impl Unet2dModel {
                         row[c0 + i] = a.cos() as f32;
                     }
                 }
-                Ok(Tensor::from_vec(out, (b, 2 * c0), device)?)
+                Ok(out)
             }
         }
     }
 
-    /// The model output for a batch `x` (B, C, H, W) at timesteps `t` (one per row).
+    /// The model output for a batch `x` (B, C, H, W) at timesteps `t` (one per row): on the CPU
+    /// through the batch-parallel forward of `unet2d_cpu.rs`, elsewhere through candle's kernels.
     pub fn forward(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
         let (b, c, h, wd) = x.dims4()?;
+        if self.cpu.is_some() && x.device().is_cpu() {
+            let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            let y = self.forward_host(&v, [b, c, h, wd], t)?;
+            return Ok(Tensor::from_vec(y, (b, self.config.out_channels, h, wd), x.device())?);
+        }
+        self.forward_candle(x, t)
+    }
+
+    fn check_input(&self, shape: [usize; 4], t: &[f64]) -> Result<()> {
+        let [b, c, h, wd] = shape;
         if c != self.config.in_channels {
             return Err(Error::input(format!(
                 "input has {c} channels, the model takes {}",
@@ -1042,6 +1091,40 @@ impl Unet2dModel {
                 "a Fourier time embedding needs timesteps > 0 (it takes log t)",
             ));
         }
+        Ok(())
+    }
+
+    /// [`Unet2dModel::forward`] on host buffers: `x` is (B, C, H, W) row-major; returns
+    /// (B, out_channels, H, W) row-major. Uses the CPU forward when the weights are on the CPU.
+    pub fn forward_host(&self, x: &[f32], shape: [usize; 4], t: &[f64]) -> Result<Vec<f32>> {
+        let [b, c, h, wd] = shape;
+        if x.len() != b * c * h * wd {
+            return Err(Error::input(format!(
+                "batch of {b} images of {c}×{h}×{wd} needs {} values, got {}",
+                b * c * h * wd,
+                x.len()
+            )));
+        }
+        match &self.cpu {
+            Some(cpu) => {
+                self.check_input(shape, t)?;
+                let tf = self.time_features_host(t)?;
+                let fourier: Option<Vec<f32>> = matches!(self.config.time_embedding, TimeEmbedding::Fourier)
+                    .then(|| t.iter().map(|&v| v as f32).collect());
+                Ok(cpu.forward(x, shape, &tf, fourier.as_deref(), self.config.center_input_sample))
+            }
+            None => {
+                let dev = self.conv_in.weight().device();
+                let xt = Tensor::from_slice(x, (b, c, h, wd), dev)?;
+                Ok(self.forward_candle(&xt, t)?.flatten_all()?.to_vec1()?)
+            }
+        }
+    }
+
+    /// The forward through candle's kernels (the path for CUDA; the reference in tests).
+    pub fn forward_candle(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
+        let (b, c, h, wd) = x.dims4()?;
+        self.check_input([b, c, h, wd], t)?;
         let dev = x.device();
         let x = x.to_dtype(DType::F32)?;
         let x = if self.config.center_input_sample {

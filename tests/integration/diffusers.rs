@@ -318,6 +318,56 @@ fn mia_on_the_mnist_diffusers_checkpoint_finds_membership_with_secmi() {
     assert!(auc > 0.9, "loss-attack AUC {auc} on a memorising model");
 }
 
+/// `mia --scores-out` on a diffusers checkpoint writes every score (one row per record, attack
+/// and step, ids the data rows), and `mia --scores` on that file reproduces the run's AUC.
+#[test]
+fn mia_scores_out_on_the_mnist_diffusers_checkpoint_round_trips() {
+    let out = tempfile::tempdir().unwrap();
+    let f = out.path().join("scores.csv");
+    let (d1, d2) = (out.path().join("run"), out.path().join("again"));
+    let common = ["--bootstrap", "50", "--quiet"];
+    let mut a = vec![
+        "--out",
+        d1.to_str().unwrap(),
+        "--attack",
+        "pia,secmi",
+        "--timesteps",
+        "20",
+        "--max-examples",
+        "12",
+        "--scores-out",
+        f.to_str().unwrap(),
+    ];
+    a.extend_from_slice(&common);
+    let o = super::common::mnist_mia(&a);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let detail = |d: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("mia.json")).unwrap()).unwrap()
+    };
+    let first = detail(&d1);
+    let rows = std::fs::read_to_string(&f).unwrap();
+    assert!(rows.starts_with("record_id,member,attack,t,score"), "{rows}");
+    assert_eq!(rows.lines().count(), 1 + 2 * 24, "{rows}");
+    let split = SplitManifest::load(&root().join("fixtures/splits/mnist.toml")).unwrap();
+    let first_member = format!("\n{},1,pia,20,", split.members[0]);
+    assert!(rows.contains(&first_member), "{rows}");
+    let mut b = vec!["mia", "--scores", f.to_str().unwrap(), "--out", d2.to_str().unwrap()];
+    b.extend_from_slice(&common);
+    let o = dpaudit(&b);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let second = detail(&d2);
+    let aucs = |v: &serde_json::Value| -> Vec<(String, f64)> {
+        v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["attack"].as_str().unwrap().to_string(), r["auc"].as_f64().unwrap()))
+            .collect()
+    };
+    assert_eq!(aucs(&first).len(), 2);
+    assert_eq!(aucs(&first), aucs(&second));
+}
+
 /// A diffusers checkpoint needs --data and --split (there is no card to default them from).
 #[test]
 fn mia_on_a_diffusers_checkpoint_requires_data_and_split() {

@@ -1,0 +1,226 @@
+"""dpaudit against PyTorch + diffusers on the membership attacks of `dpaudit mia` (loss, SecMI,
+PIA; src/attacks/mia.rs), on the CPU with the same number of threads, interleaved so that both
+sides see the same load on a shared machine. Outside CI.
+
+Models:
+* mnist: models/mnist-ddpm (diffusers UNet2DModel, 176,849 parameters) on the MNIST split;
+* cifar: the DDPM-CIFAR10 architecture (google/ddpm-cifar10-32's config: blocks 128-256-256-256,
+  attention at 16x16, 35.7M parameters) with seeded random weights, on seeded random 32x32 images
+  (a temporary folder; speed does not depend on the weights).
+
+Each round runs, for every (model, attack), `dpaudit mia --scores-out` as a subprocess and the
+same computation in PyTorch in this process, alternating which goes first. dpaudit's time is its
+whole process (start-up, loading and checking the weights, metrics included); PyTorch's is its
+scoring loop only (the model is loaded once). Throughput is images (members + non-members) per
+second of wall time; the CPU column is the ratio of CPU seconds (user + sys). SecMI and PIA are
+deterministic, so their scores are compared record by record (largest relative difference);
+the loss attack draws its noise from each side's own generator, so only its timing compares.
+
+    /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 2 --rounds 3
+"""
+import argparse
+import csv
+import gzip
+import hashlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+
+import numpy as np
+import torch
+from diffusers import DDPMScheduler, UNet2DModel
+
+CIFAR_CONFIG = dict(
+    sample_size=32, in_channels=3, out_channels=3, layers_per_block=2,
+    block_out_channels=(128, 256, 256, 256),
+    down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=None, downsample_padding=0, flip_sin_to_cos=False, freq_shift=1,
+    norm_eps=1e-6, norm_num_groups=32, act_fn="silu", mid_block_scale_factor=1,
+    center_input_sample=False, time_embedding_type="positional",
+)
+
+
+def sha(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+def ix_sha(ix):
+    return sha(",".join(str(i) for i in ix).encode())
+
+
+def cifar_setup(tmp, n):
+    torch.manual_seed(0)
+    model = UNet2DModel(**CIFAR_CONFIG).eval()
+    ck = os.path.join(tmp, "ddpm-cifar10-random")
+    model.save_pretrained(ck, safe_serialization=True)
+    DDPMScheduler(num_train_timesteps=1000, beta_start=1e-4, beta_end=0.02,
+                  beta_schedule="linear").save_pretrained(ck)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(2 * n, 3, 32, 32)).astype(np.float32)
+    data = os.path.join(tmp, "cifar-random.npy")
+    np.save(data, x)
+    members, nonmembers = list(range(n)), list(range(n, 2 * n))
+    split = os.path.join(tmp, "cifar-split.toml")
+    with open(split, "w") as f:
+        f.write(
+            f'schema_version = 1\ndata = "{data}"\ndata_sha256 = "{sha(open(data, "rb").read())}"\n'
+            f'seed = 0\nmembers_sha256 = "{ix_sha(members)}"\nnonmembers_sha256 = "{ix_sha(nonmembers)}"\n'
+            f'public_sha256 = "{ix_sha([])}"\nmembers = {members}\nnonmembers = {nonmembers}\npublic = []\n'
+        )
+    return ck, data, split, torch.from_numpy(x), members + nonmembers
+
+
+def mnist_setup(root, n):
+    split = os.path.join(root, "fixtures/splits/mnist.toml")
+    s = tomllib.load(open(split, "rb"))
+    data = os.path.join(root, s["data"])
+    raw = gzip.decompress(open(data, "rb").read())
+    rec = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 785)
+    x = (rec[:, 1:].astype(np.float32) / 127.5 - 1.0).reshape(-1, 1, 28, 28)
+    ix = s["members"][:n] + s["nonmembers"][:n]
+    return os.path.join(root, "models/mnist-ddpm"), data, split, torch.from_numpy(x[ix]), ix
+
+
+class Torch:
+    """The attacks of src/attacks/mia.rs in PyTorch (host arithmetic in float64 as dpaudit)."""
+
+    def __init__(self, ck):
+        self.model = UNet2DModel.from_pretrained(ck).eval()
+        self.abar = DDPMScheduler.from_pretrained(ck).alphas_cumprod.double()
+
+    def eps(self, x, s):
+        return self.model(x, torch.full((x.shape[0],), s, dtype=torch.int64)).sample
+
+    def ddim(self, x, s, t):
+        e = self.eps(x, s).double()
+        x0 = (x.double() - (1 - self.abar[s]).sqrt() * e) / self.abar[s].sqrt()
+        return (self.abar[t].sqrt() * x0 + (1 - self.abar[t]).sqrt() * e).float()
+
+    def noisy(self, x0, e, t):
+        return (self.abar[t].sqrt() * x0.double() + (1 - self.abar[t]).sqrt() * e.double()).float()
+
+    def scores(self, attack, x, t, k, draws, p, batch):
+        out = []
+        with torch.no_grad():
+            for b in range(0, x.shape[0], batch):
+                xs = x[b:b + batch]
+                if attack == "secmi":
+                    target, s = t - k, 0
+                    while s < target:
+                        nxt = min(s + k, target)
+                        xs = self.ddim(xs, s, nxt)
+                        s = nxt
+                    back = self.ddim(self.ddim(xs, target, t), t, target)
+                    sc = -((back.double() - xs.double()) ** 2).flatten(1).mean(1)
+                elif attack == "pia":
+                    e0 = self.eps(xs, 0)
+                    pred = self.eps(self.noisy(xs, e0, t), t)
+                    sc = -((e0.double() - pred.double()).abs() ** p).flatten(1).mean(1)
+                else:  # loss: own noise draws
+                    g = torch.Generator().manual_seed(b)
+                    sc = torch.zeros(xs.shape[0], dtype=torch.float64)
+                    for _ in range(draws):
+                        e = torch.randn(xs.shape, generator=g)
+                        pred = self.eps(self.noisy(xs, e, t), t)
+                        sc -= ((e.double() - pred.double()) ** 2).flatten(1).mean(1)
+                    sc /= draws
+                out.extend(sc.tolist())
+        return out
+
+
+def cpu_seconds(who):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def run_dpaudit(exe, ck, data, split, attack, t, k, n, batch, threads, tmp):
+    out = os.path.join(tmp, f"scores-{attack}.csv")
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = [exe, "mia", "--checkpoint", ck, "--data", data, "--split", split, "--attack", attack,
+           "--timesteps", str(t), "--secmi-k", str(k), "--max-examples", str(n),
+           "--batch-size", str(batch), "--bootstrap", "10", "--device", "cpu", "--quiet",
+           "--scores-out", out]
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    c0, w0 = cpu_seconds(resource.RUSAGE_CHILDREN), time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - w0, cpu_seconds(resource.RUSAGE_CHILDREN) - c0
+    if r.returncode != 0:
+        sys.exit(f"dpaudit failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
+    scores = {int(row["record_id"]): float(row["score"]) for row in csv.DictReader(open(out))}
+    return wall, cpu, scores
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dpaudit", default="target/release/dpaudit")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--models", default="mnist,cifar")
+    ap.add_argument("--attacks", default="loss,secmi,pia")
+    ap.add_argument("--t", type=int, default=100)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--n-mnist", type=int, default=64, help="members and non-members each")
+    ap.add_argument("--n-cifar", type=int, default=4, help="members and non-members each")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--json", help="also write the rows here")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = os.path.abspath(os.path.join(root, a.dpaudit) if not os.path.isabs(a.dpaudit) else a.dpaudit)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.models.split(","):
+            n = a.n_mnist if name == "mnist" else a.n_cifar
+            ck, data, split, x, ids = (mnist_setup(root, n) if name == "mnist" else cifar_setup(tmp, n))
+            tm = Torch(ck)
+            for attack in a.attacks.split(","):
+                runs = []
+                for r in range(a.rounds):
+                    order = ["dpaudit", "torch"] if r % 2 == 0 else ["torch", "dpaudit"]
+                    res = {}
+                    for side in order:
+                        if side == "dpaudit":
+                            res[side] = run_dpaudit(exe, ck, data, split, attack, a.t, a.k, n, a.batch, a.threads, tmp)
+                        else:
+                            c0, w0 = cpu_seconds(resource.RUSAGE_SELF), time.perf_counter()
+                            s = tm.scores(attack, x, a.t, a.k, 4, 4.0, a.batch)
+                            res[side] = (time.perf_counter() - w0, cpu_seconds(resource.RUSAGE_SELF) - c0,
+                                         dict(zip(ids, s)))
+                    runs.append(res)
+                imgs = len(ids)
+                ratio = [r["torch"][0] / r["dpaudit"][0] for r in runs]
+                cpu_ratio = [r["torch"][1] / r["dpaudit"][1] for r in runs]
+                d, tt = runs[-1]["dpaudit"][2], runs[-1]["torch"][2]
+                rel = None
+                if attack != "loss":
+                    rel = max(abs(d[i] - tt[i]) / max(abs(tt[i]), 1e-30) for i in ids)
+                row = dict(model=name, attack=attack, t=a.t, k=a.k if attack == "secmi" else None, images=imgs,
+                           threads=a.threads,
+                           dpaudit_img_s=statistics.median(imgs / r["dpaudit"][0] for r in runs),
+                           torch_img_s=statistics.median(imgs / r["torch"][0] for r in runs),
+                           ratio_median=statistics.median(ratio), ratio_min=min(ratio), ratio_max=max(ratio),
+                           cpu_ratio_median=statistics.median(cpu_ratio), max_rel_score_diff=rel)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    print(f"\nCPU, {a.threads} threads each side, {a.rounds} interleaved rounds; torch {torch.__version__}; "
+          f"SecMI t = {a.t}, k = {a.k}; PIA and loss at t = {a.t}\n")
+    print("| model | attack | images | dpaudit img/s | PyTorch img/s | dpaudit/PyTorch (median [min, max]) | CPU-time ratio | largest relative score difference |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        diff = "– (own noise draws)" if r["max_rel_score_diff"] is None else f"{r['max_rel_score_diff']:.1e}"
+        print(f"| {r['model']} | {r['attack']} | {r['images']} | {r['dpaudit_img_s']:.2f} | {r['torch_img_s']:.2f} | "
+              f"{r['ratio_median']:.2f}× [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | {r['cpu_ratio_median']:.2f}× | {diff} |")
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

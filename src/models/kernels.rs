@@ -1,0 +1,315 @@
+//! CPU kernels for the diffusers UNet forward ([`super::unet2d`]): a bounds-checked strided
+//! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
+//! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, and SiLU.
+//!
+//! The crate's only `unsafe` code is here, in two forms. (1) `gemm::gemm` takes raw pointers and
+//! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
+//! shape and strides address lies inside its slice, and that distinct destination elements are
+//! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
+//! inputs. (2) The element-wise kernels (SiLU, softmax, group-norm sums, affine) are safe code
+//! compiled twice, once for AVX2; calling the AVX2 copy is `unsafe` and happens only after
+//! `is_x86_feature_detected!("avx2")`.
+
+use gemm::Parallelism;
+
+/// Index one past the last element a `rows × cols` matrix with row stride `rs` and column stride
+/// `cs` addresses (both non-negative), or 0 for an empty matrix.
+fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
+    }
+}
+
+/// A strided matrix operand: the slice it lives in, its row stride and its column stride.
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    /// The elements (the matrix starts at index 0).
+    pub data: &'a [f32],
+    /// Row stride.
+    pub rs: usize,
+    /// Column stride.
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A row-major matrix with row stride `rs` and unit column stride.
+    pub fn rows(data: &'a [f32], rs: usize) -> Self {
+        Mat { data, rs, cs: 1 }
+    }
+    /// The transpose view of a row-major matrix with row stride `rs`.
+    pub fn cols(data: &'a [f32], rs: usize) -> Self {
+        Mat { data, rs: 1, cs: rs }
+    }
+}
+
+/// `dst[m × n] = (read_dst ? dst : 0) + beta · lhs[m × k] · rhs[k × n]`, with `dst` row-major
+/// with row stride `dst_rs` (unit column stride), on the calling thread only (callers
+/// parallelise over images, so no thread ever waits on another inside a layer).
+///
+/// Panics if a matrix does not fit its slice (a programming error, never input-dependent: the
+/// UNet's shapes are validated when it is built).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(m: usize, n: usize, k: usize, dst: &mut [f32], dst_rs: usize, read_dst: bool, lhs: Mat<'_>, rhs: Mat<'_>, beta: f32) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(dst_rs >= n || m == 1, "sgemm: destination rows overlap");
+    assert!(dst.len() >= extent(m, n, dst_rs, 1), "sgemm: destination too small");
+    if k == 0 {
+        if !read_dst {
+            for r in 0..m {
+                dst[r * dst_rs..r * dst_rs + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(lhs.data.len() >= extent(m, k, lhs.rs, lhs.cs), "sgemm: lhs too small");
+    assert!(rhs.data.len() >= extent(k, n, rhs.rs, rhs.cs), "sgemm: rhs too small");
+    let (ds, ls, lc, rs, rc) = (dst_rs as isize, lhs.rs as isize, lhs.cs as isize, rhs.rs as isize, rhs.cs as isize);
+    // SAFETY: the asserts above bound every address gemm forms (row·rs + col·cs for rows < m|k,
+    // cols < k|n) inside the three slices; `dst` is an exclusive borrow, so it does not overlap
+    // `lhs` or `rhs`, and `dst_rs ≥ n` makes its elements distinct; the call is single-threaded
+    // (`Parallelism::None`) and returns before the borrows end.
+    #[allow(unsafe_code)]
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            ds,
+            read_dst,
+            lhs.data.as_ptr(),
+            lc,
+            ls,
+            rhs.data.as_ptr(),
+            rc,
+            rs,
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// e^x in single precision without a libm call, so that loops over it vectorise: x = n·ln 2 + r
+/// with |r| ≤ ln 2 / 2 (Cody–Waite split of ln 2), e^r by its degree-7 Taylor polynomial
+/// (truncation < 6e-9 relative), 2^n through the exponent bits. Inputs are clamped to
+/// [−87.3, 88] (results ≥ 1.2e-38, no infinities); measured within 2 ulp of `f32::exp` on the
+/// clamped range (unit test).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting rounds to an integer
+    let x = x.max(-87.3).min(88.0);
+    let shifted = x * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // n sits in the low mantissa bits of `shifted` (|n| ≤ 127 ≪ 2^22): integer arithmetic on the
+    // bits gives 2^n without a float → int conversion, so the loop vectorises.
+    let scale = f32::from_bits(shifted.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
+    p * scale
+}
+
+/// SiLU x·σ(x) = x / (1 + e^{−x}).
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// Defines `pub fn $name(args)` that runs `$imp(args)` compiled for AVX2 when the CPU has it (a
+/// second copy of the same safe code, whose element loops LLVM vectorises 8 wide instead of
+/// SSE2's 4), else the baseline copy.
+macro_rules! avx2_dispatch {
+    ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),*) $(-> $r:ty)? => $imp:ident) => {
+        $(#[$m])*
+        pub fn $name($($a: $t),*) $(-> $r)? {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                #[target_feature(enable = "avx2")]
+                fn avx2($($a: $t),*) $(-> $r)? {
+                    $imp($($a),*)
+                }
+                // SAFETY: calling a `target_feature` function is sound when the CPU has the
+                // feature, which was detected just above.
+                #[allow(unsafe_code)]
+                return unsafe { avx2($($a),*) };
+            }
+            $imp($($a),*)
+        }
+    };
+}
+
+avx2_dispatch! {
+    /// SiLU of every element, in place.
+    pub fn silu_inplace(v: &mut [f32]) => silu_inplace_impl
+}
+
+#[inline(always)]
+fn silu_inplace_impl(v: &mut [f32]) {
+    for x in v {
+        *x = silu(*x);
+    }
+}
+
+avx2_dispatch! {
+    /// Sum of the elements in f64 (f32 partial sums over eight lanes per block of 256, widened).
+    pub fn sum(v: &[f32]) -> f64 => sum_impl
+}
+
+#[inline(always)]
+fn sum_impl(v: &[f32]) -> f64 {
+    lanes(v, |x| x)
+}
+
+avx2_dispatch! {
+    /// Σ (v − mean)² in f64 (f32 partial sums, widened).
+    pub fn sq_dev(v: &[f32], mean: f32) -> f64 => sq_dev_impl
+}
+
+#[inline(always)]
+fn sq_dev_impl(v: &[f32], mean: f32) -> f64 {
+    lanes(v, |x| (x - mean) * (x - mean))
+}
+
+#[inline(always)]
+fn lanes(v: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    let mut total = 0f64;
+    // Blocks of 256 keep the f32 partial sums short (relative error ≲ 32 ulp per block).
+    for block in v.chunks(256) {
+        let mut acc = [0f32; 8];
+        let mut it = block.chunks_exact(8);
+        for c in &mut it {
+            for (a, &x) in acc.iter_mut().zip(c) {
+                *a += f(x);
+            }
+        }
+        let mut s: f64 = acc.iter().map(|&a| a as f64).sum();
+        s += it.remainder().iter().map(|&x| f(x) as f64).sum::<f64>();
+        total += s;
+    }
+    total
+}
+
+/// Largest element (−∞ for an empty slice).
+#[inline(always)]
+fn max(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut it = v.chunks_exact(8);
+    for c in &mut it {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.max(x);
+        }
+    }
+    it.remainder().iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+}
+
+avx2_dispatch! {
+    /// Softmax of each row of `l` values, in place.
+    pub fn softmax_rows(p: &mut [f32], l: usize) => softmax_rows_impl
+}
+
+#[inline(always)]
+fn softmax_rows_impl(p: &mut [f32], l: usize) {
+    for row in p.chunks_exact_mut(l) {
+        let mx = max(row);
+        for s in row.iter_mut() {
+            *s = exp(*s - mx);
+        }
+        let inv = (1.0 / lanes(row, |x| x)) as f32;
+        for s in row.iter_mut() {
+            *s *= inv;
+        }
+    }
+}
+
+avx2_dispatch! {
+    /// dst = src·a + b, then SiLU when `silu_after`.
+    pub fn affine(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) => affine_impl
+}
+
+#[inline(always)]
+fn affine_impl(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) {
+    if silu_after {
+        for (y, &v) in dst.iter_mut().zip(src) {
+            *y = silu(v * a + b);
+        }
+    } else {
+        for (y, &v) in dst.iter_mut().zip(src) {
+            *y = v * a + b;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum::<f64>() as f32;
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn sgemm_matches_a_naive_product_with_strides_and_accumulation() {
+        let (m, n, k) = (7, 13, 5);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 17 % 7) as f32 - 3.0) / 2.0).collect();
+        let want = naive(m, n, k, &a, &b);
+        // Destination with row stride n + 3 and an initial value of 1: read_dst accumulates.
+        let mut dst = vec![1f32; (m - 1) * (n + 3) + n];
+        sgemm(m, n, k, &mut dst, n + 3, true, Mat::rows(&a, k), Mat::rows(&b, n), 2.0);
+        for i in 0..m {
+            for j in 0..n {
+                assert!((dst[i * (n + 3) + j] - (1.0 + 2.0 * want[i * n + j])).abs() < 1e-4);
+            }
+        }
+        // Transposed operands: (bᵀ)ᵀ and (aᵀ)ᵀ stored column-major.
+        let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+        let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        let mut dst = vec![7f32; m * n];
+        sgemm(m, n, k, &mut dst, n, false, Mat::cols(&at, m), Mat::cols(&bt, k), 1.0);
+        for (x, y) in dst.iter().zip(&want) {
+            assert!((x - y).abs() < 1e-4);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "rhs too small")]
+    fn sgemm_refuses_an_operand_that_does_not_fit() {
+        let mut dst = vec![0f32; 4];
+        sgemm(2, 2, 2, &mut dst, 2, false, Mat::rows(&[1.0; 4], 2), Mat::rows(&[1.0; 3], 2), 1.0);
+    }
+
+    #[test]
+    fn fast_exp_is_within_two_ulp_of_libm() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.000_731;
+        }
+        assert!(worst < 2.5 * f32::EPSILON as f64, "worst relative error {worst:e}");
+        assert_eq!(exp(-1000.0), exp(-87.3));
+        assert!(exp(1000.0).is_finite());
+        assert!((silu(-200.0)).abs() < 1e-30 && (silu(3.0) - 3.0 / (1.0 + (-3f32).exp())).abs() < 1e-6);
+    }
+}

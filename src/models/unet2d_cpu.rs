@@ -1,0 +1,809 @@
+//! The CPU forward of [`super::Unet2dModel`] on plain `f32` buffers (what `model eval` and the
+//! attacks run when the device is the CPU); candle's kernels stay the path for CUDA and the
+//! reference in tests.
+//!
+//! Why not candle's CPU ops: at 2 threads candle spends most of a UNet forward in its thread
+//! barrier's spin-wait, and at 1 thread in a scalar im2col and unfused element-wise passes. Here:
+//!
+//! * **Batch-parallel**: the batch is cut into chunks of images, one rayon task each; a chunk runs
+//!   the whole network on its thread (single-threaded GEMMs), so no thread ever waits on another
+//!   inside a layer.
+//! * **Channel-major layout** (C, N, H, W) inside a chunk: a convolution is one GEMM
+//!   W[cout, cin·k²] × col[cin·k², N·H·W] whose output is already the next layer's input, 1×1
+//!   convolutions and the attention projections need no im2col at all, and a channel concat is
+//!   an append.
+//! * **im2col by shifted planes** (one contiguous copy per plane and tap, wrapped edges zeroed),
+//!   in tiles of whole images or of output rows whose column matrix stays in L2 (512 KB), in one
+//!   buffer reused for the whole forward.
+//! * **Fused epilogues**: the bias (plus the time embedding, for `default` time conditioning) is
+//!   the GEMM's initial value; the residual (or its 1×1 shortcut) is the second convolution's
+//!   initial value; group norm, the scale/shift of `scale_shift` conditioning and the activation
+//!   are one affine-plus-activation pass per channel; [`super::super::kernels::exp`] vectorises.
+//! * **Attention** per (image, head) on strided views of the projected q/k/v: only one L × L score
+//!   matrix per task is materialised, no transposed copies.
+//!
+//! Arithmetic follows the diffusers modules layer by layer (`resnet.py`, `attention_processor.py`,
+//! `unet_2d.py`); group-norm statistics are accumulated in f64.
+
+use rayon::prelude::*;
+
+use super::super::kernels::{affine, exp, sgemm, silu_inplace, softmax_rows, sq_dev, sum, Mat};
+use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
+use crate::error::{Error, Result};
+use candle_core::Tensor;
+use candle_nn::{Conv2d, Linear};
+
+/// Column-matrix budget of one GEMM, in floats (512 KB: the panel stays in L2).
+const COL_BUDGET: usize = 1 << 17;
+/// Activation budget of one task's widest feature map, in floats: sets how many images a task
+/// takes (4 MB: a whole 28×28 MNIST batch of 64 splits into two tasks; 32×32×128 into 8 images).
+const CHUNK_BUDGET: usize = 1 << 20;
+
+fn host(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+struct Conv {
+    w: Vec<f32>,
+    b: Vec<f32>,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    pad_lo: usize,
+    pad_hi: usize,
+}
+
+impl Conv {
+    fn new(c: &Conv2d, pad_hi_extra: usize) -> Result<Self> {
+        let (cout, cin, k, k2) = c.weight().dims4()?;
+        if k != k2 {
+            return Err(Error::model("non-square convolution kernel"));
+        }
+        let cfg = c.config();
+        Ok(Conv {
+            w: host(c.weight())?,
+            b: match c.bias() {
+                Some(b) => host(b)?,
+                None => vec![0.0; cout],
+            },
+            cin,
+            cout,
+            k,
+            stride: cfg.stride,
+            pad_lo: cfg.padding,
+            pad_hi: cfg.padding + pad_hi_extra,
+        })
+    }
+}
+
+struct Lin {
+    w: Vec<f32>,
+    b: Vec<f32>,
+    cin: usize,
+    cout: usize,
+}
+
+impl Lin {
+    fn new(l: &Linear) -> Result<Self> {
+        let (cout, cin) = l.weight().dims2()?;
+        Ok(Lin {
+            w: host(l.weight())?,
+            b: match l.bias() {
+                Some(b) => host(b)?,
+                None => vec![0.0; cout],
+            },
+            cin,
+            cout,
+        })
+    }
+
+    /// Rows `x` [n, cin] → [n, cout].
+    fn rows(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let mut out: Vec<f32> = (0..n).flat_map(|_| self.b.iter().copied()).collect();
+        sgemm(n, self.cout, self.cin, &mut out, self.cout, true, Mat::rows(x, self.cin), Mat::cols(&self.w, self.cin), 1.0);
+        out
+    }
+
+    /// Channel-major features `x` [cin, m] → [cout, m]; `init` (same shape as the output) is
+    /// added to the result.
+    fn channels(&self, x: &[f32], m: usize, init: Option<Vec<f32>>) -> Vec<f32> {
+        let mut out = match init {
+            Some(i) => i,
+            None => vec![0.0; self.cout * m],
+        };
+        for (row, &b) in out.chunks_exact_mut(m).zip(&self.b) {
+            for v in row {
+                *v += b;
+            }
+        }
+        sgemm(self.cout, m, self.cin, &mut out, m, true, Mat::rows(&self.w, self.cin), Mat::rows(x, m), 1.0);
+        out
+    }
+}
+
+struct Norm {
+    g: Vec<f32>,
+    b: Vec<f32>,
+    groups: usize,
+    eps: f64,
+}
+
+impl Norm {
+    fn new(n: &Gn) -> Result<Self> {
+        Ok(Norm {
+            g: host(&n.weight)?,
+            b: host(&n.bias)?,
+            groups: n.groups,
+            eps: n.eps,
+        })
+    }
+}
+
+fn act_inplace(act: Act, v: &mut [f32]) {
+    match act {
+        Act::Silu => silu_inplace(v),
+        Act::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
+        Act::Gelu => v
+            .iter_mut()
+            .for_each(|x| *x = 0.5 * *x * (1.0 + libm::erff(*x * std::f32::consts::FRAC_1_SQRT_2))),
+        Act::Mish => v.iter_mut().for_each(|x| *x *= (exp(*x) + 1.0).ln().tanh()),
+    }
+}
+
+/// A chunk's feature map, channel-major: `d[(c·nb + b)·h·w + y·w + x]`.
+struct Feat {
+    d: Vec<f32>,
+    c: usize,
+    h: usize,
+    w: usize,
+}
+
+impl Feat {
+    fn hw(&self) -> usize {
+        self.h * self.w
+    }
+}
+
+/// Per-task state: the number of images and the reused column buffer.
+struct Ctx {
+    nb: usize,
+    col: Vec<f32>,
+}
+
+impl Ctx {
+    fn conv(&mut self, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Option<&[f32]>) -> Feat {
+        conv(self, cv, x, init, bias_nb)
+    }
+}
+
+/// Convolution of `x`; the output starts from the bias, plus `bias_nb[b·cout + c]` per image
+/// when given, plus `init` (same shape as the output) when given, and the GEMM accumulates on it.
+fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Option<&[f32]>) -> Feat {
+    let nb = ctx.nb;
+    let (k, s) = (cv.k, cv.stride);
+    let ho = (x.h + cv.pad_lo + cv.pad_hi - k) / s + 1;
+    let wo = (x.w + cv.pad_lo + cv.pad_hi - k) / s + 1;
+    let (hwo, hwi) = (ho * wo, x.hw());
+    let mut out = match init {
+        Some(i) => i,
+        None => vec![0.0; cv.cout * nb * hwo],
+    };
+    debug_assert_eq!(out.len(), cv.cout * nb * hwo);
+    for c in 0..cv.cout {
+        for b in 0..nb {
+            let add = cv.b[c] + bias_nb.map_or(0.0, |t| t[b * cv.cout + c]);
+            for v in &mut out[(c * nb + b) * hwo..(c * nb + b + 1) * hwo] {
+                *v += add;
+            }
+        }
+    }
+    let kk = cv.cin * k * k;
+    if k == 1 && s == 1 && cv.pad_lo == 0 && cv.pad_hi == 0 {
+        sgemm(cv.cout, nb * hwo, cv.cin, &mut out, nb * hwo, true, Mat::rows(&cv.w, kk), Mat::rows(&x.d, nb * hwi), 1.0);
+        return Feat {
+            d: out,
+            c: cv.cout,
+            h: ho,
+            w: wo,
+        };
+    }
+    // A stride-1 "same" convolution: each column-matrix plane is the input plane shifted.
+    let same = s == 1 && ho == x.h && wo == x.w;
+    // Tiles of whole images, or of output rows of one image, whose column matrix fits the
+    // budget (an L2-sized panel the GEMM streams through).
+    let mut tiles = Vec::new();
+    if kk * hwo <= COL_BUDGET {
+        let sub = (COL_BUDGET / (kk * hwo)).clamp(1, nb);
+        for b0 in (0..nb).step_by(sub) {
+            tiles.push((b0, sub.min(nb - b0), 0, ho));
+        }
+    } else {
+        let rows = (COL_BUDGET / (kk * wo).max(1)).clamp(1, ho);
+        for b0 in 0..nb {
+            for y0 in (0..ho).step_by(rows) {
+                tiles.push((b0, 1, y0, (y0 + rows).min(ho)));
+            }
+        }
+    }
+    for (b0, sb, y0, y1) in tiles {
+        let per = (y1 - y0) * wo;
+        let ncol = sb * per;
+        if ctx.col.len() < kk * ncol {
+            ctx.col.resize(kk * ncol, 0.0);
+        }
+        let col = &mut ctx.col[..kk * ncol];
+        for ci in 0..cv.cin {
+            for dy in 0..k {
+                for dx in 0..k {
+                    let row = &mut col[((ci * k + dy) * k + dx) * ncol..][..ncol];
+                    for bi in 0..sb {
+                        let src = &x.d[(ci * nb + b0 + bi) * hwi..][..hwi];
+                        let dst = &mut row[bi * per..][..per];
+                        if same {
+                            let (oy, ox) = (dy as isize - cv.pad_lo as isize, dx as isize - cv.pad_lo as isize);
+                            shifted_plane(src, dst, x.w, (y0 as isize + oy) * x.w as isize + ox, ox);
+                        } else {
+                            im2col_plane(src, dst, x.h, x.w, y0..y1, wo, dy, dx, s, cv.pad_lo);
+                        }
+                    }
+                }
+            }
+        }
+        sgemm(
+            cv.cout,
+            ncol,
+            kk,
+            &mut out[b0 * hwo + y0 * wo..],
+            nb * hwo,
+            true,
+            Mat::rows(&cv.w, kk),
+            Mat::rows(col, ncol),
+            1.0,
+        );
+    }
+    Feat {
+        d: out,
+        c: cv.cout,
+        h: ho,
+        w: wo,
+    }
+}
+
+/// Output rows of one plane of a stride-1 "same" convolution's column matrix: with `dst` the
+/// rows y0.. of the output and `off` = (y0 + oy)·w + ox, dst[i] = src[i + off] inside the image
+/// and 0 outside: one contiguous copy of the overlapping range, then the columns that wrapped
+/// around a row edge (x + ox outside [0, w)) are zeroed.
+fn shifted_plane(src: &[f32], dst: &mut [f32], w: usize, off: isize, ox: isize) {
+    let n = src.len() as isize;
+    let m = dst.len() as isize;
+    // dst[i] = src[i + off] for 0 ≤ i + off < n.
+    let lo = (-off).clamp(0, m) as usize;
+    let hi = (n - off).clamp(0, m) as usize;
+    dst[..lo].fill(0.0);
+    dst[hi.max(lo)..].fill(0.0);
+    if hi > lo {
+        let s0 = (lo as isize + off) as usize;
+        dst[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+    }
+    // Columns x with x + ox outside [0, w) read a neighbouring row: zero them.
+    let (c0, c1) = if ox < 0 {
+        (0, (-ox) as usize)
+    } else {
+        (w - (ox as usize).min(w), w)
+    };
+    if c1 > c0 {
+        for row in dst.chunks_exact_mut(w) {
+            row[c0..c1].fill(0.0);
+        }
+    }
+}
+
+/// One (channel, image, tap) plane of the column matrix: dst[y·wo + x] = src[iy·w + ix] with
+/// iy = y·s + dy − pad, ix = x·s + dx − pad, and 0 outside the image.
+#[allow(clippy::too_many_arguments)]
+fn im2col_plane(
+    src: &[f32],
+    dst: &mut [f32],
+    h: usize,
+    w: usize,
+    rows: std::ops::Range<usize>,
+    wo: usize,
+    dy: usize,
+    dx: usize,
+    s: usize,
+    pad: usize,
+) {
+    let y0 = rows.start;
+    for y in rows {
+        let drow = &mut dst[(y - y0) * wo..(y - y0 + 1) * wo];
+        let iy = (y * s + dy) as isize - pad as isize;
+        if iy < 0 || iy >= h as isize {
+            drow.fill(0.0);
+            continue;
+        }
+        let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+        if s == 1 {
+            // ix = x + dx − pad ∈ [0, w) ⇔ x ∈ [pad − dx, w + pad − dx).
+            let lo = pad.saturating_sub(dx).min(wo);
+            let hi = (w + pad).saturating_sub(dx).min(wo).max(lo);
+            drow[..lo].fill(0.0);
+            drow[hi..].fill(0.0);
+            let off = lo + dx - pad;
+            drow[lo..hi].copy_from_slice(&srow[off..off + (hi - lo)]);
+        } else {
+            for (x, d) in drow.iter_mut().enumerate() {
+                let ix = (x * s + dx) as isize - pad as isize;
+                *d = if ix < 0 || ix >= w as isize { 0.0 } else { srow[ix as usize] };
+            }
+        }
+    }
+}
+
+/// Group norm of `x` (statistics per image and group, in f64), then per channel
+/// y·(1 + scale) + shift when `scale_shift` ([nb, c] each) is given, then `act`.
+fn norm_act(nb: usize, n: &Norm, x: &Feat, scale_shift: Option<(&[f32], usize)>, act: Option<Act>) -> Vec<f32> {
+    let hw = x.hw();
+    let cpg = x.c / n.groups;
+    let mut out = vec![0f32; x.d.len()];
+    for b in 0..nb {
+        for g in 0..n.groups {
+            let slab = |c: usize| (c * nb + b) * hw..(c * nb + b + 1) * hw;
+            let cnt = (cpg * hw) as f64;
+            let total: f64 = (g * cpg..(g + 1) * cpg).map(|c| sum(&x.d[slab(c)])).sum();
+            let mean = total / cnt;
+            let ss: f64 = (g * cpg..(g + 1) * cpg).map(|c| sq_dev(&x.d[slab(c)], mean as f32)).sum();
+            let rstd = 1.0 / (ss / cnt + n.eps).sqrt();
+            for c in g * cpg..(g + 1) * cpg {
+                let mut a = (rstd * n.g[c] as f64) as f32;
+                let mut sh = (n.b[c] as f64 - mean * rstd * n.g[c] as f64) as f32;
+                if let Some((t, width)) = scale_shift {
+                    let (sc, sf) = (t[b * width + c], t[b * width + x.c + c]);
+                    a *= 1.0 + sc;
+                    sh = sh * (1.0 + sc) + sf;
+                }
+                let o = &mut out[slab(c)];
+                match act {
+                    None => affine(o, &x.d[slab(c)], a, sh, false),
+                    Some(Act::Silu) => affine(o, &x.d[slab(c)], a, sh, true),
+                    Some(act) => {
+                        affine(o, &x.d[slab(c)], a, sh, false);
+                        act_inplace(act, o);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn upsample2(nb: usize, x: &Feat) -> Feat {
+    let (h, w) = (x.h, x.w);
+    let mut out = vec![0f32; x.d.len() * 4];
+    for p in 0..x.c * nb {
+        let src = &x.d[p * h * w..(p + 1) * h * w];
+        let dst = &mut out[p * 4 * h * w..(p + 1) * 4 * h * w];
+        for y in 0..2 * h {
+            let sr = &src[(y / 2) * w..(y / 2 + 1) * w];
+            for (xx, d) in dst[y * 2 * w..(y + 1) * 2 * w].iter_mut().enumerate() {
+                *d = sr[xx / 2];
+            }
+        }
+    }
+    Feat {
+        d: out,
+        c: x.c,
+        h: 2 * h,
+        w: 2 * w,
+    }
+}
+
+fn avgpool2(nb: usize, x: &Feat) -> Feat {
+    let (h, w, ho, wo) = (x.h, x.w, x.h / 2, x.w / 2);
+    let mut out = vec![0f32; x.c * nb * ho * wo];
+    for p in 0..x.c * nb {
+        let src = &x.d[p * h * w..(p + 1) * h * w];
+        for y in 0..ho {
+            for xx in 0..wo {
+                let s = src[2 * y * w + 2 * xx] + src[2 * y * w + 2 * xx + 1] + src[(2 * y + 1) * w + 2 * xx] + src[(2 * y + 1) * w + 2 * xx + 1];
+                out[p * ho * wo + y * wo + xx] = s / 4.0;
+            }
+        }
+    }
+    Feat {
+        d: out,
+        c: x.c,
+        h: ho,
+        w: wo,
+    }
+}
+
+struct Res {
+    norm1: Norm,
+    conv1: Conv,
+    temb: Lin,
+    norm2: Norm,
+    conv2: Conv,
+    shortcut: Option<Conv>,
+    scale_shift: bool,
+    act: Act,
+    output_scale: f32,
+    updown: Updown,
+}
+
+impl Res {
+    fn new(r: &ResnetBlock) -> Result<Self> {
+        Ok(Res {
+            norm1: Norm::new(&r.norm1)?,
+            conv1: Conv::new(&r.conv1, 0)?,
+            temb: Lin::new(&r.time_emb_proj)?,
+            norm2: Norm::new(&r.norm2)?,
+            conv2: Conv::new(&r.conv2, 0)?,
+            shortcut: r.shortcut.as_ref().map(|s| Conv::new(s, 0)).transpose()?,
+            scale_shift: r.scale_shift,
+            act: r.act,
+            output_scale: r.output_scale as f32,
+            updown: r.updown,
+        })
+    }
+
+    /// `act_emb`: the activation of the time embedding, [nb, temb].
+    fn forward(&self, ctx: &mut Ctx, x: Feat, act_emb: &[f32]) -> Feat {
+        let nb = ctx.nb;
+        let h = norm_act(nb, &self.norm1, &x, None, Some(self.act));
+        let mut h = Feat { d: h, c: x.c, h: x.h, w: x.w };
+        let mut input = x;
+        match self.updown {
+            Updown::None => {}
+            Updown::Down => {
+                input = avgpool2(nb, &input);
+                h = avgpool2(nb, &h);
+            }
+            Updown::Up => {
+                input = upsample2(nb, &input);
+                h = upsample2(nb, &h);
+            }
+        }
+        let t = self.temb.rows(act_emb, nb);
+        let h = if self.scale_shift {
+            let h = ctx.conv(&self.conv1, &h, None, None);
+            let d = norm_act(nb, &self.norm2, &h, Some((&t, self.temb.cout)), Some(self.act));
+            Feat { d, ..h }
+        } else {
+            let h = ctx.conv(&self.conv1, &h, None, Some(&t));
+            let d = norm_act(nb, &self.norm2, &h, None, Some(self.act));
+            Feat { d, ..h }
+        };
+        let residual = match &self.shortcut {
+            Some(s) => ctx.conv(s, &input, None, None).d,
+            None => input.d,
+        };
+        let mut out = ctx.conv(&self.conv2, &h, Some(residual), None);
+        if self.output_scale != 1.0 {
+            out.d.iter_mut().for_each(|v| *v /= self.output_scale);
+        }
+        out
+    }
+}
+
+struct Attn {
+    norm: Option<Norm>,
+    q: Lin,
+    k: Lin,
+    v: Lin,
+    out: Lin,
+    heads: usize,
+    head_dim: usize,
+    rescale: f32,
+}
+
+impl Attn {
+    fn new(a: &AttnBlock) -> Result<Self> {
+        Ok(Attn {
+            norm: a.norm.as_ref().map(Norm::new).transpose()?,
+            q: Lin::new(&a.q)?,
+            k: Lin::new(&a.k)?,
+            v: Lin::new(&a.v)?,
+            out: Lin::new(&a.out)?,
+            heads: a.heads,
+            head_dim: a.head_dim,
+            rescale: a.rescale as f32,
+        })
+    }
+
+    fn forward(&self, ctx: &mut Ctx, x: Feat) -> Feat {
+        let nb = ctx.nb;
+        let l = x.hw();
+        let m = nb * l;
+        let normed;
+        let hs: &[f32] = match &self.norm {
+            Some(n) => {
+                normed = norm_act(nb, n, &x, None, None);
+                &normed
+            }
+            None => &x.d,
+        };
+        let q = self.q.channels(hs, m, None);
+        let k = self.k.channels(hs, m, None);
+        let v = self.v.channels(hs, m, None);
+        let hd = self.head_dim;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut o = vec![0f32; self.heads * hd * m];
+        let mut p = vec![0f32; l * l];
+        for b in 0..nb {
+            for hh in 0..self.heads {
+                let off = hh * hd * m + b * l;
+                // scores[i, j] = scale · Σ_d q[d, i] k[d, j]
+                sgemm(l, l, hd, &mut p, l, false, Mat::cols(&q[off..], m), Mat::rows(&k[off..], m), scale);
+                softmax_rows(&mut p, l);
+                // o[d, i] = Σ_j v[d, j] p[i, j]
+                sgemm(hd, l, l, &mut o[off..], m, false, Mat::rows(&v[off..], m), Mat::cols(&p, l), 1.0);
+            }
+        }
+        let (c, h, w) = (x.c, x.h, x.w);
+        let mut out = self.out.channels(&o, m, Some(x.d));
+        if self.rescale != 1.0 {
+            out.iter_mut().for_each(|v| *v /= self.rescale);
+        }
+        Feat { d: out, c, h, w }
+    }
+}
+
+enum CDown {
+    Conv(Conv),
+    Res(Box<Res>),
+}
+
+enum CUp {
+    Conv(Conv),
+    Res(Box<Res>),
+}
+
+struct CBlock {
+    res: Vec<Res>,
+    attn: Vec<Attn>,
+}
+
+impl CBlock {
+    fn new(r: &[ResnetBlock], a: &[AttnBlock]) -> Result<Self> {
+        Ok(CBlock {
+            res: r.iter().map(Res::new).collect::<Result<_>>()?,
+            attn: a.iter().map(Attn::new).collect::<Result<_>>()?,
+        })
+    }
+}
+
+/// The model's weights on the host, laid out for the CPU forward.
+pub(super) struct CpuUnet {
+    lin1: Lin,
+    lin2: Lin,
+    conv_in: Conv,
+    down: Vec<(CBlock, Option<CDown>)>,
+    mid: Option<(Res, Option<Attn>, Res)>,
+    up: Vec<(CBlock, Option<CUp>)>,
+    norm_out: Norm,
+    conv_out: Conv,
+    act: Act,
+    in_ch: usize,
+    out_ch: usize,
+}
+
+impl CpuUnet {
+    pub(super) fn new(m: &Unet2dModel) -> Result<Self> {
+        let down = m
+            .down
+            .iter()
+            .map(|d| {
+                let dn = match &d.down {
+                    None => None,
+                    Some(Down::Conv(c, pad)) => Some(CDown::Conv(Conv::new(c, usize::from(*pad == 0))?)),
+                    Some(Down::Resnet(r)) => Some(CDown::Res(Box::new(Res::new(r)?))),
+                };
+                Ok((CBlock::new(&d.block.resnets, &d.block.attentions)?, dn))
+            })
+            .collect::<Result<_>>()?;
+        let up = m
+            .up
+            .iter()
+            .map(|u| {
+                let upm = match &u.up {
+                    None => None,
+                    Some(Up::Conv(c)) => Some(CUp::Conv(Conv::new(c, 0)?)),
+                    Some(Up::Resnet(r)) => Some(CUp::Res(Box::new(Res::new(r)?))),
+                };
+                Ok((CBlock::new(&u.block.resnets, &u.block.attentions)?, upm))
+            })
+            .collect::<Result<_>>()?;
+        let mid = match &m.mid {
+            None => None,
+            Some(mb) => Some((
+                Res::new(&mb.first)?,
+                mb.attention.as_ref().map(Attn::new).transpose()?,
+                Res::new(&mb.second)?,
+            )),
+        };
+        Ok(CpuUnet {
+            lin1: Lin::new(&m.time_linear_1)?,
+            lin2: Lin::new(&m.time_linear_2)?,
+            conv_in: Conv::new(&m.conv_in, 0)?,
+            down,
+            mid,
+            up,
+            norm_out: Norm::new(&m.norm_out)?,
+            conv_out: Conv::new(&m.conv_out, 0)?,
+            act: m.down.first().and_then(|d| d.block.resnets.first()).map_or(Act::Silu, |r| r.act),
+            in_ch: m.config.in_channels,
+            out_ch: m.config.out_channels,
+        })
+    }
+
+    /// The forward of a batch `x` (B, C, H, W) row-major, with the time features `tf` ([B, tin],
+    /// from [`Unet2dModel`]'s embedding); `fourier_t` divides the output by t per image.
+    pub(super) fn forward(&self, x: &[f32], shape: [usize; 4], tf: &[f32], fourier_t: Option<&[f32]>, center: bool) -> Vec<f32> {
+        let [b, c, h, w] = shape;
+        let hw = h * w;
+        let tin = self.lin1.cin;
+        let widest = self.conv_in.cout * hw;
+        let threads = rayon::current_num_threads().max(1);
+        let per_task = b.div_ceil(threads).min((CHUNK_BUDGET / widest.max(1)).max(1)).max(1);
+        let mut out = vec![0f32; b * self.out_ch * hw];
+        out.par_chunks_mut(per_task * self.out_ch * hw)
+            .enumerate()
+            .for_each(|(i, dst)| {
+                let b0 = i * per_task;
+                let nb = dst.len() / (self.out_ch * hw);
+                // NCHW → CNHW for this chunk.
+                let mut d = vec![0f32; c * nb * hw];
+                for bi in 0..nb {
+                    for ci in 0..c {
+                        let s = &x[((b0 + bi) * c + ci) * hw..][..hw];
+                        let o = &mut d[(ci * nb + bi) * hw..][..hw];
+                        if center {
+                            o.iter_mut().zip(s).for_each(|(o, &v)| *o = v * 2.0 - 1.0);
+                        } else {
+                            o.copy_from_slice(s);
+                        }
+                    }
+                }
+                let y = self.chunk(Feat { d, c, h, w }, nb, &tf[b0 * tin..(b0 + nb) * tin]);
+                for bi in 0..nb {
+                    let div = fourier_t.map_or(1.0, |t| t[b0 + bi]);
+                    for co in 0..self.out_ch {
+                        let s = &y.d[(co * nb + bi) * hw..][..hw];
+                        let o = &mut dst[(bi * self.out_ch + co) * hw..][..hw];
+                        if fourier_t.is_some() {
+                            o.iter_mut().zip(s).for_each(|(o, &v)| *o = v / div);
+                        } else {
+                            o.copy_from_slice(s);
+                        }
+                    }
+                }
+            });
+        out
+    }
+
+    fn chunk(&self, x: Feat, nb: usize, tf: &[f32]) -> Feat {
+        debug_assert_eq!(x.c, self.in_ch);
+        let mut ctx = Ctx { nb, col: Vec::new() };
+        let mut e1 = self.lin1.rows(tf, nb);
+        silu_inplace(&mut e1);
+        let mut emb = self.lin2.rows(&e1, nb);
+        // Every ResNet block applies its activation to the embedding before its projection.
+        act_inplace(self.act, &mut emb);
+        let emb = emb;
+        let mut hcur = ctx.conv(&self.conv_in, &x, None, None);
+        let mut skips: Vec<Feat> = vec![Feat { d: hcur.d.clone(), ..hcur }];
+        for (blk, dn) in &self.down {
+            for (j, r) in blk.res.iter().enumerate() {
+                hcur = r.forward(&mut ctx, hcur, &emb);
+                if let Some(a) = blk.attn.get(j) {
+                    hcur = a.forward(&mut ctx, hcur);
+                }
+                skips.push(Feat { d: hcur.d.clone(), ..hcur });
+            }
+            if let Some(dn) = dn {
+                hcur = match dn {
+                    CDown::Conv(cv) => ctx.conv(cv, &hcur, None, None),
+                    CDown::Res(r) => r.forward(&mut ctx, hcur, &emb),
+                };
+                skips.push(Feat { d: hcur.d.clone(), ..hcur });
+            }
+        }
+        if let Some((r1, a, r2)) = &self.mid {
+            hcur = r1.forward(&mut ctx, hcur, &emb);
+            if let Some(a) = a {
+                hcur = a.forward(&mut ctx, hcur);
+            }
+            hcur = r2.forward(&mut ctx, hcur, &emb);
+        }
+        for (blk, upm) in &self.up {
+            for (j, r) in blk.res.iter().enumerate() {
+                let s = skips.pop().expect("skip connections match the down path (checked at build)");
+                let mut d = hcur.d;
+                d.extend_from_slice(&s.d);
+                hcur = Feat {
+                    d,
+                    c: hcur.c + s.c,
+                    h: hcur.h,
+                    w: hcur.w,
+                };
+                hcur = r.forward(&mut ctx, hcur, &emb);
+                if let Some(a) = blk.attn.get(j) {
+                    hcur = a.forward(&mut ctx, hcur);
+                }
+            }
+            if let Some(u) = upm {
+                hcur = match u {
+                    CUp::Conv(cv) => ctx.conv(cv, &upsample2(nb, &hcur), None, None),
+                    CUp::Res(r) => r.forward(&mut ctx, hcur, &emb),
+                };
+            }
+        }
+        let d = norm_act(nb, &self.norm_out, &hcur, None, Some(Act::Silu));
+        ctx.conv(&self.conv_out, &Feat { d, ..hcur }, None, None)
+    }
+}
+
+/// Whether every skip connection is consumed exactly: the up path takes `layers + 1` per block.
+pub(super) fn check_skips(m: &Unet2dModel) -> Result<()> {
+    let pushed = 1 + m
+        .down
+        .iter()
+        .map(|d| d.block.resnets.len() + usize::from(d.down.is_some()))
+        .sum::<usize>();
+    let popped: usize = m.up.iter().map(|u| u.block.resnets.len()).sum();
+    if pushed != popped {
+        return Err(Error::model(format!(
+            "UNet skip connections: {pushed} stored, {popped} used (config inconsistent)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use candle_core::{Device, Tensor};
+
+    use crate::models::diffusers::DiffusersCheckpoint;
+    use crate::models::npy;
+
+    /// The CPU forward equals candle's forward on every diffusers fixture (attention with
+    /// several heads, one head, no attention, `scale_shift` and `default` conditioning, Fourier
+    /// and positional embeddings, conv and ResNet resampling, downsample padding 0), on batches
+    /// that split into several tasks of unequal size.
+    #[test]
+    fn cpu_forward_equals_candle_forward_on_every_fixture() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/diffusers");
+        for name in ["unet-28-c1-attn", "unet-32-c3-noattn", "unet-28-c1-fourier", "unet-32-c3-attn"] {
+            let dir = root.join(name);
+            let ck = DiffusersCheckpoint::load(&dir, &Device::Cpu).unwrap();
+            let input = npy::read(&dir.join("input.npy")).unwrap();
+            let x0 = input.to_f32().unwrap();
+            let s = &input.shape;
+            let per = s[1] * s[2] * s[3];
+            // 7 images: the fixture's rows repeated, scaled and shifted so no two are equal.
+            let b = 7;
+            let x: Vec<f32> = (0..b * per)
+                .map(|i| x0[i % x0.len()] * (1.0 + 0.1 * (i / per) as f32) + 0.01 * (i / per) as f32)
+                .collect();
+            let t: Vec<f64> = (0..b).map(|i| 1.0 + 137.0 * i as f64).collect();
+            let shape = [b, s[1], s[2], s[3]];
+            let fast = ck.model.forward_host(&x, shape, &t).unwrap();
+            let xt = Tensor::from_slice(&x, (b, s[1], s[2], s[3]), &Device::Cpu).unwrap();
+            let slow: Vec<f32> = ck.model.forward_candle(&xt, &t).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(fast.len(), slow.len(), "{name}");
+            let scale = slow.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = fast.iter().zip(&slow).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst <= 2e-5 * scale.max(1.0), "{name}: max abs difference {worst} (scale {scale})");
+            // Through the Tensor interface as well, and one image at a time.
+            let via_tensor: Vec<f32> = ck.model.forward(&xt, &t).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(via_tensor, fast, "{name}");
+            let one = ck.model.forward_host(&x[per..2 * per], [1, s[1], s[2], s[3]], &t[1..2]).unwrap();
+            let o = s[1] * s[2] * s[3] / s[1] * ck.model.config.out_channels;
+            let diff = one.iter().zip(&fast[o..2 * o]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff <= 1e-5 * scale.max(1.0), "{name}: batch of one differs by {diff}");
+        }
+    }
+}
