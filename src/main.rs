@@ -3,5 +3,9 @@
 
 fn main() {
     dpaudit::error::install_broken_pipe_hook();
+    if let Some(note) = dpaudit::limits::configure_threads() {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "note: {note}");
+    }
     std::process::exit(dpaudit::cli::main_with_args(std::env::args_os()));
 }

@@ -218,6 +218,7 @@ pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
     let tmp = tempfile::Builder::new()
         .prefix(".dpaudit-tmp-")
         .suffix(".safetensors")
+        .permissions(crate::report::output::file_permissions())
         .tempfile_in(dir)
         .map_err(|e| Error::io(dir, &e))?;
     candle_core::safetensors::save(&tensors, tmp.path())
