@@ -138,11 +138,32 @@ pub fn from_toml(path: &Path, src: &str, err: toml::de::Error) -> Error {
     e
 }
 
-/// Reads a whole text file with an I/O error that names it.
+/// Reads a whole text file with an I/O error that names it. The file's size is checked
+/// against the memory cap first ([`crate::limits::TEXT_INPUT_BYTE`]: parsing TOML or CSV holds
+/// tens of bytes per byte of text), and at most that many bytes are read, so neither a huge file
+/// nor an endless one (`/dev/zero`, a FIFO) can exhaust memory.
 pub fn read_to_string(path: &Path) -> Result<String> {
     // A member of a dpaudit output set is read only when its whole set is intact.
     crate::report::output::verify_member(path)?;
-    std::fs::read_to_string(path).map_err(|e| Error::io(path, &e))
+    crate::limits::read_input_text(path)
+}
+
+/// How an error message may show a cell or token read from a data file: quoted when it is a
+/// short run of characters that can appear in a number (`1.5e3`, `-0.2`, `1.2.3`), otherwise
+/// described by its length only. A file referenced from another file (a sampler config's
+/// `density.data`, a card's data) may be any file the user can read (`/etc/passwd`,
+/// `/proc/self/environ`); its text must not end up in a message (docs/reliability.md, threat
+/// model).
+pub fn token(cell: &str) -> String {
+    let t = cell.trim();
+    let numeric = |c: char| c.is_ascii_digit() || matches!(c, '+' | '-' | '.' | 'e' | 'E' | '_');
+    if t.is_empty() {
+        "an empty cell".to_string()
+    } else if t.len() <= 24 && t.chars().all(numeric) {
+        format!("`{t}`")
+    } else {
+        format!("a cell of {} characters", t.chars().count())
+    }
 }
 
 /// Parses a TOML file into `T` with file/line/field context on failure.
@@ -170,8 +191,15 @@ pub fn install_broken_pipe_hook() {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if payload.starts_with("failed printing to std") && is_broken_pipe_message(payload) {
-            std::process::exit(0);
+        if payload.starts_with("failed printing to std") {
+            if is_broken_pipe_message(payload) {
+                std::process::exit(0);
+            }
+            // stdout or stderr cannot be written (a full disk, `/dev/full`, a closed
+            // descriptor): say so where possible and fail as an output error, never a panic.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "error: {payload}");
+            std::process::exit(2);
         }
         previous(info);
     }));

@@ -43,6 +43,25 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+/// `eprintln!` that never panics: a diagnostic that cannot be written (stderr closed, on a full
+/// disk or `/dev/full`) is dropped instead of aborting the command. Shadows the standard macro
+/// for the whole crate (docs/reliability.md, "Standard streams").
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that never panics (see `eprintln!` above).
+#[allow(unused_macros)]
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod accountants;
 pub mod attacks;
 pub mod audit;

@@ -191,8 +191,9 @@ pub const SCHEDULE_LEVEL: Cost = Cost::new(1024.0, 1e5);
 pub const SCHEDULE_TIMESTEP: Cost = Cost::new(64.0, 100.0);
 /// One grid point of a sweep: a sampler configuration and its accounted row per accountant.
 pub const SWEEP_POINT: Cost = Cost::new(4096.0, 1e6);
-/// One distinct part of a composed event (a component, its path string and its PLD/RDP state).
-pub const EVENT_PART: Cost = Cost::new(512.0, 1e4);
+/// One node of an event tree (a component, its path string and its RDP state: accounting a
+/// distinct part costs up to ~10⁵ operations over the RDP orders).
+pub const EVENT_PART: Cost = Cost::new(512.0, 1e5);
 /// One bootstrap resample, per score resampled (an index, a copy and a sort step).
 pub const BOOTSTRAP_SCORE: Cost = Cost::new(0.0, 50.0);
 /// One value of a tensor held in f32, with its gradient and two Adam moments (4 × 4 bytes).
@@ -210,6 +211,102 @@ pub const DENOISER_CELL: Cost = Cost::new(32.0, 0.0);
 pub const DENOISER_STEP: Cost = Cost::new(0.0, 4.0);
 /// One decompressed byte of a data file: the text and the parsed numbers (≈ 3 bytes each).
 pub const DECOMPRESSED_BYTE: Cost = Cost::new(3.0, 10.0);
+
+/// One byte of a text input file (TOML, CSV, JSON) while it is parsed: the text, the parser's
+/// document tree and the typed values (measured ≈ 45 bytes per byte for a TOML event file of
+/// 10⁶ leaves; budgeted at 96).
+pub const TEXT_INPUT_BYTE: Cost = Cost::new(96.0, 100.0);
+/// One claim of a claims file: its parsed table, its accounting (several accountants, lower
+/// bounds) and its report rows.
+pub const CLAIM: Cost = Cost::new(65536.0, 1e7);
+/// One distinct leaf of a PLD composition: its discretised loss distribution (typically
+/// 10⁴–10⁵ grid points of 8 bytes, kept until the composition) and its transforms.
+pub const PLD_LEAF: Cost = Cost::new(1048576.0, 1e7);
+/// One grid point of a sweep with the PLD accountant (a composition per point; the other
+/// accountants cost [`SWEEP_POINT`]).
+pub const SWEEP_POINT_PLD: Cost = Cost::new(4096.0, 1e7);
+/// One optimiser step of `train` (the smallest model's forward and backward pass on a batch:
+/// at least 10⁵ operations).
+pub const TRAIN_STEP: Cost = Cost::new(0.0, 1e5);
+/// One noise draw at one attacked step of `mia` (a model evaluation on every attacked record:
+/// at least 10⁷ operations).
+pub const MIA_DRAW: Cost = Cost::new(0.0, 1e7);
+/// One decoded pixel value of an image set: the decoded byte and its f32 (and a copy).
+pub const IMAGE_VALUE: Cost = Cost::new(9.0, 10.0);
+/// Largest number of worker threads (`RAYON_NUM_THREADS` above it is lowered to it): more
+/// threads than this only add stacks and scheduling.
+pub const MAX_THREADS: usize = 256;
+
+/// Reads a text input file, refusing one larger than the memory cap allows
+/// ([`TEXT_INPUT_BYTE`]) before reading it, and reading at most that many bytes (a FIFO or
+/// `/dev/zero` has no size to check). Errors name the file.
+pub fn read_input_text(path: &Path) -> Result<String> {
+    let cap = memory_cap()?;
+    let max_bytes = (cap / TEXT_INPUT_BYTE.bytes).floor();
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    if let Ok(m) = file.metadata() {
+        if m.is_file() {
+            check("file size", m.len() as f64, TEXT_INPUT_BYTE).map_err(|e| e.with_file(path))?;
+        }
+    }
+    let mut buf = Vec::new();
+    (&file)
+        .take(max_bytes as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io(path, &e))?;
+    if buf.len() as f64 > max_bytes {
+        return Err(Error::field(
+            "file size",
+            format!(
+                "more than {} bytes were read, above the limit of {} bytes for a text input (memory cap {}; \
+                 raise it with {MEMORY_ENV}=<bytes, e.g. 16G>)",
+                fmt_count(max_bytes),
+                fmt_count(max_bytes),
+                human_bytes(cap)
+            ),
+        )
+        .with_file(path));
+    }
+    String::from_utf8(buf).map_err(|_| {
+        Error::io(
+            path,
+            &std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8"),
+        )
+    })
+}
+
+/// Sets up the worker-thread pool once, at start: `RAYON_NUM_THREADS` (or the number of CPUs)
+/// lowered to [`MAX_THREADS`], and a pool that cannot be started (too many threads for the
+/// process's limits) retried with fewer threads down to one, so a thread count from the
+/// environment never panics. Returns a note for the user when the count was lowered.
+pub fn configure_threads() -> Option<String> {
+    let asked = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut n = asked.unwrap_or(cpus).min(MAX_THREADS);
+    let mut note = asked
+        .filter(|&a| a > MAX_THREADS)
+        .map(|a| format!("RAYON_NUM_THREADS={a} is above the limit of {MAX_THREADS} threads; using {MAX_THREADS}"));
+    // The global pool can be built only once (a failed attempt cannot be retried), so a count
+    // above the CPUs is first tried on a throw-away pool and halved until threads start.
+    if n > cpus {
+        let first = n;
+        while n > 1 && rayon::ThreadPoolBuilder::new().num_threads(n).build().is_err() {
+            n = (n / 2).max(1);
+        }
+        if n < first {
+            note = Some(format!(
+                "could not start {first} worker threads (process limits); using {n}"
+            ));
+        }
+    }
+    if rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_err() {
+        note = Some(format!("could not start {n} worker threads; work runs on fewer"));
+    }
+    note
+}
 
 /// Checks a count given as `u64`/`usize` against `per_unit`.
 pub fn check_count(field: &str, value: u64, per_unit: Cost) -> Result<()> {

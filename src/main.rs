@@ -8,5 +8,9 @@ mod cli;
 
 fn main() {
     dpaudit::error::install_broken_pipe_hook();
+    if let Some(note) = dpaudit::limits::configure_threads() {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "note: {note}");
+    }
     std::process::exit(cli::main_with_args(std::env::args_os()));
 }

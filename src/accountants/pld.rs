@@ -648,12 +648,27 @@ fn replace_one_pld(q: f64, sigma: f64, h: f64, tau: f64, max_points: usize) -> R
 /// The dominating pair of an (ε, δ)-DP mechanism as a PLD (Kairouz et al. 2015, Thm 2.1):
 /// loss +ε with P-mass (1−δ)e^ε/(1+e^ε), −ε with (1−δ)/(1+e^ε), +∞ with δ; losses rounded up
 /// onto the grid.
-fn epsilon_delta_pld(eps: f64, delta: f64, h: f64) -> DiscretePld {
-    let hi = (eps / h).ceil() as i64;
-    let lo = (-eps / h).ceil() as i64;
+///
+/// A grid holds losses up to `cap` = min([`MAX_STEP_LOSS`], (max_points − 1)·h/2) only (2ε/h
+/// points would be 1.6 TB at ε = 10⁷ and overflow the index at ε ≥ 1e300): for ε above `cap`
+/// the +ε mass goes to +∞ and the −ε mass is rounded up to −cap. Both only raise losses, so the
+/// result still dominates the mechanism (sound; as for the Gaussian leaves above
+/// [`MAX_STEP_LOSS`]); such a leaf has δ(ε') ≥ 1 − δ − e^{−ε}(1−δ) for every ε' < ε anyway.
+fn epsilon_delta_pld(eps: f64, delta: f64, h: f64, max_points: usize) -> DiscretePld {
     let w = 1.0 - delta;
     let p_hi = w / (1.0 + (-eps).exp());
     let p_lo = w - p_hi;
+    let cap = MAX_STEP_LOSS.min((max_points.max(2) - 1) as f64 * h / 2.0);
+    if !(eps <= cap) {
+        return trim(DiscretePld {
+            lo: (-cap / h).ceil() as i64,
+            probs: vec![p_lo],
+            // Rounded up: the +∞ mass may only grow.
+            inf_mass: ((delta + p_hi) * (1.0 + 4.0 * U)).min(1.0),
+        });
+    }
+    let hi = (eps / h).ceil() as i64;
+    let lo = (-eps / h).ceil() as i64;
     let mut probs = vec![0.0; (hi - lo + 1) as usize];
     probs[0] += p_lo;
     *probs.last_mut().unwrap() += p_hi;
@@ -832,7 +847,7 @@ impl ComposedPld {
 fn leaf_pld(leaf: Leaf, dir: Direction, h: f64, tau: f64, max_points: usize, grid: &GridExp) -> Result<DiscretePld> {
     match leaf {
         Leaf::SampledGaussian { q, sigma } => gaussian_pld(q, sigma, dir, h, tau, max_points, grid),
-        Leaf::EpsilonDelta { epsilon, delta } => Ok(epsilon_delta_pld(epsilon, delta, h)),
+        Leaf::EpsilonDelta { epsilon, delta } => Ok(epsilon_delta_pld(epsilon, delta, h, max_points)),
         Leaf::ReplaceGaussian { q, sigma } => replace_one_pld(q, sigma, h, tau, max_points),
     }
 }
@@ -1842,6 +1857,9 @@ impl PldAccountant {
     /// [`Self::compose_leaves`], the Fourier product on double words when `precise`.
     fn compose_leaves_with(&self, leaves: &[(Leaf, u64)], precise: bool) -> Result<ComposedPld> {
         self.check()?;
+        // Each distinct leaf is discretised and kept until the composition: bounded before any
+        // grid is built (and before the quadratic merge below).
+        crate::limits::check_count("distinct PLD leaves", leaves.len() as u64, crate::limits::PLD_LEAF)?;
         let h = self.value_discretization_interval;
         // Merge equal leaves; drop zero counts.
         let mut merged: Vec<(Leaf, u64)> = Vec::new();

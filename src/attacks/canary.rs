@@ -118,10 +118,17 @@ impl Canaries {
             c.included.push(match v[1] {
                 "1" => true,
                 "0" => false,
-                o => return Err(bad(format!("`included` must be 1 or 0, got `{o}`"))),
+                o => {
+                    return Err(bad(format!(
+                        "`included` must be 1 or 0, got {}",
+                        crate::error::token(o)
+                    )))
+                }
             });
             for x in &v[2..] {
-                let f: f32 = x.parse().map_err(|_| bad(format!("`{x}` is not a number")))?;
+                let f: f32 = x
+                    .parse()
+                    .map_err(|_| bad(format!("{} is not a number", crate::error::token(x))))?;
                 if !f.is_finite() {
                     return Err(bad(format!("`{x}` is not finite")));
                 }

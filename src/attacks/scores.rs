@@ -122,12 +122,19 @@ pub fn parse_csv(text: &str) -> Result<Vec<ScoreRecord>> {
         let t: usize = get(ct, "t")?.parse().map_err(|_| {
             Error::field(
                 "t",
-                format!("`{}` is not a step (an integer ≥ 0)", rec.get(ct).unwrap_or("")),
+                format!(
+                    "{} is not a step (an integer ≥ 0)",
+                    crate::error::token(rec.get(ct).unwrap_or(""))
+                ),
             )
             .with_line(line)
         })?;
         let score: f64 = get(cs, "score")?.parse().map_err(|_| {
-            Error::field("score", format!("`{}` is not a number", rec.get(cs).unwrap_or(""))).with_line(line)
+            Error::field(
+                "score",
+                format!("{} is not a number", crate::error::token(rec.get(cs).unwrap_or(""))),
+            )
+            .with_line(line)
         })?;
         if score.is_nan() {
             return Err(Error::field("score", "NaN is not a score").with_line(line));

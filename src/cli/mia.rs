@@ -159,6 +159,15 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
     if !(a.pia_norm >= 1.0 && a.pia_norm.is_finite()) {
         return Err(Error::field("--pia-norm", "must be a finite p ≥ 1").into());
     }
+    if parse_t.is_some() {
+        // Every draw is a model evaluation on every attacked record at every attacked step.
+        let per_draw = dpaudit::limits::MIA_DRAW.work * a.timesteps.len().max(1) as f64;
+        dpaudit::limits::check_count(
+            "--noise-draws",
+            a.noise_draws as u64,
+            dpaudit::limits::Cost::new(0.0, per_draw),
+        )?;
+    }
     Ok(MiaPlan {
         attacks: a.attack.iter().map(|&k| k.into()).collect(),
         timesteps: steps(&a.timesteps)?,

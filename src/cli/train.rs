@@ -176,6 +176,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         verbose: a.verbose,
     }
     .prepare(crate::cli::common::Format::Text, &[])?;
+    // Loop lengths from flags are bounded before any data is read (docs/reliability.md).
+    dpaudit::limits::check_count("--steps", a.steps as u64, dpaudit::limits::TRAIN_STEP)?;
+    if a.rapid {
+        dpaudit::limits::check_count("--pretrain-steps", a.pretrain_steps as u64, dpaudit::limits::TRAIN_STEP)?;
+    }
     if let Some(out) = &a.make_split {
         dpaudit::report::output::check_file(out, a.force)?;
         let data = Dataset::load(&a.data)?;

@@ -190,15 +190,16 @@ fn csv_rows(out: &VerifyOutput) -> dpaudit::Result<Vec<u8>> {
     for c in &out.claims {
         for i in &c.interpretations {
             for a in &i.sound.analyses {
+                use dpaudit::report::export::csv_text;
                 w.write_record([
-                    c.id.as_str(),
-                    &c.pipeline,
-                    &c.dataset,
+                    csv_text(&c.id).as_str(),
+                    &csv_text(&c.pipeline),
+                    &csv_text(&c.dataset),
                     &c.claimed_epsilon.to_string(),
                     &c.claimed_delta.to_string(),
                     c.verdict.as_str(),
-                    &i.id,
-                    &a.method,
+                    &csv_text(&i.id),
+                    &csv_text(&a.method),
                     &a.epsilon.to_string(),
                     &a.delta.to_string(),
                     a.accountant.map_or("", |k| k.as_str()),

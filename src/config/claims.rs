@@ -416,6 +416,9 @@ impl ClaimsFile {
             )
             .with_file(path));
         }
+        let n = f.rapid.len() + f.dp_rdm.len() + f.dpagg_ti.len() + f.diffusion_sampling.len();
+        crate::limits::check_count("claims (number of claim tables)", n as u64, crate::limits::CLAIM)
+            .map_err(|e| e.with_file(path))?;
         f.check_semantics(path, src)?;
         Ok(f)
     }

@@ -75,9 +75,13 @@ impl Dataset {
             let mut row: Vec<f64> = Vec::new();
             for (j, cell) in line.split(',').enumerate() {
                 let v: f64 = cell.trim().parse().map_err(|_| {
-                    Error::input(format!("column {}: `{cell}` is not a number", j + 1))
-                        .with_file(path)
-                        .with_line(i + 1)
+                    Error::input(format!(
+                        "column {}: {} is not a number",
+                        j + 1,
+                        crate::error::token(cell)
+                    ))
+                    .with_file(path)
+                    .with_line(i + 1)
                 })?;
                 row.push(v);
             }

@@ -225,7 +225,13 @@ fn check_spec(cfg: &SamplerConfig, spec: &SweepSpec) -> Result<()> {
     }
     // Each grid point is a configuration, an accounting and a row: the whole grid must fit
     // the resource limits before any point is built (the level count is checked per point).
-    crate::limits::check_count("--points", n as u64, crate::limits::SWEEP_POINT).map_err(|mut e| {
+    // A PLD composition per point costs far more than the closed forms (see limits.rs).
+    let per_point = if spec.accountants.contains(&AccountantKind::Pld) {
+        crate::limits::SWEEP_POINT_PLD
+    } else {
+        crate::limits::SWEEP_POINT
+    };
+    crate::limits::check_count("--points", n as u64, per_point).map_err(|mut e| {
         e.message = format!("the grid has {n} points: {}", e.message);
         e
     })?;

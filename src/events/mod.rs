@@ -191,7 +191,24 @@ impl DpEvent {
     /// Checks every parameter once (validate once, then trust). Errors name the path of the
     /// offending field, e.g. `event.events[1].q`.
     pub fn validate(&self) -> Result<()> {
+        // The size of the tree first: every accountant walks it and keeps per-part state.
+        crate::limits::check_count(
+            "event (events in the tree)",
+            self.node_count(),
+            crate::limits::EVENT_PART,
+        )?;
         self.validate_at(&Path::Root)
+    }
+
+    /// Number of nodes of the tree (this one included).
+    pub fn node_count(&self) -> u64 {
+        match self {
+            DpEvent::NoOp | DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } => 1,
+            DpEvent::PoissonSampled { event, .. }
+            | DpEvent::SampledWithoutReplacement { event, .. }
+            | DpEvent::SelfComposed { event, .. } => 1 + event.node_count(),
+            DpEvent::Composed { events } => 1 + events.iter().map(DpEvent::node_count).sum::<u64>(),
+        }
     }
 
     fn validate_at(&self, path: &Path<'_>) -> Result<()> {

@@ -88,7 +88,7 @@ impl Dataset {
             }
             for (j, v) in vals.iter().enumerate() {
                 let x: f64 = v.trim().parse().map_err(|_| {
-                    Error::input(format!("column {}: `{v}` is not a number", j + 1))
+                    Error::input(format!("column {}: {} is not a number", j + 1, crate::error::token(v)))
                         .with_file(path)
                         .with_line(i + 1)
                 })?;

@@ -54,6 +54,12 @@ fn check_size(path: &Path, n: usize, shape: [usize; 3]) -> Result<()> {
         ))
         .with_file(path));
     }
+    crate::limits::check(
+        "images (pixel values)",
+        n as f64 * per as f64,
+        crate::limits::IMAGE_VALUE,
+    )
+    .map_err(|e| e.with_file(path))?;
     Ok(())
 }
 
@@ -178,11 +184,29 @@ impl ImageSet {
             hasher.update(f.file_name().unwrap().to_string_lossy().as_bytes());
             hasher.update([0u8]);
             hasher.update(&bytes);
-            let mut dec = png::Decoder::new(&bytes[..]);
+            // The header's width × height decides the decoding buffer: capped before it is
+            // allocated (a few-KB PNG can declare 10⁵ × 10⁵ pixels).
+            let mut limits = png::Limits::default();
+            limits.bytes = (crate::limits::memory_cap()? / crate::limits::IMAGE_VALUE.bytes) as usize;
+            let mut dec = png::Decoder::new_with_limits(&bytes[..], limits);
             dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-            let mut reader = dec
-                .read_info()
-                .map_err(|e| Error::input(format!("not a PNG image: {e}")).with_file(f))?;
+            let mut reader = dec.read_info().map_err(|e| match e {
+                png::DecodingError::LimitsExceeded => Error::input(format!(
+                    "the PNG header declares an image larger than the limit of {} decoded bytes \
+                         (memory cap {}; raise it with {}=<bytes, e.g. 16G>)",
+                    limits.bytes,
+                    crate::limits::human_bytes(limits.bytes as f64 * crate::limits::IMAGE_VALUE.bytes),
+                    crate::limits::MEMORY_ENV
+                ))
+                .with_file(f),
+                e => Error::input(format!("not a PNG image: {e}")).with_file(f),
+            })?;
+            crate::limits::check(
+                "images (pixel values)",
+                files.len() as f64 * reader.output_buffer_size() as f64,
+                crate::limits::IMAGE_VALUE,
+            )
+            .map_err(|e| e.with_file(f))?;
             let mut buf = vec![0u8; reader.output_buffer_size()];
             let info = reader
                 .next_frame(&mut buf)

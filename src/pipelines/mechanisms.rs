@@ -145,7 +145,10 @@ pub fn write_ledger(dir: &Path, file: &EventFile, header: &str) -> Result<PathBu
 /// Writes through a temporary file in the same directory, then renames.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, &e))?;
+    let mut tmp = tempfile::Builder::new()
+        .permissions(crate::report::output::file_permissions())
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, &e))?;
     std::io::Write::write_all(&mut tmp, bytes).map_err(|e| Error::io(path, &e))?;
     tmp.persist(path).map_err(|e| Error::io(path, &e.error))?;
     Ok(())

@@ -542,7 +542,7 @@ impl Report {
 /// [`Report::command`]).
 pub fn command_line() -> String {
     let mut parts = vec!["dpaudit".to_string()];
-    parts.extend(std::env::args().skip(1).map(|a| shell_quote(&a)));
+    parts.extend(std::env::args_os().skip(1).map(|a| shell_quote(&a.to_string_lossy())));
     parts.join(" ")
 }
 

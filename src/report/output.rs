@@ -241,6 +241,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
     }
     let mut tmp = tempfile::Builder::new()
         .prefix(".dpaudit-tmp-")
+        .permissions(file_permissions())
         .tempfile_in(dir)
         .map_err(|e| not_writable(dir, &e))?;
     // On error, `tmp` is dropped and the temporary file removed.
@@ -271,6 +272,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// Permissions for a file dpaudit creates: read/write for all, less the process's umask (as
+/// any file `open(2)` creates; a temporary file alone would be 0600 whatever the umask).
+pub fn file_permissions() -> std::fs::Permissions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::Permissions::from_mode(0o666)
+    }
+    #[cfg(not(unix))]
+    {
+        std::fs::File::open(".")
+            .and_then(|f| f.metadata())
+            .map(|m| {
+                let mut p = m.permissions();
+                p.set_readonly(false);
+                p
+            })
+            .expect("the current directory has metadata")
+    }
 }
 
 fn write_error(path: &Path, e: &std::io::Error) -> Error {

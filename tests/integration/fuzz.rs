@@ -66,6 +66,9 @@ fn hostile_toml_value() -> impl Strategy<Value = String> {
         Just("-1e308".to_string()),
         Just("5e-324".to_string()),
         Just("1e-300".to_string()),
+        Just("1e-160".to_string()),
+        Just("1e300".to_string()),
+        Just("18446744073709551615".to_string()),
         Just("9223372036854775807".to_string()),
         Just("-9223372036854775808".to_string()),
         Just("1000000000000".to_string()),
@@ -85,11 +88,32 @@ fn hostile_toml_value() -> impl Strategy<Value = String> {
     ]
 }
 
-/// Edits of a TOML source: replace the values of some `key = value` lines, drop a line, or
-/// flip a byte.
+/// Degenerate numbers that parse and often pass validation, so they reach the accountants and
+/// mechanisms: noise too small to bound (σ = 1e-160, subnormal 5e-324, 0), ε far beyond any
+/// grid (1e300), huge counts.
+fn degenerate_number() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("1e-160".to_string()),
+        Just("5e-324".to_string()),
+        Just("0".to_string()),
+        Just("1e300".to_string()),
+        Just("1e7".to_string()),
+        Just("1e-12".to_string()),
+        Just("1000000000000".to_string()),
+        Just("4294967296".to_string()),
+        Just("1".to_string()),
+    ]
+}
+
+/// Edits of a TOML source: replace the values of some `key = value` lines with hostile values
+/// (`Value`), with degenerate numbers (`Degenerate`, numeric lines only) or with the value
+/// scaled (`Scale`, numeric lines only: plausible inputs that pass the parser and exercise the
+/// work behind it); drop a line; flip a byte.
 #[derive(Debug, Clone)]
 enum Edit {
     Value(usize, String),
+    Degenerate(usize, String),
+    Scale(usize, f64),
     Drop(usize),
     Byte(usize, u8),
 }
@@ -97,12 +121,53 @@ enum Edit {
 fn edits() -> impl Strategy<Value = Vec<Edit>> {
     prop::collection::vec(
         prop_oneof![
-            6 => (any::<usize>(), hostile_toml_value()).prop_map(|(i, v)| Edit::Value(i, v)),
+            2 => (any::<usize>(), hostile_toml_value()).prop_map(|(i, v)| Edit::Value(i, v)),
+            3 => (any::<usize>(), degenerate_number()).prop_map(|(i, v)| Edit::Degenerate(i, v)),
+            6 => (any::<usize>(), prop_oneof![Just(0.5), Just(0.9), Just(1.1), Just(2.0), Just(10.0), Just(1e-3)])
+                .prop_map(|(i, f)| Edit::Scale(i, f)),
             1 => any::<usize>().prop_map(Edit::Drop),
             1 => (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Edit::Byte(i, b)),
         ],
-        1..5,
+        1..4,
     )
+}
+
+/// Counts the cases of one fuzzer that get past the parser to the work (accountant, mechanism,
+/// model, renderer), and asserts at the end that at least a quarter did: a fuzzer whose inputs
+/// all die in the parser tests only the parser.
+struct Reach {
+    name: &'static str,
+    cases: std::sync::atomic::AtomicUsize,
+    reached: std::sync::atomic::AtomicUsize,
+}
+
+impl Reach {
+    fn new(name: &'static str) -> Self {
+        Reach {
+            name,
+            cases: Default::default(),
+            reached: Default::default(),
+        }
+    }
+    fn case(&self) {
+        self.cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn reached(&self) {
+        self.reached.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn assert_quarter(&self) {
+        let c = self.cases.load(std::sync::atomic::Ordering::Relaxed);
+        let r = self.reached.load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!(
+            "fuzz {}: {r} of {c} cases reached the work behind the parser",
+            self.name
+        );
+        assert!(
+            4 * r >= c,
+            "fuzz {}: only {r} of {c} cases got past the parser (need a quarter)",
+            self.name
+        );
+    }
 }
 
 fn apply(src: &str, edits: &[Edit]) -> String {
@@ -119,6 +184,37 @@ fn apply(src: &str, edits: &[Edit]) -> String {
                 let at = kv[i % kv.len()];
                 let key = lines[at].split(" = ").next().unwrap_or("").to_string();
                 lines[at] = format!("{key} = {v}");
+            }
+            Edit::Degenerate(i, _) | Edit::Scale(i, _) if !kv.is_empty() => {
+                // Numeric lines only (the value parses as a number); others are left alone.
+                let num: Vec<usize> = kv
+                    .iter()
+                    .copied()
+                    .filter(|&at| {
+                        let v = lines[at].split(" = ").nth(1).unwrap_or("").trim();
+                        v.parse::<f64>().is_ok_and(f64::is_finite)
+                    })
+                    .collect();
+                if num.is_empty() {
+                    continue;
+                }
+                let at = num[i % num.len()];
+                let mut parts = lines[at].splitn(2, " = ");
+                let key = parts.next().unwrap_or("").to_string();
+                let old = parts.next().unwrap_or("").trim().to_string();
+                let new = match e {
+                    Edit::Degenerate(_, v) => v.clone(),
+                    Edit::Scale(_, f) => {
+                        let x: f64 = old.parse().unwrap_or(1.0);
+                        if old.contains(['.', 'e', 'E']) {
+                            format!("{:?}", x * f)
+                        } else {
+                            format!("{}", ((x * f).round() as i64).max(1))
+                        }
+                    }
+                    _ => unreachable!(),
+                };
+                lines[at] = format!("{key} = {new}");
             }
             Edit::Drop(i) if !lines.is_empty() => {
                 let at = i % lines.len();
@@ -164,7 +260,9 @@ fn check_result(r: &dpaudit::accountants::AccountResult) -> Result<(), TestCaseE
 fn fuzz_sampler_toml() {
     let bases = fixtures("fixtures/samplers");
     let mut r = runner("sampler");
+    let reach = Reach::new("sampler");
     r.run(&(0..bases.len(), edits()), |(b, e)| {
+        reach.case();
         let (path, src) = &bases[b];
         let text = apply(src, &e);
         let res = SamplerConfig::from_toml_str(&text);
@@ -175,6 +273,7 @@ fn fuzz_sampler_toml() {
                 if cfg.schedule.n_levels() > 2000 {
                     return Ok(None);
                 }
+                reach.reached();
                 dpaudit::diffusion::account::analyze(&cfg, &[AccountantKind::Gdp, AccountantKind::Rdp]).map(Some)
             });
             if let Ok(Some(a)) = out {
@@ -188,28 +287,35 @@ fn fuzz_sampler_toml() {
         Ok(())
     })
     .unwrap();
+    reach.assert_quarter();
 }
 
 #[test]
 fn fuzz_claims_toml() {
     let bases = fixtures("fixtures/claims");
     let mut r = runner("claims");
+    let reach = Reach::new("claims");
     r.run(&(0..bases.len(), edits()), |(b, e)| {
+        reach.case();
         let (path, src) = &bases[b];
         let text = apply(src, &e);
         if let Ok(f) = ClaimsFile::parse(path, &text) {
+            reach.reached();
             let _ = limits::with_caps(CAP_MEMORY, CAP_WORK, || dpaudit::pipelines::verify_claims(&f));
         }
         Ok(())
     })
     .unwrap();
+    reach.assert_quarter();
 }
 
 #[test]
 fn fuzz_event_toml() {
     let bases = fixtures("fixtures/events");
     let mut r = runner("events");
+    let reach = Reach::new("events");
     r.run(&(0..bases.len(), edits()), |(b, e)| {
+        reach.case();
         let (_, src) = &bases[b];
         let text = apply(src, &e);
         let Ok(f) = toml::from_str::<EventFile>(&text) else {
@@ -221,6 +327,7 @@ fn fuzz_event_toml() {
         let Ok(comps) = f.event.components() else {
             return Ok(());
         };
+        reach.reached();
         let small = comps.iter().all(|c| c.count <= 10_000) && comps.len() <= 8;
         let delta = f.delta.filter(|d| *d > 0.0 && *d < 1.0).unwrap_or(1e-5);
         for kind in AccountantKind::ALL {
@@ -241,6 +348,7 @@ fn fuzz_event_toml() {
         Ok(())
     })
     .unwrap();
+    reach.assert_quarter();
 }
 
 #[test]
@@ -250,7 +358,9 @@ fn fuzz_run_configs() {
     let emb = root().join("fixtures/embeddings");
     let dir = tempfile::tempdir().unwrap();
     let mut r = runner("runs");
+    let reach = Reach::new("runs");
     r.run(&(0..bases.len(), edits()), |(b, e)| {
+        reach.case();
         let (path, src) = &bases[b];
         let text = apply(src, &e).replace("\"../embeddings/", &format!("\"{}/", emb.display()));
         let p = dir.path().join(path.file_name().unwrap());
@@ -258,12 +368,14 @@ fn fuzz_run_configs() {
         limits::with_caps(CAP_MEMORY, CAP_WORK, || {
             if text.contains("embeddings =") {
                 if let Ok((c, mech)) = DpaggTiConfig::load(&p) {
+                    reach.reached();
                     if let Ok((run, _)) = run_dpagg_ti(&mech, c.releases.get(), c.budget_epsilon.map(|e| e.get()), 1) {
                         assert!(run.released + run.refused == c.releases.get());
                         assert!(run.outputs.iter().flatten().all(|v| v.is_finite()));
                     }
                 }
             } else if let Ok((c, mech, q)) = DpRdmConfig::load(&p) {
+                reach.reached();
                 let delta = c.delta.map_or(1.0 / mech.private.len() as f64, |d| d.get());
                 let _ = run_dp_rdm(&mech, &q, c.budget_epsilon.get(), delta, c.accountant, 1);
             }
@@ -271,6 +383,7 @@ fn fuzz_run_configs() {
         Ok(())
     })
     .unwrap();
+    reach.assert_quarter();
 }
 
 #[test]
@@ -278,13 +391,16 @@ fn fuzz_model_cards() {
     use dpaudit::models::checkpoint::Card;
     let src = std::fs::read_to_string(root().join("models/digits-mlp.toml")).unwrap();
     let mut r = runner("cards");
+    let reach = Reach::new("cards");
     r.run(&edits(), |e| {
+        reach.case();
         let text = apply(&src, &e);
         let Ok(card) = toml::from_str::<Card>(&text) else {
             return Ok(());
         };
         limits::with_caps(CAP_MEMORY, CAP_WORK, || {
             if card.model.validate().is_ok() {
+                reach.reached();
                 // Validation passed: the parameter budget holds, so building is cheap.
                 let net = dpaudit::models::Net::new(&card.model, 0, &candle_core::Device::Cpu);
                 assert!(net.is_ok(), "a validated model must build: {:?}", card.model);
@@ -294,6 +410,7 @@ fn fuzz_model_cards() {
         Ok(())
     })
     .unwrap();
+    reach.assert_quarter();
 }
 
 /// A safetensors file from a header (JSON text) and a data section.
@@ -331,9 +448,26 @@ fn fuzz_safetensors_headers() {
         0..16,
     );
     let mut r = runner("safetensors");
+    let reach = Reach::new("safetensors");
+    // Modes 0–1: the header as generated (mostly inconsistent); 2: a consistent F32 header
+    // around the generated values (NaN/∞ included); 3–4: consistent and finite, so the weights
+    // reach the model's checks.
     r.run(
-        &(dtypes, shape, offsets, data, any::<bool>(), any::<u64>()),
-        |(dt, shape, (a, b), data, garble, len)| {
+        &(dtypes, shape, offsets, data, any::<bool>(), any::<u64>(), 0u8..5),
+        |(dt, shape, (a, b), mut data, garble, len, mode)| {
+            reach.case();
+            let (dt, shape, a, b, garble) = if mode >= 2 {
+                if mode >= 3 {
+                    for v in &mut data {
+                        if !f32::from_bits(*v).is_finite() {
+                            *v = 1.0f32.to_bits();
+                        }
+                    }
+                }
+                ("F32", vec![data.len() as u64], 0, 4 * data.len() as u64, false)
+            } else {
+                (dt, shape, a, b, garble)
+            };
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
             let header = format!(r#"{{"w":{{"dtype":"{dt}","shape":{shape:?},"data_offsets":[{a},{b}]}}}}"#);
             let mut file = safetensors_bytes(&header, &bytes);
@@ -342,6 +476,7 @@ fn fuzz_safetensors_headers() {
                 file[..8].copy_from_slice(&len.to_le_bytes());
             }
             if let Ok(t) = parse_weights(&file, &candle_core::Device::Cpu) {
+                reach.reached();
                 for v in t.values() {
                     prop_assert_eq!(v.dtype(), candle_core::DType::F32);
                     let vals = v.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -352,21 +487,25 @@ fn fuzz_safetensors_headers() {
         },
     )
     .unwrap();
+    reach.assert_quarter();
 }
 
 /// Hostile JSON numbers for report fields.
 fn hostile_json_number() -> impl Strategy<Value = serde_json::Value> {
     prop_oneof![
-        Just(serde_json::json!(1e308)),
-        Just(serde_json::json!(-1e308)),
-        Just(serde_json::json!(5e-324)),
-        Just(serde_json::json!(0.0)),
-        Just(serde_json::json!(-1.0)),
-        Just(serde_json::json!(u64::MAX)),
-        Just(serde_json::json!(i64::MIN)),
-        Just(serde_json::json!("x")),
-        Just(serde_json::Value::Null),
-        any::<f64>()
+        6 => (0.0f64..10.0).prop_map(|v| serde_json::json!(v)),
+        1 => Just(serde_json::json!(1e300)),
+        1 => Just(serde_json::json!(1e-160)),
+        1 => Just(serde_json::json!(1e308)),
+        1 => Just(serde_json::json!(-1e308)),
+        1 => Just(serde_json::json!(5e-324)),
+        1 => Just(serde_json::json!(0.0)),
+        1 => Just(serde_json::json!(-1.0)),
+        1 => Just(serde_json::json!(u64::MAX)),
+        1 => Just(serde_json::json!(i64::MIN)),
+        1 => Just(serde_json::json!("x")),
+        1 => Just(serde_json::Value::Null),
+        1 => any::<f64>()
             .prop_filter("JSON number", |v| v.is_finite())
             .prop_map(|v| serde_json::json!(v)),
     ]
@@ -414,12 +553,14 @@ fn fuzz_report_json() {
     bases.sort();
     assert!(!bases.is_empty(), "no reports/*/report.json to start from");
     let mut r = runner("report");
+    let reach = Reach::new("report");
     r.run(
         &(
             0..bases.len(),
-            prop::collection::vec((any::<usize>(), hostile_json_number()), 1..6),
+            prop::collection::vec((any::<usize>(), hostile_json_number()), 1..4),
         ),
         |(b, subs)| {
+            reach.case();
             let mut v: serde_json::Value = serde_json::from_slice(&bases[b]).unwrap();
             let mut ptrs = Vec::new();
             numbers_mut(&mut v, &mut ptrs);
@@ -429,6 +570,7 @@ fn fuzz_report_json() {
             }
             let bytes = serde_json::to_vec(&v).unwrap();
             if let Ok(rep) = dpaudit::report::from_json(&bytes) {
+                reach.reached();
                 let _ = dpaudit::report::export(&rep, dpaudit::report::ExportFormat::Md);
                 for plot in &rep.plots {
                     let _ = dpaudit::report::plot::render_svg(plot);
@@ -438,27 +580,36 @@ fn fuzz_report_json() {
         },
     )
     .unwrap();
+    reach.assert_quarter();
 }
 
 #[test]
 fn fuzz_csv_embeddings() {
     use dpaudit::pipelines::embeddings::{norm, Embeddings};
     let cell = prop_oneof![
-        Just("nan".to_string()),
-        Just("inf".to_string()),
-        Just("1e308".to_string()),
-        Just("-1e308".to_string()),
-        Just("5e-324".to_string()),
-        Just("0".to_string()),
-        Just("".to_string()),
-        Just("x".to_string()),
-        Just("1e309".to_string()),
-        any::<f64>().prop_map(|v| format!("{v:e}")),
-        (-5.0f64..5.0).prop_map(|v| v.to_string()),
+        24 => (-5.0f64..5.0).prop_map(|v| v.to_string()),
+        1 => Just("1e-160".to_string()),
+        1 => Just("nan".to_string()),
+        1 => Just("inf".to_string()),
+        1 => Just("1e308".to_string()),
+        1 => Just("-1e308".to_string()),
+        1 => Just("5e-324".to_string()),
+        1 => Just("0".to_string()),
+        1 => Just("".to_string()),
+        1 => Just("x".to_string()),
+        1 => Just("1e309".to_string()),
+        1 => any::<f64>().prop_map(|v| format!("{v:e}")),
+        1 => (-5.0f64..5.0).prop_map(|v| v.to_string()),
     ];
-    let rows = prop::collection::vec(prop::collection::vec(cell, 1..6), 1..8);
+    // Rows of one width per case (ragged rows are one hostile mode among many, not the rule).
+    let rows = (1usize..6, any::<bool>()).prop_flat_map(move |(w, ragged)| {
+        let width = if ragged { 1..6 } else { w..w + 1 };
+        prop::collection::vec(prop::collection::vec(cell.clone(), width), 1..8)
+    });
     let mut r = runner("csv");
+    let reach = Reach::new("csv");
     r.run(&(rows, any::<bool>()), |(rows, header)| {
+        reach.case();
         let mut text = String::new();
         if header {
             text.push_str("a,b,c\n");
@@ -468,6 +619,7 @@ fn fuzz_csv_embeddings() {
             text.push('\n');
         }
         if let Ok(e) = Embeddings::parse_csv(&text) {
+            reach.reached();
             if let Ok(u) = e.normalised() {
                 for row in &u.rows {
                     let n = norm(row);
@@ -478,4 +630,5 @@ fn fuzz_csv_embeddings() {
         Ok(())
     })
     .unwrap();
+    reach.assert_quarter();
 }

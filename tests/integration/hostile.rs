@@ -696,3 +696,404 @@ fn dpagg_ti_with_a_subnormal_epsilon_is_an_input_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("epsilon") && !err.contains("panicked"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 29 (trust at the edges): leaks, crashes, aborts and unbounded work.
+
+/// Runs dpaudit through `sh -c` with a prefix (`umask 022;`, redirections) and the arguments.
+fn shell(prefix: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let exe = env!("CARGO_BIN_EXE_dpaudit");
+    let mut script = format!("{prefix} '{exe}'");
+    for a in args {
+        script.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
+    }
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(&script).current_dir(root());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("spawn sh")
+}
+
+/// A sampler config whose trajectory data path points at a system file: the error names the
+/// file, the line and the column, but quotes none of the file's text.
+#[test]
+fn a_data_path_pointing_at_a_system_file_does_not_print_its_lines() {
+    let d = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(root().join("fixtures/samplers/digits-trajectories.toml")).unwrap();
+    let mut tried = 0;
+    for target in ["/etc/passwd", "/etc/hostname", "/proc/self/environ", "/etc/os-release"] {
+        let Ok(bytes) = std::fs::read(target) else {
+            continue;
+        };
+        if bytes.is_empty() {
+            continue;
+        }
+        tried += 1;
+        let cfg = src.replace("../data/digits.csv.gz", target);
+        assert!(cfg.contains(target));
+        let p = write(d.path(), "leak.toml", &cfg);
+        let out = super::common::dpaudit(&["analyze", p.to_str().unwrap()]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{target}: {err}");
+        assert!(err.contains(target), "the error names the file: {err}");
+        let text = String::from_utf8_lossy(&bytes);
+        for piece in text.split(['\n', '\0']).map(str::trim).filter(|l| l.len() >= 2) {
+            assert!(!err.contains(piece), "{target}: the error quotes `{piece}`: {err}");
+        }
+        // The first token too (a user name, a host name, a variable name).
+        let first = text.split([':', '=', '\n', '\0', ' ']).next().unwrap_or("").trim();
+        if first.len() >= 2 {
+            assert!(!err.contains(first), "{target}: the error quotes `{first}`: {err}");
+        }
+    }
+    assert!(tried >= 2, "no readable system file to try");
+}
+
+/// A claims file whose text fields carry HTML and spreadsheet formulas: the Markdown and HTML
+/// reports escape them, the CSV tables neutralise formula cells.
+#[test]
+fn report_formats_escape_html_and_formulas_from_input_fields() {
+    let d = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(root().join("fixtures/claims/dpagg-ti.toml")).unwrap();
+    let hostile = src
+        .replacen("id = \"eve-m4-eps0.1\"", "id = \"<script>alert(1)</script>\"", 1)
+        .replacen(
+            "dataset = \"@eveismyname\"",
+            "dataset = \"=HYPERLINK(\\\"http://x\\\")\"",
+            1,
+        )
+        .replacen(
+            "title = \"DPAgg-TI, Tables 2 and 3\"",
+            "title = \"<img src=x onerror=alert(1)> ```\"",
+            1,
+        )
+        .replacen(
+            "source = \"DPAgg-TI, Table 2; σ by eq. (6), amplification eq. (3)\"",
+            "source = \"+1+cmd|' /C calc'!A0\"",
+            1,
+        );
+    assert!(hostile.contains("<script>") && hostile.contains("=HYPERLINK") && hostile.contains("<img"));
+    let p = write(d.path(), "claims.toml", &hostile);
+    let out_dir = d.path().join("out");
+    let out = super::common::dpaudit(&["verify", p.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(!md.contains("<script"), "raw <script> in Markdown");
+    assert!(!md.contains("<img"), "raw <img> in Markdown");
+    assert!(md.contains("&lt;script>"), "the id is still shown, escaped");
+    let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
+    assert!(!html.contains("<script") && !html.contains("<img"), "raw tag in HTML");
+    let mut formulas = 0;
+    for e in std::fs::read_dir(&out_dir).unwrap().flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "csv") {
+            continue;
+        }
+        let mut rdr = csv::ReaderBuilder::new().has_headers(false).from_path(&path).unwrap();
+        for rec in rdr.records() {
+            for cell in rec.unwrap().iter() {
+                let looks_numeric = cell.parse::<f64>().is_ok();
+                assert!(
+                    looks_numeric || !cell.starts_with(['=', '+', '-', '@']),
+                    "{}: formula cell `{cell}`",
+                    path.display()
+                );
+                formulas += usize::from(cell.starts_with("'="));
+            }
+        }
+    }
+    assert!(formulas >= 1, "the formula cell is kept, prefixed with a quote");
+}
+
+/// Report files are created with the process's umask, like any other file.
+#[test]
+fn report_files_honour_the_umask() {
+    use std::os::unix::fs::PermissionsExt as _;
+    for (umask, want) in [("022", 0o644), ("077", 0o600), ("002", 0o664)] {
+        let d = tempfile::tempdir().unwrap();
+        let out_dir = d.path().join("out");
+        let o = shell(
+            &format!("umask {umask}; exec"),
+            &[
+                "check",
+                "fixtures/events/dpsgd.toml",
+                "--max-epsilon",
+                "10",
+                "--out",
+                out_dir.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+        let mut n = 0;
+        for e in std::fs::read_dir(&out_dir).unwrap().flatten() {
+            let mode = e.metadata().unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, want, "umask {umask}: {} is {mode:o}", e.path().display());
+            n += 1;
+        }
+        assert!(n >= 2, "no report files written");
+    }
+}
+
+fn eps_delta_event(eps: &str, count: u64) -> String {
+    format!(
+        "schema_version = 1\nneighbouring = \"add_remove\"\ndelta = 1e-5\n[event]\ntype = \"self_composed\"\n\
+         count = {count}\n[event.event]\ntype = \"epsilon_delta\"\nepsilon = {eps}\ndelta = 1e-7\n"
+    )
+}
+
+/// accountants/pld.rs: an (ε, δ) leaf sized its grid 2ε/h: ε ≥ 1e300 overflowed the index
+/// (panic), ε = 1e7 asked for 1.6 TB (abort). Now losses above the grid's range go to +∞.
+#[test]
+fn epsilon_delta_leaves_with_huge_epsilon_neither_panic_nor_allocate() {
+    let d = tempfile::tempdir().unwrap();
+    for eps in ["1e300", "1e7", "1.7976931348623157e308", "250"] {
+        let p = write(d.path(), "ed.toml", &eps_delta_event(eps, 10));
+        let (out, took) = limited(&["account", "--event", p.to_str().unwrap()], &[], SECS_60);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "ε = {eps}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        let text = stdout(&out);
+        assert!(text.contains("pld"), "ε = {eps}: {text}");
+        assert!(took < Duration::from_secs(20), "ε = {eps}: {took:?}");
+        // Never a sound ε below the leaf's own ε.
+        for line in text
+            .lines()
+            .filter(|l| l.contains("upper bound") || l.contains("exact"))
+        {
+            if let Some(v) = line.split("ε = ").nth(1).and_then(|r| r.split_whitespace().next()) {
+                if let Ok(x) = v.parse::<f64>() {
+                    assert!(x >= 250.0, "ε = {eps}: sound ε {x} below the leaf's ε: {line}");
+                }
+            }
+        }
+    }
+}
+
+/// env.rs unwrap: a file name that is not UTF-8 panicked in `std::env::args()`.
+#[test]
+fn non_utf8_file_names_are_handled() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let d = tempfile::tempdir().unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"ev\xff.toml");
+    let p = d.path().join(name);
+    std::fs::copy(root().join("fixtures/events/dpsgd.toml"), &p).unwrap();
+    let saved = d.path().join(std::ffi::OsStr::from_bytes(b"saved\xfe.toml"));
+    let out = Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+        .arg("check")
+        .arg(&p)
+        .args(["--max-epsilon", "10", "--format", "json"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+        .args(["account", "--event"])
+        .arg(&p)
+        .arg("--save-event")
+        .arg(&saved)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(saved.exists());
+}
+
+/// stdout or stderr on a full device: an output error (exit 2), never a panic (101).
+#[test]
+fn stdout_or_stderr_on_dev_full_is_an_error_not_a_panic() {
+    if !Path::new("/dev/full").exists() {
+        return;
+    }
+    let ok = ["account", "--event", "fixtures/events/dpsgd.toml"];
+    let o = shell("exec >/dev/full", &ok, &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("No space left"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // stderr full: the result still goes to stdout; an input error is still exit 2.
+    let o = shell("exec 2>/dev/full", &ok, &[]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("Headline"));
+    let o = shell("exec 2>/dev/full", &["account", "--event", "no-such-file.toml"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    // A command with progress notes on stderr (`-v`) finishes.
+    let o = shell(
+        "exec 2>/dev/full",
+        &["analyze", "fixtures/samplers/edm-cifar10-paper.toml", "-v"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0));
+}
+
+/// `RAYON_NUM_THREADS=5000` under a memory limit panicked building the thread pool.
+#[test]
+fn a_huge_thread_count_is_lowered_not_a_panic() {
+    for n in ["5000", "100000"] {
+        let (out, _) = limited(
+            &["account", "--event", "fixtures/events/dpsgd.toml"],
+            &[("RAYON_NUM_THREADS", n)],
+            SECS_60,
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "{n}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains("limit of 256 threads"), "the lowering is stated: {err}");
+        assert!(stdout(&out).contains("Headline"));
+    }
+}
+
+/// CRC-32 (IEEE) of a PNG chunk's type and data.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = 0xffff_ffffu32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+/// A PNG whose header declares `w` × `h` RGB pixels (the data is a few bytes of zlib).
+fn png_declaring(w: u32, h: u32) -> Vec<u8> {
+    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut chunk = |kind: &[u8], data: &[u8]| {
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut body = kind.to_vec();
+        body.extend_from_slice(data);
+        v.extend_from_slice(&body);
+        v.extend_from_slice(&crc32(&body).to_be_bytes());
+    };
+    let mut ihdr = w.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&h.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    chunk(b"IHDR", &ihdr);
+    chunk(b"IDAT", &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]);
+    chunk(b"IEND", &[]);
+    v
+}
+
+/// A PNG folder "bomb": tiny files whose headers declare 60,000 × 60,000 pixels (10 GB to
+/// decode), or many images that add up past the cap: refused before decoding.
+#[test]
+fn a_png_folder_bomb_is_refused_before_decoding() {
+    let d = tempfile::tempdir().unwrap();
+    let big = d.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    std::fs::write(big.join("a.png"), png_declaring(60_000, 60_000)).unwrap();
+    let many = d.path().join("many");
+    std::fs::create_dir(&many).unwrap();
+    for i in 0..64 {
+        std::fs::write(many.join(format!("{i:03}.png")), png_declaring(4096, 4096)).unwrap();
+    }
+    for (dir, env) in [(&big, vec![]), (&many, vec![("DPAUDIT_MAX_MEMORY", "256M")])] {
+        let (out, took) = limited(
+            &[
+                "mia",
+                "--checkpoint",
+                "models/mnist-ddpm",
+                "--data",
+                dir.to_str().unwrap(),
+                "--split",
+                "fixtures/splits/mnist.toml",
+            ],
+            &env,
+            SECS_60,
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{}: {err}", dir.display());
+        assert!(err.contains("limit"), "{err}");
+        assert!(!err.contains("panicked") && !err.contains("memory allocation"), "{err}");
+        assert!(took < Duration::from_secs(30), "{took:?}");
+    }
+}
+
+/// A composed event of 10⁶ distinct Gaussian leaves (46 MB of TOML) is refused by its file
+/// size before it is parsed (parsing holds ≈ 45 bytes per byte); one of 20,000 distinct
+/// leaves passes the tree limit, is accounted by GDP, and the PLD refuses it at its stated
+/// distinct-leaf limit instead of discretising 20,000 grids.
+#[test]
+fn a_million_leaf_event_is_bounded() {
+    let d = tempfile::tempdir().unwrap();
+    let event = |n: usize| {
+        let mut s = String::with_capacity(n * 48);
+        s.push_str("schema_version = 1\ndelta = 1e-5\n[event]\ntype = \"composed\"\nevents = [\n");
+        for i in 0..n {
+            s.push_str(&format!(
+                "{{type=\"gaussian\",noise_multiplier={}}},\n",
+                1.0 + i as f64 * 1e-6
+            ));
+        }
+        s.push_str("]\n");
+        s
+    };
+    let p = write(d.path(), "million.toml", &event(1_000_000));
+    let (out, took) = limited(&["account", "--event", p.to_str().unwrap()], &[], SECS_60);
+    assert_refused(&out, took, "file size");
+    let p = write(d.path(), "many.toml", &event(20_000));
+    let (out, took) = limited(&["account", "--event", p.to_str().unwrap()], &[], SECS_60);
+    let err = stderr(&out);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(text.contains("distinct PLD leaves") && text.contains("limit"), "{text}");
+    assert!(text.contains("Headline"), "{text}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+#[test]
+fn train_steps_1e18_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let o = d.path().join("m");
+    let (out, took) = limited(
+        &["train", "--steps", "1000000000000000000", "--out", o.to_str().unwrap()],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "--steps");
+}
+
+#[test]
+fn mia_noise_draws_1e9_is_refused() {
+    let mut args = super::common::MNIST_MIA.to_vec();
+    args.extend_from_slice(&["--noise-draws", "1000000000", "--attack", "loss"]);
+    let (out, took) = limited(&args, &[], SECS_60);
+    assert_refused(&out, took, "--noise-draws");
+}
+
+#[test]
+fn a_100k_point_pld_sweep_is_refused() {
+    let (out, took) = limited(
+        &[
+            "sweep",
+            "fixtures/samplers/edm-cifar10-subsampled.toml",
+            "--sigma-min",
+            "0.002..5",
+            "--points",
+            "100000",
+            "--accountant",
+            "pld",
+        ],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "--points");
+}
+
+#[test]
+fn a_100k_claim_file_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = String::from("schema_version = 1\ntitle = \"many\"\n");
+    for i in 0..100_000 {
+        s.push_str(&format!(
+            "[[dpagg_ti]]\nid = \"c{i}\"\nsource = \"s\"\ndataset = \"d\"\nn = 158\nm = 4\nepsilon = 1.0\ndelta = 0.006\n"
+        ));
+    }
+    let p = write(d.path(), "claims.toml", &s);
+    let (out, took) = limited(&["verify", p.to_str().unwrap()], &[], SECS_60);
+    assert_refused(&out, took, "claims");
+}

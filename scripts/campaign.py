@@ -1,0 +1,569 @@
+#!/usr/bin/env python3
+"""Re-runs the hostile-input cases of issue 29 ("trust at the edges") against a built dpaudit
+binary and prints a summary table: case, area, command, expected, got, PASS/FAIL.
+
+Outside CI (some cases train a model or run the MNIST checkpoint: a few CPU-minutes in all).
+Standard library only.
+
+    scripts/campaign.py                              # uses target/release/dpaudit
+    DPAUDIT_BIN=path/to/dpaudit scripts/campaign.py
+    scripts/campaign.py --markdown                   # the table as Markdown (docs/reliability.md)
+    scripts/campaign.py --only leak,crash            # only some areas
+
+Every case runs from the repository root in its own temporary folder, under `ulimit -v`
+(4 GiB: an allocation sized from input aborts instead of swapping) and a time limit. Exit code:
+0 when every case passes, 1 otherwise.
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(os.environ.get("DPAUDIT_BIN", ROOT / "target/release/dpaudit")).resolve()
+ULIMIT_KB = 4 * 1024 * 1024
+
+
+class Result:
+    def __init__(self, code, out, err, secs):
+        self.code, self.out, self.err, self.secs = code, out, err, secs
+
+    def __repr__(self):
+        return f"exit {self.code}"
+
+
+def run(args, cwd=None, env=None, timeout=120, prefix="", stdin=None):
+    """Runs dpaudit with `args` (strings or paths) under ulimit -v; returns a Result."""
+    cmd = " ".join(shlex.quote(str(a)) for a in [BIN, *args])
+    script = f"ulimit -v {ULIMIT_KB}; {prefix} exec {cmd}"
+    e = dict(os.environ)
+    e.update(env or {})
+    t = time.time()
+    try:
+        p = subprocess.run(
+            ["sh", "-c", script],
+            cwd=cwd or ROOT,
+            env=e,
+            capture_output=True,
+            timeout=timeout,
+            stdin=stdin,
+        )
+        code, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as x:
+        code, out, err = "timeout", x.stdout or b"", x.stderr or b""
+    return Result(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), time.time() - t)
+
+
+def crashed(r):
+    """A panic (101), an abort (134, SIGABRT) or a kill by a signal, or a timeout."""
+    return r.code in (101, 134, "timeout") or (isinstance(r.code, int) and r.code < 0) or "panicked" in r.err
+
+
+def got(r, extra=""):
+    first = (r.err.strip().splitlines() or r.out.strip().splitlines() or [""])[0]
+    first = re.sub(r"/tmp/[^ :`']*/", "…/", first)
+    s = f"exit {r.code}"
+    if extra:
+        s += f"; {extra}"
+    if first:
+        s += f": {first[:110]}"
+    return s
+
+
+CASES = []
+
+
+def case(area, name, expected):
+    def deco(f):
+        CASES.append((area, name, expected, f))
+        return f
+
+    return deco
+
+
+def fixture(rel):
+    return (ROOT / rel).read_text()
+
+
+def write(d, name, text):
+    p = Path(d) / name
+    p.write_text(text)
+    return p
+
+
+def event_toml(inner, delta="1e-5"):
+    return f'schema_version = 1\nneighbouring = "add_remove"\ndelta = {delta}\n{inner}'
+
+
+def eps_from(text, acc=None):
+    """ε of the headline (or of one accountant) in `account`/`check` text output."""
+    if acc:
+        m = re.search(rf"^\s*{acc}\s+ε = (\S+)", text, re.M)
+    else:
+        m = re.search(r"Headline[^ε]*ε = (\S+)", text)
+    return m.group(1) if m else None
+
+
+# ------------------------------------------------------------------------------------------
+# 1. Degenerate mechanisms are never certified (teammate area: degenerate σ).
+
+for sigma in ["1e-160", "5e-324", "0"]:
+
+    def _f(d, sigma=sigma):
+        a = ["check", "--noise-multiplier", sigma, "--sample-rate", "0.01", "--steps", "10",
+             "--delta", "1e-5", "--max-epsilon", "1"]
+        r = run(a, cwd=d)
+        return a, r, (r.code in (1, 2) and not crashed(r)), got(r)
+
+    case("degenerate", f"check σ = {sigma}", "exit 1 (FAIL, ε = ∞) or 2")(_f)
+
+
+@case("degenerate", "check: event file with σ = 1e-160", "exit 1 or 2")
+def _(d):
+    p = write(d, "ev.toml", event_toml('[event]\ntype = "self_composed"\ncount = 10\n[event.event]\n'
+                                       'type = "poisson_sampled"\nq = 0.01\n[event.event.event]\n'
+                                       'type = "gaussian"\nnoise_multiplier = 1e-160\n'))
+    a = ["check", p, "--max-epsilon", "1"]
+    r = run(a, cwd=d)
+    return a, r, r.code in (1, 2) and not crashed(r), got(r)
+
+
+@case("degenerate", "verify DP-RDM claim with σ = 5e-324", "not `holds`")
+def _(d):
+    src = fixture("fixtures/claims/dp-rdm.toml").replace("sigma = 0.05", "sigma = 5e-324", 1)
+    p = write(d, "c.toml", src)
+    a = ["verify", p, "--format", "json"]
+    r = run(a, cwd=d)
+    ok = not crashed(r)
+    verdict = None
+    try:
+        j = json.loads(r.out)
+        first = (j.get("claims") or j.get("verdicts") or [{}])[0]
+        verdict = first.get("verdict") or first.get("status")
+    except Exception:
+        pass
+    ok = ok and (r.code == 2 or (verdict is not None and verdict not in ("holds", "pass")))
+    return a, r, ok, got(r, f"first claim {verdict}")
+
+
+@case("degenerate", "account: 2^65 GDP steps (nested counts)", "exit 2, or ε above the 2^64-step ε")
+def _(d):
+    inner = ('[event]\ntype = "self_composed"\ncount = 2\n[event.event]\ntype = "self_composed"\n'
+             'count = 18446744073709551615\n[event.event.event]\ntype = "gaussian"\nnoise_multiplier = 1.0\n')
+    p = write(d, "ev.toml", event_toml(inner))
+    a = ["account", "--event", p, "--accountant", "gdp"]
+    r = run(a, cwd=d)
+    q = write(d, "ev1.toml", event_toml(inner.replace("count = 2\n", "count = 1\n", 1)))
+    r1 = run(["account", "--event", q, "--accountant", "gdp"], cwd=d)
+    e2, e1 = eps_from(r.out, "gdp"), eps_from(r1.out, "gdp")
+    ok = not crashed(r) and (r.code == 2 or (e2 is not None and e2 != e1))
+    return a, r, ok, got(r, f"ε(2^65) = {e2}, ε(2^64) = {e1}")
+
+
+@case("degenerate", "run dp-rdm with σ = 1e-160", "exit 2, or ε spent = ∞")
+def _(d):
+    src = fixture("fixtures/runs/dp-rdm-digits.toml").replace("sigma = 0.25", "sigma = 1e-160")
+    src = src.replace('"../embeddings/', f'"{ROOT}/fixtures/embeddings/')
+    p = write(d, "run.toml", src)
+    a = ["run", "dp-rdm", p, "--out", Path(d) / "out"]
+    r = run(a, cwd=d)
+    spent = re.search(r"epsilon spent = (\S+)", r.out + r.err)
+    ok = not crashed(r) and (r.code == 2 or (spent and spent.group(1).startswith(("inf", "∞"))))
+    return a, r, ok, got(r, f"spent {spent.group(1) if spent else '?'}")
+
+
+@case("degenerate", "train --dp --noise-multiplier 1e-160 (card ε)", "exit 2, or ε = ∞ in the card")
+def _(d):
+    out = Path(d) / "m"
+    a = ["train", "--dp", "--noise-multiplier", "1e-160", "--steps", "2", "--out", out, "-q"]
+    r = run(a, cwd=d, timeout=300)
+    card = Path(str(out) + ".toml")
+    eps = None
+    if card.exists():
+        m = re.search(r"^epsilon\s*=\s*(\S+)", card.read_text(), re.M)
+        eps = m.group(1) if m else None
+    ok = not crashed(r) and (r.code == 2 or (eps is not None and eps.strip('"').lower() in ("inf", "+inf", "∞")))
+    return a, r, ok, got(r, f"card ε = {eps}")
+
+
+# ------------------------------------------------------------------------------------------
+# 2. Schedules, calibration, trivially true claims, Laplace (teammate area).
+
+@case("edges", "verify DPAgg-TI claim with δ ≥ m/n (trivially true)", "`holds`")
+def _(d):
+    src = ('schema_version = 1\ntitle = "t"\n[[dpagg_ti]]\nid = "trivial"\nsource = "s"\n'
+           'dataset = "d"\nn = 158\nm = 4\nepsilon = 0.1\ndelta = 0.5\n')
+    p = write(d, "c.toml", src)
+    a = ["verify", p]
+    r = run(a, cwd=d)
+    ok = not crashed(r) and re.search(r"\bholds\b", r.out) is not None and "not demonstrated" not in r.out
+    return a, r, ok, got(r)
+
+
+@case("edges", "account: a `laplace` leaf", "accounted (exit 0)")
+def _(d):
+    p = write(d, "ev.toml", event_toml('[event]\ntype = "laplace"\nnoise_multiplier = 1.0\n'))
+    a = ["account", "--event", p]
+    r = run(a, cwd=d)
+    return a, r, r.code == 0, got(r)
+
+
+@case("edges", "DDIM trailing T=1000, 80 steps: timesteps as diffusers (round half to even)",
+      "diffusers' timesteps")
+def _(d):
+    py = Path("/work/pyvenv/bin/python")
+    if not py.exists():
+        return ["(needs diffusers)"], Result("skip", "", "", 0), None, "skipped: no diffusers"
+    ref = subprocess.run(
+        [py, "-c", "from diffusers import DDIMScheduler as S; s=S(num_train_timesteps=1000, "
+         "timestep_spacing='trailing'); s.set_timesteps(80); print(','.join(map(str, s.timesteps.tolist())))"],
+        capture_output=True, text=True, timeout=300)
+    want = ref.stdout.strip()
+    cfg = ('schema_version = 1\nconvention = "A"\ndelta = 1e-5\n[schedule]\nkind = "ddpm"\n'
+           'beta_schedule = "linear"\nbeta_start = 0.0001\nbeta_end = 0.02\ntimesteps = 1000\n'
+           'sampler = "ddim"\nsteps = 80\ntimestep_spacing = "trailing"\n[privacy]\nclip_norm = 1.0\n'
+           'dataset_size = 50000\n[density]\nkind = "constant"\nbeta = 1.0\n')
+    p = write(d, "s.toml", cfg)
+    a = ["analyze", p, "--format", "json"]
+    r = run(a, cwd=d)
+    text = r.out
+    ts = re.findall(r'"timestep":\s*(\d+)', text)
+    have = ",".join(ts)
+    ok = bool(want) and have == want
+    return a, r, ok, got(r, f"{len(ts)} timesteps, {'equal' if ok else 'differ from'} diffusers'")
+
+
+# ------------------------------------------------------------------------------------------
+# 3. Secret noise (teammate area: outputs).
+
+for mech, cfgname, drop in [("dpagg-ti", "dpagg-ti-digits.toml", "seed = 20240617"),
+                            ("dp-rdm", "dp-rdm-digits.toml", "seed = 7")]:
+
+    def _f(d, mech=mech, cfgname=cfgname, drop=drop):
+        src = fixture(f"fixtures/runs/{cfgname}").replace(drop, "")
+        src = src.replace('"../embeddings/', f'"{ROOT}/fixtures/embeddings/')
+        p = write(d, "run.toml", src)
+        outs = []
+        for i in range(2):
+            a = ["run", mech, p, "--out", Path(d) / f"o{i}"]
+            r = run(a, cwd=d)
+            f = Path(d) / f"o{i}" / "outputs.csv"
+            outs.append(f.read_bytes() if f.exists() else None)
+        ok = not crashed(r) and outs[0] is not None and outs[0] != outs[1]
+        return a, r, ok, got(r, "two unseeded runs " + ("differ" if ok else "are identical or missing"))
+
+    case("secret-noise", f"two unseeded `run {mech}` release different noise", "outputs differ")(_f)
+
+
+@case("secret-noise", "seeded run's ledger says the seed makes it non-private", "warning in ledger.toml")
+def _(d):
+    src = fixture("fixtures/runs/dpagg-ti-digits.toml").replace('"../embeddings/', f'"{ROOT}/fixtures/embeddings/')
+    p = write(d, "run.toml", src)
+    a = ["run", "dpagg-ti", p, "--out", Path(d) / "o"]
+    r = run(a, cwd=d)
+    led = Path(d) / "o" / "ledger.toml"
+    ok = led.exists() and "knows the seed" in led.read_text()
+    return a, r, ok, got(r)
+
+
+# ------------------------------------------------------------------------------------------
+# 4. Transactional outputs (teammate area: outputs).
+
+@case("outputs", "--save-event onto an existing file without --force", "exit 2, file unchanged")
+def _(d):
+    p = write(d, "keep.toml", "precious\n")
+    a = ["account", "--noise-multiplier", "1", "--steps", "10", "--save-event", p]
+    r = run(a, cwd=d)
+    return a, r, r.code == 2 and p.read_text() == "precious\n", got(r)
+
+
+@case("outputs", "--junit onto the input file", "exit 2, input unchanged")
+def _(d):
+    src = fixture("fixtures/events/dpsgd.toml")
+    p = write(d, "ev.toml", src)
+    a = ["check", p, "--max-epsilon", "10", "--junit", p]
+    r = run(a, cwd=d)
+    return a, r, r.code == 2 and p.read_text() == src, got(r)
+
+
+@case("outputs", "report -o onto a device node with --force", "exit 2, node kept")
+def _(d):
+    node = Path(d) / "nul"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError):
+        os.mkfifo(node)
+    a = ["report", ROOT / "reports/check-dpsgd-mnist/report.json", "--format", "md", "-o", node, "--force"]
+    r = run(a, cwd=d, timeout=20)
+    kept = not stat.S_ISREG(os.lstat(node).st_mode)
+    return a, r, r.code == 2 and kept, got(r, "node kept" if kept else "node REPLACED by a regular file")
+
+
+@case("outputs", "SIGKILL during `run dpagg-ti --force`: no debris, next run succeeds", "no .dpaudit-tmp-*")
+def _(d):
+    src = fixture("fixtures/runs/dpagg-ti-digits.toml").replace('"../embeddings/', f'"{ROOT}/fixtures/embeddings/')
+    p = write(d, "run.toml", src)
+    out = Path(d) / "o"
+    a = ["run", "dpagg-ti", p, "--out", out, "--force"]
+    cmd = [str(BIN), *map(str, a)]
+    for delay in (0.02, 0.05, 0.1, 0.2):
+        pr = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        pr.send_signal(signal.SIGKILL)
+        pr.wait()
+    r = run(a, cwd=d)
+    debris = [x.name for x in out.glob(".dpaudit-tmp-*")] if out.exists() else []
+    return a, r, r.code == 0 and not debris, got(r, f"debris {debris}" if debris else "no debris")
+
+
+# ------------------------------------------------------------------------------------------
+# 5. Re-derive, don't trust (teammate area: outputs).
+
+@case("re-derive", "report: verdict `pass` for ε = 99 > budget 1 in the JSON", "exit 2 or FAIL rendered")
+def _(d):
+    j = json.loads((ROOT / "reports/check-dpsgd-mnist/report.json").read_text())
+    for v in j.get("verdicts", []):
+        v["epsilon"] = 99.0
+        v["budget"] = 1.0
+        v["status"] = "pass"
+    p = write(d, "r.json", json.dumps(j))
+    a = ["report", p, "--format", "md"]
+    r = run(a, cwd=d)
+    ok = r.code == 2 or ("**pass**" not in r.out.lower() and "fail" in r.out.lower())
+    return a, r, ok, got(r)
+
+
+# ------------------------------------------------------------------------------------------
+# 6. No leaks (this branch).
+
+for target in ["/etc/passwd", "/etc/hostname", "/proc/self/environ"]:
+
+    def _f(d, target=target):
+        src = fixture("fixtures/samplers/digits-trajectories.toml").replace("../data/digits.csv.gz", target)
+        p = write(d, "leak.toml", src)
+        a = ["analyze", p]
+        r = run(a, cwd=d)
+        try:
+            text = Path(target).read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return a, r, None, "skipped: unreadable"
+        pieces = [x.strip() for x in re.split(r"[\n\0]", text) if len(x.strip()) >= 2]
+        leaked = [x for x in pieces if x in r.err]
+        return a, r, r.code == 2 and not leaked, got(r, f"{len(leaked)} lines quoted")
+
+    case("leak", f"data path → {target}", "exit 2, no line of the file quoted")(_f)
+
+
+@case("leak", "<script> / =FORMULA in claim fields → md, html, csv", "escaped")
+def _(d):
+    src = (fixture("fixtures/claims/dpagg-ti.toml")
+           .replace('id = "eve-m4-eps0.1"', 'id = "<script>alert(1)</script>"', 1)
+           .replace('dataset = "@eveismyname"', 'dataset = "=HYPERLINK(1)"', 1))
+    p = write(d, "c.toml", src)
+    out = Path(d) / "o"
+    a = ["verify", p, "--out", out]
+    r = run(a, cwd=d)
+    bad = []
+    md = (out / "report.md").read_text() if (out / "report.md").exists() else ""
+    html = (out / "report.html").read_text() if (out / "report.html").exists() else ""
+    if "<script" in md:
+        bad.append("md")
+    if "<script" in html:
+        bad.append("html")
+    for f in out.glob("*.csv") if out.exists() else []:
+        if re.search(r"(^|,)\"?[=+@]", f.read_text(), re.M):
+            bad.append(f.name)
+    ok = md != "" and not bad
+    return a, r, ok, got(r, f"raw in {bad}" if bad else "escaped")
+
+
+@case("leak", "report files under umask 022", "mode 0644")
+def _(d):
+    out = Path(d) / "o"
+    a = ["check", ROOT / "fixtures/events/dpsgd.toml", "--max-epsilon", "10", "--out", out]
+    r = run(a, cwd=d, prefix="umask 022;")
+    modes = {oct(f.stat().st_mode & 0o777) for f in out.iterdir()} if out.exists() else set()
+    return a, r, modes == {"0o644"}, got(r, f"modes {sorted(modes)}")
+
+
+# ------------------------------------------------------------------------------------------
+# 7. No crash, no abort, no unbounded work (this branch).
+
+for eps in ["1e300", "1e7"]:
+
+    def _f(d, eps=eps):
+        p = write(d, "ed.toml", event_toml('[event]\ntype = "self_composed"\ncount = 10\n[event.event]\n'
+                                           f'type = "epsilon_delta"\nepsilon = {eps}\ndelta = 1e-7\n'))
+        a = ["account", "--event", p]
+        r = run(a, cwd=d)
+        return a, r, r.code == 0 and not crashed(r), got(r, f"pld ε = {eps_from(r.out, 'pld')}")
+
+    case("crash", f"(ε, δ) leaf with ε = {eps}", "exit 0, no panic/abort")(_f)
+
+
+@case("crash", "non-UTF-8 file name", "exit 0, no panic")
+def _(d):
+    name = os.fsencode(d) + b"/ev\xff.toml"
+    with open(name, "wb") as f:
+        f.write((ROOT / "fixtures/events/dpsgd.toml").read_bytes())
+    t = time.time()
+    p = subprocess.run([str(BIN).encode(), b"check", name, b"--max-epsilon", b"10"], cwd=d, capture_output=True)
+    r = Result(p.returncode, p.stdout.decode(), p.stderr.decode("utf-8", "replace"), time.time() - t)
+    return ["check", "…/ev\\xff.toml", "--max-epsilon", "10"], r, r.code == 0 and not crashed(r), got(r)
+
+
+@case("crash", "stdout on /dev/full", "exit 2, message")
+def _(d):
+    a = ["account", "--event", ROOT / "fixtures/events/dpsgd.toml"]
+    r = run(a, cwd=d, prefix="exec >/dev/full;")
+    return a, r, r.code == 2 and not crashed(r), got(r)
+
+
+@case("crash", "stderr on /dev/full (input error)", "exit 2")
+def _(d):
+    a = ["account", "--event", "missing.toml"]
+    r = run(a, cwd=d, prefix="exec 2>/dev/full;")
+    return a, r, r.code == 2, got(r)
+
+
+@case("crash", "RAYON_NUM_THREADS=5000", "exit 0, thread count lowered")
+def _(d):
+    a = ["account", "--event", ROOT / "fixtures/events/dpsgd.toml"]
+    r = run(a, cwd=d, env={"RAYON_NUM_THREADS": "5000"})
+    return a, r, r.code == 0 and not crashed(r), got(r)
+
+
+def png_declaring(w, h):
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+@case("crash", "PNG folder bomb (header declares 60000×60000)", "exit 2 at a stated limit")
+def _(d):
+    f = Path(d) / "pngs"
+    f.mkdir()
+    (f / "a.png").write_bytes(png_declaring(60000, 60000))
+    a = ["mia", "--checkpoint", "models/mnist-ddpm", "--data", f, "--split", "fixtures/splits/mnist.toml"]
+    r = run(a)
+    return a, r, r.code == 2 and "limit" in r.err, got(r)
+
+
+def many_leaves(n):
+    s = ['schema_version = 1\ndelta = 1e-5\n[event]\ntype = "composed"\nevents = [\n']
+    s += [f'{{type="gaussian",noise_multiplier={1.0 + i * 1e-6!r}}},\n' for i in range(n)]
+    s.append("]\n")
+    return "".join(s)
+
+
+@case("unbounded", "10⁶-leaf composed event", "exit 2 at a stated limit (file size)")
+def _(d):
+    p = write(d, "ev.toml", many_leaves(1_000_000))
+    a = ["account", "--event", p]
+    r = run(a, cwd=d)
+    return a, r, r.code == 2 and "limit" in r.err, got(r)
+
+
+@case("unbounded", "20,000 distinct leaves with the PLD", "PLD refused at its limit, others answer")
+def _(d):
+    p = write(d, "ev.toml", many_leaves(20_000))
+    a = ["account", "--event", p]
+    r = run(a, cwd=d)
+    return a, r, r.code == 0 and "distinct PLD leaves" in r.out, got(r)
+
+
+@case("unbounded", "train --steps 1e18", "exit 2 naming --steps and the limit")
+def _(d):
+    a = ["train", "--steps", "1000000000000000000", "--out", Path(d) / "m"]
+    r = run(a, cwd=d)
+    return a, r, r.code == 2 and "--steps" in r.err and "limit" in r.err, got(r)
+
+
+@case("unbounded", "mia --noise-draws 1e9", "exit 2 naming --noise-draws and the limit")
+def _(d):
+    a = ["mia", "--checkpoint", "models/mnist-ddpm", "--data", "fixtures/data/mnist/mnist-10k.u8.gz",
+         "--split", "fixtures/splits/mnist.toml", "--noise-draws", "1000000000"]
+    r = run(a)
+    return a, r, r.code == 2 and "--noise-draws" in r.err and "limit" in r.err, got(r)
+
+
+@case("unbounded", "10⁵-point PLD sweep", "exit 2 naming --points and the limit")
+def _(d):
+    a = ["sweep", "fixtures/samplers/edm-cifar10-subsampled.toml", "--sigma-min", "0.002..5",
+         "--points", "100000", "--accountant", "pld"]
+    r = run(a)
+    return a, r, r.code == 2 and "--points" in r.err and "limit" in r.err, got(r)
+
+
+@case("unbounded", "10⁵ claims", "exit 2 naming claims and the limit")
+def _(d):
+    s = ['schema_version = 1\ntitle = "many"\n']
+    s += [f'[[dpagg_ti]]\nid = "c{i}"\nsource = "s"\ndataset = "d"\nn = 158\nm = 4\nepsilon = 1.0\ndelta = 0.006\n'
+          for i in range(100_000)]
+    p = write(d, "c.toml", "".join(s))
+    a = ["verify", p]
+    r = run(a, cwd=d)
+    return a, r, r.code == 2 and "claims" in r.err and "limit" in r.err, got(r)
+
+
+# ------------------------------------------------------------------------------------------
+
+def short_cmd(a):
+    s = " ".join(shlex.quote(str(x)) for x in a)
+    s = s.replace(str(ROOT) + "/", "")
+    s = re.sub(r"/tmp/[^ ']*/", "…/", s)
+    return "dpaudit " + (s if len(s) < 110 else s[:107] + "…")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--only", default="", help="comma-separated areas")
+    args = ap.parse_args()
+    if not BIN.exists():
+        sys.exit(f"no binary at {BIN}: build with `cargo test --release --no-run` or set DPAUDIT_BIN")
+    only = {x for x in args.only.split(",") if x}
+    rows = []
+    for area, name, expected, f in CASES:
+        if only and area not in only:
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                a, r, ok, g = f(d)
+            except Exception as e:  # a broken case is a failure of the case, not of the campaign
+                a, r, ok, g = ["?"], Result("error", "", str(e), 0), False, f"campaign error: {e}"
+        status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+        rows.append((area, name, short_cmd(a), expected, g, status))
+        if not args.markdown:
+            print(f"[{status}] {area}: {name} — {g}", file=sys.stderr)
+    if args.markdown:
+        print("| area | case | command | expected | got | result |\n|---|---|---|---|---|---|")
+        for area, name, cmd, exp, g, st in rows:
+            cells = [area, name, f"`{cmd}`", exp, g.replace("|", "\\|"), f"**{st}**"]
+            print("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
+    else:
+        w = max(len(r[1]) for r in rows)
+        for area, name, cmd, exp, g, st in rows:
+            print(f"{st:4}  {area:12}  {name:<{w}}  {cmd}\n      expected: {exp}\n      got:      {g}")
+    n_fail = sum(r[5] == "FAIL" for r in rows)
+    print(f"\n{len(rows)} cases: {len(rows) - n_fail - sum(r[5] == 'SKIP' for r in rows)} pass, "
+          f"{n_fail} fail, {sum(r[5] == 'SKIP' for r in rows)} skipped", file=sys.stderr)
+    sys.exit(1 if n_fail else 0)
+
+
+if __name__ == "__main__":
+    main()
