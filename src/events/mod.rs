@@ -203,7 +203,7 @@ impl DpEvent {
     /// Number of nodes of the tree (this one included).
     pub fn node_count(&self) -> u64 {
         match self {
-            DpEvent::NoOp | DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } => 1,
+            DpEvent::NoOp | DpEvent::Gaussian { .. } | DpEvent::Laplace { .. } | DpEvent::EpsilonDelta { .. } => 1,
             DpEvent::PoissonSampled { event, .. }
             | DpEvent::SampledWithoutReplacement { event, .. }
             | DpEvent::SelfComposed { event, .. } => 1 + event.node_count(),
