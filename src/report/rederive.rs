@@ -18,7 +18,7 @@
 //!   verdict, no `FAIL` when every verdict passed).
 
 use super::{Report, Status};
-use crate::accountants::{AccountantKind, BoundKind};
+use crate::accountants::AccountantKind;
 use crate::error::{Error, Result};
 
 fn refuse(field: String, msg: String) -> Error {
@@ -67,7 +67,7 @@ fn check_verdicts(rep: &Report) -> Result<()> {
                 ));
             }
             if let Some(m) = v.margin {
-                if !close(m, b - e, 1e-9) && !(m.is_infinite() && (b - e).is_infinite()) {
+                if !close(m, b - e, 1e-9) {
                     return Err(refuse(f("margin"), format!("is {m}, but budget − ε = {}", b - e)));
                 }
             }
@@ -113,7 +113,7 @@ fn check_results(rep: &Report) -> Result<()> {
             AccountantKind::Pld => 0.1,
             _ => continue,
         };
-        if !matches!(r.kind, BoundKind::Exact | BoundKind::UpperBound) || !(r.delta > 0.0 && r.delta < 1.0) {
+        if !(r.kind.is_sound() && r.delta > 0.0 && r.delta < 1.0) {
             continue;
         }
         // An accountant that cannot account the event here (limits, unsupported) is no evidence.

@@ -792,3 +792,66 @@ fn cards_and_ledgers_carry_and_check_hashes() {
     let o = mia(&a.with_extension("toml"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// Two `run --force` into one folder at once are serialised: the set left is one run's (the
+/// ledger accounts exactly the rows of outputs.csv), and two `--save-event` of one new file at
+/// once never both succeed.
+#[test]
+fn two_forced_runs_into_one_folder_leave_one_runs_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("o");
+    let args = |seed: &str| {
+        s(&[
+            "run",
+            "dpagg-ti",
+            "fixtures/runs/dpagg-ti-digits.toml",
+            "--seed",
+            seed,
+            "--out",
+            dir.to_str().unwrap(),
+            "--force",
+            "-q",
+        ])
+    };
+    let spawn = |a: Vec<String>| {
+        Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+            .args(&a)
+            .current_dir(root())
+            .output()
+            .unwrap()
+    };
+    for _ in 0..3 {
+        let (x, y) = std::thread::scope(|sc| {
+            let h1 = sc.spawn(|| spawn(args("123456789")));
+            let h2 = sc.spawn(|| spawn(args("987654321")));
+            (h1.join().unwrap(), h2.join().unwrap())
+        });
+        assert_eq!(x.status.code(), Some(0), "{}", stderr(&x));
+        assert_eq!(y.status.code(), Some(0), "{}", stderr(&y));
+        let files = ["ledger.toml", "run.json", "report.json", "report.md", "report.html"];
+        let m = markers(&dir, &files, "123456789", "987654321");
+        assert!(one_run(&m), "{m:?}");
+        let o = dpaudit(&["account", "--event", dir.join("ledger.toml").to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let o = dpaudit(&["report", dir.join("report.json").to_str().unwrap(), "--format", "md"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(debris(&dir).is_empty(), "{:?}", debris(&dir));
+    }
+    let ev = tmp.path().join("e.toml");
+    let save = || {
+        spawn(s(&[
+            "account",
+            "--event",
+            "fixtures/events/dpsgd.toml",
+            "--save-event",
+            ev.to_str().unwrap(),
+        ]))
+    };
+    let (x, y) = std::thread::scope(|sc| {
+        let h1 = sc.spawn(save);
+        let h2 = sc.spawn(save);
+        (h1.join().unwrap(), h2.join().unwrap())
+    });
+    let codes = [x.status.code(), y.status.code()];
+    assert!(codes.contains(&Some(0)) && codes.contains(&Some(2)), "{codes:?}");
+}
