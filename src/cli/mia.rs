@@ -299,7 +299,7 @@ pub(crate) fn emit(
     roc_out: Option<&PathBuf>,
     scores_out: Option<&PathBuf>,
 ) -> anyhow::Result<i32> {
-    let mut rep = dpaudit::audit::mia::to_report(&report, &dpaudit::report::command_line());
+    let mut rep = dpaudit::audit::mia::to_report(report, &dpaudit::report::command_line());
     rep.audit = "mia".into();
     rep.conclude();
     let detail = serde_json::to_vec_pretty(report)?;

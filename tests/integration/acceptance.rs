@@ -314,6 +314,14 @@ fn every_command_on_every_shipped_input_concludes_what_its_tables_say() {
                 );
             }
         }
+        // Calibration of the sample count where its search is quick (edm-hybrid-single-step's
+        // takes minutes; the trajectory density and edm-cifar10-paper's ε are refused, exit 2).
+        if !["ddpm-linear-ddim50", "diffusers-ddpm-ddim50", "edm-cifar10-subsampled"]
+            .iter()
+            .any(|n| s.contains(n))
+        {
+            continue;
+        }
         let cal = dpaudit(&[
             "calibrate",
             "--sampler",
@@ -349,8 +357,10 @@ fn every_command_on_every_shipped_input_concludes_what_its_tables_say() {
         let v = report_json(&["run", mech, cfg, "--out", out.to_str().unwrap(), "--audit"]);
         check_conclusion(&format!("run {cfg}"), &v);
         check_rendered(&format!("run {cfg}"), &v);
-        // One ε for the run: the ledger's.
-        assert_eq!(v["results"].as_array().unwrap().len(), 1, "run {cfg}: {}", v["results"]);
+        // One ε for the run: the ledger's (gdp; a subsampled ledger, as dp-rdm's, is skipped
+        // with its reason instead).
+        let n = v["results"].as_array().unwrap().len() + v["skipped"].as_array().unwrap().len();
+        assert_eq!(n, 1, "run {cfg}: {} {}", v["results"], v["skipped"]);
         ran += 1;
     }
     let v = report_json(&[
