@@ -488,7 +488,8 @@ pub fn ve_sigma(alpha_bar: f64) -> f64 {
 ///   last element rounds to 0 and gives timestep −1) and fills them as t + i·d with
 ///   d = (t − t/s) − t (numpy's `DOUBLE_fill`);
 /// - `linspace`: `np.linspace(0, t − 1, s).round()`, i.e. i·((t − 1)/(s − 1)) with the last value
-///   set to t − 1 (0 alone when s = 1);
+///   set to t − 1 (0 alone when s = 1).
+///
 /// `np.round` rounds half to even ([`f64::round_ties_even`]). `steps_offset` shifts only `leading`
 /// (as in diffusers). `quadratic` (not a diffusers spacing) is the DDIM paper's
 /// ⌊(i·√(0.8t)/(s − 1))²⌋. Checked against diffusers on every row of

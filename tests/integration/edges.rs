@@ -178,7 +178,15 @@ fn train_with_noiseless_dp_never_records_zero_epsilon() {
         assert!(e.is_infinite(), "card ε = {e}: {text}");
     }
     let ledger = dir.path().join("m.ledger.toml");
-    let o = dpaudit(&["account", "--event", ledger.to_str().unwrap(), "--accountant", "all", "--format", "json"]);
+    let o = dpaudit(&[
+        "account",
+        "--event",
+        ledger.to_str().unwrap(),
+        "--accountant",
+        "all",
+        "--format",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     for r in v["results"].as_array().unwrap() {
@@ -678,7 +686,10 @@ fn replace_one_headline_restates_the_pld_assumption() {
     let head = out.lines().position(|l| l.starts_with("Headline")).expect("headline");
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines[head].contains("(pld"), "{out}");
-    assert!(lines[head + 1].starts_with("  under:") && lines[head + 1].contains("clipped sum"), "{out}");
+    assert!(
+        lines[head + 1].starts_with("  under:") && lines[head + 1].contains("clipped sum"),
+        "{out}"
+    );
 }
 
 /// `calibrate` finds what any sound accountant certifies: where the default pld finds no σ up to
