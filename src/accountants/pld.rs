@@ -66,6 +66,10 @@ const MAX_STEP_LOSS: f64 = 200.0;
 /// on double words. Below it the double-precision transform is cheaper and accurate enough.
 const HYBRID_MIN_COUNT: u64 = 1 << 20;
 
+/// Most Horner steps (live frequencies × support points) spent on one leaf's double-word
+/// transform values (≈ 30 ns each); beyond it the leaf keeps its double-precision values.
+const HYBRID_MAX_WORK: usize = 1 << 25;
+
 /// Widest composition window (grid points) at the requested grid interval: beyond it the grid
 /// interval is doubled until the window fits (a coarser grid is still a dominating
 /// discretisation, so only tightness changes; over a window this wide the composed loss has a
@@ -1325,6 +1329,9 @@ fn dd_transform_at(d: &DiscretePld, k: usize, n: usize) -> (Cdd, f64) {
     (v, e)
 }
 
+/// One leaf's discrete PLD with its count.
+type Part = (DiscretePld, u64);
+
 /// The composition window [L, U] of [`compose`]: Chernoff bounds on the mass outside, and the
 /// width the window would need before the `max_points` cap.
 struct Window {
@@ -1516,9 +1523,8 @@ fn compose_in_window(
     let scratch_len = fwd.get_inplace_scratch_len();
     // Leaves with a large count go through the double-word transform values below; the others
     // share complex transforms two by two.
-    let (hybrid, plain): (Vec<&(DiscretePld, u64)>, Vec<&(DiscretePld, u64)>) =
-        parts.iter().partition(|(_, c)| *c >= HYBRID_MIN_COUNT);
-    let pairs: Vec<&[&(DiscretePld, u64)]> = plain.chunks(2).collect();
+    let (hybrid, plain): (Vec<&Part>, Vec<&Part>) = parts.iter().partition(|(_, c)| *c >= HYBRID_MIN_COUNT);
+    let pairs: Vec<&[&Part]> = plain.chunks(2).collect();
     let per_thread = pairs.len().div_ceil(rayon::current_num_threads()).max(1);
     let product = pairs
         .par_iter()
@@ -1608,11 +1614,11 @@ fn compose_in_window(
             product.total_t += count as f64;
             product.total_t_ea += count as f64 * ea;
             let mut live = Vec::new();
-            for k in 0..product.live_end {
+            for (k, z) in buf.iter().enumerate().take(product.live_end) {
                 if product.p[k] == 0.0 {
                     continue;
                 }
-                let m = (buf[k].norm_sqr().sqrt() + ea + 1e-150) * (1.0 + 4.0 * U);
+                let m = (z.norm_sqr().sqrt() + ea + 1e-150) * (1.0 + 4.0 * U);
                 let p = product.p[k] * (powr(m, count) * lp.infl_m) * (1.0 + 4.0 * U);
                 if p.is_nan() || p < DEAD {
                     product.kill(k);
@@ -1620,11 +1626,21 @@ fn compose_in_window(
                     live.push(k);
                 }
             }
-            let values: Vec<(Cdd, f64)> = live.par_iter().map(|&k| dd_transform_at(d, k, n)).collect();
             let mut live_end = 0;
-            for (&k, &(a, e)) in live.iter().zip(&values) {
-                if product.apply_dd(k, a, e, count) {
-                    live_end = k + 1;
+            if live.len().saturating_mul(d.probs.len()) <= HYBRID_MAX_WORK {
+                let values: Vec<(Cdd, f64)> = live.par_iter().map(|&k| dd_transform_at(d, k, n)).collect();
+                for (&k, &(a, e)) in live.iter().zip(&values) {
+                    if product.apply_dd(k, a, e, count) {
+                        live_end = k + 1;
+                    }
+                }
+            } else {
+                // Too many live frequencies (the composition stays concentrated, e.g. a tiny q):
+                // the double-precision values, as for any other leaf.
+                for &k in &live {
+                    if product.apply(k, buf[k], &lp) {
+                        live_end = k + 1;
+                    }
                 }
             }
             for k in live_end..product.live_end {
@@ -1956,7 +1972,7 @@ impl PldAccountant {
         h: f64,
         tau_step: f64,
         tau_window: f64,
-    ) -> Result<(Vec<(DiscretePld, u64)>, Option<Window>)> {
+    ) -> Result<(Vec<Part>, Option<Window>)> {
         let t_disc = std::time::Instant::now();
         let leaf_dir = |l: Leaf| if l.symmetric() { Direction::Remove } else { dir };
         // One table of the grid's exponentials for all subsampled-Gaussian leaves, where it

@@ -288,12 +288,12 @@ pub fn twiddle(j: u64, n: u64) -> Cdd {
     let r8 = 8 * j - oct * n;
     let theta = |r: u64| div_small(TWO_PI * Dd::from_f64(r as f64), (8 * n) as f64);
     // angle = q·π/2 ± θ with θ ∈ [0, π/4].
-    let (q, c, s) = if oct % 2 == 0 {
+    let (q, c, s) = if oct.is_multiple_of(2) {
         let (c, s) = cos_sin(theta(r8));
         (oct / 2, c, s)
     } else {
         let (c, s) = cos_sin(theta(n - r8));
-        ((oct + 1) / 2, c, -s)
+        (oct.div_ceil(2), c, -s)
     };
     let (cos, sin) = match q % 4 {
         0 => (c, s),
