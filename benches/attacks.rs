@@ -60,15 +60,25 @@ fn bench(c: &mut Criterion) {
     let unet = DiffusersCheckpoint::load(&root.join("models/mnist-ddpm"), &dev).unwrap();
     let images = ImageSet::load(&root.join("fixtures/data/mnist/mnist-10k.u8.gz")).unwrap();
     let msplit = SplitManifest::load(&root.join("fixtures/splits/mnist.toml")).unwrap();
-    let ix: Vec<usize> = msplit.members.iter().take(32).chain(msplit.nonmembers.iter().take(32)).copied().collect();
+    let ix: Vec<usize> = msplit
+        .members
+        .iter()
+        .take(32)
+        .chain(msplit.nonmembers.iter().take(32))
+        .copied()
+        .collect();
     let x = images.rows(&ix);
     let t: Vec<f64> = (0..64).map(|i| (i * 15) as f64).collect();
     let shape = [64, 1, 28, 28];
     let xt = candle_core::Tensor::from_slice(&x, (64, 1, 28, 28), &dev).unwrap();
     let mut g = c.benchmark_group("unet_forward_mnist64");
     g.sample_size(10);
-    g.bench_function("cpu", |b| b.iter(|| unet.model.forward_host(black_box(&x), shape, &t).unwrap()));
-    g.bench_function("candle", |b| b.iter(|| unet.model.forward_candle(black_box(&xt), &t).unwrap()));
+    g.bench_function("cpu", |b| {
+        b.iter(|| unet.model.forward_host(black_box(&x), shape, &t).unwrap())
+    });
+    g.bench_function("candle", |b| {
+        b.iter(|| unet.model.forward_candle(black_box(&xt), &t).unwrap())
+    });
     g.finish();
     let den = unet.denoiser(images.shape, 64).unwrap();
     let mut g = c.benchmark_group("diffusers_scores_mnist64");
@@ -76,7 +86,9 @@ fn bench(c: &mut Criterion) {
     g.bench_function("secmi_t100_k10", |b| {
         b.iter(|| mia::scores(AttackKind::Secmi, &den, &[], &x, 100, &o).unwrap())
     });
-    g.bench_function("pia_t100", |b| b.iter(|| mia::scores(AttackKind::Pia, &den, &[], &x, 100, &o).unwrap()));
+    g.bench_function("pia_t100", |b| {
+        b.iter(|| mia::scores(AttackKind::Pia, &den, &[], &x, 100, &o).unwrap())
+    });
     g.finish();
 }
 

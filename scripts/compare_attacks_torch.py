@@ -16,7 +16,12 @@ second of wall time; the CPU column is the ratio of CPU seconds (user + sys). Se
 deterministic, so their scores are compared record by record (largest relative difference);
 the loss attack draws its noise from each side's own generator, so only its timing compares.
 
-    /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 2 --rounds 3
+    /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 2 --rounds 2 --n-mnist 16
+    /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 1 --rounds 2 --n-mnist 16
+
+Under load, PyTorch's OpenMP regions wait on descheduled threads at every operator, while
+dpaudit's batch-parallel forward joins once per forward: compare the 1-thread rows (and the CPU
+column) before reading a 2-thread ratio as an idle-machine figure.
 """
 import argparse
 import csv
@@ -168,10 +173,12 @@ def main():
     ap.add_argument("--t", type=int, default=100)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--n-mnist", type=int, default=64, help="members and non-members each")
-    ap.add_argument("--n-cifar", type=int, default=4, help="members and non-members each")
+    ap.add_argument("--n-cifar", type=int, default=2, help="members and non-members each")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args()
+    if min(a.n_mnist, a.n_cifar) < 2:
+        sys.exit("--n-mnist and --n-cifar must be >= 2 (dpaudit's held-out metrics need 2 of each)")
     torch.set_num_threads(a.threads)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = os.path.abspath(os.path.join(root, a.dpaudit) if not os.path.isabs(a.dpaudit) else a.dpaudit)

@@ -51,7 +51,17 @@ impl<'a> Mat<'a> {
 /// Panics if a matrix does not fit its slice (a programming error, never input-dependent: the
 /// UNet's shapes are validated when it is built).
 #[allow(clippy::too_many_arguments)]
-pub fn sgemm(m: usize, n: usize, k: usize, dst: &mut [f32], dst_rs: usize, read_dst: bool, lhs: Mat<'_>, rhs: Mat<'_>, beta: f32) {
+pub fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    read_dst: bool,
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    beta: f32,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -67,7 +77,13 @@ pub fn sgemm(m: usize, n: usize, k: usize, dst: &mut [f32], dst_rs: usize, read_
     }
     assert!(lhs.data.len() >= extent(m, k, lhs.rs, lhs.cs), "sgemm: lhs too small");
     assert!(rhs.data.len() >= extent(k, n, rhs.rs, rhs.cs), "sgemm: rhs too small");
-    let (ds, ls, lc, rs, rc) = (dst_rs as isize, lhs.rs as isize, lhs.cs as isize, rhs.rs as isize, rhs.cs as isize);
+    let (ds, ls, lc, rs, rc) = (
+        dst_rs as isize,
+        lhs.rs as isize,
+        lhs.cs as isize,
+        rhs.rs as isize,
+        rhs.cs as isize,
+    );
     // SAFETY: the asserts above bound every address gemm forms (row·rs + col·cs for rows < m|k,
     // cols < k|n) inside the three slices; `dst` is an exclusive borrow, so it does not overlap
     // `lhs` or `rhs`, and `dst_rs ≥ n` makes its elements distinct; the call is single-threaded
@@ -109,7 +125,7 @@ pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting rounds to an integer
-    let x = x.max(-87.3).min(88.0);
+    let x = x.clamp(-87.3, 88.0);
     let shifted = x * LOG2E + ROUND;
     let n = shifted - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
@@ -213,7 +229,10 @@ fn max(v: &[f32]) -> f32 {
             *a = a.max(x);
         }
     }
-    it.remainder().iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+    it.remainder()
+        .iter()
+        .chain(&acc)
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x))
 }
 
 avx2_dispatch! {
@@ -295,7 +314,17 @@ mod tests {
     #[should_panic(expected = "rhs too small")]
     fn sgemm_refuses_an_operand_that_does_not_fit() {
         let mut dst = vec![0f32; 4];
-        sgemm(2, 2, 2, &mut dst, 2, false, Mat::rows(&[1.0; 4], 2), Mat::rows(&[1.0; 3], 2), 1.0);
+        sgemm(
+            2,
+            2,
+            2,
+            &mut dst,
+            2,
+            false,
+            Mat::rows(&[1.0; 4], 2),
+            Mat::rows(&[1.0; 3], 2),
+            1.0,
+        );
     }
 
     #[test]
@@ -309,6 +338,7 @@ mod tests {
         }
         assert!(worst < 2.5 * f32::EPSILON as f64, "worst relative error {worst:e}");
         assert_eq!(exp(-1000.0), exp(-87.3));
+        assert!(exp(f32::NAN).is_nan());
         assert!(exp(1000.0).is_finite());
         assert!((silu(-200.0)).abs() < 1e-30 && (silu(3.0) - 3.0 / (1.0 + (-3f32).exp())).abs() < 1e-6);
     }

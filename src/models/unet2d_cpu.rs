@@ -101,7 +101,17 @@ impl Lin {
     /// Rows `x` [n, cin] → [n, cout].
     fn rows(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut out: Vec<f32> = (0..n).flat_map(|_| self.b.iter().copied()).collect();
-        sgemm(n, self.cout, self.cin, &mut out, self.cout, true, Mat::rows(x, self.cin), Mat::cols(&self.w, self.cin), 1.0);
+        sgemm(
+            n,
+            self.cout,
+            self.cin,
+            &mut out,
+            self.cout,
+            true,
+            Mat::rows(x, self.cin),
+            Mat::cols(&self.w, self.cin),
+            1.0,
+        );
         out
     }
 
@@ -117,7 +127,17 @@ impl Lin {
                 *v += b;
             }
         }
-        sgemm(self.cout, m, self.cin, &mut out, m, true, Mat::rows(&self.w, self.cin), Mat::rows(x, m), 1.0);
+        sgemm(
+            self.cout,
+            m,
+            self.cin,
+            &mut out,
+            m,
+            true,
+            Mat::rows(&self.w, self.cin),
+            Mat::rows(x, m),
+            1.0,
+        );
         out
     }
 }
@@ -200,7 +220,17 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
     }
     let kk = cv.cin * k * k;
     if k == 1 && s == 1 && cv.pad_lo == 0 && cv.pad_hi == 0 {
-        sgemm(cv.cout, nb * hwo, cv.cin, &mut out, nb * hwo, true, Mat::rows(&cv.w, kk), Mat::rows(&x.d, nb * hwi), 1.0);
+        sgemm(
+            cv.cout,
+            nb * hwo,
+            cv.cin,
+            &mut out,
+            nb * hwo,
+            true,
+            Mat::rows(&cv.w, kk),
+            Mat::rows(&x.d, nb * hwi),
+            1.0,
+        );
         return Feat {
             d: out,
             c: cv.cout,
@@ -334,7 +364,11 @@ fn im2col_plane(
         } else {
             for (x, d) in drow.iter_mut().enumerate() {
                 let ix = (x * s + dx) as isize - pad as isize;
-                *d = if ix < 0 || ix >= w as isize { 0.0 } else { srow[ix as usize] };
+                *d = if ix < 0 || ix >= w as isize {
+                    0.0
+                } else {
+                    srow[ix as usize]
+                };
             }
         }
     }
@@ -352,7 +386,9 @@ fn norm_act(nb: usize, n: &Norm, x: &Feat, scale_shift: Option<(&[f32], usize)>,
             let cnt = (cpg * hw) as f64;
             let total: f64 = (g * cpg..(g + 1) * cpg).map(|c| sum(&x.d[slab(c)])).sum();
             let mean = total / cnt;
-            let ss: f64 = (g * cpg..(g + 1) * cpg).map(|c| sq_dev(&x.d[slab(c)], mean as f32)).sum();
+            let ss: f64 = (g * cpg..(g + 1) * cpg)
+                .map(|c| sq_dev(&x.d[slab(c)], mean as f32))
+                .sum();
             let rstd = 1.0 / (ss / cnt + n.eps).sqrt();
             for c in g * cpg..(g + 1) * cpg {
                 let mut a = (rstd * n.g[c] as f64) as f32;
@@ -405,7 +441,10 @@ fn avgpool2(nb: usize, x: &Feat) -> Feat {
         let src = &x.d[p * h * w..(p + 1) * h * w];
         for y in 0..ho {
             for xx in 0..wo {
-                let s = src[2 * y * w + 2 * xx] + src[2 * y * w + 2 * xx + 1] + src[(2 * y + 1) * w + 2 * xx] + src[(2 * y + 1) * w + 2 * xx + 1];
+                let s = src[2 * y * w + 2 * xx]
+                    + src[2 * y * w + 2 * xx + 1]
+                    + src[(2 * y + 1) * w + 2 * xx]
+                    + src[(2 * y + 1) * w + 2 * xx + 1];
                 out[p * ho * wo + y * wo + xx] = s / 4.0;
             }
         }
@@ -451,7 +490,12 @@ impl Res {
     fn forward(&self, ctx: &mut Ctx, x: Feat, act_emb: &[f32]) -> Feat {
         let nb = ctx.nb;
         let h = norm_act(nb, &self.norm1, &x, None, Some(self.act));
-        let mut h = Feat { d: h, c: x.c, h: x.h, w: x.w };
+        let mut h = Feat {
+            d: h,
+            c: x.c,
+            h: x.h,
+            w: x.w,
+        };
         let mut input = x;
         match self.updown {
             Updown::None => {}
@@ -534,10 +578,30 @@ impl Attn {
             for hh in 0..self.heads {
                 let off = hh * hd * m + b * l;
                 // scores[i, j] = scale · Σ_d q[d, i] k[d, j]
-                sgemm(l, l, hd, &mut p, l, false, Mat::cols(&q[off..], m), Mat::rows(&k[off..], m), scale);
+                sgemm(
+                    l,
+                    l,
+                    hd,
+                    &mut p,
+                    l,
+                    false,
+                    Mat::cols(&q[off..], m),
+                    Mat::rows(&k[off..], m),
+                    scale,
+                );
                 softmax_rows(&mut p, l);
                 // o[d, i] = Σ_j v[d, j] p[i, j]
-                sgemm(hd, l, l, &mut o[off..], m, false, Mat::rows(&v[off..], m), Mat::cols(&p, l), 1.0);
+                sgemm(
+                    hd,
+                    l,
+                    l,
+                    &mut o[off..],
+                    m,
+                    false,
+                    Mat::rows(&v[off..], m),
+                    Mat::cols(&p, l),
+                    1.0,
+                );
             }
         }
         let (c, h, w) = (x.c, x.h, x.w);
@@ -602,18 +666,17 @@ impl CpuUnet {
                 Ok((CBlock::new(&d.block.resnets, &d.block.attentions)?, dn))
             })
             .collect::<Result<_>>()?;
-        let up = m
-            .up
-            .iter()
-            .map(|u| {
-                let upm = match &u.up {
-                    None => None,
-                    Some(Up::Conv(c)) => Some(CUp::Conv(Conv::new(c, 0)?)),
-                    Some(Up::Resnet(r)) => Some(CUp::Res(Box::new(Res::new(r)?))),
-                };
-                Ok((CBlock::new(&u.block.resnets, &u.block.attentions)?, upm))
-            })
-            .collect::<Result<_>>()?;
+        let up =
+            m.up.iter()
+                .map(|u| {
+                    let upm = match &u.up {
+                        None => None,
+                        Some(Up::Conv(c)) => Some(CUp::Conv(Conv::new(c, 0)?)),
+                        Some(Up::Resnet(r)) => Some(CUp::Res(Box::new(Res::new(r)?))),
+                    };
+                    Ok((CBlock::new(&u.block.resnets, &u.block.attentions)?, upm))
+                })
+                .collect::<Result<_>>()?;
         let mid = match &m.mid {
             None => None,
             Some(mb) => Some((
@@ -631,7 +694,11 @@ impl CpuUnet {
             up,
             norm_out: Norm::new(&m.norm_out)?,
             conv_out: Conv::new(&m.conv_out, 0)?,
-            act: m.down.first().and_then(|d| d.block.resnets.first()).map_or(Act::Silu, |r| r.act),
+            act: m
+                .down
+                .first()
+                .and_then(|d| d.block.resnets.first())
+                .map_or(Act::Silu, |r| r.act),
             in_ch: m.config.in_channels,
             out_ch: m.config.out_channels,
         })
@@ -639,7 +706,14 @@ impl CpuUnet {
 
     /// The forward of a batch `x` (B, C, H, W) row-major, with the time features `tf` ([B, tin],
     /// from [`Unet2dModel`]'s embedding); `fourier_t` divides the output by t per image.
-    pub(super) fn forward(&self, x: &[f32], shape: [usize; 4], tf: &[f32], fourier_t: Option<&[f32]>, center: bool) -> Vec<f32> {
+    pub(super) fn forward(
+        &self,
+        x: &[f32],
+        shape: [usize; 4],
+        tf: &[f32],
+        fourier_t: Option<&[f32]>,
+        center: bool,
+    ) -> Vec<f32> {
         let [b, c, h, w] = shape;
         let hw = h * w;
         let tin = self.lin1.cin;
@@ -692,21 +766,30 @@ impl CpuUnet {
         act_inplace(self.act, &mut emb);
         let emb = emb;
         let mut hcur = ctx.conv(&self.conv_in, &x, None, None);
-        let mut skips: Vec<Feat> = vec![Feat { d: hcur.d.clone(), ..hcur }];
+        let mut skips: Vec<Feat> = vec![Feat {
+            d: hcur.d.clone(),
+            ..hcur
+        }];
         for (blk, dn) in &self.down {
             for (j, r) in blk.res.iter().enumerate() {
                 hcur = r.forward(&mut ctx, hcur, &emb);
                 if let Some(a) = blk.attn.get(j) {
                     hcur = a.forward(&mut ctx, hcur);
                 }
-                skips.push(Feat { d: hcur.d.clone(), ..hcur });
+                skips.push(Feat {
+                    d: hcur.d.clone(),
+                    ..hcur
+                });
             }
             if let Some(dn) = dn {
                 hcur = match dn {
                     CDown::Conv(cv) => ctx.conv(cv, &hcur, None, None),
                     CDown::Res(r) => r.forward(&mut ctx, hcur, &emb),
                 };
-                skips.push(Feat { d: hcur.d.clone(), ..hcur });
+                skips.push(Feat {
+                    d: hcur.d.clone(),
+                    ..hcur
+                });
             }
         }
         if let Some((r1, a, r2)) = &self.mid {
@@ -718,7 +801,9 @@ impl CpuUnet {
         }
         for (blk, upm) in &self.up {
             for (j, r) in blk.res.iter().enumerate() {
-                let s = skips.pop().expect("skip connections match the down path (checked at build)");
+                let s = skips
+                    .pop()
+                    .expect("skip connections match the down path (checked at build)");
                 let mut d = hcur.d;
                 d.extend_from_slice(&s.d);
                 hcur = Feat {
@@ -776,7 +861,12 @@ mod tests {
     #[test]
     fn cpu_forward_equals_candle_forward_on_every_fixture() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/diffusers");
-        for name in ["unet-28-c1-attn", "unet-32-c3-noattn", "unet-28-c1-fourier", "unet-32-c3-attn"] {
+        for name in [
+            "unet-28-c1-attn",
+            "unet-32-c3-noattn",
+            "unet-28-c1-fourier",
+            "unet-32-c3-attn",
+        ] {
             let dir = root.join(name);
             let ck = DiffusersCheckpoint::load(&dir, &Device::Cpu).unwrap();
             let input = npy::read(&dir.join("input.npy")).unwrap();
@@ -792,17 +882,41 @@ mod tests {
             let shape = [b, s[1], s[2], s[3]];
             let fast = ck.model.forward_host(&x, shape, &t).unwrap();
             let xt = Tensor::from_slice(&x, (b, s[1], s[2], s[3]), &Device::Cpu).unwrap();
-            let slow: Vec<f32> = ck.model.forward_candle(&xt, &t).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let slow: Vec<f32> = ck
+                .model
+                .forward_candle(&xt, &t)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
             assert_eq!(fast.len(), slow.len(), "{name}");
             let scale = slow.iter().fold(0f32, |m, v| m.max(v.abs()));
             let worst = fast.iter().zip(&slow).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(worst <= 2e-5 * scale.max(1.0), "{name}: max abs difference {worst} (scale {scale})");
+            assert!(
+                worst <= 2e-5 * scale.max(1.0),
+                "{name}: max abs difference {worst} (scale {scale})"
+            );
             // Through the Tensor interface as well, and one image at a time.
-            let via_tensor: Vec<f32> = ck.model.forward(&xt, &t).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let via_tensor: Vec<f32> = ck
+                .model
+                .forward(&xt, &t)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
             assert_eq!(via_tensor, fast, "{name}");
-            let one = ck.model.forward_host(&x[per..2 * per], [1, s[1], s[2], s[3]], &t[1..2]).unwrap();
+            let one = ck
+                .model
+                .forward_host(&x[per..2 * per], [1, s[1], s[2], s[3]], &t[1..2])
+                .unwrap();
             let o = s[1] * s[2] * s[3] / s[1] * ck.model.config.out_channels;
-            let diff = one.iter().zip(&fast[o..2 * o]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let diff = one
+                .iter()
+                .zip(&fast[o..2 * o])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             assert!(diff <= 1e-5 * scale.max(1.0), "{name}: batch of one differs by {diff}");
         }
     }
