@@ -140,9 +140,12 @@ pub fn check_in(field: &str, value: f64, per_unit: Cost, mem_cap: f64, work_cap:
     if value.is_nan() || value < 0.0 {
         return Err(Error::field(field, format!("must be a size ≥ 0, got {value}")));
     }
+    // The largest value that passes both caps (a refusal by one cap states it, not the other
+    // cap's larger maximum).
+    let max_of = |cap: f64, per: f64| if per > 0.0 { (cap / per).floor() } else { f64::INFINITY };
+    let max = max_of(mem_cap, per_unit.bytes).min(max_of(work_cap, per_unit.work));
     let bytes = value * per_unit.bytes;
     if bytes > mem_cap {
-        let max = (mem_cap / per_unit.bytes).floor();
         return Err(Error::field(
             field,
             format!(
@@ -157,7 +160,6 @@ pub fn check_in(field: &str, value: f64, per_unit: Cost, mem_cap: f64, work_cap:
     }
     let work = value * per_unit.work;
     if work > work_cap {
-        let max = (work_cap / per_unit.work).floor();
         return Err(Error::field(
             field,
             format!(
@@ -350,7 +352,7 @@ mod tests {
         let e = check_in("schedule.levels", 1e12, SCHEDULE_LEVEL, 4.0 * 1024f64.powi(3), 2e11).unwrap_err();
         let s = e.to_string();
         assert!(
-            s.starts_with("field `schedule.levels`: 1000000000000 is above the limit of 4194304"),
+            s.starts_with("field `schedule.levels`: 1000000000000 is above the limit of 2000000"),
             "{s}"
         );
         assert!(s.contains(MEMORY_ENV), "{s}");

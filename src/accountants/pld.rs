@@ -663,7 +663,7 @@ fn epsilon_delta_pld(eps: f64, delta: f64, h: f64, max_points: usize) -> Discret
     let p_hi = w / (1.0 + (-eps).exp());
     let p_lo = w - p_hi;
     let cap = MAX_STEP_LOSS.min((max_points.max(2) - 1) as f64 * h / 2.0);
-    if !(eps <= cap) {
+    if eps.is_nan() || eps > cap {
         return trim(DiscretePld {
             lo: (-cap / h).ceil() as i64,
             probs: vec![p_lo],
