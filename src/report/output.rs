@@ -310,21 +310,29 @@ fn write_error(path: &Path, e: &std::io::Error) -> Error {
 // Inputs and targets
 
 /// (device, inode) of every file this process read as input (see [`note_input`]).
-static INPUTS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+static INPUTS: Mutex<Vec<FileId>> = Mutex::new(Vec::new());
+
+/// A file's identity: device, inode and change time (an inode number alone is reused once its
+/// file is deleted, so a later, unrelated file could pass for an input).
+type FileId = (u64, u64, i64, i64);
+
+fn file_id(m: &std::fs::Metadata) -> FileId {
+    (m.dev(), m.ino(), m.ctime(), m.ctime_nsec())
+}
 
 /// Records `path` as an input of this command: no output may replace it.
 pub fn note_input(path: &Path) {
     if let Ok(m) = std::fs::metadata(path) {
         if let Ok(mut v) = INPUTS.lock() {
-            if !v.contains(&(m.dev(), m.ino())) {
-                v.push((m.dev(), m.ino()));
+            if !v.contains(&file_id(&m)) {
+                v.push(file_id(&m));
             }
         }
     }
 }
 
 fn is_input(m: &std::fs::Metadata) -> bool {
-    INPUTS.lock().map(|v| v.contains(&(m.dev(), m.ino()))).unwrap_or(false)
+    INPUTS.lock().map(|v| v.contains(&file_id(m))).unwrap_or(false)
 }
 
 /// What an output path names now.
