@@ -120,6 +120,12 @@ fn mismatched_checkpoint_and_config_exit_2() {
     let card_path = dir.path().join("m.toml");
     let text = std::fs::read_to_string(&card_path).unwrap();
     std::fs::write(&card_path, text.replace("hidden = 32", "hidden = 48")).unwrap();
+    // The edited card no longer matches the manifest of the set `train` wrote.
+    let o = dpaudit(&["mia", "--checkpoint", card_path.to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("mixed or incomplete"), "{}", stderr(&o));
+    // Without a manifest (a card copied on its own), the card's own checks still refuse it.
+    std::fs::remove_file(dir.path().join(".m.dpaudit-manifest.json")).unwrap();
     let o = dpaudit(&["mia", "--checkpoint", card_path.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
