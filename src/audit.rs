@@ -241,7 +241,7 @@ pub fn load_file(path: &Path) -> Result<Input> {
 /// [`load_file`], also printing (on stderr) the sampler settings that were left at their
 /// defaults when `warn_defaults` (what `check` does, so that a CI log shows them).
 pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
-    let src = crate::error::read_to_string(path)?;
+    let src = crate::input::read_to_string(path)?;
     let table: toml::Table = toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))?;
     if table.contains_key("event") {
         let f = EventFile::load(path)?;

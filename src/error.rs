@@ -138,16 +138,6 @@ pub fn from_toml(path: &Path, src: &str, err: toml::de::Error) -> Error {
     e
 }
 
-/// Reads a whole text file with an I/O error that names it. The file's size is checked
-/// against the memory cap first ([`crate::limits::TEXT_INPUT_BYTE`]: parsing TOML or CSV holds
-/// tens of bytes per byte of text), and at most that many bytes are read, so neither a huge file
-/// nor an endless one (`/dev/zero`, a FIFO) can exhaust memory.
-pub fn read_to_string(path: &Path) -> Result<String> {
-    // A member of a dpaudit output set is read only when its whole set is intact.
-    crate::report::output::verify_member(path)?;
-    crate::limits::read_input_text(path)
-}
-
 /// How an error message may show a cell or token read from a data file: quoted when it is a
 /// short run of characters that can appear in a number (`1.5e3`, `-0.2`, `1.2.3`), otherwise
 /// described by its length only. A file referenced from another file (a sampler config's
@@ -164,12 +154,6 @@ pub fn token(cell: &str) -> String {
     } else {
         format!("a cell of {} characters", t.chars().count())
     }
-}
-
-/// Parses a TOML file into `T` with file/line/field context on failure.
-pub fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let src = read_to_string(path)?;
-    toml::from_str(&src).map_err(|e| from_toml(path, &src, e))
 }
 
 /// True when `message` describes a write to a closed pipe (the reader, e.g. `| head`, exited).

@@ -69,6 +69,7 @@ pub mod config;
 pub mod diffusion;
 pub mod error;
 pub mod events;
+pub mod input;
 pub mod limits;
 pub mod models;
 pub mod numeric;

@@ -91,7 +91,7 @@ impl Canaries {
 
     /// Reads a canaries file; errors name the file and line.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = crate::error::read_to_string(path)?;
+        let text = crate::input::read_to_string(path)?;
         let mut lines = text.lines();
         let header = lines
             .next()

@@ -73,7 +73,7 @@ pub fn run(
     }
     let record_path = ck.dir.join("training.json");
     let record: Option<TrainingRecord> = if record_path.is_file() {
-        let text = crate::error::read_to_string(&record_path)?;
+        let text = crate::input::read_to_string(&record_path)?;
         Some(
             serde_json::from_str(&text)
                 .map_err(|e| Error::input(format!("not a training record: {e}")).with_file(&record_path))?,

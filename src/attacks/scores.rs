@@ -75,7 +75,7 @@ pub fn to_csv(records: &[ScoreRecord]) -> String {
 
 /// Reads a scores CSV; errors name the file, line and column.
 pub fn read_csv(path: &Path) -> Result<Vec<ScoreRecord>> {
-    let text = crate::error::read_to_string(path)?;
+    let text = crate::input::read_to_string(path)?;
     parse_csv(&text).map_err(|e| e.with_file(path))
 }
 

@@ -425,7 +425,7 @@ impl ClaimsFile {
 
     /// Reads and parses a claims file.
     pub fn load(path: &Path) -> Result<ClaimsFile> {
-        let src = crate::error::read_to_string(path)?;
+        let src = crate::input::read_to_string(path)?;
         Self::parse(path, &src)
     }
 

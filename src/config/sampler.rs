@@ -275,7 +275,7 @@ impl SamplerConfig {
     /// scheduler file.
     pub fn load(path: impl AsRef<Path>) -> Result<SamplerConfig> {
         let path = path.as_ref();
-        let src = error::read_to_string(path)?;
+        let src = crate::input::read_to_string(path)?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::finish(&src, Some(path), dir)
     }

@@ -590,7 +590,7 @@ impl EventFile {
 
     /// Reads and validates an event file; errors name the file, line and field.
     pub fn load(path: &std::path::Path) -> Result<Self> {
-        let f: EventFile = crate::error::load_toml(path)?;
+        let f: EventFile = crate::input::load_toml(path)?;
         if f.schema_version != 1 {
             return Err(Error::field(
                 "schema_version",

@@ -305,7 +305,7 @@ impl Checkpoint {
     /// Loads a checkpoint from its card (or weights file, or stem) onto `device`.
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
         let card_path = card_path(path);
-        let card: Card = crate::error::load_toml(&card_path)?;
+        let card: Card = crate::input::load_toml(&card_path)?;
         if !(1..=CARD_SCHEMA).contains(&card.schema_version) {
             return Err(Error::field(
                 "schema_version",

@@ -220,7 +220,7 @@ impl SplitManifest {
 
     /// Reads and checks a manifest: schema, list hashes, disjointness.
     pub fn load(path: &Path) -> Result<Self> {
-        let m: SplitManifest = crate::error::load_toml(path)?;
+        let m: SplitManifest = crate::input::load_toml(path)?;
         if m.schema_version != 1 {
             return Err(Error::field(
                 "schema_version",

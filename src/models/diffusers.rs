@@ -121,7 +121,7 @@ impl DiffusersCheckpoint {
             .with_file(dir)
         })?;
         let config_path = udir.join("config.json");
-        let text = crate::error::read_to_string(&config_path)?;
+        let text = crate::input::read_to_string(&config_path)?;
         let config_sha256 = sha256_hex(text.as_bytes());
         let config = Unet2dConfig::parse(&text, &config_path)?;
         let weights_path = udir.join(WEIGHTS);

@@ -104,7 +104,7 @@ fn err(path: &Path, key: &str, msg: impl Into<String>) -> Error {
 impl SchedulerConfig {
     /// Reads a `scheduler_config.json`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = crate::error::read_to_string(path)?;
+        let text = crate::input::read_to_string(path)?;
         Self::parse(&text, path)
     }
 

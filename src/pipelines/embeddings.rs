@@ -48,7 +48,7 @@ impl Embeddings {
     /// Reads a CSV file of numbers; a first line that does not parse as numbers is a header.
     /// Errors name the file and line.
     pub fn load_csv(path: &Path) -> Result<Self> {
-        let src = crate::error::read_to_string(path)?;
+        let src = crate::input::read_to_string(path)?;
         Self::parse_csv(&src).map_err(|e| e.with_file(path))
     }
 

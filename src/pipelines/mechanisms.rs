@@ -228,7 +228,7 @@ fn one() -> Count {
 
 /// Loads a run config with file/line/field errors.
 pub fn load_config<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let src = crate::error::read_to_string(path)?;
+    let src = crate::input::read_to_string(path)?;
     let v: T = toml::from_str(&src).map_err(|e| {
         let msg = e.message().to_string();
         let mut err = crate::error::from_toml(path, &src, e);

@@ -14,7 +14,7 @@
 //!   staging folder `.dpaudit-tmp-set-*` inside the target folder, then a manifest
 //!   (`.dpaudit-manifest.json`, or `.<stem>.dpaudit-manifest.json` for a `train` stem) naming
 //!   every member with its SHA-256 is renamed into place, then each member. Every reader
-//!   ([`verify_member`], called by [`crate::error::read_to_string`] and `dpaudit report`) checks
+//!   ([`verify_member`], called by [`crate::input::read_to_string`] and `dpaudit report`) checks
 //!   the whole set against the manifest, so a set that a kill left half renamed (new ledger
 //!   beside old outputs) is refused (exit 2), never read as valid. Staging folders left by a
 //!   killed run are removed by the next commit of the same set and never count as outputs.
@@ -35,11 +35,12 @@ use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
-
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::input::is_input;
+pub use crate::input::{
+    manifest_name, note_input, released_line, verify_member, Manifest, ManifestEntry, MANIFEST_SUFFIX,
+};
 
 /// Environment variable that injects a write failure (see the module docs).
 pub const INJECT_WRITE_FAILURE_ENV: &str = "DPAUDIT_INJECT_WRITE_FAILURE";
@@ -309,32 +310,6 @@ fn write_error(path: &Path, e: &std::io::Error) -> Error {
 // ---------------------------------------------------------------------------------------------
 // Inputs and targets
 
-/// (device, inode) of every file this process read as input (see [`note_input`]).
-static INPUTS: Mutex<Vec<FileId>> = Mutex::new(Vec::new());
-
-/// A file's identity: device, inode and change time (an inode number alone is reused once its
-/// file is deleted, so a later, unrelated file could pass for an input).
-type FileId = (u64, u64, i64, i64);
-
-fn file_id(m: &std::fs::Metadata) -> FileId {
-    (m.dev(), m.ino(), m.ctime(), m.ctime_nsec())
-}
-
-/// Records `path` as an input of this command: no output may replace it.
-pub fn note_input(path: &Path) {
-    if let Ok(m) = std::fs::metadata(path) {
-        if let Ok(mut v) = INPUTS.lock() {
-            if !v.contains(&file_id(&m)) {
-                v.push(file_id(&m));
-            }
-        }
-    }
-}
-
-fn is_input(m: &std::fs::Metadata) -> bool {
-    INPUTS.lock().map(|v| v.contains(&file_id(m))).unwrap_or(false)
-}
-
 /// What an output path names now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
@@ -414,40 +389,7 @@ fn commit_step() {
     }
 }
 
-/// Name suffix of every manifest.
-pub const MANIFEST_SUFFIX: &str = "dpaudit-manifest.json";
 const STAGING_PREFIX: &str = ".dpaudit-tmp-set-";
-
-/// The manifest of an output set: every member with its SHA-256.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Manifest {
-    /// Format version (1).
-    pub dpaudit_manifest: u32,
-    /// The members, in commit order.
-    pub files: Vec<ManifestEntry>,
-}
-
-/// One member of an output set.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ManifestEntry {
-    /// File name (in the manifest's folder).
-    pub name: String,
-    /// Lower-case hex SHA-256 of its bytes.
-    pub sha256: String,
-    /// Size in bytes.
-    pub bytes: u64,
-}
-
-/// The manifest file name of a set: `.dpaudit-manifest.json` for a `--out DIR` set,
-/// `.<stem>.dpaudit-manifest.json` for a stem (`train --out models/x` → `.x.dpaudit-manifest.json`).
-pub fn manifest_name(stem: Option<&str>) -> String {
-    match stem {
-        None => format!(".{MANIFEST_SUFFIX}"),
-        Some(s) => format!(".{s}.{MANIFEST_SUFFIX}"),
-    }
-}
 
 fn lock_name(stem: Option<&str>) -> String {
     match stem {
@@ -612,128 +554,6 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
     sync_dir(dir);
     drop(staging);
     Ok(out)
-}
-
-/// Reads a manifest (small, JSON).
-fn read_manifest(path: &Path) -> Result<Manifest> {
-    let text = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    serde_json::from_slice(&text)
-        .map_err(|e| Error::input(format!("not a dpaudit output manifest: {e}")).with_file(path))
-}
-
-fn file_sha256(path: &Path) -> std::io::Result<String> {
-    use sha2::Digest;
-    let mut f = std::fs::File::open(path)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = std::io::Read::read(&mut f, &mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// The comment line (without `# `) by which a ledger names the release it describes:
-/// `released: <file> sha256 <hex>`. [`verify_member`] checks it whenever the ledger is read.
-pub fn released_line(file: &str, bytes: &[u8]) -> String {
-    format!("released: {file} sha256 {}", super::sha256_hex(bytes))
-}
-
-/// Checks every `# released: <file> sha256 <hex>` comment line at the top of `path`.
-fn verify_released(path: &Path) -> Result<()> {
-    let Ok(f) = std::fs::File::open(path) else {
-        return Ok(());
-    };
-    let mut head = String::new();
-    // Comment lines come first; 64 KiB is far more than any ledger header.
-    let _ = std::io::Read::read_to_string(&mut std::io::Read::take(f, 1 << 16), &mut head);
-    for (i, line) in head.lines().enumerate() {
-        let Some(rest) = line.strip_prefix("# released: ") else {
-            if line.starts_with('#') || line.trim().is_empty() {
-                continue;
-            }
-            break;
-        };
-        let mut it = rest.split_whitespace();
-        let (Some(name), Some("sha256"), Some(want)) = (it.next(), it.next(), it.next()) else {
-            continue;
-        };
-        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
-            continue;
-        }
-        let p = parent_dir(path).join(name);
-        let got = file_sha256(&p).ok();
-        if got.as_deref() != Some(want) {
-            let mut e = Error::field(
-                "released",
-                format!(
-                    "this ledger describes `{}` with SHA-256 {want}, but {}: the ledger and the release disagree",
-                    p.display(),
-                    match got {
-                        None => "that file is missing".to_string(),
-                        Some(g) => format!("it has SHA-256 {g}"),
-                    }
-                ),
-            )
-            .with_file(path);
-            e.line = Some(i + 1);
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-/// Before a file is read as input: when a manifest in its folder lists it, every member of that
-/// set must be present with the manifest's SHA-256, else the set is mixed or incomplete (a run
-/// was killed between renames, or two runs wrote into one place) and is refused (exit 2,
-/// naming the first member that differs). Also records `path` as an input ([`note_input`]).
-pub fn verify_member(path: &Path) -> Result<()> {
-    note_input(path);
-    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-        return Ok(());
-    };
-    if name.ends_with(".toml") {
-        verify_released(path)?;
-    }
-    let dir = parent_dir(path);
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
-    };
-    for e in entries.flatten() {
-        let mname = e.file_name().to_string_lossy().into_owned();
-        if !(mname.starts_with('.') && mname.ends_with(MANIFEST_SUFFIX)) {
-            continue;
-        }
-        let mpath = dir.join(&mname);
-        let m = read_manifest(&mpath)?;
-        if !m.files.iter().any(|f| f.name == name) {
-            continue;
-        }
-        for f in &m.files {
-            let p = dir.join(&f.name);
-            let got = file_sha256(&p).ok();
-            if got.as_deref() != Some(f.sha256.as_str()) {
-                let what = match got {
-                    None => "is missing from",
-                    Some(_) => "differs from",
-                };
-                return Err(Error::field(
-                    "sha256",
-                    format!(
-                        "`{}` {what} the output set recorded in `{}` that `{}` belongs to: the set is mixed or incomplete (a run was interrupted between renames, or two runs wrote into one place); rerun the command that wrote it",
-                        p.display(),
-                        mpath.display(),
-                        path.display()
-                    ),
-                )
-                .with_file(path));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Set once stdout turned out to be a closed pipe: later output is dropped.
