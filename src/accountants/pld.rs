@@ -1884,7 +1884,14 @@ impl PldAccountant {
                 continue;
             }
             if let Some(m) = merged.iter_mut().find(|(x, _)| *x == l) {
-                m.1 = m.1.saturating_add(c);
+                // A count that does not fit is refused: a saturated count would under-count the
+                // composition and understate ε.
+                m.1 = m.1.checked_add(c).ok_or_else(|| {
+                    Error::field(
+                        "count",
+                        "the total count of one repeated step exceeds 2⁶⁴ − 1; no composition is certified",
+                    )
+                })?;
             } else {
                 merged.push((l, c));
             }
