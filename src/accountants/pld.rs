@@ -1744,6 +1744,13 @@ fn laplace_pure_epsilon(b: f64) -> f64 {
     (1.0 / b).next_up()
 }
 
+/// ε of a pure-ε step sampled at rate q: ln(1 + q(e^ε − 1)) (Balle, Barthe & Gaboardi 2018,
+/// Thm 2), rounded up past the few ulps of `exp_m1`, the product and `ln_1p`, so it never
+/// understates ε.
+fn amplified_epsilon(q: f64, epsilon: f64) -> f64 {
+    ((q * epsilon.exp_m1()).ln_1p() * (1.0 + 4.0 * U)).next_up()
+}
+
 fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(Leaf, u64)>> {
     let mut out = Vec::new();
     for (i, c) in components.iter().enumerate() {
@@ -1778,11 +1785,11 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
                             // convexity (Balle, Barthe & Gaboardi 2018, Thm 2) gives
                             // (ln(1 + q(e^ε − 1)), qδ).
                             Mechanism::EpsilonDelta { epsilon, delta } => Leaf::EpsilonDelta {
-                                epsilon: (q * epsilon.exp_m1()).ln_1p(),
+                                epsilon: amplified_epsilon(q, epsilon),
                                 delta: q * delta,
                             },
                             Mechanism::Laplace { noise_multiplier } => Leaf::EpsilonDelta {
-                                epsilon: (q * laplace_pure_epsilon(noise_multiplier).exp_m1()).ln_1p(),
+                                epsilon: amplified_epsilon(q, laplace_pure_epsilon(noise_multiplier)),
                                 delta: 0.0,
                             },
                         },
@@ -1798,11 +1805,11 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
                     // Amplification by Poisson subsampling (Li, Qardaji & Su 2012, Thm 1;
                     // Balle, Barthe & Gaboardi 2018, Thm 8): (ln(1 + q(e^ε − 1)), qδ).
                     Mechanism::EpsilonDelta { epsilon, delta } => Leaf::EpsilonDelta {
-                        epsilon: (q * epsilon.exp_m1()).ln_1p(),
+                        epsilon: amplified_epsilon(q, epsilon),
                         delta: q * delta,
                     },
                     Mechanism::Laplace { noise_multiplier } => Leaf::EpsilonDelta {
-                        epsilon: (q * laplace_pure_epsilon(noise_multiplier).exp_m1()).ln_1p(),
+                        epsilon: amplified_epsilon(q, laplace_pure_epsilon(noise_multiplier)),
                         delta: 0.0,
                     },
                 }
