@@ -1,14 +1,15 @@
 //! CPU kernels for the diffusers UNet forward ([`super::unet2d`]): a bounds-checked strided
 //! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
-//! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, and SiLU.
+//! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
+//! softmax and a fused attention head for small head dimensions.
 //!
 //! The crate's only `unsafe` code is here, in two forms. (1) `gemm::gemm` takes raw pointers and
 //! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
 //! shape and strides address lies inside its slice, and that distinct destination elements are
 //! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
-//! inputs. (2) The element-wise kernels (SiLU, softmax, group-norm sums, affine) are safe code
-//! compiled twice, once for AVX2; calling the AVX2 copy is `unsafe` and happens only after
-//! `is_x86_feature_detected!("avx2")`.
+//! inputs. (2) The element-wise kernels (SiLU, softmax, attention, group-norm sums, affine) are
+//! safe code compiled twice, once for AVX2 + FMA; calling that copy is `unsafe` and happens only
+//! after `is_x86_feature_detected!` found both features.
 
 use gemm::Parallelism;
 
@@ -114,25 +115,40 @@ pub fn sgemm(
     }
 }
 
+/// `a·b + c`, fused (one rounding) in the copies compiled for FMA (`F = true`), else two roundings.
+#[inline(always)]
+fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if F {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
 /// e^x in single precision without a libm call, so that loops over it vectorise: x = n·ln 2 + r
 /// with |r| ≤ ln 2 / 2 (Cody–Waite split of ln 2), e^r by its degree-7 Taylor polynomial
 /// (truncation < 6e-9 relative), 2^n through the exponent bits. Inputs are clamped to
 /// [−87.3, 88] (results ≥ 1.2e-38, no infinities); measured within 2 ulp of `f32::exp` on the
-/// clamped range (unit test).
+/// clamped range (unit test, both with and without fused multiply-adds).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
+    exp_f::<false>(x)
+}
+
+#[inline(always)]
+fn exp_f<const F: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting rounds to an integer
     let x = x.clamp(-87.3, 88.0);
-    let shifted = x * LOG2E + ROUND;
+    let shifted = madd::<F>(x, LOG2E, ROUND);
     let n = shifted - ROUND;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let r = madd::<F>(-n, LN2_LO, madd::<F>(-n, LN2_HI, x));
+    let mut p = 1.0 / 5040.0;
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = madd::<F>(p, r, c);
+    }
     // n sits in the low mantissa bits of `shifted` (|n| ≤ 127 ≪ 2^22): integer arithmetic on the
     // bits gives 2^n without a float → int conversion, so the loop vectorises.
     let scale = f32::from_bits(shifted.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
@@ -142,28 +158,33 @@ pub fn exp(x: f32) -> f32 {
 /// SiLU x·σ(x) = x / (1 + e^{−x}).
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
+    silu_f::<false>(x)
 }
 
-/// Defines `pub fn $name(args)` that runs `$imp(args)` compiled for AVX2 when the CPU has it (a
-/// second copy of the same safe code, whose element loops LLVM vectorises 8 wide instead of
-/// SSE2's 4), else the baseline copy.
+#[inline(always)]
+fn silu_f<const F: bool>(x: f32) -> f32 {
+    x / (1.0 + exp_f::<F>(-x))
+}
+
+/// Defines `pub fn $name(args)` that runs `$imp::<true>(args)` compiled for AVX2 + FMA when the
+/// CPU has both (a second copy of the same safe code, whose element loops LLVM vectorises 8 wide
+/// with fused multiply-adds instead of SSE2's 4), else the baseline copy `$imp::<false>`.
 macro_rules! avx2_dispatch {
     ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),*) $(-> $r:ty)? => $imp:ident) => {
         $(#[$m])*
         pub fn $name($($a: $t),*) $(-> $r)? {
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
-                #[target_feature(enable = "avx2")]
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                #[target_feature(enable = "avx2,fma")]
                 fn avx2($($a: $t),*) $(-> $r)? {
-                    $imp($($a),*)
+                    $imp::<true>($($a),*)
                 }
                 // SAFETY: calling a `target_feature` function is sound when the CPU has the
-                // feature, which was detected just above.
+                // features, which were detected just above.
                 #[allow(unsafe_code)]
                 return unsafe { avx2($($a),*) };
             }
-            $imp($($a),*)
+            $imp::<false>($($a),*)
         }
     };
 }
@@ -174,9 +195,9 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn silu_inplace_impl(v: &mut [f32]) {
+fn silu_inplace_impl<const F: bool>(v: &mut [f32]) {
     for x in v {
-        *x = silu(*x);
+        *x = silu_f::<F>(*x);
     }
 }
 
@@ -186,7 +207,7 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn sum_impl(v: &[f32]) -> f64 {
+fn sum_impl<const F: bool>(v: &[f32]) -> f64 {
     lanes(v, |x| x)
 }
 
@@ -196,7 +217,7 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn sq_dev_impl(v: &[f32], mean: f32) -> f64 {
+fn sq_dev_impl<const F: bool>(v: &[f32], mean: f32) -> f64 {
     lanes(v, |x| (x - mean) * (x - mean))
 }
 
@@ -235,21 +256,101 @@ fn max(v: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |m, &x| m.max(x))
 }
 
+/// Σ a[i]·b[i] over eight f32 lanes (vectorises).
+#[inline(always)]
+fn dot<const F: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (mut ia, mut ib) = (a.chunks_exact(8), b.chunks_exact(8));
+    for (ca, cb) in (&mut ia).zip(&mut ib) {
+        for ((s, &x), &y) in acc.iter_mut().zip(ca).zip(cb) {
+            *s = madd::<F>(x, y, *s);
+        }
+    }
+    let tail: f32 = ia.remainder().iter().zip(ib.remainder()).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Softmax of one row in place: max, then e^(s − max) stored and summed in one pass (eight f32
+/// lanes per block of 256, widened to f64), then one scaling pass.
+#[inline(always)]
+fn softmax_row<const F: bool>(row: &mut [f32]) {
+    let mx = max(row);
+    let mut total = 0f64;
+    for block in row.chunks_mut(256) {
+        let mut acc = [0f32; 8];
+        let mut it = block.chunks_exact_mut(8);
+        for c in &mut it {
+            for (a, s) in acc.iter_mut().zip(c) {
+                *s = exp_f::<F>(*s - mx);
+                *a += *s;
+            }
+        }
+        let mut t: f32 = 0.0;
+        for s in it.into_remainder() {
+            *s = exp_f::<F>(*s - mx);
+            t += *s;
+        }
+        total += acc.iter().map(|&a| a as f64).sum::<f64>() + t as f64;
+    }
+    let inv = (1.0 / total) as f32;
+    for s in row.iter_mut() {
+        *s *= inv;
+    }
+}
+
 avx2_dispatch! {
     /// Softmax of each row of `l` values, in place.
     pub fn softmax_rows(p: &mut [f32], l: usize) => softmax_rows_impl
 }
 
 #[inline(always)]
-fn softmax_rows_impl(p: &mut [f32], l: usize) {
+fn softmax_rows_impl<const F: bool>(p: &mut [f32], l: usize) {
     for row in p.chunks_exact_mut(l) {
-        let mx = max(row);
-        for s in row.iter_mut() {
-            *s = exp(*s - mx);
+        softmax_row::<F>(row);
+    }
+}
+
+/// One attention head of one image on channel-major planes, for a small head dimension `hd`
+/// (where a GEMM's packing would cost more than its arithmetic): `q`, `k`, `v` and `o` hold `hd`
+/// planes of `l` positions each, plane `d` starting at `d·stride`. For every query position i:
+/// s[j] = scale · Σ_d q[d, i]·k[d, j] (accumulated plane by plane, j vectorised), the softmax
+/// of s, and o[d, i] = Σ_j v[d, j]·s[j]. Only one row of scores (`row`, length ≥ `l`) exists at a
+/// time. Panics if a plane does not fit its slice (a programming error).
+pub struct HeadPlanes<'a> {
+    /// Queries.
+    pub q: &'a [f32],
+    /// Keys.
+    pub k: &'a [f32],
+    /// Values.
+    pub v: &'a [f32],
+    /// Distance between consecutive planes in all four slices.
+    pub stride: usize,
+    /// Head dimension (number of planes).
+    pub hd: usize,
+    /// Positions per plane.
+    pub l: usize,
+}
+
+avx2_dispatch! {
+    /// See [`HeadPlanes`]: o[d·stride + i] = Σ_j softmax(scale · qᵀk)[i, j] · v[d·stride + j].
+    pub fn attend_small(h: &HeadPlanes<'_>, o: &mut [f32], scale: f32, row: &mut [f32]) => attend_small_impl
+}
+
+#[inline(always)]
+fn attend_small_impl<const F: bool>(h: &HeadPlanes<'_>, o: &mut [f32], scale: f32, row: &mut [f32]) {
+    let (l, st) = (h.l, h.stride);
+    let row = &mut row[..l];
+    for i in 0..l {
+        row.fill(0.0);
+        for d in 0..h.hd {
+            let qd = h.q[d * st + i] * scale;
+            for (s, &kv) in row.iter_mut().zip(&h.k[d * st..d * st + l]) {
+                *s = madd::<F>(qd, kv, *s);
+            }
         }
-        let inv = (1.0 / lanes(row, |x| x)) as f32;
-        for s in row.iter_mut() {
-            *s *= inv;
+        softmax_row::<F>(row);
+        for d in 0..h.hd {
+            o[d * st + i] = dot::<F>(row, &h.v[d * st..d * st + l]);
         }
     }
 }
@@ -260,14 +361,14 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn affine_impl(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) {
+fn affine_impl<const F: bool>(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) {
     if silu_after {
         for (y, &v) in dst.iter_mut().zip(src) {
-            *y = silu(v * a + b);
+            *y = silu_f::<F>(madd::<F>(v, a, b));
         }
     } else {
         for (y, &v) in dst.iter_mut().zip(src) {
-            *y = v * a + b;
+            *y = madd::<F>(v, a, b);
         }
     }
 }
@@ -341,5 +442,63 @@ mod tests {
         assert!(exp(f32::NAN).is_nan());
         assert!(exp(1000.0).is_finite());
         assert!((silu(-200.0)).abs() < 1e-30 && (silu(3.0) - 3.0 / (1.0 + (-3f32).exp())).abs() < 1e-6);
+        // The fused-multiply-add variant (what the AVX2 + FMA copies run), through softmax.
+        let xs: Vec<f32> = (0..239_000).map(|i| -87.0 + i as f32 * 0.000_731).collect();
+        let mut row = xs.clone();
+        softmax_rows(&mut row, xs.len());
+        let mx = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+        let denom: f64 = xs.iter().map(|&x| (x as f64 - mx).exp()).sum();
+        for (&x, &p) in xs.iter().zip(&row).step_by(97) {
+            let want = (x as f64 - mx).exp() / denom;
+            if want > 1e-30 {
+                assert!(((p as f64 - want) / want).abs() < 1e-5, "softmax at {x}: {p} vs {want}");
+            }
+        }
+        let mut worst = 0f64;
+        for &x in xs.iter().step_by(7) {
+            let (got, want) = (exp_f::<true>(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(
+            worst < 2.5 * f32::EPSILON as f64,
+            "fused: worst relative error {worst:e}"
+        );
+    }
+
+    #[test]
+    fn small_head_attention_equals_the_textbook_formula() {
+        let (hd, l, stride) = (3, 37, 50);
+        let val = |s: u64, i: usize| (((i as u64 * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
+        let q: Vec<f32> = (0..hd * stride).map(|i| val(1, i)).collect();
+        let k: Vec<f32> = (0..hd * stride).map(|i| val(2, i)).collect();
+        let v: Vec<f32> = (0..hd * stride).map(|i| val(3, i)).collect();
+        let mut o = vec![9f32; hd * stride];
+        let mut row = vec![0f32; l + 5];
+        let h = HeadPlanes {
+            q: &q,
+            k: &k,
+            v: &v,
+            stride,
+            hd,
+            l,
+        };
+        attend_small(&h, &mut o, 0.7, &mut row);
+        for i in 0..l {
+            let s: Vec<f64> = (0..l)
+                .map(|j| {
+                    0.7 * (0..hd)
+                        .map(|d| q[d * stride + i] as f64 * k[d * stride + j] as f64)
+                        .sum::<f64>()
+                })
+                .collect();
+            let mx = s.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
+            let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+            for d in 0..hd {
+                let want: f64 = (0..l).map(|j| (s[j] - mx).exp() / z * v[d * stride + j] as f64).sum();
+                assert!((o[d * stride + i] as f64 - want).abs() < 1e-5, "o[{d}, {i}]");
+            }
+        }
+        // Positions past l in each plane are left alone.
+        assert_eq!(o[l], 9.0);
     }
 }

@@ -20,14 +20,17 @@
 //!   initial value; group norm, the scale/shift of `scale_shift` conditioning and the activation
 //!   are one affine-plus-activation pass per channel; [`super::super::kernels::exp`] vectorises.
 //! * **Attention** per (image, head) on strided views of the projected q/k/v: only one L × L score
-//!   matrix per task is materialised, no transposed copies.
+//!   matrix per task is materialised, no transposed copies; for head dimensions ≤ 32 one fused
+//!   pass per query row (scores, softmax, weighted values) with a single row of scores.
 //!
 //! Arithmetic follows the diffusers modules layer by layer (`resnet.py`, `attention_processor.py`,
 //! `unet_2d.py`); group-norm statistics are accumulated in f64.
 
 use rayon::prelude::*;
 
-use super::super::kernels::{affine, exp, sgemm, silu_inplace, softmax_rows, sq_dev, sum, Mat};
+use super::super::kernels::{
+    affine, attend_small, exp, sgemm, silu_inplace, softmax_rows, sq_dev, sum, HeadPlanes, Mat,
+};
 use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
 use crate::error::{Error, Result};
 use candle_core::Tensor;
@@ -38,6 +41,9 @@ const COL_BUDGET: usize = 1 << 17;
 /// Activation budget of one task's widest feature map, in floats: sets how many images a task
 /// takes (4 MB: a whole 28×28 MNIST batch of 64 splits into two tasks; 32×32×128 into 8 images).
 const CHUNK_BUDGET: usize = 1 << 20;
+/// Largest head dimension attended by the fused per-row kernel ([`attend_small`]) instead of two
+/// GEMMs per (image, head): below it the GEMMs' packing costs more than their arithmetic.
+const SMALL_HEAD: usize = 32;
 
 fn host(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_vec1::<f32>()?)
@@ -573,10 +579,24 @@ impl Attn {
         let hd = self.head_dim;
         let scale = 1.0 / (hd as f32).sqrt();
         let mut o = vec![0f32; self.heads * hd * m];
-        let mut p = vec![0f32; l * l];
+        let small = hd <= SMALL_HEAD;
+        // Scores of one (image, head): one row at a time when fused, else the whole L × L matrix.
+        let mut p = vec![0f32; if small { l } else { l * l }];
         for b in 0..nb {
             for hh in 0..self.heads {
                 let off = hh * hd * m + b * l;
+                if small {
+                    let planes = HeadPlanes {
+                        q: &q[off..],
+                        k: &k[off..],
+                        v: &v[off..],
+                        stride: m,
+                        hd,
+                        l,
+                    };
+                    attend_small(&planes, &mut o[off..], scale, &mut p);
+                    continue;
+                }
                 // scores[i, j] = scale · Σ_d q[d, i] k[d, j]
                 sgemm(
                     l,
