@@ -356,6 +356,176 @@ fn attend_small_impl<const F: bool>(h: &HeadPlanes<'_>, o: &mut [f32], scale: f3
 }
 
 avx2_dispatch! {
+    /// Winograd F(2×2, 3×3) input transform (Lavin & Gray 2016, "Fast Algorithms for
+    /// Convolutional Neural Networks", eq. 8: V = Bᵀ d B) of the tile row `ty` of one h × w plane
+    /// of a stride-1, padding-1 3 × 3 convolution: tile tx reads input rows 2ty − 1 … 2ty + 2 and
+    /// columns 2tx − 1 … 2tx + 2 (zero outside the plane) and writes its 16 values to
+    /// `v[ξ·xs + tx]`, ξ = 4i + j. `tmp` holds at least 8·(⌈w/2⌉ + 1) floats.
+    pub fn wino_input(plane: &[f32], h: usize, w: usize, ty: usize, v: &mut [f32], xs: usize, tmp: &mut [f32]) => wino_input_impl
+}
+
+#[inline(always)]
+fn wino_input_impl<const F: bool>(
+    plane: &[f32],
+    h: usize,
+    w: usize,
+    ty: usize,
+    v: &mut [f32],
+    xs: usize,
+    tmp: &mut [f32],
+) {
+    let (tw, full) = (w.div_ceil(2), w / 2);
+    let n = tw + 1;
+    // The padded row p[k] = x[k − 1] split by parity: e[j] = p[2j], o[j] = p[2j + 1]; then tile
+    // tx's four columns are e[tx], o[tx], e[tx + 1], o[tx + 1].
+    let (e, o) = tmp[..8 * n].split_at_mut(4 * n);
+    for r in 0..4 {
+        let (er, or) = (&mut e[r * n..(r + 1) * n], &mut o[r * n..(r + 1) * n]);
+        let iy = (2 * ty + r).wrapping_sub(1);
+        if iy >= h {
+            er.fill(0.0);
+            or.fill(0.0);
+            continue;
+        }
+        let row = &plane[iy * w..(iy + 1) * w];
+        er[0] = 0.0;
+        let pairs = row.chunks_exact(2);
+        let rem = pairs.remainder();
+        for ((ov, ev), p) in or.iter_mut().zip(er[1..].iter_mut()).zip(pairs) {
+            *ov = p[0];
+            *ev = p[1];
+        }
+        if let [last] = rem {
+            or[full] = *last;
+            or[full + 1..].fill(0.0);
+            er[full + 1..].fill(0.0);
+        } else {
+            or[full..].fill(0.0);
+        }
+    }
+    // Bᵀ along y, on both parities: (d0 − d2, d1 + d2, d2 − d1, d1 − d3).
+    for a in [&mut *e, &mut *o] {
+        let (d0, rest) = a.split_at_mut(n);
+        let (d1, rest) = rest.split_at_mut(n);
+        let (d2, d3) = rest.split_at_mut(n);
+        for (((a0, a1), a2), a3) in d0.iter_mut().zip(d1.iter_mut()).zip(d2.iter_mut()).zip(d3.iter_mut()) {
+            let (x0, x1, x2, x3) = (*a0, *a1, *a2, *a3);
+            *a0 = x0 - x2;
+            *a1 = x1 + x2;
+            *a2 = x2 - x1;
+            *a3 = x1 - x3;
+        }
+    }
+    // B along x: (c0 − c2, c1 + c2, c2 − c1, c1 − c3) with c = (e[tx], o[tx], e[tx+1], o[tx+1]).
+    for i in 0..4 {
+        let (te, to) = (&e[i * n..(i + 1) * n], &o[i * n..(i + 1) * n]);
+        let base = 4 * i * xs;
+        for ((d, &a), &b) in v[base..base + tw].iter_mut().zip(&te[..tw]).zip(&te[1..]) {
+            *d = a - b;
+        }
+        for ((d, &a), &b) in v[base + xs..base + xs + tw].iter_mut().zip(&to[..tw]).zip(&te[1..]) {
+            *d = a + b;
+        }
+        for ((d, &a), &b) in v[base + 2 * xs..base + 2 * xs + tw]
+            .iter_mut()
+            .zip(&te[1..])
+            .zip(&to[..tw])
+        {
+            *d = a - b;
+        }
+        for ((d, &a), &b) in v[base + 3 * xs..base + 3 * xs + tw]
+            .iter_mut()
+            .zip(&to[..tw])
+            .zip(&to[1..])
+        {
+            *d = a - b;
+        }
+    }
+}
+
+/// top = r0 + r1 + r2, bottom = r1 − r2 − r3 (the rows of Aᵀ applied to four rows).
+#[inline(always)]
+fn a_t(top: &mut [f32], bottom: &mut [f32], r0: &[f32], r1: &[f32], r2: &[f32], r3: &[f32]) {
+    for (((((t, b), &x0), &x1), &x2), &x3) in top.iter_mut().zip(bottom.iter_mut()).zip(r0).zip(r1).zip(r2).zip(r3) {
+        *t = x0 + x1 + x2;
+        *b = x1 - x2 - x3;
+    }
+}
+
+avx2_dispatch! {
+    /// Winograd F(2×2, 3×3) output transform (Lavin & Gray 2016, eq. 8: Y = Aᵀ M A) of the tile
+    /// row `ty`: tile tx's 16 products `m[ξ·xs + tx]` become the 2 × 2 outputs at rows 2ty, 2ty + 1
+    /// and columns 2tx, 2tx + 1 of the h × w plane `out`, added to what is there (outputs past the
+    /// plane's edge are dropped). `tmp` holds at least 12·⌈w/2⌉ floats.
+    pub fn wino_output(m: &[f32], xs: usize, out: &mut [f32], h: usize, w: usize, ty: usize, tmp: &mut [f32]) => wino_output_impl
+}
+
+#[inline(always)]
+fn wino_output_impl<const F: bool>(
+    m: &[f32],
+    xs: usize,
+    out: &mut [f32],
+    h: usize,
+    w: usize,
+    ty: usize,
+    tmp: &mut [f32],
+) {
+    let tw = w.div_ceil(2);
+    let mr = |xi: usize| &m[xi * xs..xi * xs + tw];
+    let (s, y) = tmp[..12 * tw].split_at_mut(8 * tw);
+    // Along x: s[(2i + c)·tw + tx] = (Aᵀ row c) · (m[4i], …, m[4i + 3]).
+    for i in 0..4 {
+        let (s0, s1) = s[2 * i * tw..(2 * i + 2) * tw].split_at_mut(tw);
+        a_t(s0, s1, mr(4 * i), mr(4 * i + 1), mr(4 * i + 2), mr(4 * i + 3));
+    }
+    // Along y: y[(2a + c)·tw + tx] = output (2ty + a, 2tx + c).
+    let sr = |i: usize, c: usize| &s[(2 * i + c) * tw..(2 * i + c + 1) * tw];
+    let (y0, rest) = y.split_at_mut(tw);
+    let (y1, rest) = rest.split_at_mut(tw);
+    let (y2, y3) = rest.split_at_mut(tw);
+    a_t(y0, y2, sr(0, 0), sr(1, 0), sr(2, 0), sr(3, 0));
+    a_t(y1, y3, sr(0, 1), sr(1, 1), sr(2, 1), sr(3, 1));
+    let full = w / 2;
+    for (dy, (ya, yb)) in [(&*y0, &*y1), (&*y2, &*y3)].into_iter().enumerate() {
+        let oy = 2 * ty + dy;
+        if oy >= h {
+            break;
+        }
+        let orow = &mut out[oy * w..(oy + 1) * w];
+        let mut pairs = orow.chunks_exact_mut(2);
+        for ((p, &a), &b) in (&mut pairs).zip(ya).zip(yb) {
+            p[0] += a;
+            p[1] += b;
+        }
+        if let [last] = pairs.into_remainder() {
+            *last += ya[full];
+        }
+    }
+}
+
+/// Winograd F(2×2, 3×3) weight transform (Lavin & Gray 2016, eq. 8: U = G g Gᵀ, in f64) of a
+/// [cout, cin, 3, 3] kernel into 16 matrices [ξ][cout][cin], ξ = 4i + j.
+pub fn wino_weights(w: &[f32], cout: usize, cin: usize) -> Vec<f32> {
+    const G: [[f64; 3]; 4] = [[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]];
+    let mut u = vec![0f32; 16 * cout * cin];
+    for (pair, g) in w.chunks_exact(9).enumerate().take(cout * cin) {
+        let mut t = [[0f64; 3]; 4];
+        for (i, ti) in t.iter_mut().enumerate() {
+            for (b, tib) in ti.iter_mut().enumerate() {
+                *tib = (0..3).map(|a| G[i][a] * g[3 * a + b] as f64).sum();
+            }
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                let v: f64 = (0..3).map(|b| t[i][b] * G[j][b]).sum();
+                u[(4 * i + j) * cout * cin + pair] = v as f32;
+            }
+        }
+    }
+    u
+}
+
+avx2_dispatch! {
     /// dst = src·a + b, then SiLU when `silu_after`.
     pub fn affine(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) => affine_impl
 }
@@ -463,6 +633,81 @@ mod tests {
             worst < 2.5 * f32::EPSILON as f64,
             "fused: worst relative error {worst:e}"
         );
+    }
+
+    /// Winograd F(2×2, 3×3) through the three transforms equals the direct 3 × 3 convolution with
+    /// zero padding 1, on even and odd plane sizes.
+    #[test]
+    fn winograd_tiles_equal_the_direct_convolution() {
+        for (h, w) in [(6, 8), (5, 7), (1, 1), (4, 3)] {
+            let (cin, cout) = (3, 2);
+            let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
+            let x: Vec<f32> = (0..cin * h * w).map(|i| val(1, i)).collect();
+            let g: Vec<f32> = (0..cout * cin * 9).map(|i| val(2, i)).collect();
+            let u = wino_weights(&g, cout, cin);
+            let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
+            let mut out = vec![0.5f32; cout * h * w];
+            let mut tmp = vec![0f32; 12 * (tw + 1)];
+            for ty in 0..th {
+                // V [16][cin][tw], M [16][cout][tw].
+                let mut v = vec![0f32; 16 * cin * tw];
+                for ci in 0..cin {
+                    wino_input(
+                        &x[ci * h * w..(ci + 1) * h * w],
+                        h,
+                        w,
+                        ty,
+                        &mut v[ci * tw..],
+                        cin * tw,
+                        &mut tmp,
+                    );
+                }
+                let mut m = vec![0f32; 16 * cout * tw];
+                for xi in 0..16 {
+                    for co in 0..cout {
+                        for t in 0..tw {
+                            m[xi * cout * tw + co * tw + t] = (0..cin)
+                                .map(|ci| u[xi * cout * cin + co * cin + ci] * v[xi * cin * tw + ci * tw + t])
+                                .sum();
+                        }
+                    }
+                }
+                for co in 0..cout {
+                    wino_output(
+                        &m[co * tw..],
+                        cout * tw,
+                        &mut out[co * h * w..(co + 1) * h * w],
+                        h,
+                        w,
+                        ty,
+                        &mut tmp,
+                    );
+                }
+            }
+            for co in 0..cout {
+                for y in 0..h {
+                    for xx in 0..w {
+                        let mut want = 0.5f64;
+                        for ci in 0..cin {
+                            for dy in 0..3 {
+                                for dx in 0..3 {
+                                    let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
+                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                        want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
+                                            * x[(ci * h + iy as usize) * w + ix as usize] as f64;
+                                    }
+                                }
+                            }
+                        }
+                        let got = out[(co * h + y) * w + xx] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-5,
+                            "{h}x{w} out[{co}, {y}, {xx}] = {got}, want {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
