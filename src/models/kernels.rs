@@ -1,13 +1,13 @@
 //! CPU kernels for the diffusers UNet forward ([`super::unet2d`]): a bounds-checked strided
 //! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
 //! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
-//! softmax and a fused attention head for small head dimensions.
+//! softmax and the Winograd F(2×2, 3×3) transforms.
 //!
 //! The crate's only `unsafe` code is here, in two forms. (1) `gemm::gemm` takes raw pointers and
 //! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
 //! shape and strides address lies inside its slice, and that distinct destination elements are
 //! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
-//! inputs. (2) The element-wise kernels (SiLU, softmax, attention, group-norm sums, affine) are
+//! inputs. (2) The element-wise kernels (SiLU, softmax, Winograd transforms, group-norm sums, affine) are
 //! safe code compiled twice, once for AVX2 + FMA; calling that copy is `unsafe` and happens only
 //! after `is_x86_feature_detected!` found both features.
 
@@ -256,48 +256,6 @@ fn max(v: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |m, &x| m.max(x))
 }
 
-/// Σ a[i]·b[i] over eight f32 lanes (vectorises).
-#[inline(always)]
-fn dot<const F: bool>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (mut ia, mut ib) = (a.chunks_exact(8), b.chunks_exact(8));
-    for (ca, cb) in (&mut ia).zip(&mut ib) {
-        for ((s, &x), &y) in acc.iter_mut().zip(ca).zip(cb) {
-            *s = madd::<F>(x, y, *s);
-        }
-    }
-    let tail: f32 = ia.remainder().iter().zip(ib.remainder()).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
-}
-
-/// Softmax of one row in place: max, then e^(s − max) stored and summed in one pass (eight f32
-/// lanes per block of 256, widened to f64), then one scaling pass.
-#[inline(always)]
-fn softmax_row<const F: bool>(row: &mut [f32]) {
-    let mx = max(row);
-    let mut total = 0f64;
-    for block in row.chunks_mut(256) {
-        let mut acc = [0f32; 8];
-        let mut it = block.chunks_exact_mut(8);
-        for c in &mut it {
-            for (a, s) in acc.iter_mut().zip(c) {
-                *s = exp_f::<F>(*s - mx);
-                *a += *s;
-            }
-        }
-        let mut t: f32 = 0.0;
-        for s in it.into_remainder() {
-            *s = exp_f::<F>(*s - mx);
-            t += *s;
-        }
-        total += acc.iter().map(|&a| a as f64).sum::<f64>() + t as f64;
-    }
-    let inv = (1.0 / total) as f32;
-    for s in row.iter_mut() {
-        *s *= inv;
-    }
-}
-
 avx2_dispatch! {
     /// Softmax of each row of `l` values, in place.
     pub fn softmax_rows(p: &mut [f32], l: usize) => softmax_rows_impl
@@ -306,51 +264,13 @@ avx2_dispatch! {
 #[inline(always)]
 fn softmax_rows_impl<const F: bool>(p: &mut [f32], l: usize) {
     for row in p.chunks_exact_mut(l) {
-        softmax_row::<F>(row);
-    }
-}
-
-/// One attention head of one image on channel-major planes, for a small head dimension `hd`
-/// (where a GEMM's packing would cost more than its arithmetic): `q`, `k`, `v` and `o` hold `hd`
-/// planes of `l` positions each, plane `d` starting at `d·stride`. For every query position i:
-/// s[j] = scale · Σ_d q[d, i]·k[d, j] (accumulated plane by plane, j vectorised), the softmax
-/// of s, and o[d, i] = Σ_j v[d, j]·s[j]. Only one row of scores (`row`, length ≥ `l`) exists at a
-/// time. Panics if a plane does not fit its slice (a programming error).
-pub struct HeadPlanes<'a> {
-    /// Queries.
-    pub q: &'a [f32],
-    /// Keys.
-    pub k: &'a [f32],
-    /// Values.
-    pub v: &'a [f32],
-    /// Distance between consecutive planes in all four slices.
-    pub stride: usize,
-    /// Head dimension (number of planes).
-    pub hd: usize,
-    /// Positions per plane.
-    pub l: usize,
-}
-
-avx2_dispatch! {
-    /// See [`HeadPlanes`]: o[d·stride + i] = Σ_j softmax(scale · qᵀk)[i, j] · v[d·stride + j].
-    pub fn attend_small(h: &HeadPlanes<'_>, o: &mut [f32], scale: f32, row: &mut [f32]) => attend_small_impl
-}
-
-#[inline(always)]
-fn attend_small_impl<const F: bool>(h: &HeadPlanes<'_>, o: &mut [f32], scale: f32, row: &mut [f32]) {
-    let (l, st) = (h.l, h.stride);
-    let row = &mut row[..l];
-    for i in 0..l {
-        row.fill(0.0);
-        for d in 0..h.hd {
-            let qd = h.q[d * st + i] * scale;
-            for (s, &kv) in row.iter_mut().zip(&h.k[d * st..d * st + l]) {
-                *s = madd::<F>(qd, kv, *s);
-            }
+        let mx = max(row);
+        for s in row.iter_mut() {
+            *s = exp_f::<F>(*s - mx);
         }
-        softmax_row::<F>(row);
-        for d in 0..h.hd {
-            o[d * st + i] = dot::<F>(row, &h.v[d * st..d * st + l]);
+        let inv = (1.0 / lanes(row, |x| x)) as f32;
+        for s in row.iter_mut() {
+            *s *= inv;
         }
     }
 }
@@ -708,42 +628,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn small_head_attention_equals_the_textbook_formula() {
-        let (hd, l, stride) = (3, 37, 50);
-        let val = |s: u64, i: usize| (((i as u64 * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
-        let q: Vec<f32> = (0..hd * stride).map(|i| val(1, i)).collect();
-        let k: Vec<f32> = (0..hd * stride).map(|i| val(2, i)).collect();
-        let v: Vec<f32> = (0..hd * stride).map(|i| val(3, i)).collect();
-        let mut o = vec![9f32; hd * stride];
-        let mut row = vec![0f32; l + 5];
-        let h = HeadPlanes {
-            q: &q,
-            k: &k,
-            v: &v,
-            stride,
-            hd,
-            l,
-        };
-        attend_small(&h, &mut o, 0.7, &mut row);
-        for i in 0..l {
-            let s: Vec<f64> = (0..l)
-                .map(|j| {
-                    0.7 * (0..hd)
-                        .map(|d| q[d * stride + i] as f64 * k[d * stride + j] as f64)
-                        .sum::<f64>()
-                })
-                .collect();
-            let mx = s.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
-            let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
-            for d in 0..hd {
-                let want: f64 = (0..l).map(|j| (s[j] - mx).exp() / z * v[d * stride + j] as f64).sum();
-                assert!((o[d * stride + i] as f64 - want).abs() < 1e-5, "o[{d}, {i}]");
-            }
-        }
-        // Positions past l in each plane are left alone.
-        assert_eq!(o[l], 9.0);
     }
 }
