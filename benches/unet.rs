@@ -114,5 +114,10 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group! {
+    name = benches;
+    // No plots: criterion's plotters backend needs system fonts (see ../shared/STACK.md).
+    config = Criterion::default().without_plots();
+    targets = bench
+}
 criterion_main!(benches);
