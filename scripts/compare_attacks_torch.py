@@ -16,8 +16,10 @@ second of wall time; the CPU column is the ratio of CPU seconds (user + sys). Se
 deterministic, so their scores are compared record by record (largest relative difference);
 the loss attack draws its noise from each side's own generator, so only its timing compares.
 
-    /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 2 --rounds 2 --n-mnist 16
-    /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 1 --rounds 2 --n-mnist 16
+    /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 1,2 --rounds 2
+
+prints one table (both models, loss/SecMI/PIA, each thread count) and the largest relative score
+difference over every SecMI and PIA record compared.
 
 Under load, PyTorch's OpenMP regions wait on descheduled threads at every operator, while
 dpaudit's batch-parallel forward joins once per forward: compare the 1-thread rows (and the CPU
@@ -166,65 +168,74 @@ def run_dpaudit(exe, ck, data, split, attack, t, k, n, batch, threads, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dpaudit", default="target/release/dpaudit")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (each side)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default="mnist,cifar")
     ap.add_argument("--attacks", default="loss,secmi,pia")
     ap.add_argument("--t", type=int, default=100)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--n-mnist", type=int, default=64, help="members and non-members each")
-    ap.add_argument("--n-cifar", type=int, default=2, help="members and non-members each")
+    ap.add_argument("--n-cifar", type=int, default=8, help="members and non-members each")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args()
     if min(a.n_mnist, a.n_cifar) < 2:
         sys.exit("--n-mnist and --n-cifar must be >= 2 (dpaudit's held-out metrics need 2 of each)")
-    torch.set_num_threads(a.threads)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = os.path.abspath(os.path.join(root, a.dpaudit) if not os.path.isabs(a.dpaudit) else a.dpaudit)
+    threads = [int(t) for t in a.threads.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
             n = a.n_mnist if name == "mnist" else a.n_cifar
             ck, data, split, x, ids = (mnist_setup(root, n) if name == "mnist" else cifar_setup(tmp, n))
             tm = Torch(ck)
-            for attack in a.attacks.split(","):
-                runs = []
-                for r in range(a.rounds):
-                    order = ["dpaudit", "torch"] if r % 2 == 0 else ["torch", "dpaudit"]
-                    res = {}
-                    for side in order:
-                        if side == "dpaudit":
-                            res[side] = run_dpaudit(exe, ck, data, split, attack, a.t, a.k, n, a.batch, a.threads, tmp)
-                        else:
-                            c0, w0 = cpu_seconds(resource.RUSAGE_SELF), time.perf_counter()
-                            s = tm.scores(attack, x, a.t, a.k, 4, 4.0, a.batch)
-                            res[side] = (time.perf_counter() - w0, cpu_seconds(resource.RUSAGE_SELF) - c0,
-                                         dict(zip(ids, s)))
-                    runs.append(res)
-                imgs = len(ids)
-                ratio = [r["torch"][0] / r["dpaudit"][0] for r in runs]
-                cpu_ratio = [r["torch"][1] / r["dpaudit"][1] for r in runs]
-                d, tt = runs[-1]["dpaudit"][2], runs[-1]["torch"][2]
-                rel = None
-                if attack != "loss":
-                    rel = max(abs(d[i] - tt[i]) / max(abs(tt[i]), 1e-30) for i in ids)
-                row = dict(model=name, attack=attack, t=a.t, k=a.k if attack == "secmi" else None, images=imgs,
-                           threads=a.threads,
-                           dpaudit_img_s=statistics.median(imgs / r["dpaudit"][0] for r in runs),
-                           torch_img_s=statistics.median(imgs / r["torch"][0] for r in runs),
-                           ratio_median=statistics.median(ratio), ratio_min=min(ratio), ratio_max=max(ratio),
-                           cpu_ratio_median=statistics.median(cpu_ratio), max_rel_score_diff=rel)
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"\nCPU, {a.threads} threads each side, {a.rounds} interleaved rounds; torch {torch.__version__}; "
-          f"SecMI t = {a.t}, k = {a.k}; PIA and loss at t = {a.t}\n")
-    print("| model | attack | images | dpaudit img/s | PyTorch img/s | dpaudit/PyTorch (median [min, max]) | CPU-time ratio | largest relative score difference |")
-    print("|---|---|---|---|---|---|---|---|")
+            for th in threads:
+                torch.set_num_threads(th)
+                for attack in a.attacks.split(","):
+                    runs = []
+                    for r in range(a.rounds):
+                        order = ["dpaudit", "torch"] if r % 2 == 0 else ["torch", "dpaudit"]
+                        res = {}
+                        for side in order:
+                            if side == "dpaudit":
+                                res[side] = run_dpaudit(exe, ck, data, split, attack, a.t, a.k, n, a.batch, th, tmp)
+                            else:
+                                c0, w0 = cpu_seconds(resource.RUSAGE_SELF), time.perf_counter()
+                                s = tm.scores(attack, x, a.t, a.k, 4, 4.0, a.batch)
+                                res[side] = (time.perf_counter() - w0, cpu_seconds(resource.RUSAGE_SELF) - c0,
+                                             dict(zip(ids, s)))
+                        runs.append(res)
+                    imgs = len(ids)
+                    ratio = [r["torch"][0] / r["dpaudit"][0] for r in runs]
+                    cpu_ratio = [r["torch"][1] / r["dpaudit"][1] for r in runs]
+                    rel = None
+                    if attack != "loss":
+                        rel = max(abs(r["dpaudit"][2][i] - r["torch"][2][i]) / max(abs(r["torch"][2][i]), 1e-30)
+                                  for r in runs for i in ids)
+                    row = dict(model=name, attack=attack, t=a.t, k=a.k if attack == "secmi" else None,
+                               images=imgs, threads=th,
+                               dpaudit_img_s=statistics.median(imgs / r["dpaudit"][0] for r in runs),
+                               torch_img_s=statistics.median(imgs / r["torch"][0] for r in runs),
+                               ratio_median=statistics.median(ratio), ratio_min=min(ratio), ratio_max=max(ratio),
+                               cpu_ratio_median=statistics.median(cpu_ratio), max_rel_score_diff=rel)
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+    print(f"\nCPU, same threads each side, {a.rounds} interleaved rounds; torch {torch.__version__}; "
+          f"SecMI t = {a.t}, k = {a.k}; PIA and loss at t = {a.t}; batch {a.batch}\n")
+    print("| threads | model | attack | images | dpaudit img/s | PyTorch img/s | dpaudit/PyTorch (median [min, max]) | CPU-time ratio | largest relative score difference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         diff = "– (own noise draws)" if r["max_rel_score_diff"] is None else f"{r['max_rel_score_diff']:.1e}"
-        print(f"| {r['model']} | {r['attack']} | {r['images']} | {r['dpaudit_img_s']:.2f} | {r['torch_img_s']:.2f} | "
-              f"{r['ratio_median']:.2f}× [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | {r['cpu_ratio_median']:.2f}× | {diff} |")
+        print(f"| {r['threads']} | {r['model']} | {r['attack']} | {r['images']} | {r['dpaudit_img_s']:.2f} | "
+              f"{r['torch_img_s']:.2f} | {r['ratio_median']:.2f}× [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | "
+              f"{r['cpu_ratio_median']:.2f}× | {diff} |")
+    diffs = [r["max_rel_score_diff"] for r in rows if r["max_rel_score_diff"] is not None]
+    if diffs:
+        print(f"\nlargest relative score difference (SecMI, PIA; every record of every round): {max(diffs):.1e}")
+    worst = min(rows, key=lambda r: r["ratio_median"])
+    print(f"lowest median throughput ratio: {worst['ratio_median']:.2f}× ({worst['threads']} threads, "
+          f"{worst['model']} {worst['attack']})")
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 

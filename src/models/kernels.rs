@@ -1,14 +1,15 @@
 //! CPU kernels for the diffusers UNet forward ([`super::unet2d`]): a bounds-checked strided
 //! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
-//! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, and SiLU.
+//! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
+//! softmax and the Winograd F(2×2, 3×3) transforms.
 //!
 //! The crate's only `unsafe` code is here, in two forms. (1) `gemm::gemm` takes raw pointers and
 //! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
 //! shape and strides address lies inside its slice, and that distinct destination elements are
 //! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
-//! inputs. (2) The element-wise kernels (SiLU, softmax, group-norm sums, affine) are safe code
-//! compiled twice, once for AVX2; calling the AVX2 copy is `unsafe` and happens only after
-//! `is_x86_feature_detected!("avx2")`.
+//! inputs. (2) The element-wise kernels (SiLU, softmax, Winograd transforms, group-norm sums, affine) are
+//! safe code compiled twice, once for AVX2 + FMA; calling that copy is `unsafe` and happens only
+//! after `is_x86_feature_detected!` found both features.
 
 use gemm::Parallelism;
 
@@ -114,25 +115,40 @@ pub fn sgemm(
     }
 }
 
+/// `a·b + c`, fused (one rounding) in the copies compiled for FMA (`F = true`), else two roundings.
+#[inline(always)]
+fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if F {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
 /// e^x in single precision without a libm call, so that loops over it vectorise: x = n·ln 2 + r
 /// with |r| ≤ ln 2 / 2 (Cody–Waite split of ln 2), e^r by its degree-7 Taylor polynomial
 /// (truncation < 6e-9 relative), 2^n through the exponent bits. Inputs are clamped to
 /// [−87.3, 88] (results ≥ 1.2e-38, no infinities); measured within 2 ulp of `f32::exp` on the
-/// clamped range (unit test).
+/// clamped range (unit test, both with and without fused multiply-adds).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
+    exp_f::<false>(x)
+}
+
+#[inline(always)]
+fn exp_f<const F: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting rounds to an integer
     let x = x.clamp(-87.3, 88.0);
-    let shifted = x * LOG2E + ROUND;
+    let shifted = madd::<F>(x, LOG2E, ROUND);
     let n = shifted - ROUND;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let r = madd::<F>(-n, LN2_LO, madd::<F>(-n, LN2_HI, x));
+    let mut p = 1.0 / 5040.0;
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = madd::<F>(p, r, c);
+    }
     // n sits in the low mantissa bits of `shifted` (|n| ≤ 127 ≪ 2^22): integer arithmetic on the
     // bits gives 2^n without a float → int conversion, so the loop vectorises.
     let scale = f32::from_bits(shifted.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
@@ -142,28 +158,33 @@ pub fn exp(x: f32) -> f32 {
 /// SiLU x·σ(x) = x / (1 + e^{−x}).
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
+    silu_f::<false>(x)
 }
 
-/// Defines `pub fn $name(args)` that runs `$imp(args)` compiled for AVX2 when the CPU has it (a
-/// second copy of the same safe code, whose element loops LLVM vectorises 8 wide instead of
-/// SSE2's 4), else the baseline copy.
+#[inline(always)]
+fn silu_f<const F: bool>(x: f32) -> f32 {
+    x / (1.0 + exp_f::<F>(-x))
+}
+
+/// Defines `pub fn $name(args)` that runs `$imp::<true>(args)` compiled for AVX2 + FMA when the
+/// CPU has both (a second copy of the same safe code, whose element loops LLVM vectorises 8 wide
+/// with fused multiply-adds instead of SSE2's 4), else the baseline copy `$imp::<false>`.
 macro_rules! avx2_dispatch {
     ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),*) $(-> $r:ty)? => $imp:ident) => {
         $(#[$m])*
         pub fn $name($($a: $t),*) $(-> $r)? {
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
-                #[target_feature(enable = "avx2")]
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                #[target_feature(enable = "avx2,fma")]
                 fn avx2($($a: $t),*) $(-> $r)? {
-                    $imp($($a),*)
+                    $imp::<true>($($a),*)
                 }
                 // SAFETY: calling a `target_feature` function is sound when the CPU has the
-                // feature, which was detected just above.
+                // features, which were detected just above.
                 #[allow(unsafe_code)]
                 return unsafe { avx2($($a),*) };
             }
-            $imp($($a),*)
+            $imp::<false>($($a),*)
         }
     };
 }
@@ -174,9 +195,9 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn silu_inplace_impl(v: &mut [f32]) {
+fn silu_inplace_impl<const F: bool>(v: &mut [f32]) {
     for x in v {
-        *x = silu(*x);
+        *x = silu_f::<F>(*x);
     }
 }
 
@@ -186,7 +207,7 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn sum_impl(v: &[f32]) -> f64 {
+fn sum_impl<const F: bool>(v: &[f32]) -> f64 {
     lanes(v, |x| x)
 }
 
@@ -196,7 +217,7 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn sq_dev_impl(v: &[f32], mean: f32) -> f64 {
+fn sq_dev_impl<const F: bool>(v: &[f32], mean: f32) -> f64 {
     lanes(v, |x| (x - mean) * (x - mean))
 }
 
@@ -241,11 +262,11 @@ avx2_dispatch! {
 }
 
 #[inline(always)]
-fn softmax_rows_impl(p: &mut [f32], l: usize) {
+fn softmax_rows_impl<const F: bool>(p: &mut [f32], l: usize) {
     for row in p.chunks_exact_mut(l) {
         let mx = max(row);
         for s in row.iter_mut() {
-            *s = exp(*s - mx);
+            *s = exp_f::<F>(*s - mx);
         }
         let inv = (1.0 / lanes(row, |x| x)) as f32;
         for s in row.iter_mut() {
@@ -255,19 +276,189 @@ fn softmax_rows_impl(p: &mut [f32], l: usize) {
 }
 
 avx2_dispatch! {
+    /// Winograd F(2×2, 3×3) input transform (Lavin & Gray 2016, "Fast Algorithms for
+    /// Convolutional Neural Networks", eq. 8: V = Bᵀ d B) of the tile row `ty` of one h × w plane
+    /// of a stride-1, padding-1 3 × 3 convolution: tile tx reads input rows 2ty − 1 … 2ty + 2 and
+    /// columns 2tx − 1 … 2tx + 2 (zero outside the plane) and writes its 16 values to
+    /// `v[ξ·xs + tx]`, ξ = 4i + j. `tmp` holds at least 8·(⌈w/2⌉ + 1) floats.
+    pub fn wino_input(plane: &[f32], h: usize, w: usize, ty: usize, v: &mut [f32], xs: usize, tmp: &mut [f32]) => wino_input_impl
+}
+
+#[inline(always)]
+fn wino_input_impl<const F: bool>(
+    plane: &[f32],
+    h: usize,
+    w: usize,
+    ty: usize,
+    v: &mut [f32],
+    xs: usize,
+    tmp: &mut [f32],
+) {
+    let (tw, full) = (w.div_ceil(2), w / 2);
+    let n = tw + 1;
+    // The padded row p[k] = x[k − 1] split by parity: e[j] = p[2j], o[j] = p[2j + 1]; then tile
+    // tx's four columns are e[tx], o[tx], e[tx + 1], o[tx + 1].
+    let (e, o) = tmp[..8 * n].split_at_mut(4 * n);
+    for r in 0..4 {
+        let (er, or) = (&mut e[r * n..(r + 1) * n], &mut o[r * n..(r + 1) * n]);
+        let iy = (2 * ty + r).wrapping_sub(1);
+        if iy >= h {
+            er.fill(0.0);
+            or.fill(0.0);
+            continue;
+        }
+        let row = &plane[iy * w..(iy + 1) * w];
+        er[0] = 0.0;
+        let pairs = row.chunks_exact(2);
+        let rem = pairs.remainder();
+        for ((ov, ev), p) in or.iter_mut().zip(er[1..].iter_mut()).zip(pairs) {
+            *ov = p[0];
+            *ev = p[1];
+        }
+        if let [last] = rem {
+            or[full] = *last;
+            or[full + 1..].fill(0.0);
+            er[full + 1..].fill(0.0);
+        } else {
+            or[full..].fill(0.0);
+        }
+    }
+    // Bᵀ along y, on both parities: (d0 − d2, d1 + d2, d2 − d1, d1 − d3).
+    for a in [&mut *e, &mut *o] {
+        let (d0, rest) = a.split_at_mut(n);
+        let (d1, rest) = rest.split_at_mut(n);
+        let (d2, d3) = rest.split_at_mut(n);
+        for (((a0, a1), a2), a3) in d0.iter_mut().zip(d1.iter_mut()).zip(d2.iter_mut()).zip(d3.iter_mut()) {
+            let (x0, x1, x2, x3) = (*a0, *a1, *a2, *a3);
+            *a0 = x0 - x2;
+            *a1 = x1 + x2;
+            *a2 = x2 - x1;
+            *a3 = x1 - x3;
+        }
+    }
+    // B along x: (c0 − c2, c1 + c2, c2 − c1, c1 − c3) with c = (e[tx], o[tx], e[tx+1], o[tx+1]).
+    for i in 0..4 {
+        let (te, to) = (&e[i * n..(i + 1) * n], &o[i * n..(i + 1) * n]);
+        let base = 4 * i * xs;
+        for ((d, &a), &b) in v[base..base + tw].iter_mut().zip(&te[..tw]).zip(&te[1..]) {
+            *d = a - b;
+        }
+        for ((d, &a), &b) in v[base + xs..base + xs + tw].iter_mut().zip(&to[..tw]).zip(&te[1..]) {
+            *d = a + b;
+        }
+        for ((d, &a), &b) in v[base + 2 * xs..base + 2 * xs + tw]
+            .iter_mut()
+            .zip(&te[1..])
+            .zip(&to[..tw])
+        {
+            *d = a - b;
+        }
+        for ((d, &a), &b) in v[base + 3 * xs..base + 3 * xs + tw]
+            .iter_mut()
+            .zip(&to[..tw])
+            .zip(&to[1..])
+        {
+            *d = a - b;
+        }
+    }
+}
+
+/// top = r0 + r1 + r2, bottom = r1 − r2 − r3 (the rows of Aᵀ applied to four rows).
+#[inline(always)]
+fn a_t(top: &mut [f32], bottom: &mut [f32], r0: &[f32], r1: &[f32], r2: &[f32], r3: &[f32]) {
+    for (((((t, b), &x0), &x1), &x2), &x3) in top.iter_mut().zip(bottom.iter_mut()).zip(r0).zip(r1).zip(r2).zip(r3) {
+        *t = x0 + x1 + x2;
+        *b = x1 - x2 - x3;
+    }
+}
+
+avx2_dispatch! {
+    /// Winograd F(2×2, 3×3) output transform (Lavin & Gray 2016, eq. 8: Y = Aᵀ M A) of the tile
+    /// row `ty`: tile tx's 16 products `m[ξ·xs + tx]` become the 2 × 2 outputs at rows 2ty, 2ty + 1
+    /// and columns 2tx, 2tx + 1 of the h × w plane `out`, added to what is there (outputs past the
+    /// plane's edge are dropped). `tmp` holds at least 12·⌈w/2⌉ floats.
+    pub fn wino_output(m: &[f32], xs: usize, out: &mut [f32], h: usize, w: usize, ty: usize, tmp: &mut [f32]) => wino_output_impl
+}
+
+#[inline(always)]
+fn wino_output_impl<const F: bool>(
+    m: &[f32],
+    xs: usize,
+    out: &mut [f32],
+    h: usize,
+    w: usize,
+    ty: usize,
+    tmp: &mut [f32],
+) {
+    let tw = w.div_ceil(2);
+    let mr = |xi: usize| &m[xi * xs..xi * xs + tw];
+    let (s, y) = tmp[..12 * tw].split_at_mut(8 * tw);
+    // Along x: s[(2i + c)·tw + tx] = (Aᵀ row c) · (m[4i], …, m[4i + 3]).
+    for i in 0..4 {
+        let (s0, s1) = s[2 * i * tw..(2 * i + 2) * tw].split_at_mut(tw);
+        a_t(s0, s1, mr(4 * i), mr(4 * i + 1), mr(4 * i + 2), mr(4 * i + 3));
+    }
+    // Along y: y[(2a + c)·tw + tx] = output (2ty + a, 2tx + c).
+    let sr = |i: usize, c: usize| &s[(2 * i + c) * tw..(2 * i + c + 1) * tw];
+    let (y0, rest) = y.split_at_mut(tw);
+    let (y1, rest) = rest.split_at_mut(tw);
+    let (y2, y3) = rest.split_at_mut(tw);
+    a_t(y0, y2, sr(0, 0), sr(1, 0), sr(2, 0), sr(3, 0));
+    a_t(y1, y3, sr(0, 1), sr(1, 1), sr(2, 1), sr(3, 1));
+    let full = w / 2;
+    for (dy, (ya, yb)) in [(&*y0, &*y1), (&*y2, &*y3)].into_iter().enumerate() {
+        let oy = 2 * ty + dy;
+        if oy >= h {
+            break;
+        }
+        let orow = &mut out[oy * w..(oy + 1) * w];
+        let mut pairs = orow.chunks_exact_mut(2);
+        for ((p, &a), &b) in (&mut pairs).zip(ya).zip(yb) {
+            p[0] += a;
+            p[1] += b;
+        }
+        if let [last] = pairs.into_remainder() {
+            *last += ya[full];
+        }
+    }
+}
+
+/// Winograd F(2×2, 3×3) weight transform (Lavin & Gray 2016, eq. 8: U = G g Gᵀ, in f64) of a
+/// [cout, cin, 3, 3] kernel into 16 matrices [ξ][cout][cin], ξ = 4i + j.
+pub fn wino_weights(w: &[f32], cout: usize, cin: usize) -> Vec<f32> {
+    const G: [[f64; 3]; 4] = [[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]];
+    let mut u = vec![0f32; 16 * cout * cin];
+    for (pair, g) in w.chunks_exact(9).enumerate().take(cout * cin) {
+        let mut t = [[0f64; 3]; 4];
+        for (i, ti) in t.iter_mut().enumerate() {
+            for (b, tib) in ti.iter_mut().enumerate() {
+                *tib = (0..3).map(|a| G[i][a] * g[3 * a + b] as f64).sum();
+            }
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                let v: f64 = (0..3).map(|b| t[i][b] * G[j][b]).sum();
+                u[(4 * i + j) * cout * cin + pair] = v as f32;
+            }
+        }
+    }
+    u
+}
+
+avx2_dispatch! {
     /// dst = src·a + b, then SiLU when `silu_after`.
     pub fn affine(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) => affine_impl
 }
 
 #[inline(always)]
-fn affine_impl(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) {
+fn affine_impl<const F: bool>(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu_after: bool) {
     if silu_after {
         for (y, &v) in dst.iter_mut().zip(src) {
-            *y = silu(v * a + b);
+            *y = silu_f::<F>(madd::<F>(v, a, b));
         }
     } else {
         for (y, &v) in dst.iter_mut().zip(src) {
-            *y = v * a + b;
+            *y = madd::<F>(v, a, b);
         }
     }
 }
@@ -341,5 +532,101 @@ mod tests {
         assert!(exp(f32::NAN).is_nan());
         assert!(exp(1000.0).is_finite());
         assert!((silu(-200.0)).abs() < 1e-30 && (silu(3.0) - 3.0 / (1.0 + (-3f32).exp())).abs() < 1e-6);
+        // The fused-multiply-add variant (what the AVX2 + FMA copies run), through softmax.
+        let xs: Vec<f32> = (0..239_000).map(|i| -87.0 + i as f32 * 0.000_731).collect();
+        let mut row = xs.clone();
+        softmax_rows(&mut row, xs.len());
+        let mx = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+        let denom: f64 = xs.iter().map(|&x| (x as f64 - mx).exp()).sum();
+        for (&x, &p) in xs.iter().zip(&row).step_by(97) {
+            let want = (x as f64 - mx).exp() / denom;
+            if want > 1e-30 {
+                assert!(((p as f64 - want) / want).abs() < 1e-5, "softmax at {x}: {p} vs {want}");
+            }
+        }
+        let mut worst = 0f64;
+        for &x in xs.iter().step_by(7) {
+            let (got, want) = (exp_f::<true>(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(
+            worst < 2.5 * f32::EPSILON as f64,
+            "fused: worst relative error {worst:e}"
+        );
+    }
+
+    /// Winograd F(2×2, 3×3) through the three transforms equals the direct 3 × 3 convolution with
+    /// zero padding 1, on even and odd plane sizes.
+    #[test]
+    fn winograd_tiles_equal_the_direct_convolution() {
+        for (h, w) in [(6, 8), (5, 7), (1, 1), (4, 3)] {
+            let (cin, cout) = (3, 2);
+            let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
+            let x: Vec<f32> = (0..cin * h * w).map(|i| val(1, i)).collect();
+            let g: Vec<f32> = (0..cout * cin * 9).map(|i| val(2, i)).collect();
+            let u = wino_weights(&g, cout, cin);
+            let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
+            let mut out = vec![0.5f32; cout * h * w];
+            let mut tmp = vec![0f32; 12 * (tw + 1)];
+            for ty in 0..th {
+                // V [16][cin][tw], M [16][cout][tw].
+                let mut v = vec![0f32; 16 * cin * tw];
+                for ci in 0..cin {
+                    wino_input(
+                        &x[ci * h * w..(ci + 1) * h * w],
+                        h,
+                        w,
+                        ty,
+                        &mut v[ci * tw..],
+                        cin * tw,
+                        &mut tmp,
+                    );
+                }
+                let mut m = vec![0f32; 16 * cout * tw];
+                for xi in 0..16 {
+                    for co in 0..cout {
+                        for t in 0..tw {
+                            m[xi * cout * tw + co * tw + t] = (0..cin)
+                                .map(|ci| u[xi * cout * cin + co * cin + ci] * v[xi * cin * tw + ci * tw + t])
+                                .sum();
+                        }
+                    }
+                }
+                for co in 0..cout {
+                    wino_output(
+                        &m[co * tw..],
+                        cout * tw,
+                        &mut out[co * h * w..(co + 1) * h * w],
+                        h,
+                        w,
+                        ty,
+                        &mut tmp,
+                    );
+                }
+            }
+            for co in 0..cout {
+                for y in 0..h {
+                    for xx in 0..w {
+                        let mut want = 0.5f64;
+                        for ci in 0..cin {
+                            for dy in 0..3 {
+                                for dx in 0..3 {
+                                    let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
+                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                        want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
+                                            * x[(ci * h + iy as usize) * w + ix as usize] as f64;
+                                    }
+                                }
+                            }
+                        }
+                        let got = out[(co * h + y) * w + xx] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-5,
+                            "{h}x{w} out[{co}, {y}, {xx}] = {got}, want {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
