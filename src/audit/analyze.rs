@@ -11,6 +11,34 @@ use crate::diffusion::SamplerConfig;
 use crate::error::Result;
 use crate::report::{plot, Cell, Column, Fact, Report, Skipped, Table};
 
+/// A validated `analyze` request.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The sampler configuration (TOML).
+    pub config: std::path::PathBuf,
+    /// Accountants to run.
+    pub accountants: Vec<AccountantKind>,
+    /// Overrides the configuration's δ (checked to lie in (0, 1)).
+    pub delta: Option<f64>,
+}
+
+/// `analyze`: loads the sampler configuration (its defaulted settings noted on stderr), analyses
+/// it and returns the report, the terminal table, `analyze.csv` (the main table) and
+/// `analyze.json` (every step, window row and accountant line).
+pub fn execute(plan: &Plan) -> Result<super::Outcome> {
+    let mut cfg = SamplerConfig::load(&plan.config)?;
+    cfg.warn_defaults(&plan.config);
+    if let Some(d) = plan.delta {
+        cfg.delta = d;
+    }
+    let (a, rep) = analyze(&cfg, &plan.config, &plan.accountants)?;
+    let csv = render_csv(&a)?.into_bytes();
+    let detail = serde_json::to_vec_pretty(&a).map_err(|e| crate::Error::input(e.to_string()))?;
+    Ok(super::Outcome::new(rep, render_text(&a))
+        .with_table("analyze.csv", csv)
+        .with_file("analyze.json", detail))
+}
+
 /// Analyses `cfg` with `accountants`: the stage result and its report.
 pub fn analyze(
     cfg: &SamplerConfig,

@@ -241,7 +241,7 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
 }
 
 /// Runs `dpaudit account`.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let out = args.output.prepare(Format::Text, &["account.csv"])?;
     if let Some(p) = &args.save_event {
         dpaudit::report::output::check_file(p, out.force).map_err(|e| e.with_field("--save-event"))?;
@@ -297,6 +297,5 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     text.push_str(&audit::text::account(&rep));
     let csv = audit::text::account_csv(&rep)?;
-    out.finish_with_csv(&rep, &text, "account.csv", csv, Vec::new())?;
-    Ok(super::EXIT_OK)
+    Ok(out.emit(audit::Outcome::new(rep, text).with_table("account.csv", csv))?)
 }

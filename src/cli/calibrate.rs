@@ -8,6 +8,7 @@ use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg, Tr
 use super::common::{Format, OutputArgs};
 use dpaudit::accountants::calibrate::{calibrate_dpsgd_any, DpSgd, SolveFor};
 use dpaudit::accountants::{AccountResult, AccountantKind, BoundKind};
+use dpaudit::audit::outcome::Status;
 use dpaudit::config::dpsgd::Derived;
 use dpaudit::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
 use dpaudit::error::{Error, Result};
@@ -260,8 +261,8 @@ fn plan(args: &Args) -> Result<DpSgdPlan> {
     ))
 }
 
-/// Runs `dpaudit calibrate`; returns the exit code.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+/// Runs `dpaudit calibrate`.
+pub fn run(args: Args) -> anyhow::Result<Status> {
     let outs = args
         .output
         .prepare(Format::Text, &["calibrate.csv", "calibrate.json"])?;
@@ -372,8 +373,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     let _ = &out.schema_version;
-    outs.finish_with_csv(&rep, &text, "calibrate.csv", csv.into_bytes(), Vec::new())?;
-    Ok(super::EXIT_OK)
+    Ok(outs.emit(dpaudit::audit::Outcome::new(rep, text).with_table("calibrate.csv", csv.into_bytes()))?)
 }
 
 /// JSON document of a sampler calibration.
@@ -385,7 +385,7 @@ struct SamplerOutput<'a> {
     calibration: &'a SamplerCalibration,
 }
 
-fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<i32> {
+fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<Status> {
     let path = args.sampler.as_deref().expect("checked by the caller");
     let param = args
         .solve_for
@@ -441,14 +441,11 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
     }
     let text = render_sampler_text(path, &cfg, &c);
     let rep = dpaudit::audit::calibrate::sampler_report(path, &cfg, &c)?;
-    outs.finish_with_csv(
-        &rep,
-        &text,
-        "calibrate.csv",
-        csv.into_bytes(),
-        vec![("calibrate.json".to_string(), detail)],
-    )?;
-    Ok(super::EXIT_OK)
+    Ok(outs.emit(
+        dpaudit::audit::Outcome::new(rep, text)
+            .with_table("calibrate.csv", csv.into_bytes())
+            .with_file("calibrate.json", detail),
+    )?)
 }
 
 fn render_sampler_text(
