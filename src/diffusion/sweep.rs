@@ -10,9 +10,9 @@ use super::account::{
     account_mus_with, account_one, constant_plan, constant_private_mus, full_batch_mu, gdp_full_batch_line_fast,
     gdp_line_at_rate, AccountantLine,
 };
+use super::sampler::{DensityConfig, SamplerConfig};
 use super::schedule::Schedule;
 use crate::accountants::AccountantKind;
-use crate::config::sampler::{DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
 
 /// The axes of a sweep. An empty axis means "the config's value"; every non-empty axis is
