@@ -14,6 +14,7 @@
 //! [`Outcome`] (report, text, files, [`outcome::Status`]); the binary maps the status to the
 //! exit code in one place.
 
+pub mod account;
 pub mod analyze;
 pub mod calibrate;
 pub mod check;
