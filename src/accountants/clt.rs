@@ -340,10 +340,6 @@ impl CltSummary {
     pub fn delta(&self, epsilon: f64) -> f64 {
         gdp::delta_for_epsilon(self.mu, epsilon)
     }
-    /// True when a severe diagnostic says the estimate should not be used.
-    pub fn is_invalid(&self) -> bool {
-        self.diagnostics.iter().any(|d| d.severe)
-    }
 }
 
 fn diag(code: &str, message: String, severe: bool) -> Diagnostic {

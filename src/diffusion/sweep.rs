@@ -46,28 +46,6 @@ pub struct SweepSpec {
 }
 
 impl SweepSpec {
-    /// Names (as flags without `--`) of the axes that have values, outermost first.
-    pub fn swept_axes(&self) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        for (name, on) in [
-            ("sigma-min", !self.sigma_min.is_empty()),
-            ("steps", !self.levels.is_empty()),
-            ("stop-step", !self.stop_step.is_empty()),
-            ("switch-step", !self.switch_step.is_empty()),
-            ("switch-at", !self.switch_at.is_empty()),
-            ("clip", !self.clip_norm.is_empty()),
-            ("dataset-size", !self.dataset_size.is_empty()),
-            ("delta", !self.delta.is_empty()),
-            ("subsample-rate", !self.subsample_rate.is_empty()),
-            ("samples", !self.samples.is_empty()),
-        ] {
-            if on {
-                v.push(name);
-            }
-        }
-        v
-    }
-
     /// Number of grid points (product of the non-empty axes' lengths).
     pub fn size(&self) -> usize {
         [
