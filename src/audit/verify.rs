@@ -268,16 +268,6 @@ pub fn to_report(out: &VerifyOutput) -> Result<Report> {
     Ok(r)
 }
 
-fn fmt_eps(e: f64) -> String {
-    if e.is_infinite() {
-        "∞".into()
-    } else if e >= 1000.0 {
-        format!("{e:.1}")
-    } else {
-        format!("{e:.6}")
-    }
-}
-
 fn text(out: &VerifyOutput) -> String {
     let mut s = String::new();
     for c in &out.claims {
@@ -299,7 +289,7 @@ fn text(out: &VerifyOutput) -> String {
                 rep.paper,
                 rep.accountant.as_str(),
                 rep.kind.as_str(),
-                fmt_eps(rep.computed),
+                crate::report::num::eps6(rep.computed),
                 if rep.within_rounding {
                     "within the paper's rounding"
                 } else {
@@ -329,7 +319,7 @@ fn text(out: &VerifyOutput) -> String {
                     s,
                     "    {:<34} ε = {:>14} at δ = {:.3e}  [{}, {}]{}",
                     a.method,
-                    fmt_eps(a.epsilon),
+                    crate::report::num::eps6(a.epsilon),
                     a.delta,
                     a.source(),
                     a.kind.as_str(),

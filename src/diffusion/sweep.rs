@@ -14,6 +14,7 @@ use super::sampler::{DensityConfig, SamplerConfig};
 use super::schedule::Schedule;
 use crate::accountants::AccountantKind;
 use crate::error::{Error, Result};
+use crate::report::num;
 
 /// The axes of a sweep. An empty axis means "the config's value"; every non-empty axis is
 /// crossed with every other (a cartesian grid, in the order of the fields: σ_min outermost,
@@ -543,29 +544,29 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
     w.write_record(&header).map_err(csv_err)?;
     for r in rows {
         let mut rec = vec![
-            r.sigma_min.map(fmt).unwrap_or_default(),
-            fmt(r.t_min),
+            r.sigma_min.map(num::debug).unwrap_or_default(),
+            num::debug(r.t_min),
             r.levels.to_string(),
             r.stop_step.map(|v| v.to_string()).unwrap_or_default(),
-            r.stop_at.map(fmt).unwrap_or_default(),
+            r.stop_at.map(num::debug).unwrap_or_default(),
             r.switch_step.map(|v| v.to_string()).unwrap_or_default(),
-            fmt(r.switch_at),
-            fmt(r.clip_norm),
+            num::debug(r.switch_at),
+            num::debug(r.clip_norm),
             r.dataset_size.to_string(),
-            fmt(r.delta),
-            fmt(r.subsample_rate),
+            num::debug(r.delta),
+            num::debug(r.subsample_rate),
             r.samples.to_string(),
             r.convention.clone(),
             r.private_steps.to_string(),
-            fmt(r.max_step_mu),
-            fmt(r.full_batch_mu),
+            num::debug(r.max_step_mu),
+            num::debug(r.full_batch_mu),
         ];
         for a in accountants {
             let line = r.accountants.iter().find(|l| l.accountant == *a);
             if matches!(a, AccountantKind::Gdp | AccountantKind::Clt) {
-                rec.push(line.and_then(|l| l.mu).map(fmt).unwrap_or_default());
+                rec.push(line.and_then(|l| l.mu).map(num::debug).unwrap_or_default());
             }
-            rec.push(line.and_then(|l| l.epsilon).map(fmt).unwrap_or_default());
+            rec.push(line.and_then(|l| l.epsilon).map(num::debug).unwrap_or_default());
             rec.push(
                 line.and_then(|l| l.kind)
                     .map(|k| k.as_str().to_string())
@@ -580,11 +581,6 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
     }
     let bytes = w.into_inner().map_err(|e| Error::input(format!("csv: {e}")))?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-/// Shortest round-trip representation of a float (deterministic).
-pub fn fmt(x: f64) -> String {
-    format!("{x:?}")
 }
 
 #[cfg(test)]
