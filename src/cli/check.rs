@@ -257,7 +257,9 @@ fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<Answer
             .unwrap_or_else(|| FLAGS_NAME.to_string());
         match check_one(args, &kinds, path, false, true) {
             Ok((rep, verdict, delta)) => {
-                output::emit_stdout(format!("{}\n", verdict_line(&name, &verdict, delta)).as_bytes())?;
+                output::emit_stdout(
+                    dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), false).as_bytes(),
+                )?;
                 match verdict.status {
                     Status::Pass | Status::Fail => status = status.worst(Answer::of_verdict(verdict.status)),
                     Status::Inconclusive => {
@@ -333,24 +335,5 @@ fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<Answer> {
     match inconclusive {
         Some(e) => Err(e),
         None => Ok(status),
-    }
-}
-
-fn verdict_line(config: &str, v: &report::Verdict, delta: f64) -> String {
-    let f = report::export::fmt_num;
-    match (v.status, v.epsilon, v.margin) {
-        (Status::Pass | Status::Fail, Some(eps), Some(margin)) => format!(
-            "{} {}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}",
-            v.status.as_str(),
-            config,
-            f(eps),
-            v.accountant.map(|a| a.as_str()).unwrap_or("?"),
-            v.bound.map(|b| b.as_str().replace('_', " ")).unwrap_or_default(),
-            if v.status == Status::Pass { "≤" } else { ">" },
-            f(v.budget.unwrap_or(f64::NAN)),
-            f(delta),
-            f(margin)
-        ),
-        _ => format!("{} {}: {}", v.status.as_str(), config, v.message),
     }
 }
