@@ -10,12 +10,16 @@
 //! stages through their own stage modules and build the same [`Report`]: [`analyze`]
 //! (diffusion sampling), [`calibrate`], [`sweep`], [`run`] (mechanisms on data) and the
 //! verify/mia/train stages in `pipelines`, `attacks` and `models`. Every command's report opens
-//! with the plain-language conclusion ([`Report::conclude`]).
+//! with the plain-language conclusion ([`Report::conclude`]), and every command ends in one
+//! [`Outcome`] (report, text, files, [`outcome::Status`]); the binary maps the status to the
+//! exit code in one place.
 
+pub mod account;
 pub mod analyze;
 pub mod calibrate;
 pub mod check;
 pub mod mia;
+pub mod outcome;
 pub mod run;
 pub mod sweep;
 pub mod text;
@@ -30,6 +34,8 @@ use crate::events::{DpEvent, EventFile, Neighbouring};
 use crate::report::build::{self, AccountOptions};
 use crate::report::progress::Progress;
 use crate::report::{self, Report, Verdict};
+
+pub use outcome::Outcome;
 
 /// Where the event comes from.
 #[derive(Debug, Clone)]
@@ -367,16 +373,6 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
     }
     report.verdicts.push(v.clone());
     v
-}
-
-/// The exit code of an outcome's status: 0 ok, 1 a claim or budget is violated, 2 the question
-/// could not be answered (the one place a status becomes an exit code).
-pub fn exit_code(status: crate::report::Status) -> i32 {
-    match status {
-        crate::report::Status::Pass => 0,
-        crate::report::Status::Fail => 1,
-        crate::report::Status::Inconclusive => 2,
-    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
-//! One library error type. Every error carries a kind (which decides the exit code) and,
+//! One library error type. Every error carries a kind and,
 //! where known, the file, line and field that caused it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// What went wrong, coarsely. Decides the process exit code (see [`Error::exit_code`]).
+/// What went wrong, coarsely. Every error is a usage or input error (exit 2 in the binary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -96,10 +96,6 @@ impl Error {
         });
         self
     }
-    /// Process exit code for this error: every library error is a usage/input error (2).
-    pub fn exit_code(&self) -> i32 {
-        2
-    }
 }
 
 impl fmt::Display for Error {
@@ -159,34 +155,6 @@ pub fn token(cell: &str) -> String {
 /// True when `message` describes a write to a closed pipe (the reader, e.g. `| head`, exited).
 pub fn is_broken_pipe_message(message: &str) -> bool {
     message.contains("Broken pipe") || message.contains("os error 32")
-}
-
-/// Makes a closed stdout/stderr pipe end the process quietly with exit code 0 instead of a
-/// panic: Rust ignores SIGPIPE, so `print!` to a pipe whose reader has exited (`dpaudit … | head`)
-/// panics with "failed printing to stdout: Broken pipe". The reader has all it asked for, so
-/// there is nothing to report. Every other panic goes to the previous hook unchanged. Called
-/// once at the start of `main`.
-pub fn install_broken_pipe_hook() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let payload = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        if payload.starts_with("failed printing to std") {
-            if is_broken_pipe_message(payload) {
-                std::process::exit(0);
-            }
-            // stdout or stderr cannot be written (a full disk, `/dev/full`, a closed
-            // descriptor): say so where possible and fail as an output error, never a panic.
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "error: {payload}");
-            std::process::exit(2);
-        }
-        previous(info);
-    }));
 }
 
 #[cfg(test)]

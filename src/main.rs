@@ -7,7 +7,7 @@
 mod cli;
 
 fn main() {
-    dpaudit::error::install_broken_pipe_hook();
+    cli::install_broken_pipe_hook();
     if let Some(note) = dpaudit::limits::configure_threads() {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr(), "note: {note}");

@@ -340,10 +340,6 @@ impl CltSummary {
     pub fn delta(&self, epsilon: f64) -> f64 {
         gdp::delta_for_epsilon(self.mu, epsilon)
     }
-    /// True when a severe diagnostic says the estimate should not be used.
-    pub fn is_invalid(&self) -> bool {
-        self.diagnostics.iter().any(|d| d.severe)
-    }
 }
 
 fn diag(code: &str, message: String, severe: bool) -> Diagnostic {
@@ -560,27 +556,9 @@ struct Parts {
     full_mu_sq: f64,
 }
 
-/// Path (as in [`DpEvent::validate`] errors: `event.events[1].event`) of the first sub-event for
-/// which `bad` returns `Some(reason)`, with that reason. Used to name unsupported sub-events.
-pub fn find_path(event: &DpEvent, path: &str, bad: &dyn Fn(&DpEvent) -> Option<String>) -> Option<(String, String)> {
-    if let Some(r) = bad(event) {
-        return Some((path.to_string(), r));
-    }
-    match event {
-        DpEvent::PoissonSampled { event, .. }
-        | DpEvent::SampledWithoutReplacement { event, .. }
-        | DpEvent::SelfComposed { event, .. } => find_path(event, &format!("{path}.event"), bad),
-        DpEvent::Composed { events } => events
-            .iter()
-            .enumerate()
-            .find_map(|(i, e)| find_path(e, &format!("{path}.events[{i}]"), bad)),
-        _ => None,
-    }
-}
-
 fn parts(event: &DpEvent, neighbouring: Neighbouring) -> Result<Parts> {
     let unsupported = |pred: &dyn Fn(&DpEvent) -> Option<String>| -> Error {
-        match find_path(event, "event", pred) {
+        match crate::events::find_path(event, "event", pred) {
             Some((path, why)) => Error::unsupported(format!("clt: {path}: {why}")),
             None => Error::unsupported("clt: unsupported event"),
         }

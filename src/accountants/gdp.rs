@@ -70,7 +70,7 @@ pub fn composed_mu(event: &DpEvent) -> Result<f64> {
                 sum_sq += c.count as f64 / (noise_multiplier * noise_multiplier);
             }
             (Sampling::Full, Mechanism::Laplace { .. }) => {
-                let at = super::clt::find_path(event, "event", &|e| {
+                let at = crate::events::find_path(event, "event", &|e| {
                     matches!(e, DpEvent::Laplace { .. }).then(String::new)
                 });
                 let path = at.map(|(p, _)| format!("{p}: ")).unwrap_or_default();
@@ -80,7 +80,7 @@ pub fn composed_mu(event: &DpEvent) -> Result<f64> {
                 )));
             }
             (Sampling::Full, _) => {
-                let at = super::clt::find_path(event, "event", &|e| {
+                let at = crate::events::find_path(event, "event", &|e| {
                     matches!(e, DpEvent::EpsilonDelta { .. }).then(String::new)
                 });
                 let path = at.map(|(p, _)| format!("{p}: ")).unwrap_or_default();
@@ -89,7 +89,7 @@ pub fn composed_mu(event: &DpEvent) -> Result<f64> {
                 )));
             }
             (s, _) => {
-                let at = super::clt::find_path(event, "event", &|e| {
+                let at = crate::events::find_path(event, "event", &|e| {
                     let sampled = matches!(e, DpEvent::PoissonSampled { q, .. } if *q < 1.0)
                         || matches!(e, DpEvent::SampledWithoutReplacement { .. });
                     sampled.then(String::new)

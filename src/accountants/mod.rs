@@ -3,6 +3,7 @@
 //! Every accountant answers through the [`Accountant`] trait and says what kind of number it
 //! gives ([`BoundKind`]): an auditor's tool never presents an estimate as a bound.
 
+pub mod attack_limits;
 pub mod calibrate;
 pub mod clt;
 pub mod convert;

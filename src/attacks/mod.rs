@@ -10,7 +10,8 @@
 //! ```
 
 pub mod audit;
-pub mod canary;
+/// Canary records are inserted by training: [`crate::models::canary`].
+pub use crate::models::canary;
 pub mod denoiser;
 pub mod diffusers;
 pub mod empirical;
@@ -21,4 +22,5 @@ pub mod pipeline;
 pub mod render;
 pub mod scores;
 pub mod shard;
+pub mod shard_spec;
 pub mod theory;

@@ -388,7 +388,7 @@ pub fn score_checkpoint_shard(
     split: &SplitManifest,
     plan: &MiaPlan,
     bar: Option<&ProgressBar>,
-    shard: Option<super::shard::ShardSpec>,
+    shard: Option<super::shard_spec::ShardSpec>,
 ) -> Result<Vec<(usize, ScoreRecord)>> {
     let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
     let members = data.rows(&member_ix);
@@ -401,7 +401,7 @@ pub fn score_checkpoint_shard(
     let ids: Vec<String> = q_ix.iter().map(|i| i.to_string()).collect();
     let labels: Vec<bool> = split_pos.iter().map(|&p| p < member_ix.len()).collect();
     let canaries = match plan.audit {
-        Some(AuditKind::OneRun) => Some(super::canary::Canaries::of_checkpoint(ck)?),
+        Some(AuditKind::OneRun) => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
         _ => None,
     };
     let base = all_ix.len();

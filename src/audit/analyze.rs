@@ -9,7 +9,36 @@ use crate::diffusion::account::{AccountantLine, Analysis};
 use crate::diffusion::sensitivity::StepRole;
 use crate::diffusion::SamplerConfig;
 use crate::error::Result;
+use crate::report::num::{fixed6, sci6};
 use crate::report::{plot, Cell, Column, Fact, Report, Skipped, Table};
+
+/// A validated `analyze` request.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The sampler configuration (TOML).
+    pub config: std::path::PathBuf,
+    /// Accountants to run.
+    pub accountants: Vec<AccountantKind>,
+    /// Overrides the configuration's δ (checked to lie in (0, 1)).
+    pub delta: Option<f64>,
+}
+
+/// `analyze`: loads the sampler configuration (its defaulted settings noted on stderr), analyses
+/// it and returns the report, the terminal table, `analyze.csv` (the main table) and
+/// `analyze.json` (every step, window row and accountant line).
+pub fn execute(plan: &Plan) -> Result<super::Outcome> {
+    let mut cfg = SamplerConfig::load(&plan.config)?;
+    cfg.warn_defaults(&plan.config);
+    if let Some(d) = plan.delta {
+        cfg.delta = d;
+    }
+    let (a, rep) = analyze(&cfg, &plan.config, &plan.accountants)?;
+    let csv = render_csv(&a)?.into_bytes();
+    let detail = serde_json::to_vec_pretty(&a).map_err(|e| crate::Error::input(e.to_string()))?;
+    Ok(super::Outcome::new(rep, render_text(&a))
+        .with_table("analyze.csv", csv)
+        .with_file("analyze.json", detail))
+}
 
 /// Analyses `cfg` with `accountants`: the stage result and its report.
 pub fn analyze(
@@ -23,27 +52,10 @@ pub fn analyze(
     Ok((a, rep))
 }
 
-/// Fixed-point for ordinary magnitudes, scientific otherwise.
-fn num(x: f64) -> String {
-    if x == 0.0 || (x.abs() >= 1e-4 && x.abs() < 1e6) {
-        format!("{x:.6}")
-    } else {
-        format!("{x:.6e}")
-    }
-}
-
-fn e6(x: f64) -> String {
-    if x == 0.0 {
-        "0".into()
-    } else {
-        format!("{x:.6e}")
-    }
-}
-
 fn line_text(l: &AccountantLine) -> String {
     let kind = l.kind.map(|k| k.as_str()).unwrap_or("-");
-    let eps = l.epsilon.map(num).unwrap_or_else(|| "-".into());
-    let mu = l.mu.map(|m| format!("μ = {}", e6(m))).unwrap_or_default();
+    let eps = l.epsilon.map(fixed6).unwrap_or_else(|| "-".into());
+    let mu = l.mu.map(|m| format!("μ = {}", sci6(m))).unwrap_or_default();
     let mut s = format!(
         "  {:<4} {:<12} ε = {:<14} {:<16} {}",
         l.accountant.as_str(),
@@ -115,25 +127,25 @@ pub fn render_text(a: &Analysis) -> String {
             s,
             "{:>4} {:>13} {:>13} {:>13} {:>13} {:>8} {:>13} {:>13}",
             r.index,
-            e6(r.t_from),
-            e6(r.t_to),
-            e6(r.t),
-            e6(r.dt),
+            sci6(r.t_from),
+            sci6(r.t_to),
+            sci6(r.t),
+            sci6(r.dt),
             role,
-            e6(r.mu),
-            e6(r.cumulative_mu)
+            sci6(r.mu),
+            sci6(r.cumulative_mu)
         );
         if traj {
             let _ = write!(
                 s,
                 " {:>13} {:>13}",
-                e6(r.mu_min.unwrap_or(0.0)),
-                e6(r.mu_median.unwrap_or(0.0))
+                sci6(r.mu_min.unwrap_or(0.0)),
+                sci6(r.mu_median.unwrap_or(0.0))
             );
         }
         match w {
             Some(w) => {
-                let _ = writeln!(s, " {:>13} {:>13}", e6(w.stop_epsilon), e6(w.switch_epsilon));
+                let _ = writeln!(s, " {:>13} {:>13}", sci6(w.stop_epsilon), sci6(w.switch_epsilon));
             }
             None => {
                 let _ = writeln!(s, " {:>13} {:>13}", "-", "-");
@@ -144,7 +156,7 @@ pub fn render_text(a: &Analysis) -> String {
     let _ = writeln!(
         s,
         "full-batch GDP μ over all private steps and samples: {} ({})",
-        num(a.full_batch_mu),
+        fixed6(a.full_batch_mu),
         if a.subsample_rate < 1.0 {
             "ignores subsampling"
         } else {
@@ -160,7 +172,7 @@ pub fn render_text(a: &Analysis) -> String {
             let _ = writeln!(
                 s,
                 "guarantee: ε = {} at δ = {:e} ({}, {})",
-                num(g.epsilon.unwrap_or(f64::NAN)),
+                fixed6(g.epsilon.unwrap_or(f64::NAN)),
                 a.delta,
                 g.accountant.as_str(),
                 g.kind.map(|k| k.as_str()).unwrap_or("-")
@@ -198,7 +210,7 @@ fn csv_err(e: csv::Error) -> crate::Error {
 
 /// CSV: one row per step, with the convention on every row.
 pub fn render_csv(a: &Analysis) -> Result<String> {
-    use crate::diffusion::sweep::fmt;
+    use crate::report::num::debug as fmt;
     let mut w = csv::Writer::from_writer(Vec::new());
     w.write_record([
         "convention",
@@ -301,13 +313,13 @@ pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::
     r.summary.push(Fact::new("step convention", a.convention.as_str()));
     r.summary
         .push(Fact::new("private steps per sample", a.private_steps.to_string()));
-    r.summary.push(Fact::new("full-batch GDP μ", num(a.full_batch_mu)));
+    r.summary.push(Fact::new("full-batch GDP μ", fixed6(a.full_batch_mu)));
     r.summary.push(Fact::new(
         "guarantee",
         match &a.guarantee {
             Some(g) => format!(
                 "ε = {} at δ = {:e} ({}, {})",
-                num(g.epsilon.unwrap_or(f64::NAN)),
+                fixed6(g.epsilon.unwrap_or(f64::NAN)),
                 a.delta,
                 g.accountant.as_str(),
                 g.kind.map(|k| k.as_str()).unwrap_or("-")

@@ -3,13 +3,19 @@
 
 use std::fmt::Write as _;
 
-use crate::accountants::calibrate::{calibrate_dpsgd, Calibration, DpSgd, SolveFor};
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::accountants::calibrate::{calibrate_dpsgd, calibrate_dpsgd_any, Calibration, DpSgd, SolveFor};
 use crate::accountants::{AccountantKind, BoundKind};
+use crate::config::dpsgd::Derived;
 use crate::config::sampler::SamplerConfig;
-use crate::diffusion::calibrate::SamplerCalibration;
+use crate::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
 use crate::error::Result;
 use crate::events::Neighbouring;
 use crate::report::export::fmt_num;
+use crate::report::progress::Progress;
 use crate::report::{self, num, Cell, Column, Conclusion, Report, Table};
 
 /// A validated calibration plan.
@@ -234,4 +240,259 @@ pub fn sampler_report(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCa
         },
     });
     Ok(rep)
+}
+
+/// A validated DP-SGD calibration request (`calibrate` without `--sampler`).
+#[derive(Debug, Clone)]
+pub struct DpSgdRequest {
+    /// What to solve for, with which accountant, target and fixed parameters.
+    pub plan: Plan,
+    /// The DP-SGD run in users' words the steps and q were derived from.
+    pub derived: Option<Derived>,
+}
+
+/// The answer of a DP-SGD calibration, as the terminal text and CSV state it.
+struct Answer<'a> {
+    value: f64,
+    kind: BoundKind,
+    epsilon: f64,
+    event: &'a crate::events::DpEvent,
+    derivation: Option<&'a Derived>,
+    warnings: &'a [String],
+}
+
+/// `calibrate` (DP-SGD): solves with the plan's accountant, or the first sound one that
+/// certifies a value in range (named in a warning); the report, the terminal text and
+/// `calibrate.csv`. Warnings (a CLT estimate, a fallback accountant) are also printed on stderr.
+pub fn execute(request: &DpSgdRequest, progress: &Progress) -> Result<super::Outcome> {
+    let Plan {
+        accountant: kind,
+        fixed,
+        solve_for,
+        target,
+        delta,
+        neighbouring,
+    } = request.plan.clone();
+    let derived = request.derived.clone();
+    let mut warnings = Vec::new();
+    if kind == AccountantKind::Clt {
+        let w = "the clt accountant gives an ESTIMATE (DRS Thm 3.5), not a guarantee: the calibrated value \
+                 may not meet the target; use --accountant pld or rdp for a sound answer"
+            .to_string();
+        eprintln!("WARNING: {w}");
+        warnings.push(w);
+    }
+    progress.set_message(format!("solving for {}", solve_for.as_str()));
+    // What any sound accountant can certify: when `kind` finds nothing in range, the others
+    // are tried and the answer names the accountant that certified it.
+    let (c, fallback) = calibrate_dpsgd_any(kind, neighbouring, delta, target, fixed, solve_for)?;
+    if let Some(w) = &fallback {
+        eprintln!("warning: {w}");
+        warnings.push(w.clone());
+    }
+    let kind = c.result.accountant;
+    let mut rep = to_report(
+        &Plan {
+            accountant: kind,
+            fixed,
+            solve_for,
+            target,
+            delta,
+            neighbouring,
+        },
+        &c,
+    );
+    if let Some(w) = &fallback {
+        rep.warn("calibration_fallback_accountant", w, false);
+    }
+    if let Some(d) = &derived {
+        rep.assumptions.other.extend(
+            d.derivation
+                .iter()
+                .map(|l| report::Fact::new("DP-SGD derivation", l.clone())),
+        );
+    }
+    let out = Answer {
+        value: c.value,
+        kind: c.result.kind,
+        epsilon: c.result.epsilon,
+        event: &c.event,
+        derivation: derived.as_ref(),
+        warnings: &warnings,
+    };
+    let csv = format!(
+        "solve_for,value,target_epsilon,delta,accountant,kind,epsilon\n{},{},{},{},{},{},{}\n",
+        solve_for.as_str(),
+        out.value,
+        target,
+        delta,
+        kind.as_str(),
+        out.kind.as_str(),
+        out.epsilon
+    );
+    let mut text = String::new();
+    {
+        use std::fmt::Write as _;
+        let v = match solve_for {
+            SolveFor::Steps => format!("{}", out.value as u64),
+            _ => format!("{}", out.value),
+        };
+        if let Some(d) = &out.derivation {
+            let _ = writeln!(text, "DP-SGD run: {}", d.summary());
+            for l in &d.derivation {
+                let _ = writeln!(text, "  {l}");
+            }
+        }
+        let _ = writeln!(text, "Event:");
+        for line in out.event.ledger().lines() {
+            let _ = writeln!(text, "  {line}");
+        }
+        let _ = writeln!(
+            text,
+            "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
+            solve_for.as_str(),
+            out.epsilon,
+            kind.as_str(),
+            match out.kind {
+                BoundKind::Estimate => "ESTIMATE, not a guarantee",
+                BoundKind::UpperBound => "upper bound",
+                BoundKind::Exact => "exact",
+                BoundKind::LowerBound => "lower bound",
+                BoundKind::DataDependent => "data-dependent: not a DP guarantee",
+            }
+        );
+        for w in out.warnings {
+            let _ = writeln!(text, "WARNING: {w}");
+        }
+    }
+    Ok(super::Outcome::new(rep, text).with_table("calibrate.csv", csv.into_bytes()))
+}
+
+/// A validated sampler calibration request (`calibrate --sampler CONFIG`).
+#[derive(Debug, Clone)]
+pub struct SamplerPlan {
+    /// The sampler configuration (TOML).
+    pub config: PathBuf,
+    /// The setting to solve for.
+    pub param: SamplerParam,
+    /// Target ε.
+    pub target: f64,
+    /// Overrides the configuration's δ.
+    pub delta: Option<f64>,
+    /// The accountants whose smallest sound bound answers (the CLT is shown beside).
+    pub accountants: Vec<AccountantKind>,
+}
+
+/// `calibrate --sampler`: loads the configuration (defaulted settings noted on stderr) and
+/// solves; the report, the terminal text, `calibrate.csv` and `calibrate.json`.
+pub fn execute_sampler(plan: &SamplerPlan) -> Result<super::Outcome> {
+    let path = plan.config.as_path();
+    let param = plan.param;
+    let mut cfg = SamplerConfig::load(path)?;
+    cfg.warn_defaults(path);
+    if let Some(d) = plan.delta {
+        cfg.delta = d;
+    }
+    let c = calibrate_sampler(&cfg, param, plan.target, &plan.accountants).map_err(|e| e.with_file(path))?;
+    let detail = serde_json::to_vec_pretty(&SamplerOutput {
+        schema_version: SCHEMA_VERSION,
+        config: path.display().to_string(),
+        calibration: &c,
+    })
+    .map_err(|e| crate::Error::input(e.to_string()))?;
+    let mut csv = String::from("solve_for,answer,value,epsilon,accountant,kind,past_value,past_epsilon\n");
+    let row = |csv: &mut String, name: &str, s: &crate::diffusion::calibrate::Search| {
+        csv.push_str(&format!(
+            "{},{name},{},{},{},{},{},{}\n",
+            param.as_str(),
+            s.meets.value,
+            s.meets.epsilon,
+            s.meets.line.accountant.as_str(),
+            s.meets.line.kind.map(|k| k.as_str()).unwrap_or(""),
+            s.past.as_ref().map(|p| p.value.to_string()).unwrap_or_default(),
+            s.past.as_ref().map(|p| p.epsilon.to_string()).unwrap_or_default()
+        ));
+    };
+    row(&mut csv, "sound", &c.sound);
+    if let Some(e) = &c.clt {
+        row(&mut csv, "clt_estimate", e);
+    }
+    let text = render_sampler_text(path, &cfg, &c);
+    let rep = sampler_report(path, &cfg, &c)?;
+    Ok(super::Outcome::new(rep, text)
+        .with_table("calibrate.csv", csv.into_bytes())
+        .with_file("calibrate.json", detail))
+}
+
+/// JSON schema version of `calibrate.json`.
+const SCHEMA_VERSION: u32 = 1;
+
+/// JSON document of a sampler calibration.
+#[derive(Debug, Serialize)]
+struct SamplerOutput<'a> {
+    schema_version: u32,
+    config: String,
+    #[serde(flatten)]
+    calibration: &'a SamplerCalibration,
+}
+
+fn render_sampler_text(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCalibration) -> String {
+    use std::fmt::Write as _;
+    let f = crate::report::export::fmt_num;
+    // ε in full (shortest round-trip): a rounded 8 next to "≤ 8" would hide which side it is on.
+    let e = |x: f64| format!("{x}");
+    let name = c.param.as_str();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Sampler {} ({}), step convention {}",
+        path.display(),
+        cfg.schedule.describe(),
+        cfg.convention.describe()
+    );
+    let _ = writeln!(
+        s,
+        "Target ε = {} at δ = {} ({})",
+        f(c.target_epsilon),
+        f(c.delta),
+        cfg.neighbouring
+    );
+    let m = &c.sound.meets;
+    let _ = writeln!(
+        s,
+        "{name} = {}  gives ε = {} ≤ target ({}, {}; re-analysed)",
+        f(m.value),
+        e(m.epsilon),
+        m.line.accountant.as_str(),
+        m.line.kind.map(|k| k.as_str()).unwrap_or("?")
+    );
+    match &c.sound.past {
+        Some(p) => {
+            let _ = writeln!(
+                s,
+                "  one step past: {name} = {} gives ε = {} > target",
+                f(p.value),
+                f(p.epsilon)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "  the whole range of {name} meets the target");
+        }
+    }
+    match (&c.clt, &c.clt_note) {
+        (Some(c_), _) => {
+            let _ = writeln!(
+                s,
+                "CLT estimate (not a guarantee): {name} = {} gives ε ≈ {} ({})",
+                f(c_.meets.value),
+                e(c_.meets.epsilon),
+                c_.meets.line.status
+            );
+        }
+        (None, Some(n)) => {
+            let _ = writeln!(s, "CLT estimate: {n}");
+        }
+        _ => {}
+    }
+    s
 }

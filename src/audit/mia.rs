@@ -9,6 +9,25 @@ use crate::attacks::theory::{self, Guarantee};
 use crate::report::export::fmt_num;
 use crate::report::{plot, Axis, Cell, Column, LegendPosition, LineStyle, Plot, Report, Scale, Series, Table};
 
+/// `mia` and `merge`: the report (with its conclusion), the terminal text, `mia.csv` (the attack
+/// table: the main table), `mia.json`, and the status: violated when a measured number exceeds
+/// the guarantee of the mechanism it attacks.
+pub fn outcome(m: &MiaReport, command: &str) -> crate::Result<super::Outcome> {
+    let mut rep = to_report(m, command);
+    rep.audit = "mia".into();
+    rep.conclude();
+    let detail = serde_json::to_vec_pretty(m).map_err(|e| crate::Error::input(e.to_string()))?;
+    let status = if m.violations().is_empty() {
+        super::outcome::Status::Ok
+    } else {
+        super::outcome::Status::Violated
+    };
+    Ok(super::Outcome::new(rep, crate::attacks::render::text(m))
+        .with_table("mia.csv", crate::attacks::render::csv(m).into_bytes())
+        .with_file("mia.json", detail)
+        .with_status(status))
+}
+
 /// The shared report model of a `mia` run (for `--format md|html|json` and `--out`).
 pub fn to_report(m: &MiaReport, command: &str) -> Report {
     let f = fmt_num;

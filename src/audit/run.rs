@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::outcome::{Outcome, Status};
 use crate::accountants::AccountantKind;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
 use crate::pipelines::audit::{self, DistinguishingReport, SensitivityReport};
 use crate::pipelines::mechanisms::{self, DpRdmConfig, DpaggTi, DpaggTiConfig, Fault};
-use crate::report::{self, num, Cell, Column, Conclusion, Report, Status, Table, Verdict};
+use crate::report::{self, num, Cell, Column, Conclusion, Report, Table, Verdict};
 
 /// The files a run writes into `--out DIR` besides the report.
 pub const RUN_FILES: [&str; 3] = ["ledger.toml", "outputs.csv", "run.json"];
@@ -34,17 +35,31 @@ pub struct Options {
     pub inject_fault: Fault,
 }
 
-/// What a run produced.
+/// The mechanism to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    /// DPAgg-TI.
+    DpaggTi,
+    /// DP-RDM.
+    DpRdm,
+}
+
+/// A validated `run` request.
 #[derive(Debug, Clone)]
-pub struct Outcome {
-    /// The report.
-    pub report: Report,
-    /// Terminal summary.
-    pub text: String,
-    /// `run.json` (the detailed record, also the text of `--format json` before reports).
-    pub files: Vec<(String, Vec<u8>)>,
-    /// An audit failed.
-    pub failed: bool,
+pub struct Plan {
+    /// The mechanism.
+    pub mechanism: Mechanism,
+    /// Its options.
+    pub options: Options,
+}
+
+/// `run`: executes the mechanism (and its audits); the outcome carries `ledger.toml`,
+/// `outputs.csv` and `run.json`, and is violated when an audit fails.
+pub fn execute(plan: &Plan) -> Result<Outcome> {
+    match plan.mechanism {
+        Mechanism::DpaggTi => run_dpagg(&plan.options),
+        Mechanism::DpRdm => run_rdm(&plan.options),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -261,11 +276,13 @@ fn finish<R: Serialize>(
     }
     let _ = writeln!(s, "ledger:\n{}", ledger.event.ledger());
     let report = to_report(a, mechanism, rec, ledger, header, failed)?;
+    let status = if failed { Status::Violated } else { Status::Ok };
     Ok(Outcome {
         report,
         text: s,
+        table: None,
         files,
-        failed,
+        status,
     })
 }
 
@@ -331,7 +348,11 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
         r.verdicts.push(Verdict {
             source: None,
             subject: "claimed sensitivity".into(),
-            status: if sr.ok { Status::Pass } else { Status::Fail },
+            status: if sr.ok {
+                report::Status::Pass
+            } else {
+                report::Status::Fail
+            },
             budget: None,
             epsilon: None,
             delta: None,
@@ -359,7 +380,11 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
         ]);
         r.verdicts.push(Verdict {
             subject: "one release's accounted ε against the distinguishing audit".into(),
-            status: if d.violation { Status::Fail } else { Status::Pass },
+            status: if d.violation {
+                report::Status::Fail
+            } else {
+                report::Status::Pass
+            },
             budget: Some(d.epsilon_upper),
             epsilon: Some(d.outcome.epsilon_lower),
             delta: Some(d.outcome.delta),

@@ -12,6 +12,31 @@ use crate::report::plot::{self, LineStyle, Series};
 use crate::report::progress::Progress;
 use crate::report::{self, num, Cell, Column, Conclusion, Report, Table};
 
+/// A validated `sweep` request.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The sampler configuration (TOML).
+    pub config: std::path::PathBuf,
+    /// The grid and the accountants.
+    pub spec: SweepSpec,
+    /// An ε budget, drawn on the plot and counted in the conclusion.
+    pub budget: Option<f64>,
+}
+
+/// `sweep`: loads the configuration (its defaulted settings noted on stderr), runs the grid and
+/// returns the report, the terminal table, `sweep.csv` (the main table) and `sweep.json`.
+pub fn execute(plan: &Plan, progress: &Progress) -> Result<super::Outcome> {
+    let cfg = SamplerConfig::load(&plan.config)?;
+    cfg.warn_defaults(&plan.config);
+    let (rows, rep) = sweep(&cfg, &plan.config, &plan.spec, plan.budget, progress)?;
+    let accountants = &plan.spec.accountants;
+    let csv = sweep::to_csv(&rows, accountants)?;
+    let detail = serde_json::to_vec_pretty(&rows).map_err(|e| crate::Error::input(e.to_string()))?;
+    Ok(super::Outcome::new(rep, render_text(&rows, accountants))
+        .with_table("sweep.csv", csv.into_bytes())
+        .with_file("sweep.json", detail))
+}
+
 /// Runs the sweep (in parallel, deterministic row order) and builds its report.
 pub fn sweep(
     cfg: &SamplerConfig,
@@ -299,4 +324,66 @@ fn epsilon_plot(
         );
     }
     plot::epsilon_vs_axis(&format!("epsilon_vs_{axis}"), label, "", delta, series)
+}
+
+/// The terminal table: one row per grid point, one ε column per accountant.
+fn render_text(rows: &[SweepRow], accountants: &[AccountantKind]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    if let Some(r) = rows.first() {
+        let _ = writeln!(s, "step convention {}", r.convention);
+    }
+    let _ = write!(
+        s,
+        "{:>12} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>13}",
+        "t_min", "N", "stop", "switch", "C", "|D|", "δ", "p", "S", "private", "full μ"
+    );
+    for a in accountants {
+        let _ = write!(s, " {:>14}", format!("{} ε", a.as_str()));
+    }
+    s.push('\n');
+    for r in rows {
+        let switch = match r.switch_step {
+            Some(k) => format!("#{k}"),
+            None => format!("{}", r.switch_at),
+        };
+        let stop = match (r.stop_step, r.stop_at) {
+            (Some(k), _) => format!("#{k}"),
+            (None, Some(t)) => format!("≤{t}"),
+            (None, None) => "-".into(),
+        };
+        let _ = write!(
+            s,
+            "{:>12} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>13.6e}",
+            format!("{:.6}", r.sigma_min.unwrap_or(r.t_min)),
+            r.levels,
+            stop,
+            switch,
+            r.clip_norm,
+            r.dataset_size,
+            r.delta,
+            r.subsample_rate,
+            r.samples,
+            r.private_steps,
+            r.full_batch_mu
+        );
+        for a in accountants {
+            let l = r.accountants.iter().find(|l| l.accountant == *a);
+            let cell = match l {
+                Some(l) => match l.epsilon {
+                    Some(e) if l.status == "ok" => format!("{e:.6}"),
+                    Some(e) => format!("{e:.6}!"),
+                    None => "n/a".into(),
+                },
+                None => "-".into(),
+            };
+            let _ = write!(s, " {cell:>14}");
+        }
+        s.push('\n');
+    }
+    let _ = writeln!(
+        s,
+        "kinds: gdp exact at p = 1, upper bound (no amplification) at p < 1; clt estimate (\"!\" = CLT conditions fail: not a guarantee); pld/rdp upper bounds; n/a = unavailable (see --format csv for reasons)"
+    );
+    s
 }

@@ -1,6 +1,7 @@
 //! `verify`: every published claim judged under each interpretation, as one [`Report`] with a
 //! verdict per claim (PASS holds, FAIL violated, INCONCLUSIVE not demonstrated).
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -33,6 +34,38 @@ pub struct Summary {
     pub not_demonstrated: usize,
     /// Claims that hold under the stated interpretation but not under every other one.
     pub holds_not_under_every_interpretation: usize,
+}
+
+/// A validated `verify` request.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Claims files.
+    pub claims: Vec<PathBuf>,
+    /// A claim that holds under the paper's interpretation but not under some other also counts
+    /// as violated.
+    pub strict: bool,
+}
+
+/// `verify`: judges every claim; returns the report, the terminal text, `verify.csv` (one row
+/// per claim, interpretation and analysis: the main table), `verify.json`, and the status:
+/// violated when a claim is violated (or, with `strict`, fails under another interpretation),
+/// else not demonstrated when a claim is neither shown to hold nor violated, else ok.
+pub fn execute(plan: &Plan, progress: &Progress) -> Result<super::Outcome> {
+    let (out, rep) = run(&plan.claims, progress)?;
+    let detail = serde_json::to_vec_pretty(&out).map_err(|e| crate::Error::input(e.to_string()))?;
+    let s = &out.summary;
+    let status = if s.violated > 0 || (plan.strict && s.holds_not_under_every_interpretation > 0) {
+        super::outcome::Status::Violated
+    } else if s.not_demonstrated > 0 {
+        super::outcome::Status::NotDemonstrated
+    } else {
+        super::outcome::Status::Ok
+    };
+    let csv = csv_rows(&out)?;
+    Ok(super::Outcome::new(rep, text(&out))
+        .with_table("verify.csv", csv)
+        .with_file("verify.json", detail)
+        .with_status(status))
 }
 
 /// Reads and judges every claims file; returns the detailed output and its report (with its
@@ -233,4 +266,162 @@ pub fn to_report(out: &VerifyOutput) -> Result<Report> {
         r.tables.push(cals);
     }
     Ok(r)
+}
+
+fn text(out: &VerifyOutput) -> String {
+    let mut s = String::new();
+    for c in &out.claims {
+        let _ = writeln!(
+            s,
+            "claim {} [{}] {} — claimed (ε = {}, δ = {:.3e})\n  source: {}\n  verdict: {}",
+            c.id,
+            c.pipeline,
+            c.dataset,
+            c.claimed_epsilon,
+            c.claimed_delta,
+            c.source,
+            c.describe()
+        );
+        if let Some(rep) = &c.reproduction {
+            let _ = writeln!(
+                s,
+                "  paper's number: {} ({}, {}); recomputed {} [{}]",
+                rep.paper,
+                rep.accountant.as_str(),
+                rep.kind.as_str(),
+                crate::report::num::eps6(rep.computed),
+                if rep.within_rounding {
+                    "within the paper's rounding"
+                } else {
+                    "NOT within the paper's rounding"
+                }
+            );
+        }
+        for i in &c.interpretations {
+            let _ = writeln!(
+                s,
+                "  interpretation {}{} ({}; {}; {}{}): {} — {}",
+                i.id,
+                if i.stated { " [the paper's]" } else { "" },
+                i.neighbouring,
+                i.sensitivity,
+                i.sampling,
+                if i.sigma_reading.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", i.sigma_reading)
+                },
+                i.description,
+                i.decision.verdict
+            );
+            for a in &i.sound.analyses {
+                let _ = writeln!(
+                    s,
+                    "    {:<34} ε = {:>14} at δ = {:.3e}  [{}, {}]{}",
+                    a.method,
+                    crate::report::num::eps6(a.epsilon),
+                    a.delta,
+                    a.source(),
+                    a.kind.as_str(),
+                    if a.note.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  — {}", a.note)
+                    }
+                );
+            }
+            for u in &i.sound.unavailable {
+                let _ = writeln!(s, "    (unavailable) {u}");
+            }
+        }
+        for ch in &c.checks {
+            let _ = writeln!(
+                s,
+                "  check {} {}: {}",
+                if ch.ok { "ok  " } else { "WARN" },
+                ch.code,
+                ch.message
+            );
+        }
+        for f in &c.findings {
+            let _ = writeln!(s, "  finding: {f}");
+        }
+        for k in &c.calibrations {
+            let _ = writeln!(s, "  calibration {} = {:.6}: {}", k.what, k.value, k.description);
+        }
+        s.push('\n');
+    }
+    let m = &out.summary;
+    let _ = writeln!(
+        s,
+        "summary: {} hold, {} violated, {} not demonstrated ({} hold under the paper's interpretation but not under every other)",
+        m.holds, m.violated, m.not_demonstrated, m.holds_not_under_every_interpretation
+    );
+    s
+}
+
+fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let err = |e: csv::Error| crate::Error::input(e.to_string());
+    w.write_record([
+        "claim",
+        "pipeline",
+        "dataset",
+        "claimed_epsilon",
+        "claimed_delta",
+        "verdict",
+        "interpretation",
+        "method",
+        "epsilon",
+        "delta",
+        "accountant",
+        "kind",
+        "stated",
+        "interpretation_verdict",
+    ])
+    .map_err(err)?;
+    for c in &out.claims {
+        for i in &c.interpretations {
+            for a in &i.sound.analyses {
+                use crate::report::export::csv_text;
+                w.write_record([
+                    csv_text(&c.id).as_str(),
+                    &csv_text(&c.pipeline),
+                    &csv_text(&c.dataset),
+                    &c.claimed_epsilon.to_string(),
+                    &c.claimed_delta.to_string(),
+                    c.verdict.as_str(),
+                    &csv_text(&i.id),
+                    &csv_text(&a.method),
+                    &a.epsilon.to_string(),
+                    &a.delta.to_string(),
+                    a.accountant.map_or("", |k| k.as_str()),
+                    a.kind.as_str(),
+                    &i.stated.to_string(),
+                    i.decision.verdict.as_str(),
+                ])
+                .map_err(err)?;
+            }
+        }
+        if c.interpretations.is_empty() {
+            w.write_record([
+                c.id.as_str(),
+                &c.pipeline,
+                &c.dataset,
+                &c.claimed_epsilon.to_string(),
+                &c.claimed_delta.to_string(),
+                c.verdict.as_str(),
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+            ])
+            .map_err(err)?;
+        }
+    }
+    w.into_inner().map_err(|e| crate::Error::input(e.to_string()))
 }

@@ -241,42 +241,26 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
 }
 
 /// Runs `dpaudit account`.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let out = args.output.prepare(Format::Text, &["account.csv"])?;
     if let Some(p) = &args.save_event {
         dpaudit::report::output::check_file(p, out.force).map_err(|e| e.with_field("--save-event"))?;
     }
     let derived = args.run.derive()?;
-    let plan = plan(&args, derived.as_ref(), out.dir.is_some() || out.format != Format::Text)?;
-    let progress = Progress::new(Some(plan.accountants.len() as u64), out.quiet, "account");
-    let mut rep = audit::audit(&plan, &progress)?;
-    if let Some(d) = &derived {
-        rep.fact("steps", d.steps.to_string())
-            .fact("sample rate q", dpaudit::report::num::fmt(d.sample_rate));
-        for l in &d.derivation {
-            rep.assumptions
-                .other
-                .push(dpaudit::report::Fact::new("DP-SGD derivation", l.clone()));
-        }
-    }
+    let plan = audit::account::Plan {
+        audit: plan(&args, derived.as_ref(), out.dir.is_some() || out.format != Format::Text)?,
+        derived,
+    };
+    let progress = Progress::new(Some(plan.audit.accountants.len() as u64), out.quiet, "account");
+    let outcome = audit::account::execute(&plan, &progress);
     progress.finish();
-    if rep.results.is_empty() {
-        let reasons: Vec<String> = rep
-            .skipped
-            .iter()
-            .map(|u| format!("{}: {}", u.accountant.as_str(), u.reason))
-            .collect();
-        return Err(Error::unsupported(format!(
-            "no accountant supports this event:\n  {}",
-            reasons.join("\n  ")
-        ))
-        .into());
-    }
+    let outcome = outcome?;
     if let Some(p) = &args.save_event {
+        let rep = &outcome.report;
         let comment = format!(
             "Event written by: {}{}",
             dpaudit::report::command_line(),
-            derived
+            plan.derived
                 .as_ref()
                 .map(|d| format!("\nDP-SGD run: {}", d.summary()))
                 .unwrap_or_default()
@@ -288,15 +272,5 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let nb = rep.assumptions.neighbouring.unwrap_or_default();
         save_event(p, &event, nb, rep.delta, &comment, out.force)?;
     }
-    let mut text = String::new();
-    if let Some(d) = &derived {
-        text.push_str(&format!("DP-SGD run: {}\n", d.summary()));
-        for l in &d.derivation {
-            text.push_str(&format!("  {l}\n"));
-        }
-    }
-    text.push_str(&audit::text::account(&rep));
-    let csv = audit::text::account_csv(&rep)?;
-    out.finish_with_csv(&rep, &text, "account.csv", csv, Vec::new())?;
-    Ok(super::EXIT_OK)
+    Ok(out.emit(outcome)?)
 }

@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
-use crate::cli::EXIT_OK;
-use dpaudit::audit::analyze::{self, render_text};
-use dpaudit::diffusion::SamplerConfig;
+use dpaudit::audit::analyze;
+use dpaudit::audit::outcome::Status;
 use dpaudit::error::Error;
 
 #[derive(Debug, clap::Args)]
@@ -31,27 +30,21 @@ pub struct Args {
 }
 
 /// Runs `dpaudit analyze`.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+pub fn run(args: Args) -> anyhow::Result<Status> {
     let out = args.output.prepare(Format::Text, &["analyze.csv", "analyze.json"])?;
-    let accountants = parse_accountants(&args.accountant)?;
-    let mut cfg = SamplerConfig::load(&args.config)?;
-    cfg.warn_defaults(&args.config);
-    if let Some(d) = args.delta {
-        if !(d > 0.0 && d < 1.0) {
-            return Err(Error::field("--delta", format!("δ must be in (0, 1), got {d}")).into());
-        }
-        cfg.delta = d;
-    }
-    let (a, rep) = analyze::analyze(&cfg, &args.config, &accountants)?;
-    let csv = analyze::render_csv(&a)?.into_bytes();
-    // The detailed record (every step, window row and accountant line) beside the one report.
-    let detail = serde_json::to_vec_pretty(&a)?;
-    out.finish_with_csv(
-        &rep,
-        &render_text(&a),
-        "analyze.csv",
-        csv,
-        vec![("analyze.json".to_string(), detail)],
-    )?;
-    Ok(EXIT_OK)
+    let plan = analyze::Plan {
+        config: args.config,
+        accountants: parse_accountants(&args.accountant)?,
+        delta: args
+            .delta
+            .map(|d| {
+                if d > 0.0 && d < 1.0 {
+                    Ok(d)
+                } else {
+                    Err(Error::field("--delta", format!("δ must be in (0, 1), got {d}")))
+                }
+            })
+            .transpose()?,
+    };
+    Ok(out.emit(analyze::execute(&plan)?)?)
 }

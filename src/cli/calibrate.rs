@@ -2,19 +2,15 @@
 //! event that meets a target ε at δ, on the safe side (see
 //! [`dpaudit::accountants::calibrate`]).
 
-use serde::Serialize;
-
 use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg, TrainingRunArgs};
 use super::common::{Format, OutputArgs};
-use dpaudit::accountants::calibrate::{calibrate_dpsgd_any, DpSgd, SolveFor};
-use dpaudit::accountants::{AccountResult, AccountantKind, BoundKind};
+use dpaudit::accountants::calibrate::{DpSgd, SolveFor};
+use dpaudit::accountants::AccountantKind;
+use dpaudit::audit::outcome::Status;
 use dpaudit::config::dpsgd::Derived;
-use dpaudit::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
+use dpaudit::diffusion::calibrate::SamplerParam;
 use dpaudit::error::{Error, Result};
-use dpaudit::events::{DpEvent, Neighbouring};
-
-/// JSON schema version of `calibrate` output.
-pub const SCHEMA_VERSION: u32 = 1;
+use dpaudit::events::Neighbouring;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 /// `--solve-for` values.
@@ -115,27 +111,6 @@ pub struct Args {
     /// Output grammar: --format, --out DIR, --force, -q, -v.
     #[command(flatten)]
     pub output: OutputArgs,
-}
-
-#[derive(Debug, Serialize)]
-struct Output {
-    schema_version: u32,
-    solve_for: SolveFor,
-    value: f64,
-    target_epsilon: f64,
-    delta: f64,
-    accountant: AccountantKind,
-    kind: BoundKind,
-    /// ε the accountant reports at `value` (≤ target).
-    epsilon: f64,
-    event: DpEvent,
-    neighbouring: Neighbouring,
-    evaluations: usize,
-    result: AccountResult,
-    /// Steps and q derived from --epochs/--batch-size/--dataset-size.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    derivation: Option<Derived>,
-    warnings: Vec<String>,
 }
 
 type DpSgdPlan = (AccountantKind, DpSgd, SolveFor, f64, f64, Format, Option<Derived>);
@@ -260,132 +235,33 @@ fn plan(args: &Args) -> Result<DpSgdPlan> {
     ))
 }
 
-/// Runs `dpaudit calibrate`; returns the exit code.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+/// Runs `dpaudit calibrate`.
+pub fn run(args: Args) -> anyhow::Result<Status> {
     let outs = args
         .output
         .prepare(Format::Text, &["calibrate.csv", "calibrate.json"])?;
     if args.sampler.is_some() {
         return run_sampler(&args, &outs);
     }
-    let (kind, fixed, solve_for, target, delta, _format, derived) = plan(&args)?;
-    let neighbouring = Neighbouring::from(args.neighbouring);
-    let mut warnings = Vec::new();
-    if kind == AccountantKind::Clt {
-        let w = "the clt accountant gives an ESTIMATE (DRS Thm 3.5), not a guarantee: the calibrated value \
-                 may not meet the target; use --accountant pld or rdp for a sound answer"
-            .to_string();
-        eprintln!("WARNING: {w}");
-        warnings.push(w);
-    }
-    let progress = dpaudit::report::progress::Progress::new(None, outs.quiet, "calibrate");
-    progress.set_message(format!("solving for {}", solve_for.as_str()));
-    // What any sound accountant can certify: when `kind` finds nothing in range, the others
-    // are tried and the answer names the accountant that certified it.
-    let (c, fallback) = calibrate_dpsgd_any(kind, neighbouring, delta, target, fixed, solve_for)?;
-    progress.finish();
-    if let Some(w) = &fallback {
-        eprintln!("warning: {w}");
-        warnings.push(w.clone());
-    }
-    let kind = c.result.accountant;
-    let mut rep = dpaudit::audit::calibrate::to_report(
-        &dpaudit::audit::calibrate::Plan {
-            accountant: kind,
+    let (accountant, fixed, solve_for, target, delta, _format, derived) = plan(&args)?;
+    let request = dpaudit::audit::calibrate::DpSgdRequest {
+        plan: dpaudit::audit::calibrate::Plan {
+            accountant,
             fixed,
             solve_for,
             target,
             delta,
-            neighbouring,
+            neighbouring: Neighbouring::from(args.neighbouring),
         },
-        &c,
-    );
-    if let Some(w) = &fallback {
-        rep.warn("calibration_fallback_accountant", w, false);
-    }
-    if let Some(d) = &derived {
-        rep.assumptions.other.extend(
-            d.derivation
-                .iter()
-                .map(|l| dpaudit::report::Fact::new("DP-SGD derivation", l.clone())),
-        );
-    }
-    let out = Output {
-        schema_version: SCHEMA_VERSION,
-        solve_for,
-        value: c.value,
-        target_epsilon: target,
-        delta,
-        accountant: kind,
-        kind: c.result.kind,
-        epsilon: c.result.epsilon,
-        event: c.event.clone(),
-        neighbouring,
-        evaluations: c.evaluations,
-        result: c.result.clone(),
-        derivation: derived,
-        warnings,
+        derived,
     };
-    let csv = format!(
-        "solve_for,value,target_epsilon,delta,accountant,kind,epsilon\n{},{},{},{},{},{},{}\n",
-        solve_for.as_str(),
-        out.value,
-        target,
-        delta,
-        kind.as_str(),
-        out.kind.as_str(),
-        out.epsilon
-    );
-    let mut text = String::new();
-    {
-        use std::fmt::Write as _;
-        let v = match solve_for {
-            SolveFor::Steps => format!("{}", out.value as u64),
-            _ => format!("{}", out.value),
-        };
-        if let Some(d) = &out.derivation {
-            let _ = writeln!(text, "DP-SGD run: {}", d.summary());
-            for l in &d.derivation {
-                let _ = writeln!(text, "  {l}");
-            }
-        }
-        let _ = writeln!(text, "Event:");
-        for line in out.event.ledger().lines() {
-            let _ = writeln!(text, "  {line}");
-        }
-        let _ = writeln!(
-            text,
-            "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
-            solve_for.as_str(),
-            out.epsilon,
-            kind.as_str(),
-            match out.kind {
-                BoundKind::Estimate => "ESTIMATE, not a guarantee",
-                BoundKind::UpperBound => "upper bound",
-                BoundKind::Exact => "exact",
-                BoundKind::LowerBound => "lower bound",
-                BoundKind::DataDependent => "data-dependent: not a DP guarantee",
-            }
-        );
-        for w in &out.warnings {
-            let _ = writeln!(text, "WARNING: {w}");
-        }
-    }
-    let _ = &out.schema_version;
-    outs.finish_with_csv(&rep, &text, "calibrate.csv", csv.into_bytes(), Vec::new())?;
-    Ok(super::EXIT_OK)
+    let progress = dpaudit::report::progress::Progress::new(None, outs.quiet, "calibrate");
+    let outcome = dpaudit::audit::calibrate::execute(&request, &progress);
+    progress.finish();
+    Ok(outs.emit(outcome?)?)
 }
 
-/// JSON document of a sampler calibration.
-#[derive(Debug, Serialize)]
-struct SamplerOutput<'a> {
-    schema_version: u32,
-    config: String,
-    #[serde(flatten)]
-    calibration: &'a SamplerCalibration,
-}
-
-fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<i32> {
+fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<Status> {
     let path = args.sampler.as_deref().expect("checked by the caller");
     let param = args
         .solve_for
@@ -403,11 +279,7 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         )
         .into());
     }
-    let mut cfg = dpaudit::config::sampler::SamplerConfig::load(path)?;
-    cfg.warn_defaults(path);
-    if let Some(d) = args.delta {
-        cfg.delta = check_delta_flag("--delta", d)?;
-    }
+    let delta = args.delta.map(|d| check_delta_flag("--delta", d)).transpose()?;
     let accountants = crate::cli::common::parse_accountants(args.accountant.as_deref().unwrap_or("gdp,pld"))?;
     if accountants.iter().all(|a| *a == AccountantKind::Clt) {
         return Err(Error::field(
@@ -416,102 +288,12 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         )
         .into());
     }
-    let c = calibrate_sampler(&cfg, param, args.target_epsilon, &accountants).map_err(|e| e.with_file(path))?;
-    let detail = serde_json::to_vec_pretty(&SamplerOutput {
-        schema_version: SCHEMA_VERSION,
-        config: path.display().to_string(),
-        calibration: &c,
-    })?;
-    let mut csv = String::from("solve_for,answer,value,epsilon,accountant,kind,past_value,past_epsilon\n");
-    let row = |csv: &mut String, name: &str, s: &dpaudit::diffusion::calibrate::Search| {
-        csv.push_str(&format!(
-            "{},{name},{},{},{},{},{},{}\n",
-            param.as_str(),
-            s.meets.value,
-            s.meets.epsilon,
-            s.meets.line.accountant.as_str(),
-            s.meets.line.kind.map(|k| k.as_str()).unwrap_or(""),
-            s.past.as_ref().map(|p| p.value.to_string()).unwrap_or_default(),
-            s.past.as_ref().map(|p| p.epsilon.to_string()).unwrap_or_default()
-        ));
+    let plan = dpaudit::audit::calibrate::SamplerPlan {
+        config: path.to_path_buf(),
+        param,
+        target: args.target_epsilon,
+        delta,
+        accountants,
     };
-    row(&mut csv, "sound", &c.sound);
-    if let Some(e) = &c.clt {
-        row(&mut csv, "clt_estimate", e);
-    }
-    let text = render_sampler_text(path, &cfg, &c);
-    let rep = dpaudit::audit::calibrate::sampler_report(path, &cfg, &c)?;
-    outs.finish_with_csv(
-        &rep,
-        &text,
-        "calibrate.csv",
-        csv.into_bytes(),
-        vec![("calibrate.json".to_string(), detail)],
-    )?;
-    Ok(super::EXIT_OK)
-}
-
-fn render_sampler_text(
-    path: &std::path::Path,
-    cfg: &dpaudit::config::sampler::SamplerConfig,
-    c: &SamplerCalibration,
-) -> String {
-    use std::fmt::Write as _;
-    let f = dpaudit::report::export::fmt_num;
-    // ε in full (shortest round-trip): a rounded 8 next to "≤ 8" would hide which side it is on.
-    let e = |x: f64| format!("{x}");
-    let name = c.param.as_str();
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "Sampler {} ({}), step convention {}",
-        path.display(),
-        cfg.schedule.describe(),
-        cfg.convention.describe()
-    );
-    let _ = writeln!(
-        s,
-        "Target ε = {} at δ = {} ({})",
-        f(c.target_epsilon),
-        f(c.delta),
-        cfg.neighbouring
-    );
-    let m = &c.sound.meets;
-    let _ = writeln!(
-        s,
-        "{name} = {}  gives ε = {} ≤ target ({}, {}; re-analysed)",
-        f(m.value),
-        e(m.epsilon),
-        m.line.accountant.as_str(),
-        m.line.kind.map(|k| k.as_str()).unwrap_or("?")
-    );
-    match &c.sound.past {
-        Some(p) => {
-            let _ = writeln!(
-                s,
-                "  one step past: {name} = {} gives ε = {} > target",
-                f(p.value),
-                f(p.epsilon)
-            );
-        }
-        None => {
-            let _ = writeln!(s, "  the whole range of {name} meets the target");
-        }
-    }
-    match (&c.clt, &c.clt_note) {
-        (Some(c_), _) => {
-            let _ = writeln!(
-                s,
-                "CLT estimate (not a guarantee): {name} = {} gives ε ≈ {} ({})",
-                f(c_.meets.value),
-                e(c_.meets.epsilon),
-                c_.meets.line.status
-            );
-        }
-        (None, Some(n)) => {
-            let _ = writeln!(s, "CLT estimate: {n}");
-        }
-        _ => {}
-    }
-    s
+    Ok(outs.emit(dpaudit::audit::calibrate::execute_sampler(&plan)?)?)
 }

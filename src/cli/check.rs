@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
-use crate::cli::EXIT_OK;
 use dpaudit::accountants::AccountantKind;
-use dpaudit::audit::exit_code;
-use dpaudit::audit::Input;
+use dpaudit::audit::outcome::Status as Answer;
+use dpaudit::audit::{Input, Outcome};
 use dpaudit::error::{Error, Result};
 use dpaudit::events::{DpEvent, Neighbouring};
 use dpaudit::report::{self, junit, output, progress, Report, Status};
@@ -130,8 +129,9 @@ fn flag_pipeline(args: &Args) -> Result<Option<(Input, Vec<String>)>> {
 /// Name of the flag-given pipeline in outputs and JUnit.
 const FLAGS_NAME: &str = "dp-sgd (flags)";
 
-/// Runs `dpaudit check`; returns the exit code (0 within budget, 1 over, 2 bad input).
-pub fn run(args: Args) -> anyhow::Result<i32> {
+/// Runs `dpaudit check`; returns its status (ok within budget, violated over it, unanswered on
+/// bad input or when no sound accountant applies).
+pub fn run(args: Args) -> anyhow::Result<Answer> {
     let start = Instant::now();
     // Output locations first: existing reports are refused before any work.
     let out = args.output.prepare(Format::Text, &[])?;
@@ -149,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| FLAGS_NAME.to_string());
     match run_inner(&args, &out, start) {
-        Ok(code) => Ok(code),
+        Ok(status) => Ok(status),
         Err(e) => {
             if let Some(j) = &args.junit {
                 let xml = junit::error_junit("dpaudit check", &name, &e.to_string(), start.elapsed().as_secs_f64());
@@ -233,9 +233,9 @@ fn inconclusive_error(rep: &Report, name: &str) -> Error {
     .with_file(name)
 }
 
-/// Several inputs: one verdict line each (stdout), one JUnit test case each. Exit 2 when any
-/// input could not be checked, else 1 when any is over budget, else 0.
-fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<i32> {
+/// Several inputs: one verdict line each (stdout), one JUnit test case each. Unanswered when any
+/// input could not be checked, else violated when any is over budget, else ok.
+fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<Answer> {
     let kinds = common_checks(args)?;
     if out.format != Format::Text || out.dir.is_some() {
         return Err(Error::field(
@@ -250,20 +250,21 @@ fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<i32> {
         inputs.push(None);
     }
     let mut reports: Vec<(String, std::result::Result<Report, String>)> = Vec::new();
-    let mut code = EXIT_OK;
-    let mut any_error = false;
+    let mut status = Answer::Ok;
     for path in inputs {
         let name = path
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| FLAGS_NAME.to_string());
         match check_one(args, &kinds, path, false, true) {
             Ok((rep, verdict, delta)) => {
-                output::emit_stdout(format!("{}\n", verdict_line(&name, &verdict, delta)).as_bytes())?;
+                output::emit_stdout(
+                    dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), false).as_bytes(),
+                )?;
                 match verdict.status {
-                    Status::Pass | Status::Fail => code = code.max(exit_code(verdict.status)),
+                    Status::Pass | Status::Fail => status = status.worst(Answer::of_verdict(verdict.status)),
                     Status::Inconclusive => {
                         eprintln!("error: {}", inconclusive_error(&rep, &name));
-                        any_error = true;
+                        status = Answer::Unanswered;
                     }
                 }
                 reports.push((name, Ok(rep)));
@@ -271,7 +272,7 @@ fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<i32> {
             Err(e) => {
                 output::emit_stdout(format!("ERROR {name}: {e}\n").as_bytes())?;
                 eprintln!("error: {e}");
-                any_error = true;
+                status = Answer::Unanswered;
                 reports.push((name, Err(e.to_string())));
             }
         }
@@ -292,10 +293,10 @@ fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<i32> {
         let xml = junit::to_junit_many(&items, "dpaudit check", start.elapsed().as_secs_f64());
         output::write_atomic(j, xml.as_bytes(), true)?;
     }
-    Ok(if any_error { crate::cli::EXIT_USAGE } else { code })
+    Ok(status)
 }
 
-fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<i32> {
+fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<Answer> {
     let kinds = common_checks(args)?;
     let path = args.configs.first().map(PathBuf::as_path);
     let name = path
@@ -313,35 +314,26 @@ fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<i32> {
             dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), false)
         );
     }
-    out.finish(&rep, &line, Vec::new())?;
-    if let Some(j) = &args.junit {
-        let xml = junit::to_junit(&rep, "dpaudit check", start.elapsed().as_secs_f64());
+    let junit_xml = args
+        .junit
+        .as_ref()
+        .map(|j| (j, junit::to_junit(&rep, "dpaudit check", start.elapsed().as_secs_f64())));
+    let severe: Vec<String> = rep
+        .warnings
+        .iter()
+        .filter(|w| w.severe)
+        .map(|w| w.message.clone())
+        .collect();
+    let inconclusive = (verdict.status == Status::Inconclusive).then(|| inconclusive_error(&rep, &name));
+    let status = out.emit(Outcome::new(rep, line).with_status(Answer::of_verdict(verdict.status)))?;
+    if let Some((j, xml)) = junit_xml {
         output::write_atomic(j, xml.as_bytes(), true)?;
     }
-    for w in rep.warnings.iter().filter(|w| w.severe) {
-        eprintln!("warning: {}", w.message);
+    for w in severe {
+        eprintln!("warning: {w}");
     }
-    match verdict.status {
-        Status::Inconclusive => Err(inconclusive_error(&rep, &name)),
-        s => Ok(exit_code(s)),
-    }
-}
-
-fn verdict_line(config: &str, v: &report::Verdict, delta: f64) -> String {
-    let f = report::export::fmt_num;
-    match (v.status, v.epsilon, v.margin) {
-        (Status::Pass | Status::Fail, Some(eps), Some(margin)) => format!(
-            "{} {}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}",
-            v.status.as_str(),
-            config,
-            f(eps),
-            v.accountant.map(|a| a.as_str()).unwrap_or("?"),
-            v.bound.map(|b| b.as_str().replace('_', " ")).unwrap_or_default(),
-            if v.status == Status::Pass { "≤" } else { ">" },
-            f(v.budget.unwrap_or(f64::NAN)),
-            f(delta),
-            f(margin)
-        ),
-        _ => format!("{} {}: {}", v.status.as_str(), config, v.message),
+    match inconclusive {
+        Some(e) => Err(e),
+        None => Ok(status),
     }
 }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use dpaudit::accountants::AccountantKind;
+use dpaudit::audit::outcome::{Outcome, Status};
 use dpaudit::error::Result;
 use dpaudit::report::{self, output, progress, ExportFormat, OutputDir, Report};
 
@@ -98,6 +99,16 @@ impl OutputArgs {
 }
 
 impl Outputs {
+    /// Prints and writes a command's [`Outcome`]: its main table (when it has one) is what
+    /// `--format csv` prints and is written into `--out DIR`; returns the outcome's status.
+    pub fn emit(&self, o: Outcome) -> Result<Status> {
+        match o.table {
+            Some((name, csv)) => self.finish_with_csv(&o.report, &o.text, &name, csv, o.files)?,
+            None => self.finish(&o.report, &o.text, o.files)?,
+        };
+        Ok(o.status)
+    }
+
     /// Prints `--format` on stdout (`text` for [`Format::Text`], else the report) and writes the
     /// report in every format plus `extra` files into `--out DIR`. Returns the written paths.
     pub fn finish(&self, rep: &Report, text: &str, extra: Vec<(String, Vec<u8>)>) -> Result<Vec<PathBuf>> {

@@ -11,8 +11,8 @@ pub struct Args {
 }
 
 /// Prints the completion script for the chosen shell.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let mut cmd = super::Cli::command();
     clap_complete::generate(args.shell, &mut cmd, "dpaudit", &mut std::io::stdout());
-    Ok(super::EXIT_OK)
+    Ok(dpaudit::audit::outcome::Status::Ok)
 }

@@ -50,7 +50,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit merge`.
-pub fn run(a: Args) -> anyhow::Result<i32> {
+pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let start = std::time::Instant::now();
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
     for p in a.roc_out.iter().chain(&a.scores_out) {

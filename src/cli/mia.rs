@@ -9,6 +9,7 @@ use dpaudit::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
 use dpaudit::attacks::pipeline::{self, MiaPlan, Table2Opts};
 use dpaudit::attacks::shard::{MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
 use dpaudit::attacks::{render, scores};
+use dpaudit::audit::outcome::Status;
 use dpaudit::error::Error;
 use dpaudit::models::{device, Checkpoint, Dataset, SplitManifest};
 
@@ -245,7 +246,7 @@ fn run_diffusers(
 }
 
 /// Runs `dpaudit mia`.
-pub fn run(a: Args) -> anyhow::Result<i32> {
+pub fn run(a: Args) -> anyhow::Result<Status> {
     if let Some(spec) = &a.shard {
         return run_shard(&a, spec);
     }
@@ -291,25 +292,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// Writes `report` (stdout in `--format`, `--out DIR`, and the ROC / score files asked for) and
-/// maps its violations to the exit code; shared by `mia` and `merge`.
+/// returns its status (violated when a comparison fails); shared by `mia` and `merge`.
 pub(crate) fn emit(
     report: &pipeline::MiaReport,
     records: &[scores::ScoreRecord],
     out: &Outputs,
     roc_out: Option<&PathBuf>,
     scores_out: Option<&PathBuf>,
-) -> anyhow::Result<i32> {
-    let mut rep = dpaudit::audit::mia::to_report(report, &dpaudit::report::command_line());
-    rep.audit = "mia".into();
-    rep.conclude();
-    let detail = serde_json::to_vec_pretty(report)?;
-    out.finish_with_csv(
-        &rep,
-        &render::text(report),
-        "mia.csv",
-        render::csv(report).into_bytes(),
-        vec![("mia.json".to_string(), detail)],
-    )?;
+) -> anyhow::Result<Status> {
+    let status = out.emit(dpaudit::audit::mia::outcome(report, &dpaudit::report::command_line())?)?;
     if let Some(p) = roc_out {
         dpaudit::report::output::write_atomic(p, render::roc_csv(report).as_bytes(), out.force)?;
         dpaudit::report::progress::note(&format!("wrote {}", p.display()));
@@ -322,15 +313,11 @@ pub(crate) fn emit(
     for c in &violations {
         eprintln!("{}: {} ({}; basis: {})", c.what, c.outcome, c.measured, c.basis);
     }
-    Ok(if violations.is_empty() {
-        crate::cli::EXIT_OK
-    } else {
-        crate::cli::EXIT_VIOLATED
-    })
+    Ok(status)
 }
 
 /// `mia --shard i/n`: scores one shard and writes its part file into `--out DIR`.
-fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
+fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
     let spec: ShardSpec = spec.parse()?;
     if a.scores.is_some() {
         return Err(Error::field(
@@ -399,5 +386,5 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<i32> {
     let text = serde_json::to_string(&part)? + "\n";
     dpaudit::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
     eprintln!("wrote {} ({} records)", path.display(), part.records.len());
-    Ok(crate::cli::EXIT_OK)
+    Ok(Status::Ok)
 }

@@ -1,5 +1,7 @@
 //! Command line: one file per subcommand (clap derive). Each subcommand turns raw arguments
-//! into a validated plan, calls the library, and returns an exit code.
+//! into a validated plan, calls the library's application layer (`dpaudit::audit`), prints or
+//! writes its [`Outcome`](dpaudit::audit::Outcome) and returns its [`Status`]; [`exit_code`] is
+//! the one place a status (or an error) becomes the process exit code.
 
 pub mod account;
 pub mod analyze;
@@ -18,13 +20,18 @@ pub mod values;
 pub mod verify;
 
 use clap::{Parser, Subcommand};
+use dpaudit::audit::outcome::Status;
 
-/// Exit code: everything as claimed / within budget.
-pub const EXIT_OK: i32 = 0;
-/// Exit code: a claim or budget is violated.
-pub const EXIT_VIOLATED: i32 = 1;
-/// Exit code: usage or input error.
-pub const EXIT_USAGE: i32 = 2;
+/// The process exit code of a command's status, the only place one is decided: 0 ok; 1 a claim,
+/// budget or audit is violated, or a claim is not demonstrated (`verify`); 2 usage or input
+/// error, or a question the input cannot answer (`check` with no sound accountant).
+pub fn exit_code(status: Status) -> i32 {
+    match status {
+        Status::Ok => 0,
+        Status::Violated | Status::NotDemonstrated => 1,
+        Status::Unanswered => 2,
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -73,6 +80,34 @@ pub enum Command {
     Completions(completions::Args),
 }
 
+/// Makes a closed stdout/stderr pipe end the process quietly with exit code 0 instead of a
+/// panic: Rust ignores SIGPIPE, so `print!` to a pipe whose reader has exited (`dpaudit … | head`)
+/// panics with "failed printing to stdout: Broken pipe". The reader has all it asked for, so
+/// there is nothing to report. Every other panic goes to the previous hook unchanged. Called
+/// once at the start of `main`.
+pub fn install_broken_pipe_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if payload.starts_with("failed printing to std") {
+            if dpaudit::error::is_broken_pipe_message(payload) {
+                std::process::exit(exit_code(Status::Ok));
+            }
+            // stdout or stderr cannot be written (a full disk, `/dev/full`, a closed
+            // descriptor): say so where possible and fail as an output error, never a panic.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "error: {payload}");
+            std::process::exit(exit_code(Status::Unanswered));
+        }
+        previous(info);
+    }));
+}
+
 /// Parses `args` and runs the command; returns the process exit code. Never panics on input.
 pub fn main_with_args<I, T>(args: I) -> i32
 where
@@ -82,9 +117,10 @@ where
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() { EXIT_USAGE } else { EXIT_OK };
+            // `--help` and `--version` are answers (stdout); anything else is a usage error.
+            let status = if e.use_stderr() { Status::Unanswered } else { Status::Ok };
             let _ = e.print();
-            return code;
+            return exit_code(status);
         }
     };
     let result = match cli.command {
@@ -102,8 +138,8 @@ where
         Command::Merge(a) => merge::run(a),
         Command::Completions(a) => completions::run(a),
     };
-    match result {
-        Ok(code) => code,
+    let status = match result {
+        Ok(status) => status,
         // The reader of stdout went away (`| head`): it has what it asked for; end quietly.
         Err(e)
             if e.chain().any(|c| {
@@ -111,13 +147,12 @@ where
                     .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             }) =>
         {
-            EXIT_OK
+            Status::Ok
         }
         Err(e) => {
             eprintln!("error: {e:#}");
-            e.downcast_ref::<dpaudit::Error>()
-                .map(|e| e.exit_code())
-                .unwrap_or(EXIT_USAGE)
+            Status::Unanswered
         }
-    }
+    };
+    exit_code(status)
 }

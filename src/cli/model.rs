@@ -68,12 +68,12 @@ struct InfoArgs {
 }
 
 /// Runs `dpaudit model …`.
-pub fn run(a: Args) -> anyhow::Result<i32> {
+pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     match a.cmd {
         Sub::Info(i) => {
             let ck = DiffusersCheckpoint::load(&i.checkpoint, &candle_core::Device::Cpu)?;
             print!("{}", ck.info());
-            Ok(crate::cli::EXIT_OK)
+            Ok(dpaudit::audit::outcome::Status::Ok)
         }
         Sub::Eval(e) => {
             if e.batch == 0 {
@@ -132,7 +132,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 out_shape[2],
                 out_shape[3]
             );
-            Ok(crate::cli::EXIT_OK)
+            Ok(dpaudit::audit::outcome::Status::Ok)
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
-use crate::cli::EXIT_OK;
+use dpaudit::audit::outcome::Status;
 use dpaudit::error::{Error, Result};
 use dpaudit::report::{self, output};
 
@@ -38,11 +38,11 @@ pub struct Args {
 }
 
 /// Runs `dpaudit report`.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+pub fn run(args: Args) -> anyhow::Result<Status> {
     Ok(run_inner(&args)?)
 }
 
-fn run_inner(args: &Args) -> Result<i32> {
+fn run_inner(args: &Args) -> Result<Status> {
     let out = args.output_args.prepare(Format::Md, &[])?;
     if let Some(p) = &args.output {
         output::check_file(p, out.force)?;
@@ -64,7 +64,7 @@ fn run_inner(args: &Args) -> Result<i32> {
             out.finish(&rep, &report::export::to_text(&rep), Vec::new())?;
         }
     }
-    Ok(EXIT_OK)
+    Ok(Status::Ok)
 }
 
 /// A command's detail file (sweep.json, calibrate.json, verify.json, mia.json, run.json) is

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
 use crate::cli::values::Fault;
-use crate::cli::{EXIT_OK, EXIT_VIOLATED};
+use dpaudit::audit::outcome::Status;
 use dpaudit::audit::run::{self, Options, RUN_FILES};
 
 const EXAMPLE: &str = "\
@@ -70,28 +70,26 @@ pub struct Common {
 }
 
 /// Runs `dpaudit run`.
-pub fn run(args: Args) -> anyhow::Result<i32> {
-    let (c, dpagg) = match args.mechanism {
-        Mechanism::DpaggTi(c) => (c, true),
-        Mechanism::DpRdm(c) => (c, false),
+pub fn run(args: Args) -> anyhow::Result<Status> {
+    let (c, mechanism) = match args.mechanism {
+        Mechanism::DpaggTi(c) => (c, run::Mechanism::DpaggTi),
+        Mechanism::DpRdm(c) => (c, run::Mechanism::DpRdm),
     };
     let out = c.output.prepare(Format::Text, &RUN_FILES)?;
-    let opts = Options {
-        config: c.config.clone(),
-        seed: c.seed,
-        audit: c.audit,
-        audit_runs: c.audit_runs,
-        audit_trials: c.audit_trials,
-        inject_fault: c.inject_fault.into(),
+    let plan = run::Plan {
+        mechanism,
+        options: Options {
+            config: c.config.clone(),
+            seed: c.seed,
+            audit: c.audit,
+            audit_runs: c.audit_runs,
+            audit_trials: c.audit_trials,
+            inject_fault: c.inject_fault.into(),
+        },
     };
     let progress = dpaudit::report::progress::Progress::new(None, out.quiet, "run");
     progress.set_message(if c.audit { "running and auditing" } else { "running" });
-    let outcome = if dpagg {
-        run::run_dpagg(&opts)?
-    } else {
-        run::run_rdm(&opts)?
-    };
+    let outcome = run::execute(&plan)?;
     progress.finish();
-    out.finish(&outcome.report, &outcome.text, outcome.files)?;
-    Ok(if outcome.failed { EXIT_VIOLATED } else { EXIT_OK })
+    Ok(out.emit(outcome)?)
 }

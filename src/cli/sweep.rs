@@ -4,10 +4,8 @@
 use std::path::PathBuf;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
-use crate::cli::EXIT_OK;
-use dpaudit::accountants::AccountantKind;
-use dpaudit::diffusion::sweep::{self, SweepRow, SweepSpec};
-use dpaudit::diffusion::SamplerConfig;
+use dpaudit::audit::outcome::Status;
+use dpaudit::diffusion::sweep::{self, SweepSpec};
 use dpaudit::error::{Error, Result};
 use dpaudit::report::progress::Progress;
 
@@ -111,8 +109,8 @@ pub fn parse_range(s: &str) -> Result<(f64, f64)> {
     Ok((a, b))
 }
 
-/// Runs `dpaudit sweep`; returns the exit code.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+/// Runs `dpaudit sweep`.
+pub fn run(args: Args) -> anyhow::Result<Status> {
     let outs = args.output.prepare(Format::Csv, &["sweep.csv", "sweep.json"])?;
     if let Some(b) = args.max_epsilon {
         if !(b.is_finite() && b >= 0.0) {
@@ -120,8 +118,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     let accountants = parse_accountants(&args.accountant)?;
-    let cfg = SamplerConfig::load(&args.config)?;
-    cfg.warn_defaults(&args.config);
     let sigma_min = match &args.sigma_min {
         Some(r) if r.contains("..") => {
             let (a, b) = parse_range(r)?;
@@ -141,80 +137,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         delta: list("--delta", &args.delta)?,
         subsample_rate: list("--subsample-rate", &args.subsample_rate)?,
         samples: list("--samples", &args.samples)?,
-        accountants: accountants.clone(),
+        accountants,
+    };
+    let plan = dpaudit::audit::sweep::Plan {
+        config: args.config,
+        spec,
+        budget: args.max_epsilon,
     };
     let progress = Progress::new(Some(0), outs.quiet, "sweep");
-    let (rows, rep) = dpaudit::audit::sweep::sweep(&cfg, &args.config, &spec, args.max_epsilon, &progress)?;
+    let outcome = dpaudit::audit::sweep::execute(&plan, &progress)?;
     progress.finish();
-    let csv = sweep::to_csv(&rows, &accountants)?;
-    let detail = serde_json::to_vec_pretty(&rows)?;
-    outs.finish_with_csv(
-        &rep,
-        &render_text(&rows, &accountants),
-        "sweep.csv",
-        csv.into_bytes(),
-        vec![("sweep.json".to_string(), detail)],
-    )?;
-    Ok(EXIT_OK)
-}
-
-fn render_text(rows: &[SweepRow], accountants: &[AccountantKind]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    if let Some(r) = rows.first() {
-        let _ = writeln!(s, "step convention {}", r.convention);
-    }
-    let _ = write!(
-        s,
-        "{:>12} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>13}",
-        "t_min", "N", "stop", "switch", "C", "|D|", "δ", "p", "S", "private", "full μ"
-    );
-    for a in accountants {
-        let _ = write!(s, " {:>14}", format!("{} ε", a.as_str()));
-    }
-    s.push('\n');
-    for r in rows {
-        let switch = match r.switch_step {
-            Some(k) => format!("#{k}"),
-            None => format!("{}", r.switch_at),
-        };
-        let stop = match (r.stop_step, r.stop_at) {
-            (Some(k), _) => format!("#{k}"),
-            (None, Some(t)) => format!("≤{t}"),
-            (None, None) => "-".into(),
-        };
-        let _ = write!(
-            s,
-            "{:>12} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>13.6e}",
-            format!("{:.6}", r.sigma_min.unwrap_or(r.t_min)),
-            r.levels,
-            stop,
-            switch,
-            r.clip_norm,
-            r.dataset_size,
-            r.delta,
-            r.subsample_rate,
-            r.samples,
-            r.private_steps,
-            r.full_batch_mu
-        );
-        for a in accountants {
-            let l = r.accountants.iter().find(|l| l.accountant == *a);
-            let cell = match l {
-                Some(l) => match l.epsilon {
-                    Some(e) if l.status == "ok" => format!("{e:.6}"),
-                    Some(e) => format!("{e:.6}!"),
-                    None => "n/a".into(),
-                },
-                None => "-".into(),
-            };
-            let _ = write!(s, " {cell:>14}");
-        }
-        s.push('\n');
-    }
-    let _ = writeln!(
-        s,
-        "kinds: gdp exact at p = 1, upper bound (no amplification) at p < 1; clt estimate (\"!\" = CLT conditions fail: not a guarantee); pld/rdp upper bounds; n/a = unavailable (see --format csv for reasons)"
-    );
-    s
+    Ok(outs.emit(outcome)?)
 }

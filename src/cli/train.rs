@@ -166,7 +166,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit train`.
-pub fn run(a: Args) -> anyhow::Result<i32> {
+pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     // Output locations are checked (and existing files refused) before any work.
     let outputs = crate::cli::common::OutputArgs {
         format: a.format,
@@ -200,7 +200,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             )
             .as_bytes(),
         )?;
-        return Ok(crate::cli::EXIT_OK);
+        return Ok(dpaudit::audit::outcome::Status::Ok);
     }
     let Some(out) = a.out.clone() else {
         return Err(Error::field("--out", "give an output stem, e.g. --out models/digits-mlp").into());
@@ -263,8 +263,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         text.push('\n');
     }
     let rep = dpaudit::audit::train::report(&outcome.card, &outcome.card_path, outcome.event.as_ref())?;
-    outputs.finish(&rep, &text, Vec::new())?;
-    Ok(crate::cli::EXIT_OK)
+    Ok(outputs.emit(dpaudit::audit::Outcome::new(rep, text))?)
 }
 
 /// The files a training run writes for `--out STEM`.

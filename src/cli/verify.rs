@@ -1,11 +1,10 @@
 //! `dpaudit verify <claims.toml>`: a verdict per published claim.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
-use crate::cli::{EXIT_OK, EXIT_VIOLATED};
-use dpaudit::audit::verify::{self, VerifyOutput};
+use dpaudit::audit::outcome::Status;
+use dpaudit::audit::verify;
 
 const EXAMPLE: &str = "\
 Examples:
@@ -41,194 +40,15 @@ pub struct Args {
 }
 
 /// Runs `dpaudit verify`.
-pub fn run(args: Args) -> anyhow::Result<i32> {
+pub fn run(args: Args) -> anyhow::Result<Status> {
     // Bad output locations fail before any accounting.
     let out = args.output.prepare(Format::Text, &["verify.json", "verify.csv"])?;
     let progress = dpaudit::report::progress::Progress::new(Some(args.claims.len() as u64), out.quiet, "verify");
-    let (out_data, rep) = verify::run(&args.claims, &progress)?;
+    let plan = verify::Plan {
+        claims: args.claims,
+        strict: args.strict,
+    };
+    let outcome = verify::execute(&plan, &progress)?;
     progress.finish();
-    let detail = serde_json::to_vec_pretty(&out_data)?;
-    out.finish_with_csv(
-        &rep,
-        &text(&out_data),
-        "verify.csv",
-        csv_rows(&out_data)?,
-        vec![("verify.json".to_string(), detail)],
-    )?;
-    let s = &out_data.summary;
-    let code =
-        if s.violated > 0 || s.not_demonstrated > 0 || (args.strict && s.holds_not_under_every_interpretation > 0) {
-            EXIT_VIOLATED
-        } else {
-            EXIT_OK
-        };
-    Ok(code)
-}
-
-fn fmt_eps(e: f64) -> String {
-    if e.is_infinite() {
-        "∞".into()
-    } else if e >= 1000.0 {
-        format!("{e:.1}")
-    } else {
-        format!("{e:.6}")
-    }
-}
-
-fn text(out: &VerifyOutput) -> String {
-    let mut s = String::new();
-    for c in &out.claims {
-        let _ = writeln!(
-            s,
-            "claim {} [{}] {} — claimed (ε = {}, δ = {:.3e})\n  source: {}\n  verdict: {}",
-            c.id,
-            c.pipeline,
-            c.dataset,
-            c.claimed_epsilon,
-            c.claimed_delta,
-            c.source,
-            c.describe()
-        );
-        if let Some(rep) = &c.reproduction {
-            let _ = writeln!(
-                s,
-                "  paper's number: {} ({}, {}); recomputed {} [{}]",
-                rep.paper,
-                rep.accountant.as_str(),
-                rep.kind.as_str(),
-                fmt_eps(rep.computed),
-                if rep.within_rounding {
-                    "within the paper's rounding"
-                } else {
-                    "NOT within the paper's rounding"
-                }
-            );
-        }
-        for i in &c.interpretations {
-            let _ = writeln!(
-                s,
-                "  interpretation {}{} ({}; {}; {}{}): {} — {}",
-                i.id,
-                if i.stated { " [the paper's]" } else { "" },
-                i.neighbouring,
-                i.sensitivity,
-                i.sampling,
-                if i.sigma_reading.is_empty() {
-                    String::new()
-                } else {
-                    format!("; {}", i.sigma_reading)
-                },
-                i.description,
-                i.decision.verdict
-            );
-            for a in &i.sound.analyses {
-                let _ = writeln!(
-                    s,
-                    "    {:<34} ε = {:>14} at δ = {:.3e}  [{}, {}]{}",
-                    a.method,
-                    fmt_eps(a.epsilon),
-                    a.delta,
-                    a.source(),
-                    a.kind.as_str(),
-                    if a.note.is_empty() {
-                        String::new()
-                    } else {
-                        format!("  — {}", a.note)
-                    }
-                );
-            }
-            for u in &i.sound.unavailable {
-                let _ = writeln!(s, "    (unavailable) {u}");
-            }
-        }
-        for ch in &c.checks {
-            let _ = writeln!(
-                s,
-                "  check {} {}: {}",
-                if ch.ok { "ok  " } else { "WARN" },
-                ch.code,
-                ch.message
-            );
-        }
-        for f in &c.findings {
-            let _ = writeln!(s, "  finding: {f}");
-        }
-        for k in &c.calibrations {
-            let _ = writeln!(s, "  calibration {} = {:.6}: {}", k.what, k.value, k.description);
-        }
-        s.push('\n');
-    }
-    let m = &out.summary;
-    let _ = writeln!(
-        s,
-        "summary: {} hold, {} violated, {} not demonstrated ({} hold under the paper's interpretation but not under every other)",
-        m.holds, m.violated, m.not_demonstrated, m.holds_not_under_every_interpretation
-    );
-    s
-}
-
-fn csv_rows(out: &VerifyOutput) -> dpaudit::Result<Vec<u8>> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    let err = |e: csv::Error| dpaudit::Error::input(e.to_string());
-    w.write_record([
-        "claim",
-        "pipeline",
-        "dataset",
-        "claimed_epsilon",
-        "claimed_delta",
-        "verdict",
-        "interpretation",
-        "method",
-        "epsilon",
-        "delta",
-        "accountant",
-        "kind",
-        "stated",
-        "interpretation_verdict",
-    ])
-    .map_err(err)?;
-    for c in &out.claims {
-        for i in &c.interpretations {
-            for a in &i.sound.analyses {
-                use dpaudit::report::export::csv_text;
-                w.write_record([
-                    csv_text(&c.id).as_str(),
-                    &csv_text(&c.pipeline),
-                    &csv_text(&c.dataset),
-                    &c.claimed_epsilon.to_string(),
-                    &c.claimed_delta.to_string(),
-                    c.verdict.as_str(),
-                    &csv_text(&i.id),
-                    &csv_text(&a.method),
-                    &a.epsilon.to_string(),
-                    &a.delta.to_string(),
-                    a.accountant.map_or("", |k| k.as_str()),
-                    a.kind.as_str(),
-                    &i.stated.to_string(),
-                    i.decision.verdict.as_str(),
-                ])
-                .map_err(err)?;
-            }
-        }
-        if c.interpretations.is_empty() {
-            w.write_record([
-                c.id.as_str(),
-                &c.pipeline,
-                &c.dataset,
-                &c.claimed_epsilon.to_string(),
-                &c.claimed_delta.to_string(),
-                c.verdict.as_str(),
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-            ])
-            .map_err(err)?;
-        }
-    }
-    w.into_inner().map_err(|e| dpaudit::Error::input(e.to_string()))
+    Ok(out.emit(outcome)?)
 }

@@ -24,7 +24,6 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::events::Neighbouring;
 
 /// The schema version this dpaudit reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -335,13 +334,6 @@ pub struct DpaggTiClaim {
     #[serde(default)]
     /// Free-form notes shown with the verdict.
     pub notes: Option<String>,
-}
-
-impl DpRdmClaim {
-    /// The neighbouring relation the claim states (replace-one unless it says add/remove).
-    pub fn neighbouring_stated(&self) -> Neighbouring {
-        Neighbouring::ReplaceOne
-    }
 }
 
 /// Finds the key on `line` (1-based) of `src`: the text before `=`.

@@ -3,4 +3,5 @@
 
 pub mod claims;
 pub mod dpsgd;
-pub mod sampler;
+/// Sampler configurations are diffusion-domain inputs: they live in [`crate::diffusion::sampler`].
+pub use crate::diffusion::sampler;

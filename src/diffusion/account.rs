@@ -9,10 +9,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::denoiser::{sample, ClipSpec, Dataset, EmpiricalDenoiser, SamplerOptions};
+use super::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use super::schedule::{steps as make_steps, Convention, Step};
 use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
 use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
-use crate::config::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
 use crate::limits;

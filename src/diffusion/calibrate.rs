@@ -19,10 +19,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::account::{account_mus, constant_plan, AccountantLine};
+use super::sampler::{DensityConfig, SamplerConfig};
 use super::schedule::Schedule;
 use super::sweep::set_t_min;
 use crate::accountants::AccountantKind;
-use crate::config::sampler::{DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
 
 /// The sampler setting being solved for.

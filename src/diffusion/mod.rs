@@ -15,10 +15,12 @@
 pub mod account;
 pub mod calibrate;
 pub mod denoiser;
+pub mod sampler;
 pub mod schedule;
+pub mod scheduler;
 pub mod sensitivity;
 pub mod sweep;
 
-pub use crate::config::sampler::SamplerConfig;
 pub use account::{analyze, plan, sampler_accounting, Analysis, SamplerAccounting};
+pub use sampler::SamplerConfig;
 pub use schedule::{Convention, Schedule};

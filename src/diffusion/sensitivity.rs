@@ -10,8 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::sampler::PrivacyConfig;
 use super::schedule::Step;
-use crate::config::sampler::PrivacyConfig;
 
 /// √(2Δt/t³), the schedule part of μ_t (§3.1).
 pub fn schedule_factor(t: f64, dt: f64) -> f64 {

@@ -10,10 +10,11 @@ use super::account::{
     account_mus_with, account_one, constant_plan, constant_private_mus, full_batch_mu, gdp_full_batch_line_fast,
     gdp_line_at_rate, AccountantLine,
 };
+use super::sampler::{DensityConfig, SamplerConfig};
 use super::schedule::Schedule;
 use crate::accountants::AccountantKind;
-use crate::config::sampler::{DensityConfig, SamplerConfig};
 use crate::error::{Error, Result};
+use crate::report::num;
 
 /// The axes of a sweep. An empty axis means "the config's value"; every non-empty axis is
 /// crossed with every other (a cartesian grid, in the order of the fields: σ_min outermost,
@@ -46,28 +47,6 @@ pub struct SweepSpec {
 }
 
 impl SweepSpec {
-    /// Names (as flags without `--`) of the axes that have values, outermost first.
-    pub fn swept_axes(&self) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        for (name, on) in [
-            ("sigma-min", !self.sigma_min.is_empty()),
-            ("steps", !self.levels.is_empty()),
-            ("stop-step", !self.stop_step.is_empty()),
-            ("switch-step", !self.switch_step.is_empty()),
-            ("switch-at", !self.switch_at.is_empty()),
-            ("clip", !self.clip_norm.is_empty()),
-            ("dataset-size", !self.dataset_size.is_empty()),
-            ("delta", !self.delta.is_empty()),
-            ("subsample-rate", !self.subsample_rate.is_empty()),
-            ("samples", !self.samples.is_empty()),
-        ] {
-            if on {
-                v.push(name);
-            }
-        }
-        v
-    }
-
     /// Number of grid points (product of the non-empty axes' lengths).
     pub fn size(&self) -> usize {
         [
@@ -565,29 +544,29 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
     w.write_record(&header).map_err(csv_err)?;
     for r in rows {
         let mut rec = vec![
-            r.sigma_min.map(fmt).unwrap_or_default(),
-            fmt(r.t_min),
+            r.sigma_min.map(num::debug).unwrap_or_default(),
+            num::debug(r.t_min),
             r.levels.to_string(),
             r.stop_step.map(|v| v.to_string()).unwrap_or_default(),
-            r.stop_at.map(fmt).unwrap_or_default(),
+            r.stop_at.map(num::debug).unwrap_or_default(),
             r.switch_step.map(|v| v.to_string()).unwrap_or_default(),
-            fmt(r.switch_at),
-            fmt(r.clip_norm),
+            num::debug(r.switch_at),
+            num::debug(r.clip_norm),
             r.dataset_size.to_string(),
-            fmt(r.delta),
-            fmt(r.subsample_rate),
+            num::debug(r.delta),
+            num::debug(r.subsample_rate),
             r.samples.to_string(),
             r.convention.clone(),
             r.private_steps.to_string(),
-            fmt(r.max_step_mu),
-            fmt(r.full_batch_mu),
+            num::debug(r.max_step_mu),
+            num::debug(r.full_batch_mu),
         ];
         for a in accountants {
             let line = r.accountants.iter().find(|l| l.accountant == *a);
             if matches!(a, AccountantKind::Gdp | AccountantKind::Clt) {
-                rec.push(line.and_then(|l| l.mu).map(fmt).unwrap_or_default());
+                rec.push(line.and_then(|l| l.mu).map(num::debug).unwrap_or_default());
             }
-            rec.push(line.and_then(|l| l.epsilon).map(fmt).unwrap_or_default());
+            rec.push(line.and_then(|l| l.epsilon).map(num::debug).unwrap_or_default());
             rec.push(
                 line.and_then(|l| l.kind)
                     .map(|k| k.as_str().to_string())
@@ -602,11 +581,6 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
     }
     let bytes = w.into_inner().map_err(|e| Error::input(format!("csv: {e}")))?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-/// Shortest round-trip representation of a float (deterministic).
-pub fn fmt(x: f64) -> String {
-    format!("{x:?}")
 }
 
 #[cfg(test)]

@@ -603,6 +603,25 @@ impl EventFile {
     }
 }
 
+/// Path (as in [`DpEvent::validate`] errors: `event.events[1].event`) of the first sub-event for
+/// which `bad` returns `Some(reason)`, with that reason. Accountants use it to name the sub-event
+/// they cannot account.
+pub fn find_path(event: &DpEvent, path: &str, bad: &dyn Fn(&DpEvent) -> Option<String>) -> Option<(String, String)> {
+    if let Some(r) = bad(event) {
+        return Some((path.to_string(), r));
+    }
+    match event {
+        DpEvent::PoissonSampled { event, .. }
+        | DpEvent::SampledWithoutReplacement { event, .. }
+        | DpEvent::SelfComposed { event, .. } => find_path(event, &format!("{path}.event"), bad),
+        DpEvent::Composed { events } => events
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| find_path(e, &format!("{path}.events[{i}]"), bad)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,9 +17,9 @@ use crate::error::{Error, Result};
 
 use super::data::sha256_hex;
 use super::eps::EpsPredictor;
-use super::scheduler::{PredictionType, SchedulerConfig};
 use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
 use super::Schedule;
+use crate::diffusion::scheduler::{PredictionType, SchedulerConfig};
 
 /// The weights file name diffusers writes.
 pub const WEIGHTS: &str = "diffusion_pytorch_model.safetensors";

@@ -19,6 +19,7 @@
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
 //! * [`kernels`]: the CPU GEMM, exp and SiLU kernels of the diffusers UNet's CPU forward.
 
+pub mod canary;
 pub mod checkpoint;
 pub mod data;
 pub mod device;
@@ -31,7 +32,8 @@ pub mod net;
 pub mod npy;
 pub mod run;
 pub mod schedule;
-pub mod scheduler;
+/// diffusers `scheduler_config.json` files are read in [`crate::diffusion::scheduler`].
+pub use crate::diffusion::scheduler;
 pub mod train;
 pub mod unet2d;
 

@@ -17,6 +17,7 @@ use candle_core::Device;
 use indicatif::ProgressBar;
 use rand::TryRngCore;
 
+use super::canary::Canaries;
 use super::checkpoint::{
     self, CanaryInfo, Card, DataInfo, DpInfo, RapidInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED,
 };
@@ -25,7 +26,6 @@ use super::dp::{self, DpConfig, KnowledgeBase, PerSample, Retrieval};
 use super::schedule::ScheduleConfig;
 use super::train::{self, TrainConfig};
 use super::{Checkpoint, Dataset, ModelConfig, Net, Schedule, SplitManifest, PIXELS};
-use crate::attacks::canary::Canaries;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
 
@@ -332,8 +332,8 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                 },
                 None => run.event.clone(),
             };
-            let (gs, _) = crate::attacks::theory::guarantees(&event, d.delta);
-            let best = crate::attacks::theory::tightest(&gs, |g| g.epsilon);
+            let (gs, _) = crate::accountants::attack_limits::guarantees(&event, d.delta);
+            let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon);
             let eps_text = best.as_ref().map(|(e, src)| {
                 let kind = gs
                     .iter()

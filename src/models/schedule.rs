@@ -152,6 +152,33 @@ impl Schedule {
     }
 }
 
+/// The model-side ᾱ table of a diffusers scheduler (the scheduler file is read in
+/// [`crate::diffusion::scheduler`]).
+impl crate::diffusion::scheduler::SchedulerConfig {
+    /// The ᾱ table for attacks (0-indexed steps, as [`Schedule`]).
+    pub fn schedule(&self, path: &std::path::Path) -> Result<Schedule> {
+        let betas = self.betas();
+        if let Some((i, b)) = betas.iter().enumerate().find(|(_, b)| !(**b > 0.0 && **b < 1.0)) {
+            return Err(Error::field("beta_schedule", format!("β at step {i} is {b}, outside (0, 1)")).with_file(path));
+        }
+        let mut alpha_bars = Vec::with_capacity(betas.len());
+        let mut acc = 1.0f64;
+        for b in &betas {
+            acc *= 1.0 - b;
+            alpha_bars.push(acc);
+        }
+        Ok(Schedule {
+            config: ScheduleConfig {
+                timesteps: self.num_train_timesteps,
+                beta_start: betas[0],
+                beta_end: betas[betas.len() - 1],
+            },
+            betas,
+            alpha_bars,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +210,19 @@ mod tests {
         assert!(s.parse_timestep("x").is_err());
         assert!(s.parse_timestep("-3").is_err());
         assert!(s.parse_timestep("1000").is_err());
+    }
+
+    #[test]
+    fn linear_betas_match_the_ddpm_schedule() {
+        let sc = crate::diffusion::scheduler::SchedulerConfig::parse(
+            r#"{"_class_name": "DDPMScheduler", "beta_start": 0.0001, "beta_end": 0.02, "beta_schedule": "linear", "num_train_timesteps": 1000}"#,
+            std::path::Path::new("s.json"),
+        )
+        .unwrap();
+        let ours = Schedule::new(ScheduleConfig::default()).unwrap();
+        let theirs = sc.schedule(std::path::Path::new("s.json")).unwrap();
+        for (a, b) in ours.alpha_bars.iter().zip(&theirs.alpha_bars) {
+            assert!((a - b).abs() < 1e-15);
+        }
     }
 }

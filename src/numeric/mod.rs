@@ -46,11 +46,6 @@ pub fn ndtr_sf(x: f64) -> f64 {
     ndtr(-x)
 }
 
-/// Standard normal density φ(x).
-pub fn npdf(x: f64) -> f64 {
-    (-0.5 * x * x - LN_SQRT_2PI).exp()
-}
-
 /// ln Φ(x), finite for every finite x. Uses `erfc` down to x = −20 and the asymptotic
 /// series ln Φ(x) = −x²/2 − ln(−x) − ln√(2π) + ln(1 − 1/x² + 3/x⁴ − 15/x⁶ + …) below
 /// (Abramowitz & Stegun 26.2.12); at x ≤ −20 ten terms give full double precision.
@@ -159,11 +154,6 @@ pub fn log_sum_exp(xs: &[f64]) -> f64 {
         return m;
     }
     m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
-}
-
-/// ln C(n, k) for real n ≥ k ≥ 0 via ln Γ.
-pub fn log_binom(n: f64, k: f64) -> f64 {
-    ln_gamma(n + 1.0) - ln_gamma(k + 1.0) - ln_gamma(n - k + 1.0)
 }
 
 /// ln Γ(x) for x > 0.

@@ -436,3 +436,78 @@ fn report_points_from_a_detail_file_to_report_json() {
     let o = dpaudit(&["report", out.join("report.json").to_str().unwrap(), "--format", "md"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// The layering, checked on the sources (code only: comments and `#[cfg(test)]` modules are
+/// left out): the library never names clap or the command line; a report is created only in
+/// the application layer (`src/audit.rs`, `src/audit/`); the process exit code is decided in one
+/// function, `cli::exit_code` (the only other `process::exit` is the output fault hook, a
+/// simulated kill for the transaction tests).
+#[test]
+fn application_layer_boundaries_hold_in_the_sources() {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    assert!(files.len() > 50, "{} source files", files.len());
+    let mut checked_exit_fn = false;
+    for p in files {
+        let rel = p.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let text = match text.find("#[cfg(test)]") {
+            Some(i) => &text[..i],
+            None => &text[..],
+        };
+        let code: String = text
+            .lines()
+            .map(|l| match l.find("//") {
+                Some(i) => &l[..i],
+                None => l,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let binary = rel == "main.rs" || rel.starts_with("cli/");
+        if !binary {
+            assert!(!code.contains("clap"), "{rel}: the library names clap");
+            assert!(
+                !code.contains("crate::cli"),
+                "{rel}: the library names the command line"
+            );
+        }
+        // `Report::new(`, not `SensitivityReport::new(`.
+        let creates_report = code.match_indices("Report::new(").any(|(i, _)| {
+            !code[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        });
+        if creates_report {
+            assert!(
+                rel == "audit.rs" || rel.starts_with("audit/"),
+                "{rel}: a report is created outside the application layer"
+            );
+        }
+        if code.contains("process::exit(") {
+            assert!(
+                ["main.rs", "cli/mod.rs", "report/output.rs"].contains(&rel.as_str()),
+                "{rel}: ends the process"
+            );
+        }
+        if rel.starts_with("cli/") && rel != "cli/mod.rs" {
+            assert!(!code.contains("Result<i32>"), "{rel}: returns an exit code");
+            assert!(!code.contains("EXIT_"), "{rel}: names an exit code");
+        }
+        if rel == "cli/mod.rs" {
+            checked_exit_fn = code.contains("pub fn exit_code(status: Status) -> i32");
+        }
+    }
+    assert!(checked_exit_fn, "cli::exit_code maps a status to the exit code");
+}

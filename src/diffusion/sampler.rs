@@ -35,7 +35,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use crate::diffusion::schedule::{Convention, Schedule};
+use super::schedule::{Convention, Schedule};
 use crate::error::{self, Error, Result};
 use crate::events::Neighbouring;
 
@@ -345,7 +345,7 @@ impl SamplerConfig {
                     ));
                 }
                 let p = self.resolve(&rel);
-                let sc = crate::models::scheduler::SchedulerConfig::load(&p)?;
+                let sc = super::scheduler::SchedulerConfig::load(&p)?;
                 self.schedule = sc.to_sampler_schedule(self.inference_steps, &p)?;
                 if self.inference_steps.is_none() {
                     self.defaulted.push(Defaulted {

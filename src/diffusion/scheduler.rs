@@ -15,10 +15,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::diffusion::schedule::{Schedule as SamplerSchedule, Spacing};
+use super::schedule::{Schedule as SamplerSchedule, Spacing};
 use crate::error::{Error, Result};
-
-use super::schedule::{Schedule, ScheduleConfig};
 
 /// `beta_schedule` of a diffusers scheduler.
 #[derive(Debug, Clone, PartialEq)]
@@ -285,7 +283,7 @@ impl SchedulerConfig {
                 .into_iter()
                 .map(|b| b * b)
                 .collect(),
-            BetaSchedule::SquaredcosCapV2 => crate::diffusion::schedule::cosine_betas(0.008, 0.999, t),
+            BetaSchedule::SquaredcosCapV2 => super::schedule::cosine_betas(0.008, 0.999, t),
             BetaSchedule::Sigmoid => lin(-6.0, 6.0)
                 .into_iter()
                 .map(|x| 1.0 / (1.0 + (-x).exp()) * (self.beta_end - self.beta_start) + self.beta_start)
@@ -294,7 +292,7 @@ impl SchedulerConfig {
         };
         if self.rescale_betas_zero_snr {
             // Lin et al. 2024, Algorithm 1: shift and scale √ᾱ so that ᾱ_T = 0.
-            let ab = crate::diffusion::schedule::alpha_bar_from_betas(&betas);
+            let ab = super::schedule::alpha_bar_from_betas(&betas);
             let mut s: Vec<f64> = ab.iter().map(|a| a.sqrt()).collect();
             let (s0, st) = (s[0], s[t - 1]);
             for v in &mut s {
@@ -312,33 +310,6 @@ impl SchedulerConfig {
                 .collect();
         }
         betas
-    }
-
-    /// The ᾱ table for attacks (0-indexed steps, as [`Schedule`]).
-    pub fn schedule(&self, path: &Path) -> Result<Schedule> {
-        let betas = self.betas();
-        if let Some((i, b)) = betas.iter().enumerate().find(|(_, b)| !(**b > 0.0 && **b < 1.0)) {
-            return Err(err(
-                path,
-                "beta_schedule",
-                format!("β at step {i} is {b}, outside (0, 1)"),
-            ));
-        }
-        let mut alpha_bars = Vec::with_capacity(betas.len());
-        let mut acc = 1.0f64;
-        for b in &betas {
-            acc *= 1.0 - b;
-            alpha_bars.push(acc);
-        }
-        Ok(Schedule {
-            config: ScheduleConfig {
-                timesteps: self.num_train_timesteps,
-                beta_start: betas[0],
-                beta_end: betas[betas.len() - 1],
-            },
-            betas,
-            alpha_bars,
-        })
     }
 
     /// dpaudit's sampler schedule for sampling with `levels` inference steps (default: all T),
@@ -406,20 +377,6 @@ mod tests {
         ] {
             let e = ty.to_eps(out as f32, xt as f32, abar);
             assert!((e as f64 - eps).abs() < 1e-6, "{ty:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn linear_betas_match_the_ddpm_schedule() {
-        let sc = SchedulerConfig::parse(
-            r#"{"_class_name": "DDPMScheduler", "beta_start": 0.0001, "beta_end": 0.02, "beta_schedule": "linear", "num_train_timesteps": 1000}"#,
-            Path::new("s.json"),
-        )
-        .unwrap();
-        let ours = Schedule::new(ScheduleConfig::default()).unwrap();
-        let theirs = sc.schedule(Path::new("s.json")).unwrap();
-        for (a, b) in ours.alpha_bars.iter().zip(&theirs.alpha_bars) {
-            assert!((a - b).abs() < 1e-15);
         }
     }
 

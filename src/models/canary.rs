@@ -11,8 +11,8 @@ use std::path::Path;
 
 use rand::{Rng, RngCore};
 
+use super::Checkpoint;
 use crate::error::{Error, Result};
-use crate::models::Checkpoint;
 
 /// A set of canaries.
 #[derive(Debug, Clone, PartialEq)]
