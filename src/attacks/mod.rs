@@ -14,6 +14,7 @@ pub mod canary;
 pub mod denoiser;
 pub mod diffusers;
 pub mod empirical;
+pub mod mechanism;
 pub mod metrics;
 pub mod mia;
 pub mod one_run;
