@@ -58,7 +58,18 @@ pub fn run(
     device: &str,
     bar: Option<&ProgressBar>,
 ) -> Result<(MiaReport, Vec<scores::ScoreRecord>)> {
-    run_with_basis(ck, den, images, split, split_path, plan, max_examples, device, bar, None)
+    run_with_basis(
+        ck,
+        den,
+        images,
+        split,
+        split_path,
+        plan,
+        max_examples,
+        device,
+        bar,
+        None,
+    )
 }
 
 /// [`run`] with the guarantee of the training mechanism (the folder's dpaudit ledger, or a

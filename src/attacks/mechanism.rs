@@ -70,7 +70,10 @@ impl OpacusSpec {
                 (b as f64 / n as f64, n.div_ceil(b))
             }
             (None, Some(_), None) => {
-                return Err(Error::field("--dataset-size", "required with --train-batch-size (q = B/N)"))
+                return Err(Error::field(
+                    "--dataset-size",
+                    "required with --train-batch-size (q = B/N)",
+                ))
             }
             (None, None, _) => {
                 return Err(Error::field(
@@ -85,7 +88,12 @@ impl OpacusSpec {
             (None, Some(e)) => e
                 .checked_mul(per_epoch)
                 .ok_or_else(|| Error::field("--epochs", "too many steps"))?,
-            (None, None) => return Err(Error::field("--steps", "required (or --epochs) to state a DP-SGD mechanism")),
+            (None, None) => {
+                return Err(Error::field(
+                    "--steps",
+                    "required (or --epochs) to state a DP-SGD mechanism",
+                ))
+            }
         };
         if steps == 0 {
             return Err(Error::field("--steps", "must be ≥ 1"));
@@ -103,8 +111,16 @@ pub fn diffusers_basis(folder: &Path, ledger: Option<&Path>, spec: &OpacusSpec, 
     if own.is_file() {
         if ledger.is_some() || !spec.is_empty() {
             return Err(Error::field(
-                if ledger.is_some() { "--ledger" } else { "--noise-multiplier" },
-                format!("{} has its own ledger {}; it states how the model was trained", folder.display(), own.display()),
+                if ledger.is_some() {
+                    "--ledger"
+                } else {
+                    "--noise-multiplier"
+                },
+                format!(
+                    "{} has its own ledger {}; it states how the model was trained",
+                    folder.display(),
+                    own.display()
+                ),
             ));
         }
         return Ok(Some(of_file(&own, "training ledger", delta)?));
@@ -130,7 +146,12 @@ pub fn diffusers_basis(folder: &Path, ledger: Option<&Path>, spec: &OpacusSpec, 
 
 fn of_file(p: &Path, what: &str, delta: f64) -> Result<Basis> {
     let f = EventFile::load(p)?;
-    Ok(basis_of_event(format!("{what} {}", p.display()), f.event, f.neighbouring, delta))
+    Ok(basis_of_event(
+        format!("{what} {}", p.display()),
+        f.event,
+        f.neighbouring,
+        delta,
+    ))
 }
 
 fn describe(spec: &OpacusSpec, ev: &DpEvent) -> String {
@@ -159,7 +180,14 @@ pub fn own_ledger(folder: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
-    fn spec(sigma: Option<f64>, q: Option<f64>, b: Option<u64>, n: Option<u64>, steps: Option<u64>, epochs: Option<u64>) -> OpacusSpec {
+    fn spec(
+        sigma: Option<f64>,
+        q: Option<f64>,
+        b: Option<u64>,
+        n: Option<u64>,
+        steps: Option<u64>,
+        epochs: Option<u64>,
+    ) -> OpacusSpec {
         OpacusSpec {
             noise_multiplier: sigma,
             sample_rate: q,
@@ -173,9 +201,13 @@ mod tests {
     /// Opacus' step count: ⌈N/B⌉ steps per epoch; q = B/N.
     #[test]
     fn opacus_flags_give_the_dpsgd_event_opacus_runs() {
-        let e = spec(Some(1.1), None, Some(32), Some(100), None, Some(3)).event().unwrap();
+        let e = spec(Some(1.1), None, Some(32), Some(100), None, Some(3))
+            .event()
+            .unwrap();
         assert_eq!(e, DpEvent::dpsgd(1.1, 0.32, 12));
-        let e = spec(Some(2.0), Some(0.01), None, None, Some(500), None).event().unwrap();
+        let e = spec(Some(2.0), Some(0.01), None, None, Some(500), None)
+            .event()
+            .unwrap();
         assert_eq!(e, DpEvent::dpsgd(2.0, 0.01, 500));
         let e = spec(Some(2.0), Some(0.3), None, None, None, Some(2)).event().unwrap();
         assert_eq!(e, DpEvent::dpsgd(2.0, 0.3, 8));
@@ -191,11 +223,20 @@ mod tests {
         named(spec(None, Some(0.1), None, None, Some(1), None), "--noise-multiplier");
         named(spec(Some(1.0), None, None, None, Some(1), None), "--sample-rate");
         named(spec(Some(1.0), None, Some(4), None, Some(1), None), "--dataset-size");
-        named(spec(Some(1.0), Some(0.1), Some(4), Some(9), Some(1), None), "--sample-rate");
+        named(
+            spec(Some(1.0), Some(0.1), Some(4), Some(9), Some(1), None),
+            "--sample-rate",
+        );
         named(spec(Some(1.0), Some(0.1), None, None, None, None), "--steps");
         named(spec(Some(1.0), Some(0.1), None, None, Some(1), Some(1)), "--steps");
         named(spec(Some(1.0), Some(1.5), None, None, Some(1), None), "--sample-rate");
-        named(spec(Some(1.0), None, Some(10), Some(9), Some(1), None), "--train-batch-size");
-        named(spec(Some(-1.0), Some(0.1), None, None, Some(1), None), "--noise-multiplier");
+        named(
+            spec(Some(1.0), None, Some(10), Some(9), Some(1), None),
+            "--train-batch-size",
+        );
+        named(
+            spec(Some(-1.0), Some(0.1), None, None, Some(1), None),
+            "--noise-multiplier",
+        );
     }
 }

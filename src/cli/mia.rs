@@ -262,9 +262,11 @@ fn run_diffusers(
 
 /// Runs `dpaudit mia`.
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    if !a.mechanism.is_empty()
-        && (a.scores.is_some() || !a.checkpoint.as_deref().is_some_and(|p| dpaudit::models::diffusers::unet_dir(p).is_some()))
-    {
+    let diffusers_folder = a
+        .checkpoint
+        .as_deref()
+        .is_some_and(|p| dpaudit::models::diffusers::unet_dir(p).is_some());
+    if !a.mechanism.is_empty() && (a.scores.is_some() || !diffusers_folder) {
         return Err(Error::field(
             "--ledger",
             "--ledger and the Opacus-style flags state the mechanism of a diffusers checkpoint attacked directly (a dpaudit checkpoint's card names its own ledger)",

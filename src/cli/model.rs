@@ -175,7 +175,9 @@ fn f32_batch(p: &std::path::Path) -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
         .to_f32()
         .ok_or_else(|| Error::input(format!("element type {} (expected float32 <f4)", x.dtype.descr())).with_file(p))?;
     if x.shape.len() != 4 {
-        return Err(Error::input(format!("shape {:?}, expected (B, C, H, W)", x.shape)).with_file(p).into());
+        return Err(Error::input(format!("shape {:?}, expected (B, C, H, W)", x.shape))
+            .with_file(p)
+            .into());
     }
     Ok((x.shape.clone(), v))
 }
@@ -203,7 +205,9 @@ fn grads(g: GradsArgs) -> anyhow::Result<i32> {
     let (shape, x) = f32_batch(&g.input)?;
     let (eshape, e) = f32_batch(&g.noise)?;
     if eshape != shape {
-        return Err(Error::input(format!("shape {eshape:?}, the input has {shape:?}")).with_file(&g.noise).into());
+        return Err(Error::input(format!("shape {eshape:?}, the input has {shape:?}"))
+            .with_file(&g.noise)
+            .into());
     }
     let t = npy::read(&g.timesteps)?;
     let ts: Vec<f64> = t
@@ -212,9 +216,11 @@ fn grads(g: GradsArgs) -> anyhow::Result<i32> {
         .or_else(|| t.to_f32().map(|v| v.iter().map(|&s| s as f64).collect()))
         .ok_or_else(|| Error::input("expected int64 or float32 timesteps").with_file(&g.timesteps))?;
     if ts.len() != shape[0] || ts.iter().any(|&s| s < 0.0) {
-        return Err(Error::input(format!("expected {} timesteps ≥ 0, one per input image", shape[0]))
-            .with_file(&g.timesteps)
-            .into());
+        return Err(
+            Error::input(format!("expected {} timesteps ≥ 0, one per input image", shape[0]))
+                .with_file(&g.timesteps)
+                .into(),
+        );
     }
     let dims = (shape[0], shape[1], shape[2], shape[3]);
     let xt = candle_core::Tensor::from_vec(x, dims, &dev)?;
@@ -234,6 +240,10 @@ fn grads(g: GradsArgs) -> anyhow::Result<i32> {
         let p = g.out.join("clipped_sum.safetensors");
         candle_core::safetensors::save(&sum, &p).map_err(|err| Error::model(err.to_string()))?;
     }
-    eprintln!("wrote per-sample gradient norms of {} samples to {}", norms.len(), g.out.display());
+    eprintln!(
+        "wrote per-sample gradient norms of {} samples to {}",
+        norms.len(),
+        g.out.display()
+    );
     Ok(crate::cli::EXIT_OK)
 }

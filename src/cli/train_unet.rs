@@ -37,11 +37,12 @@ pub fn run(a: Args, unet: &str, outputs: crate::cli::common::Outputs) -> anyhow:
         dpaudit::report::output::check_file(&out.join(f), a.force)?;
     }
     // --data / --split default to the 8×8 digits; a UNet takes images: the shipped MNIST.
-    let (data, split) = if a.data == Path::new("fixtures/data/digits.csv.gz") && a.split == Path::new("fixtures/splits/digits.toml") {
-        (PathBuf::from(MNIST_DATA), PathBuf::from(MNIST_SPLIT))
-    } else {
-        (a.data.clone(), a.split.clone())
-    };
+    let (data, split) =
+        if a.data == Path::new("fixtures/data/digits.csv.gz") && a.split == Path::new("fixtures/splits/digits.toml") {
+            (PathBuf::from(MNIST_DATA), PathBuf::from(MNIST_SPLIT))
+        } else {
+            (a.data.clone(), a.split.clone())
+        };
     let dev = device::select(a.device.into())?;
     let dev_name = device::describe(&dev);
     dpaudit::report::progress::note(&format!("device: {dev_name}"));

@@ -51,7 +51,11 @@ pub const SCHEDULER: &str = "scheduler_config.json";
 
 /// Named architectures: (name, config.json text, description).
 pub const PRESETS: &[(&str, &str, &str)] = &[
-    ("tiny", TINY, "28×28×1, blocks [8, 16], attention in the second block and the mid block (CI size)"),
+    (
+        "tiny",
+        TINY,
+        "28×28×1, blocks [8, 16], attention in the second block and the mid block (CI size)",
+    ),
     (
         "mnist-ddpm",
         MNIST_DDPM,
@@ -133,7 +137,11 @@ pub fn config_text(spec: &str) -> Result<(String, String)> {
         return Ok((text.to_string(), format!("preset `{name}`")));
     }
     let p = Path::new(spec);
-    let p = if p.is_dir() { p.join("config.json") } else { p.to_path_buf() };
+    let p = if p.is_dir() {
+        p.join("config.json")
+    } else {
+        p.to_path_buf()
+    };
     if !p.is_file() {
         let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
         return Err(Error::field(
@@ -310,7 +318,11 @@ struct Ema {
 impl Ema {
     const EVERY: usize = 10;
     fn new(m: &TrainUnet, decay: f64) -> Result<Self> {
-        let shadow = m.vars().iter().map(|v| v.as_tensor().copy()).collect::<candle_core::Result<_>>()?;
+        let shadow = m
+            .vars()
+            .iter()
+            .map(|v| v.as_tensor().copy())
+            .collect::<candle_core::Result<_>>()?;
         Ok(Ema { decay, shadow, step: 0 })
     }
     fn update(&mut self, m: &TrainUnet) -> Result<()> {
@@ -337,7 +349,14 @@ impl Ema {
 }
 
 /// Mean denoising loss on `rows` with one fixed (t, ε) draw per row from `seed`.
-fn eval_loss(m: &TrainUnet, schedule: &Schedule, rows: &[f32], shape: [usize; 3], t_range: (usize, usize), seed: u64) -> Result<f64> {
+fn eval_loss(
+    m: &TrainUnet,
+    schedule: &Schedule,
+    rows: &[f32],
+    shape: [usize; 3],
+    t_range: (usize, usize),
+    seed: u64,
+) -> Result<f64> {
     let d: usize = shape.iter().product();
     let n = rows.len() / d;
     if n == 0 {
@@ -415,7 +434,8 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     let split = SplitManifest::load(&plan.split)?;
     images.check_split(&split, &plan.split)?;
     let sched_text = scheduler_json(plan.timesteps, plan.beta_start, plan.beta_end);
-    let sched_cfg = SchedulerConfig::parse(&sched_text, Path::new(SCHEDULER)).map_err(|e| e.with_field("--timesteps"))?;
+    let sched_cfg =
+        SchedulerConfig::parse(&sched_text, Path::new(SCHEDULER)).map_err(|e| e.with_field("--timesteps"))?;
     let schedule = sched_cfg.schedule(Path::new(SCHEDULER))?;
     let t_max = check_plan(plan, schedule.len())?;
     let public_seed = plan
@@ -426,7 +446,10 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     let (config_text, config_source, model) = match &plan.init {
         Some(dir) => {
             let udir = unet_dir(dir).ok_or_else(|| {
-                Error::field("--init", format!("{} is not a diffusers folder (no config.json)", dir.display()))
+                Error::field(
+                    "--init",
+                    format!("{} is not a diffusers folder (no config.json)", dir.display()),
+                )
             })?;
             let cpath = udir.join("config.json");
             let text = crate::input::read_to_string(&cpath)?;
@@ -457,7 +480,11 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         }
         None => {
             let (text, source) = config_text(&plan.unet)?;
-            let path = PathBuf::from(if source.starts_with("preset") { "config.json" } else { &source });
+            let path = PathBuf::from(if source.starts_with("preset") {
+                "config.json"
+            } else {
+                &source
+            });
             let config = Unet2dConfig::parse(&text, &path)?;
             let m = TrainUnet::random(&config, public_seed, device)?;
             (text, source, m)
@@ -490,12 +517,22 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     let public_rows: Vec<f32> = images.rows(&split.public.iter().take(64).copied().collect::<Vec<_>>());
     // DP runs publish no loss on the private rows (it would be released without noise).
     let (eval_rows, eval_on) = if plan.dp.is_some() {
-        (public_rows, "public rows (a loss on the private rows would be released without noise)")
+        (
+            public_rows,
+            "public rows (a loss on the private rows would be released without noise)",
+        )
     } else {
         (x0[..dim * n.min(64)].to_vec(), "training rows")
     };
     let eval_seed = plan.seed.unwrap_or(0);
-    let before = eval_loss(&model, &schedule, &eval_rows, images.shape, (plan.t_min, t_max), eval_seed)?;
+    let before = eval_loss(
+        &model,
+        &schedule,
+        &eval_rows,
+        images.shape,
+        (plan.t_min, t_max),
+        eval_seed,
+    )?;
     eprintln!(
         "model: {}, {} parameters; training on {n} {} rows of {}",
         config.describe(),
@@ -563,7 +600,9 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                     };
                     let (part, _) = clip_and_sum(&g, d.clip)?;
                     for (name, p) in part {
-                        let acc = sum.remove(&name).ok_or_else(|| Error::model(format!("no sum for `{name}`")))?;
+                        let acc = sum
+                            .remove(&name)
+                            .ok_or_else(|| Error::model(format!("no sum for `{name}`")))?;
                         sum.insert(name, (acc + p)?);
                     }
                 }
@@ -607,7 +646,14 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     }
     bar.finish_and_clear();
     ema.apply(&model)?;
-    let after = eval_loss(&model, &schedule, &eval_rows, images.shape, (plan.t_min, t_max), eval_seed)?;
+    let after = eval_loss(
+        &model,
+        &schedule,
+        &eval_rows,
+        images.shape,
+        (plan.t_min, t_max),
+        eval_seed,
+    )?;
     let mut lines = Vec::new();
     // The whole ledger: the init's, then this run's.
     let event = plan.dp.as_ref().map(|_| {
@@ -801,7 +847,11 @@ pub fn report(o: &UnetTrainOutcome) -> Result<Report> {
                 .fact("clip norm C", num::fmt(dp.clip))
                 .fact("ledger", o.dir.join(LEDGER).display().to_string());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => format!("ε = {} at δ = {} ({acc}, upper bound); ", num::fmt(e), num::fmt(dp.delta)),
+                (Some(e), Some(acc)) => format!(
+                    "ε = {} at δ = {} ({acc}, upper bound); ",
+                    num::fmt(e),
+                    num::fmt(dp.delta)
+                ),
                 _ => String::new(),
             };
             format!(

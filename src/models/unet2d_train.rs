@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 /// Where parameters come from while the model is built.
 enum Source {
     /// PyTorch's default initialisation, seeded.
-    Random(ChaCha8Rng),
+    Random(Box<ChaCha8Rng>),
     /// Tensors read from a weights file (removed as they are used).
     Weights(HashMap<String, Tensor>, PathBuf),
 }
@@ -126,7 +126,9 @@ fn unfold(x: &Tensor, k: usize, stride: usize, pad: usize) -> Result<Tensor> {
     let mut cols = Vec::with_capacity(k * k);
     for i in 0..k {
         for j in 0..k {
-            let s = xp.narrow(2, i, (ho - 1) * stride + 1)?.narrow(3, j, (wo - 1) * stride + 1)?;
+            let s = xp
+                .narrow(2, i, (ho - 1) * stride + 1)?
+                .narrow(3, j, (wo - 1) * stride + 1)?;
             let s = if stride > 1 {
                 s.contiguous()?.index_select(&ih, 2)?.index_select(&iw, 3)?
             } else {
@@ -203,13 +205,18 @@ impl TrainUnet {
         let c0 = config.block_out_channels[0];
         let fourier_w = matches!(config.time_embedding, TimeEmbedding::Fourier)
             .then(|| (0..c0).map(|_| rng.sample::<f32, _>(StandardNormal) * 16.0).collect());
-        Self::build(config, Source::Random(rng), fourier_w, device)
+        Self::build(config, Source::Random(Box::new(rng)), fourier_w, device)
     }
 
     /// A model holding `tensors` (diffusers names; the attention projections may use the old
     /// `query/key/value/proj_attn` names), read from `file`; a missing, mis-shaped or left-over
     /// tensor is an input error naming the file.
-    pub fn from_tensors(config: &Unet2dConfig, tensors: HashMap<String, Tensor>, file: &Path, device: &Device) -> Result<Self> {
+    pub fn from_tensors(
+        config: &Unet2dConfig,
+        tensors: HashMap<String, Tensor>,
+        file: &Path,
+        device: &Device,
+    ) -> Result<Self> {
         let mut map = HashMap::with_capacity(tensors.len());
         for (k, v) in tensors {
             let k = k
@@ -222,7 +229,8 @@ impl TrainUnet {
         let fourier_w = match config.time_embedding {
             TimeEmbedding::Fourier => {
                 let w = map.remove("time_proj.weight").ok_or_else(|| {
-                    Error::input("tensor `time_proj.weight` is missing (a Fourier time embedding needs it)").with_file(file)
+                    Error::input("tensor `time_proj.weight` is missing (a Fourier time embedding needs it)")
+                        .with_file(file)
                 })?;
                 Some(w.flatten_all()?.to_vec1::<f32>()?)
             }
@@ -283,8 +291,11 @@ impl TrainUnet {
     /// `time_proj.weight`).
     pub fn tensors(&self) -> Result<HashMap<String, Tensor>> {
         let p = self.params.borrow();
-        let mut out: HashMap<String, Tensor> =
-            p.vars.iter().map(|(k, v)| (k.clone(), v.as_tensor().detach())).collect();
+        let mut out: HashMap<String, Tensor> = p
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().detach()))
+            .collect();
         if let Some(w) = &self.fourier_w {
             out.insert("time_proj.weight".into(), Tensor::from_slice(w, w.len(), &self.device)?);
         }
@@ -356,7 +367,14 @@ impl TrainUnet {
         Ok(out)
     }
 
-    fn record(&self, rec: Option<&Recorder>, kind: LayerKind, prefix: &str, input: &Tensor, y: Tensor) -> Result<Tensor> {
+    fn record(
+        &self,
+        rec: Option<&Recorder>,
+        kind: LayerKind,
+        prefix: &str,
+        input: &Tensor,
+        y: Tensor,
+    ) -> Result<Tensor> {
         match rec {
             None => Ok(y),
             Some(r) => {
@@ -423,7 +441,9 @@ impl TrainUnet {
     fn gn(&self, p: &str, x: &Tensor, groups: usize, rec: Option<&Recorder>) -> Result<Tensor> {
         let (b, c, h, w) = x.dims4()?;
         if groups == 0 || c % groups != 0 {
-            return Err(Error::model(format!("`{p}`: {groups} groups do not divide {c} channels")));
+            return Err(Error::model(format!(
+                "`{p}`: {groups} groups do not divide {c} channels"
+            )));
         }
         let wt = self.param(&format!("{p}.weight"), &[c], Init::Ones)?;
         let bias = self.param(&format!("{p}.bias"), &[c], Init::Zeros)?;
@@ -506,7 +526,8 @@ impl TrainUnet {
             None => x.clone(),
         };
         let hs = hs.reshape((b, c, l))?.transpose(1, 2)?.contiguous()?;
-        let split = |t: Tensor| -> Result<Tensor> { Ok(t.reshape((b, l, heads, head_dim))?.transpose(1, 2)?.contiguous()?) };
+        let split =
+            |t: Tensor| -> Result<Tensor> { Ok(t.reshape((b, l, heads, head_dim))?.transpose(1, 2)?.contiguous()?) };
         let q = split(self.linear(&format!("{p}.to_q"), &hs, inner, rec)?)?;
         let k = split(self.linear(&format!("{p}.to_k"), &hs, inner, rec)?)?;
         let v = split(self.linear(&format!("{p}.to_v"), &hs, inner, rec)?)?;
@@ -532,7 +553,10 @@ impl TrainUnet {
         let cfg = &self.config;
         let (b, c, h, w) = x.dims4()?;
         if c != cfg.in_channels {
-            return Err(Error::input(format!("input has {c} channels, the model takes {}", cfg.in_channels)));
+            return Err(Error::input(format!(
+                "input has {c} channels, the model takes {}",
+                cfg.in_channels
+            )));
         }
         if t.len() != b {
             return Err(Error::input(format!("{} timesteps for a batch of {b}", t.len())));
@@ -546,7 +570,9 @@ impl TrainUnet {
         }
         let fourier = matches!(cfg.time_embedding, TimeEmbedding::Fourier);
         if fourier && t.iter().any(|&v| v <= 0.0) {
-            return Err(Error::input("a Fourier time embedding needs timesteps > 0 (it takes log t)"));
+            return Err(Error::input(
+                "a Fourier time embedding needs timesteps > 0 (it takes log t)",
+            ));
         }
         let dev = x.device();
         let x = x.to_dtype(DType::F32)?;
@@ -805,7 +831,14 @@ mod tests {
     }
 
     fn rel(a: &Tensor, b: &Tensor) -> f64 {
-        let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+        let d = (a - b)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64;
         let n = b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
         (d / n.max(1e-30)).sqrt()
     }
@@ -831,13 +864,19 @@ mod tests {
                 let (ai, bi) = (a.get(i).unwrap(), bb.get(i).unwrap());
                 let d = l2(&(&ai - &bi).unwrap()).sqrt();
                 let nb = l2(&bi).sqrt();
-                assert!(d <= 1e-5 * nb + 1e-7 * gn, "{na} sample {i}: error {d:e}, norm {nb:e} (sample norm {gn:e})");
+                assert!(
+                    d <= 1e-5 * nb + 1e-7 * gn,
+                    "{na} sample {i}: error {d:e}, norm {nb:e} (sample norm {gn:e})"
+                );
                 if nb > 1e-4 * gn && d / nb > worst.0 {
                     worst = (d / nb, format!("{na} sample {i}"));
                 }
             }
         }
-        eprintln!("largest relative error of a non-negligible per-sample gradient: {:e} ({})", worst.0, worst.1);
+        eprintln!(
+            "largest relative error of a non-negligible per-sample gradient: {:e} ({})",
+            worst.0, worst.1
+        );
         let (na, nb) = (per_sample_norms(&fast).unwrap(), per_sample_norms(&slow).unwrap());
         for (a, b) in na.iter().zip(&nb) {
             assert!((a - b).abs() <= 1e-5 * b, "norm {a} vs {b}");
@@ -862,7 +901,9 @@ mod tests {
     #[test]
     fn unfold_reproduces_the_convolution() {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let x: Vec<f32> = (0..2 * 3 * 7 * 6).map(|_| rng.sample::<f32, _>(StandardNormal)).collect();
+        let x: Vec<f32> = (0..2 * 3 * 7 * 6)
+            .map(|_| rng.sample::<f32, _>(StandardNormal))
+            .collect();
         let w: Vec<f32> = (0..4 * 3 * 9).map(|_| rng.sample::<f32, _>(StandardNormal)).collect();
         let x = Tensor::from_vec(x, (2, 3, 7, 6), &Device::Cpu).unwrap();
         let w = Tensor::from_vec(w, (4, 3, 3, 3), &Device::Cpu).unwrap();
@@ -901,7 +942,11 @@ mod tests {
                 let c = if n > clip { clip / (n + 1e-6) } else { 1.0 };
                 want = (want + (gi.get(i).unwrap() * c).unwrap()).unwrap();
             }
-            assert!(rel(&sum[name], &want) < 1e-5 || want.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() < 1e-20, "{name}");
+            assert!(
+                rel(&sum[name], &want) < 1e-5
+                    || want.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() < 1e-20,
+                "{name}"
+            );
         }
     }
 
@@ -914,7 +959,10 @@ mod tests {
             let m = TrainUnet::random(&config, 5, &Device::Cpu).unwrap();
             let store = super::super::unet2d::WeightStore::new(m.tensors().unwrap(), Path::new("w.safetensors"));
             let inf = super::super::unet2d::Unet2dModel::new(&config, &store).unwrap();
-            assert_eq!(inf.parameters, m.parameters() + m.fourier_w.as_ref().map_or(0, Vec::len));
+            assert_eq!(
+                inf.parameters,
+                m.parameters() + m.fourier_w.as_ref().map_or(0, Vec::len)
+            );
             let (x, t, _) = batch(&config, 3, 8, 9);
             let a = m.forward(&x, &t).unwrap();
             let b = inf.forward_candle(&x, &t).unwrap();
@@ -932,7 +980,10 @@ mod tests {
         let config = cfg(TINY);
         let m = TrainUnet::random(&config, 5, &Device::Cpu).unwrap();
         let mut t = m.tensors().unwrap();
-        t.insert("extra.weight".into(), Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap());
+        t.insert(
+            "extra.weight".into(),
+            Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+        );
         let e = TrainUnet::from_tensors(&config, t, Path::new("w.safetensors"), &Device::Cpu)
             .err()
             .unwrap();
