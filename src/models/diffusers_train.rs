@@ -330,16 +330,26 @@ impl Ema {
         if self.decay == 0.0 || !self.step.is_multiple_of(Self::EVERY) {
             return Ok(());
         }
+        self.fold(m, Self::EVERY)
+    }
+    /// Folds the current weights in for the last `k` steps.
+    fn fold(&mut self, m: &TrainUnet, k: usize) -> Result<()> {
         let n = self.step as f64;
-        let d = self.decay.min((1.0 + n) / (10.0 + n)).powi(Self::EVERY as i32);
+        let d = self.decay.min((1.0 + n) / (10.0 + n)).powi(k as i32);
         for (s, v) in self.shadow.iter_mut().zip(m.vars()) {
             *s = ((&*s * d)? + (v.as_tensor().detach() * (1.0 - d))?)?;
         }
         Ok(())
     }
-    fn apply(&self, m: &TrainUnet) -> Result<()> {
+    /// Writes the average into the model, first folding in the steps since the last update
+    /// (a run shorter than 10 steps would otherwise release its initial weights).
+    fn apply(&mut self, m: &TrainUnet) -> Result<()> {
         if self.decay == 0.0 {
             return Ok(());
+        }
+        let pending = self.step % Self::EVERY;
+        if pending > 0 {
+            self.fold(m, pending)?;
         }
         for (s, v) in self.shadow.iter().zip(m.vars()) {
             v.set(s)?;

@@ -287,6 +287,13 @@ fn train_unet_non_dp_and_refusals() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!out.join("dpaudit-ledger.toml").exists());
+    // Four steps (fewer than the EMA's update interval) still release trained weights.
+    let card: toml::Value = toml::from_str(&std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap()).unwrap();
+    let (b, a) = (
+        card["training"]["eval_loss_before"].as_float().unwrap(),
+        card["training"]["eval_loss_after"].as_float().unwrap(),
+    );
+    assert_ne!(b, a, "the released weights are the initial ones");
     assert!(out.join("diffusion_pytorch_model.safetensors").is_file());
     let m = tmp.path().join("mia");
     let o = quick_mia(s(&out), &m, &[]);
