@@ -12,6 +12,7 @@ mod integration {
     pub mod common;
     mod diffusers;
     mod docs;
+    mod dp_diffusers;
     mod edges;
     mod fuzz;
     mod gdp;

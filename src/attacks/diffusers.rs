@@ -7,7 +7,7 @@ use std::path::Path;
 use indicatif::ProgressBar;
 
 use super::mia::{self, AttackKind};
-use super::pipeline::{evaluate_scores, Evaluated, MiaPlan, MiaReport, TargetInfo};
+use super::pipeline::{evaluate_scores, Basis, Evaluated, MiaPlan, MiaReport, TargetInfo};
 use super::scores::{self, ScoreSet};
 use crate::error::{Error, Result};
 use crate::models::data::indices_sha256;
@@ -44,7 +44,7 @@ impl super::denoiser::Denoiser for DiffusersDenoiser<'_> {
 /// Runs the plan's attacks on `den` (a loaded diffusers checkpoint) with the split's members and
 /// non-members; `max_examples` keeps only the first that many of each (a reduced set for quick
 /// runs). The empirical attack, audits and the Table-2/cosine extras are for 8×8 checkpoints
-/// only. No DP ledger exists for a diffusers checkpoint, so results have no theoretical limit.
+/// only. Without a stated mechanism (see [`run_with_basis`]) results have no theoretical limit.
 /// Returns the report and every score record (for `--scores-out`; record ids are the data rows).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
@@ -57,6 +57,35 @@ pub fn run(
     max_examples: Option<usize>,
     device: &str,
     bar: Option<&ProgressBar>,
+) -> Result<(MiaReport, Vec<scores::ScoreRecord>)> {
+    run_with_basis(
+        ck,
+        den,
+        images,
+        split,
+        split_path,
+        plan,
+        max_examples,
+        device,
+        bar,
+        None,
+    )
+}
+
+/// [`run`] with the guarantee of the training mechanism (the folder's dpaudit ledger, or a
+/// stated one: [`super::mechanism::diffusers_basis`]): every attack is compared with its limit.
+#[allow(clippy::too_many_arguments)]
+pub fn run_with_basis(
+    ck: &DiffusersCheckpoint,
+    den: &DiffusersDenoiser<'_>,
+    images: &ImageSet,
+    split: &SplitManifest,
+    split_path: &Path,
+    plan: &MiaPlan,
+    max_examples: Option<usize>,
+    device: &str,
+    bar: Option<&ProgressBar>,
+    basis: Option<&Basis>,
 ) -> Result<(MiaReport, Vec<scores::ScoreRecord>)> {
     let start = std::time::Instant::now();
     images.check_split(split, split_path)?;
@@ -121,7 +150,8 @@ pub fn run(
         one_run,
         many_runs,
         comparisons,
-    } = evaluate_scores(&records, plan, None, Some(&name))?;
+    } = evaluate_scores(&records, plan, basis, Some(&name))?;
+    let card = crate::models::diffusers_train::UnetCard::load(ck.config_path.parent().unwrap_or(&ck.dir))?;
     let report = MiaReport {
         schema: "dpaudit.mia/2".into(),
         target: Some(TargetInfo {
@@ -135,8 +165,11 @@ pub fn run(
                 .as_ref()
                 .and_then(|r| r.command.clone())
                 .unwrap_or_else(|| "(no training.json beside the checkpoint)".into()),
-            randomness: "unknown (trained outside dpaudit)".into(),
-            dp: None,
+            randomness: card
+                .as_ref()
+                .map(|c| c.training.randomness.clone())
+                .unwrap_or_else(|| "unknown (trained outside dpaudit)".into()),
+            dp: card.and_then(|c| c.dp),
         }),
         scores_file: None,
         split: split_path.display().to_string(),
@@ -145,7 +178,7 @@ pub fn run(
         seed: plan.score.seed,
         delta: plan.metric.delta,
         confidence: 1.0 - plan.metric.alpha,
-        checkpoint_basis: None,
+        checkpoint_basis: basis.cloned(),
         sampler_basis: None,
         results,
         null_results,

@@ -15,6 +15,7 @@ pub use crate::models::canary;
 pub mod denoiser;
 pub mod diffusers;
 pub mod empirical;
+pub mod mechanism;
 pub mod metrics;
 pub mod mia;
 pub mod one_run;

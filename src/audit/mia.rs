@@ -63,6 +63,10 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
         r.fact("training command", t.command.clone());
         r.fact("training randomness", t.randomness.clone());
         match &t.dp {
+            None if m.checkpoint_basis.is_some() => {
+                let b = m.checkpoint_basis.as_ref().expect("checked");
+                r.fact("DP", format!("as stated: {}", b.source));
+            }
             None => {
                 r.fact("DP", "none: no theoretical limit applies to the checkpoint");
             }

@@ -29,6 +29,12 @@ Examples:
   dpaudit mia --checkpoint models/digits-mlp.toml --scores-out scores.csv
   dpaudit mia --scores scores.csv --checkpoint models/digits-mlp.toml
 
+  # A diffusers folder trained elsewhere (e.g. with Opacus): state the mechanism, and every
+  # attack is compared with its limit (a folder `train --unet --dp` wrote uses its own ledger):
+  dpaudit mia --checkpoint models/mnist-ddpm --data fixtures/data/mnist/mnist-10k.u8.gz \
+      --split fixtures/splits/mnist.toml --noise-multiplier 1.1 --train-batch-size 32 \
+      --dataset-size 128 --epochs 50
+
   # Table-2-style comparison (diffusion-sampling-privacy §6.4):
   dpaudit mia --checkpoint models/digits-mlp.toml --table2 --attack loss --timesteps 10
 
@@ -132,6 +138,9 @@ pub struct Args {
     /// Diffusers checkpoints: images per forward pass.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
+    /// How a diffusers checkpoint without a dpaudit ledger was trained.
+    #[command(flatten)]
+    pub mechanism: crate::cli::mechanism::MechanismArgs,
 }
 
 /// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
@@ -230,7 +239,13 @@ fn run_diffusers(
     }
     eprintln!("device: {dev_name}");
     let bar = dpaudit::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
-    let r = dpaudit::attacks::diffusers::run(
+    let basis = dpaudit::attacks::mechanism::diffusers_basis(
+        ck.config_path.parent().unwrap_or(dir),
+        a.mechanism.ledger.as_deref(),
+        &a.mechanism.spec(),
+        a.delta,
+    )?;
+    let r = dpaudit::attacks::diffusers::run_with_basis(
         &ck,
         &den,
         &images,
@@ -240,6 +255,7 @@ fn run_diffusers(
         a.max_examples,
         dev_name,
         Some(&bar),
+        basis.as_ref(),
     )?;
     bar.finish_and_clear();
     Ok(r)
@@ -247,6 +263,17 @@ fn run_diffusers(
 
 /// Runs `dpaudit mia`.
 pub fn run(a: Args) -> anyhow::Result<Status> {
+    let diffusers_folder = a
+        .checkpoint
+        .as_deref()
+        .is_some_and(|p| dpaudit::models::diffusers::unet_dir(p).is_some());
+    if !a.mechanism.is_empty() && (a.scores.is_some() || !diffusers_folder) {
+        return Err(Error::field(
+            "--ledger",
+            "--ledger and the Opacus-style flags state the mechanism of a diffusers checkpoint attacked directly (a dpaudit checkpoint's card names its own ledger)",
+        )
+        .into());
+    }
     if let Some(spec) = &a.shard {
         return run_shard(&a, spec);
     }

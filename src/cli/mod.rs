@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod check;
 pub mod common;
 pub mod completions;
+pub mod mechanism;
 pub mod merge;
 pub mod mia;
 pub mod model;
@@ -16,6 +17,7 @@ pub mod report;
 pub mod run;
 pub mod sweep;
 pub mod train;
+pub mod train_unet;
 pub mod values;
 pub mod verify;
 

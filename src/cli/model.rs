@@ -35,6 +35,37 @@ enum Sub {
     Eval(EvalArgs),
     /// Architecture, parameter count, file hashes and scheduler of a checkpoint.
     Info(InfoArgs),
+    /// Per-sample gradients of the ε-prediction loss on a batch (x_t, t, ε): writes each
+    /// sample's gradient norm and, with --clip, the clipped sum DP-SGD adds noise to.
+    Grads(GradsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct GradsArgs {
+    /// diffusers checkpoint folder.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// float32 .npy of the noised inputs x_t, shape (B, C, H, W).
+    #[arg(long)]
+    input: PathBuf,
+    /// int64 .npy of shape (B,).
+    #[arg(long)]
+    timesteps: PathBuf,
+    /// float32 .npy of the noise targets ε, shape (B, C, H, W).
+    #[arg(long)]
+    noise: PathBuf,
+    /// Clip norm C: also write clipped_sum.safetensors = Σᵢ min(1, C/(‖gᵢ‖ + 1e-6)) gᵢ.
+    #[arg(long)]
+    clip: Option<f64>,
+    /// Output folder: norms.npy (float32, (B,)) and clipped_sum.safetensors.
+    #[arg(long)]
+    out: PathBuf,
+    /// One backward pass per sample (the reference) instead of the batched pass.
+    #[arg(long)]
+    per_sample_loop: bool,
+    /// Replace existing outputs.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,6 +101,7 @@ struct InfoArgs {
 /// Runs `dpaudit model …`.
 pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     match a.cmd {
+        Sub::Grads(g) => grads(g),
         Sub::Info(i) => {
             let ck = DiffusersCheckpoint::load(&i.checkpoint, &candle_core::Device::Cpu)?;
             print!("{}", ck.info());
@@ -135,4 +167,83 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
             Ok(dpaudit::audit::outcome::Status::Ok)
         }
     }
+}
+
+fn f32_batch(p: &std::path::Path) -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
+    let x = npy::read(p)?;
+    let v = x
+        .to_f32()
+        .ok_or_else(|| Error::input(format!("element type {} (expected float32 <f4)", x.dtype.descr())).with_file(p))?;
+    if x.shape.len() != 4 {
+        return Err(Error::input(format!("shape {:?}, expected (B, C, H, W)", x.shape))
+            .with_file(p)
+            .into());
+    }
+    Ok((x.shape.clone(), v))
+}
+
+/// `model grads`: per-sample gradients of a diffusers UNet on one batch.
+fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+    use dpaudit::models::unet2d_train::{clip_and_sum, per_sample_norms, TrainUnet};
+    for f in ["norms.npy", "clipped_sum.safetensors"] {
+        dpaudit::report::output::check_file(&g.out.join(f), g.force).map_err(|e| e.with_field("--out"))?;
+    }
+    if let Some(c) = g.clip {
+        if !(c > 0.0 && c.is_finite()) {
+            return Err(Error::field("--clip", "must be a finite number > 0").into());
+        }
+    }
+    let dev = candle_core::Device::Cpu;
+    let dir = dpaudit::models::diffusers::unet_dir(&g.checkpoint).ok_or_else(|| {
+        Error::input("not a diffusers checkpoint (no config.json, nor unet/config.json)").with_file(&g.checkpoint)
+    })?;
+    let cpath = dir.join("config.json");
+    let config = dpaudit::models::unet2d::Unet2dConfig::parse(&dpaudit::input::read_to_string(&cpath)?, &cpath)?;
+    let wpath = dir.join(dpaudit::models::diffusers::WEIGHTS);
+    let (tensors, _, _) = dpaudit::models::diffusers::read_weights(&wpath, &dev)?;
+    let model = TrainUnet::from_tensors(&config, tensors, &wpath, &dev)?;
+    let (shape, x) = f32_batch(&g.input)?;
+    let (eshape, e) = f32_batch(&g.noise)?;
+    if eshape != shape {
+        return Err(Error::input(format!("shape {eshape:?}, the input has {shape:?}"))
+            .with_file(&g.noise)
+            .into());
+    }
+    let t = npy::read(&g.timesteps)?;
+    let ts: Vec<f64> = t
+        .to_i64()
+        .map(|v| v.iter().map(|&s| s as f64).collect())
+        .or_else(|| t.to_f32().map(|v| v.iter().map(|&s| s as f64).collect()))
+        .ok_or_else(|| Error::input("expected int64 or float32 timesteps").with_file(&g.timesteps))?;
+    if ts.len() != shape[0] || ts.iter().any(|&s| s < 0.0) {
+        return Err(
+            Error::input(format!("expected {} timesteps ≥ 0, one per input image", shape[0]))
+                .with_file(&g.timesteps)
+                .into(),
+        );
+    }
+    let dims = (shape[0], shape[1], shape[2], shape[3]);
+    let xt = candle_core::Tensor::from_vec(x, dims, &dev)?;
+    let et = candle_core::Tensor::from_vec(e, dims, &dev)?;
+    let per = if g.per_sample_loop {
+        model.per_sample_grads_loop(&xt, &ts, &et)
+    } else {
+        model.per_sample_grads(&xt, &ts, &et)
+    }
+    .map_err(|err| err.with_file(&g.input))?;
+    let norms = per_sample_norms(&per)?;
+    std::fs::create_dir_all(&g.out).map_err(|err| Error::io(&g.out, &err))?;
+    let nf: Vec<f32> = norms.iter().map(|&v| v as f32).collect();
+    dpaudit::report::output::write_atomic(&g.out.join("norms.npy"), &npy::encode_f32(&[nf.len()], &nf), g.force)?;
+    if let Some(c) = g.clip {
+        let (sum, _) = clip_and_sum(&per, c)?;
+        let p = g.out.join("clipped_sum.safetensors");
+        candle_core::safetensors::save(&sum, &p).map_err(|err| Error::model(err.to_string()))?;
+    }
+    eprintln!(
+        "wrote per-sample gradient norms of {} samples to {}",
+        norms.len(),
+        g.out.display()
+    );
+    Ok(dpaudit::audit::outcome::Status::Ok)
 }

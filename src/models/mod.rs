@@ -14,6 +14,8 @@
 //! * [`device`]: `--device auto|cpu|cuda`.
 //! * [`diffusers`], [`unet2d`], [`scheduler`]: HuggingFace diffusers `UNet2DModel` checkpoints
 //!   and `scheduler_config.json` files (any image size and channel count).
+//! * [`unet2d_train`], [`diffusers_train`]: the diffusers UNet trained in candle, with per-sample
+//!   gradients in one batched pass, and `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
 //! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
@@ -24,6 +26,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod device;
 pub mod diffusers;
+pub mod diffusers_train;
 pub mod dp;
 pub mod eps;
 pub mod images;
@@ -36,6 +39,7 @@ pub mod schedule;
 pub use crate::diffusion::scheduler;
 pub mod train;
 pub mod unet2d;
+pub mod unet2d_train;
 
 pub use checkpoint::{Card, Checkpoint};
 pub use data::{Dataset, SplitManifest};

@@ -1,0 +1,86 @@
+//! `dpaudit train --unet CONFIG|PRESET`: arguments → [`UnetTrainPlan`] →
+//! [`dpaudit::models::diffusers_train::run`]. The run (DP-SGD with batched per-sample
+//! gradients, the diffusers folder, card and ledger) lives in the library.
+
+use std::path::{Path, PathBuf};
+
+use crate::cli::train::Args;
+use crate::cli::values::PerSample;
+use dpaudit::error::Error;
+use dpaudit::models::device;
+use dpaudit::models::diffusers_train::{self, UnetDpPlan, UnetTrainPlan};
+
+/// The MNIST digits shipped for diffusers models (used when --data/--split keep the 8×8 defaults).
+const MNIST_DATA: &str = "fixtures/data/mnist/mnist-10k.u8.gz";
+const MNIST_SPLIT: &str = "fixtures/splits/mnist.toml";
+
+/// Runs `train --unet`; `outputs` are the prepared `--format` outputs of `train`.
+pub fn run(a: Args, unet: &str, outputs: crate::cli::common::Outputs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+    if a.rapid {
+        return Err(Error::field("--rapid", "RAPID is for the 8×8 models; not with --unet").into());
+    }
+    if a.canaries > 0 {
+        return Err(Error::field("--canaries", "canaries are for the 8×8 models; not with --unet yet").into());
+    }
+    if matches!(a.per_sample, PerSample::Ghost) {
+        return Err(Error::field(
+            "--per-sample",
+            "with --unet: auto (one batched pass) or loop (one backward pass per sample)",
+        )
+        .into());
+    }
+    let Some(out) = a.out.clone() else {
+        return Err(Error::field("--out", "give an output folder, e.g. --out models/mnist-dp-ddpm").into());
+    };
+    // Existing outputs are refused before any work.
+    for f in diffusers_train::output_files(a.dp) {
+        dpaudit::report::output::check_file(&out.join(f), a.force)?;
+    }
+    // --data / --split default to the 8×8 digits; a UNet takes images: the shipped MNIST.
+    let (data, split) =
+        if a.data == Path::new("fixtures/data/digits.csv.gz") && a.split == Path::new("fixtures/splits/digits.toml") {
+            (PathBuf::from(MNIST_DATA), PathBuf::from(MNIST_SPLIT))
+        } else {
+            (a.data.clone(), a.split.clone())
+        };
+    let dev = device::select(a.device.into())?;
+    let dev_name = device::describe(&dev);
+    dpaudit::report::progress::note(&format!("device: {dev_name}"));
+    let plan = UnetTrainPlan {
+        data,
+        split,
+        on: a.on.into(),
+        unet: unet.to_string(),
+        init: a.init.clone(),
+        out,
+        timesteps: a.timesteps,
+        beta_start: a.beta_start,
+        beta_end: a.beta_end,
+        steps: a.steps,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        ema: a.ema,
+        t_min: a.t_min,
+        t_max: a.t_max,
+        seed: a.seed,
+        dp: a.dp.then_some(UnetDpPlan {
+            noise_multiplier: a.noise_multiplier,
+            clip: a.clip,
+            sample_rate: a.sample_rate,
+            delta: a.delta,
+            per_sample_loop: matches!(a.per_sample, PerSample::Loop),
+        }),
+        command: dpaudit::report::command_line(),
+        quiet: a.quiet,
+        force: a.force,
+    };
+    let outcome = diffusers_train::run(&plan, &dev, &dev_name)?;
+    let mut text = String::new();
+    for l in &outcome.lines {
+        text.push_str(l.trim_end());
+        text.push('\n');
+    }
+    let rep = diffusers_train::report(&outcome)?;
+    outputs.finish(&rep, &text, Vec::new())?;
+    Ok(dpaudit::audit::outcome::Status::Ok)
+}

@@ -1,0 +1,890 @@
+//! `dpaudit train --unet`: train a diffusers `UNet2DModel` (any `config.json` the loader reads,
+//! or a named preset) on an image data set, without privacy or with DP-SGD as Opacus runs it,
+//! and write a diffusers folder that `UNet2DModel.from_pretrained` loads unchanged
+//! (`config.json`, `diffusion_pytorch_model.safetensors`, `scheduler_config.json`) with the
+//! dpaudit card (`dpaudit-card.toml`), the ledger (`dpaudit-ledger.toml`, DP runs) and the
+//! `training.json` record `mia` checks the split against.
+//!
+//! DP-SGD (Abadi et al. 2016, Algorithm 1, in Opacus' form): each step draws a Poisson sample
+//! of the private rows (each independently with probability q), computes every sample's
+//! gradient in one batched pass ([`super::unet2d_train`]), clips it by Opacus' factor
+//! min(1, C/(‖g‖ + 10⁻⁶)), adds N(0, σ²C² I) to the sum and divides by the expected batch size
+//! q·n ([`super::dp::release`]), then takes an Adam step. The per-sample gradients are computed
+//! in chunks of `--batch-size` rows (memory only, like Opacus' `BatchMemoryManager`; the
+//! released update is the same). Each step is one `PoissonSampled { q, Gaussian { σ } }` event
+//! under add/remove-one neighbours; the ledger records the steps that ran. Sampling, the
+//! examples' (t, ε) and the noise come from the OS-keyed ChaCha20 CSPRNG
+//! ([`super::dp::secret_rng`]) unless `--seed` is given.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use rand::{Rng, SeedableRng, TryRngCore};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use super::checkpoint::{DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
+use super::data::{indices_sha256, sha256_file, sha256_hex, Part};
+use super::diffusers::{read_weights, unet_dir, WEIGHTS};
+use super::images::ImageSet;
+use super::scheduler::SchedulerConfig;
+use super::train::{noisy, normals};
+use super::unet2d::Unet2dConfig;
+use super::unet2d_train::{clip_and_sum, TrainUnet};
+use super::{Schedule, SplitManifest};
+use crate::error::{Error, Result};
+use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
+use crate::report::export::fmt_num;
+use crate::report::{self, num, Conclusion, Report};
+
+/// The dpaudit card beside the diffusers files.
+pub const CARD: &str = "dpaudit-card.toml";
+/// The DP ledger beside the diffusers files (an event file `account --event` reads).
+pub const LEDGER: &str = "dpaudit-ledger.toml";
+/// The training record `mia` checks the split against.
+pub const TRAINING: &str = "training.json";
+/// The scheduler config written beside the UNet.
+pub const SCHEDULER: &str = "scheduler_config.json";
+
+/// Named architectures: (name, config.json text, description).
+pub const PRESETS: &[(&str, &str, &str)] = &[
+    (
+        "tiny",
+        TINY,
+        "28×28×1, blocks [8, 16], attention in the second block and the mid block (CI size)",
+    ),
+    (
+        "mnist-ddpm",
+        MNIST_DDPM,
+        "28×28×1, blocks [16, 32]: the architecture of models/mnist-ddpm (176k parameters)",
+    ),
+];
+
+const TINY: &str = r#"{
+  "_class_name": "UNet2DModel",
+  "_diffusers_version": "0.42.1",
+  "act_fn": "silu",
+  "add_attention": true,
+  "attention_head_dim": 4,
+  "attn_norm_num_groups": null,
+  "block_out_channels": [8, 16],
+  "center_input_sample": false,
+  "class_embed_type": null,
+  "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
+  "downsample_padding": 1,
+  "downsample_type": "conv",
+  "dropout": 0.0,
+  "flip_sin_to_cos": true,
+  "freq_shift": 0,
+  "in_channels": 1,
+  "layers_per_block": 1,
+  "mid_block_scale_factor": 1,
+  "mid_block_type": "UNetMidBlock2D",
+  "norm_eps": 1e-05,
+  "norm_num_groups": 4,
+  "num_class_embeds": null,
+  "num_train_timesteps": null,
+  "out_channels": 1,
+  "resnet_time_scale_shift": "default",
+  "sample_size": 28,
+  "time_embedding_dim": null,
+  "time_embedding_type": "positional",
+  "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
+  "upsample_type": "conv"
+}
+"#;
+
+const MNIST_DDPM: &str = r#"{
+  "_class_name": "UNet2DModel",
+  "_diffusers_version": "0.42.1",
+  "act_fn": "silu",
+  "add_attention": true,
+  "attention_head_dim": 8,
+  "attn_norm_num_groups": null,
+  "block_out_channels": [16, 32],
+  "center_input_sample": false,
+  "class_embed_type": null,
+  "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
+  "downsample_padding": 1,
+  "downsample_type": "conv",
+  "dropout": 0.0,
+  "flip_sin_to_cos": true,
+  "freq_shift": 0,
+  "in_channels": 1,
+  "layers_per_block": 1,
+  "mid_block_scale_factor": 1,
+  "mid_block_type": "UNetMidBlock2D",
+  "norm_eps": 1e-05,
+  "norm_num_groups": 8,
+  "num_class_embeds": null,
+  "num_train_timesteps": null,
+  "out_channels": 1,
+  "resnet_time_scale_shift": "default",
+  "sample_size": 28,
+  "time_embedding_dim": null,
+  "time_embedding_type": "positional",
+  "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
+  "upsample_type": "conv"
+}
+"#;
+
+/// The config.json text of a preset name, or of the file at that path.
+pub fn config_text(spec: &str) -> Result<(String, String)> {
+    if let Some((name, text, _)) = PRESETS.iter().find(|(n, _, _)| *n == spec) {
+        return Ok((text.to_string(), format!("preset `{name}`")));
+    }
+    let p = Path::new(spec);
+    let p = if p.is_dir() {
+        p.join("config.json")
+    } else {
+        p.to_path_buf()
+    };
+    if !p.is_file() {
+        let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+        return Err(Error::field(
+            "--unet",
+            format!(
+                "`{spec}` is neither a preset ({}) nor a config.json file",
+                names.join(", ")
+            ),
+        ));
+    }
+    Ok((crate::input::read_to_string(&p)?, p.display().to_string()))
+}
+
+/// A diffusers `DDPMScheduler` config for the linear β schedule (T, β₁, β_T), ε-prediction.
+pub fn scheduler_json(timesteps: usize, beta_start: f64, beta_end: f64) -> String {
+    let v = serde_json::json!({
+        "_class_name": "DDPMScheduler",
+        "_diffusers_version": "0.42.1",
+        "beta_end": beta_end,
+        "beta_schedule": "linear",
+        "beta_start": beta_start,
+        "clip_sample": true,
+        "clip_sample_range": 1.0,
+        "num_train_timesteps": timesteps,
+        "prediction_type": "epsilon",
+        "steps_offset": 0,
+        "thresholding": false,
+        "timestep_spacing": "leading",
+        "trained_betas": null,
+        "variance_type": "fixed_small"
+    });
+    serde_json::to_string_pretty(&v).expect("plain JSON") + "\n"
+}
+
+/// The card of a trained diffusers folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnetCard {
+    /// Card schema.
+    pub schema_version: u32,
+    /// `diffusers UNet2DModel`.
+    pub format: String,
+    /// One-line architecture.
+    pub architecture: String,
+    /// Where the config came from (a preset or a file).
+    pub config_source: String,
+    /// SHA-256 of `config.json`.
+    pub config_sha256: String,
+    /// SHA-256 of the weights file.
+    pub weights_sha256: String,
+    /// SHA-256 of `scheduler_config.json`.
+    pub scheduler_sha256: String,
+    /// Trainable parameters.
+    pub parameters: usize,
+    /// Diffusion steps T.
+    pub timesteps: usize,
+    /// β₁.
+    pub beta_start: f64,
+    /// β_T.
+    pub beta_end: f64,
+    /// Data and split.
+    pub data: DataInfo,
+    /// How it was trained.
+    pub training: TrainingInfo,
+    /// DP-SGD settings and the ε spent (DP runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp: Option<DpInfo>,
+}
+
+impl UnetCard {
+    /// Reads the card of a folder (None when the folder has none).
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        let p = dir.join(CARD);
+        if !p.is_file() {
+            return Ok(None);
+        }
+        let text = crate::input::read_to_string(&p)?;
+        toml::from_str(&text)
+            .map(Some)
+            .map_err(|e| Error::input(format!("not a dpaudit card: {}", e.message())).with_file(&p))
+    }
+}
+
+/// DP-SGD settings.
+#[derive(Debug, Clone, Copy)]
+pub struct UnetDpPlan {
+    /// σ.
+    pub noise_multiplier: f64,
+    /// C.
+    pub clip: f64,
+    /// q.
+    pub sample_rate: f64,
+    /// δ of the ε the card records.
+    pub delta: f64,
+    /// One backward pass per sample instead of the batched pass (the reference; slow).
+    pub per_sample_loop: bool,
+}
+
+/// Everything a `train --unet` run needs.
+#[derive(Debug, Clone)]
+pub struct UnetTrainPlan {
+    /// Image data (MNIST `.u8.gz`, `.npy`, PNG folder).
+    pub data: PathBuf,
+    /// Split manifest.
+    pub split: PathBuf,
+    /// Part trained on (the private rows).
+    pub on: Part,
+    /// `--unet`: a preset name or a config.json path (ignored with `init`: its config wins).
+    pub unet: String,
+    /// Start from this diffusers folder's weights.
+    pub init: Option<PathBuf>,
+    /// Output folder.
+    pub out: PathBuf,
+    /// T.
+    pub timesteps: usize,
+    /// β₁.
+    pub beta_start: f64,
+    /// β_T.
+    pub beta_end: f64,
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Batch size (non-DP); rows per per-sample-gradient chunk (DP).
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub lr: f64,
+    /// EMA decay.
+    pub ema: f64,
+    /// Lowest step trained.
+    pub t_min: usize,
+    /// Highest step trained (default T − 1).
+    pub t_max: Option<usize>,
+    /// `--seed` (None: the OS CSPRNG).
+    pub seed: Option<u64>,
+    /// DP-SGD.
+    pub dp: Option<UnetDpPlan>,
+    /// The command line recorded in the card.
+    pub command: String,
+    /// No progress bar.
+    pub quiet: bool,
+    /// Replace an earlier run's files.
+    pub force: bool,
+}
+
+/// What a run wrote and spent.
+#[derive(Debug, Clone)]
+pub struct UnetTrainOutcome {
+    /// The output folder.
+    pub dir: PathBuf,
+    /// The card.
+    pub card: UnetCard,
+    /// The whole ledger (DP runs).
+    pub event: Option<DpEvent>,
+    /// Lines for the user (stdout).
+    pub lines: Vec<String>,
+}
+
+/// The files a run writes into its folder.
+pub fn output_files(dp: bool) -> Vec<&'static str> {
+    let mut v = vec!["config.json", WEIGHTS, SCHEDULER, CARD, TRAINING];
+    if dp {
+        v.push(LEDGER);
+    }
+    v
+}
+
+/// Exponential moving average of the parameters, as [`super::train::Ema`]: updated every 10
+/// steps with decay d¹⁰ and warm-up min(d, (1 + n)/(10 + n)).
+struct Ema {
+    decay: f64,
+    shadow: Vec<Tensor>,
+    step: usize,
+}
+
+impl Ema {
+    const EVERY: usize = 10;
+    fn new(m: &TrainUnet, decay: f64) -> Result<Self> {
+        let shadow = m
+            .vars()
+            .iter()
+            .map(|v| v.as_tensor().copy())
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Ema { decay, shadow, step: 0 })
+    }
+    fn update(&mut self, m: &TrainUnet) -> Result<()> {
+        self.step += 1;
+        if self.decay == 0.0 || !self.step.is_multiple_of(Self::EVERY) {
+            return Ok(());
+        }
+        self.fold(m, Self::EVERY)
+    }
+    /// Folds the current weights in for the last `k` steps.
+    fn fold(&mut self, m: &TrainUnet, k: usize) -> Result<()> {
+        let n = self.step as f64;
+        let d = self.decay.min((1.0 + n) / (10.0 + n)).powi(k as i32);
+        for (s, v) in self.shadow.iter_mut().zip(m.vars()) {
+            *s = ((&*s * d)? + (v.as_tensor().detach() * (1.0 - d))?)?;
+        }
+        Ok(())
+    }
+    /// Writes the average into the model, first folding in the steps since the last update
+    /// (a run shorter than 10 steps would otherwise release its initial weights).
+    fn apply(&mut self, m: &TrainUnet) -> Result<()> {
+        if self.decay == 0.0 {
+            return Ok(());
+        }
+        let pending = self.step % Self::EVERY;
+        if pending > 0 {
+            self.fold(m, pending)?;
+        }
+        for (s, v) in self.shadow.iter().zip(m.vars()) {
+            v.set(s)?;
+        }
+        Ok(())
+    }
+}
+
+/// Mean denoising loss on `rows` with one fixed (t, ε) draw per row from `seed`.
+fn eval_loss(
+    m: &TrainUnet,
+    schedule: &Schedule,
+    rows: &[f32],
+    shape: [usize; 3],
+    t_range: (usize, usize),
+    seed: u64,
+) -> Result<f64> {
+    let d: usize = shape.iter().product();
+    let n = rows.len() / d;
+    if n == 0 {
+        return Ok(f64::NAN);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xe7a1);
+    let t: Vec<usize> = (0..n).map(|_| rng.random_range(t_range.0..=t_range.1)).collect();
+    let eps = normals(&mut rng, n * d);
+    let xt = noisy(schedule, rows, &t, &eps);
+    let mut total = 0.0;
+    for s in (0..n).step_by(32) {
+        let k = 32.min(n - s);
+        let x = Tensor::from_slice(&xt[s * d..(s + k) * d], (k, shape[0], shape[1], shape[2]), m.device())?;
+        let e = Tensor::from_slice(&eps[s * d..(s + k) * d], (k, shape[0], shape[1], shape[2]), m.device())?;
+        let tf: Vec<f64> = t[s..s + k].iter().map(|&v| v as f64).collect();
+        let l: Vec<f32> = m.per_sample_loss(&x, &tf, &e)?.detach().to_vec1()?;
+        total += l.iter().map(|&v| v as f64).sum::<f64>();
+    }
+    Ok(total / n as f64)
+}
+
+fn check_plan(plan: &UnetTrainPlan, t_len: usize) -> Result<usize> {
+    if plan.steps == 0 {
+        return Err(Error::field("--steps", "must be ≥ 1"));
+    }
+    if plan.batch_size == 0 {
+        return Err(Error::field("--batch-size", "must be ≥ 1"));
+    }
+    crate::limits::check_count("--batch-size", plan.batch_size as u64, crate::limits::BATCH_ROW)?;
+    if !(plan.lr > 0.0 && plan.lr.is_finite()) {
+        return Err(Error::field("--lr", format!("must be > 0, got {}", plan.lr)));
+    }
+    if !(0.0..1.0).contains(&plan.ema) {
+        return Err(Error::field("--ema", format!("must be in [0, 1), got {}", plan.ema)));
+    }
+    let t_max = plan.t_max.unwrap_or(t_len - 1);
+    if plan.t_min > t_max || t_max >= t_len {
+        return Err(Error::field(
+            "--t-max",
+            format!("need t_min ≤ t_max < T = {t_len}, got {}..={t_max}", plan.t_min),
+        ));
+    }
+    if let Some(d) = &plan.dp {
+        if !(d.noise_multiplier > 0.0 && d.noise_multiplier.is_finite()) {
+            return Err(Error::field("--noise-multiplier", "must be a finite number > 0"));
+        }
+        if !(d.clip > 0.0 && d.clip.is_finite()) {
+            return Err(Error::field("--clip", "must be a finite number > 0"));
+        }
+        if !(d.sample_rate > 0.0 && d.sample_rate <= 1.0) {
+            return Err(Error::field("--sample-rate", "must be in (0, 1]"));
+        }
+        if !(d.delta > 0.0 && d.delta < 1.0) {
+            return Err(Error::field("--delta", "must be in (0, 1)"));
+        }
+    }
+    Ok(t_max)
+}
+
+/// The tightest sound ε of `event` at `delta` with its accountant, as the 8×8 `train` states it.
+fn epsilon_of(event: &DpEvent, delta: f64) -> Option<(f64, String)> {
+    let (gs, _) = crate::attacks::theory::guarantees(event, delta);
+    let best = crate::attacks::theory::tightest(&gs, |g| g.epsilon)?;
+    let kind = gs
+        .iter()
+        .find(|g| g.source == best.1)
+        .map(|g| g.kind.as_str())
+        .unwrap_or("");
+    Some((best.0, format!("{} ({kind})", best.1)))
+}
+
+/// Runs the plan on `device` (described as `device_name` in the card).
+pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<UnetTrainOutcome> {
+    let images = ImageSet::load(&plan.data)?;
+    let split = SplitManifest::load(&plan.split)?;
+    images.check_split(&split, &plan.split)?;
+    let sched_text = scheduler_json(plan.timesteps, plan.beta_start, plan.beta_end);
+    let sched_cfg =
+        SchedulerConfig::parse(&sched_text, Path::new(SCHEDULER)).map_err(|e| e.with_field("--timesteps"))?;
+    let schedule = sched_cfg.schedule(Path::new(SCHEDULER))?;
+    let t_max = check_plan(plan, schedule.len())?;
+    let public_seed = plan
+        .seed
+        .unwrap_or_else(|| rand::rngs::OsRng.try_next_u64().unwrap_or(0));
+    // The model: the init folder's config and weights, or the preset / config file, initialised.
+    let mut init_ledger: Option<(DpEvent, PathBuf)> = None;
+    let (config_text, config_source, model) = match &plan.init {
+        Some(dir) => {
+            let udir = unet_dir(dir).ok_or_else(|| {
+                Error::field(
+                    "--init",
+                    format!("{} is not a diffusers folder (no config.json)", dir.display()),
+                )
+            })?;
+            let cpath = udir.join("config.json");
+            let text = crate::input::read_to_string(&cpath)?;
+            let config = Unet2dConfig::parse(&text, &cpath)?;
+            let wpath = udir.join(WEIGHTS);
+            let (tensors, _, _) = read_weights(&wpath, device)?;
+            let m = TrainUnet::from_tensors(&config, tensors, &wpath, device)?;
+            let lpath = udir.join(LEDGER);
+            if lpath.is_file() {
+                let f = EventFile::load(&lpath)?;
+                if f.neighbouring != Neighbouring::AddRemove {
+                    return Err(Error::field(
+                        "--init",
+                        format!("{} accounts under a different neighbouring relation", lpath.display()),
+                    ));
+                }
+                init_ledger = Some((f.event, lpath));
+            } else if plan.dp.is_some() {
+                return Err(Error::field(
+                    "--init",
+                    format!(
+                        "{} has no {LEDGER}: whatever it was trained on cannot be composed into this run's ledger. Start without --init, or from a folder dpaudit trained (with its ledger)",
+                        udir.display()
+                    ),
+                ));
+            }
+            (text, format!("--init {}", udir.display()), m)
+        }
+        None => {
+            let (text, source) = config_text(&plan.unet)?;
+            let path = PathBuf::from(if source.starts_with("preset") {
+                "config.json"
+            } else {
+                &source
+            });
+            let config = Unet2dConfig::parse(&text, &path)?;
+            let m = TrainUnet::random(&config, public_seed, device)?;
+            (text, source, m)
+        }
+    };
+    let config = model.config.clone();
+    let [c, h, w] = images.shape;
+    if c != config.in_channels || config.out_channels != c {
+        return Err(Error::input(format!(
+            "images have {c} channels; the UNet maps {} to {} channels",
+            config.in_channels, config.out_channels
+        ))
+        .with_file(&plan.data));
+    }
+    let f = 1usize << config.downsamplings();
+    if h % f != 0 || w % f != 0 {
+        return Err(Error::input(format!(
+            "images of {h}×{w} are not divisible by {f} (the UNet downsamples {} times)",
+            config.downsamplings()
+        ))
+        .with_file(&plan.data));
+    }
+    let dim = c * h * w;
+    let private_ix = split.part(plan.on).to_vec();
+    if private_ix.is_empty() {
+        return Err(Error::input(format!("the split has no {:?} rows", plan.on)).with_file(&plan.split));
+    }
+    let x0 = images.rows(&private_ix);
+    let n = private_ix.len();
+    let public_rows: Vec<f32> = images.rows(&split.public.iter().take(64).copied().collect::<Vec<_>>());
+    // DP runs publish no loss on the private rows (it would be released without noise).
+    let (eval_rows, eval_on) = if plan.dp.is_some() {
+        (
+            public_rows,
+            "public rows (a loss on the private rows would be released without noise)",
+        )
+    } else {
+        (x0[..dim * n.min(64)].to_vec(), "training rows")
+    };
+    let eval_seed = plan.seed.unwrap_or(0);
+    let before = eval_loss(
+        &model,
+        &schedule,
+        &eval_rows,
+        images.shape,
+        (plan.t_min, t_max),
+        eval_seed,
+    )?;
+    eprintln!(
+        "model: {}, {} parameters; training on {n} {} rows of {}",
+        config.describe(),
+        model.parameters(),
+        format!("{:?}", plan.on).to_lowercase(),
+        plan.data.display()
+    );
+    let vars = model.vars();
+    let names = model.names();
+    let mut opt = AdamW::new(
+        vars.clone(),
+        ParamsAdamW {
+            lr: plan.lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+    )?;
+    let mut ema = Ema::new(&model, plan.ema)?;
+    let bar = crate::report::progress::bar(
+        plan.steps as u64,
+        plan.quiet,
+        if plan.dp.is_some() { "dp-sgd" } else { "train" },
+    );
+    let shape4 = |k: usize| (k, c, h, w);
+    let mut ledger = EventBuilder::new();
+    let mut total_batch = 0usize;
+    match &plan.dp {
+        Some(d) => {
+            let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0x5a3b));
+            let mut noise_rng = super::dp::secret_rng(plan.seed);
+            let step_event = if d.sample_rate >= 1.0 {
+                DpEvent::gaussian(d.noise_multiplier)
+            } else {
+                DpEvent::poisson(d.sample_rate, DpEvent::gaussian(d.noise_multiplier))
+            };
+            let expected = d.sample_rate * n as f64;
+            for _ in 0..plan.steps {
+                // Poisson sampling.
+                let rows: Vec<usize> = (0..n).filter(|_| rng.random::<f64>() < d.sample_rate).collect();
+                let m = rows.len();
+                total_batch += m;
+                let mut xb = Vec::with_capacity(m * dim);
+                for &i in &rows {
+                    xb.extend_from_slice(&x0[i * dim..(i + 1) * dim]);
+                }
+                let t: Vec<usize> = (0..m).map(|_| rng.random_range(plan.t_min..=t_max)).collect();
+                let eps = normals(&mut rng, m * dim);
+                let xt = noisy(&schedule, &xb, &t, &eps);
+                // Per-sample gradients and clipping, chunk by chunk.
+                let mut sum: HashMap<String, Tensor> = HashMap::with_capacity(vars.len());
+                for (name, v) in names.iter().zip(&vars) {
+                    sum.insert(name.clone(), v.as_tensor().zeros_like()?);
+                }
+                for s in (0..m).step_by(plan.batch_size) {
+                    let k = plan.batch_size.min(m - s);
+                    let x = Tensor::from_slice(&xt[s * dim..(s + k) * dim], shape4(k), device)?;
+                    let e = Tensor::from_slice(&eps[s * dim..(s + k) * dim], shape4(k), device)?;
+                    let tf: Vec<f64> = t[s..s + k].iter().map(|&v| v as f64).collect();
+                    let g = if d.per_sample_loop {
+                        model.per_sample_grads_loop(&x, &tf, &e)?
+                    } else {
+                        model.per_sample_grads(&x, &tf, &e)?
+                    };
+                    let (part, _) = clip_and_sum(&g, d.clip)?;
+                    for (name, p) in part {
+                        let acc = sum
+                            .remove(&name)
+                            .ok_or_else(|| Error::model(format!("no sum for `{name}`")))?;
+                        sum.insert(name, (acc + p)?);
+                    }
+                }
+                // Gaussian noise σC on the sum, ÷ q·n, Adam.
+                let mut released = super::dp::release(&sum, d.noise_multiplier * d.clip, expected, &mut noise_rng)?;
+                let mut store = GradStore::default();
+                for (name, v) in names.iter().zip(&vars) {
+                    let g = released
+                        .remove(name)
+                        .ok_or_else(|| Error::model(format!("no gradient for `{name}`")))?;
+                    store.insert(v.as_tensor(), g);
+                }
+                opt.step(&store)?;
+                ema.update(&model)?;
+                ledger.push(step_event.clone());
+                bar.inc(1);
+            }
+        }
+        None => {
+            let mut rng = ChaCha8Rng::seed_from_u64(public_seed ^ 0x7a11);
+            let b = plan.batch_size;
+            for _ in 0..plan.steps {
+                let idx: Vec<usize> = (0..b).map(|_| rng.random_range(0..n)).collect();
+                let mut xb = Vec::with_capacity(b * dim);
+                for &i in &idx {
+                    xb.extend_from_slice(&x0[i * dim..(i + 1) * dim]);
+                }
+                let t: Vec<usize> = (0..b).map(|_| rng.random_range(plan.t_min..=t_max)).collect();
+                let eps = normals(&mut rng, b * dim);
+                let xt = noisy(&schedule, &xb, &t, &eps);
+                let x = Tensor::from_vec(xt, shape4(b), device)?;
+                let e = Tensor::from_vec(eps, shape4(b), device)?;
+                let tf: Vec<f64> = t.iter().map(|&v| v as f64).collect();
+                let loss = model.per_sample_loss(&x, &tf, &e)?.mean_all()?;
+                opt.step(&loss.backward()?)?;
+                ema.update(&model)?;
+                total_batch += b;
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    ema.apply(&model)?;
+    let after = eval_loss(
+        &model,
+        &schedule,
+        &eval_rows,
+        images.shape,
+        (plan.t_min, t_max),
+        eval_seed,
+    )?;
+    let mut lines = Vec::new();
+    // The whole ledger: the init's, then this run's.
+    let event = plan.dp.as_ref().map(|_| {
+        let ev = ledger.build();
+        match &init_ledger {
+            Some((prev, _)) => DpEvent::Composed {
+                events: vec![prev.clone(), ev],
+            },
+            None => ev,
+        }
+    });
+    let randomness = if plan.seed.is_some() {
+        RANDOMNESS_SEEDED
+    } else {
+        RANDOMNESS_OS
+    };
+    let weights = model.safetensors_bytes()?;
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut dp_info = None;
+    if let (Some(d), Some(ev)) = (&plan.dp, &event) {
+        let eps = epsilon_of(ev, d.delta);
+        let text = super::dp::ledger_toml(
+            ev,
+            d.delta,
+            &format!(
+                "DpEvent that ran in `{}`{}\n(DP-SGD as Opacus runs it: Poisson sampling q = {}, per-sample clipping C = {}, Gaussian noise σ·C with σ = {}, add/remove-one neighbours)\nrandomness: {randomness}\n{}",
+                plan.command,
+                init_ledger
+                    .as_ref()
+                    .map(|(_, p)| format!(", after the ledger of --init ({})", p.display()))
+                    .unwrap_or_default(),
+                d.sample_rate,
+                d.clip,
+                d.noise_multiplier,
+                crate::report::output::released_line(WEIGHTS, &weights)
+            ),
+        )?;
+        lines.push(match &eps {
+            Some((e, acc)) => format!(
+                "ε spent: {} at δ = {} ({acc}; the whole ledger{})",
+                fmt_num(*e),
+                fmt_num(d.delta),
+                if init_ledger.is_some() {
+                    ", composed with the --init ledger"
+                } else {
+                    ""
+                }
+            ),
+            None => "ε spent: no sound accountant supports this ledger".to_string(),
+        });
+        eprintln!(
+            "mean Poisson batch: {:.1} (expected {:.1})",
+            total_batch as f64 / plan.steps as f64,
+            d.sample_rate * n as f64
+        );
+        dp_info = Some(DpInfo {
+            noise_multiplier: d.noise_multiplier,
+            clip: d.clip,
+            sample_rate: d.sample_rate,
+            steps: plan.steps as u64,
+            delta: d.delta,
+            per_sample: if d.per_sample_loop { "loop" } else { "batched" }.into(),
+            ledger: LEDGER.into(),
+            epsilon: eps.as_ref().map(|e| e.0),
+            epsilon_accountant: eps.as_ref().map(|e| e.1.clone()),
+            init_ledger: init_ledger.as_ref().map(|(_, p)| p.display().to_string()),
+            rapid: None,
+            ledger_sha256: Some(sha256_hex(text.as_bytes())),
+        });
+        files.push((LEDGER.into(), text.into_bytes()));
+    }
+    let config_bytes = config_text.into_bytes();
+    let card = UnetCard {
+        schema_version: 1,
+        format: "diffusers UNet2DModel".into(),
+        architecture: config.describe(),
+        config_source,
+        config_sha256: sha256_hex(&config_bytes),
+        weights_sha256: sha256_hex(&weights),
+        scheduler_sha256: sha256_hex(sched_text.as_bytes()),
+        parameters: model.parameters(),
+        timesteps: plan.timesteps,
+        beta_start: plan.beta_start,
+        beta_end: plan.beta_end,
+        data: DataInfo {
+            file: plan.data.display().to_string(),
+            sha256: images.sha256.clone(),
+            split: plan.split.display().to_string(),
+            split_sha256: sha256_file(&plan.split)?,
+            trained_on: plan.on,
+            rows_sha256: indices_sha256(&private_ix),
+            rows: n,
+        },
+        training: TrainingInfo {
+            seed: plan.seed,
+            randomness: randomness.to_string(),
+            steps: plan.steps,
+            batch_size: match &plan.dp {
+                Some(d) => (d.sample_rate * n as f64).round() as usize,
+                None => plan.batch_size,
+            },
+            lr: plan.lr,
+            ema_decay: plan.ema,
+            t_min: plan.t_min,
+            t_max,
+            device: device_name.to_string(),
+            command: plan.command.clone(),
+            eval_loss_before: Some(before),
+            eval_loss_after: Some(after),
+            eval_on: Some(eval_on.to_string()),
+            init: plan.init.as_ref().map(|p| p.display().to_string()),
+        },
+        dp: dp_info,
+    };
+    let record = serde_json::json!({
+        "trained_on": format!("{:?}", plan.on).to_lowercase(),
+        "split": plan.split.display().to_string(),
+        "members_sha256": indices_sha256(&private_ix),
+        "data_sha256": images.sha256,
+        "rows": n,
+        "steps": plan.steps,
+        "command": plan.command,
+        "dp": card.dp.as_ref().map(|d| serde_json::json!({
+            "noise_multiplier": d.noise_multiplier, "clip": d.clip, "sample_rate": d.sample_rate,
+            "steps": d.steps, "ledger": LEDGER })),
+    });
+    files.push(("config.json".into(), config_bytes));
+    files.push((WEIGHTS.into(), weights));
+    files.push((SCHEDULER.into(), sched_text.into_bytes()));
+    let card_text = format!(
+        "# dpaudit card of a diffusers UNet2DModel folder: architecture, data/split hashes, training settings, the command, for DP runs the ε spent.\n{}",
+        toml::to_string(&card).map_err(|e| Error::input(e.to_string()))?
+    );
+    files.push((CARD.into(), card_text.into_bytes()));
+    files.push((
+        TRAINING.into(),
+        (serde_json::to_string_pretty(&record).map_err(|e| Error::input(e.to_string()))? + "\n").into_bytes(),
+    ));
+    std::fs::create_dir_all(&plan.out).map_err(|e| Error::io(&plan.out, &e))?;
+    crate::report::output::commit_set(&plan.out, None, &files, plan.force)?;
+    lines.push(format!(
+        "denoising loss on the {eval_on} (fixed evaluation draws): {before:.4} -> {after:.4}"
+    ));
+    if plan.seed.is_some() {
+        lines.push(format!("training randomness: {RANDOMNESS_SEEDED}"));
+    }
+    let names_written: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    lines.push(format!("wrote {} ({})", plan.out.display(), names_written.join(", ")));
+    if let (Some(d), Some(ev)) = (&plan.dp, &event) {
+        let p = plan.out.join(LEDGER);
+        lines.push(format!(
+            "account the ledger with: dpaudit account --event {} --delta {}",
+            p.display(),
+            d.delta
+        ));
+        lines.push(ev.ledger());
+    }
+    Ok(UnetTrainOutcome {
+        dir: plan.out.clone(),
+        card,
+        event,
+        lines,
+    })
+}
+
+/// The shared report of a `train --unet` run.
+pub fn report(o: &UnetTrainOutcome) -> Result<Report> {
+    let card = &o.card;
+    let mut r = Report::new(format!("Training: {}", o.dir.display()), report::command_line()).for_command("train");
+    r.seed = card.training.seed;
+    r.add_input("card", &o.dir.join(CARD))?;
+    r.fact("architecture", card.architecture.clone())
+        .fact("parameters", card.parameters.to_string())
+        .fact("trained on", format!("{} rows of {}", card.data.rows, card.data.file))
+        .fact("optimiser steps", card.training.steps.to_string())
+        .fact("learning rate", num::fmt(card.training.lr))
+        .fact("device", card.training.device.clone())
+        .fact("randomness", card.training.randomness.clone());
+    if let (Some(b), Some(a)) = (card.training.eval_loss_before, card.training.eval_loss_after) {
+        let on = card.training.eval_on.clone().unwrap_or_default();
+        r.fact(format!("denoising loss before ({on})"), fmt_num(b))
+            .fact(format!("denoising loss after ({on})"), fmt_num(a));
+    }
+    let guarantee = match (&card.dp, &o.event) {
+        (Some(dp), Some(ev)) => {
+            r.event = Some(ev.clone());
+            r.delta = Some(dp.delta);
+            r.assumptions.neighbouring = Some(Neighbouring::AddRemove);
+            r.assumptions.sampling = Some(format!("Poisson, q = {}", num::fmt(dp.sample_rate)));
+            r.fact("noise multiplier σ", num::fmt(dp.noise_multiplier))
+                .fact("clip norm C", num::fmt(dp.clip))
+                .fact("ledger", o.dir.join(LEDGER).display().to_string());
+            let spent = match (dp.epsilon, &dp.epsilon_accountant) {
+                (Some(e), Some(acc)) => format!(
+                    "ε = {} at δ = {} ({acc}, upper bound); ",
+                    num::fmt(e),
+                    num::fmt(dp.delta)
+                ),
+                _ => String::new(),
+            };
+            format!(
+                "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event.",
+                num::fmt(dp.noise_multiplier),
+                num::fmt(dp.clip),
+                num::fmt(dp.sample_rate),
+                dp.steps,
+                o.dir.join(LEDGER).display()
+            )
+        }
+        _ => "None: trained without differential privacy.".into(),
+    };
+    r.conclusion = Some(Conclusion {
+        audited: format!(
+            "A diffusers UNet2DModel trained on {} rows ({}), written to `{}`.",
+            card.data.rows,
+            card.data.file,
+            o.dir.display()
+        ),
+        guarantee,
+        verdict: "No budget or claim was checked; attack the folder with `dpaudit mia`.".into(),
+        estimates: "The losses are measurements on fixed evaluation draws, not privacy numbers.".into(),
+    });
+    Ok(r)
+}

@@ -1,0 +1,331 @@
+//! DP-SGD training of diffusers UNets (`train --unet`) and guarantees for diffusers checkpoints
+//! (`mia` with the folder's own ledger, `--ledger FILE`, or Opacus-style flags), through the
+//! real binary.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Instant;
+
+use dpaudit::events::{DpEvent, EventFile};
+
+use super::common::{dpaudit, mnist_mia, stderr, stdout};
+
+const MNIST: &str = "fixtures/data/mnist/mnist-10k.u8.gz";
+const MNIST_SPLIT: &str = "fixtures/splits/mnist.toml";
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn mia_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("mia.json")).unwrap()).unwrap()
+}
+
+/// `mia` with the loss attack at t = 50 on 16 members and 16 non-members, into `out`.
+fn quick_mia(checkpoint: &str, out: &Path, extra: &[&str]) -> Output {
+    let mut a = vec![
+        "mia",
+        "--checkpoint",
+        checkpoint,
+        "--data",
+        MNIST,
+        "--split",
+        MNIST_SPLIT,
+        "--attack",
+        "loss",
+        "--timesteps",
+        "50",
+        "--max-examples",
+        "16",
+        "--bootstrap",
+        "50",
+        "--out",
+        s(out),
+        "--quiet",
+    ];
+    a.extend_from_slice(extra);
+    dpaudit(&a)
+}
+
+/// CPU seconds (user + system) of this process's finished children (`/proc/self/stat` fields 16
+/// and 17, in 1/100 s). Children of tests running in parallel count too: an over-estimate.
+fn children_cpu_s() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let f: Vec<&str> = s[s.rfind(')').unwrap() + 2..].split_whitespace().collect();
+    (f[13].parse::<f64>().unwrap() + f[14].parse::<f64>().unwrap()) / 100.0
+}
+
+/// Every attack is compared with a finite limit from `source`, and nothing is a violation.
+fn assert_finite_limits(v: &serde_json::Value, source: &str) {
+    let basis = &v["checkpoint_basis"];
+    assert!(
+        basis["source"].as_str().unwrap().contains(source),
+        "{}",
+        basis["source"]
+    );
+    let gs = basis["guarantees"].as_array().unwrap();
+    assert!(!gs.is_empty(), "no sound guarantee: {basis}");
+    for g in gs {
+        let e = g["epsilon"].as_f64().unwrap();
+        assert!(e.is_finite() && e > 0.0, "{g}");
+    }
+    let cs = v["comparisons"].as_array().unwrap();
+    assert!(!cs.is_empty());
+    for c in cs {
+        let lim = c["limit"].as_f64().unwrap_or(f64::NAN);
+        assert!(lim.is_finite() && lim > 0.5 && lim <= 1.0, "{c}");
+        assert_eq!(c["violation"], false, "{c}");
+    }
+    for r in v["results"].as_array().unwrap() {
+        let asr = r["limits"]["asr"].as_f64().unwrap();
+        assert!(asr.is_finite() && asr <= 1.0, "{r}");
+    }
+}
+
+/// A tiny DP UNet trains through the binary in under a minute into a folder the diffusers
+/// loader reads; its ledger is the event that ran; `mia` on it compares every attack with that
+/// ledger's finite limit and reports no violation; `--init` resumes from it, composing the
+/// ledgers; stating another mechanism for a folder with its own ledger is refused.
+#[test]
+fn a_tiny_dp_unet_trains_in_under_a_minute_and_mia_uses_its_ledger() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dp-tiny");
+    let (start, cpu0) = (Instant::now(), children_cpu_s());
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--dp",
+        "--noise-multiplier",
+        "1.0",
+        "--clip",
+        "1",
+        "--sample-rate",
+        "0.1",
+        "--steps",
+        "6",
+        "--batch-size",
+        "16",
+        "--lr",
+        "2e-3",
+        "--seed",
+        "3",
+        "--out",
+        s(&out),
+        "--quiet",
+    ]);
+    let (secs, cpu) = (start.elapsed().as_secs_f64(), children_cpu_s() - cpu0);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    eprintln!("tiny DP UNet: 6 DP-SGD steps in {cpu:.1} CPU s ({secs:.1} s wall)");
+    // CPU time: wall time depends on whatever else the machine runs.
+    assert!(cpu < 60.0, "training took {cpu:.1} CPU s");
+    for f in [
+        "config.json",
+        "diffusion_pytorch_model.safetensors",
+        "scheduler_config.json",
+        "dpaudit-card.toml",
+        "dpaudit-ledger.toml",
+        "training.json",
+    ] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    let ledger = EventFile::load(&out.join("dpaudit-ledger.toml")).unwrap();
+    assert_eq!(ledger.event, DpEvent::dpsgd(1.0, 0.1, 6));
+    assert_eq!(ledger.delta, Some(1e-5));
+    assert!(stdout(&o).contains("ε spent:"), "{}", stdout(&o));
+    let card = std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap();
+    assert!(card.contains("per_sample = \"batched\""), "{card}");
+    assert!(card.contains("epsilon = "), "{card}");
+    let info = dpaudit(&["model", "info", s(&out)]);
+    assert_eq!(info.status.code(), Some(0), "{}", stderr(&info));
+    assert!(stdout(&info).contains("DDPMScheduler"), "{}", stdout(&info));
+
+    let m = tmp.path().join("mia");
+    let o = quick_mia(s(&out), &m, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = mia_json(&m);
+    assert_finite_limits(&v, "dpaudit-ledger.toml");
+    assert_eq!(v["target"]["dp"]["noise_multiplier"], 1.0);
+    let text = std::fs::read_to_string(m.join("report.md")).unwrap_or_default();
+    assert!(!text.contains("no theoretical limit applies"), "{text}");
+
+    // Its own ledger states the mechanism: another statement is refused.
+    let o = quick_mia(
+        s(&out),
+        &tmp.path().join("m2"),
+        &["--ledger", "fixtures/events/dpsgd.toml"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("own ledger"), "{}", stderr(&o));
+
+    // Resume: the new ledger is the init's, then this run's.
+    let out2 = tmp.path().join("dp-tiny-2");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--init",
+        s(&out),
+        "--dp",
+        "--noise-multiplier",
+        "2.0",
+        "--sample-rate",
+        "0.05",
+        "--steps",
+        "3",
+        "--seed",
+        "4",
+        "--out",
+        s(&out2),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("composed with the --init ledger"), "{}", stdout(&o));
+    let ledger2 = EventFile::load(&out2.join("dpaudit-ledger.toml")).unwrap();
+    assert_eq!(
+        ledger2.event,
+        DpEvent::Composed {
+            events: vec![DpEvent::dpsgd(1.0, 0.1, 6), DpEvent::dpsgd(2.0, 0.05, 3)]
+        }
+    );
+}
+
+/// `mia --ledger FILE` on the shipped (non-dpaudit) MNIST DDPM compares every attack with that
+/// ledger's finite limit and reports no violation (a single model's ASR is never a violation).
+#[test]
+fn mia_ledger_on_the_mnist_ddpm_states_the_mechanism() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = quick_mia(
+        "models/mnist-ddpm",
+        tmp.path(),
+        &["--ledger", "fixtures/events/dpsgd.toml"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = mia_json(tmp.path());
+    assert_finite_limits(&v, "stated ledger fixtures/events/dpsgd.toml");
+    let ev: DpEvent = serde_json::from_value(v["checkpoint_basis"]["event"].clone()).unwrap();
+    assert_eq!(ev, DpEvent::dpsgd(1.1, 0.004, 14062));
+}
+
+/// Opacus-style flags: q = B/N and ⌈N/B⌉ steps per epoch, as Opacus' Poisson loader runs them.
+#[test]
+fn mia_opacus_flags_state_the_dpsgd_event() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = quick_mia(
+        "models/mnist-ddpm",
+        tmp.path(),
+        &[
+            "--noise-multiplier",
+            "1.1",
+            "--train-batch-size",
+            "32",
+            "--dataset-size",
+            "128",
+            "--epochs",
+            "2",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = mia_json(tmp.path());
+    assert_finite_limits(&v, "stated DP-SGD mechanism");
+    let ev: DpEvent = serde_json::from_value(v["checkpoint_basis"]["event"].clone()).unwrap();
+    assert_eq!(ev, DpEvent::dpsgd(1.1, 0.25, 8));
+}
+
+/// Incomplete or misplaced statements are usage errors naming the flag.
+#[test]
+fn mechanism_flags_errors_name_the_flag() {
+    let o = mnist_mia(&[
+        "--noise-multiplier",
+        "1",
+        "--sample-rate",
+        "0.1",
+        "--train-batch-size",
+        "4",
+        "--dataset-size",
+        "9",
+        "--steps",
+        "3",
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--sample-rate"), "{}", stderr(&o));
+    let o = mnist_mia(&["--noise-multiplier", "1", "--sample-rate", "0.1", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--steps"), "{}", stderr(&o));
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        "models/digits-mlp.toml",
+        "--ledger",
+        "fixtures/events/dpsgd.toml",
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--ledger"), "{}", stderr(&o));
+}
+
+/// `train --unet`: a non-DP run writes no ledger and `mia` finds no guarantee; an unknown preset,
+/// and a DP run from a folder without a ledger, are usage errors naming the flag.
+#[test]
+fn train_unet_non_dp_and_refusals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("plain");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--seed",
+        "1",
+        "--out",
+        s(&out),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!out.join("dpaudit-ledger.toml").exists());
+    // Four steps (fewer than the EMA's update interval) still release trained weights.
+    let card: toml::Value = toml::from_str(&std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap()).unwrap();
+    let (b, a) = (
+        card["training"]["eval_loss_before"].as_float().unwrap(),
+        card["training"]["eval_loss_after"].as_float().unwrap(),
+    );
+    assert_ne!(b, a, "the released weights are the initial ones");
+    assert!(out.join("diffusion_pytorch_model.safetensors").is_file());
+    let m = tmp.path().join("mia");
+    let o = quick_mia(s(&out), &m, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(mia_json(&m).get("checkpoint_basis").is_none());
+    // The same output again is refused before any work.
+    let o = dpaudit(&["train", "--unet", "tiny", "--steps", "4", "--out", s(&out), "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "no-such-preset",
+        "--out",
+        s(&tmp.path().join("x")),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--unet"), "{}", stderr(&o));
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--init",
+        "models/mnist-ddpm",
+        "--dp",
+        "--steps",
+        "2",
+        "--out",
+        s(&tmp.path().join("y")),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--init"), "{}", stderr(&o));
+}
