@@ -63,6 +63,7 @@ macro_rules! eprint {
 }
 
 pub mod accountants;
+pub mod api;
 pub mod attacks;
 pub mod audit;
 pub mod config;
