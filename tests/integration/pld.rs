@@ -737,9 +737,17 @@ fn long_horizon_bounds_lie_above_the_certified_lower_bound_and_within_1pct_at_1e
             .unwrap();
         assert_eq!(r.accountant, AccountantKind::Pld, "T = {t}: {:?}", r.diagnostics);
         let low = certified_lower_eps(&format!("dpsgd_q0.004_s1.1_T{t}"));
-        assert!(r.epsilon >= low, "T = {t}: ε = {} below the certified lower bound {low}", r.epsilon);
+        assert!(
+            r.epsilon >= low,
+            "T = {t}: ε = {} below the certified lower bound {low}",
+            r.epsilon
+        );
         if let Some(k) = within {
-            assert!(r.epsilon <= k * low, "T = {t}: ε = {} vs certified lower bound {low}", r.epsilon);
+            assert!(
+                r.epsilon <= k * low,
+                "T = {t}: ε = {} vs certified lower bound {low}",
+                r.epsilon
+            );
         }
     }
     // The PRV estimate at 10⁸ steps (eps_error 1; docs/pld.md) cannot be met within 1 % by any sound bound.
