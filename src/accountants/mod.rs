@@ -10,6 +10,7 @@ pub mod gdp;
 pub mod pld;
 pub mod rdp;
 pub mod sound;
+pub mod tilted;
 pub mod tradeoff;
 
 use serde::{Deserialize, Serialize};
