@@ -118,7 +118,7 @@ fn main() {
         probe();
         return;
     }
-    let mut c = Criterion::default().configure_from_args();
+    let mut c = Criterion::default().without_plots().configure_from_args();
     bench(&mut c);
     c.final_summary();
 }

@@ -138,7 +138,7 @@ fn main() {
         bound_sweeps();
         return;
     }
-    let mut c = Criterion::default().configure_from_args();
+    let mut c = Criterion::default().without_plots().configure_from_args();
     bench(&mut c);
     bench_more(&mut c);
     c.final_summary();

@@ -11,6 +11,7 @@ pub mod gdp;
 pub mod pld;
 pub mod rdp;
 pub mod sound;
+pub mod tilted;
 pub mod tradeoff;
 
 use serde::{Deserialize, Serialize};
