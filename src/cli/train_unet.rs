@@ -15,7 +15,11 @@ const MNIST_DATA: &str = "fixtures/data/mnist/mnist-10k.u8.gz";
 const MNIST_SPLIT: &str = "fixtures/splits/mnist.toml";
 
 /// Runs `train --unet`; `outputs` are the prepared `--format` outputs of `train`.
-pub fn run(a: Args, unet: &str, outputs: crate::cli::common::Outputs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(
+    a: Args,
+    unet: &str,
+    outputs: crate::cli::common::Outputs,
+) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     if a.rapid {
         return Err(Error::field("--rapid", "RAPID is for the 8×8 models; not with --unet").into());
     }

@@ -428,8 +428,8 @@ fn check_plan(plan: &UnetTrainPlan, t_len: usize) -> Result<usize> {
 
 /// The tightest sound ε of `event` at `delta` with its accountant, as the 8×8 `train` states it.
 fn epsilon_of(event: &DpEvent, delta: f64) -> Option<(f64, String)> {
-    let (gs, _) = crate::attacks::theory::guarantees(event, delta);
-    let best = crate::attacks::theory::tightest(&gs, |g| g.epsilon)?;
+    let (gs, _) = crate::accountants::attack_limits::guarantees(event, delta);
+    let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon)?;
     let kind = gs
         .iter()
         .find(|g| g.source == best.1)
