@@ -8,8 +8,9 @@
 //! shape and strides address lies inside its slice, and that distinct destination elements are
 //! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
 //! inputs. (2) The element-wise kernels (SiLU, softmax, Winograd transforms, group-norm sums, affine) are
-//! safe code compiled twice, once for AVX2 + FMA; calling that copy is `unsafe` and happens only
-//! after `is_x86_feature_detected!` found both features.
+//! safe code compiled three times, once for AVX-512F + AVX2 + FMA and once for AVX2 + FMA; calling
+//! one of those copies is `unsafe` and happens only after `is_x86_feature_detected!` found every
+//! feature it was compiled for.
 
 use gemm::Parallelism;
 
