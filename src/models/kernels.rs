@@ -8,8 +8,9 @@
 //! shape and strides address lies inside its slice, and that distinct destination elements are
 //! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
 //! inputs. (2) The element-wise kernels (SiLU, softmax, Winograd transforms, group-norm sums, affine) are
-//! safe code compiled twice, once for AVX2 + FMA; calling that copy is `unsafe` and happens only
-//! after `is_x86_feature_detected!` found both features.
+//! safe code compiled three times, once for AVX-512F + AVX2 + FMA and once for AVX2 + FMA; calling
+//! one of those copies is `unsafe` and happens only after `is_x86_feature_detected!` found every
+//! feature it was compiled for.
 
 use gemm::Parallelism;
 
@@ -166,13 +167,28 @@ fn silu_f<const F: bool>(x: f32) -> f32 {
     x / (1.0 + exp_f::<F>(-x))
 }
 
-/// Defines `pub fn $name(args)` that runs `$imp::<true>(args)` compiled for AVX2 + FMA when the
-/// CPU has both (a second copy of the same safe code, whose element loops LLVM vectorises 8 wide
-/// with fused multiply-adds instead of SSE2's 4), else the baseline copy `$imp::<false>`.
+/// Defines `pub fn $name(args)` that runs `$imp::<true>(args)` compiled for AVX-512F + FMA when
+/// the CPU has them (element loops vectorised 16 wide), else for AVX2 + FMA (8 wide with fused
+/// multiply-adds instead of SSE2's 4), else the baseline copy `$imp::<false>`: the same safe
+/// code, compiled once per feature set.
 macro_rules! avx2_dispatch {
     ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),*) $(-> $r:ty)? => $imp:ident) => {
         $(#[$m])*
         pub fn $name($($a: $t),*) $(-> $r)? {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                fn avx512($($a: $t),*) $(-> $r)? {
+                    $imp::<true>($($a),*)
+                }
+                // SAFETY: calling a `target_feature` function is sound when the CPU has the
+                // features, which were detected just above.
+                #[allow(unsafe_code)]
+                return unsafe { avx512($($a),*) };
+            }
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 #[target_feature(enable = "avx2,fma")]
@@ -263,15 +279,30 @@ avx2_dispatch! {
 
 #[inline(always)]
 fn softmax_rows_impl<const F: bool>(p: &mut [f32], l: usize) {
-    for row in p.chunks_exact_mut(l) {
+    let mut inv = vec![0f32; p.len() / l.max(1)];
+    exp_rows_impl::<F>(p, l, &mut inv);
+    for (row, &iv) in p.chunks_exact_mut(l).zip(&inv) {
+        for s in row.iter_mut() {
+            *s *= iv;
+        }
+    }
+}
+
+avx2_dispatch! {
+    /// The unnormalised softmax of each row of `l` values, in place: e^{s − max(row)}, with
+    /// 1 / Σ row in `inv[row]` (the caller scales what it computes from the row instead of the
+    /// row itself: for attention, the head-dim values of the output rather than the L scores).
+    pub fn exp_rows(p: &mut [f32], l: usize, inv: &mut [f32]) => exp_rows_impl
+}
+
+#[inline(always)]
+fn exp_rows_impl<const F: bool>(p: &mut [f32], l: usize, inv: &mut [f32]) {
+    for (row, iv) in p.chunks_exact_mut(l).zip(inv.iter_mut()) {
         let mx = max(row);
         for s in row.iter_mut() {
             *s = exp_f::<F>(*s - mx);
         }
-        let inv = (1.0 / lanes(row, |x| x)) as f32;
-        for s in row.iter_mut() {
-            *s *= inv;
-        }
+        *iv = (1.0 / lanes(row, |x| x)) as f32;
     }
 }
 

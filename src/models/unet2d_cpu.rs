@@ -31,7 +31,7 @@
 use rayon::prelude::*;
 
 use super::super::kernels::{
-    affine, exp, sgemm, silu_inplace, softmax_rows, sq_dev, sum, wino_input, wino_output, wino_weights, Mat,
+    affine, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino_input, wino_output, wino_weights, Mat,
 };
 use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
 use crate::error::{Error, Result};
@@ -121,6 +121,21 @@ impl Lin {
         })
     }
 
+    /// Several projections of the same input stacked into one ([Σ cout, cin]): one GEMM.
+    fn stack(ls: &[&Linear]) -> Result<Self> {
+        let parts = ls.iter().map(|l| Lin::new(l)).collect::<Result<Vec<_>>>()?;
+        let cin = parts.first().map_or(0, |p| p.cin);
+        if parts.iter().any(|p| p.cin != cin || p.cout != parts[0].cout) {
+            return Err(Error::model("attention projections of different shapes"));
+        }
+        Ok(Lin {
+            w: parts.iter().flat_map(|p| p.w.iter().copied()).collect(),
+            b: parts.iter().flat_map(|p| p.b.iter().copied()).collect(),
+            cin,
+            cout: parts.iter().map(|p| p.cout).sum(),
+        })
+    }
+
     /// Rows `x` [n, cin] → [n, cout].
     fn rows(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut out: Vec<f32> = (0..n).flat_map(|_| self.b.iter().copied()).collect();
@@ -141,15 +156,18 @@ impl Lin {
     /// Channel-major features `x` [cin, m] → [cout, m]; `init` (same shape as the output) is
     /// added to the result.
     fn channels(&self, x: &[f32], m: usize, init: Option<Vec<f32>>) -> Vec<f32> {
-        let mut out = match init {
-            Some(i) => i,
-            None => vec![0.0; self.cout * m],
-        };
-        for (row, &b) in out.chunks_exact_mut(m).zip(&self.b) {
-            for v in row {
-                *v += b;
+        let out = match init {
+            Some(mut i) => {
+                for (row, &b) in i.chunks_exact_mut(m).zip(&self.b) {
+                    for v in row {
+                        *v += b;
+                    }
+                }
+                i
             }
-        }
+            None => bias_planes(&self.b, m),
+        };
+        let mut out = out;
         sgemm(
             self.cout,
             m,
@@ -163,6 +181,15 @@ impl Lin {
         );
         out
     }
+}
+
+/// `[b.len(), m]` with row c filled with `b[c]` (an output that starts from its bias).
+fn bias_planes(b: &[f32], m: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(b.len() * m);
+    for &v in b {
+        out.resize(out.len() + m, v);
+    }
+    out
 }
 
 struct Norm {
@@ -231,18 +258,30 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
     let wo = (x.w + cv.pad_lo + cv.pad_hi - k) / s + 1;
     let (hwo, hwi) = (ho * wo, x.hw());
     let mut out = match init {
-        Some(i) => i,
-        None => vec![0.0; cv.cout * nb * hwo],
-    };
-    debug_assert_eq!(out.len(), cv.cout * nb * hwo);
-    for c in 0..cv.cout {
-        for b in 0..nb {
-            let add = cv.b[c] + bias_nb.map_or(0.0, |t| t[b * cv.cout + c]);
-            for v in &mut out[(c * nb + b) * hwo..(c * nb + b + 1) * hwo] {
-                *v += add;
+        Some(mut out) => {
+            debug_assert_eq!(out.len(), cv.cout * nb * hwo);
+            for c in 0..cv.cout {
+                for b in 0..nb {
+                    let add = cv.b[c] + bias_nb.map_or(0.0, |t| t[b * cv.cout + c]);
+                    for v in &mut out[(c * nb + b) * hwo..(c * nb + b + 1) * hwo] {
+                        *v += add;
+                    }
+                }
             }
+            out
         }
-    }
+        // Started from the bias directly (no zeroing pass).
+        None => {
+            let mut out = Vec::with_capacity(cv.cout * nb * hwo);
+            for c in 0..cv.cout {
+                for b in 0..nb {
+                    let add = cv.b[c] + bias_nb.map_or(0.0, |t| t[b * cv.cout + c]);
+                    out.resize(out.len() + hwo, add);
+                }
+            }
+            out
+        }
+    };
     if let Some(u) = &cv.wino {
         wino_conv(ctx, cv, u, x, &mut out);
         return Feat {
@@ -627,9 +666,8 @@ impl Res {
 
 struct Attn {
     norm: Option<Norm>,
-    q: Lin,
-    k: Lin,
-    v: Lin,
+    /// The q, k and v projections stacked ([3·C, C]): one GEMM gives q, k, v one after another.
+    qkv: Lin,
     out: Lin,
     heads: usize,
     head_dim: usize,
@@ -640,9 +678,7 @@ impl Attn {
     fn new(a: &AttnBlock) -> Result<Self> {
         Ok(Attn {
             norm: a.norm.as_ref().map(Norm::new).transpose()?,
-            q: Lin::new(&a.q)?,
-            k: Lin::new(&a.k)?,
-            v: Lin::new(&a.v)?,
+            qkv: Lin::stack(&[&a.q, &a.k, &a.v])?,
             out: Lin::new(&a.out)?,
             heads: a.heads,
             head_dim: a.head_dim,
@@ -662,13 +698,15 @@ impl Attn {
             }
             None => &x.d,
         };
-        let q = self.q.channels(hs, m, None);
-        let k = self.k.channels(hs, m, None);
-        let v = self.v.channels(hs, m, None);
+        let qkv = self.qkv.channels(hs, m, None);
+        let inner = self.qkv.cout / 3;
+        let (q, kv) = qkv.split_at(inner * m);
+        let (k, v) = kv.split_at(inner * m);
         let hd = self.head_dim;
         let scale = 1.0 / (hd as f32).sqrt();
         let mut o = vec![0f32; self.heads * hd * m];
         let mut p = vec![0f32; l * l];
+        let mut inv = vec![0f32; l];
         for b in 0..nb {
             for hh in 0..self.heads {
                 let off = hh * hd * m + b * l;
@@ -684,8 +722,9 @@ impl Attn {
                     Mat::rows(&k[off..], m),
                     scale,
                 );
-                softmax_rows(&mut p, l);
-                // o[d, i] = Σ_j v[d, j] p[i, j]
+                exp_rows(&mut p, l, &mut inv);
+                // o[d, i] = Σ_j v[d, j] p[i, j] / Σ_j p[i, j] (the softmax's normalisation on
+                // the hd outputs of row i instead of its L scores)
                 sgemm(
                     hd,
                     l,
@@ -697,6 +736,10 @@ impl Attn {
                     Mat::cols(&p, l),
                     1.0,
                 );
+                for d in 0..hd {
+                    let row = &mut o[off + d * m..][..l];
+                    row.iter_mut().zip(&inv).for_each(|(x, &s)| *x *= s);
+                }
             }
         }
         let (c, h, w) = (x.c, x.h, x.w);
