@@ -69,7 +69,7 @@ pub enum Checked {
     /// One input.
     One {
         /// Its report, coloured verdict line and status.
-        outcome: Outcome,
+        outcome: Box<Outcome>,
         /// The verdict line without colour (shown on stderr when stdout carries the report).
         plain_line: String,
         /// The JUnit XML, when asked for.
@@ -127,7 +127,7 @@ pub fn execute(plan: &Plan) -> Result<Checked> {
         .collect();
     let unanswered = (verdict.status == Status::Inconclusive).then(|| inconclusive_error(&rep, &name));
     Ok(Checked::One {
-        outcome: Outcome::new(rep, line).with_status(Answer::of_verdict(verdict.status)),
+        outcome: Box::new(Outcome::new(rep, line).with_status(Answer::of_verdict(verdict.status))),
         plain_line,
         junit,
         severe,

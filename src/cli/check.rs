@@ -222,7 +222,7 @@ fn emit(args: &Args, out: &Outputs, checked: Checked) -> Result<Answer> {
                 // The verdict stays visible when stdout carries the report.
                 eprint!("{plain_line}");
             }
-            let status = out.emit(outcome)?;
+            let status = out.emit(*outcome)?;
             if let (Some(j), Some(xml)) = (&args.junit, junit) {
                 output::write_atomic(j, xml.as_bytes(), true)?;
             }
