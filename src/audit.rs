@@ -18,6 +18,7 @@ pub mod account;
 pub mod analyze;
 pub mod calibrate;
 pub mod check;
+pub mod merge;
 pub mod mia;
 pub mod outcome;
 pub mod run;

@@ -9,6 +9,23 @@ use crate::models::checkpoint::Card;
 use crate::report::export::fmt_num;
 use crate::report::{self, num, Conclusion, Report};
 
+/// Runs `train` on `device` (named `device_name` in the card): trains, writes the checkpoint,
+/// card and ledger, and returns the report with the training log as its terminal text.
+pub fn execute(
+    plan: &crate::models::run::TrainPlan,
+    device: &candle_core::Device,
+    device_name: &str,
+) -> Result<super::Outcome> {
+    let outcome = crate::models::run::run(plan, device, device_name)?;
+    let mut text = String::new();
+    for l in &outcome.lines {
+        text.push_str(l.trim_end());
+        text.push('\n');
+    }
+    let rep = report(&outcome.card, &outcome.card_path, outcome.event.as_ref())?;
+    Ok(super::Outcome::new(rep, text))
+}
+
 /// The report of a training run whose card was written to `card_path`.
 pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result<Report> {
     let mut r = Report::new(format!("Training: {}", card_path.display()), report::command_line()).for_command("train");

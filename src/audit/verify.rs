@@ -186,11 +186,7 @@ pub fn to_report(out: &VerifyOutput) -> Result<Report> {
         note: None,
     };
     for c in &out.claims {
-        let status = match c.verdict {
-            Verdict::Holds => Status::Pass,
-            Verdict::Violated => Status::Fail,
-            Verdict::NotDemonstrated => Status::Inconclusive,
-        };
+        let status = Status::of_claim(c.verdict);
         // The verdict's evidence carries its own accountant and kind: they label the number.
         let ev = c.evidence.as_ref();
         r.verdicts.push(report::Verdict {

@@ -6,16 +6,16 @@
 //! applies. `--junit FILE` writes (and on a re-run replaces) a JUnit XML result; `--format json` prints the report, whose
 //! `verdicts[0].margin` is budget − sound ε.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
-use dpaudit::accountants::AccountantKind;
+use dpaudit::audit::check::{self, Checked, Source};
 use dpaudit::audit::outcome::Status as Answer;
-use dpaudit::audit::{Input, Outcome};
+use dpaudit::audit::Input;
 use dpaudit::error::{Error, Result};
 use dpaudit::events::{DpEvent, Neighbouring};
-use dpaudit::report::{self, junit, output, progress, Report, Status};
+use dpaudit::report::{output, progress};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -85,7 +85,7 @@ pub struct Args {
 
 /// The DP-SGD pipeline given by flags (`--noise-multiplier` with `--steps [--sample-rate]` or
 /// `--epochs --batch-size --dataset-size [--sampling]`), if any.
-fn flag_pipeline(args: &Args) -> Result<Option<(Input, Vec<String>)>> {
+fn flag_pipeline(args: &Args) -> Result<Option<Source>> {
     let derived = args.run.derive()?;
     if args.noise_multiplier.is_none() && derived.is_none() && args.steps.is_none() && args.sample_rate.is_none() {
         return Ok(None);
@@ -95,7 +95,7 @@ fn flag_pipeline(args: &Args) -> Result<Option<(Input, Vec<String>)>> {
         args.noise_multiplier
             .ok_or_else(|| Error::field("--noise-multiplier", "required for a DP-SGD check from flags"))?,
     )?;
-    let (event, lines) = match derived {
+    let (event, derivation) = match derived {
         Some(d) => {
             let mut lines = vec![format!("DP-SGD run: {}", d.summary())];
             lines.extend(d.derivation.iter().cloned());
@@ -113,8 +113,8 @@ fn flag_pipeline(args: &Args) -> Result<Option<(Input, Vec<String>)>> {
         }
     };
     event.validate()?;
-    Ok(Some((
-        Input {
+    Ok(Some(Source::Flags {
+        input: Input {
             event,
             neighbouring: Neighbouring::AddRemove,
             delta: None,
@@ -122,37 +122,41 @@ fn flag_pipeline(args: &Args) -> Result<Option<(Input, Vec<String>)>> {
             step_convention: None,
             warnings: Vec::new(),
         },
-        lines,
-    )))
+        derivation,
+    }))
 }
-
-/// Name of the flag-given pipeline in outputs and JUnit.
-const FLAGS_NAME: &str = "dp-sgd (flags)";
 
 /// Runs `dpaudit check`; returns its status (ok within budget, violated over it, unanswered on
 /// bad input or when no sound accountant applies).
 pub fn run(args: Args) -> anyhow::Result<Answer> {
-    let start = Instant::now();
+    let started = Instant::now();
     // Output locations first: existing reports are refused before any work.
     let out = args.output.prepare(Format::Text, &[])?;
-    let has_flags = match flag_pipeline(&args) {
-        Ok(f) => f.is_some(),
-        Err(e) => return Err(e.into()),
-    };
-    let n_inputs = args.configs.len() + usize::from(has_flags);
-    if n_inputs > 1 {
-        return run_many(&args, &out, start);
+    let flags = flag_pipeline(&args)?;
+    let mut sources: Vec<Source> = args.configs.iter().cloned().map(Source::File).collect();
+    sources.extend(flags);
+    if sources.len() > 1 {
+        let plan = plan(&args, &out, sources, started)?;
+        if out.format != Format::Text || out.dir.is_some() {
+            return Err(Error::field(
+                "--format",
+                "with several inputs, check prints one verdict line each and writes --junit; \
+                 run check on one input for --format/--out reports",
+            )
+            .into());
+        }
+        return Ok(emit(&args, &out, check::execute(&plan)?)?);
     }
-    let name = args
-        .configs
+    let name = sources
         .first()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| FLAGS_NAME.to_string());
-    match run_inner(&args, &out, start) {
-        Ok(status) => Ok(status),
+        .map(Source::name)
+        .unwrap_or_else(|| check::FLAGS_NAME.to_string());
+    let checked = plan(&args, &out, sources, started).and_then(|plan| check::execute(&plan));
+    match checked {
+        Ok(c) => Ok(emit(&args, &out, c)?),
         Err(e) => {
             if let Some(j) = &args.junit {
-                let xml = junit::error_junit("dpaudit check", &name, &e.to_string(), start.elapsed().as_secs_f64());
+                let xml = check::error_junit(&name, &e.to_string(), started);
                 // The input error is what the user needs to see; a JUnit write failure is secondary.
                 let written = output::check_file(j, true).and_then(|_| output::write_atomic(j, xml.as_bytes(), true));
                 if let Err(w) = written {
@@ -164,176 +168,71 @@ pub fn run(args: Args) -> anyhow::Result<Answer> {
     }
 }
 
-/// Validates the flags shared by every input.
-fn common_checks(args: &Args) -> Result<Vec<AccountantKind>> {
+/// The validated plan: the flags shared by every input.
+fn plan(args: &Args, out: &Outputs, sources: Vec<Source>, started: Instant) -> Result<check::Plan> {
     if !(args.max_epsilon.is_finite() && args.max_epsilon >= 0.0) {
         return Err(Error::field(
             "--max-epsilon",
             format!("must be a finite number ≥ 0, got {}", args.max_epsilon),
         ));
     }
-    let kinds: Vec<AccountantKind> = parse_accountants(&args.accountant)?;
+    let accountants = parse_accountants(&args.accountant)?;
     if let Some(j) = &args.junit {
         output::check_file(j, true)?;
     }
-    Ok(kinds)
-}
-
-/// Loads one input: a file, or the DP-SGD flags (`path` = None).
-fn load_input(args: &Args, path: Option<&Path>) -> Result<(Input, Vec<String>)> {
-    match path {
-        Some(p) => {
-            // The audit core's loader, with the sampler defaults a CI log should show as warnings.
-            let pl = dpaudit::audit::load_file_with(p, true)?;
-            Ok((pl, Vec::new()))
-        }
-        None => flag_pipeline(args)?.ok_or_else(|| {
-            Error::field(
-                "CONFIG",
-                "nothing to check: give one or more event/sampler files, or DP-SGD flags (--noise-multiplier …)",
-            )
-        }),
-    }
-}
-
-/// Accounts one input and adds its budget verdict (the application layer's `check`).
-fn check_one(
-    args: &Args,
-    kinds: &[AccountantKind],
-    path: Option<&Path>,
-    curves: bool,
-    quiet: bool,
-) -> Result<(Report, report::Verdict, f64)> {
-    let name = path
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| FLAGS_NAME.to_string());
-    let (pipeline, derivation) = load_input(args, path)?;
-    let plan = dpaudit::audit::check::Plan {
-        name,
-        path,
-        delta_flag: args.delta,
+    Ok(check::Plan {
+        sources,
+        delta: args.delta,
         budget: args.max_epsilon,
-        accountants: kinds,
-        curves,
-        quiet,
-    };
-    dpaudit::audit::check::run(&plan, &pipeline, &derivation)
+        accountants,
+        junit: args.junit.is_some(),
+        curves: !args.no_plots && (out.dir.is_some() || out.format != Format::Text),
+        quiet: out.quiet,
+        color: progress::color_stdout(),
+        started,
+    })
 }
 
-fn inconclusive_error(rep: &Report, name: &str) -> Error {
-    let reasons: Vec<String> = rep
-        .skipped
-        .iter()
-        .map(|s| format!("{}: {}", s.accountant.as_str(), s.reason))
-        .collect();
-    Error::unsupported(format!(
-        "no sound accountant could account this pipeline, so the budget cannot be checked ({})",
-        reasons.join("; ")
-    ))
-    .with_file(name)
-}
-
-/// Several inputs: one verdict line each (stdout), one JUnit test case each. Unanswered when any
-/// input could not be checked, else violated when any is over budget, else ok.
-fn run_many(args: &Args, out: &Outputs, start: Instant) -> anyhow::Result<Answer> {
-    let kinds = common_checks(args)?;
-    if out.format != Format::Text || out.dir.is_some() {
-        return Err(Error::field(
-            "--format",
-            "with several inputs, check prints one verdict line each and writes --junit; \
-             run check on one input for --format/--out reports",
-        )
-        .into());
-    }
-    let mut inputs: Vec<Option<&Path>> = args.configs.iter().map(|p| Some(p.as_path())).collect();
-    if flag_pipeline(args)?.is_some() {
-        inputs.push(None);
-    }
-    let mut reports: Vec<(String, std::result::Result<Report, String>)> = Vec::new();
-    let mut status = Answer::Ok;
-    for path in inputs {
-        let name = path
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| FLAGS_NAME.to_string());
-        match check_one(args, &kinds, path, false, true) {
-            Ok((rep, verdict, delta)) => {
-                output::emit_stdout(
-                    dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), false).as_bytes(),
-                )?;
-                match verdict.status {
-                    Status::Pass | Status::Fail => status = status.worst(Answer::of_verdict(verdict.status)),
-                    Status::Inconclusive => {
-                        eprintln!("error: {}", inconclusive_error(&rep, &name));
-                        status = Answer::Unanswered;
-                    }
-                }
-                reports.push((name, Ok(rep)));
-            }
-            Err(e) => {
-                output::emit_stdout(format!("ERROR {name}: {e}\n").as_bytes())?;
+/// Prints and writes what the check produced; returns its status.
+fn emit(args: &Args, out: &Outputs, checked: Checked) -> Result<Answer> {
+    match checked {
+        Checked::Many {
+            text,
+            errors,
+            junit,
+            status,
+        } => {
+            output::emit_stdout(text.as_bytes())?;
+            for e in errors {
                 eprintln!("error: {e}");
-                status = Answer::Unanswered;
-                reports.push((name, Err(e.to_string())));
+            }
+            if let (Some(j), Some(xml)) = (&args.junit, junit) {
+                output::write_atomic(j, xml.as_bytes(), true)?;
+            }
+            Ok(status)
+        }
+        Checked::One {
+            outcome,
+            plain_line,
+            junit,
+            severe,
+            unanswered,
+        } => {
+            if out.format != Format::Text {
+                // The verdict stays visible when stdout carries the report.
+                eprint!("{plain_line}");
+            }
+            let status = out.emit(*outcome)?;
+            if let (Some(j), Some(xml)) = (&args.junit, junit) {
+                output::write_atomic(j, xml.as_bytes(), true)?;
+            }
+            for w in severe {
+                eprintln!("warning: {w}");
+            }
+            match unanswered {
+                Some(e) => Err(e),
+                None => Ok(status),
             }
         }
-    }
-    if let Some(j) = &args.junit {
-        let items: Vec<(String, junit::Checked<'_>)> = reports
-            .iter()
-            .map(|(n, r)| {
-                (
-                    n.clone(),
-                    match r {
-                        Ok(rep) => junit::Checked::Report(rep),
-                        Err(m) => junit::Checked::Error(m.clone()),
-                    },
-                )
-            })
-            .collect();
-        let xml = junit::to_junit_many(&items, "dpaudit check", start.elapsed().as_secs_f64());
-        output::write_atomic(j, xml.as_bytes(), true)?;
-    }
-    Ok(status)
-}
-
-fn run_inner(args: &Args, out: &Outputs, start: Instant) -> Result<Answer> {
-    let kinds = common_checks(args)?;
-    let path = args.configs.first().map(PathBuf::as_path);
-    let name = path
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| FLAGS_NAME.to_string());
-    let curves = !args.no_plots && (out.dir.is_some() || out.format != Format::Text);
-    let (mut rep, verdict, delta) = check_one(args, &kinds, path, curves, out.quiet)?;
-    rep.audit = "check".into();
-    rep.conclude();
-    let line = dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), progress::color_stdout());
-    if out.format != Format::Text {
-        // The verdict stays visible when stdout carries the report.
-        eprint!(
-            "{}",
-            dpaudit::audit::text::verdict_line(&name, &verdict, Some(delta), false)
-        );
-    }
-    let junit_xml = args
-        .junit
-        .as_ref()
-        .map(|j| (j, junit::to_junit(&rep, "dpaudit check", start.elapsed().as_secs_f64())));
-    let severe: Vec<String> = rep
-        .warnings
-        .iter()
-        .filter(|w| w.severe)
-        .map(|w| w.message.clone())
-        .collect();
-    let inconclusive = (verdict.status == Status::Inconclusive).then(|| inconclusive_error(&rep, &name));
-    let status = out.emit(Outcome::new(rep, line).with_status(Answer::of_verdict(verdict.status)))?;
-    if let Some((j, xml)) = junit_xml {
-        output::write_atomic(j, xml.as_bytes(), true)?;
-    }
-    for w in severe {
-        eprintln!("warning: {w}");
-    }
-    match inconclusive {
-        Some(e) => Err(e),
-        None => Ok(status),
     }
 }

@@ -4,11 +4,7 @@
 use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
-use dpaudit::attacks::pipeline;
-use dpaudit::attacks::shard::{self, MiaPart};
-use dpaudit::error::Error;
-use dpaudit::models::data::sha256_file;
-use dpaudit::models::{device, Checkpoint, Dataset, SplitManifest};
+use dpaudit::audit::merge;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -51,50 +47,21 @@ pub struct Args {
 
 /// Runs `dpaudit merge`.
 pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
-    let start = std::time::Instant::now();
+    let started = std::time::Instant::now();
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
     for p in a.roc_out.iter().chain(&a.scores_out) {
         dpaudit::report::output::check_file(p, out.force)?;
     }
-    let parts = a
-        .parts
-        .iter()
-        .map(|p| Ok((p.clone(), MiaPart::load(p)?)))
-        .collect::<dpaudit::Result<Vec<_>>>()?;
-    let merged = shard::merge(&parts)?;
-    let inputs = &merged.inputs;
-    let checked = |given: &Option<PathBuf>, recorded: &PathBuf, want: &str, what: &str| -> dpaudit::Result<PathBuf> {
-        let path = given.clone().unwrap_or_else(|| recorded.clone());
-        let got = sha256_file(&path)?;
-        if got != want {
-            return Err(
-                Error::input(format!("{what} has SHA-256 {got}; the parts were computed from {want}")).with_file(&path),
-            );
-        }
-        Ok(path)
+    let plan = merge::Plan {
+        parts: a.parts,
+        checkpoint: a.checkpoint,
+        data: a.data,
+        split: a.split,
+        started,
     };
-    let card = checked(
-        &a.checkpoint,
-        &inputs.checkpoint,
-        &inputs.checkpoint_sha256,
-        "the checkpoint card",
-    )?;
-    let data_path = checked(&a.data, &inputs.data, &inputs.data_sha256, "the data file")?;
-    let split_path = checked(&a.split, &inputs.split, &inputs.split_sha256, "the split manifest")?;
-    let dev = device::select(device::DeviceChoice::Cpu)?;
-    let ck = Checkpoint::load(&card, &dev)?;
-    let data = Dataset::load(&data_path)?;
-    let split = SplitManifest::load(&split_path)?;
-    merged.check_records(&ck, &data, &split)?;
-    let plan = merged.plan.to_plan();
-    let report = pipeline::assemble(&ck, &data, &split, &plan, "merged shards", &merged.records, None, start)?;
-    dpaudit::report::progress::note(&format!(
-        "merged {} parts, {} records",
-        parts.len(),
-        merged.records.len()
-    ));
+    let merged = merge::execute(&plan)?;
     super::mia::emit(
-        &report,
+        &merged.report,
         &merged.records,
         &out,
         a.roc_out.as_ref(),

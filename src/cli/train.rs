@@ -271,14 +271,7 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         quiet: a.quiet,
         force: a.force,
     };
-    let outcome = dpaudit::models::run::run(&plan, &dev, &dev_name)?;
-    let mut text = String::new();
-    for l in &outcome.lines {
-        text.push_str(l.trim_end());
-        text.push('\n');
-    }
-    let rep = dpaudit::audit::train::report(&outcome.card, &outcome.card_path, outcome.event.as_ref())?;
-    Ok(outputs.emit(dpaudit::audit::Outcome::new(rep, text))?)
+    Ok(outputs.emit(dpaudit::audit::train::execute(&plan, &dev, &dev_name)?)?)
 }
 
 /// The files a training run writes for `--out STEM`.

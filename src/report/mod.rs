@@ -208,7 +208,14 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// Outcome of one check (a budget, a published claim).
+/// Outcome of one check (a budget, a published claim), as reports render it.
+///
+/// One verdict type decides claims: [`crate::accountants::sound::Verdict`] (holds / violated /
+/// not demonstrated, each backed by the sound bound the brief requires); a claim's status is
+/// derived from it by [`Status::of_claim`] and nowhere else. A budget is the one-sided question
+/// "is the sound upper bound within it": pass when it is, fail when it is not, inconclusive when
+/// no sound accountant applies (`audit::budget_verdict`). The serialised strings (`pass`,
+/// `fail`, `inconclusive`; `PASS`, `FAIL`, `INCONCLUSIVE` in text) are the reports' own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
@@ -221,6 +228,17 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status of a claim's verdict: holds is a pass, violated a fail, not demonstrated
+    /// inconclusive.
+    pub fn of_claim(v: crate::accountants::sound::Verdict) -> Status {
+        use crate::accountants::sound::Verdict;
+        match v {
+            Verdict::Holds => Status::Pass,
+            Verdict::Violated => Status::Fail,
+            Verdict::NotDemonstrated => Status::Inconclusive,
+        }
+    }
+
     /// `pass` or `fail`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -626,6 +644,28 @@ mod results_serde {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claims_status_is_its_verdict_and_the_serialised_strings_stay() {
+        use crate::accountants::sound::Verdict as Claim;
+        let cases = [
+            (Claim::Holds, Status::Pass, "holds", "pass", "PASS"),
+            (Claim::Violated, Status::Fail, "violated", "fail", "FAIL"),
+            (
+                Claim::NotDemonstrated,
+                Status::Inconclusive,
+                "not_demonstrated",
+                "inconclusive",
+                "INCONCLUSIVE",
+            ),
+        ];
+        for (claim, status, claim_json, status_json, text) in cases {
+            assert_eq!(Status::of_claim(claim), status);
+            assert_eq!(serde_json::to_string(&claim).unwrap(), format!("\"{claim_json}\""));
+            assert_eq!(serde_json::to_string(&status).unwrap(), format!("\"{status_json}\""));
+            assert_eq!(status.as_str(), text);
+        }
+    }
 
     #[test]
     fn cells_and_non_finite_numbers_round_trip() {

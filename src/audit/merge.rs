@@ -1,0 +1,94 @@
+//! `merge`: the part files of a sharded `mia` run, checked to belong together (same inputs by
+//! SHA-256, same plan, every shard once), reassembled into the report of one unsharded run.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::attacks::pipeline::{self, MiaReport};
+use crate::attacks::scores::ScoreRecord;
+use crate::attacks::shard::{self, MiaPart};
+use crate::error::{Error, Result};
+use crate::models::data::sha256_file;
+use crate::models::{device, Checkpoint, Dataset, SplitManifest};
+
+/// A validated `merge` request.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Part files (`mia-part-<i>-of-<n>.json`).
+    pub parts: Vec<PathBuf>,
+    /// Checkpoint card (None: the path recorded in the parts).
+    pub checkpoint: Option<PathBuf>,
+    /// Data file (None: the path recorded in the parts).
+    pub data: Option<PathBuf>,
+    /// Split manifest (None: the path recorded in the parts).
+    pub split: Option<PathBuf>,
+    /// When the run started (the report's run time).
+    pub started: Instant,
+}
+
+/// The merged run: its report and every score record, in the order one unsharded run produces
+/// them.
+#[derive(Debug)]
+pub struct Merged {
+    /// The report of the merged run.
+    pub report: MiaReport,
+    /// Every per-record score.
+    pub records: Vec<ScoreRecord>,
+}
+
+/// Loads the parts, checks that they belong together and to the inputs (SHA-256), and assembles
+/// the report of one unsharded run.
+pub fn execute(plan: &Plan) -> Result<Merged> {
+    let parts = plan
+        .parts
+        .iter()
+        .map(|p| Ok((p.clone(), MiaPart::load(p)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let merged = shard::merge(&parts)?;
+    let inputs = &merged.inputs;
+    let card = checked(
+        &plan.checkpoint,
+        &inputs.checkpoint,
+        &inputs.checkpoint_sha256,
+        "the checkpoint card",
+    )?;
+    let data_path = checked(&plan.data, &inputs.data, &inputs.data_sha256, "the data file")?;
+    let split_path = checked(&plan.split, &inputs.split, &inputs.split_sha256, "the split manifest")?;
+    let dev = device::select(device::DeviceChoice::Cpu)?;
+    let ck = Checkpoint::load(&card, &dev)?;
+    let data = Dataset::load(&data_path)?;
+    let split = SplitManifest::load(&split_path)?;
+    merged.check_records(&ck, &data, &split)?;
+    let mia_plan = merged.plan.to_plan();
+    let report = pipeline::assemble(
+        &ck,
+        &data,
+        &split,
+        &mia_plan,
+        "merged shards",
+        &merged.records,
+        None,
+        plan.started,
+    )?;
+    crate::report::progress::note(&format!(
+        "merged {} parts, {} records",
+        parts.len(),
+        merged.records.len()
+    ));
+    Ok(Merged {
+        report,
+        records: merged.records,
+    })
+}
+
+/// The input at `given` (else `recorded`), refused unless its SHA-256 is `want`.
+fn checked(given: &Option<PathBuf>, recorded: &Path, want: &str, what: &str) -> Result<PathBuf> {
+    let path = given.clone().unwrap_or_else(|| recorded.to_path_buf());
+    let got = sha256_file(&path)?;
+    if got != want {
+        return Err(
+            Error::input(format!("{what} has SHA-256 {got}; the parts were computed from {want}")).with_file(&path),
+        );
+    }
+    Ok(path)
+}
