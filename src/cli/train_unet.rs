@@ -78,13 +78,5 @@ pub fn run(
         quiet: a.quiet,
         force: a.force,
     };
-    let outcome = diffusers_train::run(&plan, &dev, &dev_name)?;
-    let mut text = String::new();
-    for l in &outcome.lines {
-        text.push_str(l.trim_end());
-        text.push('\n');
-    }
-    let rep = diffusers_train::report(&outcome)?;
-    outputs.finish(&rep, &text, Vec::new())?;
-    Ok(dpaudit::audit::outcome::Status::Ok)
+    Ok(outputs.emit(dpaudit::audit::train::execute_unet(&plan, &dev, &dev_name)?)?)
 }

@@ -38,7 +38,6 @@ use super::{Schedule, SplitManifest};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
 use crate::report::export::fmt_num;
-use crate::report::{self, num, Conclusion, Report};
 
 /// The dpaudit card beside the diffusers files.
 pub const CARD: &str = "dpaudit-card.toml";
@@ -827,64 +826,4 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         event,
         lines,
     })
-}
-
-/// The shared report of a `train --unet` run.
-pub fn report(o: &UnetTrainOutcome) -> Result<Report> {
-    let card = &o.card;
-    let mut r = Report::new(format!("Training: {}", o.dir.display()), report::command_line()).for_command("train");
-    r.seed = card.training.seed;
-    r.add_input("card", &o.dir.join(CARD))?;
-    r.fact("architecture", card.architecture.clone())
-        .fact("parameters", card.parameters.to_string())
-        .fact("trained on", format!("{} rows of {}", card.data.rows, card.data.file))
-        .fact("optimiser steps", card.training.steps.to_string())
-        .fact("learning rate", num::fmt(card.training.lr))
-        .fact("device", card.training.device.clone())
-        .fact("randomness", card.training.randomness.clone());
-    if let (Some(b), Some(a)) = (card.training.eval_loss_before, card.training.eval_loss_after) {
-        let on = card.training.eval_on.clone().unwrap_or_default();
-        r.fact(format!("denoising loss before ({on})"), fmt_num(b))
-            .fact(format!("denoising loss after ({on})"), fmt_num(a));
-    }
-    let guarantee = match (&card.dp, &o.event) {
-        (Some(dp), Some(ev)) => {
-            r.event = Some(ev.clone());
-            r.delta = Some(dp.delta);
-            r.assumptions.neighbouring = Some(Neighbouring::AddRemove);
-            r.assumptions.sampling = Some(format!("Poisson, q = {}", num::fmt(dp.sample_rate)));
-            r.fact("noise multiplier σ", num::fmt(dp.noise_multiplier))
-                .fact("clip norm C", num::fmt(dp.clip))
-                .fact("ledger", o.dir.join(LEDGER).display().to_string());
-            let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => format!(
-                    "ε = {} at δ = {} ({acc}, upper bound); ",
-                    num::fmt(e),
-                    num::fmt(dp.delta)
-                ),
-                _ => String::new(),
-            };
-            format!(
-                "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event.",
-                num::fmt(dp.noise_multiplier),
-                num::fmt(dp.clip),
-                num::fmt(dp.sample_rate),
-                dp.steps,
-                o.dir.join(LEDGER).display()
-            )
-        }
-        _ => "None: trained without differential privacy.".into(),
-    };
-    r.conclusion = Some(Conclusion {
-        audited: format!(
-            "A diffusers UNet2DModel trained on {} rows ({}), written to `{}`.",
-            card.data.rows,
-            card.data.file,
-            o.dir.display()
-        ),
-        guarantee,
-        verdict: "No budget or claim was checked; attack the folder with `dpaudit mia`.".into(),
-        estimates: "The losses are measurements on fixed evaluation draws, not privacy numbers.".into(),
-    });
-    Ok(r)
 }
