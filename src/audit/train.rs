@@ -32,18 +32,7 @@ pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result
     let mut r = Report::new(format!("Training: {}", card_path.display()), report::command_line()).for_command("train");
     r.seed = card.training.seed;
     r.add_input("checkpoint card", card_path)?;
-    r.fact("parameters", card.parameters.to_string())
-        .fact("trained on", format!("{} rows of {}", card.data.rows, card.data.file))
-        .fact("optimiser steps", card.training.steps.to_string())
-        .fact("learning rate", num::fmt(card.training.lr))
-        .fact("device", card.training.device.clone())
-        .fact("randomness", card.training.randomness.clone());
-    // DP runs publish no loss measured on the private rows (it is outside the ledger).
-    if let (Some(b), Some(a)) = (card.training.eval_loss_before, card.training.eval_loss_after) {
-        let on = card.training.eval_on.clone().unwrap_or_default();
-        r.fact(format!("denoising loss before ({on})"), fmt_num(b))
-            .fact(format!("denoising loss after ({on})"), fmt_num(a));
-    }
+    training_facts(&mut r, card.parameters, &card.data, &card.training);
     let guarantee = match (&card.dp, ledger) {
         (Some(dp), Some(ev)) => {
             r.event = Some(ev.clone());
@@ -109,18 +98,8 @@ pub fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
     let mut r = Report::new(format!("Training: {}", o.dir.display()), report::command_line()).for_command("train");
     r.seed = card.training.seed;
     r.add_input("card", &o.dir.join(crate::models::diffusers_train::CARD))?;
-    r.fact("architecture", card.architecture.clone())
-        .fact("parameters", card.parameters.to_string())
-        .fact("trained on", format!("{} rows of {}", card.data.rows, card.data.file))
-        .fact("optimiser steps", card.training.steps.to_string())
-        .fact("learning rate", num::fmt(card.training.lr))
-        .fact("device", card.training.device.clone())
-        .fact("randomness", card.training.randomness.clone());
-    if let (Some(b), Some(a)) = (card.training.eval_loss_before, card.training.eval_loss_after) {
-        let on = card.training.eval_on.clone().unwrap_or_default();
-        r.fact(format!("denoising loss before ({on})"), fmt_num(b))
-            .fact(format!("denoising loss after ({on})"), fmt_num(a));
-    }
+    r.fact("architecture", card.architecture.clone());
+    training_facts(&mut r, card.parameters, &card.data, &card.training);
     let guarantee = match (&card.dp, &o.event) {
         (Some(dp), Some(ev)) => {
             r.event = Some(ev.clone());
@@ -164,4 +143,26 @@ pub fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
         estimates: "The losses are measurements on fixed evaluation draws, not privacy numbers.".into(),
     });
     Ok(r)
+}
+
+/// The facts every training report states: size, rows, optimiser, device, randomness, and the
+/// denoising loss where it was measured (DP runs publish no loss measured on the private rows: it
+/// is outside the ledger).
+fn training_facts(
+    r: &mut Report,
+    parameters: usize,
+    data: &crate::models::checkpoint::DataInfo,
+    training: &crate::models::checkpoint::TrainingInfo,
+) {
+    r.fact("parameters", parameters.to_string())
+        .fact("trained on", format!("{} rows of {}", data.rows, data.file))
+        .fact("optimiser steps", training.steps.to_string())
+        .fact("learning rate", num::fmt(training.lr))
+        .fact("device", training.device.clone())
+        .fact("randomness", training.randomness.clone());
+    if let (Some(b), Some(a)) = (training.eval_loss_before, training.eval_loss_after) {
+        let on = training.eval_on.clone().unwrap_or_default();
+        r.fact(format!("denoising loss before ({on})"), fmt_num(b))
+            .fact(format!("denoising loss after ({on})"), fmt_num(a));
+    }
 }
