@@ -15,6 +15,10 @@
 //! under add/remove-one neighbours; the ledger records the steps that ran. Sampling, the
 //! examples' (t, ε) and the noise come from the OS-keyed ChaCha20 CSPRNG
 //! ([`super::dp::secret_rng`]) unless `--seed` is given.
+//!
+//! `--canaries m` adds m random ±1 images, each to the private rows with probability ½
+//! ([`super::canary`]; Steinke, Nasr & Jagielski 2023, Algorithm 1), and writes them with their
+//! inclusion bits to `canaries.csv` for `mia --audit one-run`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +30,8 @@ use rand::{Rng, SeedableRng, TryRngCore};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::{DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
+use super::canary::Canaries;
+use super::checkpoint::{CanaryInfo, DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
 use super::data::{indices_sha256, sha256_file, sha256_hex, Part};
 use super::diffusers::{read_weights, unet_dir, WEIGHTS};
 use super::images::ImageSet;
@@ -47,6 +52,8 @@ pub const LEDGER: &str = "dpaudit-ledger.toml";
 pub const TRAINING: &str = "training.json";
 /// The scheduler config written beside the UNet.
 pub const SCHEDULER: &str = "scheduler_config.json";
+/// The canaries of a `--canaries m` run (contents and the secret inclusion bits).
+pub const CANARIES: &str = "canaries.csv";
 
 /// Named architectures: (name, config.json text, description).
 pub const PRESETS: &[(&str, &str, &str)] = &[
@@ -177,6 +184,9 @@ pub struct UnetCard {
     /// DP-SGD settings and the ε spent (DP runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dp: Option<DpInfo>,
+    /// The canaries file of a `--canaries m` run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries: Option<CanaryInfo>,
 }
 
 impl UnetCard {
@@ -190,6 +200,15 @@ impl UnetCard {
         toml::from_str(&text)
             .map(Some)
             .map_err(|e| Error::input(format!("not a dpaudit card: {}", e.message())).with_file(&p))
+    }
+
+    /// The canaries of the folder `dir` whose card this is (hash and count checked).
+    pub fn canaries(&self, dir: &Path) -> Result<Canaries> {
+        let info = self.canaries.as_ref().ok_or_else(|| {
+            Error::input("this folder was trained without canaries (train --unet … --canaries m for --audit one-run)")
+                .with_file(dir.join(CARD))
+        })?;
+        Canaries::of_info(info, dir, &dir.join(CARD))
     }
 }
 
@@ -241,6 +260,8 @@ pub struct UnetTrainPlan {
     pub t_min: usize,
     /// Highest step trained (default T − 1).
     pub t_max: Option<usize>,
+    /// Canaries for a one-run audit (0: none).
+    pub canaries: usize,
     /// `--seed` (None: the OS CSPRNG).
     pub seed: Option<u64>,
     /// DP-SGD.
@@ -267,10 +288,13 @@ pub struct UnetTrainOutcome {
 }
 
 /// The files a run writes into its folder.
-pub fn output_files(dp: bool) -> Vec<&'static str> {
+pub fn output_files(dp: bool, canaries: bool) -> Vec<&'static str> {
     let mut v = vec!["config.json", WEIGHTS, SCHEDULER, CARD, TRAINING];
     if dp {
         v.push(LEDGER);
+    }
+    if canaries {
+        v.push(CANARIES);
     }
     v
 }
@@ -490,8 +514,16 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     if private_ix.is_empty() {
         return Err(Error::input(format!("the split has no {:?} rows", plan.on)).with_file(&plan.split));
     }
-    let x0 = images.rows(&private_ix);
-    let n = private_ix.len();
+    let mut x0 = images.rows(&private_ix);
+    // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
+    let canaries = (plan.canaries > 0).then(|| {
+        let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
+        Canaries::generate(plan.canaries, dim, &mut rng)
+    });
+    if let Some(c) = &canaries {
+        x0.extend(c.included_rows());
+    }
+    let n = x0.len() / dim;
     let public_rows: Vec<f32> = images.rows(&split.public.iter().take(64).copied().collect::<Vec<_>>());
     // DP runs publish no loss on the private rows (it would be released without noise).
     let (eval_rows, eval_on) = if plan.dp.is_some() {
@@ -500,7 +532,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             "public rows (a loss on the private rows would be released without noise)",
         )
     } else {
-        (x0[..dim * n.min(64)].to_vec(), "training rows")
+        (x0[..dim * private_ix.len().min(64)].to_vec(), "training rows")
     };
     let eval_seed = plan.seed.unwrap_or(0);
     let before = eval_loss(
@@ -512,11 +544,16 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         eval_seed,
     )?;
     eprintln!(
-        "model: {}, {} parameters; training on {n} {} rows of {}",
+        "model: {}, {} parameters; training on {} {} rows of {}{}",
         config.describe(),
         model.parameters(),
+        private_ix.len(),
         format!("{:?}", plan.on).to_lowercase(),
-        plan.data.display()
+        plan.data.display(),
+        canaries
+            .as_ref()
+            .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
+            .unwrap_or_default()
     );
     let vars = model.vars();
     let names = model.names();
@@ -703,6 +740,25 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         });
         files.push((LEDGER.into(), text.into_bytes()));
     }
+    let canary_info = match &canaries {
+        Some(c) => {
+            let bytes = c.to_csv().into_bytes();
+            lines.push(format!(
+                "{} canaries ({} included) in {}: the inclusion bits are the audit's secret; keep the file from whoever the audit models",
+                c.len(),
+                n - private_ix.len(),
+                plan.out.join(CANARIES).display()
+            ));
+            let info = CanaryInfo {
+                file: CANARIES.into(),
+                sha256: sha256_hex(&bytes),
+                count: c.len(),
+            };
+            files.push((CANARIES.into(), bytes));
+            Some(info)
+        }
+        None => None,
+    };
     let config_bytes = config_text.into_bytes();
     let card = UnetCard {
         schema_version: 1,
@@ -723,7 +779,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             split_sha256: sha256_file(&plan.split)?,
             trained_on: plan.on,
             rows_sha256: indices_sha256(&private_ix),
-            rows: n,
+            rows: private_ix.len(),
         },
         training: TrainingInfo {
             seed: plan.seed,
@@ -745,13 +801,15 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             init: plan.init.as_ref().map(|p| p.display().to_string()),
         },
         dp: dp_info,
+        canaries: canary_info,
     };
     let record = serde_json::json!({
         "trained_on": format!("{:?}", plan.on).to_lowercase(),
         "split": plan.split.display().to_string(),
         "members_sha256": indices_sha256(&private_ix),
         "data_sha256": images.sha256,
-        "rows": n,
+        "rows": private_ix.len(),
+        "canaries": canaries.as_ref().map(|c| c.len()),
         "steps": plan.steps,
         "command": plan.command,
         "dp": card.dp.as_ref().map(|d| serde_json::json!({
