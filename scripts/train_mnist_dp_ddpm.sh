@@ -3,13 +3,15 @@
 # members, 2,000 non-members, made by scripts/make_mnist_split.py; remade if missing):
 #   OUT/mnist-dp-ddpm     DP-SGD (Poisson q, clip C, noise σ, Adam, EMA), the mnist-ddpm architecture
 #   OUT/mnist-nodp-ddpm   its non-private twin: same architecture, steps, batch size (q·n), lr, EMA
+#   OUT/mnist-dp-ddpm-canaries  (CANARIES=m > 0) the DP run again with m canaries, for
+#                         `mia --audit one-run` (its ε lower bound against the same accounted ε)
 #
 #   scripts/train_mnist_dp_ddpm.sh DPAUDIT cpu|cuda OUT
 #
 # Defaults (override with the environment variables in brackets):
 #   cpu:  σ = 1.0 [SIGMA], q = 0.03 [Q] (120 of 4,000 per step), 400 steps [STEPS]
 #         -> PLD ε = 3.85 at δ = 1e-5; ≈ 48k per-sample gradients; per-sample chunk 16 [CHUNK]
-#   cuda: σ = 1.0, q = 0.03, 2000 steps -> PLD ε = 8.96 at δ = 1e-5; chunk 120
+#   cuda: σ = 1.0, q = 0.03, 2000 steps -> PLD ε = 8.96 at δ = 1e-5; chunk 120; CANARIES = 1000
 #   both: lr 2e-3 [LR], EMA 0.999 [EMA], C = 1 [CLIP], δ = 1e-5.
 # DP noise, Poisson sampling and the initial weights come from the OS CSPRNG unless SEED is set
 # (a seeded run is not private against anyone who knows the seed). Existing folders are refused
@@ -25,8 +27,8 @@ BIN=$1
 DEV=$2
 OUT=$3
 case "$DEV" in
-  cpu) : "${STEPS:=400}" "${CHUNK:=16}" ;;
-  cuda) : "${STEPS:=2000}" "${CHUNK:=120}" ;;
+  cpu) : "${STEPS:=400}" "${CHUNK:=16}" "${CANARIES:=0}" ;;
+  cuda) : "${STEPS:=2000}" "${CHUNK:=120}" "${CANARIES:=1000}" ;;
   *) echo "device must be cpu or cuda, got '$DEV'" >&2; exit 2 ;;
 esac
 : "${SIGMA:=1.0}" "${Q:=0.03}" "${LR:=2e-3}" "${EMA:=0.999}" "${CLIP:=1}"
@@ -61,5 +63,12 @@ if [ "${PARALLEL:-0}" != 1 ]; then wait "$DP_PID"; fi
   --steps "$STEPS" --batch-size "$BATCH" --lr "$LR" --ema "$EMA" ${EXTRA[@]+"${EXTRA[@]}"} \
   --out "$OUT/mnist-nodp-ddpm" 2> "$OUT/mnist-nodp-ddpm.log" > "$OUT/mnist-nodp-ddpm.out"
 wait "$DP_PID"
+if [ "$CANARIES" -gt 0 ]; then
+  /usr/bin/time -v "$BIN" train --unet mnist-ddpm --device "$DEV" --data "$DATA" --split "$SPLIT" \
+    --dp --noise-multiplier "$SIGMA" --clip "$CLIP" --sample-rate "$Q" --delta 1e-5 \
+    --steps "$STEPS" --batch-size "$CHUNK" --lr "$LR" --ema "$EMA" --canaries "$CANARIES" \
+    ${EXTRA[@]+"${EXTRA[@]}"} --out "$OUT/mnist-dp-ddpm-canaries" \
+    2> "$OUT/mnist-dp-ddpm-canaries.log" > "$OUT/mnist-dp-ddpm-canaries.out"
+fi
 set +x
-cat "$OUT/mnist-dp-ddpm.out" "$OUT/mnist-nodp-ddpm.out"
+cat "$OUT"/*.out
