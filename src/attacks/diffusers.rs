@@ -97,10 +97,12 @@ impl AttackedRows {
                         .filter(|(c, j)| *j < c.len());
                     match c {
                         Some((c, j)) if r.record_id == c.ids[j] && r.member == c.included[j] => {}
-                        _ => return bad(format!(
+                        _ => {
+                            return bad(format!(
                             "canary record {} at position {p} is not the folder's canary there (id or inclusion bit)",
                             r.record_id
-                        )),
+                        ))
+                        }
                     }
                 }
             }
