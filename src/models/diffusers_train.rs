@@ -67,6 +67,11 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
         MNIST_DDPM,
         "28×28×1, blocks [16, 32]: the architecture of models/mnist-ddpm (176k parameters)",
     ),
+    (
+        "ddpm-cifar10",
+        DDPM_CIFAR10,
+        "32×32×3, blocks [128, 256, 256, 256], attention at 16×16: google/ddpm-cifar10-32's architecture (35.7M parameters)",
+    ),
 ];
 
 const TINY: &str = r#"{
@@ -99,6 +104,42 @@ const TINY: &str = r#"{
   "time_embedding_dim": null,
   "time_embedding_type": "positional",
   "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
+  "upsample_type": "conv"
+}
+"#;
+
+/// The UNet of Ho et al. (2020) for CIFAR-10 as diffusers ships it (google/ddpm-cifar10-32's
+/// config.json): 35.7M parameters.
+const DDPM_CIFAR10: &str = r#"{
+  "_class_name": "UNet2DModel",
+  "_diffusers_version": "0.42.1",
+  "act_fn": "silu",
+  "add_attention": true,
+  "attention_head_dim": null,
+  "attn_norm_num_groups": null,
+  "block_out_channels": [128, 256, 256, 256],
+  "center_input_sample": false,
+  "class_embed_type": null,
+  "down_block_types": ["DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"],
+  "downsample_padding": 0,
+  "downsample_type": "conv",
+  "dropout": 0.0,
+  "flip_sin_to_cos": false,
+  "freq_shift": 1,
+  "in_channels": 3,
+  "layers_per_block": 2,
+  "mid_block_scale_factor": 1,
+  "mid_block_type": "UNetMidBlock2D",
+  "norm_eps": 1e-06,
+  "norm_num_groups": 32,
+  "num_class_embeds": null,
+  "num_train_timesteps": null,
+  "out_channels": 3,
+  "resnet_time_scale_shift": "default",
+  "sample_size": 32,
+  "time_embedding_dim": null,
+  "time_embedding_type": "positional",
+  "up_block_types": ["UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"],
   "upsample_type": "conv"
 }
 "#;
@@ -853,4 +894,23 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         event,
         lines,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every preset parses, and `ddpm-cifar10` builds with google/ddpm-cifar10-32's 35,746,307
+    /// parameters (the count diffusers reports for that checkpoint).
+    #[test]
+    fn presets_build_with_their_parameter_counts() {
+        for (name, _, _) in PRESETS {
+            let (text, _) = config_text(name).unwrap();
+            Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+        }
+        let (text, _) = config_text("ddpm-cifar10").unwrap();
+        let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+        let m = TrainUnet::random(&config, 0, &Device::Cpu).unwrap();
+        assert_eq!(m.parameters(), 35_746_307);
+    }
 }
