@@ -391,6 +391,37 @@ impl Ema {
     }
 }
 
+/// Progress for logs: when stderr is not a terminal (where the bar is not drawn) and the run is
+/// not quiet, one line every 5 % of the steps with the elapsed time and the ETA, so a long run
+/// in the background (e.g. `scripts/train_mnist_dp_ddpm.sh`) shows how far it is.
+struct LogProgress {
+    start: std::time::Instant,
+    total: usize,
+    every: usize,
+    on: bool,
+}
+
+impl LogProgress {
+    fn new(total: usize, quiet: bool) -> Self {
+        use std::io::IsTerminal;
+        LogProgress {
+            start: std::time::Instant::now(),
+            total,
+            every: total.div_ceil(20).max(1),
+            on: !quiet && !crate::report::progress::is_quiet() && !std::io::stderr().is_terminal(),
+        }
+    }
+    /// After step `done` (1-based).
+    fn step(&self, done: usize) {
+        if !self.on || !(done.is_multiple_of(self.every) || done == self.total) {
+            return;
+        }
+        let el = self.start.elapsed().as_secs_f64();
+        let eta = el / done as f64 * (self.total - done) as f64;
+        eprintln!("step {done}/{}: elapsed {:.0} s, ETA {:.0} s", self.total, el, eta);
+    }
+}
+
 /// Mean denoising loss on `rows` with one fixed (t, ε) draw per row from `seed`.
 fn eval_loss(
     m: &TrainUnet,
@@ -615,6 +646,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         if plan.dp.is_some() { "dp-sgd" } else { "train" },
     );
     let shape4 = |k: usize| (k, c, h, w);
+    let log = LogProgress::new(plan.steps, plan.quiet);
     let mut ledger = EventBuilder::new();
     let mut total_batch = 0usize;
     match &plan.dp {
@@ -627,7 +659,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 DpEvent::poisson(d.sample_rate, DpEvent::gaussian(d.noise_multiplier))
             };
             let expected = d.sample_rate * n as f64;
-            for _ in 0..plan.steps {
+            for step in 0..plan.steps {
                 // Poisson sampling.
                 let rows: Vec<usize> = (0..n).filter(|_| rng.random::<f64>() < d.sample_rate).collect();
                 let m = rows.len();
@@ -675,12 +707,13 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 ema.update(&model)?;
                 ledger.push(step_event.clone());
                 bar.inc(1);
+                log.step(step + 1);
             }
         }
         None => {
             let mut rng = ChaCha8Rng::seed_from_u64(public_seed ^ 0x7a11);
             let b = plan.batch_size;
-            for _ in 0..plan.steps {
+            for step in 0..plan.steps {
                 let idx: Vec<usize> = (0..b).map(|_| rng.random_range(0..n)).collect();
                 let mut xb = Vec::with_capacity(b * dim);
                 for &i in &idx {
@@ -697,6 +730,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 ema.update(&model)?;
                 total_batch += b;
                 bar.inc(1);
+                log.step(step + 1);
             }
         }
     }
