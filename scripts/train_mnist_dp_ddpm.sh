@@ -41,7 +41,7 @@ if [ ! -f "$SPLIT" ]; then
     --note "models/mnist-dp-ddpm and its non-private twin"
 fi
 MEMBERS=$(grep -c . <(grep '^members = ' "$SPLIT" | tr ',' '\n'))
-BATCH=$(python3 -c "print(round($Q * $MEMBERS))")
+BATCH=$(awk "BEGIN { printf \"%d\", $Q * $MEMBERS + 0.5 }")
 EXTRA=()
 if [ -n "${SEED:-}" ]; then EXTRA+=(--seed "$SEED"); fi
 if [ "${FORCE:-0}" = 1 ]; then EXTRA+=(--force); fi
