@@ -1,15 +1,19 @@
 //! Membership inference on diffusers checkpoints: the loss, SecMI and PIA attacks of
 //! [`super::mia`] through the batched [`crate::models::eps::EpsPredictor`] interface, on an
-//! image data set and split, with the same metrics and report as for dpaudit's own checkpoints.
+//! image data set and split, with the same metrics and report as for dpaudit's own checkpoints:
+//! the one-run audit on the canaries of a folder `train --unet --canaries m` wrote, and shards
+//! (`mia --shard i/n`, [`score_shard`]) that `merge` reassembles into one run ([`assemble`]).
 
 use std::path::Path;
 
 use indicatif::ProgressBar;
 
-use super::mia::{self, AttackKind};
-use super::pipeline::{evaluate_scores, Basis, Evaluated, MiaPlan, MiaReport, TargetInfo};
-use super::scores::{self, ScoreSet};
+use super::mia::{self, AttackKind, Target};
+use super::pipeline::{evaluate_scores, AuditKind, Basis, Evaluated, MiaPlan, MiaReport, TargetInfo};
+use super::scores::{self, ScoreRecord, ScoreSet};
+use super::shard_spec::ShardSpec;
 use crate::error::{Error, Result};
+use crate::models::canary::Canaries;
 use crate::models::data::indices_sha256;
 use crate::models::diffusers::{DiffusersCheckpoint, DiffusersDenoiser};
 use crate::models::images::ImageSet;
@@ -41,11 +45,257 @@ impl super::denoiser::Denoiser for DiffusersDenoiser<'_> {
     }
 }
 
+/// The records a diffusers run attacks, in the unsharded run's order: the split's members, then
+/// its non-members (each list cut to `max_examples`), then (one-run audits) the folder's canaries.
+#[derive(Debug, Clone)]
+pub struct AttackedRows {
+    /// Data rows of the members attacked.
+    pub members: Vec<usize>,
+    /// Data rows of the non-members attacked.
+    pub nonmembers: Vec<usize>,
+    /// The canaries (with `--audit one-run`).
+    pub canaries: Option<Canaries>,
+    training: Option<TrainingRecord>,
+}
+
+impl AttackedRows {
+    /// The split rows (members then non-members) by position.
+    pub fn split_rows(&self) -> Vec<usize> {
+        self.members.iter().chain(&self.nonmembers).copied().collect()
+    }
+
+    /// Checks that `records` at `positions` are exactly the records of one unsharded run of
+    /// `plan` on these rows: ids, membership labels and canary inclusion bits by position, and
+    /// one record per position for every (attack, step).
+    pub fn check_records(&self, records: &[ScoreRecord], positions: &[usize], plan: &MiaPlan) -> Result<()> {
+        let all = self.split_rows();
+        let n_members = self.members.len();
+        let bad = |what: String| Err(Error::input(format!("the parts do not match the split: {what}")));
+        for (r, &p) in records.iter().zip(positions) {
+            match r.set {
+                ScoreSet::Split => {
+                    let Some(row) = all.get(p) else {
+                        return bad(format!(
+                            "record {} at position {p} is past the {} rows attacked",
+                            r.record_id,
+                            all.len()
+                        ));
+                    };
+                    if r.record_id != row.to_string() || r.member != (p < n_members) {
+                        return bad(format!(
+                            "the record at position {p} is `{}` ({}), the split has row {row} ({}) there",
+                            r.record_id,
+                            if r.member { "member" } else { "non-member" },
+                            if p < n_members { "member" } else { "non-member" }
+                        ));
+                    }
+                }
+                ScoreSet::Canary => {
+                    let c = p
+                        .checked_sub(all.len())
+                        .and_then(|j| self.canaries.as_ref().map(|c| (c, j)))
+                        .filter(|(c, j)| *j < c.len());
+                    match c {
+                        Some((c, j)) if r.record_id == c.ids[j] && r.member == c.included[j] => {}
+                        _ => {
+                            return bad(format!(
+                            "canary record {} at position {p} is not the folder's canary there (id or inclusion bit)",
+                            r.record_id
+                        ))
+                        }
+                    }
+                }
+            }
+        }
+        let n_canaries = self.canaries.as_ref().map_or(0, Canaries::len);
+        for &a in &plan.attacks {
+            for &t in &plan.timesteps {
+                let of = |set: ScoreSet| {
+                    records
+                        .iter()
+                        .filter(|r| r.attack == a && r.t == t && r.set == set)
+                        .count()
+                };
+                let (s, c) = (of(ScoreSet::Split), of(ScoreSet::Canary));
+                if s != all.len() || c != n_canaries {
+                    return bad(format!(
+                        "{} at t = {t} has {s} split and {c} canary records; the run has {} and {n_canaries} (a part is missing or relabelled)",
+                        a.as_str(),
+                        all.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The folder `train --unet` wrote its card in (the UNet folder).
+fn card_dir(ck: &DiffusersCheckpoint) -> &Path {
+    ck.config_path.parent().unwrap_or(&ck.dir)
+}
+
+/// Checks the plan against what a diffusers folder supports, the split against the folder's
+/// training record, and lists the rows to attack.
+pub fn attacked_rows(
+    ck: &DiffusersCheckpoint,
+    images: &ImageSet,
+    split: &SplitManifest,
+    split_path: &Path,
+    plan: &MiaPlan,
+    max_examples: Option<usize>,
+) -> Result<AttackedRows> {
+    images.check_split(split, split_path)?;
+    if plan.table2.is_some() || !plan.cosine_steps.is_empty() {
+        return Err(Error::input(
+            "--table2 and --cosine are for dpaudit's own 8×8 checkpoints",
+        ));
+    }
+    if plan.audit == Some(AuditKind::ManyRuns) {
+        return Err(Error::field(
+            "--audit",
+            "many-runs reads a --scores file of independent trials; a diffusers folder supports one-run (train --unet … --canaries m)",
+        ));
+    }
+    if plan.attacks.contains(&AttackKind::Empirical) {
+        return Err(Error::field(
+            "--attack",
+            "the empirical attack is for 8×8 checkpoints; use loss, secmi or pia with a diffusers checkpoint",
+        ));
+    }
+    let record_path = ck.dir.join("training.json");
+    let record_path = if record_path.is_file() {
+        record_path
+    } else {
+        card_dir(ck).join("training.json")
+    };
+    let training: Option<TrainingRecord> = if record_path.is_file() {
+        let text = crate::input::read_to_string(&record_path)?;
+        Some(
+            serde_json::from_str(&text)
+                .map_err(|e| Error::input(format!("not a training record: {e}")).with_file(&record_path))?,
+        )
+    } else {
+        None
+    };
+    if let Some(h) = training.as_ref().and_then(|r| r.members_sha256.as_ref()) {
+        if *h != indices_sha256(&split.members) {
+            return Err(Error::input(
+                "the split's `members` list does not hash to the training record's members_sha256: this is not the split the model was trained on",
+            )
+            .with_file(&record_path));
+        }
+    }
+    let canaries = match plan.audit {
+        Some(AuditKind::OneRun) => {
+            let dir = card_dir(ck);
+            let card = crate::models::diffusers_train::UnetCard::load(dir)?.ok_or_else(|| {
+                Error::field(
+                    "--audit",
+                    format!(
+                        "one-run needs the canaries of a folder `train --unet … --canaries m` wrote; {} has no dpaudit card",
+                        dir.display()
+                    ),
+                )
+            })?;
+            let c = card.canaries(dir)?;
+            if c.dim != images.dim() {
+                return Err(Error::input(format!(
+                    "the canaries have {} values, the images {}",
+                    c.dim,
+                    images.dim()
+                ))
+                .with_file(dir.join(crate::models::diffusers_train::CANARIES)));
+            }
+            Some(c)
+        }
+        _ => None,
+    };
+    let cap = |ix: &[usize]| -> Vec<usize> { ix.iter().take(max_examples.unwrap_or(usize::MAX)).copied().collect() };
+    Ok(AttackedRows {
+        members: cap(&split.members),
+        nonmembers: cap(&split.nonmembers),
+        canaries,
+        training,
+    })
+}
+
+/// Key of a canary's noise stream: above every data row index (as for 8×8 checkpoints).
+const CANARY_KEY_BASE: u64 = 1 << 48;
+
+/// Scores the records of `rows` at positions p with p mod n = i (`shard` i/n; all without one),
+/// each with its position in the unsharded run. Every record's attack noise is keyed by its
+/// position within its own list (member i and non-member i share a stream, as one run always
+/// drew them) or its canary index, and the UNet treats the rows of a batch independently, so a
+/// record's score is the same whichever shard computes it.
+pub fn score_shard(
+    den: &DiffusersDenoiser<'_>,
+    images: &ImageSet,
+    rows: &AttackedRows,
+    plan: &MiaPlan,
+    bar: Option<&ProgressBar>,
+    shard: Option<ShardSpec>,
+) -> Result<Vec<(usize, ScoreRecord)>> {
+    let mine = |p: usize| shard.is_none_or(|s| s.owns(p));
+    let m = rows.members.len();
+    let all = rows.split_rows();
+    // (positions, data rows or canary index, keys, ids, labels) of each population.
+    let split_pos: Vec<usize> = (0..all.len()).filter(|&p| mine(p)).collect();
+    let q_ix: Vec<usize> = split_pos.iter().map(|&p| all[p]).collect();
+    let q_rows = images.rows(&q_ix);
+    let q_keys: Vec<u64> = split_pos
+        .iter()
+        .map(|&p| if p < m { p } else { p - m } as u64)
+        .collect();
+    let ids: Vec<String> = q_ix.iter().map(|i| i.to_string()).collect();
+    let labels: Vec<bool> = split_pos.iter().map(|&p| p < m).collect();
+    let base = all.len();
+    let mut out = Vec::new();
+    for &kind in &plan.attacks {
+        for &t in &plan.timesteps {
+            if let Some(b) = bar {
+                b.set_message(format!("{} at t = {t}", kind.as_str()));
+            }
+            let s = mia::scores_keyed(kind, den, &[], &q_rows, &q_keys, t, &plan.score)?;
+            out.extend(
+                split_pos
+                    .iter()
+                    .copied()
+                    .zip(scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s)),
+            );
+            if let (Some(c), Target::Checkpoint) = (&rows.canaries, kind.target()) {
+                let pos: Vec<usize> = (0..c.len()).filter(|&j| mine(base + j)).collect();
+                let crow: Vec<f32> = pos
+                    .iter()
+                    .flat_map(|&j| c.rows[j * c.dim..(j + 1) * c.dim].iter().copied())
+                    .collect();
+                let keys: Vec<u64> = pos.iter().map(|&j| CANARY_KEY_BASE + j as u64).collect();
+                let cids: Vec<String> = pos.iter().map(|&j| c.ids[j].clone()).collect();
+                let inc: Vec<bool> = pos.iter().map(|&j| c.included[j]).collect();
+                let s = mia::scores_keyed(kind, den, &[], &crow, &keys, t, &plan.score)?;
+                out.extend(pos.iter().map(|&j| base + j).zip(scores::records(
+                    kind,
+                    t,
+                    ScoreSet::Canary,
+                    &cids,
+                    &inc,
+                    &s,
+                )));
+            }
+            if let Some(b) = bar {
+                b.inc(1);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Runs the plan's attacks on `den` (a loaded diffusers checkpoint) with the split's members and
 /// non-members; `max_examples` keeps only the first that many of each (a reduced set for quick
-/// runs). The empirical attack, audits and the Table-2/cosine extras are for 8×8 checkpoints
-/// only. Without a stated mechanism (see [`run_with_basis`]) results have no theoretical limit.
-/// Returns the report and every score record (for `--scores-out`; record ids are the data rows).
+/// runs). The empirical attack, the many-runs audit and the Table-2/cosine extras are for 8×8
+/// checkpoints only. Without a stated mechanism (see [`run_with_basis`]) results have no
+/// theoretical limit. Returns the report and every score record (for `--scores-out`; record ids
+/// are the data rows, canaries their ids).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     ck: &DiffusersCheckpoint,
@@ -88,61 +338,32 @@ pub fn run_with_basis(
     basis: Option<&Basis>,
 ) -> Result<(MiaReport, Vec<scores::ScoreRecord>)> {
     let start = std::time::Instant::now();
-    images.check_split(split, split_path)?;
-    if plan.table2.is_some() || !plan.cosine_steps.is_empty() || plan.audit.is_some() {
-        return Err(Error::input(
-            "--table2, --cosine and --audit are for dpaudit's own 8×8 checkpoints",
-        ));
-    }
-    if plan.attacks.contains(&AttackKind::Empirical) {
-        return Err(Error::field(
-            "--attack",
-            "the empirical attack is for 8×8 checkpoints; use loss, secmi or pia with a diffusers checkpoint",
-        ));
-    }
-    let record_path = ck.dir.join("training.json");
-    let record: Option<TrainingRecord> = if record_path.is_file() {
-        let text = crate::input::read_to_string(&record_path)?;
-        Some(
-            serde_json::from_str(&text)
-                .map_err(|e| Error::input(format!("not a training record: {e}")).with_file(&record_path))?,
-        )
-    } else {
-        None
-    };
-    if let Some(h) = record.as_ref().and_then(|r| r.members_sha256.as_ref()) {
-        if *h != indices_sha256(&split.members) {
-            return Err(Error::input(
-                "the split's `members` list does not hash to the training record's members_sha256: this is not the split the model was trained on",
-            )
-            .with_file(&record_path));
-        }
-    }
-    let cap = |ix: &[usize]| -> Vec<usize> { ix.iter().take(max_examples.unwrap_or(usize::MAX)).copied().collect() };
-    let member_ix = cap(&split.members);
-    let nonmember_ix = cap(&split.nonmembers);
-    let members = images.rows(&member_ix);
-    let nonmembers = images.rows(&nonmember_ix);
-    let ids: Vec<String> = member_ix.iter().chain(&nonmember_ix).map(|i| i.to_string()).collect();
-    let labels: Vec<bool> = member_ix
-        .iter()
-        .map(|_| true)
-        .chain(nonmember_ix.iter().map(|_| false))
+    let rows = attacked_rows(ck, images, split, split_path, plan, max_examples)?;
+    let records: Vec<ScoreRecord> = score_shard(den, images, &rows, plan, bar, None)?
+        .into_iter()
+        .map(|(_, r)| r)
         .collect();
-    let mut records = Vec::new();
-    for &kind in &plan.attacks {
-        for &t in &plan.timesteps {
-            if let Some(b) = bar {
-                b.set_message(format!("{} at t = {t}", kind.as_str()));
-            }
-            let mut s = mia::scores(kind, den, &[], &members, t, &plan.score)?;
-            s.extend(mia::scores(kind, den, &[], &nonmembers, t, &plan.score)?);
-            records.extend(scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s));
-            if let Some(b) = bar {
-                b.inc(1);
-            }
-        }
-    }
+    let report = assemble(
+        ck, images, split, split_path, &rows, plan, device, &records, basis, start,
+    )?;
+    Ok((report, records))
+}
+
+/// The report of `records` (from [`score_shard`] without a shard, or merged shards): metrics,
+/// the one-run audit, comparisons with `basis`.
+#[allow(clippy::too_many_arguments)]
+pub fn assemble(
+    ck: &DiffusersCheckpoint,
+    images: &ImageSet,
+    split: &SplitManifest,
+    split_path: &Path,
+    rows: &AttackedRows,
+    plan: &MiaPlan,
+    device: &str,
+    records: &[ScoreRecord],
+    basis: Option<&Basis>,
+    start: std::time::Instant,
+) -> Result<MiaReport> {
     let name = ck.dir.display().to_string();
     let Evaluated {
         results,
@@ -150,19 +371,28 @@ pub fn run_with_basis(
         one_run,
         many_runs,
         comparisons,
-    } = evaluate_scores(&records, plan, basis, Some(&name))?;
-    let card = crate::models::diffusers_train::UnetCard::load(ck.config_path.parent().unwrap_or(&ck.dir))?;
-    let report = MiaReport {
+    } = evaluate_scores(records, plan, basis, Some(&name))?;
+    let card = crate::models::diffusers_train::UnetCard::load(card_dir(ck))?;
+    let record = rows.training.as_ref();
+    let mut warnings = Vec::new();
+    if let Some(c) = &card {
+        if c.training.randomness != crate::models::checkpoint::RANDOMNESS_OS {
+            warnings.push(format!("training randomness: {}", c.training.randomness));
+        }
+    }
+    if let Some(b) = basis {
+        warnings.extend(b.skipped.iter().map(|s| format!("accountant not used: {s}")));
+    }
+    Ok(MiaReport {
         schema: "dpaudit.mia/2".into(),
         target: Some(TargetInfo {
             checkpoint: name,
             arch: ck.model.config.describe(),
             parameters: ck.model.parameters,
             trained_on: "members".into(),
-            train_rows: record.as_ref().and_then(|r| r.rows).unwrap_or(split.members.len()),
-            steps: record.as_ref().and_then(|r| r.steps).unwrap_or(0) as usize,
+            train_rows: record.and_then(|r| r.rows).unwrap_or(split.members.len()),
+            steps: record.and_then(|r| r.steps).unwrap_or(0) as usize,
             command: record
-                .as_ref()
                 .and_then(|r| r.command.clone())
                 .unwrap_or_else(|| "(no training.json beside the checkpoint)".into()),
             randomness: card
@@ -185,10 +415,32 @@ pub fn run_with_basis(
         one_run,
         many_runs,
         comparisons,
-        warnings: Vec::new(),
+        warnings,
         cosine: Vec::new(),
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
-    };
-    Ok((report, records))
+    })
+}
+
+/// SHA-256 standing for a diffusers folder's content in a part file: of the names and SHA-256
+/// of its config, weights, scheduler config and dpaudit files (card, ledger, canaries, training
+/// record) that exist.
+pub fn folder_sha256(unet_dir: &Path) -> Result<String> {
+    use crate::models::diffusers_train as dt;
+    let mut text = String::new();
+    for name in [
+        "config.json",
+        crate::models::diffusers::WEIGHTS,
+        dt::SCHEDULER,
+        dt::CARD,
+        dt::LEDGER,
+        dt::CANARIES,
+        dt::TRAINING,
+    ] {
+        let p = unet_dir.join(name);
+        if p.is_file() {
+            text.push_str(&format!("{name} {}\n", crate::models::data::sha256_file(&p)?));
+        }
+    }
+    Ok(crate::models::data::sha256_hex(text.as_bytes()))
 }

@@ -783,12 +783,28 @@ pub fn assemble(
 
 /// The report from a scores file; the checkpoint (optional) supplies the training ledger.
 pub fn from_scores(records: &[ScoreRecord], file: &str, ck: Option<&Checkpoint>, plan: &MiaPlan) -> Result<MiaReport> {
-    let start = std::time::Instant::now();
     let ck_basis = match ck {
         Some(c) => checkpoint_basis(c, plan.metric.delta)?,
         None => None,
     };
     let name = ck.map(|c| c.card_path.display().to_string());
+    let mut r = from_scores_basis(records, file, ck_basis, name, plan)?;
+    r.target = ck.map(target_info);
+    r.split = ck.map(|c| c.card.data.split.clone()).unwrap_or_default();
+    r.data = ck.map(|c| c.card.data.file.clone()).unwrap_or_default();
+    Ok(r)
+}
+
+/// The report from a scores file compared with `ck_basis` (e.g. a diffusers folder's ledger or
+/// a stated mechanism) of the checkpoint `name`.
+pub fn from_scores_basis(
+    records: &[ScoreRecord],
+    file: &str,
+    ck_basis: Option<Basis>,
+    name: Option<String>,
+    plan: &MiaPlan,
+) -> Result<MiaReport> {
+    let start = std::time::Instant::now();
     let Evaluated {
         results,
         null_results,
@@ -798,10 +814,10 @@ pub fn from_scores(records: &[ScoreRecord], file: &str, ck: Option<&Checkpoint>,
     } = evaluate_scores(records, plan, ck_basis.as_ref(), name.as_deref())?;
     Ok(MiaReport {
         schema: "dpaudit.mia/2".into(),
-        target: ck.map(target_info),
+        target: None,
         scores_file: Some(file.to_string()),
-        split: ck.map(|c| c.card.data.split.clone()).unwrap_or_default(),
-        data: ck.map(|c| c.card.data.file.clone()).unwrap_or_default(),
+        split: String::new(),
+        data: String::new(),
         device: "none (scores from a file)".into(),
         seed: plan.score.seed,
         delta: plan.metric.delta,

@@ -41,7 +41,7 @@ impl PartInputs {
     pub fn of(checkpoint: &Path, data: &Path, split: &Path) -> Result<Self> {
         Ok(PartInputs {
             checkpoint: checkpoint.to_path_buf(),
-            checkpoint_sha256: sha256_file(checkpoint)?,
+            checkpoint_sha256: input_sha256(checkpoint)?,
             data: data.to_path_buf(),
             data_sha256: sha256_file(data)?,
             split: split.to_path_buf(),
@@ -55,6 +55,27 @@ impl PartInputs {
             && self.data_sha256 == other.data_sha256
             && self.split_sha256 == other.split_sha256
     }
+}
+
+/// SHA-256 of a part's checkpoint: of the card file, or for a diffusers UNet folder of its files
+/// ([`super::diffusers::folder_sha256`]).
+pub fn input_sha256(checkpoint: &Path) -> Result<String> {
+    if checkpoint.is_dir() {
+        super::diffusers::folder_sha256(checkpoint)
+    } else {
+        sha256_file(checkpoint)
+    }
+}
+
+/// What a part of a diffusers folder's run also depends on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffusersPart {
+    /// `--max-examples`: the first N members and non-members are attacked.
+    pub max_examples: Option<usize>,
+    /// The guarantee the attacks are compared with (the folder's ledger or the stated
+    /// mechanism), as the shard computed it.
+    pub basis: Option<Basis>,
 }
 
 /// Everything of a [`MiaPlan`] that a shard's scores and the merged metrics depend on.
@@ -83,6 +104,9 @@ pub struct PartPlan {
     pub audit: Option<AuditKind>,
     /// The sampler's accounting for the empirical attack.
     pub sampler: Option<Basis>,
+    /// A diffusers folder's run (None: a dpaudit checkpoint card).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diffusers: Option<DiffusersPart>,
 }
 
 impl PartPlan {
@@ -112,6 +136,7 @@ impl PartPlan {
             null_test: plan.null_test,
             audit: plan.audit,
             sampler: plan.sampler.clone(),
+            diffusers: None,
         })
     }
 

@@ -21,13 +21,38 @@ pub struct Plan {
     pub accountants: Vec<AccountantKind>,
     /// Overrides the configuration's δ (checked to lie in (0, 1)).
     pub delta: Option<f64>,
+    /// With a diffusers `scheduler_config.json` as `config`: what the file cannot say
+    /// (`--dataset-size`, `--clip`, `--samples`, `--sampler`, `--inference-steps`).
+    pub scheduler: crate::diffusion::sampler::SchedulerFlags,
 }
 
 /// `analyze`: loads the sampler configuration (its defaulted settings noted on stderr), analyses
 /// it and returns the report, the terminal table, `analyze.csv` (the main table) and
 /// `analyze.json` (every step, window row and accountant line).
 pub fn execute(plan: &Plan) -> Result<super::Outcome> {
-    let mut cfg = SamplerConfig::load(&plan.config)?;
+    let mut cfg = if SamplerConfig::is_scheduler_json(&plan.config) {
+        let mut flags = plan.scheduler.clone();
+        flags.delta = plan.delta;
+        SamplerConfig::from_scheduler_json(&plan.config, &flags)?
+    } else {
+        let f = &plan.scheduler;
+        for (given, flag) in [
+            (f.dataset_size.is_some(), "--dataset-size"),
+            (f.clip_norm.is_some(), "--clip"),
+            (f.samples.is_some(), "--samples"),
+            (f.sampler.is_some(), "--sampler"),
+            (f.inference_steps.is_some(), "--inference-steps"),
+        ] {
+            if given {
+                return Err(crate::Error::field(
+                    flag,
+                    "only with a diffusers scheduler_config.json; a sampler TOML states it itself ([privacy], sampler, inference_steps)",
+                )
+                .with_file(&plan.config));
+            }
+        }
+        SamplerConfig::load(&plan.config)?
+    };
     cfg.warn_defaults(&plan.config);
     if let Some(d) = plan.delta {
         cfg.delta = d;

@@ -8,7 +8,6 @@ use crate::attacks::pipeline::{self, MiaReport};
 use crate::attacks::scores::ScoreRecord;
 use crate::attacks::shard::{self, MiaPart};
 use crate::error::{Error, Result};
-use crate::models::data::sha256_file;
 use crate::models::{device, Checkpoint, Dataset, SplitManifest};
 
 /// A validated `merge` request.
@@ -45,6 +44,9 @@ pub fn execute(plan: &Plan) -> Result<Merged> {
         .map(|p| Ok((p.clone(), MiaPart::load(p)?)))
         .collect::<Result<Vec<_>>>()?;
     let merged = shard::merge(&parts)?;
+    if let Some(d) = &merged.plan.diffusers {
+        return execute_diffusers(plan, &merged, d, parts.len());
+    }
     let inputs = &merged.inputs;
     let card = checked(
         &plan.checkpoint,
@@ -81,10 +83,53 @@ pub fn execute(plan: &Plan) -> Result<Merged> {
     })
 }
 
+/// The merge of a diffusers folder's parts: records checked against the attacked rows (split,
+/// `--max-examples`, canaries), the report assembled as one unsharded run's.
+fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPart, n_parts: usize) -> Result<Merged> {
+    use crate::models::diffusers::{unet_dir, DiffusersCheckpoint};
+    let inputs = &merged.inputs;
+    let given = plan
+        .checkpoint
+        .as_ref()
+        .map(|p| unet_dir(p).unwrap_or_else(|| p.clone()));
+    let folder = checked(
+        &given,
+        &inputs.checkpoint,
+        &inputs.checkpoint_sha256,
+        "the diffusers folder",
+    )?;
+    let data_path = checked(&plan.data, &inputs.data, &inputs.data_sha256, "the data file")?;
+    let split_path = checked(&plan.split, &inputs.split, &inputs.split_sha256, "the split manifest")?;
+    let dev = device::select(device::DeviceChoice::Cpu)?;
+    let ck = DiffusersCheckpoint::load(&folder, &dev)?;
+    let images = crate::models::images::ImageSet::load(&data_path)?;
+    let split = SplitManifest::load(&split_path)?;
+    let mia_plan = merged.plan.to_plan();
+    let rows = crate::attacks::diffusers::attacked_rows(&ck, &images, &split, &split_path, &mia_plan, d.max_examples)?;
+    rows.check_records(&merged.records, &merged.positions, &mia_plan)?;
+    let report = crate::attacks::diffusers::assemble(
+        &ck,
+        &images,
+        &split,
+        &split_path,
+        &rows,
+        &mia_plan,
+        "merged shards",
+        &merged.records,
+        d.basis.as_ref(),
+        plan.started,
+    )?;
+    crate::report::progress::note(&format!("merged {n_parts} parts, {} records", merged.records.len()));
+    Ok(Merged {
+        report,
+        records: merged.records.clone(),
+    })
+}
+
 /// The input at `given` (else `recorded`), refused unless its SHA-256 is `want`.
 fn checked(given: &Option<PathBuf>, recorded: &Path, want: &str, what: &str) -> Result<PathBuf> {
     let path = given.clone().unwrap_or_else(|| recorded.to_path_buf());
-    let got = sha256_file(&path)?;
+    let got = shard::input_sha256(&path)?;
     if got != want {
         return Err(
             Error::input(format!("{what} has SHA-256 {got}; the parts were computed from {want}")).with_file(&path),

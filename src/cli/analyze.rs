@@ -13,7 +13,11 @@ use dpaudit::error::Error;
 dpaudit analyze fixtures/samplers/edm-cifar10-paper.toml\n  \
 dpaudit analyze fixtures/samplers/edm-cifar10-subsampled.toml --accountant clt,pld --format json\n\n\
 Reproduces the paper's Figure 6 full-batch μ ≈ 787.6 with the first fixture (convention C,\n\
-2C/(β|D|) = 1). Exit code 2 on a bad configuration (file:line: field: message).")]
+2C/(β|D|) = 1).\n\n\
+A diffusers scheduler_config.json (DDPMScheduler or DDIMScheduler; detected by extension or\n\
+content) is analysed directly; the flags say what the file cannot (each default is warned):\n  \
+dpaudit analyze scheduler_config.json --dataset-size 50000 --clip 1 --samples 100 --inference-steps 50\n\n\
+Exit code 2 on a bad configuration (file:line: field: message).")]
 /// Per-step privacy analysis of a diffusion sampler configuration.
 pub struct Args {
     /// Sampler configuration (TOML).
@@ -24,6 +28,22 @@ pub struct Args {
     /// Override the δ of the configuration.
     #[arg(long)]
     pub delta: Option<f64>,
+    /// With a scheduler_config.json: the private data set size |D| (required).
+    #[arg(long, value_name = "N")]
+    pub dataset_size: Option<u64>,
+    /// With a scheduler_config.json: the clipping norm C (default 1, warned).
+    #[arg(long, value_name = "C")]
+    pub clip: Option<f64>,
+    /// With a scheduler_config.json: generated samples S (default 1, warned).
+    #[arg(long, value_name = "S")]
+    pub samples: Option<u64>,
+    /// With a scheduler_config.json: ddim, ddpm, edm-heun or flow-euler (default: the
+    /// scheduler's class, warned).
+    #[arg(long, value_parser = ["ddim", "ddpm", "edm-heun", "flow-euler"])]
+    pub sampler: Option<String>,
+    /// With a scheduler_config.json: inference steps (default: every training step, warned).
+    #[arg(long, value_name = "K")]
+    pub inference_steps: Option<usize>,
     /// Output grammar: --format, --out DIR, --force, -q, -v.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -32,6 +52,7 @@ pub struct Args {
 /// Runs `dpaudit analyze`.
 pub fn run(args: Args) -> anyhow::Result<Status> {
     let out = args.output.prepare(Format::Text, &["analyze.csv", "analyze.json"])?;
+    let scheduler = scheduler_flags(&args)?;
     let plan = analyze::Plan {
         config: args.config,
         accountants: parse_accountants(&args.accountant)?,
@@ -45,6 +66,37 @@ pub fn run(args: Args) -> anyhow::Result<Status> {
                 }
             })
             .transpose()?,
+        scheduler,
     };
     Ok(out.emit(analyze::execute(&plan)?)?)
+}
+
+/// The scheduler_config.json flags, checked (errors name the flag).
+fn scheduler_flags(a: &Args) -> anyhow::Result<dpaudit::diffusion::sampler::SchedulerFlags> {
+    use dpaudit::diffusion::sampler::SamplerKind;
+    if a.dataset_size == Some(0) {
+        return Err(Error::field("--dataset-size", "must be ≥ 1").into());
+    }
+    if let Some(c) = a.clip.filter(|c| !(*c > 0.0 && c.is_finite())) {
+        return Err(Error::field("--clip", format!("must be a finite number > 0, got {c}")).into());
+    }
+    if a.samples == Some(0) {
+        return Err(Error::field("--samples", "must be ≥ 1").into());
+    }
+    if let Some(k) = a.inference_steps.filter(|&k| k < 2) {
+        return Err(Error::field("--inference-steps", format!("must be ≥ 2, got {k}")).into());
+    }
+    Ok(dpaudit::diffusion::sampler::SchedulerFlags {
+        dataset_size: a.dataset_size,
+        clip_norm: a.clip,
+        samples: a.samples,
+        sampler: a.sampler.as_deref().map(|s| match s {
+            "ddim" => SamplerKind::Ddim,
+            "ddpm" => SamplerKind::Ddpm,
+            "edm-heun" => SamplerKind::EdmHeun,
+            _ => SamplerKind::FlowEuler,
+        }),
+        inference_steps: a.inference_steps,
+        delta: None,
+    })
 }

@@ -209,6 +209,60 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
     })
 }
 
+/// A loaded diffusers folder with its data, split, plan and stated or recorded mechanism.
+struct DiffusersRun {
+    ck: dpaudit::models::diffusers::DiffusersCheckpoint,
+    images: dpaudit::models::images::ImageSet,
+    split: SplitManifest,
+    data_path: PathBuf,
+    split_path: PathBuf,
+    basis: Option<pipeline::Basis>,
+}
+
+impl DiffusersRun {
+    fn load(a: &Args, dir: &std::path::Path, dev: &candle_core::Device) -> anyhow::Result<Self> {
+        use dpaudit::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
+        if a.batch_size == 0 || a.max_examples == Some(0) {
+            return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
+        }
+        let ck = DiffusersCheckpoint::load(dir, dev)?;
+        let data_path = a
+            .data
+            .clone()
+            .ok_or_else(|| Error::field("--data", "required with a diffusers checkpoint"))?;
+        let split_path = a
+            .split
+            .clone()
+            .ok_or_else(|| Error::field("--split", "required with a diffusers checkpoint"))?;
+        let images = ImageSet::load(&data_path)?;
+        let split = SplitManifest::load(&split_path)?;
+        let basis = dpaudit::attacks::mechanism::diffusers_basis(
+            ck.config_path.parent().unwrap_or(dir),
+            a.mechanism.ledger.as_deref(),
+            &a.mechanism.spec(),
+            a.delta,
+        )?;
+        Ok(DiffusersRun {
+            ck,
+            images,
+            split,
+            data_path,
+            split_path,
+            basis,
+        })
+    }
+
+    /// The plan, with the empirical attack dropped (warned) when it came from the defaults.
+    fn plan(&self, a: &Args, den: &dpaudit::models::diffusers::DiffusersDenoiser<'_>) -> anyhow::Result<MiaPlan> {
+        let mut p = plan(a, Some(&|s: &str| den.schedule.parse_timestep(s)))?;
+        if p.attacks.contains(&AttackKind::Empirical) {
+            eprintln!("warning: the empirical attack is for 8×8 checkpoints; skipped for this diffusers checkpoint");
+            p.attacks.retain(|k| *k != AttackKind::Empirical);
+        }
+        Ok(p)
+    }
+}
+
 /// A diffusers checkpoint folder: images and split from flags, scores through the batched UNet.
 fn run_diffusers(
     a: &Args,
@@ -216,49 +270,25 @@ fn run_diffusers(
     dev: &candle_core::Device,
     dev_name: &str,
 ) -> anyhow::Result<(pipeline::MiaReport, Vec<scores::ScoreRecord>)> {
-    use dpaudit::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
-    if a.batch_size == 0 || a.max_examples == Some(0) {
-        return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
-    }
-    let ck = DiffusersCheckpoint::load(dir, dev)?;
-    let data_path = a
-        .data
-        .clone()
-        .ok_or_else(|| Error::field("--data", "required with a diffusers checkpoint"))?;
-    let split_path = a
-        .split
-        .clone()
-        .ok_or_else(|| Error::field("--split", "required with a diffusers checkpoint"))?;
-    let images = ImageSet::load(&data_path)?;
-    let split = SplitManifest::load(&split_path)?;
-    let den = ck.denoiser(images.shape, a.batch_size)?;
-    let mut p = plan(a, Some(&|s: &str| den.schedule.parse_timestep(s)))?;
-    if p.attacks.contains(&AttackKind::Empirical) {
-        eprintln!("warning: the empirical attack is for 8×8 checkpoints; skipped for this diffusers checkpoint");
-        p.attacks.retain(|k| *k != AttackKind::Empirical);
-    }
+    let r = DiffusersRun::load(a, dir, dev)?;
+    let den = r.ck.denoiser(r.images.shape, a.batch_size)?;
+    let p = r.plan(a, &den)?;
     eprintln!("device: {dev_name}");
     let bar = dpaudit::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
-    let basis = dpaudit::attacks::mechanism::diffusers_basis(
-        ck.config_path.parent().unwrap_or(dir),
-        a.mechanism.ledger.as_deref(),
-        &a.mechanism.spec(),
-        a.delta,
-    )?;
-    let r = dpaudit::attacks::diffusers::run_with_basis(
-        &ck,
+    let out = dpaudit::attacks::diffusers::run_with_basis(
+        &r.ck,
         &den,
-        &images,
-        &split,
-        &split_path,
+        &r.images,
+        &r.split,
+        &r.split_path,
         &p,
         a.max_examples,
         dev_name,
         Some(&bar),
-        basis.as_ref(),
+        r.basis.as_ref(),
     )?;
     bar.finish_and_clear();
-    Ok(r)
+    Ok(out)
 }
 
 /// Runs `dpaudit mia`.
@@ -267,10 +297,10 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
         .checkpoint
         .as_deref()
         .is_some_and(|p| dpaudit::models::diffusers::unet_dir(p).is_some());
-    if !a.mechanism.is_empty() && (a.scores.is_some() || !diffusers_folder) {
+    if !a.mechanism.is_empty() && !diffusers_folder {
         return Err(Error::field(
             "--ledger",
-            "--ledger and the Opacus-style flags state the mechanism of a diffusers checkpoint attacked directly (a dpaudit checkpoint's card names its own ledger)",
+            "--ledger and the Opacus-style flags state the mechanism of a diffusers checkpoint (a dpaudit checkpoint's card names its own ledger)",
         )
         .into());
     }
@@ -298,7 +328,25 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
         Some(path) => {
             let recs = scores::read_csv(path)?;
             let plan = plan(&a, None)?;
-            let r = pipeline::from_scores(&recs, &path.display().to_string(), ck.as_ref(), &plan)?;
+            let r = match diffusers {
+                // A diffusers folder supplies its ledger (or the stated mechanism) to compare with.
+                Some(dir) => {
+                    let basis = dpaudit::attacks::mechanism::diffusers_basis(
+                        &dpaudit::models::diffusers::unet_dir(dir).unwrap_or_else(|| dir.to_path_buf()),
+                        a.mechanism.ledger.as_deref(),
+                        &a.mechanism.spec(),
+                        a.delta,
+                    )?;
+                    pipeline::from_scores_basis(
+                        &recs,
+                        &path.display().to_string(),
+                        basis,
+                        Some(dir.display().to_string()),
+                        &plan,
+                    )?
+                }
+                None => pipeline::from_scores(&recs, &path.display().to_string(), ck.as_ref(), &plan)?,
+            };
             (r, recs)
         }
         None => {
@@ -365,16 +413,6 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
         .checkpoint
         .as_ref()
         .ok_or_else(|| Error::field("--checkpoint", "required with --shard"))?;
-    if dpaudit::models::diffusers::unet_dir(card).is_some() {
-        return Err(Error::field(
-            "--shard",
-            format!(
-                "{} is a diffusers folder: --shard covers dpaudit checkpoint cards; score a diffusers checkpoint in one run (batched, --batch-size)",
-                card.display()
-            ),
-        )
-        .into());
-    }
     let dir = a
         .output
         .out
@@ -391,6 +429,9 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
         spec.index,
         spec.count
     );
+    if let Some(udir) = dpaudit::models::diffusers::unet_dir(card) {
+        return shard_diffusers(a, spec, &udir, &dev, &path);
+    }
     let ck = Checkpoint::load(card, &dev)?;
     let plan = plan(a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
     let part_plan = PartPlan::of(&plan)?;
@@ -412,6 +453,43 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
     };
     let text = serde_json::to_string(&part)? + "\n";
     dpaudit::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
+    eprintln!("wrote {} ({} records)", path.display(), part.records.len());
+    Ok(Status::Ok)
+}
+
+/// `mia --shard i/n` on a diffusers folder: the records of one shard of the unsharded run, with
+/// the folder's content hash, `--max-examples` and the mechanism in the part file.
+fn shard_diffusers(
+    a: &Args,
+    spec: ShardSpec,
+    udir: &std::path::Path,
+    dev: &candle_core::Device,
+    path: &std::path::Path,
+) -> anyhow::Result<Status> {
+    let r = DiffusersRun::load(a, udir, dev)?;
+    let den = r.ck.denoiser(r.images.shape, a.batch_size)?;
+    let plan = r.plan(a, &den)?;
+    let mut part_plan = PartPlan::of(&plan)?;
+    part_plan.diffusers = Some(dpaudit::attacks::shard::DiffusersPart {
+        max_examples: a.max_examples,
+        basis: r.basis.clone(),
+    });
+    let rows =
+        dpaudit::attacks::diffusers::attacked_rows(&r.ck, &r.images, &r.split, &r.split_path, &plan, a.max_examples)?;
+    let inputs = PartInputs::of(udir, &r.data_path, &r.split_path)?;
+    let total = (plan.attacks.len() * plan.timesteps.len()) as u64;
+    let bar = dpaudit::report::progress::bar(total, a.output.quiet, "mia shard");
+    let recs = dpaudit::attacks::diffusers::score_shard(&den, &r.images, &rows, &plan, Some(&bar), Some(spec))?;
+    bar.finish_and_clear();
+    let part = MiaPart {
+        schema: PART_SCHEMA.into(),
+        shard: spec,
+        inputs,
+        plan: part_plan,
+        records: recs.iter().map(|(p, r)| PartRecord::new(*p, r)).collect(),
+    };
+    let text = serde_json::to_string(&part)? + "\n";
+    dpaudit::report::output::write_atomic(path, text.as_bytes(), a.output.force)?;
     eprintln!("wrote {} ({} records)", path.display(), part.records.len());
     Ok(Status::Ok)
 }

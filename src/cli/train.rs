@@ -169,7 +169,7 @@ pub struct Args {
     #[arg(long, default_value_t = 300)]
     pub rapid_v: usize,
     /// Train a diffusers UNet2DModel instead: a config.json (or its folder) or a preset (`tiny`,
-    /// `mnist-ddpm`). --out is then a folder that diffusers' from_pretrained loads (config.json,
+    /// `mnist-ddpm`, `ddpm-cifar10`). --out is then a folder that diffusers' from_pretrained loads (config.json,
     /// diffusion_pytorch_model.safetensors, scheduler_config.json) with dpaudit-card.toml,
     /// training.json and, with --dp, dpaudit-ledger.toml; --data/--split default to the shipped
     /// MNIST; --batch-size is the DP per-sample-gradient chunk; --init takes a diffusers folder.

@@ -23,9 +23,6 @@ pub fn run(
     if a.rapid {
         return Err(Error::field("--rapid", "RAPID is for the 8×8 models; not with --unet").into());
     }
-    if a.canaries > 0 {
-        return Err(Error::field("--canaries", "canaries are for the 8×8 models; not with --unet yet").into());
-    }
     if matches!(a.per_sample, PerSample::Ghost) {
         return Err(Error::field(
             "--per-sample",
@@ -37,7 +34,7 @@ pub fn run(
         return Err(Error::field("--out", "give an output folder, e.g. --out models/mnist-dp-ddpm").into());
     };
     // Existing outputs are refused before any work.
-    for f in diffusers_train::output_files(a.dp) {
+    for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
         dpaudit::report::output::check_file(&out.join(f), a.force)?;
     }
     // --data / --split default to the 8×8 digits; a UNet takes images: the shipped MNIST.
@@ -66,6 +63,7 @@ pub fn run(
         ema: a.ema,
         t_min: a.t_min,
         t_max: a.t_max,
+        canaries: a.canaries,
         seed: a.seed,
         dp: a.dp.then_some(UnetDpPlan {
             noise_multiplier: a.noise_multiplier,

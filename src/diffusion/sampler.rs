@@ -92,6 +92,24 @@ pub struct SamplerConfig {
     pub defaulted: Vec<Defaulted>,
 }
 
+/// The settings `analyze scheduler_config.json` takes from flags: everything a diffusers
+/// scheduler file cannot say (see [`SamplerConfig::from_scheduler_json`]).
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerFlags {
+    /// `--dataset-size` |D| (required).
+    pub dataset_size: Option<u64>,
+    /// `--clip` C (default 1, warned).
+    pub clip_norm: Option<f64>,
+    /// `--samples` S (default 1, warned).
+    pub samples: Option<u64>,
+    /// `--sampler` (default: from the scheduler's `_class_name`, warned).
+    pub sampler: Option<SamplerKind>,
+    /// `--inference-steps` (default: all training steps, warned).
+    pub inference_steps: Option<usize>,
+    /// `--delta` (default 1e-5, warned).
+    pub delta: Option<f64>,
+}
+
 /// A privacy-relevant field that took its default value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Defaulted {
@@ -299,6 +317,99 @@ impl SamplerConfig {
         };
         cfg.resolve_keys(src).map_err(here)?;
         cfg.validate().map_err(here)?;
+        Ok(cfg)
+    }
+
+    /// True when `path` is a diffusers `scheduler_config.json` rather than a sampler TOML: by its
+    /// `.json` extension, else by content (the first non-blank character is `{`, which no
+    /// sampler TOML starts with).
+    pub fn is_scheduler_json(path: &Path) -> bool {
+        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
+            return true;
+        }
+        let Ok(f) = std::fs::File::open(path) else { return false };
+        let mut head = Vec::with_capacity(256);
+        use std::io::Read as _;
+        if f.take(256).read_to_end(&mut head).is_err() {
+            return false;
+        }
+        let text = String::from_utf8_lossy(&head);
+        let text = text.trim_start_matches('\u{feff}');
+        text.trim_start().starts_with('{')
+    }
+
+    /// The sampler analysis of a diffusers `scheduler_config.json` given directly (`analyze
+    /// scheduler_config.json --dataset-size N …`): the schedule from the file, everything the file
+    /// cannot say from `flags`, through the same loader as a sampler TOML that names the file.
+    /// `--dataset-size` is required; each other setting left out takes its default and is listed
+    /// in [`Self::defaulted`] under its flag (`--sampler` defaults to the scheduler's class:
+    /// DDIMScheduler → ddim, DDPMScheduler → ddpm).
+    pub fn from_scheduler_json(path: &Path, flags: &SchedulerFlags) -> Result<SamplerConfig> {
+        let sc = super::scheduler::SchedulerConfig::load(path)?;
+        let n = flags.dataset_size.ok_or_else(|| {
+            Error::field(
+                "--dataset-size",
+                "required with a scheduler_config.json: the size |D| of the private data set the denoiser is built from",
+            )
+            .with_file(path)
+        })?;
+        let (sampler, sampler_defaulted) = match flags.sampler {
+            Some(k) => (k, false),
+            None if sc.class_name == "DDIMScheduler" => (SamplerKind::Ddim, true),
+            None => (SamplerKind::Ddpm, true),
+        };
+        let mut t = toml::Table::new();
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        t.insert("schema_version".into(), 1.into());
+        t.insert("scheduler_config".into(), file.into());
+        t.insert("sampler".into(), sampler.as_str().into());
+        if let Some(k) = flags.inference_steps {
+            t.insert("inference_steps".into(), (k as i64).into());
+        }
+        if let Some(d) = flags.delta {
+            t.insert("delta".into(), d.into());
+        }
+        let mut privacy = toml::Table::new();
+        privacy.insert("dataset_size".into(), (n as i64).into());
+        if let Some(c) = flags.clip_norm {
+            privacy.insert("clip_norm".into(), c.into());
+        }
+        if let Some(k) = flags.samples {
+            privacy.insert("samples".into(), (k as i64).into());
+        }
+        t.insert("privacy".into(), privacy.into());
+        let src = toml::to_string(&t).map_err(|e| Error::input(e.to_string()))?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut cfg = Self::finish(&src, None, dir).map_err(|mut e| {
+            // Errors about the flags' values name the flag, not a line of the in-memory TOML.
+            if e.file.is_none() {
+                e.line = None;
+                e = e.with_file(path);
+            }
+            e
+        })?;
+        for d in &mut cfg.defaulted {
+            d.field = match d.field {
+                "privacy.clip_norm" => "--clip",
+                "privacy.samples" => "--samples",
+                "inference_steps" => "--inference-steps",
+                "delta" => "--delta",
+                other => other,
+            };
+        }
+        if sampler_defaulted {
+            cfg.defaulted.insert(
+                0,
+                Defaulted {
+                    field: "--sampler",
+                    value: sampler.as_str().to_string(),
+                    meaning: "from the scheduler's _class_name; it sets the step convention",
+                },
+            );
+        }
         Ok(cfg)
     }
 

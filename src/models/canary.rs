@@ -147,14 +147,20 @@ impl Canaries {
             Error::input("this checkpoint was trained without canaries (train with --canaries m for --audit one-run)")
                 .with_file(&ck.card_path)
         })?;
-        let p = ck.dir().join(&info.file);
+        Self::of_info(info, ck.dir(), &ck.card_path)
+    }
+
+    /// The canaries a card's `info` names in `dir` (SHA-256 and count checked against the card
+    /// at `card_path`).
+    pub fn of_info(info: &super::checkpoint::CanaryInfo, dir: &Path, card_path: &Path) -> Result<Self> {
+        let p = dir.join(&info.file);
         let sha = crate::models::data::sha256_file(&p)?;
         if sha != info.sha256 {
             return Err(Error::field(
                 "canaries.sha256",
                 format!("{} has SHA-256 {sha}, the card says {}", p.display(), info.sha256),
             )
-            .with_file(&ck.card_path));
+            .with_file(card_path));
         }
         let c = Self::load(&p)?;
         if c.len() != info.count {
@@ -162,7 +168,7 @@ impl Canaries {
                 "canaries.count",
                 format!("the card says {}, {} has {}", info.count, p.display(), c.len()),
             )
-            .with_file(&ck.card_path));
+            .with_file(card_path));
         }
         Ok(c)
     }

@@ -15,6 +15,10 @@
 //! under add/remove-one neighbours; the ledger records the steps that ran. Sampling, the
 //! examples' (t, ε) and the noise come from the OS-keyed ChaCha20 CSPRNG
 //! ([`super::dp::secret_rng`]) unless `--seed` is given.
+//!
+//! `--canaries m` adds m random ±1 images, each to the private rows with probability ½
+//! ([`super::canary`]; Steinke, Nasr & Jagielski 2023, Algorithm 1), and writes them with their
+//! inclusion bits to `canaries.csv` for `mia --audit one-run`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +30,8 @@ use rand::{Rng, SeedableRng, TryRngCore};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::{DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
+use super::canary::Canaries;
+use super::checkpoint::{CanaryInfo, DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
 use super::data::{indices_sha256, sha256_file, sha256_hex, Part};
 use super::diffusers::{read_weights, unet_dir, WEIGHTS};
 use super::images::ImageSet;
@@ -47,6 +52,8 @@ pub const LEDGER: &str = "dpaudit-ledger.toml";
 pub const TRAINING: &str = "training.json";
 /// The scheduler config written beside the UNet.
 pub const SCHEDULER: &str = "scheduler_config.json";
+/// The canaries of a `--canaries m` run (contents and the secret inclusion bits).
+pub const CANARIES: &str = "canaries.csv";
 
 /// Named architectures: (name, config.json text, description).
 pub const PRESETS: &[(&str, &str, &str)] = &[
@@ -59,6 +66,11 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
         "mnist-ddpm",
         MNIST_DDPM,
         "28×28×1, blocks [16, 32]: the architecture of models/mnist-ddpm (176k parameters)",
+    ),
+    (
+        "ddpm-cifar10",
+        DDPM_CIFAR10,
+        "32×32×3, blocks [128, 256, 256, 256], attention at 16×16: google/ddpm-cifar10-32's architecture (35.7M parameters)",
     ),
 ];
 
@@ -92,6 +104,42 @@ const TINY: &str = r#"{
   "time_embedding_dim": null,
   "time_embedding_type": "positional",
   "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
+  "upsample_type": "conv"
+}
+"#;
+
+/// The UNet of Ho et al. (2020) for CIFAR-10 as diffusers ships it (google/ddpm-cifar10-32's
+/// config.json): 35.7M parameters.
+const DDPM_CIFAR10: &str = r#"{
+  "_class_name": "UNet2DModel",
+  "_diffusers_version": "0.42.1",
+  "act_fn": "silu",
+  "add_attention": true,
+  "attention_head_dim": null,
+  "attn_norm_num_groups": null,
+  "block_out_channels": [128, 256, 256, 256],
+  "center_input_sample": false,
+  "class_embed_type": null,
+  "down_block_types": ["DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"],
+  "downsample_padding": 0,
+  "downsample_type": "conv",
+  "dropout": 0.0,
+  "flip_sin_to_cos": false,
+  "freq_shift": 1,
+  "in_channels": 3,
+  "layers_per_block": 2,
+  "mid_block_scale_factor": 1,
+  "mid_block_type": "UNetMidBlock2D",
+  "norm_eps": 1e-06,
+  "norm_num_groups": 32,
+  "num_class_embeds": null,
+  "num_train_timesteps": null,
+  "out_channels": 3,
+  "resnet_time_scale_shift": "default",
+  "sample_size": 32,
+  "time_embedding_dim": null,
+  "time_embedding_type": "positional",
+  "up_block_types": ["UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"],
   "upsample_type": "conv"
 }
 "#;
@@ -177,6 +225,9 @@ pub struct UnetCard {
     /// DP-SGD settings and the ε spent (DP runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dp: Option<DpInfo>,
+    /// The canaries file of a `--canaries m` run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries: Option<CanaryInfo>,
 }
 
 impl UnetCard {
@@ -190,6 +241,15 @@ impl UnetCard {
         toml::from_str(&text)
             .map(Some)
             .map_err(|e| Error::input(format!("not a dpaudit card: {}", e.message())).with_file(&p))
+    }
+
+    /// The canaries of the folder `dir` whose card this is (hash and count checked).
+    pub fn canaries(&self, dir: &Path) -> Result<Canaries> {
+        let info = self.canaries.as_ref().ok_or_else(|| {
+            Error::input("this folder was trained without canaries (train --unet … --canaries m for --audit one-run)")
+                .with_file(dir.join(CARD))
+        })?;
+        Canaries::of_info(info, dir, &dir.join(CARD))
     }
 }
 
@@ -241,6 +301,8 @@ pub struct UnetTrainPlan {
     pub t_min: usize,
     /// Highest step trained (default T − 1).
     pub t_max: Option<usize>,
+    /// Canaries for a one-run audit (0: none).
+    pub canaries: usize,
     /// `--seed` (None: the OS CSPRNG).
     pub seed: Option<u64>,
     /// DP-SGD.
@@ -267,10 +329,13 @@ pub struct UnetTrainOutcome {
 }
 
 /// The files a run writes into its folder.
-pub fn output_files(dp: bool) -> Vec<&'static str> {
+pub fn output_files(dp: bool, canaries: bool) -> Vec<&'static str> {
     let mut v = vec!["config.json", WEIGHTS, SCHEDULER, CARD, TRAINING];
     if dp {
         v.push(LEDGER);
+    }
+    if canaries {
+        v.push(CANARIES);
     }
     v
 }
@@ -323,6 +388,37 @@ impl Ema {
             v.set(s)?;
         }
         Ok(())
+    }
+}
+
+/// Progress for logs: when stderr is not a terminal (where the bar is not drawn) and the run is
+/// not quiet, one line every 5 % of the steps with the elapsed time and the ETA, so a long run
+/// in the background (e.g. `scripts/train_mnist_dp_ddpm.sh`) shows how far it is.
+struct LogProgress {
+    start: std::time::Instant,
+    total: usize,
+    every: usize,
+    on: bool,
+}
+
+impl LogProgress {
+    fn new(total: usize, quiet: bool) -> Self {
+        use std::io::IsTerminal;
+        LogProgress {
+            start: std::time::Instant::now(),
+            total,
+            every: total.div_ceil(20).max(1),
+            on: !quiet && !crate::report::progress::is_quiet() && !std::io::stderr().is_terminal(),
+        }
+    }
+    /// After step `done` (1-based).
+    fn step(&self, done: usize) {
+        if !self.on || !(done.is_multiple_of(self.every) || done == self.total) {
+            return;
+        }
+        let el = self.start.elapsed().as_secs_f64();
+        let eta = el / done as f64 * (self.total - done) as f64;
+        eprintln!("step {done}/{}: elapsed {:.0} s, ETA {:.0} s", self.total, el, eta);
     }
 }
 
@@ -490,8 +586,16 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     if private_ix.is_empty() {
         return Err(Error::input(format!("the split has no {:?} rows", plan.on)).with_file(&plan.split));
     }
-    let x0 = images.rows(&private_ix);
-    let n = private_ix.len();
+    let mut x0 = images.rows(&private_ix);
+    // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
+    let canaries = (plan.canaries > 0).then(|| {
+        let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
+        Canaries::generate(plan.canaries, dim, &mut rng)
+    });
+    if let Some(c) = &canaries {
+        x0.extend(c.included_rows());
+    }
+    let n = x0.len() / dim;
     let public_rows: Vec<f32> = images.rows(&split.public.iter().take(64).copied().collect::<Vec<_>>());
     // DP runs publish no loss on the private rows (it would be released without noise).
     let (eval_rows, eval_on) = if plan.dp.is_some() {
@@ -500,7 +604,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             "public rows (a loss on the private rows would be released without noise)",
         )
     } else {
-        (x0[..dim * n.min(64)].to_vec(), "training rows")
+        (x0[..dim * private_ix.len().min(64)].to_vec(), "training rows")
     };
     let eval_seed = plan.seed.unwrap_or(0);
     let before = eval_loss(
@@ -512,11 +616,16 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         eval_seed,
     )?;
     eprintln!(
-        "model: {}, {} parameters; training on {n} {} rows of {}",
+        "model: {}, {} parameters; training on {} {} rows of {}{}",
         config.describe(),
         model.parameters(),
+        private_ix.len(),
         format!("{:?}", plan.on).to_lowercase(),
-        plan.data.display()
+        plan.data.display(),
+        canaries
+            .as_ref()
+            .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
+            .unwrap_or_default()
     );
     let vars = model.vars();
     let names = model.names();
@@ -537,6 +646,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         if plan.dp.is_some() { "dp-sgd" } else { "train" },
     );
     let shape4 = |k: usize| (k, c, h, w);
+    let log = LogProgress::new(plan.steps, plan.quiet);
     let mut ledger = EventBuilder::new();
     let mut total_batch = 0usize;
     match &plan.dp {
@@ -549,7 +659,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 DpEvent::poisson(d.sample_rate, DpEvent::gaussian(d.noise_multiplier))
             };
             let expected = d.sample_rate * n as f64;
-            for _ in 0..plan.steps {
+            for step in 0..plan.steps {
                 // Poisson sampling.
                 let rows: Vec<usize> = (0..n).filter(|_| rng.random::<f64>() < d.sample_rate).collect();
                 let m = rows.len();
@@ -597,12 +707,13 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 ema.update(&model)?;
                 ledger.push(step_event.clone());
                 bar.inc(1);
+                log.step(step + 1);
             }
         }
         None => {
             let mut rng = ChaCha8Rng::seed_from_u64(public_seed ^ 0x7a11);
             let b = plan.batch_size;
-            for _ in 0..plan.steps {
+            for step in 0..plan.steps {
                 let idx: Vec<usize> = (0..b).map(|_| rng.random_range(0..n)).collect();
                 let mut xb = Vec::with_capacity(b * dim);
                 for &i in &idx {
@@ -619,6 +730,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 ema.update(&model)?;
                 total_batch += b;
                 bar.inc(1);
+                log.step(step + 1);
             }
         }
     }
@@ -703,6 +815,25 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         });
         files.push((LEDGER.into(), text.into_bytes()));
     }
+    let canary_info = match &canaries {
+        Some(c) => {
+            let bytes = c.to_csv().into_bytes();
+            lines.push(format!(
+                "{} canaries ({} included) in {}: the inclusion bits are the audit's secret; keep the file from whoever the audit models",
+                c.len(),
+                n - private_ix.len(),
+                plan.out.join(CANARIES).display()
+            ));
+            let info = CanaryInfo {
+                file: CANARIES.into(),
+                sha256: sha256_hex(&bytes),
+                count: c.len(),
+            };
+            files.push((CANARIES.into(), bytes));
+            Some(info)
+        }
+        None => None,
+    };
     let config_bytes = config_text.into_bytes();
     let card = UnetCard {
         schema_version: 1,
@@ -723,7 +854,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             split_sha256: sha256_file(&plan.split)?,
             trained_on: plan.on,
             rows_sha256: indices_sha256(&private_ix),
-            rows: n,
+            rows: private_ix.len(),
         },
         training: TrainingInfo {
             seed: plan.seed,
@@ -745,13 +876,15 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             init: plan.init.as_ref().map(|p| p.display().to_string()),
         },
         dp: dp_info,
+        canaries: canary_info,
     };
     let record = serde_json::json!({
         "trained_on": format!("{:?}", plan.on).to_lowercase(),
         "split": plan.split.display().to_string(),
         "members_sha256": indices_sha256(&private_ix),
         "data_sha256": images.sha256,
-        "rows": n,
+        "rows": private_ix.len(),
+        "canaries": canaries.as_ref().map(|c| c.len()),
         "steps": plan.steps,
         "command": plan.command,
         "dp": card.dp.as_ref().map(|d| serde_json::json!({
@@ -795,4 +928,23 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         event,
         lines,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every preset parses, and `ddpm-cifar10` builds with google/ddpm-cifar10-32's 35,746,307
+    /// parameters (the count diffusers reports for that checkpoint).
+    #[test]
+    fn presets_build_with_their_parameter_counts() {
+        for (name, _, _) in PRESETS {
+            let (text, _) = config_text(name).unwrap();
+            Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+        }
+        let (text, _) = config_text("ddpm-cifar10").unwrap();
+        let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+        let m = TrainUnet::random(&config, 0, &Device::Cpu).unwrap();
+        assert_eq!(m.parameters(), 35_746_307);
+    }
 }

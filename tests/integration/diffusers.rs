@@ -375,3 +375,148 @@ fn mia_on_a_diffusers_checkpoint_requires_data_and_split() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--data"), "{}", stderr(&o));
 }
+
+/// A Stable-Diffusion DDIMScheduler config (scaled_linear β 0.00085..0.012, steps_offset = 1,
+/// leading spacing) given directly to `analyze` with 50 inference steps is analysed to exactly
+/// the per-step μ of the same schedule written natively (fixtures/samplers/sd-ddim50.toml); its
+/// trailing-spacing twin gives other steps. Every setting left out is warned under its flag;
+/// a missing --dataset-size is exit 2 naming the flag, and the flags are refused with a TOML.
+#[test]
+fn stable_diffusion_scheduler_config_analyses_to_the_native_per_step_mu() {
+    let sd = "fixtures/samplers/diffusers/sd-ddim-scheduler_config.json";
+    let flags = [
+        "--dataset-size",
+        "50000",
+        "--clip",
+        "1",
+        "--samples",
+        "100",
+        "--inference-steps",
+        "50",
+        "--delta",
+        "1e-5",
+    ];
+    let mus = |config: &str, extra: &[&str]| -> (Vec<f64>, String) {
+        let mut a = vec!["analyze", config, "--accountant", "gdp", "--format", "json"];
+        a.extend_from_slice(extra);
+        let o = dpaudit(&a);
+        assert_eq!(o.status.code(), Some(0), "{config}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let t = v["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == "steps")
+            .unwrap();
+        let col = t["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c == "mu" || c["name"] == "mu")
+            .unwrap();
+        let mu = t["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r[col].as_f64().unwrap())
+            .collect();
+        (mu, stderr(&o))
+    };
+    let native = step_mus("fixtures/samplers/sd-ddim50.toml");
+    let (direct, warn) = mus(sd, &flags);
+    assert_eq!(native.len(), 49, "50 levels: 49 DDIM steps between them");
+    assert_eq!(direct, native);
+    // Only the sampler (from _class_name) and the density are defaulted here, and warned.
+    assert!(warn.contains("--sampler not set: using the default ddim"), "{warn}");
+    assert!(!warn.contains("--clip not set"), "{warn}");
+    let (trailing, _) = mus(
+        "fixtures/samplers/diffusers/sd-ddim-trailing-scheduler_config.json",
+        &flags,
+    );
+    assert_eq!(trailing.len(), 49);
+    assert_ne!(trailing, native);
+    // Detected by content too: the same file without the .json extension.
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("scheduler_config");
+    std::fs::copy(root().join(sd), &plain).unwrap();
+    let (by_content, _) = mus(plain.to_str().unwrap(), &flags);
+    assert_eq!(by_content, native);
+    // Every default warned under its flag (the trailing twin: with every one of the 1000 steps,
+    // the leading config's steps_offset = 1 would index ᾱ out of range and is refused).
+    let (_, warn) = mus(
+        "fixtures/samplers/diffusers/sd-ddim-trailing-scheduler_config.json",
+        &["--dataset-size", "50000"],
+    );
+    for f in [
+        "--sampler",
+        "--clip",
+        "--samples",
+        "--inference-steps",
+        "--delta",
+        "density.beta",
+    ] {
+        assert!(warn.contains(&format!("{f} not set")), "{f}: {warn}");
+    }
+    let o = dpaudit(&["analyze", sd]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--dataset-size"), "{}", stderr(&o));
+    let o = dpaudit(&["analyze", "fixtures/samplers/sd-ddim50.toml", "--dataset-size", "10"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--dataset-size"), "{}", stderr(&o));
+}
+
+/// ᾱ_t of the linear, scaled_linear and squaredcos_cap_v2 schedules at every training step, and
+/// the 50 DDIM timesteps of the Stable-Diffusion configs, equal diffusers'
+/// (fixtures/reference/diffusers_alphas_cumprod.csv, scripts/gen_diffusers_schedules.py):
+/// dpaudit computes ᾱ in f64, diffusers in f32, so they agree to f32 rounding (≤ 1e-6 relative;
+/// ≤ 2e-5 for the cosine schedule's last steps, where ᾱ ≈ 1e-9).
+#[test]
+fn alphas_cumprod_and_sd_timesteps_equal_diffusers() {
+    use dpaudit::diffusion::schedule::{alpha_bar_from_betas, ddim_timesteps};
+    use dpaudit::diffusion::scheduler::SchedulerConfig;
+    let text = std::fs::read_to_string(root().join("fixtures/reference/diffusers_alphas_cumprod.csv")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut n_ab, mut n_ts) = (0, 0);
+    let mut ours: std::collections::HashMap<String, Vec<f64>> = Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')).skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        match f[0] {
+            "alphas_cumprod" => {
+                let (name, b0, b1) = (f[1], f[2], f[3]);
+                let ab = ours.entry(name.to_string()).or_insert_with(|| {
+                    let p = tmp.path().join(format!("{name}.json"));
+                    std::fs::write(
+                        &p,
+                        format!(
+                            r#"{{"_class_name": "DDIMScheduler", "beta_schedule": "{name}", "beta_start": {b0}, "beta_end": {b1}, "num_train_timesteps": 1000}}"#
+                        ),
+                    )
+                    .unwrap();
+                    alpha_bar_from_betas(&SchedulerConfig::load(&p).unwrap().betas())
+                });
+                let t: usize = f[5].parse().unwrap();
+                let theirs: f64 = f[6].parse().unwrap();
+                let tol = if name == "squaredcos_cap_v2" { 2e-5 } else { 1e-6 };
+                let rel = (ab[t] / theirs - 1.0).abs();
+                assert!(
+                    rel <= tol,
+                    "{name} t = {t}: ours {} diffusers {theirs} (rel {rel:e})",
+                    ab[t]
+                );
+                n_ab += 1;
+            }
+            "timesteps" => {
+                let sc = SchedulerConfig::load(&root().join("fixtures/samplers/diffusers").join(f[1])).unwrap();
+                let steps: usize = f[5].parse().unwrap();
+                let mut ts =
+                    ddim_timesteps(sc.num_train_timesteps, steps, sc.timestep_spacing, sc.steps_offset).unwrap();
+                ts.reverse();
+                let joined = ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" ");
+                assert_eq!(joined, f[6], "{}", f[1]);
+                n_ts += 1;
+            }
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!((n_ab, n_ts), (3000, 2));
+}

@@ -329,3 +329,175 @@ fn train_unet_non_dp_and_refusals() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--init"), "{}", stderr(&o));
 }
+
+/// A tiny DP UNet trained with `canaries` canaries into `out` (seeded: a test fixture).
+fn train_tiny_canaries(out: &Path, canaries: &str) {
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--dp",
+        "--noise-multiplier",
+        "1.0",
+        "--clip",
+        "1",
+        "--sample-rate",
+        "0.25",
+        "--steps",
+        "4",
+        "--batch-size",
+        "32",
+        "--lr",
+        "2e-3",
+        "--canaries",
+        canaries,
+        "--seed",
+        "5",
+        "--out",
+        s(out),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+/// `train --unet … --canaries m` writes the canaries (and the card names them by hash); the
+/// one-run audit on that folder gives an ε lower bound no larger than the ledger's accounted ε
+/// (exit 0, no violation), and `--scores-out` holds every split and canary record.
+#[test]
+fn one_run_audit_on_a_tiny_canary_unet_stays_below_the_accounted_epsilon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("canary-tiny");
+    train_tiny_canaries(&out, "40");
+    let csv = std::fs::read_to_string(out.join("canaries.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 41, "header + 40 canaries");
+    let card: toml::Value = toml::from_str(&std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap()).unwrap();
+    assert_eq!(card["canaries"]["count"].as_integer(), Some(40));
+    let m = tmp.path().join("mia");
+    let scores = tmp.path().join("scores.csv");
+    let o = quick_mia(s(&out), &m, &["--audit", "one-run", "--scores-out", s(&scores)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = mia_json(&m);
+    let lower = v["one_run"]["epsilon_lower"].as_f64().unwrap();
+    let accounted = v["checkpoint_basis"]["guarantees"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["epsilon"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min);
+    assert!(accounted.is_finite() && accounted > 0.0, "{}", v["checkpoint_basis"]);
+    assert!(
+        lower >= 0.0 && lower <= accounted,
+        "one-run lower bound {lower} > accounted ε {accounted}"
+    );
+    let audit = v["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["what"].as_str().unwrap().starts_with("one-run"))
+        .unwrap_or_else(|| panic!("no one-run comparison: {}", v["comparisons"]));
+    assert_eq!(audit["violation"], false, "{audit}");
+    // Every record: 16 members + 16 non-members and the 40 canaries, loss at t = 50.
+    let rows = std::fs::read_to_string(&scores).unwrap();
+    let body: Vec<&str> = rows.lines().skip(1).collect();
+    assert_eq!(body.len(), 32 + 40, "{rows}");
+    assert_eq!(body.iter().filter(|l| l.ends_with(",canary")).count(), 40, "{rows}");
+    // A folder without canaries is refused for the one-run audit, naming what to do.
+    let o = quick_mia("models/mnist-ddpm", &tmp.path().join("m2"), &["--audit", "one-run"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--canaries"), "{}", stderr(&o));
+}
+
+/// `mia --shard i/3` on a diffusers folder (with canaries and its ledger) and `merge` give the
+/// report and scores of one unsharded run: the same score file byte for byte, the same results,
+/// audit and comparisons. A part from another folder is refused.
+#[test]
+fn shard_and_merge_of_a_diffusers_folder_equal_the_unsharded_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("canary-tiny");
+    train_tiny_canaries(&out, "12");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "mia",
+            "--checkpoint",
+            s(&out),
+            "--data",
+            MNIST,
+            "--split",
+            MNIST_SPLIT,
+            "--attack",
+            "loss,pia",
+            "--timesteps",
+            "20,100",
+            "--max-examples",
+            "10",
+            "--bootstrap",
+            "50",
+            "--audit",
+            "one-run",
+            "--quiet",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let run = |a: Vec<String>| {
+        let r: Vec<&str> = a.iter().map(String::as_str).collect();
+        dpaudit(&r)
+    };
+    let one = tmp.path().join("one");
+    let one_scores = tmp.path().join("one.csv");
+    let o = run(args(&[
+        "--out",
+        s(&one),
+        "--scores-out",
+        s(&one_scores),
+        "--batch-size",
+        "7",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let parts = tmp.path().join("parts");
+    for i in 0..3 {
+        let spec = format!("{i}/3");
+        // Each shard with its own batch size: a row's score does not depend on its batch.
+        let b = ["5", "16", "3"][i];
+        let o = run(args(&["--shard", &spec, "--out", s(&parts), "--batch-size", b]));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let merged = tmp.path().join("merged");
+    let merged_scores = tmp.path().join("merged.csv");
+    let p: Vec<String> = (0..3)
+        .map(|i| parts.join(format!("mia-part-{i}-of-3.json")).display().to_string())
+        .collect();
+    let o = dpaudit(&[
+        "merge",
+        &p[0],
+        &p[1],
+        &p[2],
+        "--out",
+        s(&merged),
+        "--scores-out",
+        s(&merged_scores),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(&one_scores).unwrap(),
+        std::fs::read_to_string(&merged_scores).unwrap()
+    );
+    let (a, b) = (mia_json(&one), mia_json(&merged));
+    for key in ["results", "one_run", "comparisons", "checkpoint_basis", "target"] {
+        assert_eq!(a[key], b[key], "{key} differs");
+    }
+    assert!(a["one_run"]["epsilon_lower"].is_number());
+    // Two parts with the third missing are refused; so is a part of another folder.
+    let o = dpaudit(&["merge", &p[0], &p[1], "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("missing shard"), "{}", stderr(&o));
+    let other = tmp.path().join("other");
+    train_tiny_canaries(&other, "10");
+    let o = dpaudit(&["merge", &p[0], &p[1], &p[2], "--checkpoint", s(&other), "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("SHA-256"), "{}", stderr(&o));
+}

@@ -155,17 +155,3 @@ fn parts_that_do_not_belong_together_are_refused() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--shard"), "{}", stderr(&o));
 }
-
-/// `--shard` covers dpaudit checkpoint cards; a diffusers folder is refused by name (exit 2), not
-/// read as a missing `<folder>.toml` card.
-#[test]
-fn shard_of_a_diffusers_folder_is_refused_by_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let parts = dir.path().join("parts");
-    let o = super::common::mnist_mia(&["--shard", "0/2", "--out", parts.to_str().unwrap(), "--quiet"]);
-    assert_eq!(o.status.code(), Some(2));
-    let e = stderr(&o);
-    assert!(e.contains("--shard") && e.contains("diffusers folder"), "{e}");
-    // Refused before anything is written: no part file, not even the --out folder.
-    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "no part file");
-}
