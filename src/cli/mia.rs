@@ -135,9 +135,14 @@ pub struct Args {
     /// Diffusers checkpoints: attack only the first N members and the first N non-members.
     #[arg(long)]
     pub max_examples: Option<usize>,
-    /// Diffusers checkpoints: images per forward pass.
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
+    /// Diffusers checkpoints: images per forward pass [default: 64 on the CPU; on a GPU the
+    /// largest power of two that fits half its free memory].
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Diffusers checkpoints on a GPU: the arithmetic of the forward (tf32 and bf16 also score
+    /// a sample again in fp32 and report the largest change).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub precision: crate::cli::values::Precision,
     /// How a diffusers checkpoint without a dpaudit ledger was trained.
     #[command(flatten)]
     pub mechanism: crate::cli::mechanism::MechanismArgs,
@@ -216,10 +221,14 @@ fn run_diffusers(
     dev: &candle_core::Device,
     dev_name: &str,
 ) -> anyhow::Result<(pipeline::MiaReport, Vec<scores::ScoreRecord>)> {
+    use dpaudit::models::precision::{self, Precision};
     use dpaudit::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
-    if a.batch_size == 0 || a.max_examples == Some(0) {
+    if a.batch_size == Some(0) || a.max_examples == Some(0) {
         return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
     }
+    let prec: Precision = a.precision.into();
+    precision::check_device(prec, dev)?;
+    precision::set(prec);
     let ck = DiffusersCheckpoint::load(dir, dev)?;
     let data_path = a
         .data
@@ -231,7 +240,18 @@ fn run_diffusers(
         .ok_or_else(|| Error::field("--split", "required with a diffusers checkpoint"))?;
     let images = ImageSet::load(&data_path)?;
     let split = SplitManifest::load(&split_path)?;
-    let den = ck.denoiser(images.shape, a.batch_size)?;
+    let fitted = match a.batch_size {
+        Some(_) => None,
+        None => ck.fit_batch(images.shape, prec),
+    };
+    let batch = a.batch_size.or(fitted.map(|f| f.0)).unwrap_or(64);
+    if let Some((b, free)) = fitted {
+        eprintln!(
+            "batch: {b} images per forward (fits half of the GPU's {:.1} GiB free)",
+            free as f64 / (1u64 << 30) as f64
+        );
+    }
+    let den = ck.denoiser(images.shape, batch)?;
     let mut p = plan(a, Some(&|s: &str| den.schedule.parse_timestep(s)))?;
     if p.attacks.contains(&AttackKind::Empirical) {
         eprintln!("warning: the empirical attack is for 8×8 checkpoints; skipped for this diffusers checkpoint");
@@ -245,7 +265,7 @@ fn run_diffusers(
         &a.mechanism.spec(),
         a.delta,
     )?;
-    let r = dpaudit::attacks::diffusers::run_with_basis(
+    let (mut report, records) = dpaudit::attacks::diffusers::run_with_basis(
         &ck,
         &den,
         &images,
@@ -258,7 +278,27 @@ fn run_diffusers(
         basis.as_ref(),
     )?;
     bar.finish_and_clear();
-    Ok(r)
+    if !dev.is_cpu() {
+        let mut note = pipeline::PrecisionNote {
+            precision: prec,
+            batch,
+            batch_fitted: fitted.is_some(),
+            sample: 0,
+            max_abs_score_change: None,
+            max_rel_score_change: None,
+        };
+        if prec != Precision::Fp32 {
+            // 16 members and 16 non-members (fewer with --max-examples) again in fp32.
+            let sample = a.max_examples.unwrap_or(usize::MAX).min(16);
+            let (n, abs, rel) =
+                dpaudit::attacks::diffusers::fp32_score_change(&den, &images, &split, &p, &records, sample)?;
+            note.sample = n;
+            note.max_abs_score_change = Some(abs);
+            note.max_rel_score_change = Some(rel);
+        }
+        report.precision = Some(note);
+    }
+    Ok((report, records))
 }
 
 /// Runs `dpaudit mia`.

@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Conv2d, Conv2dConfig, GroupNorm, Linear, Module};
 
+use super::precision::{self, conv2d, linear};
+
 #[path = "unet2d_cpu.rs"]
 mod cpu;
 use serde_json::Value;
@@ -433,6 +435,27 @@ impl Unet2dConfig {
             .or((!self.scale_shift).then_some(self.norm_num_groups))
     }
 
+    /// Values per image of the forward's buffers on an h×w input, for sizing a GPU batch:
+    /// (the largest feature map with its skip concatenated, every skip connection kept for the
+    /// up path, the largest attention matrix over all heads).
+    pub fn activation_values(&self, h: usize, w: usize) -> (usize, usize, usize) {
+        let mut feature = 0;
+        let mut skips = self.block_out_channels[0] * h * w;
+        let mut attn = 0;
+        for (i, &ch) in self.block_out_channels.iter().enumerate() {
+            let px = (h >> i).max(1) * (w >> i).max(1);
+            feature = feature.max(2 * ch * px);
+            skips += (self.layers_per_block + 1) * ch * px;
+            let attended = self.down_block_types.get(i).is_some_and(|t| t.starts_with("Attn"))
+                || (i + 1 == self.block_out_channels.len() && self.add_attention && self.mid_block);
+            if attended {
+                let heads = self.attention_head_dim.map_or(1, |d| (ch / d.max(1)).max(1));
+                attn = attn.max(heads * px * px);
+            }
+        }
+        (feature, skips, attn)
+    }
+
     /// One-line summary of the architecture.
     pub fn describe(&self) -> String {
         format!(
@@ -565,6 +588,10 @@ struct Gn {
 
 impl Module for Gn {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // Group statistics in f32 whatever the activations' dtype (bf16 forwards).
+        if x.dtype() != DType::F32 {
+            return self.m.forward(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
+        }
         self.m.forward(x)
     }
 }
@@ -646,10 +673,8 @@ impl ResnetBlock {
                 h = h.upsample_nearest2d(hh * 2, ww * 2)?;
             }
         }
-        let h = self.conv1.forward(&h)?;
-        let t = self
-            .time_emb_proj
-            .forward(&self.act.apply(temb)?)?
+        let h = conv2d(&self.conv1, &h)?;
+        let t = linear(&self.time_emb_proj, &self.act.apply(temb)?)?
             .unsqueeze(2)?
             .unsqueeze(3)?;
         let h = if self.scale_shift {
@@ -663,9 +688,9 @@ impl ResnetBlock {
         } else {
             self.norm2.forward(&h.broadcast_add(&t)?)?
         };
-        let h = self.conv2.forward(&self.act.apply(&h)?)?;
+        let h = conv2d(&self.conv2, &self.act.apply(&h)?)?;
         let input = match &self.shortcut {
-            Some(s) => s.forward(&input)?,
+            Some(s) => conv2d(s, &input)?,
             None => input,
         };
         let out = (input + h)?;
@@ -738,9 +763,9 @@ impl AttnBlock {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = split(self.q.forward(&hs)?)?;
-        let k = split(self.k.forward(&hs)?)?;
-        let v = split(self.v.forward(&hs)?)?;
+        let q = split(linear(&self.q, &hs)?)?;
+        let k = split(linear(&self.k, &hs)?)?;
+        let v = split(linear(&self.v, &hs)?)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let att = (q.matmul(&k.transpose(2, 3)?.contiguous()?)? * scale)?;
         let att = candle_nn::ops::softmax_last_dim(&att)?;
@@ -749,7 +774,7 @@ impl AttnBlock {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, l, self.heads * self.head_dim))?;
-        let o = self.out.forward(&o)?.transpose(1, 2)?.reshape((b, c, h, wd))?;
+        let o = linear(&self.out, &o)?.transpose(1, 2)?.reshape((b, c, h, wd))?;
         let o = (o + x)?;
         Ok(if self.rescale != 1.0 { (o / self.rescale)? } else { o })
     }
@@ -1126,17 +1151,24 @@ impl Unet2dModel {
         let (b, c, h, wd) = x.dims4()?;
         self.check_input([b, c, h, wd], t)?;
         let dev = x.device();
-        let x = x.to_dtype(DType::F32)?;
+        // The activations' dtype: bf16 with `--precision bf16` on a GPU, else f32.
+        let dt = if dev.is_cpu() {
+            DType::F32
+        } else {
+            precision::current().dtype()
+        };
+        let x = x.to_dtype(dt)?;
         let x = if self.config.center_input_sample {
             ((x * 2.0)? - 1.0)?
         } else {
             x
         };
-        let tf = self.time_features(t, dev)?;
-        let emb = self
-            .time_linear_2
-            .forward(&candle_nn::ops::silu(&self.time_linear_1.forward(&tf)?)?)?;
-        let mut hcur = self.conv_in.forward(&x)?;
+        let tf = self.time_features(t, dev)?.to_dtype(dt)?;
+        let emb = linear(
+            &self.time_linear_2,
+            &candle_nn::ops::silu(&linear(&self.time_linear_1, &tf)?)?,
+        )?;
+        let mut hcur = conv2d(&self.conv_in, &x)?;
         let mut skips = vec![hcur.clone()];
         for d in &self.down {
             for (j, r) in d.block.resnets.iter().enumerate() {
@@ -1151,9 +1183,9 @@ impl Unet2dModel {
                     Down::Conv(conv, pad) => {
                         if *pad == 0 {
                             let p = hcur.pad_with_zeros(D::Minus1, 0, 1)?.pad_with_zeros(D::Minus2, 0, 1)?;
-                            conv.forward(&p)?
+                            conv2d(conv, &p)?
                         } else {
-                            conv.forward(&hcur)?
+                            conv2d(conv, &hcur)?
                         }
                     }
                     Down::Resnet(r) => r.forward(&hcur, &emb)?,
@@ -1183,15 +1215,14 @@ impl Unet2dModel {
                 hcur = match upm {
                     Up::Conv(conv) => {
                         let (_, _, hh, ww) = hcur.dims4()?;
-                        conv.forward(&hcur.upsample_nearest2d(hh * 2, ww * 2)?)?
+                        conv2d(conv, &hcur.upsample_nearest2d(hh * 2, ww * 2)?)?
                     }
                     Up::Resnet(r) => r.forward(&hcur, &emb)?,
                 };
             }
         }
-        let out = self
-            .conv_out
-            .forward(&candle_nn::ops::silu(&self.norm_out.forward(&hcur)?)?)?;
+        let out =
+            conv2d(&self.conv_out, &candle_nn::ops::silu(&self.norm_out.forward(&hcur)?)?)?.to_dtype(DType::F32)?;
         if matches!(self.config.time_embedding, TimeEmbedding::Fourier) {
             let tt: Vec<f32> = t.iter().map(|&v| v as f32).collect();
             let tt = Tensor::from_vec(tt, (b, 1, 1, 1), dev)?;
