@@ -6,6 +6,10 @@
 //! (`CUDNN_FMA_MATH` for fp32, as PyTorch does with `torch.backends.cudnn.allow_tf32 = False`;
 //! `CUDNN_DEFAULT_MATH` for tf32; `CUDNN_TENSOR_OP_MATH` for bf16 data with f32 accumulation),
 //! and caches cuDNN's heuristic algorithm choice per shape (PyTorch's `benchmark = False`).
+//!
+//! The crate denies `unsafe`; this module needs it for the cuDNN call itself and for the
+//! uninitialised output and workspace buffers (cuDNN writes every output element with β = 0).
+#![allow(unsafe_code)]
 
 use std::cell::RefCell;
 use std::collections::HashMap;

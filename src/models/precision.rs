@@ -134,7 +134,7 @@ pub fn linear(l: &Linear, x: &Tensor) -> candle_core::Result<Tensor> {
 /// Images per UNet forward that fit in `free_bytes` of device memory, for a model whose
 /// largest feature map holds `channels` × `pixels` values per image, with `skips` bytes of
 /// skip connections per image and an attention matrix of `attn` values per image: half the free
-/// memory divided by an estimate of the peak per image (the skips, eight working feature maps
+/// memory divided by an estimate of the peak per image (the skips, sixteen working feature maps
 /// and three attention-sized buffers), a power of two in [1, 4096].
 pub fn fit_batch(
     free_bytes: u64,
@@ -143,7 +143,7 @@ pub fn fit_batch(
     skip_values: usize,
     attn_values: usize,
 ) -> usize {
-    let per_image = (bytes_per_value * (skip_values + 8 * feature_values + 3 * attn_values)).max(1) as u64;
+    let per_image = (bytes_per_value * (skip_values + 16 * feature_values + 3 * attn_values)).max(1) as u64;
     let n = (free_bytes / 2 / per_image).clamp(1, 4096);
     1usize << (63 - n.leading_zeros())
 }
@@ -172,8 +172,8 @@ mod tests {
         // 80 GB free, 4-byte values, a 128×32×32 feature map, 1M skip values, 65k attention.
         let b = fit_batch(80_000_000_000, 4, 128 * 1024, 1_000_000, 65_536);
         assert!(b.is_power_of_two() && (1..=4096).contains(&b), "{b}");
-        // per image 4·(1e6 + 8·131072 + 3·65536) = 9.0 MB: 40 GB / 9 MB ≈ 4400 → 4096 cap.
-        assert_eq!(b, 4096);
+        // per image 4·(1e6 + 16·131072 + 3·65536) = 13.2 MB: 40 GB / 13.2 MB ≈ 3040 → 2048.
+        assert_eq!(b, 2048);
         assert_eq!(fit_batch(1_000_000_000, 4, 128 * 1024, 1_000_000, 65_536), 32);
         assert_eq!(fit_batch(0, 4, 1, 1, 1), 1);
     }
