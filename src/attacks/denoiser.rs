@@ -21,6 +21,21 @@ pub trait Denoiser {
     fn steps(&self) -> usize {
         self.alpha_bars().len()
     }
+    /// The device-resident interface, for a model on a GPU: the attacks then keep their batch on
+    /// the device between steps (no host copies inside SecMI's DDIM loop). `None` (the default,
+    /// and every CPU model) keeps the host path.
+    fn on_device(&self) -> Option<&dyn DeviceEps> {
+        None
+    }
+}
+
+/// ε-prediction on device tensors (see [`Denoiser::on_device`]).
+pub trait DeviceEps {
+    /// The device the model and the batch live on.
+    fn device(&self) -> &candle_core::Device;
+    /// ε̂ = ε_θ(x, t) for `x` of shape [n, dim] (f32, on [`DeviceEps::device`]) at step `t` for
+    /// every row; returns [n, dim] f32 on the same device.
+    fn predict_eps_tensor(&self, x: &candle_core::Tensor, t: usize) -> Result<candle_core::Tensor>;
 }
 
 /// A dpaudit net with its schedule.

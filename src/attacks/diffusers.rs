@@ -43,6 +43,18 @@ impl super::denoiser::Denoiser for DiffusersDenoiser<'_> {
     fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
         crate::models::eps::EpsPredictor::predict_eps(self, x, t)
     }
+    fn on_device(&self) -> Option<&dyn super::denoiser::DeviceEps> {
+        (!self.device().is_cpu()).then_some(self as &dyn super::denoiser::DeviceEps)
+    }
+}
+
+impl super::denoiser::DeviceEps for DiffusersDenoiser<'_> {
+    fn device(&self) -> &candle_core::Device {
+        DiffusersDenoiser::device(self)
+    }
+    fn predict_eps_tensor(&self, x: &candle_core::Tensor, t: usize) -> Result<candle_core::Tensor> {
+        DiffusersDenoiser::predict_eps_tensor(self, x, t)
+    }
 }
 
 /// The records a diffusers run attacks, in the unsharded run's order: the split's members, then
@@ -419,6 +431,7 @@ pub fn assemble(
         cosine: Vec::new(),
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
+        precision: None,
     })
 }
 
@@ -443,4 +456,54 @@ pub fn folder_sha256(unet_dir: &Path) -> Result<String> {
         }
     }
     Ok(crate::models::data::sha256_hex(text.as_bytes()))
+}
+
+/// The largest change of the scores in `records` (computed at the current precision) when the
+/// first `sample` members and the first `sample` non-members are scored again in fp32 with the
+/// same attacks, steps and noise (a record's noise depends only on its position, so the sample's
+/// records get the same draws). Returns (records compared, largest absolute change, largest
+/// relative change). Restores the current precision.
+pub fn fp32_score_change(
+    den: &DiffusersDenoiser<'_>,
+    images: &ImageSet,
+    split: &SplitManifest,
+    plan: &MiaPlan,
+    records: &[scores::ScoreRecord],
+    sample: usize,
+) -> Result<(usize, f64, f64)> {
+    use crate::models::precision::{self, Precision};
+    let member_ix: Vec<usize> = split.members.iter().take(sample).copied().collect();
+    let nonmember_ix: Vec<usize> = split.nonmembers.iter().take(sample).copied().collect();
+    let (members, nonmembers) = (images.rows(&member_ix), images.rows(&nonmember_ix));
+    let ids: Vec<String> = member_ix.iter().chain(&nonmember_ix).map(|i| i.to_string()).collect();
+    let mut have = std::collections::HashMap::new();
+    for r in records.iter().filter(|r| r.set == ScoreSet::Split) {
+        have.insert((r.attack, r.t, r.record_id.clone()), r.score);
+    }
+    let before = precision::current();
+    precision::set(Precision::Fp32);
+    let rescored = (|| -> Result<Vec<(AttackKind, usize, Vec<f64>)>> {
+        let mut out = Vec::new();
+        for &kind in &plan.attacks {
+            for &t in &plan.timesteps {
+                let mut s = mia::scores(kind, den, &[], &members, t, &plan.score)?;
+                s.extend(mia::scores(kind, den, &[], &nonmembers, t, &plan.score)?);
+                out.push((kind, t, s));
+            }
+        }
+        Ok(out)
+    })();
+    precision::set(before);
+    let (mut n, mut abs, mut rel) = (0usize, 0f64, 0f64);
+    for (kind, t, s) in rescored? {
+        for (id, fp32) in ids.iter().zip(s) {
+            if let Some(&got) = have.get(&(kind, t, id.clone())) {
+                let d = (got - fp32).abs();
+                abs = abs.max(d);
+                rel = rel.max(d / fp32.abs().max(f64::MIN_POSITIVE));
+                n += 1;
+            }
+        }
+    }
+    Ok((n, abs, rel))
 }

@@ -23,7 +23,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::denoiser::{noisy, Denoiser};
+use candle_core::{DType, Tensor};
+
+use super::denoiser::{noisy, Denoiser, DeviceEps};
 use super::empirical::{poisson_mask, EmpiricalDenoiser};
 use super::metrics::{self, HeldOut, Interval, Roc};
 use super::theory::Guarantee;
@@ -178,6 +180,9 @@ pub fn secmi_errors(d: &dyn Denoiser, rows: &[f32], t: usize, k: usize) -> Resul
         ));
     }
     let target = t - k;
+    if let Some(dev) = d.on_device() {
+        return secmi_errors_on_device(d, dev, rows, t, k);
+    }
     let mut x = rows.to_vec();
     let mut s = 0usize;
     while s < target {
@@ -190,12 +195,70 @@ pub fn secmi_errors(d: &dyn Denoiser, rows: &[f32], t: usize, k: usize) -> Resul
     Ok(row_lp(&x, &back, d.dim(), 2.0))
 }
 
+/// [`ddim_step`] on a device-resident batch: the same f64 arithmetic, on the device.
+fn ddim_step_on_device(d: &dyn Denoiser, dev: &dyn DeviceEps, x: &Tensor, s: usize, t: usize) -> Result<Tensor> {
+    let eps = dev.predict_eps_tensor(x, s)?.to_dtype(DType::F64)?;
+    let ab = d.alpha_bars();
+    let (as_, at) = (ab[s], ab[t]);
+    let (ss, sn) = (as_.sqrt(), (1.0 - as_).sqrt());
+    let (ts, tn) = (at.sqrt(), (1.0 - at).sqrt());
+    let x0 = ((x.to_dtype(DType::F64)? - (&eps * sn)?)? / ss)?;
+    Ok(((x0 * ts)? + (eps * tn)?)?.to_dtype(DType::F32)?)
+}
+
+/// Mean over each row of |a − b|^p (in f64, on the device), copied to the host.
+fn row_lp_on_device(a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
+    let diff = (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?.abs()?;
+    let pow = if p == 2.0 {
+        diff.sqr()?
+    } else if p == 4.0 {
+        diff.sqr()?.sqr()?
+    } else {
+        diff.powf(p)?
+    };
+    Ok(pow.mean(1)?.to_vec1::<f64>()?)
+}
+
+/// [`secmi_errors`] with the batch kept on the model's device from the first step to the
+/// errors (one copy in, one copy of n errors out).
+fn secmi_errors_on_device(d: &dyn Denoiser, dev: &dyn DeviceEps, rows: &[f32], t: usize, k: usize) -> Result<Vec<f64>> {
+    let dim = d.dim();
+    let n = rows.len() / dim;
+    let target = t - k;
+    let mut x = Tensor::from_slice(rows, (n, dim), dev.device())?;
+    let mut s = 0usize;
+    while s < target {
+        let next = (s + k).min(target);
+        x = ddim_step_on_device(d, dev, &x, s, next)?;
+        s = next;
+    }
+    let fwd = ddim_step_on_device(d, dev, &x, target, t)?;
+    let back = ddim_step_on_device(d, dev, &fwd, t, target)?;
+    row_lp_on_device(&x, &back, 2.0)
+}
+
+/// [`pia_distances`] with the batch kept on the model's device.
+fn pia_distances_on_device(d: &dyn Denoiser, dev: &dyn DeviceEps, rows: &[f32], t: usize, p: f64) -> Result<Vec<f64>> {
+    let dim = d.dim();
+    let n = rows.len() / dim;
+    let x0 = Tensor::from_slice(rows, (n, dim), dev.device())?;
+    let eps0 = dev.predict_eps_tensor(&x0, 0)?;
+    let a = d.alpha_bars()[t];
+    // As `noisy`: f32 products and sum.
+    let xt = ((&x0 * (a.sqrt() as f32) as f64)? + (&eps0 * ((1.0 - a).sqrt() as f32) as f64)?)?;
+    let pred = dev.predict_eps_tensor(&xt, t)?;
+    row_lp_on_device(&eps0, &pred, p)
+}
+
 /// PIA's distance of each row (Kong et al. 2024, Eq. 10–11): ε₀ = ε_θ(x₀, 0),
 /// x_t = √ᾱ_t x₀ + √(1−ᾱ_t) ε₀, returns Σ_j |ε₀ − ε_θ(x_t, t)|_j^p / d per row.
 pub fn pia_distances(d: &dyn Denoiser, rows: &[f32], t: usize, p: f64) -> Result<Vec<f64>> {
     check_step(d, t)?;
     if !(p >= 1.0 && p.is_finite()) {
         return Err(Error::field("--pia-norm", format!("must be a finite p ≥ 1, got {p}")));
+    }
+    if let Some(dev) = d.on_device() {
+        return pia_distances_on_device(d, dev, rows, t, p);
     }
     let n = rows.len() / d.dim();
     let eps0 = d.predict_eps(rows, &vec![0; n])?;

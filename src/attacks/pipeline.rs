@@ -322,6 +322,48 @@ pub struct MiaReport {
     pub table2: Option<Table2>,
     /// Seconds.
     pub elapsed_s: f64,
+    /// The arithmetic of a model run on a GPU (`--precision`) and, below fp32, how far a sample
+    /// of scores moved from fp32 (absent on the CPU, which computes in fp32 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionNote>,
+}
+
+/// `--precision` of a GPU run, with the largest score change against fp32 on a sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrecisionNote {
+    /// fp32, tf32 or bf16.
+    pub precision: crate::models::precision::Precision,
+    /// Images per forward pass, and whether it was chosen to fit the GPU's free memory.
+    pub batch: usize,
+    /// True when the batch was chosen from the GPU's free memory (no --batch-size).
+    pub batch_fitted: bool,
+    /// Records scored again in fp32 (every attack and step), 0 at fp32.
+    pub sample: usize,
+    /// Largest |score − fp32 score| over the sample.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_abs_score_change: Option<f64>,
+    /// Largest |score − fp32 score| / |fp32 score| over the sample.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_rel_score_change: Option<f64>,
+}
+
+impl PrecisionNote {
+    /// One line for the text report.
+    pub fn describe(&self) -> String {
+        let batch = if self.batch_fitted {
+            format!("batch {} (fitted to the GPU's free memory)", self.batch)
+        } else {
+            format!("batch {}", self.batch)
+        };
+        match (self.max_abs_score_change, self.max_rel_score_change) {
+            (Some(a), Some(r)) => format!(
+                "{}, {batch}; largest score change against fp32 on {} records: {a:.3e} absolute, {r:.3e} relative",
+                self.precision.as_str(),
+                self.sample
+            ),
+            _ => format!("{}, {batch}", self.precision.as_str()),
+        }
+    }
 }
 
 /// The member / non-member rows of a split for a checkpoint: checks the split is the one the
@@ -778,6 +820,7 @@ pub fn assemble(
         cosine,
         table2,
         elapsed_s: start.elapsed().as_secs_f64(),
+        precision: None,
     })
 }
 
@@ -833,6 +876,7 @@ pub fn from_scores_basis(
         cosine: Vec::new(),
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
+        precision: None,
     })
 }
 

@@ -29,6 +29,9 @@ pub fn text(r: &MiaReport) -> String {
             "  data: {}   split: {}   device: {}   attack seed: {}",
             r.data, r.split, r.device, r.seed
         );
+        if let Some(p) = &r.precision {
+            let _ = writeln!(s, "  precision: {}", p.describe());
+        }
     }
     if let Some(f) = &r.scores_file {
         let _ = writeln!(s, "membership inference from the scores in {f}");

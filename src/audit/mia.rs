@@ -82,6 +82,9 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
         }
     }
     r.fact("device", m.device.clone());
+    if let Some(p) = &m.precision {
+        r.fact("precision", p.describe());
+    }
     // The checkpoint's accounted guarantees are the report's results (the guarantee the
     // conclusion states); the sampler's stay facts, they are about another mechanism.
     if let Some(basis) = &m.checkpoint_basis {

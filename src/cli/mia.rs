@@ -135,9 +135,14 @@ pub struct Args {
     /// Diffusers checkpoints: attack only the first N members and the first N non-members.
     #[arg(long)]
     pub max_examples: Option<usize>,
-    /// Diffusers checkpoints: images per forward pass.
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
+    /// Diffusers checkpoints: images per forward pass [default: 64 on the CPU; on a GPU the
+    /// largest power of two that fits half its free memory].
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Diffusers checkpoints on a GPU: the arithmetic of the forward (tf32 and bf16 also score
+    /// a sample again in fp32 and report the largest change).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub precision: crate::cli::values::Precision,
     /// How a diffusers checkpoint without a dpaudit ledger was trained.
     #[command(flatten)]
     pub mechanism: crate::cli::mechanism::MechanismArgs,
@@ -222,9 +227,12 @@ struct DiffusersRun {
 impl DiffusersRun {
     fn load(a: &Args, dir: &std::path::Path, dev: &candle_core::Device) -> anyhow::Result<Self> {
         use dpaudit::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
-        if a.batch_size == 0 || a.max_examples == Some(0) {
+        if a.batch_size == Some(0) || a.max_examples == Some(0) {
             return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
         }
+        let prec: dpaudit::models::precision::Precision = a.precision.into();
+        dpaudit::models::precision::check_device(prec, dev)?;
+        dpaudit::models::precision::set(prec);
         let ck = DiffusersCheckpoint::load(dir, dev)?;
         let data_path = a
             .data
@@ -252,6 +260,26 @@ impl DiffusersRun {
         })
     }
 
+    /// The batched denoiser: `--batch-size`, else on a GPU the largest power of two that fits half
+    /// its free memory (announced), else 64. Returns it with the batch and whether it was fitted.
+    fn denoiser(
+        &self,
+        a: &Args,
+    ) -> anyhow::Result<(dpaudit::models::diffusers::DiffusersDenoiser<'_>, usize, bool)> {
+        let fitted = match a.batch_size {
+            Some(_) => None,
+            None => self.ck.fit_batch(self.images.shape, a.precision.into()),
+        };
+        let batch = a.batch_size.or(fitted.map(|f| f.0)).unwrap_or(64);
+        if let Some((b, free)) = fitted {
+            eprintln!(
+                "batch: {b} images per forward (fits half of the GPU's {:.1} GiB free)",
+                free as f64 / (1u64 << 30) as f64
+            );
+        }
+        Ok((self.ck.denoiser(self.images.shape, batch)?, batch, fitted.is_some()))
+    }
+
     /// The plan, with the empirical attack dropped (warned) when it came from the defaults.
     fn plan(&self, a: &Args, den: &dpaudit::models::diffusers::DiffusersDenoiser<'_>) -> anyhow::Result<MiaPlan> {
         let mut p = plan(a, Some(&|s: &str| den.schedule.parse_timestep(s)))?;
@@ -271,11 +299,11 @@ fn run_diffusers(
     dev_name: &str,
 ) -> anyhow::Result<(pipeline::MiaReport, Vec<scores::ScoreRecord>)> {
     let r = DiffusersRun::load(a, dir, dev)?;
-    let den = r.ck.denoiser(r.images.shape, a.batch_size)?;
+    let (den, batch, batch_fitted) = r.denoiser(a)?;
     let p = r.plan(a, &den)?;
     eprintln!("device: {dev_name}");
     let bar = dpaudit::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
-    let out = dpaudit::attacks::diffusers::run_with_basis(
+    let (mut report, records) = dpaudit::attacks::diffusers::run_with_basis(
         &r.ck,
         &den,
         &r.images,
@@ -288,7 +316,27 @@ fn run_diffusers(
         r.basis.as_ref(),
     )?;
     bar.finish_and_clear();
-    Ok(out)
+    if !dev.is_cpu() {
+        let mut note = pipeline::PrecisionNote {
+            precision: a.precision.into(),
+            batch,
+            batch_fitted,
+            sample: 0,
+            max_abs_score_change: None,
+            max_rel_score_change: None,
+        };
+        if dpaudit::models::precision::Precision::from(a.precision) != dpaudit::models::precision::Precision::Fp32 {
+            // 16 members and 16 non-members (fewer with --max-examples) again in fp32.
+            let sample = a.max_examples.unwrap_or(usize::MAX).min(16);
+            let (n, abs, rel) =
+                dpaudit::attacks::diffusers::fp32_score_change(&den, &r.images, &r.split, &p, &records, sample)?;
+            note.sample = n;
+            note.max_abs_score_change = Some(abs);
+            note.max_rel_score_change = Some(rel);
+        }
+        report.precision = Some(note);
+    }
+    Ok((report, records))
 }
 
 /// Runs `dpaudit mia`.
@@ -467,7 +515,7 @@ fn shard_diffusers(
     path: &std::path::Path,
 ) -> anyhow::Result<Status> {
     let r = DiffusersRun::load(a, udir, dev)?;
-    let den = r.ck.denoiser(r.images.shape, a.batch_size)?;
+    let (den, _, _) = r.denoiser(a)?;
     let plan = r.plan(a, &den)?;
     let mut part_plan = PartPlan::of(&plan)?;
     part_plan.diffusers = Some(dpaudit::attacks::shard::DiffusersPart {

@@ -90,6 +90,9 @@ struct EvalArgs {
     batch: usize,
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceChoice,
+    /// The arithmetic of the forward on a GPU (tf32 and bf16 need --device cuda).
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: crate::cli::values::Precision,
 }
 
 #[derive(Debug, clap::Args)]
@@ -113,6 +116,9 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
             }
             dpaudit::report::output::check_file(&e.out, e.force).map_err(|err| err.with_field("--out"))?;
             let dev = device::select(e.device.into())?;
+            let prec = e.precision.into();
+            dpaudit::models::precision::check_device(prec, &dev)?;
+            dpaudit::models::precision::set(prec);
             let ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
             let x = npy::read(&e.input)?;
             let xs = x.to_f32().ok_or_else(|| {

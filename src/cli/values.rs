@@ -103,3 +103,15 @@ value_enum! {
         ManyRuns,
     }
 }
+
+value_enum! {
+    /// `--precision` of the UNet forward on a GPU.
+    Precision => dpaudit::models::precision::Precision {
+        /// IEEE f32 in every product (no TF32 in cuDNN or cuBLAS).
+        Fp32,
+        /// TF32 tensor-core convolutions and matrix products, f32 accumulation (GPU only).
+        Tf32,
+        /// bfloat16 weights and activations, f32 accumulation (GPU only).
+        Bf16,
+    }
+}

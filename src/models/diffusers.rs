@@ -188,6 +188,20 @@ impl DiffusersCheckpoint {
         &self.device
     }
 
+    /// Images per forward pass that fit the free memory of the checkpoint's GPU for images of
+    /// `shape` at `precision` ([`super::precision::fit_batch`]), with the free bytes; `None` on
+    /// the CPU or when the free memory cannot be read.
+    pub fn fit_batch(&self, shape: [usize; 3], precision: super::precision::Precision) -> Option<(usize, u64)> {
+        let (free, _) = super::precision::device_memory(&self.device)?;
+        let (feature, skips, attn) = self.model.config.activation_values(shape[1], shape[2]);
+        let bytes = if precision == super::precision::Precision::Bf16 {
+            2
+        } else {
+            4
+        };
+        Some((super::precision::fit_batch(free, bytes, feature, skips, attn), free))
+    }
+
     /// Multi-line description for `dpaudit model info`.
     pub fn info(&self) -> String {
         let c = &self.model.config;
@@ -257,6 +271,61 @@ pub struct DiffusersDenoiser<'a> {
     prediction: PredictionType,
     shape: [usize; 3],
     batch: usize,
+}
+
+impl DiffusersDenoiser<'_> {
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.ck.device
+    }
+
+    /// Images per forward pass.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// ε̂ for a device-resident batch `x` [n, C·H·W] (f32, on the model's device) at step `t`
+    /// for every row, in forwards of at most `batch` images; returns [n, C·H·W] f32 on the
+    /// device. v- and x₀-predictions are converted to ε as [`PredictionType::to_eps`] does (in
+    /// f64 on the device).
+    pub fn predict_eps_tensor(&self, x: &Tensor, t: usize) -> Result<Tensor> {
+        let [c, h, w] = self.shape;
+        let (n, d) = x.dims2()?;
+        if d != c * h * w {
+            return Err(Error::input(format!(
+                "{d} values per row, the images have {}",
+                c * h * w
+            )));
+        }
+        if t >= self.schedule.len() {
+            return Err(Error::input(format!("timestep {t} ≥ T = {}", self.schedule.len())));
+        }
+        let step = self.batch.max(1);
+        let mut parts = Vec::with_capacity(n.div_ceil(step));
+        for start in (0..n).step_by(step) {
+            let m = step.min(n - start);
+            let xb = x.narrow(0, start, m)?.reshape((m, c, h, w))?;
+            let y = self.ck.model.forward(&xb, &vec![t as f64; m])?.reshape((m, d))?;
+            parts.push(y);
+        }
+        let out = if parts.len() == 1 {
+            parts.pop().unwrap()
+        } else {
+            Tensor::cat(&parts, 0)?
+        };
+        let abar = self.schedule.alpha_bars[t];
+        Ok(match self.prediction {
+            PredictionType::Epsilon => out,
+            PredictionType::VPrediction => {
+                let (o, xt) = (out.to_dtype(DType::F64)?, x.to_dtype(DType::F64)?);
+                ((o * abar.sqrt())? + (xt * (1.0 - abar).sqrt())?)?.to_dtype(DType::F32)?
+            }
+            PredictionType::Sample => {
+                let (o, xt) = (out.to_dtype(DType::F64)?, x.to_dtype(DType::F64)?);
+                ((xt - (o * abar.sqrt())?)? / (1.0 - abar).sqrt())?.to_dtype(DType::F32)?
+            }
+        })
+    }
 }
 
 impl EpsPredictor for DiffusersDenoiser<'_> {

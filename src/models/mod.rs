@@ -19,10 +19,14 @@
 //! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
+//! * [`precision`]: `--precision fp32|tf32|bf16` of the UNet forward on a GPU (cuDNN
+//!   convolutions with an explicit math type in `cudnn_conv`, feature `cudnn`).
 //! * [`kernels`]: the CPU GEMM, exp and SiLU kernels of the diffusers UNet's CPU forward.
 
 pub mod canary;
 pub mod checkpoint;
+#[cfg(feature = "cudnn")]
+pub mod cudnn_conv;
 pub mod data;
 pub mod device;
 pub mod diffusers;
@@ -33,6 +37,7 @@ pub mod images;
 pub mod kernels;
 pub mod net;
 pub mod npy;
+pub mod precision;
 pub mod run;
 pub mod schedule;
 /// diffusers `scheduler_config.json` files are read in [`crate::diffusion::scheduler`].

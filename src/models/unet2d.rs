@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Conv2d, Conv2dConfig, GroupNorm, Linear, Module};
 
+use super::precision::{self, conv2d, linear};
+
 #[path = "unet2d_cpu.rs"]
 mod cpu;
 use serde_json::Value;
@@ -433,6 +435,27 @@ impl Unet2dConfig {
             .or((!self.scale_shift).then_some(self.norm_num_groups))
     }
 
+    /// Values per image of the forward's buffers on an h×w input, for sizing a GPU batch:
+    /// (the largest feature map with its skip concatenated, every skip connection kept for the
+    /// up path, the largest attention matrix over all heads).
+    pub fn activation_values(&self, h: usize, w: usize) -> (usize, usize, usize) {
+        let mut feature = 0;
+        let mut skips = self.block_out_channels[0] * h * w;
+        let mut attn = 0;
+        for (i, &ch) in self.block_out_channels.iter().enumerate() {
+            let px = (h >> i).max(1) * (w >> i).max(1);
+            feature = feature.max(2 * ch * px);
+            skips += (self.layers_per_block + 1) * ch * px;
+            let attended = self.down_block_types.get(i).is_some_and(|t| t.starts_with("Attn"))
+                || (i + 1 == self.block_out_channels.len() && self.add_attention && self.mid_block);
+            if attended {
+                let heads = self.attention_head_dim.map_or(1, |d| (ch / d.max(1)).max(1));
+                attn = attn.max(heads * px * px);
+            }
+        }
+        (feature, skips, attn)
+    }
+
     /// One-line summary of the architecture.
     pub fn describe(&self) -> String {
         format!(
@@ -563,8 +586,39 @@ struct Gn {
     eps: f64,
 }
 
+impl Gn {
+    /// Group norm on a GPU in three kernels instead of candle-nn's dozen element-wise passes:
+    /// candle's fused layer-norm kernel over each (image, group) row of C/G·H·W values (f32
+    /// statistics), then the per-channel scale and shift. Same definition as diffusers'
+    /// `GroupNorm`: (x − mean)/√(var + eps)·γ + β with the biased variance of the group (the
+    /// kernel accumulates Σx and Σx² in f32, a one-pass variance; on an H200 `model eval` stayed
+    /// within 1.1e-6 relative L2 of diffusers on every fixture). Any device; used on CUDA.
+    fn forward_fused(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dt = x.dtype();
+        let (b, c) = (x.dim(0)?, x.dim(1)?);
+        let n = x.elem_count() / (b * self.groups);
+        let rows = x.to_dtype(DType::F32)?.contiguous()?.reshape((b, self.groups, n))?;
+        let ones = Tensor::ones(n, DType::F32, x.device())?;
+        let zeros = Tensor::zeros(n, DType::F32, x.device())?;
+        let y = candle_nn::ops::layer_norm(&rows, &ones, &zeros, self.eps as f32)?;
+        let mut per_channel = vec![1usize; x.rank()];
+        per_channel[1] = c;
+        y.reshape(x.shape())?
+            .broadcast_mul(&self.weight.reshape(per_channel.clone())?)?
+            .broadcast_add(&self.bias.reshape(per_channel)?)?
+            .to_dtype(dt)
+    }
+}
+
 impl Module for Gn {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if x.device().is_cuda() {
+            return self.forward_fused(x);
+        }
+        // Group statistics in f32 whatever the activations' dtype (bf16 forwards).
+        if x.dtype() != DType::F32 {
+            return self.m.forward(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
+        }
         self.m.forward(x)
     }
 }
@@ -646,10 +700,8 @@ impl ResnetBlock {
                 h = h.upsample_nearest2d(hh * 2, ww * 2)?;
             }
         }
-        let h = self.conv1.forward(&h)?;
-        let t = self
-            .time_emb_proj
-            .forward(&self.act.apply(temb)?)?
+        let h = conv2d(&self.conv1, &h)?;
+        let t = linear(&self.time_emb_proj, &self.act.apply(temb)?)?
             .unsqueeze(2)?
             .unsqueeze(3)?;
         let h = if self.scale_shift {
@@ -663,9 +715,9 @@ impl ResnetBlock {
         } else {
             self.norm2.forward(&h.broadcast_add(&t)?)?
         };
-        let h = self.conv2.forward(&self.act.apply(&h)?)?;
+        let h = conv2d(&self.conv2, &self.act.apply(&h)?)?;
         let input = match &self.shortcut {
-            Some(s) => s.forward(&input)?,
+            Some(s) => conv2d(s, &input)?,
             None => input,
         };
         let out = (input + h)?;
@@ -738,9 +790,9 @@ impl AttnBlock {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = split(self.q.forward(&hs)?)?;
-        let k = split(self.k.forward(&hs)?)?;
-        let v = split(self.v.forward(&hs)?)?;
+        let q = split(linear(&self.q, &hs)?)?;
+        let k = split(linear(&self.k, &hs)?)?;
+        let v = split(linear(&self.v, &hs)?)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let att = (q.matmul(&k.transpose(2, 3)?.contiguous()?)? * scale)?;
         let att = candle_nn::ops::softmax_last_dim(&att)?;
@@ -749,7 +801,7 @@ impl AttnBlock {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, l, self.heads * self.head_dim))?;
-        let o = self.out.forward(&o)?.transpose(1, 2)?.reshape((b, c, h, wd))?;
+        let o = linear(&self.out, &o)?.transpose(1, 2)?.reshape((b, c, h, wd))?;
         let o = (o + x)?;
         Ok(if self.rescale != 1.0 { (o / self.rescale)? } else { o })
     }
@@ -1126,17 +1178,24 @@ impl Unet2dModel {
         let (b, c, h, wd) = x.dims4()?;
         self.check_input([b, c, h, wd], t)?;
         let dev = x.device();
-        let x = x.to_dtype(DType::F32)?;
+        // The activations' dtype: bf16 with `--precision bf16` on a GPU, else f32.
+        let dt = if dev.is_cpu() {
+            DType::F32
+        } else {
+            precision::current().dtype()
+        };
+        let x = x.to_dtype(dt)?;
         let x = if self.config.center_input_sample {
             ((x * 2.0)? - 1.0)?
         } else {
             x
         };
-        let tf = self.time_features(t, dev)?;
-        let emb = self
-            .time_linear_2
-            .forward(&candle_nn::ops::silu(&self.time_linear_1.forward(&tf)?)?)?;
-        let mut hcur = self.conv_in.forward(&x)?;
+        let tf = self.time_features(t, dev)?.to_dtype(dt)?;
+        let emb = linear(
+            &self.time_linear_2,
+            &candle_nn::ops::silu(&linear(&self.time_linear_1, &tf)?)?,
+        )?;
+        let mut hcur = conv2d(&self.conv_in, &x)?;
         let mut skips = vec![hcur.clone()];
         for d in &self.down {
             for (j, r) in d.block.resnets.iter().enumerate() {
@@ -1151,9 +1210,9 @@ impl Unet2dModel {
                     Down::Conv(conv, pad) => {
                         if *pad == 0 {
                             let p = hcur.pad_with_zeros(D::Minus1, 0, 1)?.pad_with_zeros(D::Minus2, 0, 1)?;
-                            conv.forward(&p)?
+                            conv2d(conv, &p)?
                         } else {
-                            conv.forward(&hcur)?
+                            conv2d(conv, &hcur)?
                         }
                     }
                     Down::Resnet(r) => r.forward(&hcur, &emb)?,
@@ -1183,20 +1242,53 @@ impl Unet2dModel {
                 hcur = match upm {
                     Up::Conv(conv) => {
                         let (_, _, hh, ww) = hcur.dims4()?;
-                        conv.forward(&hcur.upsample_nearest2d(hh * 2, ww * 2)?)?
+                        conv2d(conv, &hcur.upsample_nearest2d(hh * 2, ww * 2)?)?
                     }
                     Up::Resnet(r) => r.forward(&hcur, &emb)?,
                 };
             }
         }
-        let out = self
-            .conv_out
-            .forward(&candle_nn::ops::silu(&self.norm_out.forward(&hcur)?)?)?;
+        let out =
+            conv2d(&self.conv_out, &candle_nn::ops::silu(&self.norm_out.forward(&hcur)?)?)?.to_dtype(DType::F32)?;
         if matches!(self.config.time_embedding, TimeEmbedding::Fourier) {
             let tt: Vec<f32> = t.iter().map(|&v| v as f32).collect();
             let tt = Tensor::from_vec(tt, (b, 1, 1, 1), dev)?;
             return Ok(out.broadcast_div(&tt)?);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod gn_tests {
+    use super::*;
+
+    /// The GPU group norm (layer norm per (image, group) row, then scale and shift) equals
+    /// candle-nn's `GroupNorm` (run here on the CPU, where both exist).
+    #[test]
+    fn fused_group_norm_equals_candle_nn() {
+        let dev = Device::Cpu;
+        let (b, c, h, w, groups) = (2, 8, 5, 3, 4);
+        let x = (Tensor::arange(0f32, (b * c * h * w) as f32, &dev)
+            .unwrap()
+            .sin()
+            .unwrap()
+            * 3.0)
+            .unwrap()
+            .reshape((b, c, h, w))
+            .unwrap();
+        let weight = (Tensor::arange(0f32, c as f32, &dev).unwrap() * 0.25).unwrap();
+        let bias = (Tensor::arange(0f32, c as f32, &dev).unwrap() - 2.0).unwrap();
+        let gn = Gn {
+            m: GroupNorm::new(weight.clone(), bias.clone(), c, groups, 1e-6).unwrap(),
+            weight,
+            bias,
+            groups,
+            eps: 1e-6,
+        };
+        let a: Vec<f32> = gn.forward_fused(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let e: Vec<f32> = gn.m.forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let worst = a.iter().zip(&e).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "largest difference {worst}");
     }
 }

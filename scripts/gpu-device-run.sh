@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# One run on a lent GPU machine (../shared/GPU.md): correctness of the CUDA build at each
+# --precision, the attack comparison against PyTorch (fp32/tf32/bf16), DP-SGD steps/s against
+# PyTorch, then scripts/train_mnist_dp_ddpm.sh in the time left. Outside CI.
+#
+#   bash CARRY/gpu-device-run.sh [DEADLINE_S]     (from the repository root; results in $OUT)
+#
+# CARRY is a git-ignored folder (e.g. target-carry/) holding: dpaudit.gz (the stripped, gzipped
+# binary of `DPAUDIT_CUDA_FEATURES=cudnn DPAUDIT_CUDA_TESTS=1 scripts/cuda-build.sh`),
+# optionally integration.gz (its integration-test binary), wheels/ (diffusers and
+# importlib_metadata wheels for the machine's Python), and optionally compare_attacks_torch.py,
+# bench_dpsgd_torch_gpu.py, train_mnist_dp_ddpm.sh and mnist-dp.toml to use instead of the tree's.
+# Everything is written to a scratch folder and packed into $OUT/results.tar.gz (+ run.log):
+# only a few files come back from the machine. DEVICE=cpu runs the same logic on a CPU build
+# (BIN=..., a dry run before spending device time). PRECS_CMP picks the compared precisions.
+set -u
+T0=$(date +%s)
+DEADLINE=${1:-560}
+R=$(pwd)
+C=$(cd "$(dirname "$0")" && pwd)
+OO=${OUT:-/tmp/devout}
+mkdir -p "$OO"
+O=$(mktemp -d /tmp/devwork.XXXX)
+DEVICE=${DEVICE:-cuda}
+exec > >(tee "$O/run.log") 2>&1
+trap 'tar czf "$OO/results.tar.gz" -C "$O" . 2>/dev/null; cp "$O/run.log" "$OO/run.log"' EXIT
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+atleast() { local v=$1 m=$2; [ "$v" -lt "$m" ] && v=$m; echo "$v"; }
+phase() { echo; echo "=== $* (t+$(($(date +%s) - T0)) s)"; }
+
+phase setup
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null || echo "no nvidia-smi"
+nproc
+PY=${PY:-python3}
+if [ "$DEVICE" = cuda ]; then
+  CUDNN_LIB=$($PY - <<'EOF'
+import glob, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    for p in glob.glob(d + "/nvidia/cudnn/lib/libcudnn.so.9") + glob.glob(d + "/nvidia/cu13/lib/libcudnn.so.9"):
+        print(p.rsplit("/", 1)[0]); sys.exit()
+EOF
+)
+  if [ -z "$CUDNN_LIB" ]; then
+    f=$(find / -xdev -name libcudnn.so.9 2>/dev/null | head -1)
+    [ -n "$f" ] && CUDNN_LIB=$(dirname "$f")
+  fi
+  echo "cuDNN lib: ${CUDNN_LIB:-not found}"
+  ls "${CUDNN_LIB:-/nonexistent}" 2>/dev/null | head -20
+  export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib${CUDNN_LIB:+:$CUDNN_LIB}
+  mkdir -p "$R/target-cuda/release/deps"
+  gunzip -c "$C/dpaudit.gz" > "$R/target-cuda/release/dpaudit" && chmod +x "$R/target-cuda/release/dpaudit"
+  BIN=$R/target-cuda/release/dpaudit
+  if [ -f "$C/integration.gz" ]; then
+    gunzip -c "$C/integration.gz" > "$R/target-cuda/release/deps/integration" && chmod +x "$R/target-cuda/release/deps/integration"
+  fi
+  ldd "$BIN" | grep -E "cudnn|cublas|cudart|nvrtc|curand|not found"
+  mkdir -p "$C/py"
+  $PY -m pip install -q --no-index --no-deps --target "$C/py" "$C"/wheels/diffusers-*.whl "$C"/wheels/importlib_metadata-*.whl 2>&1 | tail -2
+  export PYTHONPATH=$C/py${PYTHONPATH:+:$PYTHONPATH}
+else
+  BIN=${BIN:-$R/target/release/dpaudit}
+fi
+$PY -c "import torch, diffusers; print('torch', torch.__version__, 'diffusers', diffusers.__version__, 'cuda', torch.cuda.is_available())"
+"$BIN" --version
+
+# This branch's comparison script (the device's tree may be another checkout).
+for f in compare_attacks_torch.py bench_dpsgd_torch_gpu.py train_mnist_dp_ddpm.sh; do
+  [ -f "$C/$f" ] && cp "$C/$f" "scripts/$f"
+done
+[ -f "$C/mnist-dp.toml" ] && cp "$C/mnist-dp.toml" fixtures/splits/mnist-dp.toml
+phase "correctness: model eval per precision vs the diffusers fixtures"
+PRECS=fp32
+[ "$DEVICE" = cuda ] && PRECS="fp32 tf32 bf16"
+for fx in unet-28-c1-attn unet-28-c1-fourier unet-32-c3-attn unet-32-c3-noattn; do
+  d=fixtures/diffusers/$fx
+  for p in $PRECS; do
+    "$BIN" model eval --checkpoint "$d" --input "$d/input.npy" --timesteps "$d/timesteps.npy" \
+      --out "$O/eval-$fx-$p.npy" --batch 2 --device "$DEVICE" --precision "$p" --force 2>&1 | tail -1
+  done
+done
+$PY - "$O" $PRECS <<'EOF' | tee "$O/model_eval.json"
+import json, sys, numpy as np
+out, precs = sys.argv[1], sys.argv[2:]
+res = []
+for fx in ["unet-28-c1-attn", "unet-28-c1-fourier", "unet-32-c3-attn", "unet-32-c3-noattn"]:
+    want = np.load(f"fixtures/diffusers/{fx}/expected.npy").astype(np.float64)
+    for p in precs:
+        try:
+            got = np.load(f"{out}/eval-{fx}-{p}.npy").astype(np.float64)
+        except Exception as e:
+            res.append(dict(fixture=fx, precision=p, error=str(e))); continue
+        res.append(dict(fixture=fx, precision=p, max_abs=float(np.abs(got - want).max()),
+                        rel_l2=float(np.linalg.norm(got - want) / np.linalg.norm(want))))
+print(json.dumps(res, indent=1))
+EOF
+
+if [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integration" ]; then
+  phase "cuda integration tests (attacks::cpu_and_cuda, attacks::device_cuda, diffusers::mia)"
+  mkdir -p /work/wt 2>/dev/null
+  [ -e /work/wt/gpu ] || ln -s "$R" /work/wt/gpu
+  (cd /work/wt/gpu && timeout 120 target-cuda/release/deps/integration attacks::cpu_and_cuda attacks::device_cuda \
+     diffusers::mia_on_the_mnist --test-threads 2 2>&1 | tail -15)
+fi
+
+phase "auto batch: mia without --batch-size (mnist-ddpm, shipped split)"
+"$BIN" mia --checkpoint models/mnist-ddpm --data fixtures/data/mnist/mnist-10k.u8.gz --split fixtures/splits/mnist.toml \
+  --attack secmi,pia --timesteps 100 --device "$DEVICE" --precision "$([ "$DEVICE" = cuda ] && echo tf32 || echo fp32)" --bootstrap 100 --out "$O/mia-auto-tf32" --force 2>&1 | tail -30
+[ "$DEVICE" = cuda ] || true
+
+phase "attack comparison vs PyTorch"
+( nvidia-smi dmon -s um -d 1 > "$O/dmon.log" 2>&1 & echo $! > "$O/dmon.pid" ) 2>/dev/null
+if [ "$DEVICE" = cuda ]; then
+  timeout "$(atleast $(( $(left) - 150 )) 60)" $PY scripts/compare_attacks_torch.py --device cuda --precisions "${PRECS_CMP:-fp32,tf32,bf16}" \
+    --dpaudit "$BIN" --n-mnist 1024 --n-cifar 256 --batch 256 --rounds 2 --bootstrap 200 \
+    --json "$O/compare_cuda.json" > "$O/compare_cuda.md" 2> "$O/compare_cuda.err"
+else
+  timeout 600 $PY scripts/compare_attacks_torch.py --device cpu --threads 1 --dpaudit "$BIN" \
+    --n-mnist 4 --n-cifar 2 --batch 4 --rounds 1 --json "$O/compare_cpu.json" > "$O/compare_cpu.md" 2> "$O/compare_cpu.err"
+fi
+echo "rc $?"; cat "$O"/compare_*.md; tail -5 "$O"/compare_*.err
+kill "$(cat "$O/dmon.pid" 2>/dev/null)" 2>/dev/null
+
+phase "DP-SGD steps/s: dpaudit train --unet mnist-ddpm --dp vs PyTorch (torch.func per-sample gradients)"
+DPARGS=(train --unet mnist-ddpm --device "$DEVICE" --data fixtures/data/mnist/mnist-10k.u8.gz --split fixtures/splits/mnist-dp.toml
+  --dp --noise-multiplier 1.0 --clip 1 --sample-rate 0.03 --delta 1e-5 --batch-size 120 --lr 2e-3 --ema 0.999 --seed 1 --force)
+S1=1; S2=2
+[ "$DEVICE" = cuda ] && { S1=5; S2=25; }
+declare -A WALL
+for s in $S1 $S2; do
+  a=$EPOCHREALTIME
+  timeout 120 "$BIN" "${DPARGS[@]}" --steps $s --out "$O/dpsgd-$s" > "$O/dpsgd-$s.out" 2> "$O/dpsgd-$s.err"
+  rc=$?
+  WALL[$s]=$(awk -v a="$a" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.3f", b-a}')
+  echo "dpaudit DP-SGD steps $s rc $rc wall ${WALL[$s]} s" | tee -a "$O/dpsgd.txt"
+done
+RATE=$(awk -v n=$((S2 - S1)) -v a="${WALL[$S1]}" -v b="${WALL[$S2]}" 'BEGIN{d=b-a; if (d<=0) d=1e-9; printf "%.3f", n/d}')
+echo "dpaudit DP-SGD steps/s (from the difference of the two runs): $RATE" | tee -a "$O/dpsgd.txt"
+timeout 120 $PY scripts/bench_dpsgd_torch_gpu.py --config models/mnist-ddpm/config.json --batch $([ "$DEVICE" = cuda ] && echo 120 || echo 8) \
+  --steps $([ "$DEVICE" = cuda ] && echo 20 || echo 1) --warmup $([ "$DEVICE" = cuda ] && echo 3 || echo 1) \
+  --device "$DEVICE" --json "$O/dpsgd_torch.json" 2>&1 | grep -v Warning | tail -3
+
+phase "DP MNIST training (scripts/train_mnist_dp_ddpm.sh from dpdiff2) in the time left: $(left) s"
+[ -x /usr/bin/time ] || sed -i 's#/usr/bin/time -v ##' scripts/train_mnist_dp_ddpm.sh
+if [ "$DEVICE" = cuda ]; then
+  # 2000 steps (the script's cuda default) when they fit at 80 % of the measured rate (the twin
+  # trains beside it), else the most hundreds of steps that do (the card records the steps and ε).
+  FIT=$(awk -v r="$RATE" -v l="$(left)" 'BEGIN{s=int(r*0.8*(l-40)/100)*100; if (s>2000) s=2000; print s}')
+  echo "training steps: $FIT"
+  if [ "$FIT" -ge 100 ]; then
+    STEPS=$FIT PARALLEL=1 timeout "$(atleast $(( $(left) - 10 )) 10)" bash scripts/train_mnist_dp_ddpm.sh "$BIN" cuda "$O/trained"
+  else
+    echo "no time left to train"
+  fi
+else
+  STEPS=2 CHUNK=16 PARALLEL=1 timeout 300 bash scripts/train_mnist_dp_ddpm.sh "$BIN" cpu "$O/trained"
+fi
+echo "train rc $?"
+ls -la "$O/trained" 2>/dev/null; tail -3 "$O"/trained/*.log 2>/dev/null
+nvidia-smi 2>/dev/null | head -20
+phase done

@@ -1,0 +1,198 @@
+//! cuDNN 2-D convolution forward with an explicit math type (feature `cudnn`).
+//!
+//! candle's own cuDNN path leaves the convolution descriptor at `CUDNN_DEFAULT_MATH`, which on
+//! Ampere and later lets cuDNN run fp32 convolutions on tensor cores with TF32 inputs: not the
+//! fp32 the report promises. This op sets the math type from [`super::precision`] on every call
+//! (`CUDNN_FMA_MATH` for fp32, as PyTorch does with `torch.backends.cudnn.allow_tf32 = False`;
+//! `CUDNN_DEFAULT_MATH` for tf32; `CUDNN_TENSOR_OP_MATH` for bf16 data with f32 accumulation),
+//! and caches cuDNN's heuristic algorithm choice per shape (PyTorch's `benchmark = False`).
+//!
+//! The crate denies `unsafe`; this module needs it for the cuDNN call itself and for the
+//! uninitialised output and workspace buffers (cuDNN writes every output element with β = 0).
+#![allow(unsafe_code)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use candle_core::cuda::cudarc;
+use candle_core::cuda::{CudaDevice, CudaStorage, DeviceId};
+use candle_core::{CpuStorage, CustomOp2, Layout, Shape, WithDType};
+use cudarc::cudnn::{sys, ConvForward, Cudnn, CudnnDataType};
+use cudarc::driver::{CudaSlice, DeviceRepr};
+
+use super::precision::Precision;
+
+/// `y = conv2d(x, w)` (no bias), stride and padding equal in both directions, dilation 1.
+pub struct CudnnConv2d {
+    /// Zero padding on each side.
+    pub padding: usize,
+    /// Stride.
+    pub stride: usize,
+    /// Which arithmetic cuDNN may use.
+    pub precision: Precision,
+}
+
+type Key = ([i32; 4], [i32; 4], usize, usize, u8, u8);
+
+thread_local! {
+    static HANDLES: RefCell<HashMap<DeviceId, Arc<Cudnn>>> = RefCell::new(HashMap::new());
+    static ALGOS: RefCell<HashMap<Key, (sys::cudnnConvolutionFwdAlgo_t, usize)>> = RefCell::new(HashMap::new());
+}
+
+fn handle(dev: &CudaDevice) -> candle_core::Result<Arc<Cudnn>> {
+    let key = dev.id();
+    HANDLES.with(|m| {
+        if let Some(h) = m.borrow().get(&key) {
+            return Ok(h.clone());
+        }
+        let h = Cudnn::new(dev.cuda_stream()).map_err(|e| candle_core::Error::Msg(format!("cuDNN: {e:?}")))?;
+        m.borrow_mut().insert(key, h.clone());
+        Ok(h)
+    })
+}
+
+fn cerr<E: std::fmt::Debug>(e: E) -> candle_core::Error {
+    candle_core::Error::Msg(format!("cuDNN convolution: {e:?}"))
+}
+
+impl CudnnConv2d {
+    fn math(&self) -> sys::cudnnMathType_t {
+        match self.precision {
+            Precision::Fp32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+            Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            Precision::Bf16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch<T: CudnnDataType + WithDType + DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        x: &CudaSlice<T>,
+        xl: &Layout,
+        w: &CudaSlice<T>,
+        wl: &Layout,
+        xd: [i32; 4],
+        wd: [i32; 4],
+    ) -> candle_core::Result<(CudaSlice<T>, [usize; 4])> {
+        let cudnn = handle(dev)?;
+        let (p, s) = (self.padding as i32, self.stride as i32);
+        // Data in T; products accumulated in f32 (PSEUDO_BFLOAT16 for bf16, FLOAT for f32).
+        let mut conv = cudnn
+            .create_conv2d::<f32>(
+                [p, p],
+                [s, s],
+                [1, 1],
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+            )
+            .map_err(cerr)?;
+        conv.set_math_type(self.math()).map_err(cerr)?;
+        let xdesc = cudnn
+            .create_4d_tensor::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, xd)
+            .map_err(cerr)?;
+        let wdesc = cudnn
+            .create_4d_filter::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, wd)
+            .map_err(cerr)?;
+        let ho = (xd[2] + 2 * p - wd[2]) / s + 1;
+        let wo = (xd[3] + 2 * p - wd[3]) / s + 1;
+        let yd = [xd[0], wd[0], ho, wo];
+        let ydesc = cudnn
+            .create_4d_tensor::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, yd)
+            .map_err(cerr)?;
+        let op = ConvForward {
+            conv: &conv,
+            x: &xdesc,
+            w: &wdesc,
+            y: &ydesc,
+        };
+        let key: Key = (xd, wd, self.padding, self.stride, self.precision as u8, T::DTYPE as u8);
+        let (algo, ws) = match ALGOS.with(|m| m.borrow().get(&key).copied()) {
+            Some(a) => a,
+            None => {
+                let a = op.pick_algorithm().map_err(cerr)?;
+                let ws = op.get_workspace_size(a).map_err(cerr)?;
+                ALGOS.with(|m| m.borrow_mut().insert(key, (a, ws)));
+                (a, ws)
+            }
+        };
+        let n: usize = yd.iter().map(|&v| v as usize).product();
+        let stream = dev.cuda_stream();
+        // SAFETY: cuDNN writes every element of `y` (β = 0).
+        let mut y = unsafe { stream.alloc::<T>(n) }.map_err(cerr)?;
+        let mut workspace = unsafe { stream.alloc::<u8>(ws.max(1)) }.map_err(cerr)?;
+        let xv = x.slice(xl.start_offset()..);
+        let wv = w.slice(wl.start_offset()..);
+        // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
+        unsafe {
+            op.launch::<CudaSlice<u8>, _, _, _>(
+                algo,
+                Some(&mut workspace),
+                (T::from_f64(1.0), T::from_f64(0.0)),
+                &xv,
+                &wv,
+                &mut y,
+            )
+            .map_err(cerr)?;
+        }
+        Ok((y, yd.map(|v| v as usize)))
+    }
+}
+
+impl CustomOp2 for CudnnConv2d {
+    fn name(&self) -> &'static str {
+        "dpaudit-cudnn-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        Err(candle_core::Error::Msg(
+            "the cuDNN convolution runs on CUDA tensors only".into(),
+        ))
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        ws: &CudaStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        use candle_core::cuda::CudaStorageSlice as S;
+        if !xl.is_contiguous() || !wl.is_contiguous() {
+            return Err(candle_core::Error::Msg(
+                "cuDNN convolution: inputs must be contiguous".into(),
+            ));
+        }
+        let dims4 = |l: &Layout| -> candle_core::Result<[i32; 4]> {
+            let d = l.shape().dims4()?;
+            Ok([d.0 as i32, d.1 as i32, d.2 as i32, d.3 as i32])
+        };
+        let (xd, wd) = (dims4(xl)?, dims4(wl)?);
+        if xd[1] != wd[1] {
+            return Err(candle_core::Error::Msg(format!(
+                "cuDNN convolution: {} input channels, filter expects {}",
+                xd[1], wd[1]
+            )));
+        }
+        let dev = xs.device.clone();
+        match (&xs.slice, &ws.slice) {
+            (S::F32(x), S::F32(w)) => {
+                let (y, yd) = self.launch(&dev, x, xl, w, wl, xd, wd)?;
+                Ok((CudaStorage::wrap_cuda_slice(y, dev), Shape::from(yd.to_vec())))
+            }
+            (S::BF16(x), S::BF16(w)) => {
+                let (y, yd) = self.launch(&dev, x, xl, w, wl, xd, wd)?;
+                Ok((CudaStorage::wrap_cuda_slice(y, dev), Shape::from(yd.to_vec())))
+            }
+            _ => Err(candle_core::Error::Msg(
+                "cuDNN convolution: input and filter must both be f32 or both bf16".into(),
+            )),
+        }
+    }
+}
