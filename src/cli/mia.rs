@@ -262,10 +262,7 @@ impl DiffusersRun {
 
     /// The batched denoiser: `--batch-size`, else on a GPU the largest power of two that fits half
     /// its free memory (announced), else 64. Returns it with the batch and whether it was fitted.
-    fn denoiser(
-        &self,
-        a: &Args,
-    ) -> anyhow::Result<(dpaudit::models::diffusers::DiffusersDenoiser<'_>, usize, bool)> {
+    fn denoiser(&self, a: &Args) -> anyhow::Result<(dpaudit::models::diffusers::DiffusersDenoiser<'_>, usize, bool)> {
         let fitted = match a.batch_size {
             Some(_) => None,
             None => self.ck.fit_batch(self.images.shape, a.precision.into()),
