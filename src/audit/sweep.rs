@@ -54,7 +54,15 @@ pub fn sweep(
     let (rows, repeated) = distinct_stops(rows);
     let csv = sweep::to_csv(&rows, &spec.accountants)?;
     let axes = grid_axes(spec, &rows);
-    let mut rep = to_report(&rows, &spec.accountants, &axes, cfg, config_path, budget, csv.as_bytes())?;
+    let mut rep = to_report(
+        &rows,
+        &spec.accountants,
+        &axes,
+        cfg,
+        config_path,
+        budget,
+        csv.as_bytes(),
+    )?;
     if !repeated.is_empty() {
         let shown: Vec<String> = repeated.iter().map(|&v| num::fmt_num(v)).collect();
         rep.warn(
@@ -83,7 +91,15 @@ fn distinct_stops(rows: Vec<SweepRow>) -> (Vec<SweepRow>, Vec<f64>) {
     for r in rows {
         let key = (
             r.stop_at.is_some(),
-            [r.t_min, r.switch_at, r.clip_norm, r.delta, r.subsample_rate, r.full_batch_mu].map(f64::to_bits),
+            [
+                r.t_min,
+                r.switch_at,
+                r.clip_norm,
+                r.delta,
+                r.subsample_rate,
+                r.full_batch_mu,
+            ]
+            .map(f64::to_bits),
             [r.levels, r.private_steps],
             [r.stop_step, r.switch_step],
             [r.dataset_size, r.samples],
@@ -228,7 +244,13 @@ fn groups<'a>(rows: &'a [SweepRow], axes: &[&str]) -> Vec<(String, Vec<&'a Sweep
             None => {
                 let key = others
                     .iter()
-                    .map(|id| format!("{} = {}", axis_info(id).1, num::fmt_num(num::clean(axis_value(row, id)))))
+                    .map(|id| {
+                        format!(
+                            "{} = {}",
+                            axis_info(id).1,
+                            num::fmt_num(num::clean(axis_value(row, id)))
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(", ");
                 index.insert(bits, groups.len());
@@ -417,7 +439,10 @@ pld and rdp are upper bounds."
             if axes.is_empty() {
                 String::new()
             } else {
-                format!(" of {}", axes.iter().map(|id| axis_info(id).1).collect::<Vec<_>>().join(" × "))
+                format!(
+                    " of {}",
+                    axes.iter().map(|id| axis_info(id).1).collect::<Vec<_>>().join(" × ")
+                )
             }
         ),
         guarantee: if sound.is_empty() {
@@ -505,8 +530,14 @@ fn epsilon_plot(
     let mut p = plot::epsilon_vs_axis(&format!("epsilon_vs_{axis}"), label, "", delta, series);
     // A grid over a decade or more of positive values (a `--log` grid, the levels a DDPM
     // schedule reaches) reads best on a log axis.
-    let xv: Vec<f64> = rows.iter().map(|r| axis_value(r, axis)).filter(|x| x.is_finite()).collect();
-    let (lo, hi) = xv.iter().fold((f64::INFINITY, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    let xv: Vec<f64> = rows
+        .iter()
+        .map(|r| axis_value(r, axis))
+        .filter(|x| x.is_finite())
+        .collect();
+    let (lo, hi) = xv
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
     if lo > 0.0 && hi / lo >= 10.0 && distinct_values(rows, axis) >= 3 {
         p.x.scale = plot::Scale::Log;
     }
@@ -542,7 +573,10 @@ fn coinciding(series: &[Series]) -> String {
     let same = |a: &Series, b: &Series| {
         a.x.len() == b.x.len()
             && a.x.iter().zip(&b.x).all(|(p, q)| p == q)
-            && a.y.iter().zip(&b.y).all(|(p, q)| (p - q).abs() <= 1e-9 * p.abs().max(q.abs()))
+            && a.y
+                .iter()
+                .zip(&b.y)
+                .all(|(p, q)| (p - q).abs() <= 1e-9 * p.abs().max(q.abs()))
     };
     let mut cluster: Vec<Option<usize>> = vec![None; series.len()];
     for i in 0..series.len() {

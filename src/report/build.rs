@@ -348,10 +348,14 @@ fn add_profile_plots(
             .unzip();
         if !xs.is_empty() && !eps_series.is_empty() {
             eps_series.push(
-                Series::new(format!("results at the δ in use, {}", super::export::fmt_num(d)), xs, ys)
-                    .with_style(plot::LineStyle::Points)
-                    .with_marker(plot::Marker::Diamond)
-                    .with_colour((0, 0, 0)),
+                Series::new(
+                    format!("results at the δ in use, {}", super::export::fmt_num(d)),
+                    xs,
+                    ys,
+                )
+                .with_style(plot::LineStyle::Points)
+                .with_marker(plot::Marker::Diamond)
+                .with_colour((0, 0, 0)),
             );
         }
     }

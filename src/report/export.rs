@@ -664,7 +664,11 @@ fn pairs(s: &str, mark: &str, open: &str, close: &str) -> String {
         return s.to_string();
     }
     let mut o = String::with_capacity(s.len() + 16);
-    let paired = if parts.len() % 2 == 1 { parts.len() } else { parts.len() - 1 };
+    let paired = if parts.len() % 2 == 1 {
+        parts.len()
+    } else {
+        parts.len() - 1
+    };
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {
             if i < paired {
@@ -742,7 +746,7 @@ max-width:1240px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}\
 h1{font-size:1.7em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}\
 table{border-collapse:collapse;margin:.6em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}\
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
-.wide{overflow-x:auto;max-width:100%}.nw{white-space:nowrap}\
+.wide{overflow-x:auto;max-width:100%}.nw{white-space:nowrap}td.long{min-width:22em}\
 .pass{color:#fff;background:#1a7f37;font-weight:bold}.fail{color:#fff;background:#cf222e;font-weight:bold}\
 .inconclusive{color:#000;background:#f0c000;font-weight:bold}.estimate{font-style:italic;color:#8a4b00}\
 .severe{color:#cf222e;font-weight:bold}pre{background:#f6f8fa;padding:.8em;overflow:auto}\
@@ -920,7 +924,11 @@ pub fn to_html(r: &Report) -> Result<String> {
     }
 
     for t in &r.tables {
-        let _ = writeln!(s, "<h2>{}</h2>\n<div class=\"wide\">\n<table>\n<tr>", text_html(&t.title));
+        let _ = writeln!(
+            s,
+            "<h2>{}</h2>\n<div class=\"wide\">\n<table>\n<tr>",
+            text_html(&t.title)
+        );
         for c in &t.columns {
             let _ = write!(s, "<th>{}</th>", esc(&c.header()));
         }
@@ -928,10 +936,11 @@ pub fn to_html(r: &Report) -> Result<String> {
         for row in &t.rows {
             let _ = write!(s, "<tr>");
             for c in row {
-                let cls = if matches!(c, Cell::Int(_) | Cell::Num(_)) {
-                    " class=\"num\""
-                } else {
-                    ""
+                let cls = match c {
+                    Cell::Int(_) | Cell::Num(_) => " class=\"num\"",
+                    // A long text in a wide table keeps a readable width (the table scrolls).
+                    Cell::Text(t) if t.chars().count() > 40 => " class=\"long\"",
+                    _ => "",
                 };
                 let _ = write!(s, "<td{cls}>{}</td>", text_html(&cell_text(c)));
             }
@@ -992,6 +1001,33 @@ mod tests {
         ] {
             assert_eq!(base64(i.as_bytes()), o);
         }
+    }
+
+    #[test]
+    fn html_text_renders_markdown_and_keeps_numbers_whole() {
+        assert_eq!(
+            text_html("use `pld` or **rdp** <here>: δ = 1e-5, 2.5e+7 and 3"),
+            "use <code>pld</code> or <strong>rdp</strong> &lt;here&gt;: δ = <span class=\"nw\">1e-5</span>, \
+<span class=\"nw\">2.5e+7</span> and 3"
+        );
+        // An unmatched mark stays; identifiers with digits are not numbers.
+        assert_eq!(text_html("a `b and c"), "a `b and c");
+        assert_eq!(text_html("x1e-5 e5 1e"), "x1e-5 e5 1e");
+    }
+
+    #[test]
+    fn html_shows_no_raw_markdown() {
+        let mut r = Report::new("t", "dpaudit x");
+        r.conclusion = Some(super::super::Conclusion {
+            audited: "the sampler `a.toml` at δ = 1e-5".into(),
+            guarantee: "**none**".into(),
+            verdict: "v".into(),
+            estimates: "e".into(),
+        });
+        r.warn("w", "see `--accountant pld`", false);
+        let h = to_html(&r).unwrap();
+        assert!(!h.contains('`') && !h.contains("**"), "{h}");
+        assert!(h.contains("<code>a.toml</code>") && h.contains("<span class=\"nw\">1e-5</span>"));
     }
 
     #[test]

@@ -968,9 +968,19 @@ where
                 LineStyle::Points => vec![],
                 _ => vec![(x, y), (x + 8, y)],
             };
+            let segs = match line_style {
+                LineStyle::Dotted => vec![(x, y), (x + 4, y)],
+                _ => segs,
+            };
             let extra: Vec<(i32, i32)> = match line_style {
-                LineStyle::Dashed | LineStyle::Dotted => vec![(x + 14, y), (x + 24, y)],
+                LineStyle::Dashed => vec![(x + 14, y), (x + 24, y)],
+                LineStyle::Dotted => vec![(x + 10, y), (x + 14, y)],
                 _ => vec![],
+            };
+            // A dotted sample's third dot takes the marker's place (reference lines have none).
+            let l1 = match line_style {
+                LineStyle::Dotted if l1.is_empty() => vec![(8, 0), (12, 0)],
+                _ => l1.clone(),
             };
             let at = |v: &Vec<(i32, i32)>| v.iter().map(|&(a, b)| (x + 12 + a, y + b)).collect::<Vec<_>>();
             let pick = |v: &Vec<(i32, i32)>| if v.is_empty() { none } else { style };
