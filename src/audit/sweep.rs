@@ -108,7 +108,7 @@ fn distinct_stops(rows: Vec<SweepRow>) -> (Vec<SweepRow>, Vec<f64>) {
         if r.stop_at.is_none() || seen.insert(key) {
             kept.push(r);
         } else if let Some(s) = r.stop_at {
-            if !repeated.iter().any(|&x| x == s) {
+            if !repeated.contains(&s) {
                 repeated.push(s);
             }
         }

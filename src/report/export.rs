@@ -746,7 +746,7 @@ max-width:1240px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}\
 h1{font-size:1.7em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}\
 table{border-collapse:collapse;margin:.6em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}\
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
-.wide{overflow-x:auto;max-width:100%}.nw{white-space:nowrap}td.long{min-width:22em}\
+.wide{overflow-x:auto;max-width:100%}.nw{white-space:nowrap}td.long{min-width:30em}\
 .pass{color:#fff;background:#1a7f37;font-weight:bold}.fail{color:#fff;background:#cf222e;font-weight:bold}\
 .inconclusive{color:#000;background:#f0c000;font-weight:bold}.estimate{font-style:italic;color:#8a4b00}\
 .severe{color:#cf222e;font-weight:bold}pre{background:#f6f8fa;padding:.8em;overflow:auto}\

@@ -257,7 +257,7 @@ fn sigma_min_on_a_ddpm_schedule_sweeps_the_levels_reached_once_each() {
     keys.sort_unstable();
     keys.dedup();
     assert_eq!(keys.len(), n, "a level reached twice at the same p");
-    assert!(n < 24 && n >= 10, "{n} rows");
+    assert!((10..24).contains(&n), "{n} rows");
     // Every row reaches a level at or below the σ_min it asked for (the first level ≤ σ_min),
     // except below the schedule's smallest level.
     let lowest = rows
