@@ -24,6 +24,7 @@ mod integration {
     mod rdp;
     mod reports;
     mod shard;
+    mod sweeps;
     mod transactions;
     mod verdicts;
 }

@@ -346,6 +346,7 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
         if series.is_empty() {
             continue;
         }
+        let attacks = series.clone();
         let grid = plot::alpha_grid(200);
         let gs: &[Guarantee] = basis.as_ref().map_or(&[][..], |b| &b.guarantees[..]);
         let limited = theory::tightest(gs, |g| g.asr_limit()).is_some();
@@ -376,6 +377,59 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
                 format!("No sound guarantee applies to the {name}: no limit is drawn.")
             }),
         });
+        r.plots.push(roc_loglog(id, name, target, attacks, gs, limited));
     }
     r
+}
+
+/// The ROC on log-log axes (TPR against FPR), how membership inference papers read an attack at
+/// low FPR, with the same theoretical limit on a log-spaced FPR grid from half the smallest
+/// positive FPR of the attacks to 1.
+fn roc_loglog(id: &str, name: &str, target: Target, mut series: Vec<Series>, gs: &[Guarantee], limited: bool) -> Plot {
+    let fmin = series
+        .iter()
+        .flat_map(|s| s.x.iter().copied())
+        .filter(|&x| x > 0.0)
+        .fold(1.0f64, f64::min)
+        / 2.0;
+    let n = 200;
+    let grid: Vec<f64> = (0..=n)
+        .map(|i| (fmin.ln() * (1.0 - i as f64 / n as f64)).exp())
+        .collect();
+    if limited {
+        if let Some((_, src)) = theory::tightest(gs, |g| g.asr_limit()) {
+            let lim: Vec<f64> = grid
+                .iter()
+                .map(|&x| theory::tightest(gs, |g| g.tpr_limit(x)).map_or(1.0, |v| v.0))
+                .collect();
+            series.push(
+                Series::new(format!("{name}'s TPR limit ({src})"), grid.clone(), lim).with_style(LineStyle::Dashed),
+            );
+        }
+    }
+    series.push(Series::new("chance", vec![fmin, 1.0], vec![fmin, 1.0]).with_style(LineStyle::Dotted));
+    Plot {
+        id: format!("{id}-loglog"),
+        title: if target == Target::Checkpoint {
+            "ROC at low false positive rates (log-log), checkpoint attacks".into()
+        } else {
+            "ROC at low false positive rates (log-log), sampler attack".into()
+        },
+        x: Axis::new("false positive rate", "probability", Scale::Log),
+        y: Axis::new("true positive rate", "probability", Scale::Log),
+        series,
+        legend: LegendPosition::LowerRight,
+        caption: Some(if limited {
+            format!(
+                "The same ROC on log-log axes, where a membership attack's power at low FPR shows; it must stay \
+                 below the dashed limit of the {name}. Points with FPR = 0 cannot be drawn on a log axis."
+            )
+        } else {
+            format!(
+                "The same ROC on log-log axes (no sound guarantee applies to the {name}: no limit is drawn). Points \
+                 with FPR = 0 cannot be drawn on a log axis."
+            )
+        }),
+    }
+    .note_zeros()
 }

@@ -51,9 +51,69 @@ pub fn sweep(
     progress.set_length(n as u64);
     let tick = || progress.inc(1);
     let rows = sweep::run(cfg, spec, &tick).map_err(|e| e.with_file(config_path))?;
+    let (rows, repeated) = distinct_stops(rows);
     let csv = sweep::to_csv(&rows, &spec.accountants)?;
-    let rep = to_report(&rows, &spec.accountants, cfg, config_path, budget, csv.as_bytes())?;
+    let axes = grid_axes(spec, &rows);
+    let mut rep = to_report(
+        &rows,
+        &spec.accountants,
+        &axes,
+        cfg,
+        config_path,
+        budget,
+        csv.as_bytes(),
+    )?;
+    if !repeated.is_empty() {
+        let shown: Vec<String> = repeated.iter().map(|&v| num::fmt_num(v)).collect();
+        rep.warn(
+            "repeated_stop_level",
+            format!(
+                "the schedule's noise levels are fixed, so σ_min sets where sampling stops (at the first level ≤ σ_min): \
+                 σ_min = {} stop at a level that an earlier grid value already reaches; those points are shown once, \
+                 with t_min the level reached",
+                shown.join(", ")
+            ),
+            false,
+        );
+    }
     Ok((rows, rep))
+}
+
+/// On a schedule whose levels are fixed (DDPM), `--sigma-min` sets where sampling stops
+/// (`stop_at`, the first level ≤ σ_min), and every σ_min between two levels stops at the same
+/// one: such points are one configuration, evaluated twice. Keeps the first row of each (rows
+/// equal in every setting but `stop_at`, the level reached included) and returns the `stop_at`
+/// of the rows left out.
+fn distinct_stops(rows: Vec<SweepRow>) -> (Vec<SweepRow>, Vec<f64>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept = Vec::with_capacity(rows.len());
+    let mut repeated: Vec<f64> = Vec::new();
+    for r in rows {
+        let key = (
+            r.stop_at.is_some(),
+            [
+                r.t_min,
+                r.switch_at,
+                r.clip_norm,
+                r.delta,
+                r.subsample_rate,
+                r.full_batch_mu,
+            ]
+            .map(f64::to_bits),
+            [r.levels, r.private_steps],
+            [r.stop_step, r.switch_step],
+            [r.dataset_size, r.samples],
+            r.sigma_min.map(f64::to_bits),
+        );
+        if r.stop_at.is_none() || seen.insert(key) {
+            kept.push(r);
+        } else if let Some(s) = r.stop_at {
+            if !repeated.contains(&s) {
+                repeated.push(s);
+            }
+        }
+    }
+    (kept, repeated)
 }
 
 /// Columns whose values come from what the user typed (printed without arithmetic noise).
@@ -98,18 +158,28 @@ fn table_from_csv(csv: &[u8]) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
     Ok((headers.iter().map(|h| Column::new(h)).collect(), rows))
 }
 
-/// The axes a sweep can vary, in the order they are tried as the plot's x axis.
-const AXES: [(&str, &str); 9] = [
-    ("sigma_min", "σ_min"),
-    ("t_min", "t_min"),
-    ("subsample_rate", "subsampling rate p"),
-    ("switch_at", "switch point (fraction of steps)"),
-    ("samples", "generated samples S"),
-    ("levels", "noise levels N"),
-    ("clip_norm", "clipping norm C"),
-    ("dataset_size", "dataset size |D|"),
-    ("delta", "δ"),
+/// The axes a sweep can vary, in the order of the grid (σ_min outermost): CSV column, axis label,
+/// short name (legends and conclusions).
+const AXES: [(&str, &str, &str); 11] = [
+    ("sigma_min", "σ_min", "σ_min"),
+    ("t_min", "smallest noise level reached t_min", "t_min"),
+    ("levels", "noise levels N", "N"),
+    ("stop_step", "stop step", "stop step"),
+    ("switch_step", "first private step", "switch step"),
+    ("switch_at", "switch point (fraction of steps)", "switch point"),
+    ("clip_norm", "clipping norm C", "C"),
+    ("dataset_size", "dataset size |D|", "|D|"),
+    ("delta", "δ", "δ"),
+    ("subsample_rate", "subsampling rate p", "p"),
+    ("samples", "generated samples S", "S"),
 ];
+
+fn axis_info(id: &str) -> (&'static str, &'static str) {
+    AXES.iter()
+        .find(|a| a.0 == id)
+        .map(|a| (a.1, a.2))
+        .unwrap_or(("grid value", "value"))
+}
 
 fn axis_value(r: &SweepRow, axis: &str) -> f64 {
     match axis {
@@ -118,6 +188,8 @@ fn axis_value(r: &SweepRow, axis: &str) -> f64 {
         "switch_at" => r.switch_at,
         "samples" => r.samples as f64,
         "t_min" => r.t_min,
+        "stop_step" => r.stop_step.map_or(f64::NAN, |k| k as f64),
+        "switch_step" => r.switch_step.map_or(f64::NAN, |k| k as f64),
         "clip_norm" => r.clip_norm,
         "dataset_size" => r.dataset_size as f64,
         "delta" => r.delta,
@@ -125,20 +197,190 @@ fn axis_value(r: &SweepRow, axis: &str) -> f64 {
     }
 }
 
-/// The swept axis: the first one with more than one value.
-pub fn swept_axis(rows: &[SweepRow]) -> Option<(&'static str, &'static str)> {
-    AXES.into_iter().find(|(id, _)| {
-        let mut v: Vec<u64> = rows.iter().map(|r| axis_value(r, id).to_bits()).collect();
-        v.sort_unstable();
-        v.dedup();
-        v.len() > 1
-    })
+fn distinct_values(rows: &[SweepRow], axis: &str) -> usize {
+    let mut v: Vec<u64> = rows.iter().map(|r| axis_value(r, axis).to_bits()).collect();
+    v.sort_unstable();
+    v.dedup();
+    v.len()
+}
+
+/// The axes the user swept (given more than one value), in grid order: the first is the plot's
+/// x axis (σ_min when given: the axis of `--points`), the others tell the lines apart. σ_min is
+/// the `sigma_min` column on an EDM schedule and `t_min` (the level reached) on the others.
+pub fn grid_axes(spec: &SweepSpec, rows: &[SweepRow]) -> Vec<&'static str> {
+    let sigma = if rows.first().is_some_and(|r| r.sigma_min.is_some()) {
+        "sigma_min"
+    } else {
+        "t_min"
+    };
+    [
+        (sigma, spec.sigma_min.len()),
+        ("levels", spec.levels.len()),
+        ("stop_step", spec.stop_step.len()),
+        ("switch_step", spec.switch_step.len()),
+        ("switch_at", spec.switch_at.len()),
+        ("clip_norm", spec.clip_norm.len()),
+        ("dataset_size", spec.dataset_size.len()),
+        ("delta", spec.delta.len()),
+        ("subsample_rate", spec.subsample_rate.len()),
+        ("samples", spec.samples.len()),
+    ]
+    .into_iter()
+    .filter(|&(id, n)| n > 1 && distinct_values(rows, id) > 1)
+    .map(|(id, _)| id)
+    .collect()
+}
+
+/// The grid's points grouped by the values of every axis but the first (first-seen order):
+/// each group's label (`p = 0.1, S = 4`, empty with one axis) and rows.
+fn groups<'a>(rows: &'a [SweepRow], axes: &[&str]) -> Vec<(String, Vec<&'a SweepRow>)> {
+    let others = axes.get(1..).unwrap_or(&[]);
+    let mut groups: Vec<(String, Vec<&SweepRow>)> = Vec::new();
+    let mut index: std::collections::HashMap<Vec<u64>, usize> = std::collections::HashMap::new();
+    for row in rows {
+        let bits: Vec<u64> = others.iter().map(|id| axis_value(row, id).to_bits()).collect();
+        match index.get(&bits) {
+            Some(&i) => groups[i].1.push(row),
+            None => {
+                let key = others
+                    .iter()
+                    .map(|id| {
+                        format!(
+                            "{} = {}",
+                            axis_info(id).1,
+                            num::fmt_num(num::clean(axis_value(row, id)))
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                index.insert(bits, groups.len());
+                groups.push((key, vec![row]));
+            }
+        }
+    }
+    groups
+}
+
+/// The sound line of `row` with the smallest ε (an exact value or upper bound), if any.
+fn best_sound(row: &SweepRow) -> Option<(AccountantKind, BoundKind, f64)> {
+    row.accountants
+        .iter()
+        .filter_map(|l| match (l.kind, l.epsilon) {
+            (Some(k), Some(e)) if k.is_sound() && !e.is_nan() => Some((l.accountant, k, e)),
+            _ => None,
+        })
+        .min_by(|a, b| a.2.total_cmp(&b.2))
+}
+
+/// Which x values of one line meet the budget, as words: `σ_min ≥ 0.0811`, `p ≤ 0.1`, every /
+/// no value of the grid, or the values themselves. `pts` sorted by x, one per x.
+fn region(short: &str, pts: &[(f64, bool)]) -> String {
+    let n = pts.len();
+    let k = pts.iter().filter(|p| p.1).count();
+    let f = |x: f64| num::fmt_num(num::clean(x));
+    let (lo, hi) = (pts[0].0, pts[n - 1].0);
+    let first = pts.iter().position(|p| p.1);
+    let last = pts.iter().rposition(|p| p.1);
+    match (first, last) {
+        _ if k == n && n == 1 => format!("{short} = {}", f(lo)),
+        _ if k == n => format!("every {short} of the grid ({} to {})", f(lo), f(hi)),
+        (None, _) | (_, None) => format!("no {short} of the grid ({} to {})", f(lo), f(hi)),
+        (Some(a), Some(b)) if b == n - 1 && b + 1 - a == k => format!("{short} ≥ {}", f(pts[a].0)),
+        (Some(a), Some(b)) if a == 0 && b + 1 == k => format!("{short} ≤ {}", f(pts[b].0)),
+        _ => {
+            let vals: Vec<String> = pts.iter().filter(|p| p.1).map(|p| f(p.0)).collect();
+            format!("{short} = {}", vals.join(", "))
+        }
+    }
+}
+
+/// The conclusion's verdict on a budget: the region of the grid that meets it, per value of
+/// the other axes when it differs, and which accountants' sound bounds show it. True of the
+/// report's own table (its rows, numbers formatted as there).
+fn budget_region(rows: &[SweepRow], axes: &[&str], b: f64) -> String {
+    let Some(&x) = axes.first() else {
+        let meets = rows.iter().filter(|r| best_sound(r).is_some_and(|s| s.2 <= b)).count();
+        return format!(
+            "{meets} of {} grid points have a sound bound within the budget ε ≤ {}.",
+            rows.len(),
+            num::fmt_num(b)
+        );
+    };
+    let short = axis_info(x).1;
+    let mut support: std::collections::BTreeMap<&'static str, std::collections::BTreeSet<&'static str>> =
+        Default::default();
+    let mut lines: Vec<(String, String)> = Vec::new();
+    let mut met = 0usize;
+    for (key, group) in groups(rows, axes) {
+        // One point per x (all rows at an x must meet the budget).
+        let mut pts: Vec<(f64, bool)> = Vec::new();
+        let mut sorted: Vec<&SweepRow> = group.clone();
+        sorted.sort_by(|a, c| axis_value(a, x).total_cmp(&axis_value(c, x)));
+        for r in sorted {
+            let v = axis_value(r, x);
+            let ok = match best_sound(r) {
+                Some((a, k, e)) if e <= b => {
+                    support.entry(a.as_str()).or_default().insert(match k {
+                        BoundKind::Exact => "exact value",
+                        _ => "upper bound",
+                    });
+                    true
+                }
+                _ => false,
+            };
+            met += usize::from(ok);
+            match pts.last_mut() {
+                Some(last) if last.0.to_bits() == v.to_bits() => last.1 &= ok,
+                _ => pts.push((v, ok)),
+            }
+        }
+        lines.push((key, region(short, &pts)));
+    }
+    let budget = format!("ε ≤ {}", num::fmt_num(b));
+    let others: Vec<&str> = axes[1..].iter().map(|id| axis_info(id).1).collect();
+    let mut text = if lines.iter().all(|l| l.1 == lines[0].1) {
+        let every = match (others.is_empty(), lines[0].1.starts_with("no ")) {
+            (true, _) => String::new(),
+            (false, false) => format!(" for every {}", others.join(" and ")),
+            (false, true) => format!(" at any {}", others.join(" or ")),
+        };
+        format!("On the grid, {} meets {budget}{every}", lines[0].1)
+    } else {
+        // Lines with the same region together, in first-seen order.
+        let mut merged: Vec<(Vec<String>, String)> = Vec::new();
+        for (key, reg) in lines {
+            match merged.iter_mut().find(|m| m.1 == reg) {
+                Some(m) => m.0.push(key),
+                None => merged.push((vec![key], reg)),
+            }
+        }
+        let parts: Vec<String> = merged
+            .into_iter()
+            .map(|(keys, reg)| format!("at {}: {reg}", keys.join(" and ")))
+            .collect();
+        format!("On the grid, the settings that meet {budget}: {}", parts.join("; "))
+    };
+    if support.is_empty() {
+        text.push_str(&format!(
+            " (0 of {} grid points have a sound bound within it; estimates do not count).",
+            rows.len()
+        ));
+    } else {
+        text.push_str(&format!(" ({met} of {} grid points)", rows.len()));
+        let by: Vec<String> = support
+            .iter()
+            .map(|(a, kinds)| format!("{a} ({})", kinds.iter().copied().collect::<Vec<_>>().join(" and ")))
+            .collect();
+        text.push_str(&format!(", shown by the sound bounds of {}.", by.join(", ")));
+    }
+    text
 }
 
 /// Builds the report of a sweep.
 pub fn to_report(
     rows: &[SweepRow],
     accountants: &[AccountantKind],
+    axes: &[&str],
     cfg: &SamplerConfig,
     config_path: &Path,
     budget: Option<f64>,
@@ -167,9 +409,8 @@ pld and rdp are upper bounds."
                 .into(),
         ),
     });
-    if let Some((axis, label)) = swept_axis(rows) {
-        r.plots
-            .push(epsilon_plot(rows, accountants, axis, label, cfg.delta, budget));
+    if !axes.is_empty() {
+        r.plots.push(epsilon_plot(rows, accountants, axes, cfg.delta, budget));
     }
     if let Some(b) = budget {
         r.fact("budget ε", num::fmt(b));
@@ -195,7 +436,14 @@ pld and rdp are upper bounds."
             "How ε of the diffusion sampler `{}` changes over {} grid settings{}.",
             config_path.display(),
             rows.len(),
-            swept_axis(rows).map(|(_, l)| format!(" of {l}")).unwrap_or_default()
+            if axes.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " of {}",
+                    axes.iter().map(|id| axis_info(id).1).collect::<Vec<_>>().join(" × ")
+                )
+            }
         ),
         guarantee: if sound.is_empty() {
             "No sound bound was computed at any grid point (add --accountant pld or rdp).".into()
@@ -211,24 +459,7 @@ pld and rdp are upper bounds."
             )
         },
         verdict: match budget {
-            Some(b) => {
-                let over = rows
-                    .iter()
-                    .filter(|row| {
-                        row.accountants
-                            .iter()
-                            .filter(|l| l.kind.is_some_and(|k| k.is_sound()))
-                            .filter_map(|l| l.epsilon)
-                            .fold(f64::INFINITY, f64::min)
-                            > b
-                    })
-                    .count();
-                format!(
-                    "{over} of {} grid points have no sound bound within the budget ε = {}.",
-                    rows.len(),
-                    num::fmt(b)
-                )
-            }
+            Some(b) => budget_region(rows, axes, b),
             None => "No budget was given (--max-epsilon), so there is no verdict.".into(),
         },
         estimates: if estimates {
@@ -240,56 +471,24 @@ pld and rdp are upper bounds."
     Ok(r)
 }
 
-/// ε against the swept axis: one series per accountant and setting of the other axes; bounds
-/// solid, estimates dashed; the budget as a dotted horizontal line.
+/// ε against the first swept axis (sorted by it): one series per accountant and value of the
+/// other axes; an accountant's lines share its colour in shades, a value of the other axes its
+/// marker shape; bounds solid, estimates dashed; the budget as a dotted horizontal line. Lines
+/// that coincide are named in the caption.
 fn epsilon_plot(
     rows: &[SweepRow],
     accountants: &[AccountantKind],
-    axis: &str,
-    label: &str,
+    axes: &[&str],
     delta: f64,
     budget: Option<f64>,
 ) -> plot::Plot {
-    // The axes that tell series apart: every other axis with more than one value, except an axis
-    // that follows the swept one (t_min = σ_min when only σ_min is swept), which would leave one
-    // point per line. Decided once for the whole sweep (O(rows log rows)).
-    let distinct = |f: &dyn Fn(&SweepRow) -> (u64, u64)| {
-        let mut v: Vec<(u64, u64)> = rows.iter().map(f).collect();
-        v.sort_unstable();
-        v.dedup();
-        v.len()
-    };
-    let swept_values = distinct(&|x| (axis_value(x, axis).to_bits(), 0));
-    let series_axes: Vec<&str> = AXES
-        .iter()
-        .map(|(id, _)| *id)
-        .filter(|id| *id != axis)
-        .filter(|id| distinct(&|x| (axis_value(x, id).to_bits(), 0)) > 1)
-        .filter(|id| distinct(&|x| (axis_value(x, axis).to_bits(), axis_value(x, id).to_bits())) != swept_values)
-        .collect();
-    // Group rows by those axes' values (in first-seen order).
-    let mut groups: Vec<(String, Vec<&SweepRow>)> = Vec::new();
-    let mut index: std::collections::HashMap<Vec<u64>, usize> = std::collections::HashMap::new();
-    for row in rows {
-        let bits: Vec<u64> = series_axes.iter().map(|id| axis_value(row, id).to_bits()).collect();
-        match index.get(&bits) {
-            Some(&i) => groups[i].1.push(row),
-            None => {
-                let key = series_axes
-                    .iter()
-                    .map(|id| format!("{id} = {}", num::fmt_clean(axis_value(row, id))))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                index.insert(bits, groups.len());
-                groups.push((key, vec![row]));
-            }
-        }
-    }
+    let axis = axes[0];
+    let groups = groups(rows, axes);
+    let n_groups = groups.len();
     let mut series = Vec::new();
-    for (key, group) in &groups {
-        for a in accountants {
-            let mut xs = Vec::new();
-            let mut ys = Vec::new();
+    for (gi, (key, group)) in groups.iter().enumerate() {
+        for (ai, a) in accountants.iter().enumerate() {
+            let mut pts = Vec::new();
             let mut kind = None;
             for row in group {
                 let Some(l) = row.accountants.iter().find(|l| l.accountant == *a) else {
@@ -297,20 +496,24 @@ fn epsilon_plot(
                 };
                 if let (Some(e), Some(k)) = (l.epsilon, l.kind) {
                     if e.is_finite() {
-                        xs.push(num::clean(axis_value(row, axis)));
-                        ys.push(e);
+                        pts.push((num::clean(axis_value(row, axis)), e));
                         kind = Some(k);
                     }
                 }
             }
             let Some(kind) = kind else { continue };
-            let mut s = Series::for_accountant(*a, kind, xs, ys).with_markers();
+            pts.sort_by(|p, q| p.0.total_cmp(&q.0));
+            let (xs, ys) = pts.into_iter().unzip();
+            let mut s = Series::for_accountant(*a, kind, xs, ys)
+                .with_marker(plot::Marker::ALL[gi % plot::Marker::ALL.len()])
+                .with_colour(shade(plot::palette(ai), gi));
             if !key.is_empty() {
                 s.name = format!("{}, {key}", s.name);
             }
             series.push(s);
         }
     }
+    let coinciding = coinciding(&series);
     if let Some(b) = budget {
         let xs: Vec<f64> = rows
             .iter()
@@ -323,7 +526,89 @@ fn epsilon_plot(
             Series::new(format!("budget ε = {}", num::fmt(b)), vec![lo, hi], vec![b, b]).with_style(LineStyle::Dotted),
         );
     }
-    plot::epsilon_vs_axis(&format!("epsilon_vs_{axis}"), label, "", delta, series)
+    let (label, _) = axis_info(axis);
+    let mut p = plot::epsilon_vs_axis(&format!("epsilon_vs_{axis}"), label, "", delta, series);
+    // A grid over a decade or more of positive values (a `--log` grid, the levels a DDPM
+    // schedule reaches) reads best on a log axis.
+    let xv: Vec<f64> = rows
+        .iter()
+        .map(|r| axis_value(r, axis))
+        .filter(|x| x.is_finite())
+        .collect();
+    let (lo, hi) = xv
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    if lo > 0.0 && hi / lo >= 10.0 && distinct_values(rows, axis) >= 3 {
+        p.x.scale = plot::Scale::Log;
+    }
+    if n_groups > 1 {
+        let others: Vec<&str> = axes[1..].iter().map(|id| axis_info(id).1).collect();
+        let c = p.caption.take().unwrap_or_default();
+        p.caption = Some(format!(
+            "{c} One line per accountant and value of {}: an accountant's lines share its colour (in shades), \
+             a value of {} its marker.{coinciding}",
+            others.join(" and "),
+            others.join(" and ")
+        ));
+    } else if !coinciding.is_empty() {
+        p.caption = Some(format!("{}{coinciding}", p.caption.take().unwrap_or_default()));
+    }
+    p
+}
+
+/// `rgb` for group `i`: the first as it is, the next lightened or darkened in turn (distinct for
+/// up to six groups; beyond that the marker shapes, which also repeat, and the legend tell).
+fn shade((r, g, b): (u8, u8, u8), i: usize) -> (u8, u8, u8) {
+    const SHADES: [f64; 6] = [0.0, 0.5, -0.45, 0.75, -0.25, 0.25];
+    let t = SHADES[i % SHADES.len()];
+    let f = |c: u8| {
+        let c = f64::from(c);
+        (if t < 0.0 { c * (1.0 + t) } else { c + (255.0 - c) * t }).round() as u8
+    };
+    (f(r), f(g), f(b))
+}
+
+/// A caption sentence naming the lines drawn over one another (same points to 1e-9), or "".
+fn coinciding(series: &[Series]) -> String {
+    let same = |a: &Series, b: &Series| {
+        a.x.len() == b.x.len()
+            && a.x.iter().zip(&b.x).all(|(p, q)| p == q)
+            && a.y
+                .iter()
+                .zip(&b.y)
+                .all(|(p, q)| (p - q).abs() <= 1e-9 * p.abs().max(q.abs()))
+    };
+    let mut cluster: Vec<Option<usize>> = vec![None; series.len()];
+    for i in 0..series.len() {
+        if cluster[i].is_some() {
+            continue;
+        }
+        for j in i + 1..series.len() {
+            if cluster[j].is_none() && same(&series[i], &series[j]) {
+                cluster[j] = Some(i);
+                cluster[i] = Some(i);
+            }
+        }
+    }
+    let mut parts = Vec::new();
+    for i in 0..series.len() {
+        if cluster[i] == Some(i) {
+            let names: Vec<String> = (0..series.len())
+                .filter(|&j| cluster[j] == Some(i))
+                .map(|j| format!("‘{}’", series[j].name))
+                .collect();
+            let (last, rest) = names.split_last().expect("a cluster has two lines");
+            parts.push(format!("{} and {last}", rest.join(", ")));
+        }
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " Lines with the same values are drawn over one another, their markers one inside the other: {}.",
+            parts.join("; ")
+        )
+    }
 }
 
 /// The terminal table: one row per grid point, one ε column per accountant.

@@ -95,12 +95,15 @@ fn constant_steps(cfg: &SamplerConfig, beta: f64) -> Result<ConstantSteps> {
 
 /// What a sweep point needs of [`constant_plan`], without its step rows or description: |D|,
 /// μ_t = 2C/(β|D|)·√(2Δt/t³) of the private steps in generation order (§3.1, the same numbers
-/// as [`Plan::private_mus`]), and the smallest level > 0 any step reaches (∞ if none).
+/// as [`Plan::private_mus`]), and the smallest level > 0 a step that runs reaches (after an early
+/// stop; ∞ if none).
 pub fn constant_private_mus(cfg: &SamplerConfig, beta: f64) -> Result<(u64, Vec<f64>, f64)> {
     let (n, steps, roles, mus) = constant_steps(cfg, beta)?;
     let t_min = steps
         .iter()
-        .map(|s| s.t_to)
+        .zip(&roles)
+        .filter(|(_, r)| **r != StepRole::Skipped)
+        .map(|(s, _)| s.t_to)
         .filter(|t| *t > 0.0)
         .fold(f64::INFINITY, f64::min);
     let private = mus

@@ -73,7 +73,9 @@ impl SweepSpec {
 pub struct SweepRow {
     /// EDM σ_min (other schedules: none).
     pub sigma_min: Option<f64>,
-    /// Smallest noise level the schedule reaches (before any stop).
+    /// Smallest noise level reached: EDM σ_min as given; other schedules the smallest level > 0
+    /// a step that runs reaches (after an early stop: on a DDPM schedule, where `--sigma-min`
+    /// sets `stop_at`, the level the sampler stops at).
     pub t_min: f64,
     /// Number of noise levels N.
     pub levels: usize,
@@ -331,6 +333,7 @@ pub fn evaluate(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<S
             _ => plan
                 .steps
                 .iter()
+                .filter(|r| r.role != super::sensitivity::StepRole::Skipped)
                 .map(|r| r.t_to)
                 .filter(|t| *t > 0.0)
                 .fold(f64::INFINITY, f64::min),

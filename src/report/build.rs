@@ -338,6 +338,27 @@ fn add_profile_plots(
         }
         eps_series.push(Series::for_accountant(acc.kind(), kind, xs, ys).with_markers());
     }
+    // The headline results, at the δ in use, as markers on their curves.
+    if let Some(d) = report.delta {
+        let (xs, ys): (Vec<f64>, Vec<f64>) = report
+            .results
+            .iter()
+            .filter(|r| r.epsilon.is_finite() && r.epsilon >= 1e-12)
+            .map(|r| (d, r.epsilon))
+            .unzip();
+        if !xs.is_empty() && !eps_series.is_empty() {
+            eps_series.push(
+                Series::new(
+                    format!("results at the δ in use, {}", super::export::fmt_num(d)),
+                    xs,
+                    ys,
+                )
+                .with_style(plot::LineStyle::Points)
+                .with_marker(plot::Marker::Diamond)
+                .with_colour((0, 0, 0)),
+            );
+        }
+    }
     if !eps_series.is_empty() {
         report.plots.push(plot::epsilon_vs_delta(eps_series));
         report.plots.push(plot::tradeoff(trade_series));

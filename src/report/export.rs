@@ -649,6 +649,82 @@ fn assumption_lines(r: &Report) -> Vec<(String, String)> {
     v
 }
 
+/// Text for an HTML page: escaped, its Markdown (`code`, **strong**) rendered as tags rather
+/// than shown raw, and numbers in scientific notation (`1e-5`) kept on one line.
+pub fn text_html(s: &str) -> String {
+    let e = nowrap_numbers(&esc(s));
+    let e = pairs(&e, "`", "<code>", "</code>");
+    pairs(&e, "**", "<strong>", "</strong>")
+}
+
+/// Replaces matched pairs of `mark` by `open`/`close` (an unmatched last mark stays as it is).
+fn pairs(s: &str, mark: &str, open: &str, close: &str) -> String {
+    let parts: Vec<&str> = s.split(mark).collect();
+    if parts.len() < 3 {
+        return s.to_string();
+    }
+    let mut o = String::with_capacity(s.len() + 16);
+    let paired = if parts.len() % 2 == 1 {
+        parts.len()
+    } else {
+        parts.len() - 1
+    };
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            if i < paired {
+                o.push_str(if i % 2 == 1 { open } else { close });
+            } else {
+                o.push_str(mark);
+            }
+        }
+        o.push_str(p);
+    }
+    o
+}
+
+/// Wraps every number in scientific notation (`1e-5`, `2.5e+7`) in a span that does not break,
+/// so a narrow cell never shows `1e-` above `5`.
+fn nowrap_numbers(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut o = String::with_capacity(s.len());
+    let mut last = 0;
+    let mut i = 0;
+    while i < b.len() {
+        let starts = b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < b.len() && (b[j].is_ascii_digit() || b[j] == b'.') {
+            j += 1;
+        }
+        let mut k = j;
+        if k < b.len() && b[k] == b'e' {
+            k += 1;
+            if k < b.len() && (b[k] == b'-' || b[k] == b'+') {
+                k += 1;
+            }
+            let d = k;
+            while k < b.len() && b[k].is_ascii_digit() {
+                k += 1;
+            }
+            if k > d && (k == b.len() || !b[k].is_ascii_alphanumeric()) {
+                o.push_str(&s[last..i]);
+                o.push_str("<span class=\"nw\">");
+                o.push_str(&s[i..k]);
+                o.push_str("</span>");
+                last = k;
+                i = k;
+                continue;
+            }
+        }
+        i = j.max(i + 1);
+    }
+    o.push_str(&s[last..]);
+    o
+}
+
 /// HTML-escapes text (also for attribute values).
 pub fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -666,10 +742,11 @@ pub fn esc(s: &str) -> String {
 }
 
 const CSS: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;\
-max-width:1100px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}\
+max-width:1240px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}\
 h1{font-size:1.7em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}\
 table{border-collapse:collapse;margin:.6em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}\
-th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}\
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+.wide{overflow-x:auto;max-width:100%}.nw{white-space:nowrap}td.long{min-width:30em}\
 .pass{color:#fff;background:#1a7f37;font-weight:bold}.fail{color:#fff;background:#cf222e;font-weight:bold}\
 .inconclusive{color:#000;background:#f0c000;font-weight:bold}.estimate{font-style:italic;color:#8a4b00}\
 .severe{color:#cf222e;font-weight:bold}pre{background:#f6f8fa;padding:.8em;overflow:auto}\
@@ -705,7 +782,7 @@ pub fn to_html(r: &Report) -> Result<String> {
         ("Verdict", &c.verdict),
         ("Estimates", &c.estimates),
     ] {
-        let _ = writeln!(s, "<dt>{name}</dt><dd>{}</dd>", esc(text));
+        let _ = writeln!(s, "<dt>{name}</dt><dd>{}</dd>", text_html(text));
     }
     let _ = writeln!(s, "</dl>\n</section>");
     let _ = writeln!(
@@ -718,34 +795,34 @@ pub fn to_html(r: &Report) -> Result<String> {
     );
 
     if !r.verdicts.is_empty() {
-        let _ = writeln!(s, "<h2>Verdicts</h2>\n<table>\n<tr><th>status</th><th>subject</th><th>budget ε</th><th>{}</th><th>δ</th><th>from</th><th>margin</th><th>message</th></tr>", verdict_epsilon_heading(r));
+        let _ = writeln!(s, "<h2>Verdicts</h2>\n<div class=\"wide\">\n<table>\n<tr><th>status</th><th>subject</th><th>budget ε</th><th>{}</th><th>δ</th><th>from</th><th>margin</th><th>message</th></tr>", verdict_epsilon_heading(r));
         for v in &r.verdicts {
             let class = match v.status {
                 Status::Pass => "pass",
                 Status::Fail => "fail",
                 Status::Inconclusive => "inconclusive",
             };
-            let from = esc(&verdict_from(v));
+            let from = verdict_from(v);
             let _ = writeln!(
                 s,
                 "<tr><td class=\"{class}\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
                 v.status.as_str(),
-                esc(&v.subject),
+                text_html(&v.subject),
                 fmt_opt(v.budget),
                 fmt_opt(v.epsilon),
                 fmt_opt(v.delta),
-                esc(&from),
+                text_html(&from),
                 fmt_opt(v.margin),
-                esc(&v.message)
+                text_html(&v.message)
             );
         }
-        let _ = writeln!(s, "</table>\n<p>Budgets are checked against the smallest <strong>sound</strong> ε (exact or upper bound), never an estimate.</p>");
+        let _ = writeln!(s, "</table>\n</div>\n<p>Budgets are checked against the smallest <strong>sound</strong> ε (exact or upper bound), never an estimate.</p>");
     }
 
     if !r.summary.is_empty() {
         let _ = writeln!(s, "<h2>Summary</h2>\n<ul>");
         for f in &r.summary {
-            let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&f.name), esc(&f.value));
+            let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&f.name), text_html(&f.value));
         }
         let _ = writeln!(s, "</ul>");
     }
@@ -755,7 +832,7 @@ pub fn to_html(r: &Report) -> Result<String> {
             Some(d) => format!("Accountant results at δ = {}", fmt_num(d)),
             None => "Accountant results".into(),
         };
-        let _ = writeln!(s, "<h2>{}</h2>", esc(&head));
+        let _ = writeln!(s, "<h2>{}</h2>", text_html(&head));
         if !r.results.is_empty() {
             let _ = writeln!(
                 s,
@@ -775,7 +852,7 @@ pub fn to_html(r: &Report) -> Result<String> {
                     fmt_num(a.epsilon),
                     fmt_num(a.delta),
                     kind_label(a.kind),
-                    esc(&details.join(", "))
+                    text_html(&details.join(", "))
                 );
             }
             let _ = writeln!(s, "</table>");
@@ -787,7 +864,7 @@ pub fn to_html(r: &Report) -> Result<String> {
                     s,
                     "<li><code>{}</code> not used: {}</li>",
                     k.accountant.as_str(),
-                    esc(&k.reason)
+                    text_html(&k.reason)
                 );
             }
             let _ = writeln!(s, "</ul>");
@@ -818,7 +895,7 @@ pub fn to_html(r: &Report) -> Result<String> {
                 "<li>{sev}{}<code>{}</code>: {}</li>",
                 esc(&who),
                 esc(&d.code),
-                esc(&d.message)
+                text_html(&d.message)
             );
         }
         let _ = writeln!(s, "</ul>");
@@ -830,7 +907,7 @@ pub fn to_html(r: &Report) -> Result<String> {
             let svg = plot::render_svg(p)?;
             let _ = writeln!(s, "<figure id=\"plot-{}\">\n{}", esc(&p.id), inline_svg(&svg));
             if let Some(c) = &p.caption {
-                let _ = writeln!(s, "<figcaption>{}</figcaption>", esc(c));
+                let _ = writeln!(s, "<figcaption>{}</figcaption>", text_html(c));
             }
             let _ = writeln!(s, "</figure>");
         }
@@ -838,7 +915,7 @@ pub fn to_html(r: &Report) -> Result<String> {
 
     let _ = writeln!(s, "<h2>Assumptions</h2>\n<ul>");
     for (name, value) in assumption_lines(r) {
-        let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&name), esc(&value));
+        let _ = writeln!(s, "<li><strong>{}</strong>: {}</li>", esc(&name), text_html(&value));
     }
     let _ = writeln!(s, "</ul>");
 
@@ -847,7 +924,11 @@ pub fn to_html(r: &Report) -> Result<String> {
     }
 
     for t in &r.tables {
-        let _ = writeln!(s, "<h2>{}</h2>\n<table>\n<tr>", esc(&t.title));
+        let _ = writeln!(
+            s,
+            "<h2>{}</h2>\n<div class=\"wide\">\n<table>\n<tr>",
+            text_html(&t.title)
+        );
         for c in &t.columns {
             let _ = write!(s, "<th>{}</th>", esc(&c.header()));
         }
@@ -855,18 +936,19 @@ pub fn to_html(r: &Report) -> Result<String> {
         for row in &t.rows {
             let _ = write!(s, "<tr>");
             for c in row {
-                let cls = if matches!(c, Cell::Int(_) | Cell::Num(_)) {
-                    " class=\"num\""
-                } else {
-                    ""
+                let cls = match c {
+                    Cell::Int(_) | Cell::Num(_) => " class=\"num\"",
+                    // A long text in a wide table keeps a readable width (the table scrolls).
+                    Cell::Text(t) if t.chars().count() > 40 => " class=\"long\"",
+                    _ => "",
                 };
-                let _ = write!(s, "<td{cls}>{}</td>", esc(&cell_text(c)));
+                let _ = write!(s, "<td{cls}>{}</td>", text_html(&cell_text(c)));
             }
             let _ = writeln!(s, "</tr>");
         }
-        let _ = writeln!(s, "</table>");
+        let _ = writeln!(s, "</table>\n</div>");
         if let Some(n) = &t.note {
-            let _ = writeln!(s, "<p>{}</p>", esc(n));
+            let _ = writeln!(s, "<p>{}</p>", text_html(n));
         }
     }
 
@@ -919,6 +1001,33 @@ mod tests {
         ] {
             assert_eq!(base64(i.as_bytes()), o);
         }
+    }
+
+    #[test]
+    fn html_text_renders_markdown_and_keeps_numbers_whole() {
+        assert_eq!(
+            text_html("use `pld` or **rdp** <here>: δ = 1e-5, 2.5e+7 and 3"),
+            "use <code>pld</code> or <strong>rdp</strong> &lt;here&gt;: δ = <span class=\"nw\">1e-5</span>, \
+<span class=\"nw\">2.5e+7</span> and 3"
+        );
+        // An unmatched mark stays; identifiers with digits are not numbers.
+        assert_eq!(text_html("a `b and c"), "a `b and c");
+        assert_eq!(text_html("x1e-5 e5 1e"), "x1e-5 e5 1e");
+    }
+
+    #[test]
+    fn html_shows_no_raw_markdown() {
+        let mut r = Report::new("t", "dpaudit x");
+        r.conclusion = Some(super::super::Conclusion {
+            audited: "the sampler `a.toml` at δ = 1e-5".into(),
+            guarantee: "**none**".into(),
+            verdict: "v".into(),
+            estimates: "e".into(),
+        });
+        r.warn("w", "see `--accountant pld`", false);
+        let h = to_html(&r).unwrap();
+        assert!(!h.contains('`') && !h.contains("**"), "{h}");
+        assert!(h.contains("<code>a.toml</code>") && h.contains("<span class=\"nw\">1e-5</span>"));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters_backend::{BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingErrorKind};
 use serde::{Deserialize, Serialize};
 
 use super::num;
@@ -115,6 +116,8 @@ pub enum LineStyle {
     Dashed,
     /// Used for reference lines (the perfect-privacy diagonal of a trade-off plot, budgets).
     Dotted,
+    /// Markers only, no line (single values shown on a curve, e.g. the results at the δ in use).
+    Points,
 }
 
 impl LineStyle {
@@ -145,6 +148,37 @@ pub enum LegendPosition {
     LowerLeft,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+/// The shape of a series' markers (filled shapes are drawn first, hollow ones over them, so
+/// markers of coinciding series stay visible one inside the other).
+pub enum Marker {
+    /// Filled circle (the default).
+    Circle,
+    /// Hollow square.
+    Square,
+    /// Hollow upward triangle.
+    Triangle,
+    /// Hollow diamond.
+    Diamond,
+    /// Cross (×).
+    Cross,
+    /// Plus (+).
+    Plus,
+}
+
+impl Marker {
+    /// The shapes in the order series groups use them.
+    pub const ALL: [Marker; 6] = [
+        Marker::Circle,
+        Marker::Square,
+        Marker::Triangle,
+        Marker::Diamond,
+        Marker::Cross,
+        Marker::Plus,
+    ];
+}
+
 /// One line of a plot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,6 +194,12 @@ pub struct Series {
     /// Draw a marker at every point.
     #[serde(default)]
     pub markers: bool,
+    /// Marker shape (default: filled circle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marker: Option<Marker>,
+    /// Line and marker colour `#rrggbb` (default: the palette colour of the series' position).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub colour: Option<String>,
     #[serde(with = "num::vec")]
     /// x coordinates.
     pub x: Vec<f64>,
@@ -176,6 +216,8 @@ impl Series {
             style: LineStyle::Solid,
             bound: None,
             markers: false,
+            marker: None,
+            colour: None,
             x,
             y,
         }
@@ -187,6 +229,8 @@ impl Series {
             style: LineStyle::for_bound(kind),
             bound: Some(kind),
             markers: false,
+            marker: None,
+            colour: None,
             x,
             y,
         }
@@ -199,6 +243,42 @@ impl Series {
     /// The same series with a marker at every point.
     pub fn with_markers(mut self) -> Self {
         self.markers = true;
+        self
+    }
+    /// The same series with a marker of `shape` at every point.
+    pub fn with_marker(mut self, shape: Marker) -> Self {
+        self.markers = true;
+        self.marker = Some(shape);
+        self
+    }
+    /// The same series drawn in `rgb`.
+    pub fn with_colour(mut self, (r, g, b): (u8, u8, u8)) -> Self {
+        self.colour = Some(format!("#{r:02x}{g:02x}{b:02x}"));
+        self
+    }
+}
+
+impl Plot {
+    /// On a log y axis, a value of exactly 0 cannot be placed: the renderer draws it on the
+    /// bottom edge as a filled ▼. This says so in the caption when the plot has such a value.
+    pub fn note_zeros(mut self) -> Self {
+        let zero = self.y.scale == Scale::Log
+            && self
+                .series
+                .iter()
+                .filter(|s| s.style != LineStyle::Dotted)
+                .flat_map(|s| s.y.iter())
+                .any(|&y| y == 0.0);
+        if zero {
+            let note = format!(
+                "{} = 0, which a log axis cannot show, is drawn on the bottom edge as a filled ▼.",
+                self.y.label
+            );
+            self.caption = Some(match self.caption.take() {
+                Some(c) => format!("{c} {note}"),
+                None => note,
+            });
+        }
         self
     }
 }
@@ -254,6 +334,7 @@ pub fn epsilon_vs_axis(id: &str, axis_label: &str, axis_unit: &str, delta: f64, 
         legend: LegendPosition::Auto,
         caption: Some("Solid lines are exact values or sound upper bounds; dashed lines are estimates.".into()),
     }
+    .note_zeros()
 }
 
 /// ε versus δ, one series per accountant (log δ axis); estimates dashed.
@@ -268,6 +349,7 @@ pub fn epsilon_vs_delta(series: Vec<Series>) -> Plot {
         legend: LegendPosition::Auto,
         caption: Some("Solid lines are exact values or sound upper bounds; dashed lines are estimates.".into()),
     }
+    .note_zeros()
 }
 
 /// Trade-off curves (type I error α against the smallest type II error β), with the
@@ -313,6 +395,8 @@ pub fn gdp_tradeoff_series(name: &str, mu: f64, kind: BoundKind) -> Series {
         style: LineStyle::for_bound(kind),
         bound: Some(kind),
         markers: false,
+        marker: None,
+        colour: None,
         x: alpha,
         y: beta,
     }
@@ -355,6 +439,169 @@ fn register_fonts() {
     });
 }
 
+/// The embedded DejaVu Sans (regular or bold) for the PNG text drawn by [`glyph_coverage`].
+fn glyph_font(style: FontStyle) -> Option<&'static ab_glyph::FontRef<'static>> {
+    static FONTS: std::sync::OnceLock<[Option<ab_glyph::FontRef<'static>>; 2]> = std::sync::OnceLock::new();
+    let fonts = FONTS.get_or_init(|| {
+        [
+            ab_glyph::FontRef::try_from_slice(dejavu::sans::regular()).ok(),
+            ab_glyph::FontRef::try_from_slice(dejavu::sans::bold()).ok(),
+        ]
+    });
+    match style {
+        FontStyle::Bold => fonts[1].as_ref().or(fonts[0].as_ref()),
+        _ => fonts[0].as_ref(),
+    }
+}
+
+/// Rasterises `text` at `size` pixels: calls `pixel(x, y, coverage)` for every covered pixel,
+/// x from the pen's start, y from the top of the line as plotters lays text out (so the layout
+/// box plotters computes still fits). Each glyph's outline is placed at the pen position plus
+/// its left side bearing (the outline's own bounds): plotters' ab_glyph text drawing drops the
+/// bearing, which moves every glyph left by it, so narrow glyphs with a wide bearing run into
+/// their left neighbour ("clt" reads "dt").
+pub(crate) fn glyph_coverage(text: &str, size: f64, style: FontStyle, mut pixel: impl FnMut(i32, i32, f32)) {
+    use ab_glyph::{Font, ScaleFont};
+    let Some(font) = glyph_font(style) else { return };
+    let scaled = font.as_scaled(size as f32);
+    let mut pen = 0f32;
+    let mut prev: Option<ab_glyph::GlyphId> = None;
+    for c in text.chars() {
+        let id = scaled.glyph_id(c);
+        if let Some(p) = prev {
+            pen += scaled.kern(p, id);
+        }
+        let glyph = id.with_scale_and_position(size as f32, ab_glyph::point(pen, 0.0));
+        if let Some(outline) = font.outline_glyph(glyph) {
+            let b = outline.px_bounds();
+            let (bx, by) = (b.min.x as i32, (size as f32 / 2.0 + b.min.y) as i32);
+            outline.draw(|x, y, a| pixel(bx + x as i32, by + y as i32, a));
+        }
+        pen += scaled.h_advance(id);
+        prev = Some(id);
+    }
+}
+
+/// The bitmap backend with its text drawn by [`glyph_coverage`] (see there why); everything
+/// else is the bitmap backend's own.
+struct PngBackend<'a>(BitMapBackend<'a>);
+
+impl<'a> DrawingBackend for PngBackend<'a> {
+    type ErrorType = <BitMapBackend<'a> as DrawingBackend>::ErrorType;
+    fn get_size(&self) -> (u32, u32) {
+        self.0.get_size()
+    }
+    fn ensure_prepared(&mut self) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.ensure_prepared()
+    }
+    fn present(&mut self) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.present()
+    }
+    fn draw_pixel(
+        &mut self,
+        point: BackendCoord,
+        color: BackendColor,
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.draw_pixel(point, color)
+    }
+    fn draw_line<S: BackendStyle>(
+        &mut self,
+        from: BackendCoord,
+        to: BackendCoord,
+        style: &S,
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.draw_line(from, to, style)
+    }
+    fn draw_rect<S: BackendStyle>(
+        &mut self,
+        upper_left: BackendCoord,
+        bottom_right: BackendCoord,
+        style: &S,
+        fill: bool,
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.draw_rect(upper_left, bottom_right, style, fill)
+    }
+    fn draw_path<S: BackendStyle, I: IntoIterator<Item = BackendCoord>>(
+        &mut self,
+        path: I,
+        style: &S,
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.draw_path(path, style)
+    }
+    fn draw_circle<S: BackendStyle>(
+        &mut self,
+        center: BackendCoord,
+        radius: u32,
+        style: &S,
+        fill: bool,
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.draw_circle(center, radius, style, fill)
+    }
+    fn fill_polygon<S: BackendStyle, I: IntoIterator<Item = BackendCoord>>(
+        &mut self,
+        vert: I,
+        style: &S,
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.fill_polygon(vert, style)
+    }
+    fn blit_bitmap(
+        &mut self,
+        pos: BackendCoord,
+        (iw, ih): (u32, u32),
+        src: &[u8],
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        self.0.blit_bitmap(pos, (iw, ih), src)
+    }
+    /// plotters' default text drawing (anchor, layout box, rotation) with the glyphs of
+    /// [`glyph_coverage`].
+    fn draw_text<TStyle: BackendTextStyle>(
+        &mut self,
+        text: &str,
+        style: &TStyle,
+        pos: BackendCoord,
+    ) -> std::result::Result<(), DrawingErrorKind<Self::ErrorType>> {
+        use plotters::style::text_anchor::{HPos, VPos};
+        let color = style.color();
+        if color.alpha == 0.0 {
+            return Ok(());
+        }
+        let ((min_x, min_y), (max_x, max_y)) = style
+            .layout_box(text)
+            .map_err(|e| DrawingErrorKind::FontError(Box::new(e)))?;
+        let (width, height) = (max_x - min_x, max_y - min_y);
+        let dx = match style.anchor().h_pos {
+            HPos::Left => 0,
+            HPos::Right => -width,
+            HPos::Center => -width / 2,
+        };
+        let dy = match style.anchor().v_pos {
+            VPos::Top => 0,
+            VPos::Center => -height / 2,
+            VPos::Bottom => -height,
+        };
+        let trans = style.transform();
+        let (w, h) = self.get_size();
+        let mut result = Ok(());
+        glyph_coverage(text, style.size(), style.style(), |x, y, a| {
+            if result.is_err() {
+                return;
+            }
+            let (x, y) = trans.transform(x + dx - min_x, y + dy - min_y);
+            let (x, y) = (pos.0 + x, pos.1 + y);
+            if x >= 0 && x < w as i32 && y >= 0 && y < h as i32 {
+                result = self.0.draw_pixel(
+                    (x, y),
+                    BackendColor {
+                        alpha: color.alpha * f64::from(a.min(1.0)),
+                        rgb: color.rgb,
+                    },
+                );
+            }
+        });
+        result
+    }
+}
+
 /// Colour-blind-friendly palette (Okabe–Ito), in series order.
 const PALETTE: [RGBColor; 7] = [
     RGBColor(0, 114, 178),
@@ -366,7 +613,22 @@ const PALETTE: [RGBColor; 7] = [
     RGBColor(120, 120, 120),
 ];
 
+/// The palette colour of accountant or series number `i` (without the grey of reference lines).
+pub fn palette(i: usize) -> (u8, u8, u8) {
+    let c = PALETTE[i % (PALETTE.len() - 1)];
+    (c.0, c.1, c.2)
+}
+
+fn parse_colour(s: &str) -> Option<RGBColor> {
+    let h = s.strip_prefix('#').filter(|h| h.len() == 6)?;
+    let v = |i: usize| u8::from_str_radix(&h[i..i + 2], 16).ok();
+    Some(RGBColor(v(0)?, v(2)?, v(4)?))
+}
+
 fn colour(i: usize, s: &Series) -> RGBColor {
+    if let Some(c) = s.colour.as_deref().and_then(parse_colour) {
+        return c;
+    }
     if s.style == LineStyle::Dotted {
         RGBColor(90, 90, 90)
     } else {
@@ -392,7 +654,7 @@ pub fn render_png(plot: &Plot) -> Result<Vec<u8>> {
     let (w, h) = SIZE;
     let mut rgb = vec![0u8; (w * h * 3) as usize];
     {
-        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+        let root = PngBackend(BitMapBackend::with_buffer(&mut rgb, SIZE)).into_drawing_area();
         draw(&root, plot)?;
         root.present().map_err(|e| render_err(plot, e))?;
     }
@@ -401,6 +663,10 @@ pub fn render_png(plot: &Plot) -> Result<Vec<u8>> {
         let mut enc = png::Encoder::new(&mut out, w, h);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
+        // Plots are mostly flat colour: the best deflate level with adaptive filtering makes
+        // them several times smaller at a few milliseconds each.
+        enc.set_compression(png::Compression::Best);
+        enc.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
         let mut wr = enc
             .write_header()
             .map_err(|e| Error::input(format!("plot `{}`: PNG encoding failed: {e}", plot.id)))?;
@@ -414,15 +680,28 @@ fn render_err(plot: &Plot, e: impl std::fmt::Display) -> Error {
     Error::input(format!("plot `{}` could not be drawn: {e}", plot.id))
 }
 
-/// Points of a series that can be drawn on the given scales.
-fn drawable(s: &Series, xs: Scale, ys: Scale) -> Vec<(f64, f64)> {
-    s.x.iter()
-        .zip(&s.y)
-        .map(|(&x, &y)| (x, y))
-        .filter(|&(x, y)| {
-            x.is_finite() && y.is_finite() && (xs == Scale::Linear || x > 0.0) && (ys == Scale::Linear || y > 0.0)
-        })
-        .collect()
+/// A series' drawable points and, among them, the zeros placed on a log axis' floor.
+type Drawn = (Vec<(f64, f64)>, Vec<(f64, f64)>);
+
+/// Points of a series that can be drawn on the given scales, in the series' order. With
+/// `zero = Some(y)` (a log y axis whose floor is y), a value of exactly 0 is drawn at y; the
+/// second list holds those points (marked ▼).
+fn drawable(s: &Series, xs: Scale, ys: Scale, zero: Option<f64>) -> Drawn {
+    let mut zeros = Vec::new();
+    let pts =
+        s.x.iter()
+            .zip(&s.y)
+            .map(|(&x, &y)| (x, y))
+            .filter(|&(x, _)| x.is_finite() && (xs == Scale::Linear || x > 0.0))
+            .filter_map(|(x, y)| match zero {
+                Some(z) if ys == Scale::Log && y == 0.0 => {
+                    zeros.push((x, z));
+                    Some((x, z))
+                }
+                _ => (y.is_finite() && (ys == Scale::Linear || y > 0.0)).then_some((x, y)),
+            })
+            .collect();
+    (pts, zeros)
 }
 
 fn range(vals: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
@@ -470,7 +749,7 @@ where
 {
     root.fill(&WHITE).map_err(|e| render_err(plot, e))?;
     let (xs, ys) = (plot.x.scale, plot.y.scale);
-    let pts: Vec<Vec<(f64, f64)>> = plot.series.iter().map(|s| drawable(s, xs, ys)).collect();
+    let pts: Vec<Vec<(f64, f64)>> = plot.series.iter().map(|s| drawable(s, xs, ys, None).0).collect();
     // Reference (dotted) lines do not decide the ranges unless nothing else is drawn.
     let data: Vec<&(f64, f64)> = {
         let main: Vec<&(f64, f64)> = plot
@@ -486,8 +765,29 @@ where
             main
         }
     };
+    // Reference lines (budgets) do count on the y axis: a budget drawn on the plot's edge would
+    // read as a different value.
+    let refs = plot
+        .series
+        .iter()
+        .zip(&pts)
+        .filter(|(s, _)| s.style == LineStyle::Dotted)
+        .flat_map(|(_, p)| p.iter().map(|q| q.1));
     let (x0, x1) = range(data.iter().map(|p| p.0), xs);
-    let (y0, y1) = range(data.iter().map(|p| p.1), ys);
+    let (mut y0, y1) = range(data.iter().map(|p| p.1).chain(refs), ys);
+    // Exact zeros on a log y axis: drawn at the old floor, the axis extended a little below it.
+    let zeros = ys == Scale::Log
+        && plot
+            .series
+            .iter()
+            .filter(|s| s.style != LineStyle::Dotted)
+            .any(|s| s.x.iter().zip(&s.y).any(|(x, &y)| y == 0.0 && x.is_finite()));
+    let zero = zeros.then(|| {
+        let floor = y0;
+        y0 = (floor / (y1 / floor).powf(0.05)).max(f64::MIN_POSITIVE);
+        floor
+    });
+    let drawn: Vec<Drawn> = plot.series.iter().map(|s| drawable(s, xs, ys, zero)).collect();
     // A log axis over hundreds of decades cannot be labelled (and makes the plotting library
     // generate ticks for every decade): refuse it clearly rather than hang.
     for (name, lo, hi, sc) in [("x", x0, x1, xs), ("y", y0, y1, ys)] {
@@ -507,10 +807,10 @@ where
         l => l,
     };
     match (xs, ys) {
-        (Scale::Linear, Scale::Linear) => draw_in(root, plot, &pts, legend, x0..x1, y0..y1),
-        (Scale::Log, Scale::Linear) => draw_in(root, plot, &pts, legend, (x0..x1).log_scale(), y0..y1),
-        (Scale::Linear, Scale::Log) => draw_in(root, plot, &pts, legend, x0..x1, (y0..y1).log_scale()),
-        (Scale::Log, Scale::Log) => draw_in(root, plot, &pts, legend, (x0..x1).log_scale(), (y0..y1).log_scale()),
+        (Scale::Linear, Scale::Linear) => draw_in(root, plot, &drawn, legend, x0..x1, y0..y1),
+        (Scale::Log, Scale::Linear) => draw_in(root, plot, &drawn, legend, (x0..x1).log_scale(), y0..y1),
+        (Scale::Linear, Scale::Log) => draw_in(root, plot, &drawn, legend, x0..x1, (y0..y1).log_scale()),
+        (Scale::Log, Scale::Log) => draw_in(root, plot, &drawn, legend, (x0..x1).log_scale(), (y0..y1).log_scale()),
     }
 }
 
@@ -557,10 +857,47 @@ fn tick(v: &f64) -> String {
     super::num::fmt_num(*v)
 }
 
+/// Two strokes (pixel offsets) and a filled circle's radius.
+type MarkerParts = (Vec<(i32, i32)>, Vec<(i32, i32)>, u32);
+
+/// The strokes of a marker of `shape` at `s` pixels (relative to its centre) and the radius
+/// of its filled circle (0: none). Circles are filled, the other shapes hollow, so markers of
+/// coinciding series stay visible one inside the other.
+fn marker_parts(shape: Marker, s: i32) -> MarkerParts {
+    match shape {
+        Marker::Circle => (vec![], vec![], s as u32),
+        // Each shape a little larger than the one before, so that on coinciding lines (drawn in
+        // this order) every marker shows around the earlier ones.
+        Marker::Square => {
+            let s = s + 1;
+            (vec![(-s, -s), (s, -s), (s, s), (-s, s), (-s, -s)], vec![], 0)
+        }
+        Marker::Triangle => {
+            let s = s + 3;
+            (vec![(0, -s - 1), (s + 1, s), (-s - 1, s), (0, -s - 1)], vec![], 0)
+        }
+        Marker::Diamond => {
+            let s = s + 4;
+            (vec![(0, -s), (s, 0), (0, s), (-s, 0), (0, -s)], vec![], 0)
+        }
+        Marker::Cross => {
+            let s = s + 3;
+            (vec![(-s, -s), (s, s)], vec![(-s, s), (s, -s)], 0)
+        }
+        Marker::Plus => {
+            let s = s + 5;
+            (vec![(-s, 0), (s, 0)], vec![(0, -s), (0, s)], 0)
+        }
+    }
+}
+
+/// The ▼ drawn for a value 0 on the floor of a log axis.
+const ZERO_MARK: [(i32, i32); 3] = [(-6, -5), (6, -5), (0, 5)];
+
 fn draw_in<DB, X, Y>(
     root: &DrawingArea<DB, Shift>,
     plot: &Plot,
-    pts: &[Vec<(f64, f64)>],
+    drawn: &[Drawn],
     legend: LegendPosition,
     xr: X,
     yr: Y,
@@ -593,13 +930,28 @@ where
         .bold_line_style(RGBColor(215, 215, 215))
         .draw()
         .map_err(e)?;
-    for (i, (s, p)) in plot.series.iter().zip(pts).enumerate() {
+    for (i, (s, (p, zeros))) in plot.series.iter().zip(drawn).enumerate() {
         let c = colour(i, s);
-        let width = 2;
         let style = ShapeStyle {
             color: c.to_rgba(),
             filled: false,
-            stroke_width: width,
+            stroke_width: 2,
+        };
+        let none = ShapeStyle {
+            color: TRANSPARENT,
+            filled: false,
+            stroke_width: 0,
+        };
+        let markers = (s.markers && p.len() <= 200) || s.style == LineStyle::Points;
+        let size = 3;
+        let (m1, m2, radius) = marker_parts(s.marker.unwrap_or(Marker::Circle), size);
+        let stroke = |v: &Vec<(i32, i32)>| if v.is_empty() { none } else { style };
+        let fill = if radius > 0 { c.filled() } else { none };
+        let mark = |q: (f64, f64)| {
+            EmptyElement::at(q)
+                + PathElement::new(m1.clone(), stroke(&m1))
+                + PathElement::new(m2.clone(), stroke(&m2))
+                + Circle::new((0, 0), radius, fill)
         };
         let anno = match s.style {
             LineStyle::Solid => chart
@@ -611,22 +963,55 @@ where
             LineStyle::Dotted => chart
                 .draw_series(DashedLineSeries::new(p.iter().copied(), 3, 5, style))
                 .map_err(e)?,
+            LineStyle::Points => chart.draw_series(p.iter().map(|&q| mark(q))).map_err(e)?,
         };
         let line_style = s.style;
+        let (l1, l2, lr) = if markers {
+            (m1.clone(), m2.clone(), radius)
+        } else {
+            (vec![], vec![], 0)
+        };
         anno.label(s.name.clone()).legend(move |(x, y)| {
             let segs: Vec<(i32, i32)> = match line_style {
                 LineStyle::Solid => vec![(x, y), (x + 24, y)],
+                LineStyle::Points => vec![],
                 _ => vec![(x, y), (x + 8, y)],
             };
-            let extra: Vec<(i32, i32)> = match line_style {
-                LineStyle::Solid => vec![],
-                _ => vec![(x + 14, y), (x + 24, y)],
+            let segs = match line_style {
+                LineStyle::Dotted => vec![(x, y), (x + 4, y)],
+                _ => segs,
             };
-            EmptyElement::at((0, 0)) + PathElement::new(segs, style) + PathElement::new(extra, style)
+            let extra: Vec<(i32, i32)> = match line_style {
+                LineStyle::Dashed => vec![(x + 14, y), (x + 24, y)],
+                LineStyle::Dotted => vec![(x + 10, y), (x + 14, y)],
+                _ => vec![],
+            };
+            // A dotted sample's third dot takes the marker's place (reference lines have none).
+            let l1 = match line_style {
+                LineStyle::Dotted if l1.is_empty() => vec![(8, 0), (12, 0)],
+                _ => l1.clone(),
+            };
+            let at = |v: &Vec<(i32, i32)>| v.iter().map(|&(a, b)| (x + 12 + a, y + b)).collect::<Vec<_>>();
+            let pick = |v: &Vec<(i32, i32)>| if v.is_empty() { none } else { style };
+            EmptyElement::at((0, 0))
+                + PathElement::new(segs.clone(), pick(&segs))
+                + PathElement::new(extra.clone(), pick(&extra))
+                + PathElement::new(at(&l1), pick(&l1))
+                + PathElement::new(at(&l2), pick(&l2))
+                + Circle::new((x + 12, y), lr, if lr > 0 { c.filled() } else { none })
         });
-        if s.markers && p.len() <= 200 {
+        if markers && s.style != LineStyle::Points {
             chart
-                .draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled())))
+                .draw_series(p.iter().filter(|q| !zeros.contains(q)).map(|&q| mark(q)))
+                .map_err(e)?;
+        }
+        if !zeros.is_empty() {
+            chart
+                .draw_series(
+                    zeros
+                        .iter()
+                        .map(|&q| EmptyElement::at(q) + Polygon::new(ZERO_MARK.to_vec(), c.filled())),
+                )
                 .map_err(e)?;
         }
     }
@@ -669,6 +1054,70 @@ mod tests {
             assert!(*bb <= g + 1e-9, "α={a}: {bb} > {g}");
             assert!(*bb >= g - 0.03, "α={a}: {bb} ≪ {g}");
         }
+    }
+
+    /// Runs of ink columns (first, last) of `text` drawn at 14 px (the legend size) on a white
+    /// bitmap, through the PNG backend (`fixed`) or plotters' own bitmap text drawing.
+    fn ink_runs(text: &str, fixed: bool) -> Vec<(usize, usize)> {
+        register_fonts();
+        let (w, h) = (160usize, 40usize);
+        let mut rgb = vec![0u8; w * h * 3];
+        {
+            let style = TextStyle::from((FONT, 14).into_font()).color(&BLACK);
+            let bm = BitMapBackend::with_buffer(&mut rgb, (w as u32, h as u32));
+            if fixed {
+                let root = PngBackend(bm).into_drawing_area();
+                root.fill(&WHITE).unwrap();
+                root.draw_text(text, &style, (20, 10)).unwrap();
+                root.present().unwrap();
+            } else {
+                let root = bm.into_drawing_area();
+                root.fill(&WHITE).unwrap();
+                root.draw_text(text, &style, (20, 10)).unwrap();
+                root.present().unwrap();
+            }
+        }
+        let ink: Vec<bool> = (0..w).map(|x| (0..h).any(|y| rgb[(y * w + x) * 3] < 160)).collect();
+        let mut runs = Vec::new();
+        let mut start = None;
+        for (x, &i) in ink.iter().chain([false].iter()).enumerate() {
+            match (i, start) {
+                (true, None) => start = Some(x),
+                (false, Some(s)) => {
+                    runs.push((s, x - 1));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        runs
+    }
+
+    #[test]
+    fn png_text_draws_every_glyph_apart() {
+        // "clt" must show three glyphs, each as wide as when drawn alone: plotters' own text
+        // drawing drops the left side bearings and runs "c" into "l" ("dt").
+        let word = ink_runs("clt", true);
+        let alone: Vec<usize> = ["c", "l", "t"]
+            .iter()
+            .map(|g| {
+                let r = ink_runs(g, true);
+                assert_eq!(r.len(), 1, "{g}: {r:?}");
+                r[0].1 - r[0].0
+            })
+            .collect();
+        assert_eq!(word.len(), 3, "clt drawn as {word:?}");
+        for (run, w) in word.iter().zip(&alone) {
+            assert!((run.1 - run.0).abs_diff(*w) <= 1, "{word:?} vs {alone:?}");
+        }
+        // The glyphs keep their spacing: the gaps between them are blank columns.
+        assert!(word[1].0 > word[0].1 + 1 && word[2].0 > word[1].1 + 1, "{word:?}");
+        // The reason for the PNG backend: plotters' drawing merges the first two glyphs.
+        assert!(
+            ink_runs("clt", false).len() < 3,
+            "plotters draws clt apart now: {:?}",
+            ink_runs("clt", false)
+        );
     }
 
     #[test]

@@ -405,13 +405,29 @@ fn mia_on_the_dp_checkpoint_concludes_from_its_ledger_and_comparisons() {
             .iter()
             .map(|s| s["name"].as_str().unwrap())
             .collect();
-        if p["id"] == "roc" {
+        if p["id"] == "roc" || p["id"] == "roc-loglog" {
             assert!(!names.iter().any(|n| n.starts_with("empirical")), "{names:?}");
         }
-        if p["id"] == "roc-sampler" {
+        if p["id"] == "roc-sampler" || p["id"] == "roc-sampler-loglog" {
             assert!(!names.iter().any(|n| n.contains("checkpoint")), "{names:?}");
         }
     }
+    // The ROC also on log-log axes (TPR at low FPR), with the checkpoint's limit.
+    let ll = v["plots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "roc-loglog")
+        .expect("a log-log ROC");
+    assert_eq!(
+        (ll["x"]["scale"].as_str(), ll["y"]["scale"].as_str()),
+        (Some("log"), Some("log"))
+    );
+    assert!(ll["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["name"].as_str().unwrap().contains("TPR limit")));
 }
 
 /// `report` renders a report, and refuses a command's detail file (exit 2) pointing to the

@@ -788,6 +788,9 @@ fn json_profile_points_equal_single_delta_runs() {
         .expect("ε-versus-δ plot");
     let mut checked = 0;
     for series in plot["series"].as_array().unwrap() {
+        if series["bound"].is_null() {
+            continue; // not an accountant's curve (the results at the δ in use, marked)
+        }
         let name = series["name"].as_str().unwrap();
         let acc = name.split_whitespace().next().unwrap();
         let xs = series["x"].as_array().unwrap();
