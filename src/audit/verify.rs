@@ -73,13 +73,17 @@ pub fn execute(plan: &Plan, progress: &Progress) -> Result<super::Outcome> {
 pub fn run(paths: &[PathBuf], progress: &Progress) -> Result<(VerifyOutput, Report)> {
     let mut claims = Vec::new();
     let mut files = Vec::new();
-    for p in paths {
+    // Every file is read first: progress counts claims, the unit of work.
+    let loaded = paths
+        .iter()
+        .map(|p| ClaimsFile::load(p).map(|f| (p, f)))
+        .collect::<Result<Vec<_>>>()?;
+    progress.set_length(loaded.iter().map(|(_, f)| f.claim_count() as u64).sum());
+    for (p, f) in &loaded {
         progress.set_message(p.display().to_string());
-        let f = ClaimsFile::load(p)?;
-        let res = pipelines::verify_claims(&f).map_err(|e| e.with_file(p))?;
+        let res = pipelines::verify_claims_with(f, &|| progress.inc(1)).map_err(|e| e.with_file(p))?;
         claims.extend(res);
         files.push(p.display().to_string());
-        progress.inc(1);
     }
     let mut summary = Summary::default();
     for c in &claims {

@@ -71,6 +71,12 @@ pub fn fmt_num(x: f64) -> String {
     }
 }
 
+/// Six significant digits (as [`fmt_num`]): every number shown in text where full precision
+/// would be noise (`σk/2 = 0.475`, `q = 0.00426667`); JSON and CSV keep full precision.
+pub fn sig6(x: f64) -> String {
+    fmt_num(x)
+}
+
 /// Six decimals for ordinary magnitudes ([1e-4, 1e6) and 0), six-digit scientific otherwise:
 /// the fixed-width columns of `analyze`'s terminal table.
 pub fn fixed6(x: f64) -> String {
