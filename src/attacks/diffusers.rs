@@ -130,6 +130,12 @@ pub fn run_with_basis(
         .chain(nonmember_ix.iter().map(|_| false))
         .collect();
     let mut records = Vec::new();
+    // Progress counts images: the bar's (attack, step) units become images scored.
+    let per_unit = ids.len() as u64;
+    if let Some(b) = bar {
+        let units = (plan.attacks.len() * plan.timesteps.len()) as u64;
+        b.inc_length(units * per_unit.saturating_sub(1));
+    }
     for &kind in &plan.attacks {
         for &t in &plan.timesteps {
             if let Some(b) = bar {
@@ -139,7 +145,7 @@ pub fn run_with_basis(
             s.extend(mia::scores(kind, den, &[], &nonmembers, t, &plan.score)?);
             records.extend(scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s));
             if let Some(b) = bar {
-                b.inc(1);
+                b.inc(per_unit);
             }
         }
     }

@@ -109,7 +109,7 @@ pub fn unit_of(what: &str) -> &'static str {
         "verify" => "claims",
         "sweep" => "grid points",
         "train" | "dp-sgd" => "steps",
-        "mia" | "mia shard" => "attack × timestep runs",
+        "mia" | "mia shard" => "images scored",
         "account" | "check" => "accountants",
         "calibrate" => "evaluations",
         _ => "units",
@@ -151,6 +151,7 @@ pub fn line(what: &str, pos: u64, len: Option<u64>, elapsed: Duration, msg: &str
             human(elapsed),
             eta(pos, Some(n), elapsed).map_or("?".to_string(), human)
         ),
+        _ if pos == 0 => format!("{what}: {} elapsed", human(elapsed)),
         _ => format!("{what}: {pos} {unit} done, {} elapsed", human(elapsed)),
     };
     if !msg.is_empty() {

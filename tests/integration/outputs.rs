@@ -25,7 +25,7 @@ fn run(args: &[&str]) -> Output {
 
 /// One fast, shipped-fixture invocation per command (without output flags). `{tmp}` is replaced
 /// by a scratch folder (train writes a checkpoint stem there).
-const COMMANDS: [(&str, &[&str]); 9] = [
+const COMMANDS: [(&str, &[&str]); 10] = [
     ("account", &["account", "--event", "fixtures/events/full_batch.toml"]),
     (
         "calibrate",
@@ -111,6 +111,7 @@ const COMMANDS: [(&str, &[&str]); 9] = [
             "{tmp}/m",
         ],
     ),
+    ("model", &["model", "info", "fixtures/diffusers/unet-28-c1-attn"]),
 ];
 
 fn args_for(cmd: &str, tmp: &Path) -> Vec<String> {
@@ -306,10 +307,9 @@ fn every_command_writes_one_report_that_validates_and_rerenders() {
 fn format_listing_equals_formats_accepted() {
     let tmp = tempfile::tempdir().unwrap();
     for (cmd, args) in COMMANDS {
-        let sub: Vec<&str> = if cmd == "run" {
-            vec!["run", "dpagg-ti"]
-        } else {
-            vec![args[0]]
+        let sub: Vec<&str> = match cmd {
+            "run" | "model" => args[..2].to_vec(),
+            _ => vec![args[0]],
         };
         let mut help = sub.clone();
         help.push("-h");
