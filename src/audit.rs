@@ -20,6 +20,7 @@ pub mod calibrate;
 pub mod check;
 pub mod merge;
 pub mod mia;
+pub mod model;
 pub mod outcome;
 pub mod run;
 pub mod sweep;

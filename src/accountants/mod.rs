@@ -332,3 +332,42 @@ pub fn uncertified_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) ->
 pub fn uncertified_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
     uncertified_noise(event).map(|at| uncertified_result(kind, at, epsilon, 1.0))
 }
+
+/// Why an accountant does not apply, in users' words: without the accountant's own name in
+/// front (reports show it beside the reason) and without the position of the sub-event in the
+/// event tree (`event.events[2].event: `), which means nothing for an event built from flags.
+pub fn plain_reason(kind: AccountantKind, message: &str) -> String {
+    let mut m = message.trim();
+    let prefix = format!("{}: ", kind.as_str());
+    if let Some(rest) = m.strip_prefix(&prefix) {
+        m = rest;
+    }
+    if let Some((head, rest)) = m.split_once(": ") {
+        let is_path = head.starts_with("event")
+            && head
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '[' | ']' | '_'));
+        if is_path {
+            m = rest;
+        }
+    }
+    m.to_string()
+}
+
+#[cfg(test)]
+mod plain_reason_tests {
+    use super::*;
+
+    #[test]
+    fn drops_the_accountant_name_and_the_tree_path() {
+        assert_eq!(
+            plain_reason(
+                AccountantKind::Gdp,
+                "gdp: event.event: subsampled events are not exactly GDP"
+            ),
+            "subsampled events are not exactly GDP"
+        );
+        assert_eq!(plain_reason(AccountantKind::Pld, "event.events[2].event: x: y"), "x: y");
+        assert_eq!(plain_reason(AccountantKind::Rdp, "rdp: no: reason"), "no: reason");
+    }
+}

@@ -2217,10 +2217,15 @@ impl PldAccountant {
                         Ok(out.with_diagnostic(
                             "pld_fallback_rdp",
                             format!(
-                                "the PLD certifies no finite ε at δ = {delta:e}: its δ floor is {:e} (infinite-loss \
+                                "the PLD certifies no finite ε at δ = {delta:e}: its δ floor is {} (infinite-loss \
                                  mass beyond its grid, window tails and round-off), so the ε shown is the RDP upper \
                                  bound of the same event, labelled rdp",
-                                floor
+                                // Near 1, six significant digits of 1 − floor say more than of floor.
+                                if floor > 0.999 && floor < 1.0 {
+                                    format!("1 − {}", crate::report::num::sig6(1.0 - floor))
+                                } else {
+                                    crate::report::num::sig6(floor)
+                                }
                             ),
                             false,
                         ))

@@ -358,12 +358,7 @@ pub fn add_clt_estimate(s: &mut SoundEpsilon, event: &DpEvent) {
 }
 
 fn prefixed(kind: AccountantKind, message: &str) -> String {
-    let k = kind.as_str();
-    if message.starts_with(&format!("{k}:")) {
-        message.to_string()
-    } else {
-        format!("{k}: {message}")
-    }
+    format!("{}: {}", kind.as_str(), super::plain_reason(kind, message))
 }
 
 /// A number for messages: six significant digits, `∞` for infinity.

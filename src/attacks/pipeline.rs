@@ -448,6 +448,12 @@ pub fn score_checkpoint_shard(
     };
     let base = all_ix.len();
     let mut out = Vec::new();
+    // Progress counts images: each (attack, step) unit of the bar becomes the images it scores.
+    let per_unit = q_ix.len() as u64;
+    if let Some(b) = bar {
+        let units = (plan.attacks.len() * plan.timesteps.len()) as u64;
+        b.inc_length(units * per_unit.saturating_sub(1));
+    }
     for &kind in &plan.attacks {
         for &t in &plan.timesteps {
             if let Some(b) = bar {
@@ -471,7 +477,7 @@ pub fn score_checkpoint_shard(
                 out.extend(pos.iter().map(|&j| base + j).zip(recs));
             }
             if let Some(b) = bar {
-                b.inc(1);
+                b.inc(per_unit);
             }
         }
     }

@@ -9,7 +9,7 @@ use crate::diffusion::account::{AccountantLine, Analysis};
 use crate::diffusion::sensitivity::StepRole;
 use crate::diffusion::SamplerConfig;
 use crate::error::Result;
-use crate::report::num::{fixed6, sci6};
+use crate::report::num::sig6;
 use crate::report::{plot, Cell, Column, Fact, Report, Skipped, Table};
 
 /// A validated `analyze` request.
@@ -24,6 +24,8 @@ pub struct Plan {
     /// With a diffusers `scheduler_config.json` as `config`: what the file cannot say
     /// (`--dataset-size`, `--clip`, `--samples`, `--sampler`, `--inference-steps`).
     pub scheduler: crate::diffusion::sampler::SchedulerFlags,
+    /// `-v`: every step, the t and Δt columns and the event tree in the terminal text.
+    pub verbose: bool,
 }
 
 /// `analyze`: loads the sampler configuration (its defaulted settings noted on stderr), analyses
@@ -60,7 +62,7 @@ pub fn execute(plan: &Plan) -> Result<super::Outcome> {
     let (a, rep) = analyze(&cfg, &plan.config, &plan.accountants)?;
     let csv = render_csv(&a)?.into_bytes();
     let detail = serde_json::to_vec_pretty(&a).map_err(|e| crate::Error::input(e.to_string()))?;
-    Ok(super::Outcome::new(rep, render_text(&a))
+    Ok(super::Outcome::new(rep, render_text(&a, plan.verbose))
         .with_table("analyze.csv", csv)
         .with_file("analyze.json", detail))
 }
@@ -79,10 +81,10 @@ pub fn analyze(
 
 fn line_text(l: &AccountantLine) -> String {
     let kind = l.kind.map(|k| k.as_str()).unwrap_or("-");
-    let eps = l.epsilon.map(fixed6).unwrap_or_else(|| "-".into());
-    let mu = l.mu.map(|m| format!("μ = {}", sci6(m))).unwrap_or_default();
+    let eps = l.epsilon.map(sig6).unwrap_or_else(|| "-".into());
+    let mu = l.mu.map(|m| format!("μ = {}", sig6(m))).unwrap_or_default();
     let mut s = format!(
-        "  {:<4} {:<12} ε = {:<14} {:<16} {}",
+        "  {:<4} {:<12} ε = {:<12} {:<14} {}",
         l.accountant.as_str(),
         kind,
         eps,
@@ -110,121 +112,183 @@ fn no_guarantee(a: &Analysis) -> String {
     }
 }
 
-/// Plain-text rendering (stable: golden files compare it byte for byte).
-pub fn render_text(a: &Analysis) -> String {
+/// Widest line of the terminal text.
+pub const TEXT_WIDTH: usize = 100;
+/// Step rows shown without `-v` when the sampler has more: the first [`HEAD_ROWS`] and the last
+/// [`TAIL_ROWS`] (where μ_t is largest and the critical window lies).
+const HEAD_ROWS: usize = 4;
+const TAIL_ROWS: usize = 12;
+
+/// Plain-text rendering (stable: golden files compare it byte for byte). Numbers have six
+/// significant digits (JSON and CSV keep full precision). Without `verbose` it fits in
+/// [`TEXT_WIDTH`] columns and 80 lines: long lines are wrapped, a long step table shows its
+/// first and last steps; `verbose` (`-v`) adds every step, the t and Δt columns and the event
+/// tree.
+pub fn render_text(a: &Analysis, verbose: bool) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "sampler: {}", a.name);
-    let _ = writeln!(s, "schedule: {}", a.schedule);
-    let _ = writeln!(s, "step convention {}", a.convention_text);
-    let _ = writeln!(
-        s,
-        "neighbouring: {}; δ = {:e}; C = {}; |D| = {}; p = {}; S = {} sample(s)",
-        a.neighbouring, a.delta, a.clip_norm, a.dataset_size, a.subsample_rate, a.samples
+    let line = |s: &mut String, text: String| {
+        for l in super::text::wrap(&text, TEXT_WIDTH) {
+            s.push_str(&l);
+            s.push('\n');
+        }
+    };
+    line(&mut s, format!("sampler: {}", a.name));
+    line(&mut s, format!("schedule: {}", a.schedule));
+    line(&mut s, format!("step convention {}", a.convention_text));
+    line(
+        &mut s,
+        format!(
+            "neighbouring: {}; δ = {}; C = {}; |D| = {}; p = {}; S = {} sample(s)",
+            a.neighbouring,
+            sig6(a.delta),
+            sig6(a.clip_norm),
+            a.dataset_size,
+            sig6(a.subsample_rate),
+            a.samples
+        ),
     );
-    let _ = writeln!(s, "density: {}", a.density);
-    let _ = writeln!(
-        s,
-        "per-step μ_t = 2C/(p_t(x_t)|D|)·√(2Δt/t³) (diffusion-sampling-privacy.md §3.1, eq. 5); {} private step(s) per sample",
-        a.private_steps
+    line(&mut s, format!("density: {}", a.density));
+    line(
+        &mut s,
+        format!(
+            "per-step μ_t = 2C/(p_t(x_t)|D|)·√(2Δt/t³) (diffusion-sampling-privacy.md §3.1, eq. 5); {} private \
+             step(s) per sample",
+            a.private_steps
+        ),
     );
-    let _ = writeln!(s);
+    s.push('\n');
     let traj = a.steps.iter().any(|r| r.mu_min.is_some());
-    let _ = write!(
-        s,
-        "{:>4} {:>13} {:>13} {:>13} {:>13} {:>8} {:>13} {:>13}",
-        "step", "t_from", "t_to", "t", "Δt", "role", "μ_t", "cum. μ"
-    );
-    if traj {
-        let _ = write!(s, " {:>13} {:>13}", "μ_t min", "μ_t median");
+    let w = 11;
+    // With the trajectory columns the terminal text drops t_from (the previous row's t_to).
+    let from = verbose || !traj;
+    let _ = write!(s, "{:>4}", "step");
+    if from {
+        let _ = write!(s, " {:>w$}", "t_from");
     }
-    let _ = writeln!(s, " {:>13} {:>13}", "ε stop here", "ε switch here");
-    for (r, w) in a
-        .steps
-        .iter()
-        .zip(a.steps.iter().map(|r| a.window.iter().find(|w| w.index == r.index)))
-    {
+    let _ = write!(s, " {:>w$}", "t_to");
+    if verbose {
+        let _ = write!(s, " {:>w$} {:>w$}", "t", "Δt");
+    }
+    let _ = write!(s, " {:>7} {:>w$} {:>w$}", "role", "μ_t", "cum. μ");
+    if traj {
+        let _ = write!(s, " {:>w$} {:>w$}", "μ_t min", "μ_t median");
+    }
+    let _ = writeln!(s, " {:>w$} {:>13}", "ε stop here", "ε switch here");
+    let n = a.steps.len();
+    let hidden = !verbose && n > HEAD_ROWS + TAIL_ROWS + 1;
+    for (i, r) in a.steps.iter().enumerate() {
+        if hidden && i == HEAD_ROWS {
+            let _ = writeln!(
+                s,
+                "   … {} more steps (-v shows every step and the event tree)",
+                n - HEAD_ROWS - TAIL_ROWS
+            );
+        }
+        if hidden && (HEAD_ROWS..n - TAIL_ROWS).contains(&i) {
+            continue;
+        }
         let role = match r.role {
             StepRole::Public => "public",
             StepRole::Private => "private",
             StepRole::Skipped => "skipped",
         };
-        let _ = write!(
-            s,
-            "{:>4} {:>13} {:>13} {:>13} {:>13} {:>8} {:>13} {:>13}",
-            r.index,
-            sci6(r.t_from),
-            sci6(r.t_to),
-            sci6(r.t),
-            sci6(r.dt),
-            role,
-            sci6(r.mu),
-            sci6(r.cumulative_mu)
-        );
+        let _ = write!(s, "{:>4}", r.index);
+        if from {
+            let _ = write!(s, " {:>w$}", sig6(r.t_from));
+        }
+        let _ = write!(s, " {:>w$}", sig6(r.t_to));
+        if verbose {
+            let _ = write!(s, " {:>w$} {:>w$}", sig6(r.t), sig6(r.dt));
+        }
+        let _ = write!(s, " {:>7} {:>w$} {:>w$}", role, sig6(r.mu), sig6(r.cumulative_mu));
         if traj {
             let _ = write!(
                 s,
-                " {:>13} {:>13}",
-                sci6(r.mu_min.unwrap_or(0.0)),
-                sci6(r.mu_median.unwrap_or(0.0))
+                " {:>w$} {:>w$}",
+                sig6(r.mu_min.unwrap_or(0.0)),
+                sig6(r.mu_median.unwrap_or(0.0))
             );
         }
-        match w {
-            Some(w) => {
-                let _ = writeln!(s, " {:>13} {:>13}", sci6(w.stop_epsilon), sci6(w.switch_epsilon));
+        match a.window.iter().find(|x| x.index == r.index) {
+            Some(x) => {
+                let _ = writeln!(s, " {:>w$} {:>13}", sig6(x.stop_epsilon), sig6(x.switch_epsilon));
             }
             None => {
-                let _ = writeln!(s, " {:>13} {:>13}", "-", "-");
+                let _ = writeln!(s, " {:>w$} {:>13}", "-", "-");
             }
         }
     }
-    let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "full-batch GDP μ over all private steps and samples: {} ({})",
-        fixed6(a.full_batch_mu),
-        if a.subsample_rate < 1.0 {
-            "ignores subsampling"
-        } else {
-            "exact"
-        }
+    s.push('\n');
+    line(
+        &mut s,
+        format!(
+            "full-batch GDP μ over all private steps and samples: {} ({})",
+            sig6(a.full_batch_mu),
+            if a.subsample_rate < 1.0 {
+                "ignores subsampling"
+            } else {
+                "exact"
+            }
+        ),
     );
-    let _ = writeln!(s, "totals at δ = {:e} (kind: exact | upper_bound | estimate):", a.delta);
+    line(
+        &mut s,
+        format!(
+            "totals at δ = {} (kind: exact | upper_bound | estimate):",
+            sig6(a.delta)
+        ),
+    );
     for l in &a.accountants {
-        let _ = writeln!(s, "{}", line_text(l));
+        line(&mut s, line_text(l));
     }
     match &a.guarantee {
-        Some(g) => {
-            let _ = writeln!(
-                s,
-                "guarantee: ε = {} at δ = {:e} ({}, {})",
-                fixed6(g.epsilon.unwrap_or(f64::NAN)),
-                a.delta,
+        Some(g) => line(
+            &mut s,
+            format!(
+                "guarantee: ε = {} at δ = {} ({}, {})",
+                sig6(g.epsilon.unwrap_or(f64::NAN)),
+                sig6(a.delta),
                 g.accountant.as_str(),
                 g.kind.map(|k| k.as_str()).unwrap_or("-")
-            );
-        }
-        None if a.private_steps > 0 => {
-            let _ = writeln!(s, "guarantee: {}", no_guarantee(a));
-        }
+            ),
+        ),
+        None if a.private_steps > 0 => line(&mut s, format!("guarantee: {}", no_guarantee(a))),
         None => {}
     }
     if !a.warnings.is_empty() {
-        let _ = writeln!(s, "warnings:");
+        line(&mut s, "warnings:".to_string());
         for w in &a.warnings {
-            let _ = writeln!(
-                s,
+            let text = format!(
                 "  - [{}]{} {}",
                 w.code,
                 if w.severe { " SEVERE" } else { "" },
                 w.message
             );
+            if verbose {
+                line(&mut s, text);
+            } else {
+                // One line each without -v: the first sentence, cut to the width.
+                line(&mut s, super::text::first_line(&text, TEXT_WIDTH));
+            }
         }
     }
-    let _ = writeln!(s, "critical window: \"ε stop here\" = GDP ε if sampling stops after the step; \"ε switch here\" = GDP ε if the empirical denoiser takes over at the step (full-batch μ, {})",
-        if a.subsample_rate < 1.0 { "an upper bound that ignores subsampling" } else { "exact" });
-    let _ = writeln!(s, "event:");
-    for l in a.ledger.lines() {
-        let _ = writeln!(s, "  {l}");
+    line(
+        &mut s,
+        format!(
+            "critical window: \"ε stop here\" = GDP ε if sampling stops after the step; \"ε switch here\" = GDP ε \
+             if the empirical denoiser takes over at the step (full-batch μ, {})",
+            if a.subsample_rate < 1.0 {
+                "an upper bound that ignores subsampling"
+            } else {
+                "exact"
+            }
+        ),
+    );
+    if verbose {
+        let _ = writeln!(s, "event:");
+        for l in a.ledger.lines() {
+            let _ = writeln!(s, "  {l}");
+        }
     }
     s
 }
@@ -338,13 +402,13 @@ pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::
     r.summary.push(Fact::new("step convention", a.convention.as_str()));
     r.summary
         .push(Fact::new("private steps per sample", a.private_steps.to_string()));
-    r.summary.push(Fact::new("full-batch GDP μ", fixed6(a.full_batch_mu)));
+    r.summary.push(Fact::new("full-batch GDP μ", sig6(a.full_batch_mu)));
     r.summary.push(Fact::new(
         "guarantee",
         match &a.guarantee {
             Some(g) => format!(
                 "ε = {} at δ = {:e} ({}, {})",
-                fixed6(g.epsilon.unwrap_or(f64::NAN)),
+                sig6(g.epsilon.unwrap_or(f64::NAN)),
                 a.delta,
                 g.accountant.as_str(),
                 g.kind.map(|k| k.as_str()).unwrap_or("-")

@@ -11,7 +11,7 @@ use crate::accountants::calibrate::{calibrate_dpsgd, calibrate_dpsgd_any, Calibr
 use crate::accountants::{AccountantKind, BoundKind};
 use crate::config::dpsgd::Derived;
 use crate::config::sampler::SamplerConfig;
-use crate::diffusion::calibrate::{calibrate_sampler, SamplerCalibration, SamplerParam};
+use crate::diffusion::calibrate::{calibrate_sampler_with, SamplerCalibration, SamplerParam};
 use crate::error::Result;
 use crate::events::Neighbouring;
 use crate::report::export::fmt_num;
@@ -349,9 +349,9 @@ pub fn execute(request: &DpSgdRequest, progress: &Progress) -> Result<super::Out
         }
         let _ = writeln!(
             text,
-            "{} = {v}  gives ε = {:.6} ≤ target {target} at δ = {delta:e} ({}, {})",
+            "{} = {v}  gives ε = {} ≤ target {target} at δ = {delta:e} ({}, {})",
             solve_for.as_str(),
-            out.epsilon,
+            crate::report::num::sig6(out.epsilon),
             kind.as_str(),
             match out.kind {
                 BoundKind::Estimate => "ESTIMATE, not a guarantee",
@@ -385,7 +385,7 @@ pub struct SamplerPlan {
 
 /// `calibrate --sampler`: loads the configuration (defaulted settings noted on stderr) and
 /// solves; the report, the terminal text, `calibrate.csv` and `calibrate.json`.
-pub fn execute_sampler(plan: &SamplerPlan) -> Result<super::Outcome> {
+pub fn execute_sampler(plan: &SamplerPlan, progress: &Progress) -> Result<super::Outcome> {
     let path = plan.config.as_path();
     let param = plan.param;
     let mut cfg = SamplerConfig::load(path)?;
@@ -393,7 +393,12 @@ pub fn execute_sampler(plan: &SamplerPlan) -> Result<super::Outcome> {
     if let Some(d) = plan.delta {
         cfg.delta = d;
     }
-    let c = calibrate_sampler(&cfg, param, plan.target, &plan.accountants).map_err(|e| e.with_file(path))?;
+    let tick = |x: f64| {
+        progress.set_message(format!("{} = {}", param.as_str(), crate::report::num::sig6(x)));
+        progress.inc(1);
+    };
+    let c =
+        calibrate_sampler_with(&cfg, param, plan.target, &plan.accountants, &tick).map_err(|e| e.with_file(path))?;
     let detail = serde_json::to_vec_pretty(&SamplerOutput {
         schema_version: SCHEMA_VERSION,
         config: path.display().to_string(),

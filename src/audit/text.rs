@@ -8,6 +8,64 @@ use crate::report::export::fmt_num;
 use crate::report::progress::{paint, Tone};
 use crate::report::{Report, Status, Verdict};
 
+/// `text` wrapped at spaces to `width` characters; continuation lines are indented four
+/// spaces more than the first. A word longer than the width is cut.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    if text.chars().count() <= width {
+        // Fits: kept as is (aligned columns keep their spaces).
+        return vec![text.to_string()];
+    }
+    let indent: String = text.chars().take_while(|c| *c == ' ').collect();
+    let cont = format!("{indent}    ");
+    let mut out = Vec::new();
+    let mut cur = indent.clone();
+    let mut cur_len = cur.chars().count();
+    let mut empty = true;
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let wl = word.chars().count();
+        if !empty && cur_len + 1 + wl > width {
+            out.push(std::mem::replace(&mut cur, cont.clone()));
+            cur_len = cont.chars().count();
+            empty = true;
+        }
+        if !empty {
+            cur.push(' ');
+            cur_len += 1;
+        }
+        if cur_len + wl > width {
+            // One word wider than the line: cut it.
+            let room = width.saturating_sub(cur_len).max(1);
+            let cut: String = word.chars().take(room).collect();
+            cur.push_str(&cut);
+            cur_len += room;
+        } else {
+            cur.push_str(word);
+            cur_len += wl;
+        }
+        empty = false;
+    }
+    if !empty || out.is_empty() {
+        out.push(cur.trim_end().to_string());
+    }
+    out
+}
+
+/// The first sentence of `text` (up to ". "), cut to `width` characters with `…`.
+pub fn first_line(text: &str, width: usize) -> String {
+    let first = match text.find(". ") {
+        Some(i) => &text[..=i],
+        None => text,
+    };
+    if first.chars().count() <= width {
+        first.to_string()
+    } else {
+        let mut s: String = first.chars().take(width.saturating_sub(1)).collect();
+        s = s.trim_end().to_string();
+        s.push('…');
+        s
+    }
+}
+
 /// How a kind reads in a terminal (estimates shout: they are never guarantees).
 pub fn kind_words(k: BoundKind) -> String {
     match k {
@@ -179,4 +237,26 @@ pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
         .map_err(err)?;
     }
     w.into_inner().map_err(|e| crate::Error::input(format!("CSV: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_keeps_words_and_width() {
+        let t = "  - [code] a long message that goes on and on past the width of the line";
+        let w = wrap(t, 30);
+        assert!(w.len() > 1 && w.iter().all(|l| l.chars().count() <= 30), "{w:?}");
+        assert!(w[1].starts_with("      ") && w[0].starts_with("  - [code]"), "{w:?}");
+        assert_eq!(
+            w.join(" ").split_whitespace().collect::<Vec<_>>(),
+            t.split_whitespace().collect::<Vec<_>>()
+        );
+        assert_eq!(wrap("short", 30), vec!["short".to_string()]);
+        assert_eq!(wrap("", 30), vec![String::new()]);
+        assert!(wrap(&"x".repeat(50), 20).iter().all(|l| l.chars().count() <= 20));
+        assert_eq!(first_line("One. Two.", 80), "One.");
+        assert_eq!(first_line("abcdef", 4), "abc…");
+    }
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::config::claims::ClaimsFile;
 use crate::error::Result;
 use crate::pipelines::{self, ClaimResult, Verdict};
+use crate::report::num::sig6;
 use crate::report::progress::Progress;
 use crate::report::{self, Cell, Column, Report, Status, Table};
 
@@ -73,13 +74,17 @@ pub fn execute(plan: &Plan, progress: &Progress) -> Result<super::Outcome> {
 pub fn run(paths: &[PathBuf], progress: &Progress) -> Result<(VerifyOutput, Report)> {
     let mut claims = Vec::new();
     let mut files = Vec::new();
-    for p in paths {
+    // Every file is read first: progress counts claims, the unit of work.
+    let loaded = paths
+        .iter()
+        .map(|p| ClaimsFile::load(p).map(|f| (p, f)))
+        .collect::<Result<Vec<_>>>()?;
+    progress.set_length(loaded.iter().map(|(_, f)| f.claim_count() as u64).sum());
+    for (p, f) in &loaded {
         progress.set_message(p.display().to_string());
-        let f = ClaimsFile::load(p)?;
-        let res = pipelines::verify_claims(&f).map_err(|e| e.with_file(p))?;
+        let res = pipelines::verify_claims_with(f, &|| progress.inc(1)).map_err(|e| e.with_file(p))?;
         claims.extend(res);
         files.push(p.display().to_string());
-        progress.inc(1);
     }
     let mut summary = Summary::default();
     for c in &claims {
@@ -269,12 +274,12 @@ fn text(out: &VerifyOutput) -> String {
     for c in &out.claims {
         let _ = writeln!(
             s,
-            "claim {} [{}] {} — claimed (ε = {}, δ = {:.3e})\n  source: {}\n  verdict: {}",
+            "claim {} [{}] {} — claimed (ε = {}, δ = {})\n  source: {}\n  verdict: {}",
             c.id,
             c.pipeline,
             c.dataset,
-            c.claimed_epsilon,
-            c.claimed_delta,
+            sig6(c.claimed_epsilon),
+            sig6(c.claimed_delta),
             c.source,
             c.describe()
         );
@@ -285,7 +290,7 @@ fn text(out: &VerifyOutput) -> String {
                 rep.paper,
                 rep.accountant.as_str(),
                 rep.kind.as_str(),
-                crate::report::num::eps6(rep.computed),
+                sig6(rep.computed),
                 if rep.within_rounding {
                     "within the paper's rounding"
                 } else {
@@ -313,10 +318,10 @@ fn text(out: &VerifyOutput) -> String {
             for a in &i.sound.analyses {
                 let _ = writeln!(
                     s,
-                    "    {:<34} ε = {:>14} at δ = {:.3e}  [{}, {}]{}",
+                    "    {:<20} ε = {:>11} at δ = {}  [{}, {}]{}",
                     a.method,
-                    crate::report::num::eps6(a.epsilon),
-                    a.delta,
+                    sig6(a.epsilon),
+                    sig6(a.delta),
                     a.source(),
                     a.kind.as_str(),
                     if a.note.is_empty() {
@@ -343,7 +348,7 @@ fn text(out: &VerifyOutput) -> String {
             let _ = writeln!(s, "  finding: {f}");
         }
         for k in &c.calibrations {
-            let _ = writeln!(s, "  calibration {} = {:.6}: {}", k.what, k.value, k.description);
+            let _ = writeln!(s, "  calibration {} = {}: {}", k.what, sig6(k.value), k.description);
         }
         s.push('\n');
     }

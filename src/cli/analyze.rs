@@ -11,6 +11,7 @@ use dpaudit::error::Error;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \
 dpaudit analyze fixtures/samplers/edm-cifar10-paper.toml\n  \
+dpaudit analyze fixtures/samplers/edm-cifar10-paper.toml -v   # every step and the event tree\n  \
 dpaudit analyze fixtures/samplers/edm-cifar10-subsampled.toml --accountant clt,pld --format json\n\n\
 Reproduces the paper's Figure 6 full-batch μ ≈ 787.6 with the first fixture (convention C,\n\
 2C/(β|D|) = 1).\n\n\
@@ -54,6 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<Status> {
     let out = args.output.prepare(Format::Text, &["analyze.csv", "analyze.json"])?;
     let scheduler = scheduler_flags(&args)?;
     let plan = analyze::Plan {
+        verbose: args.output.verbose > 0,
         config: args.config,
         accountants: parse_accountants(&args.accountant)?,
         delta: args

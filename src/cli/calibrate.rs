@@ -27,7 +27,8 @@ pub enum SolveForArg {
     Samples,
     /// Sampler: index of the first private step.
     SwitchStep,
-    /// Sampler: clipping norm C.
+    /// Sampler: clipping norm C (`clip-norm` is still accepted).
+    #[value(name = "clip", alias = "clip-norm")]
     ClipNorm,
 }
 
@@ -39,7 +40,7 @@ impl SolveForArg {
             SolveForArg::Steps => Ok(SolveFor::Steps),
             _ => Err(Error::field(
                 "--solve-for",
-                "sigma-min, samples, switch-step and clip-norm are sampler settings: give --sampler CONFIG",
+                "sigma-min, samples, switch-step and clip are sampler settings: give --sampler CONFIG",
             )),
         }
     }
@@ -52,7 +53,7 @@ impl SolveForArg {
             SolveForArg::ClipNorm => Ok(SamplerParam::ClipNorm),
             _ => Err(Error::field(
                 "--solve-for",
-                "with --sampler, solve for sigma-min, sample-rate, samples, switch-step or clip-norm",
+                "with --sampler, solve for sigma-min, sample-rate, samples, switch-step or clip",
             )),
         }
     }
@@ -268,7 +269,7 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         .ok_or_else(|| {
             Error::field(
                 "--solve-for",
-                "required with --sampler: sigma-min, sample-rate, samples, switch-step or clip-norm",
+                "required with --sampler: sigma-min, sample-rate, samples, switch-step or clip",
             )
         })?
         .sampler()?;
@@ -295,5 +296,8 @@ fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Resul
         delta,
         accountants,
     };
-    Ok(outs.emit(dpaudit::audit::calibrate::execute_sampler(&plan)?)?)
+    let progress = dpaudit::report::progress::Progress::new(None, outs.quiet, "calibrate");
+    let outcome = dpaudit::audit::calibrate::execute_sampler(&plan, &progress);
+    progress.finish();
+    Ok(outs.emit(outcome?)?)
 }

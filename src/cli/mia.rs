@@ -90,8 +90,9 @@ pub struct Args {
     /// PIA's norm p (the authors' code uses 4).
     #[arg(long, default_value_t = 4.0)]
     pub pia_norm: f64,
-    /// Poisson rate of the empirical denoiser's data (1 = full batch).
-    #[arg(long, default_value_t = 1.0)]
+    /// Poisson sampling rate of the empirical denoiser's data (1 = full batch). (Formerly
+    /// --empirical-rate, still accepted.)
+    #[arg(long = "empirical-sample-rate", alias = "empirical-rate", default_value_t = 1.0)]
     pub empirical_rate: f64,
     /// Bootstrap resamples for the intervals.
     #[arg(long, default_value_t = 1000)]
@@ -166,7 +167,7 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
         return Err(Error::field("--delta", "must be in (0, 1)").into());
     }
     if !(a.empirical_rate > 0.0 && a.empirical_rate <= 1.0) {
-        return Err(Error::field("--empirical-rate", "must be in (0, 1]").into());
+        return Err(Error::field("--empirical-sample-rate", "must be in (0, 1]").into());
     }
     if a.table2_rates.iter().any(|p| !(*p > 0.0 && *p <= 1.0)) {
         return Err(Error::field("--table2-rates", "rates must be in (0, 1]").into());
@@ -398,8 +399,14 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
             let ck = ck.as_ref().expect("clap requires --checkpoint without --scores");
             eprintln!("device: {dev_name}");
             let plan = plan(&a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
-            let data = Dataset::load(&a.data.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.file)))?;
-            let split = SplitManifest::load(&a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split)))?;
+            let data = Dataset::load(&match &a.data {
+                Some(p) => p.clone(),
+                None => ck.data_file()?,
+            })?;
+            let split = SplitManifest::load(&match &a.split {
+                Some(p) => p.clone(),
+                None => ck.split_file()?,
+            })?;
             let total =
                 (plan.attacks.len() * plan.timesteps.len() + plan.table2.as_ref().map_or(0, |t| t.steps.len())) as u64;
             let bar = dpaudit::report::progress::bar(total, a.output.quiet, "mia");
@@ -480,8 +487,14 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
     let ck = Checkpoint::load(card, &dev)?;
     let plan = plan(a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
     let part_plan = PartPlan::of(&plan)?;
-    let data_path = a.data.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.file));
-    let split_path = a.split.clone().unwrap_or_else(|| PathBuf::from(&ck.card.data.split));
+    let data_path = match &a.data {
+        Some(p) => p.clone(),
+        None => ck.data_file()?,
+    };
+    let split_path = match &a.split {
+        Some(p) => p.clone(),
+        None => ck.split_file()?,
+    };
     let data = Dataset::load(&data_path)?;
     let split = SplitManifest::load(&split_path)?;
     let inputs = PartInputs::of(&ck.card_path, &data_path, &split_path)?;

@@ -11,6 +11,7 @@ use dpaudit::models::{device, npy};
 const EXAMPLES: &str = "\
 Examples:
   dpaudit model info fixtures/diffusers/unet-28-c1-attn
+  dpaudit model info fixtures/diffusers/unet-28-c1-attn --format json   # the report (facts)
   dpaudit model eval --checkpoint fixtures/diffusers/unet-28-c1-attn \\
       --input fixtures/diffusers/unet-28-c1-attn/input.npy \\
       --timesteps fixtures/diffusers/unet-28-c1-attn/timesteps.npy --out pred.npy
@@ -99,6 +100,9 @@ struct EvalArgs {
 struct InfoArgs {
     /// diffusers checkpoint folder.
     checkpoint: PathBuf,
+    /// Output grammar: --format, --out DIR, --force, -q, -v.
+    #[command(flatten)]
+    output: crate::cli::common::OutputArgs,
 }
 
 /// Runs `dpaudit model …`.
@@ -106,9 +110,8 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     match a.cmd {
         Sub::Grads(g) => grads(g),
         Sub::Info(i) => {
-            let ck = DiffusersCheckpoint::load(&i.checkpoint, &candle_core::Device::Cpu)?;
-            print!("{}", ck.info());
-            Ok(dpaudit::audit::outcome::Status::Ok)
+            let out = i.output.prepare(crate::cli::common::Format::Text, &[])?;
+            Ok(out.emit(dpaudit::audit::model::info(&i.checkpoint)?)?)
         }
         Sub::Eval(e) => {
             if e.batch == 0 {

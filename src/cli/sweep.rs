@@ -12,12 +12,12 @@ use dpaudit::report::progress::Progress;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  \
 dpaudit sweep fixtures/samplers/edm-cifar10-paper.toml --sigma-min 0.002..5 --points 40 --log \\\n      \
---subsample-rate 1,0.5,0.01 --format csv > sweep.csv\n  \
+--sample-rate 1,0.5,0.01 --format csv > sweep.csv\n  \
 dpaudit sweep fixtures/samplers/ddpm-linear-ddim50.toml --stop-step 40,45,49 --clip 0.5,1 --samples 1,100\n\n\
 --format csv (the default) prints the grid table; json, md and html give the report with the plot of\n\
 ε against the swept axis (bounds solid, estimates dashed, --max-epsilon as the budget line).\n\n\
-Every axis given is crossed with every other (a cartesian grid): --sigma-min/--t-min, --steps,\n\
---stop-step, --switch-step or --switch-at, --clip, --dataset-size, --delta, --subsample-rate, --samples.\n\
+Every axis given is crossed with every other (a cartesian grid): --sigma-min/--t-min, --levels,\n\
+--stop-step, --switch-step or --switch-at, --clip, --dataset-size, --delta, --sample-rate, --samples.\n\
 Every accountant is its own set of columns (<name>_epsilon, <name>_kind, <name>_status). The default\n\
 accountants are gdp (exact at p = 1; full-batch upper bound at p < 1) and clt (an estimate, never a\n\
 guarantee); add pld/rdp with --accountant gdp,clt,pld (slower). The step convention is a column.")]
@@ -35,8 +35,9 @@ pub struct Args {
     /// Log-spaced σ_min grid.
     #[arg(long)]
     pub log: bool,
-    /// Subsampling rates p, comma-separated (e.g. 1,0.5,0.01).
-    #[arg(long, visible_alias = "rate")]
+    /// Poisson sampling rates p, comma-separated (e.g. 1,0.5,0.01). (Formerly --subsample-rate
+    /// and --rate, still accepted.)
+    #[arg(long = "sample-rate", alias = "subsample-rate", alias = "rate", value_name = "P,…")]
     pub subsample_rate: Option<String>,
     /// Switch points (fraction of steps run by the public denoiser first), comma-separated.
     #[arg(long)]
@@ -59,8 +60,9 @@ pub struct Args {
     /// Numbers of generated samples S, comma-separated.
     #[arg(long)]
     pub samples: Option<String>,
-    /// Numbers of noise levels N, comma-separated.
-    #[arg(long)]
+    /// Numbers of noise levels N, comma-separated. (Formerly --steps, still accepted: --steps
+    /// means optimiser or DP-SGD steps everywhere else.)
+    #[arg(long = "levels", alias = "steps", value_name = "N,…")]
     pub steps: Option<String>,
     /// Accountants (gdp, clt, rdp, pld or all).
     #[arg(long, default_value = "gdp,clt")]
@@ -128,14 +130,14 @@ pub fn run(args: Args) -> anyhow::Result<Status> {
     };
     let spec = SweepSpec {
         sigma_min,
-        levels: list("--steps", &args.steps)?,
+        levels: list("--levels", &args.steps)?,
         stop_step: list("--stop-step", &args.stop_step)?,
         switch_step: list("--switch-step", &args.switch_step)?,
         switch_at: list("--switch-at", &args.switch_at)?,
         clip_norm: list("--clip", &args.clip)?,
         dataset_size: list("--dataset-size", &args.dataset_size)?,
         delta: list("--delta", &args.delta)?,
-        subsample_rate: list("--subsample-rate", &args.subsample_rate)?,
+        subsample_rate: list("--sample-rate", &args.subsample_rate)?,
         samples: list("--samples", &args.samples)?,
         accountants,
     };

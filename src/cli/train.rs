@@ -49,9 +49,11 @@ pub struct Args {
     /// Which rows of the split to train on (DP and RAPID runs use the members as private data).
     #[arg(long, value_enum, default_value = "members")]
     pub on: Part,
-    /// Output stem: writes <out>.safetensors and <out>.toml (and <out>.ledger.toml for DP runs);
-    /// missing folders are created, existing files are refused before any work unless --force.
-    #[arg(long, value_name = "STEM")]
+    /// Output folder (an existing folder, or a path ending in `/`): writes DIR/<name>.safetensors,
+    /// DIR/<name>.toml (and .ledger.toml for DP runs), <name> being the folder's name. Any other
+    /// path is a file stem (<out>.safetensors, <out>.toml), as before. Missing folders are
+    /// created, existing files are refused before any work unless --force.
+    #[arg(long, value_name = "DIR/ or STEM")]
     pub out: Option<PathBuf>,
     /// What to print on stdout when done: text, json, csv, md or html (the training report).
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -217,8 +219,8 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     if let Some(unet) = a.unet.clone() {
         return crate::cli::train_unet::run(a, &unet, outputs);
     }
-    let Some(out) = a.out.clone() else {
-        return Err(Error::field("--out", "give an output stem, e.g. --out models/digits-mlp").into());
+    let Some(out) = a.out.clone().map(folder_or_stem) else {
+        return Err(Error::field("--out", "give an output folder, e.g. --out models/digits-mlp/").into());
     };
     for p in stem_files(&out, a.dp, a.canaries > 0) {
         dpaudit::report::output::check_file(&p, a.force)?;
@@ -272,6 +274,22 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         force: a.force,
     };
     Ok(outputs.emit(dpaudit::audit::train::execute(&plan, &dev, &dev_name)?)?)
+}
+
+/// `--out`: a folder (an existing one, or a path ending in `/`) receives `<folder>/<name>.toml`,
+/// `.safetensors`, … where `<name>` is the folder's own name, like every other command's
+/// `--out DIR`; any other path is the stem of those files, as before.
+fn folder_or_stem(p: PathBuf) -> PathBuf {
+    let text = p.to_string_lossy();
+    let folder = text.ends_with('/') || text.ends_with(std::path::MAIN_SEPARATOR) || p.is_dir();
+    if !folder {
+        return p;
+    }
+    let name = p
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_else(|| "model".into());
+    p.join(name)
 }
 
 /// The files a training run writes for `--out STEM`.

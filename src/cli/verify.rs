@@ -8,6 +8,7 @@ use dpaudit::audit::verify;
 
 const EXAMPLE: &str = "\
 Examples:
+  dpaudit verify fixtures/claims/dp-sgd.toml      # plain DP-SGD claims in Opacus' words
   dpaudit verify fixtures/claims/dp-rdm.toml
   dpaudit verify fixtures/claims/rapid-scenarios.toml --format json
   dpaudit verify fixtures/claims/dp-rdm-cifar10.toml --out reports/verify --force   # md, html, csv, json
@@ -24,11 +25,26 @@ the claim holds. CLT estimates are shown and reproduced, never decide. Exit code
 holds, 1 a claim is violated or not demonstrated (with --strict also when some other
 interpretation does not hold), 2 bad input.";
 
+/// The help text after the flags: every claim table the loader accepts, then the examples.
+fn after_help() -> String {
+    let mut s = String::from("Claim tables (one TOML array per kind; see fixtures/claims/):\n");
+    for (t, what) in dpaudit::config::claims::TABLES {
+        s.push_str(&format!(
+            "  [[{t}]]{:pad$}{what}\n",
+            "",
+            pad = 22usize.saturating_sub(t.len() + 4)
+        ));
+    }
+    s.push('\n');
+    s.push_str(EXAMPLE);
+    s
+}
+
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXAMPLE)]
+#[command(after_help = after_help())]
 /// Verify published privacy claims.
 pub struct Args {
-    /// Claims file(s) (TOML, schema_version = 1; tables [[rapid]], [[dp_rdm]], [[dpagg_ti]]).
+    /// Claims file(s) (TOML, schema_version = 1; the claim tables are listed below).
     #[arg(required = true)]
     pub claims: Vec<PathBuf>,
     /// Output grammar; --out DIR also receives the detailed verify.json and verify.csv.

@@ -16,7 +16,8 @@
 //! delta = 2e-5
 //! ```
 //!
-//! Each pipeline has its own array (`[[rapid]]`, `[[dp_rdm]]`, `[[dpagg_ti]]`) so that every
+//! Each pipeline has its own array (see [`TABLES`]: `[[dp_sgd]]`, `[[rapid]]`, `[[dp_rdm]]`,
+//! `[[dpagg_ti]]`, `[[diffusion_sampling]]`) so that every
 //! value keeps its position: a bad value (σ < 0, q > 1, k = 0, δ ≥ 1) is rejected while parsing
 //! and the error names file, line and field.
 
@@ -27,6 +28,22 @@ use crate::error::{Error, Result};
 
 /// The schema version this dpaudit reads.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// Every claim table a claims file may hold, as written in TOML (`[[dp_sgd]]`, …), with what
+/// each describes. `verify --help` lists them; a test checks that the list matches the loader.
+pub const TABLES: &[(&str, &str)] = &[
+    (
+        "dp_sgd",
+        "plain DP-SGD in Opacus' words (epochs or steps, batch_size, dataset_size, sampling, noise_multiplier, clip)",
+    ),
+    ("rapid", "RAPID's DP-SGD with retrieval (Algorithm 2, Theorem 1)"),
+    ("dp_rdm", "DP-RDM private retrieval (Algorithm 1, Theorem 3.1)"),
+    ("dpagg_ti", "DPAgg-TI noisy centroid of embeddings"),
+    (
+        "diffusion_sampling",
+        "diffusion sampling with the empirical denoiser (EDM schedule)",
+    ),
+];
 
 macro_rules! checked_f64 {
     ($(#[$m:meta])* $name:ident, $ok:expr, $what:expr) => {
@@ -117,6 +134,9 @@ pub struct ClaimsFile {
     /// Free text shown at the top of reports.
     #[serde(default)]
     pub title: Option<String>,
+    /// Plain DP-SGD claims (`[[dp_sgd]]`).
+    #[serde(default)]
+    pub dp_sgd: Vec<DpSgdClaim>,
     #[serde(default)]
     /// RAPID claims (`[[rapid]]`).
     pub rapid: Vec<RapidClaim>,
@@ -232,6 +252,48 @@ pub struct DiffusionSamplingClaim {
     #[serde(default)]
     pub paper_number: PaperNumber,
     /// δ.
+    pub delta: Delta,
+    /// Free text.
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+/// A plain DP-SGD claim in Opacus' vocabulary: a paper's "DP-SGD, B = 256, σ = 1, 50 epochs,
+/// (10, 1e-5)". Steps and the sampling rate are derived as `dpaudit account --epochs
+/// --batch-size --dataset-size --sampling` derives them ([`crate::config::dpsgd`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DpSgdClaim {
+    /// Identifier of the claim in output.
+    pub id: String,
+    /// Paper and table/figure the numbers come from.
+    pub source: String,
+    /// Dataset the claim is about.
+    #[serde(default)]
+    pub dataset: String,
+    /// Private training-set size N.
+    pub dataset_size: Count,
+    /// Batch size B (the expected batch size under Poisson sampling).
+    pub batch_size: Count,
+    /// Epochs E; give `epochs` or `steps`.
+    #[serde(default)]
+    pub epochs: Option<Count>,
+    /// Optimiser steps T, when the paper states steps instead of epochs.
+    #[serde(default)]
+    pub steps: Option<Count>,
+    /// How batches are drawn: `poisson` (default), `poisson-loader` or `shuffle`.
+    #[serde(default)]
+    pub sampling: crate::config::dpsgd::BatchSampling,
+    /// Noise multiplier σ (noise std σ·C on the sum of clipped gradients). Omitted when the
+    /// paper does not state it: then the σ the claim would need is calibrated.
+    #[serde(default)]
+    pub noise_multiplier: Option<Positive>,
+    /// Clipping norm C (does not change ε: the noise scales with it).
+    #[serde(default)]
+    pub clip: Option<Positive>,
+    /// Claimed ε.
+    pub epsilon: Epsilon,
+    /// Claimed δ.
     pub delta: Delta,
     /// Free text.
     #[serde(default)]
@@ -402,17 +464,20 @@ impl ClaimsFile {
             }
             return Err(e);
         }
-        if f.rapid.is_empty() && f.dp_rdm.is_empty() && f.dpagg_ti.is_empty() && f.diffusion_sampling.is_empty() {
-            return Err(Error::input(
-                "no claims: add a [[rapid]], [[dp_rdm]], [[dpagg_ti]] or [[diffusion_sampling]] table",
-            )
-            .with_file(path));
+        let n = f.dp_sgd.len() + f.rapid.len() + f.dp_rdm.len() + f.dpagg_ti.len() + f.diffusion_sampling.len();
+        if n == 0 {
+            let names: Vec<String> = TABLES.iter().map(|(t, _)| format!("[[{t}]]")).collect();
+            return Err(Error::input(format!("no claims: add a table ({})", names.join(", "))).with_file(path));
         }
-        let n = f.rapid.len() + f.dp_rdm.len() + f.dpagg_ti.len() + f.diffusion_sampling.len();
         crate::limits::check_count("claims (number of claim tables)", n as u64, crate::limits::CLAIM)
             .map_err(|e| e.with_file(path))?;
         f.check_semantics(path, src)?;
         Ok(f)
+    }
+
+    /// The number of claims in the file (all tables).
+    pub fn claim_count(&self) -> usize {
+        self.dp_sgd.len() + self.rapid.len() + self.dp_rdm.len() + self.dpagg_ti.len() + self.diffusion_sampling.len()
     }
 
     /// Reads and parses a claims file.
@@ -451,10 +516,11 @@ impl ClaimsFile {
         };
         let mut ids = std::collections::BTreeSet::new();
         let all_ids = self
-            .rapid
+            .dp_sgd
             .iter()
             .enumerate()
-            .map(|(i, c)| ("rapid", i, &c.id))
+            .map(|(i, c)| ("dp_sgd", i, &c.id))
+            .chain(self.rapid.iter().enumerate().map(|(i, c)| ("rapid", i, &c.id)))
             .chain(self.dp_rdm.iter().enumerate().map(|(i, c)| ("dp_rdm", i, &c.id)))
             .chain(self.dpagg_ti.iter().enumerate().map(|(i, c)| ("dpagg_ti", i, &c.id)))
             .chain(
@@ -466,6 +532,34 @@ impl ClaimsFile {
         for (t, i, id) in all_ids {
             if !ids.insert(id.clone()) {
                 return Err(fail(t, i, "id", format!("duplicate claim id `{id}`")));
+            }
+        }
+        for (i, c) in self.dp_sgd.iter().enumerate() {
+            if c.batch_size.get() > c.dataset_size.get() {
+                return Err(fail(
+                    "dp_sgd",
+                    i,
+                    "batch_size",
+                    format!(
+                        "batch size {} exceeds dataset_size = {}",
+                        c.batch_size.get(),
+                        c.dataset_size.get()
+                    ),
+                ));
+            }
+            match (c.epochs, c.steps) {
+                (Some(_), Some(_)) => {
+                    return Err(fail("dp_sgd", i, "steps", "give `epochs` or `steps`, not both".into()))
+                }
+                (None, None) => {
+                    return Err(fail(
+                        "dp_sgd",
+                        i,
+                        "epochs",
+                        "missing: give `epochs` (or `steps`)".into(),
+                    ))
+                }
+                _ => {}
             }
         }
         for (i, c) in self.rapid.iter().enumerate() {
@@ -548,6 +642,44 @@ k = 13
 epsilon = 10.0
 delta = 2e-5
 "#;
+
+    #[test]
+    fn tables_list_every_array_the_loader_accepts() {
+        // serde names every accepted key when it meets an unknown one.
+        let e = err("schema_version = 1\n[[bogus]]\nid = \"x\"\n");
+        let msg = e.to_string();
+        let expected = msg.split("expected one of").nth(1).unwrap_or_else(|| panic!("{msg}"));
+        let mut keys: Vec<&str> = expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|k| *k != "schema_version" && *k != "title")
+            .collect();
+        keys.sort();
+        let mut tables: Vec<&str> = TABLES.iter().map(|(t, _)| *t).collect();
+        tables.sort();
+        assert_eq!(keys, tables, "{msg}");
+    }
+
+    #[test]
+    fn dp_sgd_needs_epochs_or_steps() {
+        let base = "schema_version = 1\n[[dp_sgd]]\nid = \"a\"\nsource = \"s\"\ndataset_size = 60000\nbatch_size = 256\nnoise_multiplier = 1.0\nepsilon = 10.0\ndelta = 1e-5\n";
+        let f = ClaimsFile::parse(
+            Path::new("c.toml"),
+            &format!("{base}epochs = 50\nsampling = \"shuffle\"\n"),
+        )
+        .unwrap();
+        assert_eq!(f.dp_sgd[0].sampling, crate::config::dpsgd::BatchSampling::Shuffle);
+        assert_eq!(err(base).field.as_deref(), Some("dp_sgd[0].epochs"));
+        let e = err(&format!("{base}epochs = 5\nsteps = 10\n"));
+        assert_eq!((e.field.as_deref(), e.line), (Some("dp_sgd[0].steps"), Some(11)), "{e}");
+        let e = err(&format!("{base}epochs = 5\nsampling = \"random\"\n"));
+        assert_eq!(e.field.as_deref(), Some("dp_sgd[0].sampling"), "{e}");
+        let e = err(&base
+            .replace("batch_size = 256", "batch_size = 70000")
+            .replace("delta = 1e-5", "delta = 1e-5\nepochs = 1"));
+        assert_eq!(e.field.as_deref(), Some("dp_sgd[0].batch_size"), "{e}");
+    }
 
     fn err(src: &str) -> Error {
         ClaimsFile::parse(Path::new("c.toml"), src).unwrap_err()

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::events::DpEvent;
+use crate::report::num::sig6;
 
 /// How the batches of a DP-SGD run are drawn (`--sampling`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -122,7 +123,8 @@ impl TrainingRun {
                 let t = ((e as u128) * (n as u128) / (b as u128)) as u64;
                 let q = b as f64 / n as f64;
                 lines.push(format!(
-                    "Poisson sampling: q = B/N = {b}/{n} = {q}; steps T = ⌊E·N/B⌋ = ⌊{e}·{n}/{b}⌋ = {t}"
+                    "Poisson sampling: q = B/N = {b}/{n} = {}; steps T = ⌊E·N/B⌋ = ⌊{e}·{n}/{b}⌋ = {t}",
+                    sig6(q)
                 ));
                 lines.push(
                     "convention: Opacus get_noise_multiplier(epochs=E, sample_rate=q) sets steps = int(epochs / sample_rate) \
@@ -154,7 +156,8 @@ impl TrainingRun {
                 let q = 1.0 / per_epoch as f64;
                 lines.push(format!(
                     "Poisson sampling over a DataLoader: L = ⌈N/B⌉ = ⌈{n}/{b}⌉ = {loader_len} batches; Opacus' DPDataLoader runs \
-                     int(1/(1/L)) = {per_epoch} batches per epoch and records q = 1/{per_epoch} = {q} per step; steps T = E·{per_epoch} = {e}·{per_epoch} = {t}"
+                     int(1/(1/L)) = {per_epoch} batches per epoch and records q = 1/{per_epoch} = {} per step; steps T = E·{per_epoch} = {e}·{per_epoch} = {t}",
+                    sig6(q)
                 ));
                 if per_epoch != loader_len {
                     lines.push(format!(
@@ -180,7 +183,7 @@ impl TrainingRun {
                 lines.push(format!(
                     "accounted without amplification: {e} Gaussian steps per record (one per epoch); shuffling is not Poisson \
                      sampling, and Opacus' accounting of it as Poisson at q = 1/L = {} is not a guarantee",
-                    1.0 / loader_len as f64
+                    sig6(1.0 / loader_len as f64)
                 ));
                 (t, 1.0, e)
             }
@@ -218,7 +221,7 @@ impl Derived {
             self.run.dataset_size,
             self.run.sampling.as_str(),
             self.steps,
-            self.sample_rate
+            sig6(self.sample_rate)
         )
     }
 }

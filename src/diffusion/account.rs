@@ -124,7 +124,7 @@ pub fn constant_plan(cfg: &SamplerConfig, beta: f64) -> Result<Plan> {
         dataset_size: n,
         density: format!(
             "constant β = {beta}; 2C/(β|D|) = {}",
-            2.0 * cfg.privacy.clip_norm / (beta * n as f64)
+            crate::report::num::sig6(2.0 * cfg.privacy.clip_norm / (beta * n as f64))
         ),
     })
 }

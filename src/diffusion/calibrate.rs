@@ -37,7 +37,8 @@ pub enum SamplerParam {
     Samples,
     /// Index of the first private step.
     SwitchStep,
-    /// Clipping norm C.
+    /// Clipping norm C (`clip`; `clip-norm` is still read).
+    #[serde(rename = "clip", alias = "clip-norm")]
     ClipNorm,
 }
 
@@ -49,7 +50,7 @@ impl SamplerParam {
             SamplerParam::SampleRate => "sample-rate",
             SamplerParam::Samples => "samples",
             SamplerParam::SwitchStep => "switch-step",
-            SamplerParam::ClipNorm => "clip-norm",
+            SamplerParam::ClipNorm => "clip",
         }
     }
     /// True when ε grows with the parameter.
@@ -205,6 +206,17 @@ pub fn calibrate_sampler(
     target: f64,
     accountants: &[AccountantKind],
 ) -> Result<SamplerCalibration> {
+    calibrate_sampler_with(cfg, param, target, accountants, &|_| {})
+}
+
+/// [`calibrate_sampler`], calling `tick` with each value of `param` it evaluates (progress).
+pub fn calibrate_sampler_with(
+    cfg: &SamplerConfig,
+    param: SamplerParam,
+    target: f64,
+    accountants: &[AccountantKind],
+    tick: &dyn Fn(f64),
+) -> Result<SamplerCalibration> {
     if !(target.is_finite() && target > 0.0) {
         return Err(Error::field(
             "--target-epsilon",
@@ -219,7 +231,7 @@ pub fn calibrate_sampler(
     {
         return Err(Error::field(
             "--solve-for",
-            "a DDPM schedule's smallest level is fixed by its β schedule: solve for switch-step (or samples, sample-rate, clip-norm) instead",
+            "a DDPM schedule's smallest level is fixed by its β schedule: solve for switch-step (or samples, sample-rate, clip) instead",
         ));
     }
     if param == SamplerParam::SwitchStep && cfg.privacy.private_steps.is_some() {
@@ -228,14 +240,14 @@ pub fn calibrate_sampler(
             "switch-step with privacy.private_steps set moves a fixed-size window, whose ε need not be monotone; remove private_steps",
         ));
     }
-    let sound = search(cfg, param, target, accountants, false)?;
+    let sound = search(cfg, param, target, accountants, false, tick)?;
     let (clt, clt_note) = if cfg.privacy.subsample_rate >= 1.0 && param != SamplerParam::SampleRate {
         (
             None,
             Some("full batch: the CLT equals the exact GDP answer".to_string()),
         )
     } else {
-        match search(cfg, param, target, accountants, true) {
+        match search(cfg, param, target, accountants, true, tick) {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(format!("clt: {}", e.message))),
         }
@@ -256,10 +268,12 @@ fn search(
     target: f64,
     accountants: &[AccountantKind],
     clt: bool,
+    tick: &dyn Fn(f64),
 ) -> Result<Search> {
     let mut evals = 0usize;
     let mut probe = |x: f64| -> Result<Probe> {
         evals += 1;
+        tick(x);
         if evals > MAX_EVALUATIONS {
             return Err(Error::numeric(format!(
                 "calibration did not converge within {MAX_EVALUATIONS} analyses"

@@ -211,8 +211,8 @@ pub enum ClipScale {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrivacyConfig {
-    /// Clipping norm C of v(x₀; x_t) (paper eq. 5).
-    #[serde(default = "one")]
+    /// Clipping norm C of v(x₀; x_t) (paper eq. 5). Also read as `clip` (the flags' word).
+    #[serde(default = "one", alias = "clip")]
     pub clip_norm: f64,
     #[serde(default)]
     /// How the clipping norm scales with the noise level.
@@ -221,7 +221,8 @@ pub struct PrivacyConfig {
     #[serde(default)]
     pub dataset_size: Option<u64>,
     /// Poisson subsampling rate p ∈ (0, 1] of the empirical denoiser at every private step.
-    #[serde(default = "one")]
+    /// Also read as `sample_rate` (the flags' word).
+    #[serde(default = "one", alias = "sample_rate")]
     pub subsample_rate: f64,
     /// Number of generated samples S (each composes all private steps once).
     #[serde(default = "one_u64")]

@@ -240,7 +240,7 @@ fn build_configs(cfg: &SamplerConfig, spec: &SweepSpec, inner: bool) -> Result<V
         }
     }
     axis(&mut axes, "--sigma-min", &spec.sigma_min, set_t_min);
-    axis(&mut axes, "--steps", &spec.levels, |c, v| {
+    axis(&mut axes, "--levels", &spec.levels, |c, v| {
         set_levels(&mut c.schedule, v);
         Ok(())
     });
@@ -271,7 +271,7 @@ fn build_configs(cfg: &SamplerConfig, spec: &SweepSpec, inner: bool) -> Result<V
         Ok(())
     });
     if inner {
-        axis(&mut axes, "--subsample-rate", &spec.subsample_rate, |c, v| {
+        axis(&mut axes, "--sample-rate", &spec.subsample_rate, |c, v| {
             c.privacy.subsample_rate = v;
             Ok(())
         });

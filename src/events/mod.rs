@@ -361,7 +361,8 @@ impl DpEvent {
         b.build()
     }
 
-    /// Printable ledger: one line per node, indented.
+    /// Printable ledger: one line per node, indented, numbers with six significant digits
+    /// (the event itself, in JSON or an event file, keeps full precision).
     pub fn ledger(&self) -> String {
         let mut s = String::new();
         self.write_ledger(0, &mut s);
@@ -369,19 +370,24 @@ impl DpEvent {
     }
 
     fn write_ledger(&self, depth: usize, s: &mut String) {
+        use crate::report::num::sig6;
         let pad = "  ".repeat(depth);
         match self {
             DpEvent::NoOp => s.push_str(&format!("{pad}no-op\n")),
             DpEvent::Gaussian { noise_multiplier } => s.push_str(&format!(
-                "{pad}Gaussian(noise_multiplier = {noise_multiplier}, μ = {})\n",
-                1.0 / noise_multiplier
+                "{pad}Gaussian(noise_multiplier = {}, μ = {})\n",
+                sig6(*noise_multiplier),
+                sig6(1.0 / noise_multiplier)
             )),
-            DpEvent::EpsilonDelta { epsilon, delta } => s.push_str(&format!("{pad}(ε = {epsilon}, δ = {delta})-DP\n")),
+            DpEvent::EpsilonDelta { epsilon, delta } => {
+                s.push_str(&format!("{pad}(ε = {}, δ = {})-DP\n", sig6(*epsilon), sig6(*delta)))
+            }
             DpEvent::Laplace { noise_multiplier } => s.push_str(&format!(
-                "{pad}Laplace(noise_multiplier = {noise_multiplier}, scale/L1 sensitivity)\n"
+                "{pad}Laplace(noise_multiplier = {}, scale/L1 sensitivity)\n",
+                sig6(*noise_multiplier)
             )),
             DpEvent::PoissonSampled { q, event } => {
-                s.push_str(&format!("{pad}Poisson sample (q = {q}) of:\n"));
+                s.push_str(&format!("{pad}Poisson sample (q = {}) of:\n", sig6(*q)));
                 event.write_ledger(depth + 1, s);
             }
             DpEvent::SampledWithoutReplacement { n, m, event } => {
@@ -395,7 +401,7 @@ impl DpEvent {
                 }
             }
             DpEvent::SelfComposed { event, count } => {
-                s.push_str(&format!("{pad}{count} × :\n"));
+                s.push_str(&format!("{pad}repeat {count} times:\n"));
                 event.write_ledger(depth + 1, s);
             }
         }

@@ -22,11 +22,12 @@ use super::{ModelConfig, Net, Schedule};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataInfo {
-    /// Path of the data file.
+    /// Path of the data file, relative to the card's folder (cards before this version: relative
+    /// to the working directory of the training run; both are read).
     pub file: String,
     /// SHA-256 of the data file.
     pub sha256: String,
-    /// Path of the split manifest.
+    /// Path of the split manifest (relative like `file`).
     pub split: String,
     /// SHA-256 of the split manifest.
     pub split_sha256: String,
@@ -205,6 +206,81 @@ pub fn card_path(path: &Path) -> PathBuf {
     }
 }
 
+/// `p` made absolute (against the working directory) and normalised without touching the file
+/// system: `.` dropped, `a/..` folded.
+fn absolute(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let joined = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(p)
+    };
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// `path` as a card records it: relative to the card's folder `card_dir`, so that the card still
+/// works after its folder is moved together with (or relative to) the files it names. Falls
+/// back to the absolute path when no relative path exists (another drive).
+pub fn card_relative(path: &Path, card_dir: &Path) -> String {
+    let (p, base) = (absolute(path), absolute(card_dir));
+    let pc: Vec<_> = p.components().collect();
+    let bc: Vec<_> = base.components().collect();
+    let common = pc.iter().zip(&bc).take_while(|(a, b)| a == b).count();
+    if common == 0 {
+        return p.display().to_string();
+    }
+    let mut rel = PathBuf::new();
+    for _ in common..bc.len() {
+        rel.push("..");
+    }
+    for c in &pc[common..] {
+        rel.push(c.as_os_str());
+    }
+    if rel.as_os_str().is_empty() {
+        ".".into()
+    } else {
+        rel.display().to_string()
+    }
+}
+
+/// A path recorded in a card (`value` of `field`), resolved: relative to the card's folder first
+/// (how this dpaudit writes it), then as written (older cards recorded paths relative to the
+/// working directory of the training run, or absolute). When neither exists the error names the
+/// card file, the field and both places looked at.
+pub fn resolve_card_path(card_path: &Path, field: &str, value: &str) -> Result<PathBuf> {
+    let dir = card_path.parent().unwrap_or(Path::new("."));
+    let near = dir.join(value);
+    if near.exists() {
+        return Ok(near);
+    }
+    let as_written = PathBuf::from(value);
+    if as_written.exists() {
+        return Ok(as_written);
+    }
+    Err(Error::field(
+        field,
+        format!(
+            "`{value}` not found: looked for {} (relative to the card's folder) and {} (relative to the working \
+             directory); move the file with the card, or give it on the command line",
+            near.display(),
+            as_written.display()
+        ),
+    )
+    .with_file(card_path))
+}
+
 /// The safetensors bytes of `net`'s weights.
 pub fn weights_bytes(net: &Net) -> Result<Vec<u8>> {
     let tensors = net.params.tensors();
@@ -374,5 +450,50 @@ impl Checkpoint {
     /// The card's folder (paths in the card are relative to it or to the working directory).
     pub fn dir(&self) -> &Path {
         self.card_path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// The data file the card records (`data.file`), see [`resolve_card_path`].
+    pub fn data_file(&self) -> Result<PathBuf> {
+        resolve_card_path(&self.card_path, "data.file", &self.card.data.file)
+    }
+
+    /// The split manifest the card records (`data.split`), see [`resolve_card_path`].
+    pub fn split_file(&self) -> Result<PathBuf> {
+        resolve_card_path(&self.card_path, "data.split", &self.card.data.split)
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::*;
+
+    #[test]
+    fn card_relative_paths() {
+        assert_eq!(card_relative(Path::new("/a/b/c.csv"), Path::new("/a/x")), "../b/c.csv");
+        assert_eq!(card_relative(Path::new("/a/x/c.csv"), Path::new("/a/x")), "c.csv");
+        assert_eq!(card_relative(Path::new("/a/./x/../c.csv"), Path::new("/a")), "c.csv");
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            card_relative(Path::new("fixtures/data/digits.csv.gz"), &cwd.join("out")),
+            "../fixtures/data/digits.csv.gz"
+        );
+    }
+
+    #[test]
+    fn resolution_prefers_the_card_folder_and_names_the_field() {
+        let d = tempfile::tempdir().unwrap();
+        let card = d.path().join("m.toml");
+        std::fs::write(d.path().join("x.csv"), "1").unwrap();
+        assert_eq!(
+            resolve_card_path(&card, "data.file", "x.csv").unwrap(),
+            d.path().join("x.csv")
+        );
+        assert_eq!(
+            resolve_card_path(&card, "data.file", "Cargo.toml").unwrap(),
+            PathBuf::from("Cargo.toml")
+        );
+        let e = resolve_card_path(&card, "data.split", "nope.toml").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("data.split"));
+        assert_eq!(e.file.as_deref(), Some(card.as_path()));
     }
 }

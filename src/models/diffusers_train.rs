@@ -809,7 +809,9 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             ledger: LEDGER.into(),
             epsilon: eps.as_ref().map(|e| e.0),
             epsilon_accountant: eps.as_ref().map(|e| e.1.clone()),
-            init_ledger: init_ledger.as_ref().map(|(_, p)| p.display().to_string()),
+            init_ledger: init_ledger
+                .as_ref()
+                .map(|(_, p)| super::checkpoint::card_relative(p, &plan.out)),
             rapid: None,
             ledger_sha256: Some(sha256_hex(text.as_bytes())),
         });
@@ -848,9 +850,9 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         beta_start: plan.beta_start,
         beta_end: plan.beta_end,
         data: DataInfo {
-            file: plan.data.display().to_string(),
+            file: super::checkpoint::card_relative(&plan.data, &plan.out),
             sha256: images.sha256.clone(),
-            split: plan.split.display().to_string(),
+            split: super::checkpoint::card_relative(&plan.split, &plan.out),
             split_sha256: sha256_file(&plan.split)?,
             trained_on: plan.on,
             rows_sha256: indices_sha256(&private_ix),
@@ -873,7 +875,10 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             eval_loss_before: Some(before),
             eval_loss_after: Some(after),
             eval_on: Some(eval_on.to_string()),
-            init: plan.init.as_ref().map(|p| p.display().to_string()),
+            init: plan
+                .init
+                .as_ref()
+                .map(|p| super::checkpoint::card_relative(p, &plan.out)),
         },
         dp: dp_info,
         canaries: canary_info,

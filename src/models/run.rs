@@ -115,10 +115,6 @@ pub struct TrainOutcome {
     pub lines: Vec<String>,
 }
 
-fn path_str(p: &Path) -> String {
-    p.display().to_string()
-}
-
 fn bar(len: u64, quiet: bool, what: &str) -> ProgressBar {
     crate::report::progress::bar(len, quiet, what)
 }
@@ -155,7 +151,7 @@ fn init_cost(
         // A different data file: none of these private rows was trained on.
         return Ok(None);
     }
-    let split_path = PathBuf::from(&ck.card.data.split);
+    let split_path = ck.split_file().unwrap_or_else(|_| PathBuf::from(&ck.card.data.split));
     let Ok(sha) = sha256_file(&split_path) else {
         return refuse(format!(
             "its split {} cannot be read to check for overlap",
@@ -182,6 +178,8 @@ fn init_cost(
 
 /// Runs the plan on `device` (described as `device_name` in the card).
 pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<TrainOutcome> {
+    // The card's folder: the paths it records are relative to it.
+    let card_dir = checkpoint::stem_parts(&plan.out)?.0;
     let data = Dataset::load(&plan.data)?;
     let split = SplitManifest::load(&plan.split)?;
     split.check_data(&data).map_err(|e| e.with_file(&plan.split))?;
@@ -355,7 +353,9 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                     .unwrap_or_default(),
                 epsilon: eps_text.as_ref().map(|e| e.0),
                 epsilon_accountant: eps_text.as_ref().map(|e| e.1.clone()),
-                init_ledger: init_ledger.as_ref().map(|(_, p)| path_str(p)),
+                init_ledger: init_ledger
+                    .as_ref()
+                    .map(|(_, p)| checkpoint::card_relative(p, &card_dir)),
                 rapid: rag_parts.map(|(_, _, info)| info),
                 ledger_sha256: None,
             });
@@ -483,9 +483,9 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         model: model_cfg,
         schedule: plan.schedule,
         data: DataInfo {
-            file: path_str(&plan.data),
+            file: checkpoint::card_relative(&plan.data, &card_dir),
             sha256: data.sha256.clone(),
-            split: path_str(&plan.split),
+            split: checkpoint::card_relative(&plan.split, &card_dir),
             split_sha256: sha256_file(&plan.split)?,
             trained_on: plan.on,
             rows_sha256: indices_sha256(&private_ix),
@@ -505,7 +505,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             eval_loss_before: eval.map(|e| e.0),
             eval_loss_after: eval.map(|e| e.1),
             eval_on: eval.map(|_| eval_on.to_string()),
-            init: plan.init.as_ref().map(|p| path_str(p)),
+            init: plan.init.as_ref().map(|p| checkpoint::card_relative(p, &card_dir)),
         },
         dp: dp_info,
         canaries: canary_info,

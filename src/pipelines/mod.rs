@@ -1,4 +1,4 @@
-//! Published pipelines (RAPID, DP-RDM, DPAgg-TI): their claims mapped to [`DpEvent`]s under
+//! Published pipelines (plain DP-SGD, RAPID, DP-RDM, DPAgg-TI, diffusion sampling): their claims mapped to [`DpEvent`]s under
 //! each plausible interpretation, verdicts from sound accountants only ([`verdict`]), and
 //! executable mechanisms with ledgers and empirical audits ([`mechanisms`], [`audit`]).
 //!
@@ -12,6 +12,7 @@
 pub mod audit;
 pub mod diffusion_sampling;
 pub mod dp_rdm;
+pub mod dp_sgd;
 pub mod dpagg_ti;
 pub mod embeddings;
 pub mod mechanisms;
@@ -34,24 +35,34 @@ pub fn rdp_classic_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f
     acc.epsilon(event, neighbouring, delta).ok().map(|r| r.epsilon)
 }
 
-/// Verifies every claim of a file, in file order (RAPID, DP-RDM, DPAgg-TI, then diffusion-sampling
+/// Verifies every claim of a file, in file order (DP-SGD, RAPID, DP-RDM, DPAgg-TI, then diffusion-sampling
 /// tables). Claims are independent, so they are verified in parallel (rayon; results keep file
 /// order).
 pub fn verify_claims(file: &ClaimsFile) -> Result<Vec<ClaimResult>> {
+    verify_claims_with(file, &|| {})
+}
+
+/// [`verify_claims`], calling `done` once per verified claim (for progress by claim).
+pub fn verify_claims_with(file: &ClaimsFile, done: &(dyn Fn() + Sync)) -> Result<Vec<ClaimResult>> {
     use rayon::prelude::*;
-    let mut out: Vec<ClaimResult> = file.rapid.par_iter().map(rapid::verify).collect::<Result<_>>()?;
-    out.extend(file.dp_rdm.par_iter().map(dp_rdm::verify).collect::<Result<Vec<_>>>()?);
-    out.extend(
-        file.dpagg_ti
+    fn each<C: Sync>(
+        claims: &[C],
+        f: fn(&C) -> Result<ClaimResult>,
+        done: &(dyn Fn() + Sync),
+    ) -> Result<Vec<ClaimResult>> {
+        claims
             .par_iter()
-            .map(dpagg_ti::verify)
-            .collect::<Result<Vec<_>>>()?,
-    );
-    out.extend(
-        file.diffusion_sampling
-            .par_iter()
-            .map(diffusion_sampling::verify)
-            .collect::<Result<Vec<_>>>()?,
-    );
+            .map(|c| {
+                let r = f(c);
+                done();
+                r
+            })
+            .collect()
+    }
+    let mut out = each(&file.dp_sgd, dp_sgd::verify, done)?;
+    out.extend(each(&file.rapid, rapid::verify, done)?);
+    out.extend(each(&file.dp_rdm, dp_rdm::verify, done)?);
+    out.extend(each(&file.dpagg_ti, dpagg_ti::verify, done)?);
+    out.extend(each(&file.diffusion_sampling, diffusion_sampling::verify, done)?);
     Ok(out)
 }

@@ -68,7 +68,7 @@ pub fn account_event(
             }
             Err(e) => report.skipped.push(Skipped {
                 accountant: k,
-                reason: e.to_string(),
+                reason: crate::accountants::plain_reason(k, &e.to_string()),
             }),
         }
     }
@@ -125,7 +125,7 @@ pub fn account_delta(
             Ok(r) => report.results.push(r),
             Err(e) => report.skipped.push(Skipped {
                 accountant: k,
-                reason: e.to_string(),
+                reason: crate::accountants::plain_reason(k, &e.to_string()),
             }),
         }
     }

@@ -28,7 +28,8 @@ pub fn fmt_clean(x: f64) -> String {
     fmt(clean(x))
 }
 
-/// Human formatting of a number: up to 6 significant digits, scientific outside [1e-4, 1e6),
+/// Human formatting of a number: up to 6 significant digits (trailing zeros dropped),
+/// scientific outside [1e-4, 1e6),
 /// `∞` for infinity. Used by Markdown, HTML and plot ticks.
 pub fn fmt_num(x: f64) -> String {
     if x.is_nan() {
@@ -55,8 +56,8 @@ pub fn fmt_num(x: f64) -> String {
             s
         }
     } else {
-        let s = format!("{x:.4e}");
-        // 1.2300e-7 -> 1.23e-7
+        let s = format!("{x:.5e}");
+        // 1.23000e-7 -> 1.23e-7
         match s.split_once('e') {
             Some((m, e)) => {
                 let m = if m.contains('.') {
@@ -69,6 +70,12 @@ pub fn fmt_num(x: f64) -> String {
             None => s,
         }
     }
+}
+
+/// Six significant digits (as [`fmt_num`]): every number shown in text where full precision
+/// would be noise (`σk/2 = 0.475`, `q = 0.00426667`); JSON and CSV keep full precision.
+pub fn sig6(x: f64) -> String {
+    fmt_num(x)
 }
 
 /// Six decimals for ordinary magnitudes ([1e-4, 1e6) and 0), six-digit scientific otherwise:
@@ -109,6 +116,19 @@ pub fn debug(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn six_significant_digits() {
+        assert_eq!(sig6(0.8825307808952866), "0.882531");
+        assert_eq!(sig6(0.47500000000000003), "0.475");
+        assert_eq!(sig6(313530.478142), "313530");
+        assert_eq!(sig6(0.004266666666666667), "0.00426667");
+        assert_eq!(sig6(2.3047453757601376e-7), "2.30475e-7");
+        assert_eq!(sig6(4338874.092198518), "4.33887e6");
+        assert_eq!(sig6(1e-5), "1e-5");
+        assert_eq!(sig6(f64::INFINITY), "∞");
+        assert_eq!(sig6(0.0), "0");
+    }
 
     #[test]
     fn shortest_round_trip_and_clean() {

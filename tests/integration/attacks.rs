@@ -1021,3 +1021,89 @@ fn dp_removes_a_real_membership_signal() {
     let lim = r["limits"]["asr"].as_f64().unwrap();
     assert!(r["asr_heldout"].as_f64().unwrap() <= lim, "{r}");
 }
+
+/// Paths in a card are relative to the card's folder: a project folder (data, split and the
+/// trained checkpoint) moved elsewhere still works from another working directory; a card whose
+/// data is gone names the card file and the field.
+#[test]
+fn a_card_moved_with_its_folder_works_from_another_directory() {
+    let dir = tmp();
+    let p = dir.path().join("p");
+    std::fs::create_dir_all(p.join("data")).unwrap();
+    std::fs::copy(root().join("fixtures/data/digits.csv.gz"), p.join("data/digits.csv.gz")).unwrap();
+    std::fs::copy(root().join("fixtures/splits/digits.toml"), p.join("data/digits.toml")).unwrap();
+    let stem = p.join("out").join("m");
+    let o = tiny_train(
+        &stem,
+        &[
+            "--steps",
+            "5",
+            "--data",
+            p.join("data/digits.csv.gz").to_str().unwrap(),
+            "--split",
+            p.join("data/digits.toml").to_str().unwrap(),
+            "--dp",
+            "--noise-multiplier",
+            "1",
+            "--sample-rate",
+            "0.1",
+            "--clip",
+            "1",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = card(&p.join("out/m.toml"));
+    assert_eq!(c["data"]["file"].as_str(), Some("../data/digits.csv.gz"), "{c}");
+    assert_eq!(c["data"]["split"].as_str(), Some("../data/digits.toml"), "{c}");
+    // Move the whole folder, then work from inside it and from its parent.
+    let q = dir.path().join("q");
+    std::fs::rename(&p, &q).unwrap();
+    let run_in = |cwd: &std::path::Path, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+            .args(args)
+            .current_dir(cwd)
+            .output()
+            .unwrap()
+    };
+    let mia = [
+        "--attack",
+        "loss",
+        "--timesteps",
+        "10",
+        "--bootstrap",
+        "50",
+        "-q",
+        "--format",
+        "json",
+    ];
+    for (cwd, ck) in [(q.join("out"), "m.toml"), (dir.path().to_path_buf(), "q/out/m.toml")] {
+        let mut args = vec!["mia", "--checkpoint", ck];
+        args.extend_from_slice(&mia);
+        let o = run_in(&cwd, &args);
+        assert_eq!(o.status.code(), Some(0), "from {}: {}", cwd.display(), stderr(&o));
+    }
+    // The data gone: the error names the card and the field, not just a missing file.
+    std::fs::remove_file(q.join("data/digits.csv.gz")).unwrap();
+    let mut args = vec!["mia", "--checkpoint", "m.toml"];
+    args.extend_from_slice(&mia);
+    let o = run_in(&q.join("out"), &args);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("m.toml") && e.contains("data.file"), "{e}");
+}
+
+/// `train --out DIR/` is a folder like every other command's `--out DIR`: it receives
+/// DIR/<name>.toml and .safetensors (<name> = the folder's name); a stem still works.
+#[test]
+fn train_out_is_a_folder_when_it_ends_in_a_slash() {
+    let dir = tmp();
+    let folder = format!("{}/run/", dir.path().display());
+    let o = tiny_train(std::path::Path::new(&folder), &["--steps", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for f in ["run/run.toml", "run/run.safetensors"] {
+        assert!(dir.path().join(f).is_file(), "{f} missing");
+    }
+    let o = tiny_train(&dir.path().join("stem"), &["--steps", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(dir.path().join("stem.toml").is_file());
+}

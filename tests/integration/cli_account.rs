@@ -105,7 +105,7 @@ fn account_text_shows_ledger_kinds_and_sound_headline() {
     let o = dpaudit(&["account", "--event", "fixtures/events/full_batch.toml"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let s = stdout(&o);
-    assert!(s.contains("5 × :"), "{s}");
+    assert!(s.contains("repeat 5 times:"), "{s}");
     assert!(s.contains("Gaussian(noise_multiplier = 4"), "{s}");
     assert!(s.contains("gdp  ε = 2.548"), "{s}");
     assert!(s.contains("exact"), "{s}");

@@ -25,7 +25,7 @@ fn run(args: &[&str]) -> Output {
 
 /// One fast, shipped-fixture invocation per command (without output flags). `{tmp}` is replaced
 /// by a scratch folder (train writes a checkpoint stem there).
-const COMMANDS: [(&str, &[&str]); 9] = [
+const COMMANDS: [(&str, &[&str]); 10] = [
     ("account", &["account", "--event", "fixtures/events/full_batch.toml"]),
     (
         "calibrate",
@@ -111,6 +111,7 @@ const COMMANDS: [(&str, &[&str]); 9] = [
             "{tmp}/m",
         ],
     ),
+    ("model", &["model", "info", "fixtures/diffusers/unet-28-c1-attn"]),
 ];
 
 fn args_for(cmd: &str, tmp: &Path) -> Vec<String> {
@@ -306,10 +307,9 @@ fn every_command_writes_one_report_that_validates_and_rerenders() {
 fn format_listing_equals_formats_accepted() {
     let tmp = tempfile::tempdir().unwrap();
     for (cmd, args) in COMMANDS {
-        let sub: Vec<&str> = if cmd == "run" {
-            vec!["run", "dpagg-ti"]
-        } else {
-            vec![args[0]]
+        let sub: Vec<&str> = match cmd {
+            "run" | "model" => args[..2].to_vec(),
+            _ => vec![args[0]],
         };
         let mut help = sub.clone();
         help.push("-h");
@@ -607,11 +607,39 @@ fn progress_with_eta_on_a_terminal_and_off_when_piped_or_quiet() {
     let args: Vec<&str> = SLOW_SWEEP.split(' ').collect();
     let o = run(&args);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Piped: never a bar (no carriage returns); progress, if the work is long, as plain lines.
+    let err = stderr(&o);
+    assert!(!err.contains('\r') && !err.contains('\x1b'), "{err}");
     assert!(
-        !stderr(&o).contains("ETA") && !stderr(&o).contains('\r'),
-        "{}",
-        stderr(&o)
+        err.lines()
+            .filter(|l| l.contains("ETA"))
+            .all(|l| l.starts_with("sweep: ")),
+        "{err}"
     );
+}
+
+/// When stderr is not a terminal, long work writes a plain line every interval (here 0.02 s
+/// through `DPAUDIT_PROGRESS_INTERVAL`) in the unit of work, with the ETA unknown (`?`) until
+/// a unit is done; `-q` writes none.
+#[test]
+fn progress_lines_when_piped_count_the_unit_of_work() {
+    let args = ["verify", "fixtures/claims/dp-sgd.toml"];
+    let o = run_env(&args, &[("DPAUDIT_PROGRESS_INTERVAL", "0.02")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("verify: ")).collect();
+    assert!(!lines.is_empty(), "no progress line in a pipe: {err:?}");
+    for l in &lines {
+        assert!(l.contains("/6 claims (") && l.contains("elapsed, ETA "), "{l}");
+        if l.starts_with("verify: 0/") {
+            assert!(l.contains("ETA ?"), "an ETA before any claim is done: {l}");
+        }
+    }
+    assert!(!err.contains('\r'), "{err:?}");
+    let mut q = args.to_vec();
+    q.push("-q");
+    let o = run_env(&q, &[("DPAUDIT_PROGRESS_INTERVAL", "0.02")]);
+    assert!(!stderr(&o).contains("verify: "), "{}", stderr(&o));
 }
 
 /// Colour only on a terminal, and never with NO_COLOR.

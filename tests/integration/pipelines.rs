@@ -637,3 +637,127 @@ fn distinguishing_audit_bounds_and_catches_faults() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stdout(&o).contains("LEAKS MORE THAN ACCOUNTED"));
 }
+
+// ------------------------------------------------------------------------------------------
+// [[dp_sgd]] claims: Opacus' vocabulary, judged as `account` accounts the same job
+
+/// The smallest sound ε (`exact` or `upper_bound`) of `dpaudit account … --format json`.
+fn account_headline(args: &[String]) -> f64 {
+    let mut full: Vec<&str> = vec!["account"];
+    full.extend(args.iter().map(String::as_str));
+    full.extend(["--format", "json", "-q"]);
+    let o = dpaudit(&full);
+    assert_eq!(o.status.code(), Some(0), "{full:?}: {}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("account json");
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "exact" || r["kind"] == "upper_bound")
+        .filter_map(|r| r["epsilon"].as_f64())
+        .fold(f64::INFINITY, f64::min)
+}
+
+#[test]
+fn dp_sgd_claims_match_account_on_the_same_job() {
+    use dpaudit::config::claims::ClaimsFile;
+    use dpaudit::config::dpsgd::BatchSampling;
+    let path = "fixtures/claims/dp-sgd.toml";
+    let (code, v) = verify_json(path);
+    let file = ClaimsFile::load(&root().join(path)).unwrap();
+    assert!(file.dp_sgd.len() >= 5 && file.claim_count() == file.dp_sgd.len());
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &file.dp_sgd {
+        let r = claim(&v, &c.id);
+        assert_eq!(r["pipeline"], "dp_sgd");
+        let verdict = r["verdict"].as_str().unwrap().to_string();
+        seen.insert(verdict.clone());
+        let Some(sigma) = c.noise_multiplier else {
+            assert_eq!(verdict, "not_demonstrated", "{}", c.id);
+            assert!(r["calibrations"].as_array().is_some_and(|a| !a.is_empty()), "{}", c.id);
+            continue;
+        };
+        let (b, n) = (c.batch_size.get(), c.dataset_size.get());
+        let mut args: Vec<String> = vec![
+            "--noise-multiplier".into(),
+            sigma.get().to_string(),
+            "--delta".into(),
+            c.delta.get().to_string(),
+        ];
+        match (c.epochs, c.steps, c.sampling) {
+            (Some(e), None, s) => args.extend([
+                "--epochs".into(),
+                e.get().to_string(),
+                "--batch-size".into(),
+                b.to_string(),
+                "--dataset-size".into(),
+                n.to_string(),
+                "--sampling".into(),
+                s.as_str().into(),
+            ]),
+            (None, Some(t), BatchSampling::Poisson) => args.extend([
+                "--steps".into(),
+                t.get().to_string(),
+                "--sample-rate".into(),
+                (b as f64 / n as f64).to_string(),
+            ]),
+            other => panic!("{}: no account flags for {other:?}", c.id),
+        }
+        let headline = account_headline(&args);
+        let stated = r["interpretations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["stated"] == true)
+            .unwrap_or_else(|| panic!("{}: no stated interpretation", c.id));
+        let upper = stated["sound"]["upper"]["epsilon"].as_f64().unwrap();
+        assert!(
+            rel(upper, headline) < 1e-12,
+            "{}: verify {upper} vs account {headline}",
+            c.id
+        );
+        let claimed = c.epsilon.get();
+        if headline <= claimed {
+            assert_eq!(verdict, "holds", "{}: account ε = {headline} ≤ {claimed}", c.id);
+            assert_eq!(r["evidence"]["epsilon"].as_f64(), Some(headline), "{}", c.id);
+        } else {
+            assert_ne!(verdict, "holds", "{}: account ε = {headline} > {claimed}", c.id);
+            if verdict == "violated" {
+                let lower = r["evidence"]["epsilon"].as_f64().unwrap();
+                assert!(lower > claimed && lower <= headline, "{}: lower {lower}", c.id);
+            }
+        }
+    }
+    // The fixture shows every verdict, and the exit code says a claim failed.
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["holds", "not_demonstrated", "violated"]
+    );
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn dp_sgd_output_speaks_of_dp_sgd_only_and_help_lists_every_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = dpaudit(&["verify", "fixtures/claims/dp-sgd.toml", "--out", d, "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let mut texts = vec![stdout(&o)];
+    for f in ["report.md", "report.html", "report.json", "verify.json", "verify.csv"] {
+        texts.push(std::fs::read_to_string(dir.path().join(f)).unwrap());
+    }
+    for t in &texts {
+        for word in ["RAPID", "rapid", "Theorem 1", "Algorithm 2"] {
+            assert!(!t.contains(word), "`{word}` in the output of a [[dp_sgd]] file:\n{t}");
+        }
+    }
+    assert!(
+        texts[0].contains("[dp_sgd]") && texts[0].contains("poisson_add_remove"),
+        "{}",
+        texts[0]
+    );
+    let h = stdout(&dpaudit(&["verify", "--help"]));
+    for (t, _) in dpaudit::config::claims::TABLES {
+        assert!(h.contains(&format!("[[{t}]]")), "verify --help lacks [[{t}]]:\n{h}");
+    }
+}
