@@ -264,13 +264,21 @@ pub fn score_shard(
     let base = all.len();
     let mut out = Vec::new();
     // Progress counts images: each (attack, step) unit of the bar becomes the images it scores.
-    let n_canaries = rows.canaries.as_ref().map_or(0, |c| (0..c.len()).filter(|&j| mine(base + j)).count());
+    let n_canaries = rows
+        .canaries
+        .as_ref()
+        .map_or(0, |c| (0..c.len()).filter(|&j| mine(base + j)).count());
     let per_unit = |kind: AttackKind| {
-        (split_pos.len() + if matches!(kind.target(), Target::Checkpoint) { n_canaries } else { 0 }) as u64
+        (split_pos.len()
+            + if matches!(kind.target(), Target::Checkpoint) {
+                n_canaries
+            } else {
+                0
+            }) as u64
     };
     if let Some(b) = bar {
-        let extra: u64 = plan.attacks.iter().map(|&k| per_unit(k).saturating_sub(1)).sum::<u64>()
-            * plan.timesteps.len() as u64;
+        let extra: u64 =
+            plan.attacks.iter().map(|&k| per_unit(k).saturating_sub(1)).sum::<u64>() * plan.timesteps.len() as u64;
         b.inc_length(extra);
     }
     for &kind in &plan.attacks {

@@ -330,8 +330,10 @@ fn check_golden_analyze_json(stem: &str, v: &serde_json::Value) {
             assert_eq!(gdp["kind"], "upper_bound");
         }
         // digits-trajectories is data-dependent; diffusers-ddpm-ddim50 is the scheduler_config
-        // twin of ddpm-linear-ddim50, checked against it step for step in diffusers.rs.
-        "digits-trajectories" | "diffusers-ddpm-ddim50" => {}
+        // twin of ddpm-linear-ddim50, checked against it step for step in diffusers.rs;
+        // sd-ddim50 is the native twin of the Stable-Diffusion DDIMScheduler config, checked
+        // against it step for step (stable_diffusion_scheduler_config_analyses_to_the_native_per_step_mu).
+        "digits-trajectories" | "diffusers-ddpm-ddim50" | "sd-ddim50" => {}
         other => panic!("golden {other}: add an independent check here or review it in fixtures/golden/README.md"),
     }
 }
