@@ -420,8 +420,8 @@ pub fn clt_summary(steps: &[(f64, f64, u64)]) -> Result<CltSummary> {
                 format!(
                     "one step (entry {i}: p = {}, μ = {}) carries {:.1}% of s² = Σκ₂ (about {:.1} effective steps); \
                      the CLT (DRS Thm 3.5) needs many comparable steps",
-                    crate::report::num::sig6(p),
-                    crate::report::num::sig6(mu),
+                    crate::numeric::format::sig6(p),
+                    crate::numeric::format::sig6(mu),
                     100.0 * r,
                     1.0 / r
                 ),

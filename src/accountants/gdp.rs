@@ -97,7 +97,7 @@ pub fn composed_mu(event: &DpEvent) -> Result<f64> {
                 let path = at.map(|(p, _)| format!("{p}: ")).unwrap_or_default();
                 let how = match s {
                     crate::events::Sampling::Poisson { q } => {
-                        format!("Poisson sampling, q = {}", crate::report::num::sig6(q))
+                        format!("Poisson sampling, q = {}", crate::numeric::format::sig6(q))
                     }
                     crate::events::Sampling::WithoutReplacement { n, m } => {
                         format!("sampling without replacement, {m} of {n}")

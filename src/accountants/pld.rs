@@ -2222,9 +2222,9 @@ impl PldAccountant {
                                  bound of the same event, labelled rdp",
                                 // Near 1, six significant digits of 1 − floor say more than of floor.
                                 if floor > 0.999 && floor < 1.0 {
-                                    format!("1 − {}", crate::report::num::sig6(1.0 - floor))
+                                    format!("1 − {}", crate::numeric::format::sig6(1.0 - floor))
                                 } else {
-                                    crate::report::num::sig6(floor)
+                                    crate::numeric::format::sig6(floor)
                                 }
                             ),
                             false,

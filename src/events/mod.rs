@@ -370,7 +370,7 @@ impl DpEvent {
     }
 
     fn write_ledger(&self, depth: usize, s: &mut String) {
-        use crate::report::num::sig6;
+        use crate::numeric::format::sig6;
         let pad = "  ".repeat(depth);
         match self {
             DpEvent::NoOp => s.push_str(&format!("{pad}no-op\n")),

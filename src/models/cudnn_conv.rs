@@ -2,7 +2,7 @@
 //!
 //! candle's own cuDNN path leaves the convolution descriptor at `CUDNN_DEFAULT_MATH`, which on
 //! Ampere and later lets cuDNN run fp32 convolutions on tensor cores with TF32 inputs: not the
-//! fp32 the report promises. This op sets the math type from [`super::precision`] on every call
+//! fp32 the report promises. This op sets the math type of `--precision` ([`Math`]) on every call
 //! (`CUDNN_FMA_MATH` for fp32, as PyTorch does with `torch.backends.cudnn.allow_tf32 = False`;
 //! `CUDNN_DEFAULT_MATH` for tf32; `CUDNN_TENSOR_OP_MATH` for bf16 data with f32 accumulation),
 //! and caches cuDNN's heuristic algorithm choice per shape (PyTorch's `benchmark = False`).
@@ -21,7 +21,17 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Shape, WithDType};
 use cudarc::cudnn::{sys, ConvForward, Cudnn, CudnnDataType};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 
-use super::precision::Precision;
+/// The arithmetic cuDNN may use: `--precision` as this op sees it (the models' precision module
+/// maps its setting here, so this module does not depend on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Math {
+    /// IEEE fp32 (`CUDNN_FMA_MATH`).
+    Fp32,
+    /// TF32 tensor cores for f32 data (`CUDNN_DEFAULT_MATH`).
+    Tf32,
+    /// Tensor cores for bf16 data with f32 accumulation (`CUDNN_TENSOR_OP_MATH`).
+    Bf16,
+}
 
 /// `y = conv2d(x, w)` (no bias), stride and padding equal in both directions, dilation 1.
 pub struct CudnnConv2d {
@@ -30,7 +40,7 @@ pub struct CudnnConv2d {
     /// Stride.
     pub stride: usize,
     /// Which arithmetic cuDNN may use.
-    pub precision: Precision,
+    pub precision: Math,
 }
 
 type Key = ([i32; 4], [i32; 4], usize, usize, u8, u8);
@@ -59,9 +69,9 @@ fn cerr<E: std::fmt::Debug>(e: E) -> candle_core::Error {
 impl CudnnConv2d {
     fn math(&self) -> sys::cudnnMathType_t {
         match self.precision {
-            Precision::Fp32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
-            Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-            Precision::Bf16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+            Math::Fp32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+            Math::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            Math::Bf16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
         }
     }
 

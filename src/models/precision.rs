@@ -104,7 +104,11 @@ pub fn conv2d(c: &Conv2d, x: &Tensor) -> candle_core::Result<Tensor> {
         let op = super::cudnn_conv::CudnnConv2d {
             padding: cfg.padding,
             stride: cfg.stride,
-            precision: current(),
+            precision: match current() {
+                Precision::Fp32 => super::cudnn_conv::Math::Fp32,
+                Precision::Tf32 => super::cudnn_conv::Math::Tf32,
+                Precision::Bf16 => super::cudnn_conv::Math::Bf16,
+            },
         };
         let y = x
             .contiguous()?

@@ -5,6 +5,7 @@
 //! and the models' matrix work goes through candle tensors.
 
 pub mod dd;
+pub mod format;
 pub mod json;
 pub mod normal_tail;
 pub mod roots;
