@@ -1057,55 +1057,10 @@ impl Unet2dModel {
         Ok(Tensor::from_vec(v, (t.len(), width), device)?)
     }
 
-    /// The time features before the embedding MLP, [B, width] row-major.
+    /// The time features before the embedding MLP, [B, width] row-major ([`time_features`]).
     fn time_features_host(&self, t: &[f64]) -> Result<Vec<f32>> {
-        let c0 = self.config.block_out_channels[0];
-        match self.config.time_embedding {
-            TimeEmbedding::Positional {
-                flip_sin_to_cos,
-                freq_shift,
-            } => {
-                // diffusers `get_timestep_embedding`, evaluated in f32 as PyTorch does:
-                // exponent_i = −ln(10000)·i/(half − shift), arg = t·exp(exponent_i).
-                let half = c0 / 2;
-                let ln = -(10000f32.ln());
-                let freqs: Vec<f32> = (0..half)
-                    .map(|i| (ln * i as f32 / (half as f32 - freq_shift as f32)).exp())
-                    .collect();
-                let mut out = vec![0f32; t.len() * c0];
-                for (r, &tt) in t.iter().enumerate() {
-                    let row = &mut out[r * c0..(r + 1) * c0];
-                    for (i, &f) in freqs.iter().enumerate() {
-                        let a = (tt as f32 * f) as f64;
-                        let (s, co) = (a.sin() as f32, a.cos() as f32);
-                        if flip_sin_to_cos {
-                            row[i] = co;
-                            row[half + i] = s;
-                        } else {
-                            row[i] = s;
-                            row[half + i] = co;
-                        }
-                    }
-                }
-                Ok(out)
-            }
-            TimeEmbedding::Fourier => {
-                let w: Vec<f32> = self.fourier_w.as_ref().unwrap().to_vec1()?;
-                let pi = std::f32::consts::PI;
-                let mut out = vec![0f32; t.len() * 2 * c0];
-                for (r, &tt) in t.iter().enumerate() {
-                    let lt = (tt as f32).ln();
-                    let row = &mut out[r * 2 * c0..(r + 1) * 2 * c0];
-                    for (i, &wi) in w.iter().enumerate() {
-                        // x·W·2·π in f32, in diffusers' order of operations.
-                        let a = (lt * wi * 2.0 * pi) as f64;
-                        row[i] = a.sin() as f32;
-                        row[c0 + i] = a.cos() as f32;
-                    }
-                }
-                Ok(out)
-            }
-        }
+        let w: Option<Vec<f32>> = self.fourier_w.as_ref().map(|w| w.to_vec1()).transpose()?;
+        Ok(time_features(&self.config, w.as_deref(), t))
     }
 
     /// The model output for a batch `x` (B, C, H, W) at timesteps `t` (one per row): on the CPU
@@ -1256,6 +1211,57 @@ impl Unet2dModel {
             return Ok(out.broadcast_div(&tt)?);
         }
         Ok(out)
+    }
+}
+
+/// The time features before the embedding MLP, [B, width] row-major, in f32 as diffusers
+/// computes them: `get_timestep_embedding` (exponent_i = −ln(10000)·i/(half − shift),
+/// arg = t·exp(exponent_i)), or `GaussianFourierProjection` of ln t with the weights `fourier_w`
+/// (x·W·2·π in diffusers' order of operations). Shared by the inference and training UNets.
+pub(crate) fn time_features(config: &Unet2dConfig, fourier_w: Option<&[f32]>, t: &[f64]) -> Vec<f32> {
+    let c0 = config.block_out_channels[0];
+    match config.time_embedding {
+        TimeEmbedding::Positional {
+            flip_sin_to_cos,
+            freq_shift,
+        } => {
+            let half = c0 / 2;
+            let ln = -(10000f32.ln());
+            let freqs: Vec<f32> = (0..half)
+                .map(|i| (ln * i as f32 / (half as f32 - freq_shift as f32)).exp())
+                .collect();
+            let mut out = vec![0f32; t.len() * c0];
+            for (r, &tt) in t.iter().enumerate() {
+                let row = &mut out[r * c0..(r + 1) * c0];
+                for (i, &f) in freqs.iter().enumerate() {
+                    let a = (tt as f32 * f) as f64;
+                    let (s, co) = (a.sin() as f32, a.cos() as f32);
+                    if flip_sin_to_cos {
+                        row[i] = co;
+                        row[half + i] = s;
+                    } else {
+                        row[i] = s;
+                        row[half + i] = co;
+                    }
+                }
+            }
+            out
+        }
+        TimeEmbedding::Fourier => {
+            let w = fourier_w.unwrap_or(&[]);
+            let pi = std::f32::consts::PI;
+            let mut out = vec![0f32; t.len() * 2 * c0];
+            for (r, &tt) in t.iter().enumerate() {
+                let lt = (tt as f32).ln();
+                let row = &mut out[r * 2 * c0..(r + 1) * 2 * c0];
+                for (i, &wi) in w.iter().enumerate() {
+                    let a = (lt * wi * 2.0 * pi) as f64;
+                    row[i] = a.sin() as f32;
+                    row[c0 + i] = a.cos() as f32;
+                }
+            }
+            out
+        }
     }
 }
 

@@ -140,55 +140,6 @@ fn unfold(x: &Tensor, k: usize, stride: usize, pad: usize) -> Result<Tensor> {
     Ok(Tensor::stack(&cols, 2)?.reshape((b, c * k * k, ho * wo))?)
 }
 
-/// The time features before the embedding MLP, [B, width] row-major, in f32 as diffusers
-/// computes them (`get_timestep_embedding`; `GaussianFourierProjection` of log t).
-fn time_features(config: &Unet2dConfig, fourier_w: Option<&[f32]>, t: &[f64]) -> Vec<f32> {
-    let c0 = config.block_out_channels[0];
-    match config.time_embedding {
-        TimeEmbedding::Positional {
-            flip_sin_to_cos,
-            freq_shift,
-        } => {
-            let half = c0 / 2;
-            let ln = -(10000f32.ln());
-            let freqs: Vec<f32> = (0..half)
-                .map(|i| (ln * i as f32 / (half as f32 - freq_shift as f32)).exp())
-                .collect();
-            let mut out = vec![0f32; t.len() * c0];
-            for (r, &tt) in t.iter().enumerate() {
-                let row = &mut out[r * c0..(r + 1) * c0];
-                for (i, &f) in freqs.iter().enumerate() {
-                    let a = (tt as f32 * f) as f64;
-                    let (s, co) = (a.sin() as f32, a.cos() as f32);
-                    if flip_sin_to_cos {
-                        row[i] = co;
-                        row[half + i] = s;
-                    } else {
-                        row[i] = s;
-                        row[half + i] = co;
-                    }
-                }
-            }
-            out
-        }
-        TimeEmbedding::Fourier => {
-            let w = fourier_w.unwrap_or(&[]);
-            let pi = std::f32::consts::PI;
-            let mut out = vec![0f32; t.len() * 2 * c0];
-            for (r, &tt) in t.iter().enumerate() {
-                let lt = (tt as f32).ln();
-                let row = &mut out[r * 2 * c0..(r + 1) * 2 * c0];
-                for (i, &wi) in w.iter().enumerate() {
-                    let a = (lt * wi * 2.0 * pi) as f64;
-                    row[i] = a.sin() as f32;
-                    row[c0 + i] = a.cos() as f32;
-                }
-            }
-            out
-        }
-    }
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Updown {
     None,
@@ -583,7 +534,7 @@ impl TrainUnet {
         };
         let c0 = cfg.block_out_channels[0];
         let temb = 4 * c0;
-        let tf = time_features(cfg, self.fourier_w.as_deref(), t);
+        let tf = super::unet2d::time_features(cfg, self.fourier_w.as_deref(), t);
         let width = tf.len() / b.max(1);
         let tf = Tensor::from_vec(tf, (b, width), dev)?;
         let emb = self.linear(
