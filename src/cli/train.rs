@@ -123,6 +123,12 @@ pub struct Args {
     /// private rows is refused.
     #[arg(long)]
     pub init: Option<PathBuf>,
+    /// With --unet: every N steps, rewrite <out>/checkpoint/ with the folder the run would
+    /// release at that step (EMA weights, card, and for --dp the ledger of the steps so far), so
+    /// a long run that stops early leaves a usable, accounted model. Resume with
+    /// `--init <out>/checkpoint --steps <the rest>` (the ledgers compose; Adam and EMA restart).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
     /// Seed every draw (weights, batches, DP sampling and noise) for a reproducible run. The
     /// card then says "seeded: not private against anyone who knows the seed". Without it, DP
     /// randomness comes from the operating system's CSPRNG.
@@ -218,6 +224,13 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     }
     if let Some(unet) = a.unet.clone() {
         return crate::cli::train_unet::run(a, &unet, outputs);
+    }
+    if a.checkpoint_every.is_some() {
+        return Err(Error::field(
+            "--checkpoint-every",
+            "periodic checkpoints are written by `train --unet` runs",
+        )
+        .into());
     }
     let Some(out) = a.out.clone().map(folder_or_stem) else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/digits-mlp/").into());

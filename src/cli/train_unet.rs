@@ -37,6 +37,16 @@ pub fn run(
     for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
         dpaudit::report::output::check_file(&out.join(f), a.force)?;
     }
+    match a.checkpoint_every {
+        Some(0) => return Err(Error::field("--checkpoint-every", "must be ≥ 1").into()),
+        Some(_) => {
+            let dir = out.join(diffusers_train::CHECKPOINT_DIR);
+            for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
+                dpaudit::report::output::check_file(&dir.join(f), a.force)?;
+            }
+        }
+        None => {}
+    }
     // --data / --split default to the 8×8 digits; a UNet takes images: the shipped MNIST.
     let (data, split) =
         if a.data == Path::new("fixtures/data/digits.csv.gz") && a.split == Path::new("fixtures/splits/digits.toml") {
@@ -75,6 +85,7 @@ pub fn run(
         command: dpaudit::report::command_line(),
         quiet: a.quiet,
         force: a.force,
+        checkpoint_every: a.checkpoint_every,
     };
     Ok(outputs.emit(dpaudit::audit::train::execute_unet(&plan, &dev, &dev_name)?)?)
 }

@@ -313,6 +313,8 @@ pub struct UnetTrainPlan {
     pub quiet: bool,
     /// Replace an earlier run's files.
     pub force: bool,
+    /// Rewrite `OUT/checkpoint/` every this many steps (None: no periodic checkpoints).
+    pub checkpoint_every: Option<usize>,
 }
 
 /// What a run wrote and spent.
@@ -373,6 +375,24 @@ impl Ema {
             *s = ((&*s * d)? + (v.as_tensor().detach() * (1.0 - d))?)?;
         }
         Ok(())
+    }
+    /// The average as it would be applied now (the steps since the last update folded in),
+    /// without changing the average.
+    fn snapshot(&self, m: &TrainUnet) -> Result<Vec<Tensor>> {
+        let pending = self.step % Self::EVERY;
+        if self.decay == 0.0 || pending == 0 {
+            if self.decay == 0.0 {
+                return m.vars().iter().map(|v| Ok(v.as_tensor().copy()?)).collect();
+            }
+            return Ok(self.shadow.clone());
+        }
+        let n = self.step as f64;
+        let d = self.decay.min((1.0 + n) / (10.0 + n)).powi(pending as i32);
+        self.shadow
+            .iter()
+            .zip(m.vars())
+            .map(|(s, v)| Ok(((s * d)? + (v.as_tensor().detach() * (1.0 - d))?)?))
+            .collect()
     }
     /// Writes the average into the model, first folding in the steps since the last update
     /// (a run shorter than 10 steps would otherwise release its initial weights).
@@ -627,6 +647,26 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
             .unwrap_or_default()
     );
+    let folder = Folder {
+        plan,
+        images: &images,
+        private_ix: &private_ix,
+        config_text: &config_text,
+        config_source: &config_source,
+        config: &config,
+        parameters: model.parameters(),
+        sched_text: &sched_text,
+        schedule: &schedule,
+        canaries: canaries.as_ref(),
+        n,
+        t_max,
+        device_name,
+        init_ledger: init_ledger.as_ref(),
+        eval_rows: &eval_rows,
+        eval_on,
+        eval_seed,
+        before,
+    };
     let vars = model.vars();
     let names = model.names();
     let mut opt = AdamW::new(
@@ -708,6 +748,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 ledger.push(step_event.clone());
                 bar.inc(1);
                 log.step(step + 1);
+                folder.checkpoint(&model, &ema, step + 1, &ledger)?;
             }
         }
         None => {
@@ -731,187 +772,27 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 total_batch += b;
                 bar.inc(1);
                 log.step(step + 1);
+                folder.checkpoint(&model, &ema, step + 1, &ledger)?;
             }
         }
     }
     bar.finish_and_clear();
-    ema.apply(&model)?;
-    let after = eval_loss(
-        &model,
-        &schedule,
-        &eval_rows,
-        images.shape,
-        (plan.t_min, t_max),
-        eval_seed,
-    )?;
-    let mut lines = Vec::new();
-    // The whole ledger: the init's, then this run's.
-    let event = plan.dp.as_ref().map(|_| {
-        let ev = ledger.build();
-        match &init_ledger {
-            Some((prev, _)) => DpEvent::Composed {
-                events: vec![prev.clone(), ev],
-            },
-            None => ev,
-        }
-    });
-    let randomness = if plan.seed.is_some() {
-        RANDOMNESS_SEEDED
-    } else {
-        RANDOMNESS_OS
-    };
-    let weights = model.safetensors_bytes()?;
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut dp_info = None;
-    if let (Some(d), Some(ev)) = (&plan.dp, &event) {
-        let eps = epsilon_of(ev, d.delta);
-        let text = super::dp::ledger_toml(
-            ev,
-            d.delta,
-            &format!(
-                "DpEvent that ran in `{}`{}\n(DP-SGD as Opacus runs it: Poisson sampling q = {}, per-sample clipping C = {}, Gaussian noise σ·C with σ = {}, add/remove-one neighbours)\nrandomness: {randomness}\n{}",
-                plan.command,
-                init_ledger
-                    .as_ref()
-                    .map(|(_, p)| format!(", after the ledger of --init ({})", p.display()))
-                    .unwrap_or_default(),
-                d.sample_rate,
-                d.clip,
-                d.noise_multiplier,
-                crate::report::output::released_line(WEIGHTS, &weights)
-            ),
-        )?;
-        lines.push(match &eps {
-            Some((e, acc)) => format!(
-                "ε spent: {} at δ = {} ({acc}; the whole ledger{})",
-                fmt_num(*e),
-                fmt_num(d.delta),
-                if init_ledger.is_some() {
-                    ", composed with the --init ledger"
-                } else {
-                    ""
-                }
-            ),
-            None => "ε spent: no sound accountant supports this ledger".to_string(),
-        });
+    if let Some(d) = &plan.dp {
         eprintln!(
             "mean Poisson batch: {:.1} (expected {:.1})",
             total_batch as f64 / plan.steps as f64,
             d.sample_rate * n as f64
         );
-        dp_info = Some(DpInfo {
-            noise_multiplier: d.noise_multiplier,
-            clip: d.clip,
-            sample_rate: d.sample_rate,
-            steps: plan.steps as u64,
-            delta: d.delta,
-            per_sample: if d.per_sample_loop { "loop" } else { "batched" }.into(),
-            ledger: LEDGER.into(),
-            epsilon: eps.as_ref().map(|e| e.0),
-            epsilon_accountant: eps.as_ref().map(|e| e.1.clone()),
-            init_ledger: init_ledger
-                .as_ref()
-                .map(|(_, p)| super::checkpoint::card_relative(p, &plan.out)),
-            rapid: None,
-            ledger_sha256: Some(sha256_hex(text.as_bytes())),
-        });
-        files.push((LEDGER.into(), text.into_bytes()));
     }
-    let canary_info = match &canaries {
-        Some(c) => {
-            let bytes = c.to_csv().into_bytes();
-            lines.push(format!(
-                "{} canaries ({} included) in {}: the inclusion bits are the audit's secret; keep the file from whoever the audit models",
-                c.len(),
-                n - private_ix.len(),
-                plan.out.join(CANARIES).display()
-            ));
-            let info = CanaryInfo {
-                file: CANARIES.into(),
-                sha256: sha256_hex(&bytes),
-                count: c.len(),
-            };
-            files.push((CANARIES.into(), bytes));
-            Some(info)
-        }
-        None => None,
-    };
-    let config_bytes = config_text.into_bytes();
-    let card = UnetCard {
-        schema_version: 1,
-        format: "diffusers UNet2DModel".into(),
-        architecture: config.describe(),
-        config_source,
-        config_sha256: sha256_hex(&config_bytes),
-        weights_sha256: sha256_hex(&weights),
-        scheduler_sha256: sha256_hex(sched_text.as_bytes()),
-        parameters: model.parameters(),
-        timesteps: plan.timesteps,
-        beta_start: plan.beta_start,
-        beta_end: plan.beta_end,
-        data: DataInfo {
-            file: super::checkpoint::card_relative(&plan.data, &plan.out),
-            sha256: images.sha256.clone(),
-            split: super::checkpoint::card_relative(&plan.split, &plan.out),
-            split_sha256: sha256_file(&plan.split)?,
-            trained_on: plan.on,
-            rows_sha256: indices_sha256(&private_ix),
-            rows: private_ix.len(),
-        },
-        training: TrainingInfo {
-            seed: plan.seed,
-            randomness: randomness.to_string(),
-            steps: plan.steps,
-            batch_size: match &plan.dp {
-                Some(d) => (d.sample_rate * n as f64).round() as usize,
-                None => plan.batch_size,
-            },
-            lr: plan.lr,
-            ema_decay: plan.ema,
-            t_min: plan.t_min,
-            t_max,
-            device: device_name.to_string(),
-            command: plan.command.clone(),
-            eval_loss_before: Some(before),
-            eval_loss_after: Some(after),
-            eval_on: Some(eval_on.to_string()),
-            init: plan
-                .init
-                .as_ref()
-                .map(|p| super::checkpoint::card_relative(p, &plan.out)),
-        },
-        dp: dp_info,
-        canaries: canary_info,
-    };
-    let record = serde_json::json!({
-        "trained_on": format!("{:?}", plan.on).to_lowercase(),
-        "split": plan.split.display().to_string(),
-        "members_sha256": indices_sha256(&private_ix),
-        "data_sha256": images.sha256,
-        "rows": private_ix.len(),
-        "canaries": canaries.as_ref().map(|c| c.len()),
-        "steps": plan.steps,
-        "command": plan.command,
-        "dp": card.dp.as_ref().map(|d| serde_json::json!({
-            "noise_multiplier": d.noise_multiplier, "clip": d.clip, "sample_rate": d.sample_rate,
-            "steps": d.steps, "ledger": LEDGER })),
-    });
-    files.push(("config.json".into(), config_bytes));
-    files.push((WEIGHTS.into(), weights));
-    files.push((SCHEDULER.into(), sched_text.into_bytes()));
-    let card_text = format!(
-        "# dpaudit card of a diffusers UNet2DModel folder: architecture, data/split hashes, training settings, the command, for DP runs the ε spent.\n{}",
-        toml::to_string(&card).map_err(|e| Error::input(e.to_string()))?
-    );
-    files.push((CARD.into(), card_text.into_bytes()));
-    files.push((
-        TRAINING.into(),
-        (serde_json::to_string_pretty(&record).map_err(|e| Error::input(e.to_string()))? + "\n").into_bytes(),
-    ));
+    ema.apply(&model)?;
+    let after = folder.eval(&model)?;
+    let weights = model.safetensors_bytes()?;
+    let (card, event, mut lines, files) = folder.files(&plan.out, plan.steps, &ledger, weights, after)?;
     std::fs::create_dir_all(&plan.out).map_err(|e| Error::io(&plan.out, &e))?;
     crate::report::output::commit_set(&plan.out, None, &files, plan.force)?;
     lines.push(format!(
-        "denoising loss on the {eval_on} (fixed evaluation draws): {before:.4} -> {after:.4}"
+        "denoising loss on the {} (fixed evaluation draws): {:.4} -> {after:.4}",
+        folder.eval_on, folder.before
     ));
     if plan.seed.is_some() {
         lines.push(format!("training randomness: {RANDOMNESS_SEEDED}"));
@@ -933,6 +814,263 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         event,
         lines,
     })
+}
+
+/// The sub-folder of `--out` that `--checkpoint-every N` rewrites every N steps.
+pub const CHECKPOINT_DIR: &str = "checkpoint";
+
+/// What every folder a run writes (the final one and each periodic checkpoint) is built from:
+/// the run's fixed context, so that a checkpoint is exactly the folder the run would have
+/// written had it been asked for that many steps.
+struct Folder<'a> {
+    plan: &'a UnetTrainPlan,
+    images: &'a ImageSet,
+    private_ix: &'a [usize],
+    config_text: &'a str,
+    config_source: &'a str,
+    config: &'a Unet2dConfig,
+    parameters: usize,
+    sched_text: &'a str,
+    schedule: &'a Schedule,
+    canaries: Option<&'a Canaries>,
+    /// Private rows including the included canaries.
+    n: usize,
+    t_max: usize,
+    device_name: &'a str,
+    init_ledger: Option<&'a (DpEvent, PathBuf)>,
+    eval_rows: &'a [f32],
+    eval_on: &'a str,
+    eval_seed: u64,
+    before: f64,
+}
+
+impl Folder<'_> {
+    /// The evaluation loss of the model's current weights (fixed draws).
+    fn eval(&self, m: &TrainUnet) -> Result<f64> {
+        eval_loss(
+            m,
+            self.schedule,
+            self.eval_rows,
+            self.images.shape,
+            (self.plan.t_min, self.t_max),
+            self.eval_seed,
+        )
+    }
+
+    /// The files of the folder `dir` after `steps` steps of this run whose events are in
+    /// `ledger`: the card, the whole ledger (the init's composed with this run's), the
+    /// canaries, the diffusers files. Returns the card, the whole event, the lines for the
+    /// user and the files.
+    #[allow(clippy::type_complexity)]
+    fn files(
+        &self,
+        dir: &Path,
+        steps: usize,
+        ledger: &EventBuilder,
+        weights: Vec<u8>,
+        after: f64,
+    ) -> Result<(UnetCard, Option<DpEvent>, Vec<String>, Vec<(String, Vec<u8>)>)> {
+        let plan = self.plan;
+        let n = self.n;
+        let mut lines = Vec::new();
+        // The whole ledger: the init's, then this run's.
+        let event = plan.dp.as_ref().map(|_| {
+            let ev = ledger.build();
+            match self.init_ledger {
+                Some((prev, _)) => DpEvent::Composed {
+                    events: vec![prev.clone(), ev],
+                },
+                None => ev,
+            }
+        });
+        let randomness = if plan.seed.is_some() {
+            RANDOMNESS_SEEDED
+        } else {
+            RANDOMNESS_OS
+        };
+        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut dp_info = None;
+        if let (Some(d), Some(ev)) = (&plan.dp, &event) {
+            let eps = epsilon_of(ev, d.delta);
+            let text = super::dp::ledger_toml(
+                ev,
+                d.delta,
+                &format!(
+                    "DpEvent that ran in `{}`{}{}\n(DP-SGD as Opacus runs it: Poisson sampling q = {}, per-sample clipping C = {}, Gaussian noise σ·C with σ = {}, add/remove-one neighbours)\nrandomness: {randomness}\n{}",
+                    plan.command,
+                    if steps < plan.steps {
+                        format!(" (its first {steps} of {} steps: a periodic checkpoint)", plan.steps)
+                    } else {
+                        String::new()
+                    },
+                    self.init_ledger
+                        .map(|(_, p)| format!(", after the ledger of --init ({})", p.display()))
+                        .unwrap_or_default(),
+                    d.sample_rate,
+                    d.clip,
+                    d.noise_multiplier,
+                    crate::report::output::released_line(WEIGHTS, &weights)
+                ),
+            )?;
+            lines.push(match &eps {
+                Some((e, acc)) => format!(
+                    "ε spent: {} at δ = {} ({acc}; the whole ledger{})",
+                    fmt_num(*e),
+                    fmt_num(d.delta),
+                    if self.init_ledger.is_some() {
+                        ", composed with the --init ledger"
+                    } else {
+                        ""
+                    }
+                ),
+                None => "ε spent: no sound accountant supports this ledger".to_string(),
+            });
+            dp_info = Some(DpInfo {
+                noise_multiplier: d.noise_multiplier,
+                clip: d.clip,
+                sample_rate: d.sample_rate,
+                steps: steps as u64,
+                delta: d.delta,
+                per_sample: if d.per_sample_loop { "loop" } else { "batched" }.into(),
+                ledger: LEDGER.into(),
+                epsilon: eps.as_ref().map(|e| e.0),
+                epsilon_accountant: eps.as_ref().map(|e| e.1.clone()),
+                init_ledger: self.init_ledger.map(|(_, p)| super::checkpoint::card_relative(p, dir)),
+                rapid: None,
+                ledger_sha256: Some(sha256_hex(text.as_bytes())),
+            });
+            files.push((LEDGER.into(), text.into_bytes()));
+        }
+        let canary_info = match self.canaries {
+            Some(c) => {
+                let bytes = c.to_csv().into_bytes();
+                lines.push(format!(
+                    "{} canaries ({} included) in {}: the inclusion bits are the audit's secret; keep the file from whoever the audit models",
+                    c.len(),
+                    n - self.private_ix.len(),
+                    dir.join(CANARIES).display()
+                ));
+                let info = CanaryInfo {
+                    file: CANARIES.into(),
+                    sha256: sha256_hex(&bytes),
+                    count: c.len(),
+                };
+                files.push((CANARIES.into(), bytes));
+                Some(info)
+            }
+            None => None,
+        };
+        let config_bytes = self.config_text.as_bytes().to_vec();
+        let card = UnetCard {
+            schema_version: 1,
+            format: "diffusers UNet2DModel".into(),
+            architecture: self.config.describe(),
+            config_source: self.config_source.to_string(),
+            config_sha256: sha256_hex(&config_bytes),
+            weights_sha256: sha256_hex(&weights),
+            scheduler_sha256: sha256_hex(self.sched_text.as_bytes()),
+            parameters: self.parameters,
+            timesteps: plan.timesteps,
+            beta_start: plan.beta_start,
+            beta_end: plan.beta_end,
+            data: DataInfo {
+                file: super::checkpoint::card_relative(&plan.data, dir),
+                sha256: self.images.sha256.clone(),
+                split: super::checkpoint::card_relative(&plan.split, dir),
+                split_sha256: sha256_file(&plan.split)?,
+                trained_on: plan.on,
+                rows_sha256: indices_sha256(self.private_ix),
+                rows: self.private_ix.len(),
+            },
+            training: TrainingInfo {
+                seed: plan.seed,
+                randomness: randomness.to_string(),
+                steps,
+                batch_size: match &plan.dp {
+                    Some(d) => (d.sample_rate * n as f64).round() as usize,
+                    None => plan.batch_size,
+                },
+                lr: plan.lr,
+                ema_decay: plan.ema,
+                t_min: plan.t_min,
+                t_max: self.t_max,
+                device: self.device_name.to_string(),
+                command: plan.command.clone(),
+                eval_loss_before: Some(self.before),
+                eval_loss_after: Some(after),
+                eval_on: Some(self.eval_on.to_string()),
+                init: plan.init.as_ref().map(|p| super::checkpoint::card_relative(p, dir)),
+            },
+            dp: dp_info,
+            canaries: canary_info,
+        };
+        let record = serde_json::json!({
+            "trained_on": format!("{:?}", plan.on).to_lowercase(),
+            "split": plan.split.display().to_string(),
+            "members_sha256": indices_sha256(self.private_ix),
+            "data_sha256": self.images.sha256,
+            "rows": self.private_ix.len(),
+            "canaries": self.canaries.map(|c| c.len()),
+            "steps": steps,
+            "command": plan.command,
+            "dp": card.dp.as_ref().map(|d| serde_json::json!({
+                "noise_multiplier": d.noise_multiplier, "clip": d.clip, "sample_rate": d.sample_rate,
+                "steps": d.steps, "ledger": LEDGER })),
+        });
+        files.push(("config.json".into(), config_bytes));
+        files.push((WEIGHTS.into(), weights));
+        files.push((SCHEDULER.into(), self.sched_text.as_bytes().to_vec()));
+        let card_text = format!(
+            "# dpaudit card of a diffusers UNet2DModel folder: architecture, data/split hashes, training settings, the command, for DP runs the ε spent.\n{}",
+            toml::to_string(&card).map_err(|e| Error::input(e.to_string()))?
+        );
+        files.push((CARD.into(), card_text.into_bytes()));
+        files.push((
+            TRAINING.into(),
+            (serde_json::to_string_pretty(&record).map_err(|e| Error::input(e.to_string()))? + "\n").into_bytes(),
+        ));
+        Ok((card, event, lines, files))
+    }
+
+    /// After step `done` of a `--checkpoint-every N` run (N | done, done < steps): rewrites
+    /// `OUT/checkpoint/` with the folder the run would release now — the EMA weights so far
+    /// (the model's own weights are left as they are), and the ledger of the `done` steps that
+    /// ran, so that a run stopped at any point leaves a ledger that covers every released
+    /// weight file. Resume with `--init OUT/checkpoint --steps <the rest>` (the ledger is
+    /// composed; Adam's moments and the EMA restart from the checkpoint's weights).
+    fn checkpoint(&self, m: &TrainUnet, ema: &Ema, done: usize, ledger: &EventBuilder) -> Result<()> {
+        if !matches!(self.plan.checkpoint_every, Some(k) if k > 0 && done.is_multiple_of(k) && done < self.plan.steps) {
+            return Ok(());
+        }
+        let vars = m.vars();
+        let saved: Vec<Tensor> = vars
+            .iter()
+            .map(|v| v.as_tensor().copy())
+            .collect::<candle_core::Result<_>>()?;
+        for (v, s) in vars.iter().zip(ema.snapshot(m)?) {
+            v.set(&s)?;
+        }
+        let written = (|| -> Result<()> {
+            let weights = m.safetensors_bytes()?;
+            let after = self.eval(m)?;
+            let dir = self.plan.out.join(CHECKPOINT_DIR);
+            let (_, _, _, files) = self.files(&dir, done, ledger, weights, after)?;
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, &e))?;
+            crate::report::output::commit_set(&dir, None, &files, true)?;
+            eprintln!(
+                "checkpoint after step {done}/{}: {} (resume with --init {} --steps {})",
+                self.plan.steps,
+                dir.display(),
+                dir.display(),
+                self.plan.steps - done
+            );
+            Ok(())
+        })();
+        for (v, s) in vars.iter().zip(&saved) {
+            v.set(s)?;
+        }
+        written
+    }
 }
 
 #[cfg(test)]

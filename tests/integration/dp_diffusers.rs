@@ -501,3 +501,86 @@ fn shard_and_merge_of_a_diffusers_folder_equal_the_unsharded_run() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("SHA-256"), "{}", stderr(&o));
 }
+
+/// `--checkpoint-every N` leaves, after every N steps, the folder the run would have written had
+/// it been asked for that many steps: the same weights as a run of that length with the same
+/// seed, a ledger of exactly the steps that ran, and a folder `--init` resumes from.
+#[test]
+fn periodic_checkpoints_are_the_folder_of_a_shorter_run_and_resume_with_their_ledger() {
+    let tmp = tempfile::tempdir().unwrap();
+    let train = |out: &Path, steps: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--unet",
+            "tiny",
+            "--dp",
+            "--noise-multiplier",
+            "1.0",
+            "--sample-rate",
+            "0.05",
+            "--steps",
+            steps,
+            "--seed",
+            "5",
+            "--out",
+            s(out),
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let o = dpaudit(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        o
+    };
+    let long = tmp.path().join("long");
+    train(&long, "5", &["--checkpoint-every", "3"]);
+    let ck = long.join("checkpoint");
+    let short = tmp.path().join("short");
+    train(&short, "3", &[]);
+    let weights = |d: &Path| std::fs::read(d.join("diffusion_pytorch_model.safetensors")).unwrap();
+    assert_eq!(
+        weights(&ck),
+        weights(&short),
+        "the checkpoint after 3 steps differs from a 3-step run"
+    );
+    assert_ne!(weights(&ck), weights(&long));
+    let ledger = |d: &Path| EventFile::load(&d.join("dpaudit-ledger.toml")).unwrap().event;
+    assert_eq!(ledger(&ck), DpEvent::dpsgd(1.0, 0.05, 3));
+    assert_eq!(ledger(&long), DpEvent::dpsgd(1.0, 0.05, 5));
+    let card = std::fs::read_to_string(ck.join("dpaudit-card.toml")).unwrap();
+    assert!(card.contains("steps = 3"), "{card}");
+    // The checkpoint is a folder mia and --init take.
+    let resumed = tmp.path().join("resumed");
+    let o = train(&resumed, "2", &["--init", s(&ck)]);
+    assert!(stdout(&o).contains("composed with the --init ledger"), "{}", stdout(&o));
+    assert_eq!(
+        ledger(&resumed),
+        DpEvent::Composed {
+            events: vec![DpEvent::dpsgd(1.0, 0.05, 3), DpEvent::dpsgd(1.0, 0.05, 2)]
+        }
+    );
+    // A second run into the same folder is refused before any work unless --force.
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--steps",
+        "2",
+        "--checkpoint-every",
+        "1",
+        "--out",
+        s(&long),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = dpaudit(&[
+        "train",
+        "--steps",
+        "2",
+        "--checkpoint-every",
+        "1",
+        "--out",
+        s(&tmp.path().join("mlp")),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--checkpoint-every"), "{}", stderr(&o));
+}
