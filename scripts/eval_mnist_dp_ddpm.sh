@@ -2,12 +2,12 @@
 # The docs/attacks.md table of the DP MNIST diffusion model and its non-private twin: loss, SecMI
 # and PIA at t = 10, 50, 100, 200 on the first 1,000 members and 1,000 non-members of
 # fixtures/splits/mnist-dp.toml (AUC, TPR at 1 % and 0.1 % FPR, held-out ASR with its interval,
-# each beside the limit of the DP model's ledger), the one-run audit of the canary run (ε lower
-# bound against the accounted ε) and a sample grid of each model.
+# each beside the limit of the DP model's ledger), the one-run audit of the DP model's canaries
+# (ε lower bound against the accounted ε) and a sample grid of each model.
 #
 #   scripts/eval_mnist_dp_ddpm.sh DPAUDIT MODELS_DIR OUT [cpu|cuda]
 #
-# MODELS_DIR holds mnist-dp-ddpm/, mnist-nodp-ddpm/ and (optional) mnist-dp-ddpm-canaries/, as
+# MODELS_DIR holds mnist-dp-ddpm/ (trained with canaries) and mnist-nodp-ddpm/, as
 # scripts/train_mnist_dp_ddpm.sh writes them. Writes OUT/<model>/ (mia.md, mia.json, …),
 # OUT/<model>.png and prints each report.
 set -euo pipefail
@@ -25,8 +25,8 @@ for m in mnist-dp-ddpm mnist-nodp-ddpm; do
     --out "$OUT/$m" --scores-out "$OUT/$m.scores.csv" --format md --force
   "$PY" scripts/sample_grid.py "$MODELS/$m" "$OUT/$m.png"
 done
-if [ -d "$MODELS/mnist-dp-ddpm-canaries" ]; then
-  "$BIN" mia --checkpoint "$MODELS/mnist-dp-ddpm-canaries" --data "$DATA" --split "$SPLIT" \
+if grep -q '^\[canaries\]' "$MODELS/mnist-dp-ddpm/dpaudit-card.toml"; then
+  "$BIN" mia --checkpoint "$MODELS/mnist-dp-ddpm" --data "$DATA" --split "$SPLIT" \
     --device "$DEV" --audit one-run --attack loss,pia --timesteps 10,50,100 --max-examples 200 \
-    --seed 0 --out "$OUT/mnist-dp-ddpm-canaries" --format md --force
+    --seed 0 --out "$OUT/mnist-dp-ddpm-audit" --format md --force
 fi
