@@ -10,8 +10,9 @@
    opacus 1.6.0 and torch 2.15 it returns zero or wrong weight gradients for several
    convolutions of this diffusers UNet (mid block, first up block), so the checks below use the
    autograd loop, the definition Opacus' grad samplers implement.
-2. Runs `dpaudit model grads` on the same weights and batch (the batched per-sample pass, and
-   `--per-sample-loop`, one backward per sample): norms and the clipped sum must agree to 1e-4
+2. Runs `dpaudit model grads` on the same weights and batch (the batched per-sample pass,
+   `--per-sample-loop`, one backward per sample, and `--hand-written`, the CPU pass `train --unet`
+   runs): norms and the clipped sum must agree to 1e-4
    relative.
 3. Trains with `dpaudit train --unet <the same config.json> --dp` (sigma, q, steps below) and
    checks the ledger's epsilon (the card's, the tightest sound accountant) against Opacus'
@@ -130,7 +131,7 @@ def main():
           f"{len(wrong)} parameter(s) differ by > {TOL:g} relative: {wrong}")
 
     # 2. dpaudit's per-sample gradients on the same weights and batch.
-    for mode, extra in [("batched", []), ("loop", ["--per-sample-loop"])]:
+    for mode, extra in [("batched", []), ("loop", ["--per-sample-loop"]), ("hand-written", ["--hand-written"])]:
         g = work / f"grads-{mode}"
         run(a.dpaudit, "model", "grads", "--checkpoint", init, "--input", work / "input.npy",
             "--timesteps", work / "timesteps.npy", "--noise", work / "noise.npy", "--clip", clip,

@@ -62,8 +62,12 @@ struct GradsArgs {
     #[arg(long)]
     out: PathBuf,
     /// One backward pass per sample (the reference) instead of the batched pass.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "hand_written")]
     per_sample_loop: bool,
+    /// The hand-written CPU pass of one sample at a time (what `train --unet` runs on the CPU)
+    /// instead of candle's batched pass.
+    #[arg(long)]
+    hand_written: bool,
     /// Replace existing outputs.
     #[arg(long)]
     force: bool,
@@ -230,6 +234,32 @@ fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
                 .with_file(&g.timesteps)
                 .into(),
         );
+    }
+    if g.hand_written {
+        use dpaudit::models::unet2d_grad_cpu::{unsupported, CpuGrad};
+        if let Some(why) = unsupported(&config) {
+            return Err(
+                Error::field("--hand-written", format!("the hand-written pass does not cover {why}"))
+                    .with_file(&cpath)
+                    .into(),
+            );
+        }
+        let mut pass = CpuGrad::new(&model, [shape[1], shape[2], shape[3]]).map_err(|err| err.with_file(&g.input))?;
+        let r = pass.clipped_sum(&x, &ts, &e, g.clip, 1.0)?;
+        std::fs::create_dir_all(&g.out).map_err(|err| Error::io(&g.out, &err))?;
+        let nf: Vec<f32> = r.norms.iter().map(|&v| v as f32).collect();
+        dpaudit::report::output::write_atomic(&g.out.join("norms.npy"), &npy::encode_f32(&[nf.len()], &nf), g.force)?;
+        if g.clip.is_some() {
+            let sum = pass.to_tensors(&r.sum, &dev)?;
+            let p = g.out.join("clipped_sum.safetensors");
+            candle_core::safetensors::save(&sum, &p).map_err(|err| Error::model(err.to_string()))?;
+        }
+        eprintln!(
+            "wrote per-sample gradient norms of {} samples to {} (hand-written CPU pass)",
+            nf.len(),
+            g.out.display()
+        );
+        return Ok(dpaudit::audit::outcome::Status::Ok);
     }
     let dims = (shape[0], shape[1], shape[2], shape[3]);
     let xt = candle_core::Tensor::from_vec(x, dims, &dev)?;

@@ -119,7 +119,8 @@ pub struct DpInfo {
     pub steps: u64,
     /// δ of the accounted guarantee.
     pub delta: f64,
-    /// Per-sample gradient method: `ghost` (one pass) or `loop`.
+    /// Per-sample gradient method: `ghost` (one pass, the MLP), `batched` (candle, one pass),
+    /// `hand-written` (the CPU pass of one sample at a time, `unet2d_grad_cpu`) or `loop`.
     pub per_sample: String,
     /// Ledger file (an `events::EventFile`) next to the card: this run's event, composed after
     /// the `--init` checkpoint's ledger when it has one.

@@ -38,6 +38,7 @@ use super::images::ImageSet;
 use super::scheduler::SchedulerConfig;
 use super::train::{noisy, normals};
 use super::unet2d::Unet2dConfig;
+use super::unet2d_grad_cpu::{unsupported, CpuGrad};
 use super::unet2d_train::{clip_and_sum, TrainUnet};
 use super::{Schedule, SplitManifest};
 use crate::error::{Error, Result};
@@ -666,6 +667,11 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         eval_on,
         eval_seed,
         before,
+        per_sample: match &plan.dp {
+            Some(d) if d.per_sample_loop => "loop",
+            _ if device.is_cpu() && unsupported(&config).is_none() => "hand-written",
+            _ => "batched",
+        },
     };
     let vars = model.vars();
     let names = model.names();
@@ -686,6 +692,34 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         if plan.dp.is_some() { "dp-sgd" } else { "train" },
     );
     let shape4 = |k: usize| (k, c, h, w);
+    // The gradient path, decided once: the hand-written pass on the CPU for the architectures
+    // it covers ([`unet2d_grad_cpu`]), else candle's batched pass (CUDA, `--per-sample loop`,
+    // other blocks).
+    let mut cpu_grad = if device.is_cpu() && !plan.dp.is_some_and(|d| d.per_sample_loop) {
+        match unsupported(&config) {
+            None => Some(CpuGrad::new(&model, images.shape)?),
+            Some(why) => {
+                eprintln!("the hand-written CPU gradient pass does not cover {why}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    eprintln!(
+        "{}: {}",
+        if plan.dp.is_some() {
+            "per-sample gradients"
+        } else {
+            "gradients"
+        },
+        match (&cpu_grad, plan.dp.is_some_and(|d| d.per_sample_loop)) {
+            (Some(_), _) => "hand-written CPU pass",
+            (None, true) => "candle, one backward pass per sample",
+            (None, false) if plan.dp.is_some() => "candle batched pass",
+            (None, false) => "candle backward",
+        }
+    );
     let log = LogProgress::new(plan.steps, plan.quiet);
     let mut ledger = EventBuilder::new();
     let mut total_batch = 0usize;
@@ -713,10 +747,18 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 let xt = noisy(&schedule, &xb, &t, &eps);
                 // Per-sample gradients and clipping, chunk by chunk.
                 let mut sum: HashMap<String, Tensor> = HashMap::with_capacity(vars.len());
-                for (name, v) in names.iter().zip(&vars) {
-                    sum.insert(name.clone(), v.as_tensor().zeros_like()?);
+                if let Some(g) = cpu_grad.as_mut() {
+                    // All rows at once: the pass holds one sample per thread, never the batch.
+                    g.load(&model)?;
+                    let tf: Vec<f64> = t.iter().map(|&v| v as f64).collect();
+                    let r = g.clipped_sum(&xt, &tf, &eps, Some(d.clip), 1.0)?;
+                    sum = g.to_tensors(&r.sum, device)?;
+                } else {
+                    for (name, v) in names.iter().zip(&vars) {
+                        sum.insert(name.clone(), v.as_tensor().zeros_like()?);
+                    }
                 }
-                for s in (0..m).step_by(plan.batch_size) {
+                for s in (0..m).step_by(plan.batch_size).filter(|_| cpu_grad.is_none()) {
                     let k = plan.batch_size.min(m - s);
                     let x = Tensor::from_slice(&xt[s * dim..(s + k) * dim], shape4(k), device)?;
                     let e = Tensor::from_slice(&eps[s * dim..(s + k) * dim], shape4(k), device)?;
@@ -763,11 +805,26 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 let t: Vec<usize> = (0..b).map(|_| rng.random_range(plan.t_min..=t_max)).collect();
                 let eps = normals(&mut rng, b * dim);
                 let xt = noisy(&schedule, &xb, &t, &eps);
-                let x = Tensor::from_vec(xt, shape4(b), device)?;
-                let e = Tensor::from_vec(eps, shape4(b), device)?;
                 let tf: Vec<f64> = t.iter().map(|&v| v as f64).collect();
-                let loss = model.per_sample_loss(&x, &tf, &e)?.mean_all()?;
-                opt.step(&loss.backward()?)?;
+                if let Some(g) = cpu_grad.as_mut() {
+                    // ∇ of the mean loss: the per-sample gradients, each weighted 1/b.
+                    g.load(&model)?;
+                    let r = g.clipped_sum(&xt, &tf, &eps, None, 1.0 / b as f64)?;
+                    let mut grads = g.to_tensors(&r.sum, device)?;
+                    let mut store = GradStore::default();
+                    for (name, v) in names.iter().zip(&vars) {
+                        let gt = grads
+                            .remove(name)
+                            .ok_or_else(|| Error::model(format!("no gradient for `{name}`")))?;
+                        store.insert(v.as_tensor(), gt);
+                    }
+                    opt.step(&store)?;
+                } else {
+                    let x = Tensor::from_vec(xt, shape4(b), device)?;
+                    let e = Tensor::from_vec(eps, shape4(b), device)?;
+                    let loss = model.per_sample_loss(&x, &tf, &e)?.mean_all()?;
+                    opt.step(&loss.backward()?)?;
+                }
                 ema.update(&model)?;
                 total_batch += b;
                 bar.inc(1);
@@ -842,6 +899,8 @@ struct Folder<'a> {
     eval_on: &'a str,
     eval_seed: u64,
     before: f64,
+    /// How the per-sample gradients are computed (the card's `dp.per_sample`).
+    per_sample: &'static str,
 }
 
 impl Folder<'_> {
@@ -931,7 +990,7 @@ impl Folder<'_> {
                 sample_rate: d.sample_rate,
                 steps: steps as u64,
                 delta: d.delta,
-                per_sample: if d.per_sample_loop { "loop" } else { "batched" }.into(),
+                per_sample: self.per_sample.into(),
                 ledger: LEDGER.into(),
                 epsilon: eps.as_ref().map(|e| e.0),
                 epsilon_accountant: eps.as_ref().map(|e| e.1.clone()),

@@ -16,6 +16,8 @@
 //!   and `scheduler_config.json` files (any image size and channel count).
 //! * [`unet2d_train`], [`diffusers_train`]: the diffusers UNet trained in candle, with per-sample
 //!   gradients in one batched pass, and `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
+//! * [`unet2d_grad_cpu`]: the same gradients on the CPU by a hand-written forward and backward
+//!   pass of one sample at a time (what `train --unet` runs on the CPU).
 //! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
@@ -44,6 +46,7 @@ pub mod schedule;
 pub use crate::diffusion::scheduler;
 pub mod train;
 pub mod unet2d;
+pub mod unet2d_grad_cpu;
 pub mod unet2d_train;
 
 pub use checkpoint::{Card, Checkpoint};

@@ -1,0 +1,1428 @@
+//! Per-sample gradients of the diffusers `UNet2DModel` on the CPU by a hand-written forward and
+//! backward pass of one sample at a time, on plain `f32` buffers.
+//!
+//! DP-SGD needs ∇θ Lᵢ for every sample i of a batch. With batch size 1 that is the ordinary
+//! gradient of Lᵢ, so no per-sample machinery is needed: each rayon task takes a run of samples
+//! and, for each, runs the forward pass (keeping every activation), the backward pass into one
+//! flat gradient vector laid out parameter by parameter (in [`TrainUnet::names`] order), its L2
+//! norm, Opacus' clip factor ([`clip_factor`]) and a scaled add into the task's sum. The tasks'
+//! sums are added in task order at the end. Every buffer (activations, their gradients, the
+//! im2col matrix, attention probabilities) belongs to a per-task workspace allocated once and
+//! reused for every sample and step.
+//!
+//! The network is compiled once from the config into a list of operations (the wiring of
+//! [`TrainUnet`]'s forward, same tensor names): convolution (k × k, stride, zero padding; linear
+//! layers and attention projections are 1 × 1 convolutions in the channel-major layout), group
+//! norm with optional fused SiLU, SiLU, broadcast add of the time projection, residual add with
+//! the output rescale, channel concatenation, nearest ×2 upsampling and the attention core. The
+//! backward pass walks the list in reverse, each operation adding its input gradients:
+//!
+//! * convolution y = W·col(x) + b: ∂W = ∂y·col(x)ᵀ, ∂b = Σ_pixels ∂y, ∂x = col⁻¹(Wᵀ·∂y) (the
+//!   column matrix is rebuilt from the kept input rather than stored);
+//! * group norm y = γ x̂ + β, x̂ = (x − μ)·r with the saved μ, r = 1/√(σ² + ε) per group
+//!   (Wu & He 2018): ∂γ = Σ ∂y x̂, ∂β = Σ ∂y, ∂x = r (∂x̂ − mean ∂x̂ − x̂ mean(∂x̂ x̂)) with
+//!   ∂x̂ = γ ∂y; SiLU' (z) = s (1 + z (1 − s)), s = σ(z), fused before it;
+//! * attention O = V Pᵀ, P = softmax(scale·QᵀK) per head (Vaswani et al. 2017, Eq. 1):
+//!   ∂V = ∂O P, ∂S = P ⊙ (∂P − rowsum(∂P ⊙ P)) with ∂P = ∂Oᵀ V, ∂Q = scale·K ∂Sᵀ,
+//!   ∂K = scale·Q ∂S.
+//!
+//! The loss is [`TrainUnet::per_sample_loss`]'s: the mean over pixels of (ε_θ(x_t, t) − ε)².
+//! Supported: SiLU, positional time embeddings, `default` time conditioning, convolutional
+//! down/upsampling ([`CpuGrad::unsupported`] names what is not; those configs keep the candle
+//! pass).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+
+use super::kernels::{affine, sgemm, softmax_rows, sq_dev, sum, Mat};
+use super::unet2d::{Act, Resample, TimeEmbedding, Unet2dConfig};
+use super::unet2d_train::{clip_factor, TrainUnet};
+use crate::error::{Error, Result};
+
+/// Buffer index.
+type B = usize;
+
+#[derive(Clone, Copy, Debug)]
+struct ConvOp {
+    /// Offsets of the weight [cout, cin·k²] and bias [cout] in the parameter vector.
+    w: usize,
+    b: usize,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    h: usize,
+    wd: usize,
+    ho: usize,
+    wo: usize,
+    x: B,
+    y: B,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Conv(ConvOp),
+    /// Group norm of x [c, hw] (γ at `g`, β at `b`), then SiLU when `silu`; μ and r per group
+    /// saved at `stats`.
+    Norm {
+        g: usize,
+        b: usize,
+        groups: usize,
+        c: usize,
+        hw: usize,
+        silu: bool,
+        stats: usize,
+        x: B,
+        y: B,
+    },
+    Silu {
+        x: B,
+        y: B,
+    },
+    /// y[c, p] = x[c, p] + v[c].
+    AddBcast {
+        x: B,
+        v: B,
+        y: B,
+        hw: usize,
+    },
+    /// y = (a + b)·scale.
+    Add {
+        a: B,
+        b: B,
+        y: B,
+        scale: f32,
+    },
+    /// y = [a; b] along channels.
+    Concat {
+        a: B,
+        b: B,
+        y: B,
+    },
+    /// Nearest ×2 upsampling of x [c, h, w].
+    Up2 {
+        x: B,
+        y: B,
+        c: usize,
+        h: usize,
+        w: usize,
+    },
+    /// Multi-head attention core over l tokens, q/k/v/o [heads·d, l]; probabilities at `probs`.
+    Attn {
+        q: B,
+        k: B,
+        v: B,
+        o: B,
+        heads: usize,
+        d: usize,
+        l: usize,
+        probs: usize,
+    },
+}
+
+/// The compiled network for one image size.
+struct Plan {
+    ops: Vec<Op>,
+    /// Length of each buffer.
+    lens: Vec<usize>,
+    /// Buffers whose gradient is needed (everything but the image and the time features).
+    needs_grad: Vec<bool>,
+    input: B,
+    tfeat: B,
+    output: B,
+    stats: usize,
+    probs: usize,
+    /// Largest im2col matrix and largest per-head score matrix.
+    max_col: usize,
+    max_ll: usize,
+    max_len: usize,
+}
+
+struct Builder<'a> {
+    ops: Vec<Op>,
+    shapes: Vec<(usize, usize, usize)>,
+    params: &'a HashMap<String, (usize, Vec<usize>)>,
+    used: Vec<String>,
+    stats: usize,
+    probs: usize,
+    max_col: usize,
+    max_ll: usize,
+}
+
+impl Builder<'_> {
+    fn buf(&mut self, c: usize, h: usize, w: usize) -> B {
+        self.shapes.push((c, h, w));
+        self.shapes.len() - 1
+    }
+
+    fn param(&mut self, name: &str, shape: &[usize]) -> Result<usize> {
+        let (off, s) = self
+            .params
+            .get(name)
+            .ok_or_else(|| Error::model(format!("CPU gradient pass: no parameter `{name}`")))?;
+        if s.as_slice() != shape {
+            return Err(Error::model(format!(
+                "CPU gradient pass: `{name}` has shape {s:?}, wired as {shape:?}"
+            )));
+        }
+        self.used.push(name.to_string());
+        Ok(*off)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv(&mut self, p: &str, x: B, cout: usize, k: usize, stride: usize, pad_lo: usize, pad_hi: usize) -> Result<B> {
+        let (cin, h, wd) = self.shapes[x];
+        let w = self.param(&format!("{p}.weight"), &[cout, cin, k, k])?;
+        let b = self.param(&format!("{p}.bias"), &[cout])?;
+        let ho = (h + pad_lo + pad_hi - k) / stride + 1;
+        let wo = (wd + pad_lo + pad_hi - k) / stride + 1;
+        let y = self.buf(cout, ho, wo);
+        if k > 1 || stride > 1 || pad_lo > 0 {
+            self.max_col = self.max_col.max(cin * k * k * ho * wo);
+        }
+        self.ops.push(Op::Conv(ConvOp {
+            w,
+            b,
+            cin,
+            cout,
+            k,
+            stride,
+            pad: pad_lo,
+            h,
+            wd,
+            ho,
+            wo,
+            x,
+            y,
+        }));
+        Ok(y)
+    }
+
+    /// A linear layer on each token of x [in, tokens] (a 1 × 1 convolution).
+    fn linear(&mut self, p: &str, x: B, out: usize) -> Result<B> {
+        let (cin, h, wd) = self.shapes[x];
+        let w = self.param(&format!("{p}.weight"), &[out, cin])?;
+        let b = self.param(&format!("{p}.bias"), &[out])?;
+        let y = self.buf(out, h, wd);
+        self.ops.push(Op::Conv(ConvOp {
+            w,
+            b,
+            cin,
+            cout: out,
+            k: 1,
+            stride: 1,
+            pad: 0,
+            h,
+            wd,
+            ho: h,
+            wo: wd,
+            x,
+            y,
+        }));
+        Ok(y)
+    }
+
+    fn norm(&mut self, p: &str, x: B, groups: usize, silu: bool) -> Result<B> {
+        let (c, h, w) = self.shapes[x];
+        if groups == 0 || c % groups != 0 {
+            return Err(Error::model(format!(
+                "`{p}`: {groups} groups do not divide {c} channels"
+            )));
+        }
+        let g = self.param(&format!("{p}.weight"), &[c])?;
+        let b = self.param(&format!("{p}.bias"), &[c])?;
+        let y = self.buf(c, h, w);
+        self.ops.push(Op::Norm {
+            g,
+            b,
+            groups,
+            c,
+            hw: h * w,
+            silu,
+            stats: self.stats,
+            x,
+            y,
+        });
+        self.stats += 2 * groups;
+        Ok(y)
+    }
+
+    fn silu(&mut self, x: B) -> B {
+        let (c, h, w) = self.shapes[x];
+        let y = self.buf(c, h, w);
+        self.ops.push(Op::Silu { x, y });
+        y
+    }
+
+    fn add(&mut self, a: B, b: B, scale: f64) -> B {
+        let (c, h, w) = self.shapes[a];
+        let y = self.buf(c, h, w);
+        self.ops.push(Op::Add {
+            a,
+            b,
+            y,
+            scale: (1.0 / scale) as f32,
+        });
+        y
+    }
+
+    fn resnet(&mut self, p: &str, x: B, aemb: B, cout: usize, output_scale: f64, groups: usize) -> Result<B> {
+        let (cin, h, w) = self.shapes[x];
+        let h1 = self.norm(&format!("{p}.norm1"), x, groups, true)?;
+        let h2 = self.conv(&format!("{p}.conv1"), h1, cout, 3, 1, 1, 1)?;
+        let t = self.linear(&format!("{p}.time_emb_proj"), aemb, cout)?;
+        let h3 = self.buf(cout, h, w);
+        self.ops.push(Op::AddBcast {
+            x: h2,
+            v: t,
+            y: h3,
+            hw: h * w,
+        });
+        let h4 = self.norm(&format!("{p}.norm2"), h3, groups, true)?;
+        let h5 = self.conv(&format!("{p}.conv2"), h4, cout, 3, 1, 1, 1)?;
+        let sc = if cin != cout {
+            self.conv(&format!("{p}.conv_shortcut"), x, cout, 1, 1, 0, 0)?
+        } else {
+            x
+        };
+        Ok(self.add(sc, h5, output_scale))
+    }
+
+    fn attn(&mut self, p: &str, x: B, groups: Option<usize>, head_dim: Option<usize>, rescale: f64) -> Result<B> {
+        let (c, h, w) = self.shapes[x];
+        let l = h * w;
+        let d = head_dim.unwrap_or(c);
+        let heads = (c / d).max(1);
+        let inner = heads * d;
+        let hs = match groups {
+            Some(g) => self.norm(&format!("{p}.group_norm"), x, g, false)?,
+            None => x,
+        };
+        let q = self.linear(&format!("{p}.to_q"), hs, inner)?;
+        let k = self.linear(&format!("{p}.to_k"), hs, inner)?;
+        let v = self.linear(&format!("{p}.to_v"), hs, inner)?;
+        let o = self.buf(inner, h, w);
+        self.ops.push(Op::Attn {
+            q,
+            k,
+            v,
+            o,
+            heads,
+            d,
+            l,
+            probs: self.probs,
+        });
+        self.probs += heads * l * l;
+        self.max_ll = self.max_ll.max(l * l);
+        let out = self.linear(&format!("{p}.to_out.0"), o, c)?;
+        Ok(self.add(out, x, rescale))
+    }
+}
+
+/// Why the hand-written pass does not cover `config` (None: it does).
+pub fn unsupported(config: &Unet2dConfig) -> Option<String> {
+    if config.act != Act::Silu {
+        return Some(format!("activation {:?} (only SiLU)", config.act));
+    }
+    if !matches!(config.time_embedding, TimeEmbedding::Positional { .. }) {
+        return Some("a Fourier time embedding (only positional)".into());
+    }
+    if config.scale_shift {
+        return Some("`scale_shift` time conditioning (only `default`)".into());
+    }
+    let attn_down = config.down_block_types.iter().any(|t| t == "AttnDownBlock2D");
+    let attn_up = config.up_block_types.iter().any(|t| t == "AttnUpBlock2D");
+    if (attn_down && config.downsample_type == Resample::Resnet)
+        || (attn_up && config.upsample_type == Resample::Resnet)
+    {
+        return Some("ResNet down/upsampling (only convolutional)".into());
+    }
+    for t in config.down_block_types.iter().chain(&config.up_block_types) {
+        if !matches!(
+            t.as_str(),
+            "DownBlock2D" | "AttnDownBlock2D" | "UpBlock2D" | "AttnUpBlock2D"
+        ) {
+            return Some(format!("block type {t}"));
+        }
+    }
+    None
+}
+
+fn compile(config: &Unet2dConfig, params: &HashMap<String, (usize, Vec<usize>)>, h: usize, w: usize) -> Result<Plan> {
+    let cfg = config;
+    let mut b = Builder {
+        ops: Vec::new(),
+        shapes: Vec::new(),
+        params,
+        used: Vec::new(),
+        stats: 0,
+        probs: 0,
+        max_col: 0,
+        max_ll: 0,
+    };
+    let input = b.buf(cfg.in_channels, h, w);
+    let c0 = cfg.block_out_channels[0];
+    let tf_width = super::unet2d::time_features(cfg, None, &[1.0]).len();
+    let tfeat = b.buf(tf_width, 1, 1);
+    let temb = 4 * c0;
+    let e1 = b.linear("time_embedding.linear_1", tfeat, temb)?;
+    let e1a = b.silu(e1);
+    let emb = b.linear("time_embedding.linear_2", e1a, temb)?;
+    // act(emb), shared by every ResNet block's time projection.
+    let aemb = b.silu(emb);
+    let groups = cfg.norm_num_groups;
+    let mut hcur = b.conv("conv_in", input, c0, 3, 1, 1, 1)?;
+    let mut skips = vec![hcur];
+    let n = cfg.block_out_channels.len();
+    let hd = cfg.attention_head_dim;
+    for (i, ty) in cfg.down_block_types.iter().enumerate() {
+        let out_ch = cfg.block_out_channels[i];
+        let attn = ty == "AttnDownBlock2D";
+        let p = format!("down_blocks.{i}");
+        for j in 0..cfg.layers_per_block {
+            hcur = b.resnet(&format!("{p}.resnets.{j}"), hcur, aemb, out_ch, 1.0, groups)?;
+            if attn {
+                hcur = b.attn(&format!("{p}.attentions.{j}"), hcur, Some(groups), hd, 1.0)?;
+            }
+            skips.push(hcur);
+        }
+        if i + 1 < n {
+            let dp = format!("{p}.downsamplers.0.conv");
+            hcur = if cfg.downsample_padding == 0 {
+                b.conv(&dp, hcur, out_ch, 3, 2, 0, 1)?
+            } else {
+                let pd = cfg.downsample_padding;
+                b.conv(&dp, hcur, out_ch, 3, 2, pd, pd)?
+            };
+            skips.push(hcur);
+        }
+    }
+    if cfg.mid_block {
+        let last = cfg.block_out_channels[n - 1];
+        let s = cfg.mid_block_scale_factor;
+        hcur = b.resnet("mid_block.resnets.0", hcur, aemb, last, s, groups)?;
+        if cfg.add_attention {
+            hcur = b.attn("mid_block.attentions.0", hcur, cfg.mid_attn_groups(), hd, s)?;
+        }
+        hcur = b.resnet("mid_block.resnets.1", hcur, aemb, last, s, groups)?;
+    }
+    let rev: Vec<usize> = cfg.block_out_channels.iter().rev().copied().collect();
+    for (i, ty) in cfg.up_block_types.iter().enumerate() {
+        let out_ch = rev[i];
+        let attn = ty == "AttnUpBlock2D";
+        let p = format!("up_blocks.{i}");
+        for j in 0..cfg.layers_per_block + 1 {
+            let s = skips
+                .pop()
+                .ok_or_else(|| Error::model("UNet skip connections exhausted (config inconsistent)"))?;
+            let (ca, hh, ww) = b.shapes[hcur];
+            let cs = b.shapes[s].0;
+            let y = b.buf(ca + cs, hh, ww);
+            b.ops.push(Op::Concat { a: hcur, b: s, y });
+            hcur = b.resnet(&format!("{p}.resnets.{j}"), y, aemb, out_ch, 1.0, groups)?;
+            if attn {
+                hcur = b.attn(&format!("{p}.attentions.{j}"), hcur, Some(groups), hd, 1.0)?;
+            }
+        }
+        if i + 1 < n {
+            let (c, hh, ww) = b.shapes[hcur];
+            let y = b.buf(c, 2 * hh, 2 * ww);
+            b.ops.push(Op::Up2 {
+                x: hcur,
+                y,
+                c,
+                h: hh,
+                w: ww,
+            });
+            hcur = b.conv(&format!("{p}.upsamplers.0.conv"), y, out_ch, 3, 1, 1, 1)?;
+        }
+    }
+    let hn = b.norm("conv_norm_out", hcur, groups, true)?;
+    let output = b.conv("conv_out", hn, cfg.out_channels, 3, 1, 1, 1)?;
+    let mut unused: Vec<&String> = params.keys().filter(|k| !b.used.contains(k)).collect();
+    unused.sort();
+    if let Some(u) = unused.first() {
+        return Err(Error::model(format!("CPU gradient pass: parameter `{u}` is not wired")));
+    }
+    let lens: Vec<usize> = b.shapes.iter().map(|&(c, h, w)| c * h * w).collect();
+    let mut needs_grad = vec![true; lens.len()];
+    needs_grad[input] = false;
+    needs_grad[tfeat] = false;
+    Ok(Plan {
+        ops: b.ops,
+        max_len: lens.iter().copied().max().unwrap_or(0),
+        lens,
+        needs_grad,
+        input,
+        tfeat,
+        output,
+        stats: b.stats,
+        probs: b.probs,
+        max_col: b.max_col,
+        max_ll: b.max_ll,
+    })
+}
+
+/// One task's buffers, allocated once.
+struct Work {
+    act: Vec<Vec<f32>>,
+    grad: Vec<Vec<f32>>,
+    col: Vec<f32>,
+    stats: Vec<f32>,
+    probs: Vec<f32>,
+    dp: Vec<f32>,
+    tmp: Vec<f32>,
+    /// This sample's gradient.
+    g: Vec<f32>,
+    /// The task's weighted sum of gradients.
+    sum: Vec<f32>,
+}
+
+impl Work {
+    fn new(plan: &Plan, n_params: usize) -> Self {
+        Work {
+            act: plan.lens.iter().map(|&n| vec![0.0; n]).collect(),
+            grad: plan
+                .lens
+                .iter()
+                .zip(&plan.needs_grad)
+                .map(|(&n, &g)| if g { vec![0.0; n] } else { Vec::new() })
+                .collect(),
+            col: vec![0.0; plan.max_col],
+            stats: vec![0.0; plan.stats],
+            probs: vec![0.0; plan.probs],
+            dp: vec![0.0; plan.max_ll],
+            tmp: vec![0.0; plan.max_len],
+            g: vec![0.0; n_params],
+            sum: vec![0.0; n_params],
+        }
+    }
+}
+
+/// The hand-written per-sample gradient pass for one model architecture and image size.
+pub struct CpuGrad {
+    config: Unet2dConfig,
+    plan: Plan,
+    /// (name, offset, shape) in the model's parameter order.
+    layout: Vec<(String, usize, Vec<usize>)>,
+    n_params: usize,
+    /// The parameters, copied from the model by [`CpuGrad::load`].
+    params: Vec<f32>,
+    shape: [usize; 3],
+    works: Vec<Mutex<Work>>,
+}
+
+/// What one call computed.
+pub struct GradSum {
+    /// Σᵢ cᵢ·∇θ Lᵢ, flat in parameter order.
+    pub sum: Vec<f32>,
+    /// ‖∇θ Lᵢ‖ per sample.
+    pub norms: Vec<f64>,
+}
+
+impl CpuGrad {
+    /// The pass for `model` on images of `shape` [c, h, w] (an error if the config is not
+    /// covered: see [`unsupported`]).
+    pub fn new(model: &TrainUnet, shape: [usize; 3]) -> Result<Self> {
+        if let Some(why) = unsupported(&model.config) {
+            return Err(Error::model(format!("the hand-written CPU pass does not cover {why}")));
+        }
+        let mut layout = Vec::new();
+        let mut map = HashMap::new();
+        let mut off = 0;
+        for (name, v) in model.names().into_iter().zip(model.vars()) {
+            let dims = v.dims().to_vec();
+            map.insert(name.clone(), (off, dims.clone()));
+            let n: usize = dims.iter().product();
+            layout.push((name, off, dims));
+            off += n;
+        }
+        let [c, h, w] = shape;
+        if c != model.config.in_channels {
+            return Err(Error::model(format!(
+                "images have {c} channels, the model takes {}",
+                model.config.in_channels
+            )));
+        }
+        let plan = compile(&model.config, &map, h, w)?;
+        let mut g = CpuGrad {
+            config: model.config.clone(),
+            plan,
+            layout,
+            n_params: off,
+            params: vec![0.0; off],
+            shape,
+            works: Vec::new(),
+        };
+        g.load(model)?;
+        Ok(g)
+    }
+
+    /// Number of parameters (the length of a gradient vector).
+    pub fn len(&self) -> usize {
+        self.n_params
+    }
+
+    /// No parameters at all (never for a UNet).
+    pub fn is_empty(&self) -> bool {
+        self.n_params == 0
+    }
+
+    /// Copies the model's current parameters to the host.
+    pub fn load(&mut self, model: &TrainUnet) -> Result<()> {
+        for ((_, off, dims), v) in self.layout.iter().zip(model.vars()) {
+            let n: usize = dims.iter().product();
+            let host: Vec<f32> = v.as_tensor().flatten_all()?.to_vec1()?;
+            if host.len() != n {
+                return Err(Error::model("parameter size changed"));
+            }
+            self.params[*off..off + n].copy_from_slice(&host);
+        }
+        Ok(())
+    }
+
+    /// A flat gradient vector as candle tensors by parameter name.
+    pub fn to_tensors(&self, flat: &[f32], device: &Device) -> Result<HashMap<String, Tensor>> {
+        let mut out = HashMap::with_capacity(self.layout.len());
+        for (name, off, dims) in &self.layout {
+            let n: usize = dims.iter().product();
+            out.insert(
+                name.clone(),
+                Tensor::from_slice(&flat[*off..off + n], dims.as_slice(), device)?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// The parameter names, offsets and shapes of the flat layout.
+    pub fn layout(&self) -> &[(String, usize, Vec<usize>)] {
+        &self.layout
+    }
+
+    fn check(&self, xt: &[f32], t: &[f64], eps: &[f32]) -> Result<usize> {
+        let d: usize = self.shape.iter().product();
+        let b = t.len();
+        if xt.len() != b * d || eps.len() != b * d {
+            return Err(Error::model(format!(
+                "CPU gradient pass: {} and {} values for {b} samples of {d}",
+                xt.len(),
+                eps.len()
+            )));
+        }
+        Ok(d)
+    }
+
+    fn ensure_works(&mut self, k: usize) {
+        while self.works.len() < k {
+            self.works.push(Mutex::new(Work::new(&self.plan, self.n_params)));
+        }
+    }
+
+    /// Every sample's gradient ∇θ Lᵢ (flat, parameter order), one after another (for tests).
+    pub fn per_sample(&mut self, xt: &[f32], t: &[f64], eps: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let d = self.check(xt, t, eps)?;
+        self.ensure_works(1);
+        let w = self.works[0]
+            .get_mut()
+            .map_err(|_| Error::model("poisoned workspace"))?;
+        let mut out = Vec::with_capacity(t.len());
+        for (i, &ti) in t.iter().enumerate() {
+            gradient(
+                &self.config,
+                &self.plan,
+                &self.params,
+                w,
+                &xt[i * d..(i + 1) * d],
+                ti,
+                &eps[i * d..(i + 1) * d],
+            );
+            out.push(w.g.clone());
+        }
+        Ok(out)
+    }
+
+    /// Σᵢ cᵢ·∇θ Lᵢ with cᵢ = `scale`·min(1, C/(‖∇θ Lᵢ‖ + 10⁻⁶)) under `clip` = Some(C) (Opacus'
+    /// factor, [`clip_factor`]) and cᵢ = `scale` without, and every ‖∇θ Lᵢ‖; samples run in
+    /// parallel on the current rayon pool, in contiguous runs, one workspace each.
+    pub fn clipped_sum(
+        &mut self,
+        xt: &[f32],
+        t: &[f64],
+        eps: &[f32],
+        clip: Option<f64>,
+        scale: f64,
+    ) -> Result<GradSum> {
+        let d = self.check(xt, t, eps)?;
+        let b = t.len();
+        let tasks = rayon::current_num_threads().clamp(1, b.max(1));
+        self.ensure_works(tasks);
+        let per = b.div_ceil(tasks);
+        let (config, plan, params) = (&self.config, &self.plan, &self.params);
+        let norms: Vec<Vec<f64>> = (0..tasks)
+            .into_par_iter()
+            .map(|k| {
+                let mut guard = self.works[k].lock().unwrap_or_else(|e| e.into_inner());
+                let w = &mut *guard;
+                w.sum.fill(0.0);
+                let mut norms = Vec::new();
+                for i in (k * per)..((k + 1) * per).min(b) {
+                    gradient(
+                        config,
+                        plan,
+                        params,
+                        w,
+                        &xt[i * d..(i + 1) * d],
+                        t[i],
+                        &eps[i * d..(i + 1) * d],
+                    );
+                    let norm = norm2(&w.g).sqrt();
+                    let c = match clip {
+                        Some(c) => clip_factor(norm, c) * scale,
+                        None => scale,
+                    } as f32;
+                    for (s, &g) in w.sum.iter_mut().zip(&w.g) {
+                        *s += c * g;
+                    }
+                    norms.push(norm);
+                }
+                norms
+            })
+            .collect();
+        let mut total = vec![0f32; self.n_params];
+        for k in 0..tasks.min(b) {
+            let w = self.works[k].lock().unwrap_or_else(|e| e.into_inner());
+            for (s, &v) in total.iter_mut().zip(&w.sum) {
+                *s += v;
+            }
+        }
+        Ok(GradSum {
+            sum: total,
+            norms: norms.into_iter().flatten().collect(),
+        })
+    }
+}
+
+/// Σ v² in f64 (f32 partial sums over blocks of 256).
+fn norm2(v: &[f32]) -> f64 {
+    v.chunks(256)
+        .map(|c| c.iter().map(|&x| x * x).sum::<f32>() as f64)
+        .sum()
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// One sample's forward and backward pass: leaves ∇θ L in `w.g`.
+fn gradient(config: &Unet2dConfig, plan: &Plan, params: &[f32], w: &mut Work, x: &[f32], t: f64, eps: &[f32]) {
+    // Inputs.
+    {
+        let inp = &mut w.act[plan.input];
+        if config.center_input_sample {
+            for (d, &s) in inp.iter_mut().zip(x) {
+                *d = 2.0 * s - 1.0;
+            }
+        } else {
+            inp.copy_from_slice(x);
+        }
+        let tf = super::unet2d::time_features(config, None, &[t]);
+        w.act[plan.tfeat].copy_from_slice(&tf);
+    }
+    for op in &plan.ops {
+        forward(op, params, w, config.norm_eps);
+    }
+    // ∂L/∂pred for L = mean (pred − ε)².
+    for (i, gb) in w.grad.iter_mut().enumerate() {
+        if i != plan.output {
+            gb.fill(0.0);
+        }
+    }
+    {
+        let out = &w.act[plan.output];
+        let n = out.len() as f32;
+        let g = &mut w.grad[plan.output];
+        for ((gv, &o), &e) in g.iter_mut().zip(out).zip(eps) {
+            *gv = 2.0 * (o - e) / n;
+        }
+    }
+    w.g.fill(0.0);
+    for op in plan.ops.iter().rev() {
+        backward(op, params, w, &plan.needs_grad);
+    }
+}
+
+/// col[(ci·k + dy)·k + dx][y·wo + x] = x[ci][y·s + dy − pad][x·s + dx − pad] (0 outside).
+fn im2col(c: &ConvOp, x: &[f32], col: &mut [f32]) {
+    let (h, w, k, s, pad, ho, wo) = (c.h, c.wd, c.k, c.stride, c.pad, c.ho, c.wo);
+    let hwo = ho * wo;
+    for ci in 0..c.cin {
+        let src = &x[ci * h * w..(ci + 1) * h * w];
+        for dy in 0..k {
+            for dx in 0..k {
+                let dst = &mut col[((ci * k + dy) * k + dx) * hwo..][..hwo];
+                for y in 0..ho {
+                    let drow = &mut dst[y * wo..(y + 1) * wo];
+                    let iy = (y * s + dy) as isize - pad as isize;
+                    if iy < 0 || iy >= h as isize {
+                        drow.fill(0.0);
+                        continue;
+                    }
+                    let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+                    if s == 1 {
+                        let lo = pad.saturating_sub(dx).min(wo);
+                        let hi = (w + pad).saturating_sub(dx).min(wo).max(lo);
+                        drow[..lo].fill(0.0);
+                        drow[hi..].fill(0.0);
+                        let off = lo + dx - pad;
+                        drow[lo..hi].copy_from_slice(&srow[off..off + (hi - lo)]);
+                    } else {
+                        for (xo, d) in drow.iter_mut().enumerate() {
+                            let ix = (xo * s + dx) as isize - pad as isize;
+                            *d = if ix < 0 || ix >= w as isize {
+                                0.0
+                            } else {
+                                srow[ix as usize]
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: dx += col⁻¹(dcol).
+fn col2im(c: &ConvOp, dcol: &[f32], dx: &mut [f32]) {
+    let (h, w, k, s, pad, ho, wo) = (c.h, c.wd, c.k, c.stride, c.pad, c.ho, c.wo);
+    let hwo = ho * wo;
+    for ci in 0..c.cin {
+        let dst = &mut dx[ci * h * w..(ci + 1) * h * w];
+        for dy in 0..k {
+            for ddx in 0..k {
+                let src = &dcol[((ci * k + dy) * k + ddx) * hwo..][..hwo];
+                for y in 0..ho {
+                    let srow = &src[y * wo..(y + 1) * wo];
+                    let iy = (y * s + dy) as isize - pad as isize;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    let drow = &mut dst[iy as usize * w..(iy as usize + 1) * w];
+                    if s == 1 {
+                        let lo = pad.saturating_sub(ddx).min(wo);
+                        let hi = (w + pad).saturating_sub(ddx).min(wo).max(lo);
+                        let off = lo + ddx - pad;
+                        for (d, &v) in drow[off..off + (hi - lo)].iter_mut().zip(&srow[lo..hi]) {
+                            *d += v;
+                        }
+                    } else {
+                        for (xo, &v) in srow.iter().enumerate() {
+                            let ix = (xo * s + ddx) as isize - pad as isize;
+                            if ix >= 0 && ix < w as isize {
+                                drow[ix as usize] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn forward(op: &Op, params: &[f32], w: &mut Work, norm_eps: f64) {
+    match *op {
+        Op::Conv(c) => {
+            let mut y = std::mem::take(&mut w.act[c.y]);
+            let x = &w.act[c.x];
+            let hwo = c.ho * c.wo;
+            let bias = &params[c.b..c.b + c.cout];
+            for (row, &bv) in y.chunks_exact_mut(hwo).zip(bias) {
+                row.fill(bv);
+            }
+            let kk = c.cin * c.k * c.k;
+            let wt = &params[c.w..c.w + c.cout * kk];
+            if c.k == 1 && c.stride == 1 && c.pad == 0 {
+                sgemm(
+                    c.cout,
+                    hwo,
+                    kk,
+                    &mut y,
+                    hwo,
+                    true,
+                    Mat::rows(wt, kk),
+                    Mat::rows(x, hwo),
+                    1.0,
+                );
+            } else {
+                let col = &mut w.col[..kk * hwo];
+                im2col(&c, x, col);
+                sgemm(
+                    c.cout,
+                    hwo,
+                    kk,
+                    &mut y,
+                    hwo,
+                    true,
+                    Mat::rows(wt, kk),
+                    Mat::rows(col, hwo),
+                    1.0,
+                );
+            }
+            w.act[c.y] = y;
+        }
+        Op::Norm {
+            g,
+            b,
+            groups,
+            c,
+            hw,
+            silu,
+            stats,
+            x,
+            y,
+        } => {
+            let mut out = std::mem::take(&mut w.act[y]);
+            let xs = &w.act[x];
+            let cpg = c / groups;
+            let cnt = (cpg * hw) as f64;
+            for gi in 0..groups {
+                let slab = &xs[gi * cpg * hw..(gi + 1) * cpg * hw];
+                let mean = sum(slab) / cnt;
+                let var = sq_dev(slab, mean as f32) / cnt;
+                let rstd = 1.0 / (var + norm_eps).sqrt();
+                w.stats[stats + 2 * gi] = mean as f32;
+                w.stats[stats + 2 * gi + 1] = rstd as f32;
+                for ch in gi * cpg..(gi + 1) * cpg {
+                    let gamma = params[g + ch] as f64;
+                    let a = (rstd * gamma) as f32;
+                    let sh = (params[b + ch] as f64 - mean * rstd * gamma) as f32;
+                    affine(
+                        &mut out[ch * hw..(ch + 1) * hw],
+                        &xs[ch * hw..(ch + 1) * hw],
+                        a,
+                        sh,
+                        silu,
+                    );
+                }
+            }
+            w.act[y] = out;
+        }
+        Op::Silu { x, y } => {
+            let mut out = std::mem::take(&mut w.act[y]);
+            affine(&mut out, &w.act[x], 1.0, 0.0, true);
+            w.act[y] = out;
+        }
+        Op::AddBcast { x, v, y, hw } => {
+            let mut out = std::mem::take(&mut w.act[y]);
+            let (xs, vs) = (&w.act[x], &w.act[v]);
+            for ((o, i), &vv) in out.chunks_exact_mut(hw).zip(xs.chunks_exact(hw)).zip(vs) {
+                for (a, &b) in o.iter_mut().zip(i) {
+                    *a = b + vv;
+                }
+            }
+            w.act[y] = out;
+        }
+        Op::Add { a, b, y, scale } => {
+            let mut out = std::mem::take(&mut w.act[y]);
+            let (aa, bb) = (&w.act[a], &w.act[b]);
+            if scale == 1.0 {
+                for ((o, &p), &q) in out.iter_mut().zip(aa).zip(bb) {
+                    *o = p + q;
+                }
+            } else {
+                for ((o, &p), &q) in out.iter_mut().zip(aa).zip(bb) {
+                    *o = (p + q) * scale;
+                }
+            }
+            w.act[y] = out;
+        }
+        Op::Concat { a, b, y } => {
+            let mut out = std::mem::take(&mut w.act[y]);
+            let na = w.act[a].len();
+            out[..na].copy_from_slice(&w.act[a]);
+            out[na..].copy_from_slice(&w.act[b]);
+            w.act[y] = out;
+        }
+        Op::Up2 { x, y, c, h, w: wd } => {
+            let mut out = std::mem::take(&mut w.act[y]);
+            let xs = &w.act[x];
+            for p in 0..c {
+                let src = &xs[p * h * wd..(p + 1) * h * wd];
+                let dst = &mut out[p * 4 * h * wd..(p + 1) * 4 * h * wd];
+                for yy in 0..2 * h {
+                    let sr = &src[(yy / 2) * wd..(yy / 2 + 1) * wd];
+                    for (xx, d) in dst[yy * 2 * wd..(yy + 1) * 2 * wd].iter_mut().enumerate() {
+                        *d = sr[xx / 2];
+                    }
+                }
+            }
+            w.act[y] = out;
+        }
+        Op::Attn {
+            q,
+            k,
+            v,
+            o,
+            heads,
+            d,
+            l,
+            probs,
+        } => {
+            let mut out = std::mem::take(&mut w.act[o]);
+            let scale = 1.0 / (d as f32).sqrt();
+            for hh in 0..heads {
+                let r = hh * d * l..(hh + 1) * d * l;
+                let (qh, kh, vh) = (&w.act[q][r.clone()], &w.act[k][r.clone()], &w.act[v][r.clone()]);
+                let p = &mut w.probs[probs + hh * l * l..probs + (hh + 1) * l * l];
+                // S = scale·Qᵀ K [l × l], softmax over keys.
+                sgemm(l, l, d, p, l, false, Mat::cols(qh, l), Mat::rows(kh, l), scale);
+                softmax_rows(p, l);
+                // O = V Pᵀ [d × l].
+                sgemm(d, l, l, &mut out[r], l, false, Mat::rows(vh, l), Mat::cols(p, l), 1.0);
+            }
+            w.act[o] = out;
+        }
+    }
+}
+
+fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
+    match *op {
+        Op::Conv(c) => {
+            let dy = std::mem::take(&mut w.grad[c.y]);
+            let hwo = c.ho * c.wo;
+            let kk = c.cin * c.k * c.k;
+            {
+                let db = &mut w.g[c.b..c.b + c.cout];
+                for (d, row) in db.iter_mut().zip(dy.chunks_exact(hwo)) {
+                    *d += sum(row) as f32;
+                }
+            }
+            let one = c.k == 1 && c.stride == 1 && c.pad == 0;
+            let x = &w.act[c.x];
+            let src: &[f32] = if one {
+                x
+            } else {
+                im2col(&c, x, &mut w.col[..kk * hwo]);
+                &w.col[..kk * hwo]
+            };
+            // ∂W += ∂y · colᵀ.
+            sgemm(
+                c.cout,
+                kk,
+                hwo,
+                &mut w.g[c.w..c.w + c.cout * kk],
+                kk,
+                true,
+                Mat::rows(&dy, hwo),
+                Mat::cols(src, hwo),
+                1.0,
+            );
+            if needs[c.x] {
+                let wt = &params[c.w..c.w + c.cout * kk];
+                if one {
+                    sgemm(
+                        kk,
+                        hwo,
+                        c.cout,
+                        &mut w.grad[c.x],
+                        hwo,
+                        true,
+                        Mat::cols(wt, kk),
+                        Mat::rows(&dy, hwo),
+                        1.0,
+                    );
+                } else {
+                    let dcol = &mut w.col[..kk * hwo];
+                    sgemm(
+                        kk,
+                        hwo,
+                        c.cout,
+                        dcol,
+                        hwo,
+                        false,
+                        Mat::cols(wt, kk),
+                        Mat::rows(&dy, hwo),
+                        1.0,
+                    );
+                    col2im(&c, &w.col[..kk * hwo], &mut w.grad[c.x]);
+                }
+            }
+            w.grad[c.y] = dy;
+        }
+        Op::Norm {
+            g,
+            b,
+            groups,
+            c,
+            hw,
+            silu,
+            stats,
+            x,
+            y,
+        } => {
+            let dy = std::mem::take(&mut w.grad[y]);
+            let mut dx = std::mem::take(&mut w.grad[x]);
+            let xs = &w.act[x];
+            let cpg = c / groups;
+            let n = (cpg * hw) as f32;
+            let tmp = &mut w.tmp[..c * hw];
+            for gi in 0..groups {
+                let mean = w.stats[stats + 2 * gi];
+                let rstd = w.stats[stats + 2 * gi + 1];
+                let (mut s1, mut s2) = (0f64, 0f64);
+                for ch in gi * cpg..(gi + 1) * cpg {
+                    let gamma = params[g + ch];
+                    let beta = params[b + ch];
+                    let (mut dg, mut dbeta) = (0f32, 0f32);
+                    let (mut a1, mut a2) = (0f32, 0f32);
+                    let r = ch * hw..(ch + 1) * hw;
+                    for ((t, &xv), &d) in tmp[r.clone()].iter_mut().zip(&xs[r.clone()]).zip(&dy[r.clone()]) {
+                        let xh = (xv - mean) * rstd;
+                        let dz = if silu {
+                            let z = gamma * xh + beta;
+                            let s = sigmoid(z);
+                            d * s * (1.0 + z * (1.0 - s))
+                        } else {
+                            d
+                        };
+                        dg += dz * xh;
+                        dbeta += dz;
+                        let dxh = dz * gamma;
+                        *t = dxh;
+                        a1 += dxh;
+                        a2 += dxh * xh;
+                    }
+                    w.g[g + ch] += dg;
+                    w.g[b + ch] += dbeta;
+                    s1 += a1 as f64;
+                    s2 += a2 as f64;
+                }
+                let (m1, m2) = ((s1 / n as f64) as f32, (s2 / n as f64) as f32);
+                let r = gi * cpg * hw..(gi + 1) * cpg * hw;
+                for ((d, &t), &xv) in dx[r.clone()].iter_mut().zip(&tmp[r.clone()]).zip(&xs[r.clone()]) {
+                    let xh = (xv - mean) * rstd;
+                    *d += rstd * (t - m1 - xh * m2);
+                }
+            }
+            w.grad[x] = dx;
+            w.grad[y] = dy;
+        }
+        Op::Silu { x, y } => {
+            if !needs[x] {
+                return;
+            }
+            let dy = std::mem::take(&mut w.grad[y]);
+            let xs = &w.act[x];
+            for ((d, &g), &xv) in w.grad[x].iter_mut().zip(&dy).zip(xs) {
+                let s = sigmoid(xv);
+                *d += g * s * (1.0 + xv * (1.0 - s));
+            }
+            w.grad[y] = dy;
+        }
+        Op::AddBcast { x, v, y, hw } => {
+            let dy = std::mem::take(&mut w.grad[y]);
+            for (d, &g) in w.grad[x].iter_mut().zip(&dy) {
+                *d += g;
+            }
+            for (d, row) in w.grad[v].iter_mut().zip(dy.chunks_exact(hw)) {
+                *d += sum(row) as f32;
+            }
+            w.grad[y] = dy;
+        }
+        Op::Add { a, b, y, scale } => {
+            let dy = std::mem::take(&mut w.grad[y]);
+            for i in [a, b] {
+                if needs[i] {
+                    for (d, &g) in w.grad[i].iter_mut().zip(&dy) {
+                        *d += g * scale;
+                    }
+                }
+            }
+            w.grad[y] = dy;
+        }
+        Op::Concat { a, b, y } => {
+            let dy = std::mem::take(&mut w.grad[y]);
+            let na = w.act[a].len();
+            for (d, &g) in w.grad[a].iter_mut().zip(&dy[..na]) {
+                *d += g;
+            }
+            for (d, &g) in w.grad[b].iter_mut().zip(&dy[na..]) {
+                *d += g;
+            }
+            w.grad[y] = dy;
+        }
+        Op::Up2 { x, y, c, h, w: wd } => {
+            let dy = std::mem::take(&mut w.grad[y]);
+            let dx = &mut w.grad[x];
+            for p in 0..c {
+                let src = &dy[p * 4 * h * wd..(p + 1) * 4 * h * wd];
+                let dst = &mut dx[p * h * wd..(p + 1) * h * wd];
+                for yy in 0..2 * h {
+                    let dr = &mut dst[(yy / 2) * wd..(yy / 2 + 1) * wd];
+                    for (xx, &g) in src[yy * 2 * wd..(yy + 1) * 2 * wd].iter().enumerate() {
+                        dr[xx / 2] += g;
+                    }
+                }
+            }
+            w.grad[y] = dy;
+        }
+        Op::Attn {
+            q,
+            k,
+            v,
+            o,
+            heads,
+            d,
+            l,
+            probs,
+        } => {
+            let dout = std::mem::take(&mut w.grad[o]);
+            let mut dq = std::mem::take(&mut w.grad[q]);
+            let mut dk = std::mem::take(&mut w.grad[k]);
+            let mut dv = std::mem::take(&mut w.grad[v]);
+            let scale = 1.0 / (d as f32).sqrt();
+            for hh in 0..heads {
+                let r = hh * d * l..(hh + 1) * d * l;
+                let (qh, kh, vh) = (&w.act[q][r.clone()], &w.act[k][r.clone()], &w.act[v][r.clone()]);
+                let doh = &dout[r.clone()];
+                let p = &w.probs[probs + hh * l * l..probs + (hh + 1) * l * l];
+                let dp = &mut w.dp[..l * l];
+                // ∂P = ∂Oᵀ V [l × l]; ∂V += ∂O P.
+                sgemm(l, l, d, dp, l, false, Mat::cols(doh, l), Mat::rows(vh, l), 1.0);
+                sgemm(
+                    d,
+                    l,
+                    l,
+                    &mut dv[r.clone()],
+                    l,
+                    true,
+                    Mat::rows(doh, l),
+                    Mat::rows(p, l),
+                    1.0,
+                );
+                // ∂S = P ⊙ (∂P − rowsum(∂P ⊙ P)).
+                for (drow, prow) in dp.chunks_exact_mut(l).zip(p.chunks_exact(l)) {
+                    let dot: f32 = drow.iter().zip(prow).map(|(a, b)| a * b).sum();
+                    for (dd, &pp) in drow.iter_mut().zip(prow) {
+                        *dd = pp * (*dd - dot);
+                    }
+                }
+                // ∂Q += scale·K ∂Sᵀ; ∂K += scale·Q ∂S.
+                sgemm(
+                    d,
+                    l,
+                    l,
+                    &mut dq[r.clone()],
+                    l,
+                    true,
+                    Mat::rows(kh, l),
+                    Mat::cols(dp, l),
+                    scale,
+                );
+                sgemm(
+                    d,
+                    l,
+                    l,
+                    &mut dk[r.clone()],
+                    l,
+                    true,
+                    Mat::rows(qh, l),
+                    Mat::rows(dp, l),
+                    scale,
+                );
+            }
+            w.grad[q] = dq;
+            w.grad[k] = dk;
+            w.grad[v] = dv;
+            w.grad[o] = dout;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::unet2d_train::{clip_and_sum, per_sample_norms};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::StandardNormal;
+    use std::path::Path;
+
+    const TINY: &str = r#"{"_class_name": "UNet2DModel", "in_channels": 1, "out_channels": 1,
+        "block_out_channels": [8, 16], "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
+        "up_block_types": ["AttnUpBlock2D", "UpBlock2D"], "layers_per_block": 1,
+        "norm_num_groups": 4, "attention_head_dim": 4}"#;
+
+    /// Two layers per block, padding-0 downsampling, one attention head (head dim null),
+    /// centred input, a mid scale factor, three levels (the ddpm-cifar10 block structure, small).
+    const DEEP: &str = r#"{"_class_name": "UNet2DModel", "in_channels": 2, "out_channels": 2,
+        "block_out_channels": [8, 16, 16], "down_block_types": ["DownBlock2D", "AttnDownBlock2D", "DownBlock2D"],
+        "up_block_types": ["UpBlock2D", "AttnUpBlock2D", "UpBlock2D"], "layers_per_block": 2,
+        "norm_num_groups": 4, "attention_head_dim": null, "downsample_padding": 0,
+        "flip_sin_to_cos": false, "freq_shift": 1, "center_input_sample": true,
+        "mid_block_scale_factor": 1.4142, "norm_eps": 1e-6}"#;
+
+    fn batch(c: usize, side: usize, b: usize, seed: u64) -> (Vec<f32>, Vec<f64>, Vec<f32>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let n = b * c * side * side;
+        let x: Vec<f32> = (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect();
+        let e: Vec<f32> = (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect();
+        let t: Vec<f64> = (0..b).map(|i| 1.0 + (137 * i % 999) as f64).collect();
+        (x, t, e)
+    }
+
+    fn l2(v: &[f32]) -> f64 {
+        v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt()
+    }
+
+    /// Gradients of every parameter of every sample equal candle's batched pass and its
+    /// per-sample loop; the clipped sum equals `clip_and_sum`; the unclipped mean equals
+    /// candle's backward of the mean loss.
+    fn check(json: &str, side: usize, b: usize, loop_too: bool) {
+        let config = Unet2dConfig::parse(json, Path::new("config.json")).unwrap();
+        assert_eq!(unsupported(&config), None);
+        let m = TrainUnet::random(&config, 11, &Device::Cpu).unwrap();
+        let c = config.in_channels;
+        let (x, t, e) = batch(c, side, b, 5);
+        let mut g = CpuGrad::new(&m, [c, side, side]).unwrap();
+        let ours = g.per_sample(&x, &t, &e).unwrap();
+        let xt = Tensor::from_slice(&x, (b, c, side, side), &Device::Cpu).unwrap();
+        let et = Tensor::from_slice(&e, (b, c, side, side), &Device::Cpu).unwrap();
+        let mut refs = vec![m.per_sample_grads(&xt, &t, &et).unwrap()];
+        if loop_too {
+            refs.push(m.per_sample_grads_loop(&xt, &t, &et).unwrap());
+        }
+        let mut worst = (0f64, String::new());
+        for reference in &refs {
+            let norms = per_sample_norms(reference).unwrap();
+            for (i, ours_i) in ours.iter().enumerate() {
+                let on = l2(ours_i);
+                assert!(
+                    (on - norms[i]).abs() <= 1e-4 * norms[i],
+                    "sample {i}: norm {on} vs {}",
+                    norms[i]
+                );
+                for ((name, off, dims), (rn, rt)) in g.layout().iter().zip(reference) {
+                    assert_eq!(name, rn);
+                    let len: usize = dims.iter().product();
+                    let want: Vec<f32> = rt.get(i).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                    let got = &ours_i[*off..off + len];
+                    let diff: Vec<f32> = got.iter().zip(&want).map(|(a, b)| a - b).collect();
+                    let (d, nw) = (l2(&diff), l2(&want));
+                    // A gradient that is zero in exact arithmetic (the key bias: softmax ignores a
+                    // constant added to every score) is f32 noise in both: held to 1e-6 of the
+                    // sample's norm.
+                    assert!(
+                        d <= 1e-4 * nw + 1e-6 * norms[i],
+                        "{name} sample {i}: error {d:e}, norm {nw:e} (sample norm {:e})",
+                        norms[i]
+                    );
+                    if nw > 1e-4 * norms[i] && d / nw > worst.0 {
+                        worst = (d / nw, format!("{name} sample {i}"));
+                    }
+                }
+            }
+        }
+        eprintln!("largest relative error: {:e} ({})", worst.0, worst.1);
+        // Clipped sum with a clip between the norms, against candle's clip_and_sum.
+        let norms = per_sample_norms(&refs[0]).unwrap();
+        let mut sorted = norms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let clip = (sorted[0] + sorted[b - 1]) / 2.0;
+        let (want, _) = clip_and_sum(&refs[0], clip).unwrap();
+        let got = g.clipped_sum(&x, &t, &e, Some(clip), 1.0).unwrap();
+        for (a, b) in got.norms.iter().zip(&norms) {
+            assert!((a - b).abs() <= 1e-4 * b);
+        }
+        let gt = g.to_tensors(&got.sum, &Device::Cpu).unwrap();
+        let total = |h: &HashMap<String, Tensor>| -> f64 {
+            h.values()
+                .map(|t| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64)
+                .sum::<f64>()
+                .sqrt()
+        };
+        let scale = total(&want);
+        for (name, w) in &want {
+            let d = (&gt[name] - w)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as f64;
+            let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+            assert!(
+                d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * scale,
+                "clipped sum {name}: {} vs {}",
+                d.sqrt(),
+                n.sqrt()
+            );
+        }
+        // The non-private batch gradient: candle's backward of the mean loss.
+        let loss = m.per_sample_loss(&xt, &t, &et).unwrap().mean_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let mean = g.clipped_sum(&x, &t, &e, None, 1.0 / b as f64).unwrap();
+        let mt = g.to_tensors(&mean.sum, &Device::Cpu).unwrap();
+        let all: f64 = m
+            .vars()
+            .iter()
+            .map(|v| {
+                grads.get(v.as_tensor()).map_or(0.0, |t| {
+                    t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+                })
+            })
+            .sum::<f64>()
+            .sqrt();
+        for (name, v) in m.names().iter().zip(m.vars()) {
+            let w = grads.get(v.as_tensor()).unwrap();
+            let d = (&mt[name] - w)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as f64;
+            let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+            assert!(
+                d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * all,
+                "batch gradient {name}: {} vs {}",
+                d.sqrt(),
+                n.sqrt()
+            );
+        }
+    }
+
+    #[test]
+    fn cpu_pass_equals_candle_on_a_tiny_unet() {
+        check(TINY, 8, 4, true);
+    }
+
+    #[test]
+    fn cpu_pass_equals_candle_on_a_deep_unet_with_every_covered_option() {
+        check(DEEP, 8, 3, false);
+    }
+
+    #[test]
+    fn cpu_pass_equals_candle_on_the_mnist_ddpm_preset() {
+        let (text, _) = crate::models::diffusers_train::config_text("mnist-ddpm").unwrap();
+        check(&text, 28, 3, true);
+    }
+
+    #[test]
+    fn unsupported_configs_are_named() {
+        let odd = r#"{"_class_name": "UNet2DModel", "in_channels": 1, "out_channels": 1,
+            "block_out_channels": [8, 16], "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
+            "up_block_types": ["AttnUpBlock2D", "UpBlock2D"], "layers_per_block": 1,
+            "norm_num_groups": 4, "act_fn": "mish"}"#;
+        let config = Unet2dConfig::parse(odd, Path::new("config.json")).unwrap();
+        assert!(unsupported(&config).unwrap().contains("Mish"));
+        let m = TrainUnet::random(&config, 1, &Device::Cpu).unwrap();
+        assert!(CpuGrad::new(&m, [1, 8, 8]).is_err());
+    }
+}
