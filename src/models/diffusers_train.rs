@@ -511,6 +511,31 @@ fn check_plan(plan: &UnetTrainPlan, t_len: usize) -> Result<usize> {
     Ok(t_max)
 }
 
+/// Whether the folder `dir` (without a ledger) was trained by dpaudit from random weights on
+/// exactly the public rows of this split and data (its card's split, data and trained-rows
+/// hashes, no `--init`, no canaries): such weights are a function of rows disjoint from every
+/// private row, so a DP run may start from them at no privacy cost to the private rows (public
+/// pretraining, then DP fine-tuning). Returns the reason it qualifies, or None.
+fn public_only(dir: &Path, images: &ImageSet, split: &SplitManifest, split_path: &Path) -> Result<Option<String>> {
+    let Some(card) = UnetCard::load(dir)? else {
+        return Ok(None);
+    };
+    let d = &card.data;
+    let ok = d.trained_on == Part::Public
+        && d.sha256 == images.sha256
+        && d.split_sha256 == sha256_file(split_path)?
+        && d.rows_sha256 == indices_sha256(&split.public)
+        && card.training.init.is_none()
+        && card.canaries.is_none()
+        && card.dp.is_none();
+    Ok(ok.then(|| {
+        format!(
+            "trained from scratch on this split's {} public rows only (its card's hashes match): no ledger to compose; the private rows' ledger starts here",
+            split.public.len()
+        )
+    }))
+}
+
 /// The tightest sound ε of `event` at `delta` with its accountant, as the 8×8 `train` states it.
 fn epsilon_of(event: &DpEvent, delta: f64) -> Option<(f64, String)> {
     let (gs, _) = crate::accountants::attack_limits::guarantees(event, delta);
@@ -563,13 +588,18 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 }
                 init_ledger = Some((f.event, lpath));
             } else if plan.dp.is_some() {
-                return Err(Error::field(
-                    "--init",
-                    format!(
-                        "{} has no {LEDGER}: whatever it was trained on cannot be composed into this run's ledger. Start without --init, or from a folder dpaudit trained (with its ledger)",
-                        udir.display()
-                    ),
-                ));
+                match public_only(&udir, &images, &split, &plan.split)? {
+                    Some(why) => eprintln!("--init {}: {why}", udir.display()),
+                    None => {
+                        return Err(Error::field(
+                            "--init",
+                            format!(
+                                "{} has no {LEDGER}: whatever it was trained on cannot be composed into this run's ledger. Start without --init, from a folder dpaudit trained (with its ledger), or from one dpaudit trained from scratch on this split's public rows (--on public)",
+                                udir.display()
+                            ),
+                        ))
+                    }
+                }
             }
             (text, format!("--init {}", udir.display()), m)
         }
@@ -962,9 +992,14 @@ impl Folder<'_> {
                     } else {
                         String::new()
                     },
-                    self.init_ledger
-                        .map(|(_, p)| format!(", after the ledger of --init ({})", p.display()))
-                        .unwrap_or_default(),
+                    match (self.init_ledger, &plan.init) {
+                        (Some((_, p)), _) => format!(", after the ledger of --init ({})", p.display()),
+                        (None, Some(p)) => format!(
+                            ", from --init {} (trained on the split's public rows only: nothing to compose)",
+                            p.display()
+                        ),
+                        (None, None) => String::new(),
+                    },
                     d.sample_rate,
                     d.clip,
                     d.noise_multiplier,

@@ -590,3 +590,101 @@ fn periodic_checkpoints_are_the_folder_of_a_shorter_run_and_resume_with_their_le
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--checkpoint-every"), "{}", stderr(&o));
 }
+
+/// Public pretraining, then DP fine-tuning: a DP run may start from a folder dpaudit trained from
+/// scratch on the split's public rows (no ledger to compose: its ledger is this run's alone);
+/// a ledger-less folder trained on anything else is refused.
+#[test]
+fn dp_fine_tuning_starts_from_a_public_only_folder_and_refuses_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let public = tmp.path().join("public");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--on",
+        "public",
+        "--steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--seed",
+        "1",
+        "--out",
+        s(&public),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let dp = |init: &Path, out: &Path| {
+        dpaudit(&[
+            "train",
+            "--unet",
+            "tiny",
+            "--init",
+            s(init),
+            "--dp",
+            "--noise-multiplier",
+            "1.0",
+            "--sample-rate",
+            "0.05",
+            "--steps",
+            "2",
+            "--seed",
+            "2",
+            "--out",
+            s(out),
+            "--quiet",
+        ])
+    };
+    let ft = tmp.path().join("ft");
+    let o = dp(&public, &ft);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("public rows only"), "{}", stderr(&o));
+    let ledger = EventFile::load(&ft.join("dpaudit-ledger.toml")).unwrap();
+    assert_eq!(ledger.event, DpEvent::dpsgd(1.0, 0.05, 2));
+    let text = std::fs::read_to_string(ft.join("dpaudit-ledger.toml")).unwrap();
+    assert!(text.contains("public rows only"), "{text}");
+    // Trained on the members without a ledger: refused.
+    let members = tmp.path().join("members");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--seed",
+        "1",
+        "--out",
+        s(&members),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = dp(&members, &tmp.path().join("ft2"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--init"), "{}", stderr(&o));
+    // The public folder's card no longer matches once its weights come from elsewhere (--init).
+    let chained = tmp.path().join("chained");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--init",
+        s(&members),
+        "--on",
+        "public",
+        "--steps",
+        "1",
+        "--batch-size",
+        "8",
+        "--seed",
+        "1",
+        "--out",
+        s(&chained),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = dp(&chained, &tmp.path().join("ft3"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
