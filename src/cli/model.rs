@@ -238,9 +238,11 @@ fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     if g.hand_written {
         use dpaudit::models::unet2d_grad_cpu::{unsupported, CpuGrad};
         if let Some(why) = unsupported(&config) {
-            return Err(Error::field("--hand-written", format!("the hand-written pass does not cover {why}"))
-                .with_file(&cpath)
-                .into());
+            return Err(
+                Error::field("--hand-written", format!("the hand-written pass does not cover {why}"))
+                    .with_file(&cpath)
+                    .into(),
+            );
         }
         let mut pass = CpuGrad::new(&model, [shape[1], shape[2], shape[3]]).map_err(|err| err.with_file(&g.input))?;
         let r = pass.clipped_sum(&x, &ts, &e, g.clip, 1.0)?;

@@ -37,7 +37,9 @@ use std::sync::Mutex;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use super::kernels::{affine, sgemm, softmax_rows, sq_dev, sum, Mat};
+use super::kernels::{
+    affine, norm_act_grad, norm_input_grad, sgemm, silu_grad, softmax_grad_rows, softmax_rows, sq_dev, sum, Mat,
+};
 use super::unet2d::{Act, Resample, TimeEmbedding, Unet2dConfig};
 use super::unet2d_train::{clip_factor, TrainUnet};
 use crate::error::{Error, Result};
@@ -713,11 +715,6 @@ fn norm2(v: &[f32]) -> f64 {
         .sum()
 }
 
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// One sample's forward and backward pass: leaves ∇θ L in `w.g`.
 fn gradient(config: &Unet2dConfig, plan: &Plan, params: &[f32], w: &mut Work, x: &[f32], t: f64, eps: &[f32]) {
     // Inputs.
@@ -1068,7 +1065,7 @@ fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
             let mut dx = std::mem::take(&mut w.grad[x]);
             let xs = &w.act[x];
             let cpg = c / groups;
-            let n = (cpg * hw) as f32;
+            let n = (cpg * hw) as f64;
             let tmp = &mut w.tmp[..c * hw];
             for gi in 0..groups {
                 let mean = w.stats[stats + 2 * gi];
@@ -1076,36 +1073,35 @@ fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
                 let (mut s1, mut s2) = (0f64, 0f64);
                 for ch in gi * cpg..(gi + 1) * cpg {
                     let gamma = params[g + ch];
-                    let beta = params[b + ch];
-                    let (mut dg, mut dbeta) = (0f32, 0f32);
-                    let (mut a1, mut a2) = (0f32, 0f32);
                     let r = ch * hw..(ch + 1) * hw;
-                    for ((t, &xv), &d) in tmp[r.clone()].iter_mut().zip(&xs[r.clone()]).zip(&dy[r.clone()]) {
-                        let xh = (xv - mean) * rstd;
-                        let dz = if silu {
-                            let z = gamma * xh + beta;
-                            let s = sigmoid(z);
-                            d * s * (1.0 + z * (1.0 - s))
-                        } else {
-                            d
-                        };
-                        dg += dz * xh;
-                        dbeta += dz;
-                        let dxh = dz * gamma;
-                        *t = dxh;
-                        a1 += dxh;
-                        a2 += dxh * xh;
-                    }
-                    w.g[g + ch] += dg;
-                    w.g[b + ch] += dbeta;
-                    s1 += a1 as f64;
-                    s2 += a2 as f64;
+                    let (sdz, sdzx) = norm_act_grad(
+                        &mut tmp[r.clone()],
+                        &xs[r.clone()],
+                        &dy[r],
+                        mean,
+                        rstd,
+                        gamma,
+                        params[b + ch],
+                        silu,
+                    );
+                    w.g[g + ch] += sdzx as f32;
+                    w.g[b + ch] += sdz as f32;
+                    s1 += gamma as f64 * sdz;
+                    s2 += gamma as f64 * sdzx;
                 }
-                let (m1, m2) = ((s1 / n as f64) as f32, (s2 / n as f64) as f32);
-                let r = gi * cpg * hw..(gi + 1) * cpg * hw;
-                for ((d, &t), &xv) in dx[r.clone()].iter_mut().zip(&tmp[r.clone()]).zip(&xs[r.clone()]) {
-                    let xh = (xv - mean) * rstd;
-                    *d += rstd * (t - m1 - xh * m2);
+                let (m1, m2) = ((s1 / n) as f32, (s2 / n) as f32);
+                for ch in gi * cpg..(gi + 1) * cpg {
+                    let r = ch * hw..(ch + 1) * hw;
+                    norm_input_grad(
+                        &mut dx[r.clone()],
+                        &tmp[r.clone()],
+                        &xs[r],
+                        mean,
+                        rstd,
+                        params[g + ch],
+                        m1,
+                        m2,
+                    );
                 }
             }
             w.grad[x] = dx;
@@ -1116,11 +1112,7 @@ fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
                 return;
             }
             let dy = std::mem::take(&mut w.grad[y]);
-            let xs = &w.act[x];
-            for ((d, &g), &xv) in w.grad[x].iter_mut().zip(&dy).zip(xs) {
-                let s = sigmoid(xv);
-                *d += g * s * (1.0 + xv * (1.0 - s));
-            }
+            silu_grad(&mut w.grad[x], &dy, &w.act[x]);
             w.grad[y] = dy;
         }
         Op::AddBcast { x, v, y, hw } => {
@@ -1205,12 +1197,7 @@ fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
                     1.0,
                 );
                 // ∂S = P ⊙ (∂P − rowsum(∂P ⊙ P)).
-                for (drow, prow) in dp.chunks_exact_mut(l).zip(p.chunks_exact(l)) {
-                    let dot: f32 = drow.iter().zip(prow).map(|(a, b)| a * b).sum();
-                    for (dd, &pp) in drow.iter_mut().zip(prow) {
-                        *dd = pp * (*dd - dot);
-                    }
-                }
+                softmax_grad_rows(dp, p, l);
                 // ∂Q += scale·K ∂Sᵀ; ∂K += scale·Q ∂S.
                 sgemm(
                     d,
@@ -1412,6 +1399,78 @@ mod tests {
     fn cpu_pass_equals_candle_on_the_mnist_ddpm_preset() {
         let (text, _) = crate::models::diffusers_train::config_text("mnist-ddpm").unwrap();
         check(&text, 28, 3, true);
+    }
+
+    /// The ddpm-cifar10 preset (35.7M parameters: two layers per block, four levels, padding-0
+    /// strided downsampling, one 256-channel attention head at 16×16) on two samples.
+    #[test]
+    fn cpu_pass_equals_candle_on_the_ddpm_cifar10_preset() {
+        let (text, _) = crate::models::diffusers_train::config_text("ddpm-cifar10").unwrap();
+        check(&text, 32, 2, false);
+    }
+
+    /// Time per operation kind, forward and backward, on the mnist-ddpm preset (a profile for
+    /// development: `cargo test --release --lib profile_ops -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn profile_ops() {
+        use std::time::Instant;
+        let (text, _) = crate::models::diffusers_train::config_text("mnist-ddpm").unwrap();
+        let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+        let m = TrainUnet::random(&config, 11, &Device::Cpu).unwrap();
+        let (x, t, e) = batch(1, 28, 64, 5);
+        let g = CpuGrad::new(&m, [1, 28, 28]).unwrap();
+        let mut w = Work::new(&g.plan, g.n_params);
+        let kind = |op: &Op| -> String {
+            match op {
+                Op::Conv(c) => format!("conv k{} s{} {}→{} {}x{}", c.k, c.stride, c.cin, c.cout, c.ho, c.wo),
+                Op::Norm { silu, .. } => format!("norm silu={silu}"),
+                Op::Silu { .. } => "silu".into(),
+                Op::AddBcast { .. } => "addbcast".into(),
+                Op::Add { .. } => "add".into(),
+                Op::Concat { .. } => "concat".into(),
+                Op::Up2 { .. } => "up2".into(),
+                Op::Attn { l, heads, .. } => format!("attn l{l} h{heads}"),
+            }
+        };
+        let mut fwd: HashMap<String, f64> = HashMap::new();
+        let mut bwd: HashMap<String, f64> = HashMap::new();
+        let t0 = Instant::now();
+        for i in 0..64 {
+            gradient(
+                &g.config,
+                &g.plan,
+                &g.params,
+                &mut w,
+                &x[i * 784..(i + 1) * 784],
+                t[i],
+                &e[i * 784..(i + 1) * 784],
+            );
+        }
+        let whole = t0.elapsed().as_secs_f64() / 64.0;
+        for i in 0..64 {
+            w.act[g.plan.input].copy_from_slice(&x[i * 784..(i + 1) * 784]);
+            for op in &g.plan.ops {
+                let s = Instant::now();
+                forward(op, &g.params, &mut w, 1e-5);
+                *fwd.entry(kind(op)).or_default() += s.elapsed().as_secs_f64();
+            }
+            for op in g.plan.ops.iter().rev() {
+                let s = Instant::now();
+                backward(op, &g.params, &mut w, &g.plan.needs_grad);
+                *bwd.entry(kind(op)).or_default() += s.elapsed().as_secs_f64();
+            }
+        }
+        let mut rows: Vec<_> = fwd.keys().cloned().collect();
+        rows.sort_by(|a, b| (bwd[b] + fwd[b]).total_cmp(&(bwd[a] + fwd[a])));
+        eprintln!("whole sample {:.3} ms", whole * 1e3);
+        for r in rows {
+            eprintln!(
+                "{r:32} fwd {:7.3} ms  bwd {:7.3} ms",
+                fwd[&r] / 64.0 * 1e3,
+                bwd[&r] / 64.0 * 1e3
+            );
+        }
     }
 
     #[test]

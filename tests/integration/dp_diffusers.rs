@@ -136,7 +136,11 @@ fn a_tiny_dp_unet_trains_in_under_a_minute_and_mia_uses_its_ledger() {
     let card = std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap();
     // On the CPU the hand-written per-sample pass runs (the tiny preset is covered).
     assert!(card.contains("per_sample = \"hand-written\""), "{card}");
-    assert!(stderr(&o).contains("per-sample gradients: hand-written CPU pass"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("per-sample gradients: hand-written CPU pass"),
+        "{}",
+        stderr(&o)
+    );
     assert!(card.contains("epsilon = "), "{card}");
     let info = dpaudit(&["model", "info", s(&out)]);
     assert_eq!(info.status.code(), Some(0), "{}", stderr(&info));
