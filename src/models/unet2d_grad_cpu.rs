@@ -753,6 +753,16 @@ fn gradient(config: &Unet2dConfig, plan: &Plan, params: &[f32], w: &mut Work, x:
     }
 }
 
+/// dst [cols × rows] = src [rows × cols]ᵀ, or += when `add`.
+fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], add: bool) {
+    for (i, row) in src.chunks_exact(cols).take(rows).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            let d = &mut dst[j * rows + i];
+            *d = if add { *d + v } else { v };
+        }
+    }
+}
+
 /// col[(ci·k + dy)·k + dx][y·wo + x] = x[ci][y·s + dy − pad][x·s + dx − pad] (0 outside).
 fn im2col(c: &ConvOp, x: &[f32], col: &mut [f32]) {
     let (h, w, k, s, pad, ho, wo) = (c.h, c.wd, c.k, c.stride, c.pad, c.ho, c.wo);
@@ -978,8 +988,11 @@ fn forward(op: &Op, params: &[f32], w: &mut Work, norm_eps: f64) {
                 // S = scale·Qᵀ K [l × l], softmax over keys.
                 sgemm(l, l, d, p, l, false, Mat::cols(qh, l), Mat::rows(kh, l), scale);
                 softmax_rows(p, l);
-                // O = V Pᵀ [d × l].
-                sgemm(d, l, l, &mut out[r], l, false, Mat::rows(vh, l), Mat::cols(p, l), 1.0);
+                // O = V Pᵀ [d × l], computed as Oᵀ = P Vᵀ [l × d] (a GEMM with l rows runs about
+                // twice as fast as one with d) and transposed.
+                let ot = &mut w.tmp[..l * d];
+                sgemm(l, d, l, ot, d, false, Mat::rows(p, l), Mat::cols(vh, l), 1.0);
+                transpose_into(ot, l, d, &mut out[r], false);
             }
             w.act[o] = out;
         }
@@ -1198,18 +1211,10 @@ fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
                 );
                 // ∂S = P ⊙ (∂P − rowsum(∂P ⊙ P)).
                 softmax_grad_rows(dp, p, l);
-                // ∂Q += scale·K ∂Sᵀ; ∂K += scale·Q ∂S.
-                sgemm(
-                    d,
-                    l,
-                    l,
-                    &mut dq[r.clone()],
-                    l,
-                    true,
-                    Mat::rows(kh, l),
-                    Mat::cols(dp, l),
-                    scale,
-                );
+                // ∂Q += scale·K ∂Sᵀ (as ∂Qᵀ = scale·∂S Kᵀ [l × d], transposed); ∂K += scale·Q ∂S.
+                let qt = &mut w.tmp[..l * d];
+                sgemm(l, d, l, qt, d, false, Mat::rows(dp, l), Mat::cols(kh, l), scale);
+                transpose_into(qt, l, d, &mut dq[r.clone()], true);
                 sgemm(
                     d,
                     l,
@@ -1407,6 +1412,49 @@ mod tests {
     fn cpu_pass_equals_candle_on_the_ddpm_cifar10_preset() {
         let (text, _) = crate::models::diffusers_train::config_text("ddpm-cifar10").unwrap();
         check(&text, 32, 2, false);
+    }
+
+    /// GEMM shapes of one attention head (development: which orientation is faster).
+    #[test]
+    #[ignore]
+    fn profile_attention_gemms() {
+        use std::time::Instant;
+        let (l, d) = (196usize, 8usize);
+        let a: Vec<f32> = (0..l * l).map(|i| (i % 7) as f32 * 0.1).collect();
+        let q: Vec<f32> = (0..l * d).map(|i| (i % 5) as f32 * 0.1).collect();
+        let mut out = vec![0f32; l * l];
+        let mut small = vec![0f32; l * d];
+        let reps = 2000;
+        let time = |name: &str, f: &mut dyn FnMut()| {
+            let t = Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            eprintln!("{name:40} {:7.2} us", t.elapsed().as_secs_f64() / reps as f64 * 1e6);
+        };
+        time("S = Q^T K (lhs col-major)", &mut || {
+            sgemm(l, l, d, &mut out, l, false, Mat::cols(&q, l), Mat::rows(&q, l), 1.0)
+        });
+        time("S = Q^T K (lhs row-major [l,d])", &mut || {
+            sgemm(l, l, d, &mut out, l, false, Mat::rows(&q, d), Mat::rows(&q, l), 1.0)
+        });
+        time("S = Q^T K (rhs col-major [l,d])", &mut || {
+            sgemm(l, l, d, &mut out, l, false, Mat::rows(&q, d), Mat::cols(&q, d), 1.0)
+        });
+        time("O = V P^T  (m=d)", &mut || {
+            sgemm(d, l, l, &mut small, l, false, Mat::rows(&q, l), Mat::cols(&a, l), 1.0)
+        });
+        time("O^T = P V^T (m=l)", &mut || {
+            sgemm(l, d, l, &mut small, d, false, Mat::rows(&a, l), Mat::cols(&q, l), 1.0)
+        });
+        time("dV = dO P  (m=d)", &mut || {
+            sgemm(d, l, l, &mut small, l, true, Mat::rows(&q, l), Mat::rows(&a, l), 1.0)
+        });
+        time("dV^T = P^T dO^T (m=l)", &mut || {
+            sgemm(l, d, l, &mut small, d, true, Mat::cols(&a, l), Mat::cols(&q, l), 1.0)
+        });
+        time("softmax rows", &mut || softmax_rows(&mut out, l));
+        time("softmax grad rows", &mut || softmax_grad_rows(&mut out, &a, l));
     }
 
     /// Time per operation kind, forward and backward, on the mnist-ddpm preset (a profile for
