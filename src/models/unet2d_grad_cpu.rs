@@ -141,6 +141,8 @@ struct Plan {
     /// Largest im2col matrix and largest per-head score matrix.
     max_col: usize,
     max_ll: usize,
+    /// Largest weight matrix (cout·cin·k²).
+    max_w: usize,
     max_len: usize,
 }
 
@@ -153,6 +155,8 @@ struct Builder<'a> {
     probs: usize,
     max_col: usize,
     max_ll: usize,
+    /// Largest weight matrix (cout·cin·k²).
+    max_w: usize,
 }
 
 impl Builder<'_> {
@@ -183,6 +187,7 @@ impl Builder<'_> {
         let ho = (h + pad_lo + pad_hi - k) / stride + 1;
         let wo = (wd + pad_lo + pad_hi - k) / stride + 1;
         let y = self.buf(cout, ho, wo);
+        self.max_w = self.max_w.max(cout * cin * k * k);
         if k > 1 || stride > 1 || pad_lo > 0 {
             self.max_col = self.max_col.max(cin * k * k * ho * wo);
         }
@@ -210,6 +215,7 @@ impl Builder<'_> {
         let w = self.param(&format!("{p}.weight"), &[out, cin])?;
         let b = self.param(&format!("{p}.bias"), &[out])?;
         let y = self.buf(out, h, wd);
+        self.max_w = self.max_w.max(out * cin);
         self.ops.push(Op::Conv(ConvOp {
             w,
             b,
@@ -365,6 +371,7 @@ fn compile(config: &Unet2dConfig, params: &HashMap<String, (usize, Vec<usize>)>,
         probs: 0,
         max_col: 0,
         max_ll: 0,
+        max_w: 0,
     };
     let input = b.buf(cfg.in_channels, h, w);
     let c0 = cfg.block_out_channels[0];
@@ -466,6 +473,7 @@ fn compile(config: &Unet2dConfig, params: &HashMap<String, (usize, Vec<usize>)>,
         probs: b.probs,
         max_col: b.max_col,
         max_ll: b.max_ll,
+        max_w: b.max_w,
     })
 }
 
@@ -477,6 +485,8 @@ struct Work {
     stats: Vec<f32>,
     probs: Vec<f32>,
     dp: Vec<f32>,
+    /// A transposed weight gradient.
+    wscr: Vec<f32>,
     tmp: Vec<f32>,
     /// This sample's gradient.
     g: Vec<f32>,
@@ -498,6 +508,7 @@ impl Work {
             stats: vec![0.0; plan.stats],
             probs: vec![0.0; plan.probs],
             dp: vec![0.0; plan.max_ll],
+            wscr: vec![0.0; plan.max_w],
             tmp: vec![0.0; plan.max_len],
             g: vec![0.0; n_params],
             sum: vec![0.0; n_params],
@@ -1019,18 +1030,21 @@ fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
                 im2col(&c, x, &mut w.col[..kk * hwo]);
                 &w.col[..kk * hwo]
             };
-            // ∂W += ∂y · colᵀ.
+            // ∂W += ∂y · colᵀ, as ∂Wᵀ = col · ∂yᵀ [cin·k² × cout] (a GEMM with few columns
+            // runs ≈ 1.6× faster than one with a transposed wide right operand), transposed.
+            let dwt = &mut w.wscr[..kk * c.cout];
             sgemm(
+                kk,
                 c.cout,
-                kk,
                 hwo,
-                &mut w.g[c.w..c.w + c.cout * kk],
-                kk,
-                true,
-                Mat::rows(&dy, hwo),
-                Mat::cols(src, hwo),
+                dwt,
+                c.cout,
+                false,
+                Mat::rows(src, hwo),
+                Mat::cols(&dy, hwo),
                 1.0,
             );
+            transpose_into(dwt, kk, c.cout, &mut w.g[c.w..c.w + c.cout * kk], true);
             if needs[c.x] {
                 let wt = &params[c.w..c.w + c.cout * kk];
                 if one {
@@ -1453,6 +1467,65 @@ mod tests {
         time("dV^T = P^T dO^T (m=l)", &mut || {
             sgemm(l, d, l, &mut small, d, true, Mat::cols(&a, l), Mat::cols(&q, l), 1.0)
         });
+        for (co, kk, hw) in [(32usize, 288usize, 196usize), (16, 144, 784), (16, 432, 784)] {
+            let dy: Vec<f32> = (0..co * hw).map(|i| (i % 3) as f32).collect();
+            let col: Vec<f32> = (0..kk * hw).map(|i| (i % 11) as f32).collect();
+            let mut dw = vec![0f32; co * kk];
+            time(&format!("dW = dY colT {co}x{kk}x{hw}"), &mut || {
+                sgemm(
+                    co,
+                    kk,
+                    hw,
+                    &mut dw,
+                    kk,
+                    true,
+                    Mat::rows(&dy, hw),
+                    Mat::cols(&col, hw),
+                    1.0,
+                )
+            });
+            time(&format!("dWT = col dYT {co}x{kk}x{hw}"), &mut || {
+                sgemm(
+                    kk,
+                    co,
+                    hw,
+                    &mut dw,
+                    co,
+                    true,
+                    Mat::rows(&col, hw),
+                    Mat::cols(&dy, hw),
+                    1.0,
+                )
+            });
+            let mut dcol = vec![0f32; kk * hw];
+            let wt: Vec<f32> = (0..co * kk).map(|i| (i % 5) as f32).collect();
+            time(&format!("dcol = WT dY {co}x{kk}x{hw}"), &mut || {
+                sgemm(
+                    kk,
+                    hw,
+                    co,
+                    &mut dcol,
+                    hw,
+                    false,
+                    Mat::cols(&wt, kk),
+                    Mat::rows(&dy, hw),
+                    1.0,
+                )
+            });
+            time(&format!("fwd Y = W col {co}x{kk}x{hw}"), &mut || {
+                sgemm(
+                    co,
+                    hw,
+                    kk,
+                    &mut dcol,
+                    hw,
+                    false,
+                    Mat::rows(&wt, kk),
+                    Mat::rows(&col, hw),
+                    1.0,
+                )
+            });
+        }
         time("softmax rows", &mut || softmax_rows(&mut out, l));
         time("softmax grad rows", &mut || softmax_grad_rows(&mut out, &a, l));
     }
