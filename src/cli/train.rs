@@ -180,7 +180,8 @@ pub struct Args {
     /// `mnist-ddpm`, `ddpm-cifar10`). --out is then a folder that diffusers' from_pretrained loads (config.json,
     /// diffusion_pytorch_model.safetensors, scheduler_config.json) with dpaudit-card.toml,
     /// training.json and, with --dp, dpaudit-ledger.toml; --data/--split default to the shipped
-    /// MNIST; --batch-size is the DP per-sample-gradient chunk; --init takes a diffusers folder.
+    /// MNIST; --batch-size is the DP per-sample-gradient chunk of candle's batched pass (CUDA, and
+    /// architectures the CPU pass does not cover); --init takes a diffusers folder.
     #[arg(long, value_name = "CONFIG|PRESET")]
     pub unet: Option<String>,
 }

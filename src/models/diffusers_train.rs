@@ -7,11 +7,14 @@
 //!
 //! DP-SGD (Abadi et al. 2016, Algorithm 1, in Opacus' form): each step draws a Poisson sample
 //! of the private rows (each independently with probability q), computes every sample's
-//! gradient in one batched pass ([`super::unet2d_train`]), clips it by Opacus' factor
-//! min(1, C/(‖g‖ + 10⁻⁶)), adds N(0, σ²C² I) to the sum and divides by the expected batch size
-//! q·n ([`super::dp::release`]), then takes an Adam step. The per-sample gradients are computed
+//! gradient, clips it by Opacus' factor min(1, C/(‖g‖ + 10⁻⁶)), adds N(0, σ²C² I) to the sum and
+//! divides by the expected batch size q·n ([`super::dp::release`]), then takes an Adam step. On
+//! the CPU the per-sample gradients come from the hand-written pass of one sample at a time
+//! ([`super::unet2d_grad_cpu`], samples in parallel); on CUDA, with `--per-sample loop` and for
+//! architectures that pass does not cover, from candle's batched pass ([`super::unet2d_train`])
 //! in chunks of `--batch-size` rows (memory only, like Opacus' `BatchMemoryManager`; the
-//! released update is the same). Each step is one `PoissonSampled { q, Gaussian { σ } }` event
+//! released update is the same). The non-private path takes the gradient of the mean loss from
+//! the same two sources. Each step is one `PoissonSampled { q, Gaussian { σ } }` event
 //! under add/remove-one neighbours; the ledger records the steps that ran. Sampling, the
 //! examples' (t, ε) and the noise come from the OS-keyed ChaCha20 CSPRNG
 //! ([`super::dp::secret_rng`]) unless `--seed` is given.
@@ -292,7 +295,7 @@ pub struct UnetTrainPlan {
     pub beta_end: f64,
     /// Optimiser steps.
     pub steps: usize,
-    /// Batch size (non-DP); rows per per-sample-gradient chunk (DP).
+    /// Batch size (non-DP); rows per per-sample-gradient chunk (DP, candle's batched pass).
     pub batch_size: usize,
     /// Adam learning rate.
     pub lr: f64,

@@ -494,6 +494,117 @@ fn affine_impl<const F: bool>(dst: &mut [f32], src: &[f32], a: f32, b: f32, silu
     }
 }
 
+avx2_dispatch! {
+    /// Group-norm backward over one channel, first pass: with x̂ = (x − mean)·rstd and
+    /// z = γ x̂ + β, writes dz = dy·SiLU'(z) = dy·s(1 + z(1 − s)), s = σ(z), when `silu` (else
+    /// dz = dy) and returns (Σ dz, Σ dz·x̂) (f32 partial sums over eight lanes per block of 256,
+    /// widened).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_act_grad(dz: &mut [f32], x: &[f32], dy: &[f32], mean: f32, rstd: f32, gamma: f32, beta: f32, silu: bool) -> (f64, f64) => norm_act_grad_impl
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn norm_act_grad_impl<const F: bool>(
+    dz: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+    mean: f32,
+    rstd: f32,
+    gamma: f32,
+    beta: f32,
+    silu: bool,
+) -> (f64, f64) {
+    if silu {
+        for ((d, &xv), &g) in dz.iter_mut().zip(x).zip(dy) {
+            let z = madd::<F>(gamma, (xv - mean) * rstd, beta);
+            let s = 1.0 / (1.0 + exp_f::<F>(-z));
+            *d = g * s * madd::<F>(z, 1.0 - s, 1.0);
+        }
+    } else {
+        dz.copy_from_slice(dy);
+    }
+    let (mut t1, mut t2) = (0f64, 0f64);
+    for (bd, bx) in dz.chunks(256).zip(x.chunks(256)) {
+        let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
+        let (mut id, mut ix) = (bd.chunks_exact(8), bx.chunks_exact(8));
+        for (cd, cx) in (&mut id).zip(&mut ix) {
+            for k in 0..8 {
+                a[k] += cd[k];
+                b[k] = madd::<F>(cd[k], (cx[k] - mean) * rstd, b[k]);
+            }
+        }
+        for (&d, &xv) in id.remainder().iter().zip(ix.remainder()) {
+            t1 += d as f64;
+            t2 += (d * (xv - mean) * rstd) as f64;
+        }
+        t1 += a.iter().map(|&v| v as f64).sum::<f64>();
+        t2 += b.iter().map(|&v| v as f64).sum::<f64>();
+    }
+    (t1, t2)
+}
+
+avx2_dispatch! {
+    /// Group-norm backward over one channel, second pass: dx += rstd·(γ dz − m1 − x̂ m2) with
+    /// x̂ = (x − mean)·rstd (m1, m2: the group means of γ dz and γ dz·x̂).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_input_grad(dx: &mut [f32], dz: &[f32], x: &[f32], mean: f32, rstd: f32, gamma: f32, m1: f32, m2: f32) => norm_input_grad_impl
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn norm_input_grad_impl<const F: bool>(
+    dx: &mut [f32],
+    dz: &[f32],
+    x: &[f32],
+    mean: f32,
+    rstd: f32,
+    gamma: f32,
+    m1: f32,
+    m2: f32,
+) {
+    for ((d, &g), &xv) in dx.iter_mut().zip(dz).zip(x) {
+        let xh = (xv - mean) * rstd;
+        *d = madd::<F>(rstd, madd::<F>(gamma, g, -m1) - xh * m2, *d);
+    }
+}
+
+avx2_dispatch! {
+    /// Softmax backward of each row of `l` values, in place: ds ← p ⊙ (ds − Σ ds ⊙ p).
+    pub fn softmax_grad_rows(ds: &mut [f32], p: &[f32], l: usize) => softmax_grad_rows_impl
+}
+
+#[inline(always)]
+fn softmax_grad_rows_impl<const F: bool>(ds: &mut [f32], p: &[f32], l: usize) {
+    for (drow, prow) in ds.chunks_exact_mut(l).zip(p.chunks_exact(l)) {
+        let mut acc = [0f32; 8];
+        let (mut id, mut ip) = (drow.chunks_exact(8), prow.chunks_exact(8));
+        for (cd, cp) in (&mut id).zip(&mut ip) {
+            for k in 0..8 {
+                acc[k] = madd::<F>(cd[k], cp[k], acc[k]);
+            }
+        }
+        let mut dot: f32 = id.remainder().iter().zip(ip.remainder()).map(|(a, b)| a * b).sum();
+        dot += acc.iter().sum::<f32>();
+        for (d, &pp) in drow.iter_mut().zip(prow) {
+            *d = pp * (*d - dot);
+        }
+    }
+}
+
+avx2_dispatch! {
+    /// SiLU backward: dx += dy·s(1 + x(1 − s)), s = σ(x).
+    pub fn silu_grad(dx: &mut [f32], dy: &[f32], x: &[f32]) => silu_grad_impl
+}
+
+#[inline(always)]
+fn silu_grad_impl<const F: bool>(dx: &mut [f32], dy: &[f32], x: &[f32]) {
+    for ((d, &g), &xv) in dx.iter_mut().zip(dy).zip(x) {
+        let s = 1.0 / (1.0 + exp_f::<F>(-xv));
+        *d = madd::<F>(g * s, madd::<F>(xv, 1.0 - s, 1.0), *d);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
