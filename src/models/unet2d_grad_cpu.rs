@@ -1422,7 +1422,10 @@ mod tests {
 
     /// The ddpm-cifar10 preset (35.7M parameters: two layers per block, four levels, padding-0
     /// strided downsampling, one 256-channel attention head at 16×16) on two samples.
+    /// 35.7M parameters: ≈ 24 s and 3.6 GB at its peak (candle's batched pass holds every
+    /// layer's unfolded input), too heavy beside the rest of CI; run with `--ignored`.
     #[test]
+    #[ignore = "3.6 GB peak; cargo test --release --lib cpu_pass_equals_candle_on_the_ddpm_cifar10_preset -- --ignored"]
     fn cpu_pass_equals_candle_on_the_ddpm_cifar10_preset() {
         let (text, _) = crate::models::diffusers_train::config_text("ddpm-cifar10").unwrap();
         check(&text, 32, 2, false);
