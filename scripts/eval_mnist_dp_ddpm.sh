@@ -19,14 +19,20 @@ DATA=fixtures/data/mnist/mnist-10k.u8.gz
 SPLIT=fixtures/splits/mnist-dp.toml
 : "${MAX:=1000}" "${PY:=/work/pyvenv/bin/python}"
 mkdir -p "$OUT"
-for m in mnist-dp-ddpm mnist-nodp-ddpm; do
-  "$BIN" mia --checkpoint "$MODELS/$m" --data "$DATA" --split "$SPLIT" --device "$DEV" \
+# PARALLEL=1: the two models at once (two processes; RAYON_NUM_THREADS=1 on a small machine).
+one() {
+  "$BIN" mia --checkpoint "$MODELS/$1" --data "$DATA" --split "$SPLIT" --device "$DEV" \
     --attack loss,secmi,pia --timesteps 10,50,100,200 --max-examples "$MAX" --seed 0 \
-    --out "$OUT/$m" --scores-out "$OUT/$m.scores.csv" --format md --force
-  "$PY" scripts/sample_grid.py "$MODELS/$m" "$OUT/$m.png"
+    --out "$OUT/$1" --scores-out "$OUT/$1.scores.csv" --format md --force -q
+  "$PY" scripts/sample_grid.py "$MODELS/$1" "$OUT/$1.png"
+}
+pids=()
+for m in mnist-dp-ddpm mnist-nodp-ddpm; do
+  if [ "${PARALLEL:-0}" = 1 ]; then one "$m" > "$OUT/$m.txt" 2>&1 & pids+=($!); else one "$m" | tee "$OUT/$m.txt"; fi
 done
+for p in ${pids[@]+"${pids[@]}"}; do wait "$p"; done
 if grep -q '^\[canaries\]' "$MODELS/mnist-dp-ddpm/dpaudit-card.toml"; then
   "$BIN" mia --checkpoint "$MODELS/mnist-dp-ddpm" --data "$DATA" --split "$SPLIT" \
     --device "$DEV" --audit one-run --attack loss,pia --timesteps 10,50,100 --max-examples 200 \
-    --seed 0 --out "$OUT/mnist-dp-ddpm-audit" --format md --force
+    --seed 0 --out "$OUT/mnist-dp-ddpm-audit" --format md --force -q
 fi

@@ -688,3 +688,59 @@ fn dp_fine_tuning_starts_from_a_public_only_folder_and_refuses_others() {
     let o = dp(&chained, &tmp.path().join("ft3"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// The shipped demonstration (docs/attacks.md): models/mnist-dp-ddpm carries the ledger of its
+/// DP fine-tuning (100 steps of q = 0.25, σ = 1.72: PLD ε ≈ 7.95 at δ = 1e-5), its canaries and
+/// its public-only init; `mia` on it compares with that ledger's finite limits; the twin and
+/// the public folder have no ledger, and the public folder is one `--dp --init` accepts.
+#[test]
+fn the_shipped_dp_mnist_model_carries_its_ledger_canaries_and_public_init() {
+    let dp = Path::new("models/mnist-dp-ddpm");
+    let ledger = EventFile::load(&dp.join("dpaudit-ledger.toml")).unwrap();
+    assert_eq!(ledger.event, DpEvent::dpsgd(1.72, 0.25, 100));
+    let o = dpaudit(&[
+        "account",
+        "--event",
+        "models/mnist-dp-ddpm/dpaudit-ledger.toml",
+        "--delta",
+        "1e-5",
+        "--accountant",
+        "pld",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let eps = v.to_string();
+    assert!(eps.contains("7.94"), "{eps}");
+    let card = std::fs::read_to_string(dp.join("dpaudit-card.toml")).unwrap();
+    assert!(card.contains("count = 1000"), "{card}");
+    assert!(card.contains("init = \"../mnist-public-ddpm\""), "{card}");
+    assert!(Path::new("models/mnist-public-ddpm/config.json").is_file());
+    assert!(!Path::new("models/mnist-nodp-ddpm/dpaudit-ledger.toml").exists());
+    assert!(!Path::new("models/mnist-public-ddpm/dpaudit-ledger.toml").exists());
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("mia");
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        "models/mnist-dp-ddpm",
+        "--data",
+        MNIST,
+        "--split",
+        "fixtures/splits/mnist-dp.toml",
+        "--attack",
+        "loss",
+        "--timesteps",
+        "50",
+        "--max-examples",
+        "16",
+        "--bootstrap",
+        "50",
+        "--out",
+        s(&m),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_finite_limits(&mia_json(&m), "dpaudit-ledger.toml");
+}
