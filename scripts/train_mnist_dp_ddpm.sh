@@ -16,7 +16,7 @@
 #
 # Defaults (override with the environment variables in brackets): public pretraining 750 steps
 # [PRE_STEPS] at batch 128 [PRE_BATCH], lr 2e-3; fine-tuning σ = 1.72 [SIGMA], q = 0.25 [Q]
-# (≈ 1,125 of 4,500 rows per step), 100 steps [STEPS] -> PLD ε ≈ 8 at δ = 1e-5; lr 1e-3 [LR],
+# (≈ 1,125 of 4,500 rows per step), 100 steps [STEPS] -> PLD ε ≈ 8 at δ = 1e-5; lr 2e-4 [LR],
 # EMA 0.999 [EMA], C = 1 [CLIP], δ = 1e-5, a checkpoint every 25 steps [EVERY] in
 # OUT/<name>/checkpoint/ (resume with --init). PRE=path skips pretraining and starts from that
 # public-only folder.
@@ -39,7 +39,7 @@ case "$DEV" in
   *) echo "device must be cpu or cuda, got '$DEV'" >&2; exit 2 ;;
 esac
 : "${STEPS:=100}" "${CHUNK:=256}" "${CANARIES:=1000}" "${EVERY:=25}" "${PRE_STEPS:=750}" "${PRE_BATCH:=128}"
-: "${SIGMA:=1.72}" "${Q:=0.25}" "${LR:=1e-3}" "${EMA:=0.999}" "${CLIP:=1}"
+: "${SIGMA:=1.72}" "${Q:=0.25}" "${LR:=2e-4}" "${EMA:=0.999}" "${CLIP:=1}"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 SPLIT=fixtures/splits/mnist-dp.toml
