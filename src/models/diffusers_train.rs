@@ -373,30 +373,29 @@ impl Ema {
     }
     /// Folds the current weights in for the last `k` steps.
     fn fold(&mut self, m: &TrainUnet, k: usize) -> Result<()> {
-        let n = self.step as f64;
-        let d = self.decay.min((1.0 + n) / (10.0 + n)).powi(k as i32);
-        for (s, v) in self.shadow.iter_mut().zip(m.vars()) {
-            *s = ((&*s * d)? + (v.as_tensor().detach() * (1.0 - d))?)?;
-        }
+        self.shadow = self.folded(m, k)?;
         Ok(())
     }
-    /// The average as it would be applied now (the steps since the last update folded in),
-    /// without changing the average.
-    fn snapshot(&self, m: &TrainUnet) -> Result<Vec<Tensor>> {
-        let pending = self.step % Self::EVERY;
-        if self.decay == 0.0 || pending == 0 {
-            if self.decay == 0.0 {
-                return m.vars().iter().map(|v| Ok(v.as_tensor().copy()?)).collect();
-            }
-            return Ok(self.shadow.clone());
-        }
+    /// The average with the current weights folded in for the last `k` steps, the average
+    /// itself unchanged.
+    fn folded(&self, m: &TrainUnet, k: usize) -> Result<Vec<Tensor>> {
         let n = self.step as f64;
-        let d = self.decay.min((1.0 + n) / (10.0 + n)).powi(pending as i32);
+        let d = self.decay.min((1.0 + n) / (10.0 + n)).powi(k as i32);
         self.shadow
             .iter()
             .zip(m.vars())
             .map(|(s, v)| Ok(((s * d)? + (v.as_tensor().detach() * (1.0 - d))?)?))
             .collect()
+    }
+    /// The average as [`Ema::apply`] would write it now, without changing the average.
+    fn snapshot(&self, m: &TrainUnet) -> Result<Vec<Tensor>> {
+        if self.decay == 0.0 {
+            return m.vars().iter().map(|v| Ok(v.as_tensor().copy()?)).collect();
+        }
+        match self.step % Self::EVERY {
+            0 => Ok(self.shadow.clone()),
+            pending => self.folded(m, pending),
+        }
     }
     /// Writes the average into the model, first folding in the steps since the last update
     /// (a run shorter than 10 steps would otherwise release its initial weights).
@@ -518,13 +517,18 @@ fn check_plan(plan: &UnetTrainPlan, t_len: usize) -> Result<usize> {
 /// exactly the public rows of this split and data (its card's split, data and trained-rows
 /// hashes, no `--init`, no canaries): such weights are a function of rows disjoint from every
 /// private row, so a DP run may start from them at no privacy cost to the private rows (public
-/// pretraining, then DP fine-tuning). Returns the reason it qualifies, or None.
+/// pretraining, then DP fine-tuning), and whose weights and config are the files its card
+/// hashed. Returns the reason it qualifies, or None.
 fn public_only(dir: &Path, images: &ImageSet, split: &SplitManifest, split_path: &Path) -> Result<Option<String>> {
     let Some(card) = UnetCard::load(dir)? else {
         return Ok(None);
     };
     let d = &card.data;
-    let ok = d.trained_on == Part::Public
+    // The card speaks for these files only if they are the ones it hashed.
+    let files_match = sha256_file(&dir.join(WEIGHTS))? == card.weights_sha256
+        && sha256_file(&dir.join("config.json"))? == card.config_sha256;
+    let ok = files_match
+        && d.trained_on == Part::Public
         && d.sha256 == images.sha256
         && d.split_sha256 == sha256_file(split_path)?
         && d.rows_sha256 == indices_sha256(&split.public)

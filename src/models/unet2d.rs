@@ -24,6 +24,8 @@ use super::precision::{self, conv2d, linear};
 
 #[path = "unet2d_cpu.rs"]
 mod cpu;
+/// One plane of an im2col, shared with the CPU gradient pass.
+pub(super) use cpu::im2col_plane;
 use serde_json::Value;
 
 use crate::error::{Error, Result};

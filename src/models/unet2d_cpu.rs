@@ -466,7 +466,7 @@ fn shifted_plane(src: &[f32], dst: &mut [f32], w: usize, off: isize, ox: isize) 
 /// One (channel, image, tap) plane of the column matrix: dst[y·wo + x] = src[iy·w + ix] with
 /// iy = y·s + dy − pad, ix = x·s + dx − pad, and 0 outside the image.
 #[allow(clippy::too_many_arguments)]
-fn im2col_plane(
+pub(crate) fn im2col_plane(
     src: &[f32],
     dst: &mut [f32],
     h: usize,

@@ -40,6 +40,7 @@ use rayon::prelude::*;
 use super::kernels::{
     affine, norm_act_grad, norm_input_grad, sgemm, silu_grad, softmax_grad_rows, softmax_rows, sq_dev, sum, Mat,
 };
+use super::unet2d::im2col_plane;
 use super::unet2d::{Act, Resample, TimeEmbedding, Unet2dConfig};
 use super::unet2d_train::{clip_factor, TrainUnet};
 use crate::error::{Error, Result};
@@ -774,7 +775,8 @@ fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], add: b
     }
 }
 
-/// col[(ci·k + dy)·k + dx][y·wo + x] = x[ci][y·s + dy − pad][x·s + dx − pad] (0 outside).
+/// col[(ci·k + dy)·k + dx][y·wo + x] = x[ci][y·s + dy − pad][x·s + dx − pad] (0 outside), one
+/// plane at a time by the inference pass's [`im2col_plane`].
 fn im2col(c: &ConvOp, x: &[f32], col: &mut [f32]) {
     let (h, w, k, s, pad, ho, wo) = (c.h, c.wd, c.k, c.stride, c.pad, c.ho, c.wo);
     let hwo = ho * wo;
@@ -783,32 +785,7 @@ fn im2col(c: &ConvOp, x: &[f32], col: &mut [f32]) {
         for dy in 0..k {
             for dx in 0..k {
                 let dst = &mut col[((ci * k + dy) * k + dx) * hwo..][..hwo];
-                for y in 0..ho {
-                    let drow = &mut dst[y * wo..(y + 1) * wo];
-                    let iy = (y * s + dy) as isize - pad as isize;
-                    if iy < 0 || iy >= h as isize {
-                        drow.fill(0.0);
-                        continue;
-                    }
-                    let srow = &src[iy as usize * w..(iy as usize + 1) * w];
-                    if s == 1 {
-                        let lo = pad.saturating_sub(dx).min(wo);
-                        let hi = (w + pad).saturating_sub(dx).min(wo).max(lo);
-                        drow[..lo].fill(0.0);
-                        drow[hi..].fill(0.0);
-                        let off = lo + dx - pad;
-                        drow[lo..hi].copy_from_slice(&srow[off..off + (hi - lo)]);
-                    } else {
-                        for (xo, d) in drow.iter_mut().enumerate() {
-                            let ix = (xo * s + dx) as isize - pad as isize;
-                            *d = if ix < 0 || ix >= w as isize {
-                                0.0
-                            } else {
-                                srow[ix as usize]
-                            };
-                        }
-                    }
-                }
+                im2col_plane(src, dst, h, w, 0..ho, wo, dy, dx, s, pad);
             }
         }
     }
@@ -1421,116 +1398,14 @@ mod tests {
     }
 
     /// The ddpm-cifar10 preset (35.7M parameters: two layers per block, four levels, padding-0
-    /// strided downsampling, one 256-channel attention head at 16×16) on two samples.
-    /// 35.7M parameters: ≈ 24 s and 3.6 GB at its peak (candle's batched pass holds every
-    /// layer's unfolded input), too heavy beside the rest of CI; run with `--ignored`.
+    /// strided downsampling, one 256-channel attention head at 16×16) on two samples: ≈ 24 s and
+    /// 3.6 GB at its peak (candle's batched pass holds every layer's unfolded input), too heavy
+    /// beside the rest of CI; run with `--ignored`.
     #[test]
     #[ignore = "3.6 GB peak; cargo test --release --lib cpu_pass_equals_candle_on_the_ddpm_cifar10_preset -- --ignored"]
     fn cpu_pass_equals_candle_on_the_ddpm_cifar10_preset() {
         let (text, _) = crate::models::diffusers_train::config_text("ddpm-cifar10").unwrap();
         check(&text, 32, 2, false);
-    }
-
-    /// GEMM shapes of one attention head (development: which orientation is faster).
-    #[test]
-    #[ignore]
-    fn profile_attention_gemms() {
-        use std::time::Instant;
-        let (l, d) = (196usize, 8usize);
-        let a: Vec<f32> = (0..l * l).map(|i| (i % 7) as f32 * 0.1).collect();
-        let q: Vec<f32> = (0..l * d).map(|i| (i % 5) as f32 * 0.1).collect();
-        let mut out = vec![0f32; l * l];
-        let mut small = vec![0f32; l * d];
-        let reps = 2000;
-        let time = |name: &str, f: &mut dyn FnMut()| {
-            let t = Instant::now();
-            for _ in 0..reps {
-                f();
-            }
-            eprintln!("{name:40} {:7.2} us", t.elapsed().as_secs_f64() / reps as f64 * 1e6);
-        };
-        time("S = Q^T K (lhs col-major)", &mut || {
-            sgemm(l, l, d, &mut out, l, false, Mat::cols(&q, l), Mat::rows(&q, l), 1.0)
-        });
-        time("S = Q^T K (lhs row-major [l,d])", &mut || {
-            sgemm(l, l, d, &mut out, l, false, Mat::rows(&q, d), Mat::rows(&q, l), 1.0)
-        });
-        time("S = Q^T K (rhs col-major [l,d])", &mut || {
-            sgemm(l, l, d, &mut out, l, false, Mat::rows(&q, d), Mat::cols(&q, d), 1.0)
-        });
-        time("O = V P^T  (m=d)", &mut || {
-            sgemm(d, l, l, &mut small, l, false, Mat::rows(&q, l), Mat::cols(&a, l), 1.0)
-        });
-        time("O^T = P V^T (m=l)", &mut || {
-            sgemm(l, d, l, &mut small, d, false, Mat::rows(&a, l), Mat::cols(&q, l), 1.0)
-        });
-        time("dV = dO P  (m=d)", &mut || {
-            sgemm(d, l, l, &mut small, l, true, Mat::rows(&q, l), Mat::rows(&a, l), 1.0)
-        });
-        time("dV^T = P^T dO^T (m=l)", &mut || {
-            sgemm(l, d, l, &mut small, d, true, Mat::cols(&a, l), Mat::cols(&q, l), 1.0)
-        });
-        for (co, kk, hw) in [(32usize, 288usize, 196usize), (16, 144, 784), (16, 432, 784)] {
-            let dy: Vec<f32> = (0..co * hw).map(|i| (i % 3) as f32).collect();
-            let col: Vec<f32> = (0..kk * hw).map(|i| (i % 11) as f32).collect();
-            let mut dw = vec![0f32; co * kk];
-            time(&format!("dW = dY colT {co}x{kk}x{hw}"), &mut || {
-                sgemm(
-                    co,
-                    kk,
-                    hw,
-                    &mut dw,
-                    kk,
-                    true,
-                    Mat::rows(&dy, hw),
-                    Mat::cols(&col, hw),
-                    1.0,
-                )
-            });
-            time(&format!("dWT = col dYT {co}x{kk}x{hw}"), &mut || {
-                sgemm(
-                    kk,
-                    co,
-                    hw,
-                    &mut dw,
-                    co,
-                    true,
-                    Mat::rows(&col, hw),
-                    Mat::cols(&dy, hw),
-                    1.0,
-                )
-            });
-            let mut dcol = vec![0f32; kk * hw];
-            let wt: Vec<f32> = (0..co * kk).map(|i| (i % 5) as f32).collect();
-            time(&format!("dcol = WT dY {co}x{kk}x{hw}"), &mut || {
-                sgemm(
-                    kk,
-                    hw,
-                    co,
-                    &mut dcol,
-                    hw,
-                    false,
-                    Mat::cols(&wt, kk),
-                    Mat::rows(&dy, hw),
-                    1.0,
-                )
-            });
-            time(&format!("fwd Y = W col {co}x{kk}x{hw}"), &mut || {
-                sgemm(
-                    co,
-                    hw,
-                    kk,
-                    &mut dcol,
-                    hw,
-                    false,
-                    Mat::rows(&wt, kk),
-                    Mat::rows(&col, hw),
-                    1.0,
-                )
-            });
-        }
-        time("softmax rows", &mut || softmax_rows(&mut out, l));
-        time("softmax grad rows", &mut || softmax_grad_rows(&mut out, &a, l));
     }
 
     /// Time per operation kind, forward and backward, on the mnist-ddpm preset (a profile for

@@ -687,6 +687,22 @@ fn dp_fine_tuning_starts_from_a_public_only_folder_and_refuses_others() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = dp(&chained, &tmp.path().join("ft3"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // A public folder whose weights were swapped for members-trained ones: its card no longer
+    // speaks for them, and the folder is refused.
+    let swapped = tmp.path().join("swapped");
+    std::fs::create_dir_all(&swapped).unwrap();
+    for f in [
+        "config.json",
+        "scheduler_config.json",
+        "dpaudit-card.toml",
+        "training.json",
+    ] {
+        std::fs::copy(public.join(f), swapped.join(f)).unwrap();
+    }
+    let w = "diffusion_pytorch_model.safetensors";
+    std::fs::copy(members.join(w), swapped.join(w)).unwrap();
+    let o = dp(&swapped, &tmp.path().join("ft4"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
 /// The shipped demonstration (docs/attacks.md): models/mnist-dp-ddpm carries the ledger of its
