@@ -13,6 +13,11 @@
 # Everything is written to a scratch folder and packed into $OUT/results.tar.gz (+ run.log):
 # only a few files come back from the machine. DEVICE=cpu runs the same logic on a CPU build
 # (BIN=..., a dry run before spending device time). PRECS_CMP picks the compared precisions.
+# PHASES (default "eval tests auto compare dpsgd train") picks what runs; "candle" adds the same
+# fp32 comparison with candle's kernels instead of the CUDA UNet forward (DPAUDIT_UNET_CUDA=candle),
+# before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
+# N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
+# FIXED=1 adds --fixed-cost.
 set -u
 T0=$(date +%s)
 DEADLINE=${1:-560}
@@ -69,6 +74,9 @@ for f in compare_attacks_torch.py bench_dpsgd_torch_gpu.py train_mnist_dp_ddpm.s
   [ -f "$C/$f" ] && cp "$C/$f" "scripts/$f"
 done
 [ -f "$C/mnist-dp.toml" ] && cp "$C/mnist-dp.toml" fixtures/splits/mnist-dp.toml
+PHASES=" ${PHASES:-eval tests auto compare dpsgd train} "
+has() { [[ "$PHASES" == *" $1 "* ]]; }
+if has eval; then
 phase "correctness: model eval per precision vs the diffusers fixtures"
 PRECS=fp32
 [ "$DEVICE" = cuda ] && PRECS="fp32 tf32 bf16"
@@ -78,6 +86,8 @@ for fx in unet-28-c1-attn unet-28-c1-fourier unet-32-c3-attn unet-32-c3-noattn; 
     "$BIN" model eval --checkpoint "$d" --input "$d/input.npy" --timesteps "$d/timesteps.npy" \
       --out "$O/eval-$fx-$p.npy" --batch 2 --device "$DEVICE" --precision "$p" --force 2>&1 | tail -1
   done
+  DPAUDIT_UNET_CUDA=candle "$BIN" model eval --checkpoint "$d" --input "$d/input.npy" --timesteps "$d/timesteps.npy" \
+    --out "$O/eval-$fx-candle.npy" --batch 2 --device "$DEVICE" --precision fp32 --force 2>&1 | tail -1
 done
 $PY - "$O" $PRECS <<'EOF' | tee "$O/model_eval.json"
 import json, sys, numpy as np
@@ -92,10 +102,28 @@ for fx in ["unet-28-c1-attn", "unet-28-c1-fourier", "unet-32-c3-attn", "unet-32-
             res.append(dict(fixture=fx, precision=p, error=str(e))); continue
         res.append(dict(fixture=fx, precision=p, max_abs=float(np.abs(got - want).max()),
                         rel_l2=float(np.linalg.norm(got - want) / np.linalg.norm(want))))
+    try:
+        a = np.load(f"{out}/eval-{fx}-fp32.npy").astype(np.float64)
+        c = np.load(f"{out}/eval-{fx}-candle.npy").astype(np.float64)
+        res.append(dict(fixture=fx, precision="fp32 vs candle's kernels", max_abs=float(np.abs(a - c).max()),
+                        rel_l2=float(np.linalg.norm(a - c) / np.linalg.norm(c))))
+    except Exception as e:
+        res.append(dict(fixture=fx, precision="fp32 vs candle's kernels", error=str(e)))
 print(json.dumps(res, indent=1))
 EOF
+if has gate; then
+  # Stop here when the CUDA UNet forward and candle's kernels disagree on any fixture.
+  $PY - "$O/model_eval.json" <<'EOF' || { echo "GATE: the CUDA forward disagrees with candle's kernels; stopping"; exit 3; }
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1])) if "candle" in r["precision"]]
+bad = [r for r in rows if "error" in r or r["max_abs"] > 1e-3]
+print("gate:", "ok" if rows and not bad else f"failed {bad}")
+sys.exit(0 if rows and not bad else 1)
+EOF
+fi
+fi
 
-if [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integration" ]; then
+if has tests && [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integration" ]; then
   phase "cuda integration tests (attacks::cpu_and_cuda, attacks::device_cuda, diffusers::mia)"
   mkdir -p /work/wt 2>/dev/null
   [ -e /work/wt/gpu ] || ln -s "$R" /work/wt/gpu
@@ -103,24 +131,38 @@ if [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integration" ]; the
      diffusers::mia_on_the_mnist --test-threads 2 2>&1 | tail -15)
 fi
 
+if has auto; then
 phase "auto batch: mia without --batch-size (mnist-ddpm, shipped split)"
 "$BIN" mia --checkpoint models/mnist-ddpm --data fixtures/data/mnist/mnist-10k.u8.gz --split fixtures/splits/mnist.toml \
   --attack secmi,pia --timesteps 100 --device "$DEVICE" --precision "$([ "$DEVICE" = cuda ] && echo tf32 || echo fp32)" --bootstrap 100 --out "$O/mia-auto-tf32" --force 2>&1 | tail -30
-[ "$DEVICE" = cuda ] || true
+fi
 
+if has compare; then
 phase "attack comparison vs PyTorch"
 ( nvidia-smi dmon -s um -d 1 > "$O/dmon.log" 2>&1 & echo $! > "$O/dmon.pid" ) 2>/dev/null
 if [ "$DEVICE" = cuda ]; then
-  timeout "$(atleast $(( $(left) - 150 )) 60)" $PY scripts/compare_attacks_torch.py --device cuda --precisions "${PRECS_CMP:-fp32,tf32,bf16}" \
-    --dpaudit "$BIN" --n-mnist 1024 --n-cifar 256 --batch 256 --rounds 2 --bootstrap 200 \
-    --json "$O/compare_cuda.json" > "$O/compare_cuda.md" 2> "$O/compare_cuda.err"
+  RESERVE=15
+  { has dpsgd || has train || has candle; } && RESERVE=150
+  timeout "$(atleast $(( $(left) - RESERVE )) 60)" $PY scripts/compare_attacks_torch.py --device cuda --precisions "${PRECS_CMP:-fp32,tf32,bf16}" \
+    --dpaudit "$BIN" --n-mnist "${N_MNIST:-1024}" --n-cifar "${N_CIFAR:-256}" --batch 256 --rounds "${ROUNDS:-2}" --bootstrap 200 \
+    --attacks "${ATTACKS:-loss,secmi,pia}" ${FIXED:+--fixed-cost} --json "$O/compare_cuda.json" > "$O/compare_cuda.md" 2> "$O/compare_cuda.err"
 else
   timeout 600 $PY scripts/compare_attacks_torch.py --device cpu --threads 1 --dpaudit "$BIN" \
     --n-mnist 4 --n-cifar 2 --batch 4 --rounds 1 --json "$O/compare_cpu.json" > "$O/compare_cpu.md" 2> "$O/compare_cpu.err"
 fi
 echo "rc $?"; cat "$O"/compare_*.md; tail -5 "$O"/compare_*.err
 kill "$(cat "$O/dmon.pid" 2>/dev/null)" 2>/dev/null
+fi
 
+if has candle && [ "$DEVICE" = cuda ]; then
+phase "the same fp32 comparison with candle's kernels (DPAUDIT_UNET_CUDA=candle)"
+DPAUDIT_UNET_CUDA=candle timeout "$(atleast $(( $(left) - 60 )) 30)" $PY scripts/compare_attacks_torch.py --device cuda --precisions fp32 \
+  --dpaudit "$BIN" --n-mnist 1024 --n-cifar 256 --batch 256 --rounds 2 --bootstrap 50 --attacks secmi,pia \
+  --json "$O/compare_candle.json" > "$O/compare_candle.md" 2> "$O/compare_candle.err"
+echo "rc $?"; cat "$O/compare_candle.md"; tail -5 "$O/compare_candle.err"
+fi
+
+if has dpsgd; then
 phase "DP-SGD steps/s: dpaudit train --unet mnist-ddpm --dp vs PyTorch (torch.func per-sample gradients)"
 DPARGS=(train --unet mnist-ddpm --device "$DEVICE" --data fixtures/data/mnist/mnist-10k.u8.gz --split fixtures/splits/mnist-dp.toml
   --dp --noise-multiplier 1.0 --clip 1 --sample-rate 0.03 --delta 1e-5 --batch-size 120 --lr 2e-3 --ema 0.999 --seed 1 --force)
@@ -139,7 +181,9 @@ echo "dpaudit DP-SGD steps/s (from the difference of the two runs): $RATE" | tee
 timeout 120 $PY scripts/bench_dpsgd_torch_gpu.py --config models/mnist-ddpm/config.json --batch $([ "$DEVICE" = cuda ] && echo 120 || echo 8) \
   --steps $([ "$DEVICE" = cuda ] && echo 20 || echo 1) --warmup $([ "$DEVICE" = cuda ] && echo 3 || echo 1) \
   --device "$DEVICE" --json "$O/dpsgd_torch.json" 2>&1 | grep -v Warning | tail -3
+fi
 
+if has train; then
 phase "DP MNIST training (scripts/train_mnist_dp_ddpm.sh from dpdiff2) in the time left: $(left) s"
 [ -x /usr/bin/time ] || sed -i 's#/usr/bin/time -v ##' scripts/train_mnist_dp_ddpm.sh
 if [ "$DEVICE" = cuda ]; then
@@ -157,5 +201,6 @@ else
 fi
 echo "train rc $?"
 ls -la "$O/trained" 2>/dev/null; tail -3 "$O"/trained/*.log 2>/dev/null
+fi
 nvidia-smi 2>/dev/null | head -20
 phase done

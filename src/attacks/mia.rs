@@ -21,6 +21,7 @@ use std::str::FromStr;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use candle_core::{DType, Tensor};
@@ -141,8 +142,8 @@ pub fn ddim_step(d: &dyn Denoiser, x: &[f32], s: usize, t: usize) -> Result<Vec<
 
 /// Mean over the `dim` values of each row of |a − b|^p.
 fn row_lp(a: &[f32], b: &[f32], dim: usize, p: f64) -> Vec<f64> {
-    a.chunks_exact(dim)
-        .zip(b.chunks_exact(dim))
+    a.par_chunks_exact(dim.max(1))
+        .zip(b.par_chunks_exact(dim.max(1)))
         .map(|(x, y)| {
             x.iter()
                 .zip(y)
@@ -311,11 +312,12 @@ pub fn scores_keyed(
     }
     let seed = o.seed ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ (kind as u64) << 56;
     let mut rngs: Vec<ChaCha8Rng> = keys.iter().map(|&k| record_rng(seed, k)).collect();
+    // Each record's noise comes from its own stream, so records are drawn in parallel.
     let draw_noise = |rngs: &mut [ChaCha8Rng]| -> Vec<f32> {
-        let mut eps = Vec::with_capacity(n * dim);
-        for r in rngs.iter_mut() {
-            eps.extend(normals(r, dim));
-        }
+        let mut eps = vec![0.0f32; n * dim];
+        eps.par_chunks_mut(dim.max(1))
+            .zip(rngs.par_iter_mut())
+            .for_each(|(c, r)| c.copy_from_slice(&normals(r, c.len())));
         eps
     };
     let draws = o.noise_draws.max(1);

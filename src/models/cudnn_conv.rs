@@ -19,7 +19,7 @@ use candle_core::cuda::cudarc;
 use candle_core::cuda::{CudaDevice, CudaStorage, DeviceId};
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, WithDType};
 use cudarc::cudnn::{sys, ConvForward, Cudnn, CudnnDataType};
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop};
 
 /// The arithmetic cuDNN may use: `--precision` as this op sees it (the models' precision module
 /// maps its setting here, so this module does not depend on it).
@@ -50,7 +50,9 @@ thread_local! {
     static ALGOS: RefCell<HashMap<Key, (sys::cudnnConvolutionFwdAlgo_t, usize)>> = RefCell::new(HashMap::new());
 }
 
-fn handle(dev: &CudaDevice) -> candle_core::Result<Arc<Cudnn>> {
+/// This thread's cuDNN handle on `dev` (created on first use: loading cuDNN's libraries takes a
+/// noticeable time, so the CUDA UNet forward creates it when the model is loaded).
+pub(crate) fn handle(dev: &CudaDevice) -> candle_core::Result<Arc<Cudnn>> {
     let key = dev.id();
     HANDLES.with(|m| {
         if let Some(h) = m.borrow().get(&key) {
@@ -75,17 +77,35 @@ impl CudnnConv2d {
         }
     }
 
+    /// Output dimensions of the convolution of an input `xd` with filters `wd`.
+    fn out_dims(&self, xd: [i32; 4], wd: [i32; 4]) -> [i32; 4] {
+        let (p, s) = (self.padding as i32, self.stride as i32);
+        [
+            xd[0],
+            wd[0],
+            (xd[2] + 2 * p - wd[2]) / s + 1,
+            (xd[3] + 2 * p - wd[3]) / s + 1,
+        ]
+    }
+
+    /// `y = α·conv(x, w) + β·y` on contiguous NCHW buffers described by `xd` and `wd`.
     #[allow(clippy::too_many_arguments)]
-    fn launch<T: CudnnDataType + WithDType + DeviceRepr>(
+    fn run<T, X, W, Y>(
         &self,
         dev: &CudaDevice,
-        x: &CudaSlice<T>,
-        xl: &Layout,
-        w: &CudaSlice<T>,
-        wl: &Layout,
+        x: &X,
         xd: [i32; 4],
+        w: &W,
         wd: [i32; 4],
-    ) -> candle_core::Result<(CudaSlice<T>, [usize; 4])> {
+        (alpha, beta): (T, T),
+        y: &mut Y,
+    ) -> candle_core::Result<()>
+    where
+        T: CudnnDataType + WithDType,
+        X: DevicePtr<T>,
+        W: DevicePtr<T>,
+        Y: DevicePtrMut<T>,
+    {
         let cudnn = handle(dev)?;
         let (p, s) = (self.padding as i32, self.stride as i32);
         // Data in T; products accumulated in f32 (PSEUDO_BFLOAT16 for bf16, FLOAT for f32).
@@ -104,9 +124,7 @@ impl CudnnConv2d {
         let wdesc = cudnn
             .create_4d_filter::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, wd)
             .map_err(cerr)?;
-        let ho = (xd[2] + 2 * p - wd[2]) / s + 1;
-        let wo = (xd[3] + 2 * p - wd[3]) / s + 1;
-        let yd = [xd[0], wd[0], ho, wo];
+        let yd = self.out_dims(xd, wd);
         let ydesc = cudnn
             .create_4d_tensor::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, yd)
             .map_err(cerr)?;
@@ -126,26 +144,103 @@ impl CudnnConv2d {
                 (a, ws)
             }
         };
+        let stream = dev.cuda_stream();
+        let mut workspace = unsafe { stream.alloc::<u8>(ws.max(1)) }.map_err(cerr)?;
+        // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
+        unsafe {
+            op.launch::<CudaSlice<u8>, _, _, _>(algo, Some(&mut workspace), (alpha, beta), x, w, y)
+                .map_err(cerr)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch<T: CudnnDataType + WithDType + DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        x: &CudaSlice<T>,
+        xl: &Layout,
+        w: &CudaSlice<T>,
+        wl: &Layout,
+        xd: [i32; 4],
+        wd: [i32; 4],
+    ) -> candle_core::Result<(CudaSlice<T>, [usize; 4])> {
+        let yd = self.out_dims(xd, wd);
         let n: usize = yd.iter().map(|&v| v as usize).product();
         let stream = dev.cuda_stream();
         // SAFETY: cuDNN writes every element of `y` (β = 0).
         let mut y = unsafe { stream.alloc::<T>(n) }.map_err(cerr)?;
-        let mut workspace = unsafe { stream.alloc::<u8>(ws.max(1)) }.map_err(cerr)?;
         let xv = x.slice(xl.start_offset()..);
         let wv = w.slice(wl.start_offset()..);
-        // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
-        unsafe {
-            op.launch::<CudaSlice<u8>, _, _, _>(
-                algo,
-                Some(&mut workspace),
-                (T::from_f64(1.0), T::from_f64(0.0)),
-                &xv,
-                &wv,
-                &mut y,
-            )
-            .map_err(cerr)?;
-        }
+        self.run(dev, &xv, xd, &wv, wd, (T::from_f64(1.0), T::from_f64(0.0)), &mut y)?;
         Ok((y, yd.map(|v| v as usize)))
+    }
+
+    /// `y = α·conv(x, w) + β·y` on raw f32 device pointers (contiguous NCHW, `xd` and `wd` their
+    /// dimensions, `y` sized for the output) on `dev`'s stream: the CUDA UNet forward's call,
+    /// which folds biases and residuals into β.
+    ///
+    /// # Safety
+    /// `x`, `w` and `y` must point to live device buffers of at least the described sizes on
+    /// `dev`'s context, used only on its stream.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_raw(
+        &self,
+        dev: &CudaDevice,
+        x: u64,
+        xd: [i32; 4],
+        w: u64,
+        wd: [i32; 4],
+        (alpha, beta): (f32, f32),
+        y: u64,
+    ) -> candle_core::Result<()> {
+        let stream = dev.cuda_stream();
+        let count = |d: [i32; 4]| d.iter().map(|&v| v as usize).product::<usize>();
+        let xr = Raw {
+            ptr: x,
+            len: count(xd),
+            stream: &stream,
+        };
+        let wr = Raw {
+            ptr: w,
+            len: count(wd),
+            stream: &stream,
+        };
+        let mut yr = Raw {
+            ptr: y,
+            len: count(self.out_dims(xd, wd)),
+            stream: &stream,
+        };
+        self.run(dev, &xr, xd, &wr, wd, (alpha, beta), &mut yr)
+    }
+}
+
+/// A raw f32 device pointer that cuDNN reads or writes (buffers the CUDA UNet forward manages;
+/// every use is on the one stream, so no event tracking is needed).
+struct Raw<'a> {
+    ptr: u64,
+    len: usize,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl DeviceSlice<f32> for Raw<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+}
+
+impl DevicePtr<f32> for Raw<'_> {
+    fn device_ptr<'b>(&'b self, _: &'b CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'b>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl DevicePtrMut<f32> for Raw<'_> {
+    fn device_ptr_mut<'b>(&'b mut self, _: &'b CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'b>) {
+        (self.ptr, SyncOnDrop::Sync(None))
     }
 }
 

@@ -26,6 +26,9 @@ use super::precision::{self, conv2d, linear};
 mod cpu;
 /// One plane of an im2col, shared with the CPU gradient pass.
 pub(super) use cpu::im2col_plane;
+#[cfg(feature = "cudnn")]
+#[path = "unet2d_cuda.rs"]
+mod cuda;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -857,6 +860,9 @@ pub struct Unet2dModel {
     pub parameters: usize,
     /// The weights laid out for the CPU forward (`None` when they live on another device).
     cpu: Option<cpu::CpuUnet>,
+    /// The CUDA forward (`None` on the CPU or for architectures it does not cover).
+    #[cfg(feature = "cudnn")]
+    cuda: Option<cuda::CudaUnet>,
 }
 
 impl Unet2dModel {
@@ -1045,10 +1051,16 @@ impl Unet2dModel {
             conv_out,
             parameters,
             cpu: None,
+            #[cfg(feature = "cudnn")]
+            cuda: None,
         };
         cpu::check_skips(&model)?;
         if model.conv_in.weight().device().is_cpu() {
             model.cpu = Some(cpu::CpuUnet::new(&model)?);
+        }
+        #[cfg(feature = "cudnn")]
+        if model.conv_in.weight().device().is_cuda() && cuda::supported(&model) {
+            model.cuda = Some(cuda::CudaUnet::new(&model)?);
         }
         Ok(model)
     }
@@ -1066,13 +1078,28 @@ impl Unet2dModel {
     }
 
     /// The model output for a batch `x` (B, C, H, W) at timesteps `t` (one per row): on the CPU
-    /// through the batch-parallel forward of `unet2d_cpu.rs`, elsewhere through candle's kernels.
+    /// through the batch-parallel forward of `unet2d_cpu.rs`; on a GPU at fp32 or tf32 through
+    /// `unet2d_cuda.rs` (feature `cudnn`) where it covers the architecture; otherwise through
+    /// candle's kernels.
     pub fn forward(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
         let (b, c, h, wd) = x.dims4()?;
         if self.cpu.is_some() && x.device().is_cpu() {
             let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
             let y = self.forward_host(&v, [b, c, h, wd], t)?;
             return Ok(Tensor::from_vec(y, (b, self.config.out_channels, h, wd), x.device())?);
+        }
+        #[cfg(feature = "cudnn")]
+        if let Some(cu) = &self.cuda {
+            let math = match precision::current() {
+                precision::Precision::Fp32 => Some(super::cudnn_conv::Math::Fp32),
+                precision::Precision::Tf32 => Some(super::cudnn_conv::Math::Tf32),
+                precision::Precision::Bf16 => None,
+            };
+            if let (true, Some(math), false) = (x.device().is_cuda(), math, cuda::disabled()) {
+                self.check_input([b, c, h, wd], t)?;
+                let tf = self.time_features_host(t)?;
+                return cu.forward(x, &tf, math);
+            }
         }
         self.forward_candle(x, t)
     }
@@ -1125,7 +1152,7 @@ impl Unet2dModel {
             None => {
                 let dev = self.conv_in.weight().device();
                 let xt = Tensor::from_slice(x, (b, c, h, wd), dev)?;
-                Ok(self.forward_candle(&xt, t)?.flatten_all()?.to_vec1()?)
+                Ok(self.forward(&xt, t)?.flatten_all()?.to_vec1()?)
             }
         }
     }

@@ -1,0 +1,874 @@
+//! The diffusers `UNet2DModel` forward on a CUDA GPU without candle's element-wise kernels
+//! (feature `cudnn`): the same computation as [`super::Unet2dModel::forward_candle`], with
+//!
+//! * convolutions through cuDNN (`cudnn_conv::CudnnConv2d::launch_raw`, math type of
+//!   `--precision`), their biases and the residual additions folded into cuDNN's
+//!   `y = α·conv + β·y` (the output buffer is first filled with bias + residual);
+//! * group norm, the time-embedding addition or `scale_shift`, and SiLU in one kernel per
+//!   (image, group) (`unet2d_cuda.cu`, `group_norm`);
+//! * attention as three strided-batched cuBLAS GEMMs on the NCHW layout (q/k/v in one GEMM with
+//!   stacked weights, qᵀk, v·pᵀ) and a row softmax, the output projection accumulating onto the
+//!   residual; no transposes;
+//! * every buffer allocated from the stream-ordered pool and nothing copied back to the host.
+//!
+//! It covers the architectures the attacks meet in practice: SiLU activation, sinusoidal time
+//! embedding, `default` or `scale_shift` time conditioning, convolutional down/upsampling (any
+//! padding), attention with any number of heads. Others (Mish/GELU/ReLU, Fourier embedding,
+//! ResNet resampling) and `--precision bf16` use candle's kernels ([`supported`]).
+//! `DPAUDIT_UNET_CUDA=candle` forces candle's path (for comparisons).
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use candle_core::cuda::cudarc;
+use candle_core::cuda::{CudaDevice, CudaStorage};
+use candle_core::op::BackpropOp;
+use candle_core::{DType, Device, Storage, Tensor};
+use cudarc::cublas::{sys as blas, CudaBlas};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use super::super::cudnn_conv::{CudnnConv2d, Math};
+use super::{Act, AttnBlock, Down, Gn, ResnetBlock, TimeEmbedding, Unet2dModel, Up, Updown};
+use crate::error::{Error, Result};
+
+/// The kernels, compiled to PTX by build.rs (nvcc) from `unet2d_cuda.cu`.
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/unet2d_cuda.ptx"));
+
+fn derr<E: std::fmt::Debug>(e: E) -> Error {
+    Error::model(format!("CUDA UNet forward: {e:?}"))
+}
+
+/// Whether this forward covers `m`'s architecture.
+pub(super) fn supported(m: &Unet2dModel) -> bool {
+    let c = &m.config;
+    c.act == Act::Silu
+        && matches!(c.time_embedding, TimeEmbedding::Positional { .. })
+        && m.down.iter().all(|d| !matches!(d.down, Some(Down::Resnet(_))))
+        && m.up.iter().all(|u| !matches!(u.up, Some(Up::Resnet(_))))
+}
+
+/// `DPAUDIT_UNET_CUDA=candle` turns this forward off.
+pub(super) fn disabled() -> bool {
+    std::env::var("DPAUDIT_UNET_CUDA").is_ok_and(|v| v == "candle")
+}
+
+/// A device tensor kept alive with its raw address.
+struct W {
+    _t: Tensor,
+    p: u64,
+}
+
+fn dptr(t: &Tensor) -> Result<u64> {
+    let (st, l) = t.storage_and_layout();
+    match &*st {
+        Storage::Cuda(cs) => {
+            let s = cs.as_cuda_slice::<f32>()?;
+            let (p, _g) = s.device_ptr(s.stream());
+            Ok(p + 4 * l.start_offset() as u64)
+        }
+        _ => Err(Error::model("CUDA UNet forward: a tensor is not on the GPU")),
+    }
+}
+
+fn w(t: &Tensor) -> Result<W> {
+    let t = t.to_dtype(DType::F32)?.contiguous()?;
+    let p = dptr(&t)?;
+    Ok(W { _t: t, p })
+}
+
+struct Conv {
+    w: W,
+    bias: Tensor,
+    cout: usize,
+    cin: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+}
+
+fn conv(c: &candle_nn::Conv2d) -> Result<Conv> {
+    let (cout, cin, k, _) = c.weight().dims4()?;
+    let bias = c
+        .bias()
+        .cloned()
+        .ok_or_else(|| Error::model("CUDA UNet forward: a convolution without bias"))?;
+    Ok(Conv {
+        w: w(c.weight())?,
+        bias,
+        cout,
+        cin,
+        k,
+        stride: c.config().stride,
+        pad: c.config().padding,
+    })
+}
+
+struct Norm {
+    gamma: W,
+    beta: W,
+    groups: usize,
+    eps: f32,
+}
+
+fn norm(g: &Gn) -> Result<Norm> {
+    Ok(Norm {
+        gamma: w(&g.weight)?,
+        beta: w(&g.bias)?,
+        groups: g.groups,
+        eps: g.eps as f32,
+    })
+}
+
+struct Res {
+    norm1: Norm,
+    conv1: Conv,
+    /// `default`: time projection bias + conv1 bias; `scale_shift`: the time projection bias.
+    tbias: W,
+    /// conv1's bias (added inside the group norm under `scale_shift`).
+    b1: W,
+    tw: W,
+    norm2: Norm,
+    conv2: Conv,
+    shortcut: Option<Conv>,
+    /// conv2's bias (+ the shortcut's).
+    obias: W,
+    scale_shift: bool,
+    inv_scale: f32,
+}
+
+fn res(r: &ResnetBlock) -> Result<Res> {
+    let conv1 = conv(&r.conv1)?;
+    let conv2 = conv(&r.conv2)?;
+    let shortcut = r.shortcut.as_ref().map(conv).transpose()?;
+    let tb = r
+        .time_emb_proj
+        .bias()
+        .cloned()
+        .ok_or_else(|| Error::model("CUDA UNet forward: a time projection without bias"))?;
+    let tbias = if r.scale_shift { tb } else { (&tb + &conv1.bias)? };
+    let obias = match &shortcut {
+        Some(s) => (&conv2.bias + &s.bias)?,
+        None => conv2.bias.clone(),
+    };
+    Ok(Res {
+        norm1: norm(&r.norm1)?,
+        tbias: w(&tbias)?,
+        b1: w(&conv1.bias)?,
+        tw: w(r.time_emb_proj.weight())?,
+        conv1,
+        norm2: norm(&r.norm2)?,
+        conv2,
+        shortcut,
+        obias: w(&obias)?,
+        scale_shift: r.scale_shift,
+        inv_scale: (1.0 / r.output_scale) as f32,
+    })
+}
+
+struct Attn {
+    norm: Option<Norm>,
+    wqkv: W,
+    bqkv: W,
+    wo: W,
+    bo: W,
+    heads: usize,
+    head_dim: usize,
+    inv_rescale: f32,
+}
+
+fn attn(a: &AttnBlock) -> Result<Attn> {
+    let bias = |l: &candle_nn::Linear| -> Result<Tensor> {
+        l.bias()
+            .cloned()
+            .ok_or_else(|| Error::model("CUDA UNet forward: an attention projection without bias"))
+    };
+    let wqkv = Tensor::cat(&[a.q.weight(), a.k.weight(), a.v.weight()], 0)?;
+    let bqkv = Tensor::cat(&[&bias(&a.q)?, &bias(&a.k)?, &bias(&a.v)?], 0)?;
+    Ok(Attn {
+        norm: a.norm.as_ref().map(norm).transpose()?,
+        wqkv: w(&wqkv)?,
+        bqkv: w(&bqkv)?,
+        wo: w(a.out.weight())?,
+        bo: w(&bias(&a.out)?)?,
+        heads: a.heads,
+        head_dim: a.head_dim,
+        inv_rescale: (1.0 / a.rescale) as f32,
+    })
+}
+
+struct Lin {
+    w: W,
+    b: W,
+    out: usize,
+    inp: usize,
+}
+
+fn lin(l: &candle_nn::Linear) -> Result<Lin> {
+    let (out, inp) = l.weight().dims2()?;
+    let b = l
+        .bias()
+        .cloned()
+        .ok_or_else(|| Error::model("CUDA UNet forward: a linear layer without bias"))?;
+    Ok(Lin {
+        w: w(l.weight())?,
+        b: w(&b)?,
+        out,
+        inp,
+    })
+}
+
+enum Step {
+    Res(Box<Res>),
+    Attn(Box<Attn>),
+    /// Push the current activation as a skip connection.
+    Push,
+    /// Concatenate the last skip connection after the current activation's channels.
+    Pop,
+    /// Strided convolution (padding 0: pad right and bottom by one first).
+    Down(Conv),
+    /// Nearest ×2, then the convolution.
+    Up(Conv),
+}
+
+struct Kernels {
+    fill_bcast: CudaFunction,
+    add_bcast: CudaFunction,
+    silu: CudaFunction,
+    affine: CudaFunction,
+    upsample2: CudaFunction,
+    pad_rb: CudaFunction,
+    concat2: CudaFunction,
+    group_norm: CudaFunction,
+    softmax: CudaFunction,
+}
+
+/// The UNet laid out for this forward: weights on the GPU (q/k/v stacked, biases combined),
+/// the layers as a flat list of steps.
+pub(super) struct CudaUnet {
+    dev: CudaDevice,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    k: Kernels,
+    t1: Lin,
+    t2: Lin,
+    conv_in: Conv,
+    conv_in_b: W,
+    steps: Vec<Step>,
+    norm_out: Norm,
+    conv_out: Conv,
+    conv_out_b: W,
+    center: bool,
+    in_channels: usize,
+    out_channels: usize,
+}
+
+/// A buffer of f32 on the stream's pool.
+struct Buf {
+    s: CudaSlice<f32>,
+    p: u64,
+}
+
+impl CudaUnet {
+    pub(super) fn new(m: &Unet2dModel) -> Result<Self> {
+        let dev = match m.conv_in.weight().device() {
+            Device::Cuda(d) => d.clone(),
+            _ => return Err(Error::model("CUDA UNet forward: the weights are not on a GPU")),
+        };
+        let stream = dev.cuda_stream();
+        let module = stream.context().load_module(Ptx::from_src(PTX)).map_err(derr)?;
+        let f = |n: &str| module.load_function(n).map_err(derr);
+        let k = Kernels {
+            fill_bcast: f("fill_bcast")?,
+            add_bcast: f("add_bcast")?,
+            silu: f("silu_inplace")?,
+            affine: f("affine")?,
+            upsample2: f("upsample2")?,
+            pad_rb: f("pad_rb")?,
+            concat2: f("concat2")?,
+            group_norm: f("group_norm")?,
+            softmax: f("softmax_rows")?,
+        };
+        // Library start-up (cuDNN's sub-libraries, cuBLAS) belongs to loading the model.
+        super::super::cudnn_conv::handle(&dev)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(derr)?;
+        // SAFETY: a valid handle; no TF32 unless a call asks for it through its compute type.
+        let st = unsafe { blas::cublasSetMathMode(*blas.handle(), blas::cublasMath_t::CUBLAS_DEFAULT_MATH) };
+        if st != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(derr(st));
+        }
+        let mut steps = vec![Step::Push];
+        for d in &m.down {
+            for (j, r) in d.block.resnets.iter().enumerate() {
+                steps.push(Step::Res(Box::new(res(r)?)));
+                if let Some(a) = d.block.attentions.get(j) {
+                    steps.push(Step::Attn(Box::new(attn(a)?)));
+                }
+                steps.push(Step::Push);
+            }
+            match &d.down {
+                Some(Down::Conv(c, pad)) => {
+                    let mut c = conv(c)?;
+                    c.pad = *pad;
+                    steps.push(Step::Down(c));
+                    steps.push(Step::Push);
+                }
+                Some(Down::Resnet(_)) => return Err(Error::model("CUDA UNet forward: ResNet downsampling")),
+                None => {}
+            }
+        }
+        if let Some(mid) = &m.mid {
+            steps.push(Step::Res(Box::new(res(&mid.first)?)));
+            if let Some(a) = &mid.attention {
+                steps.push(Step::Attn(Box::new(attn(a)?)));
+            }
+            steps.push(Step::Res(Box::new(res(&mid.second)?)));
+        }
+        for u in &m.up {
+            for (j, r) in u.block.resnets.iter().enumerate() {
+                debug_assert_eq!(r.updown, Updown::None);
+                steps.push(Step::Pop);
+                steps.push(Step::Res(Box::new(res(r)?)));
+                if let Some(a) = u.block.attentions.get(j) {
+                    steps.push(Step::Attn(Box::new(attn(a)?)));
+                }
+            }
+            match &u.up {
+                Some(Up::Conv(c)) => steps.push(Step::Up(conv(c)?)),
+                Some(Up::Resnet(_)) => return Err(Error::model("CUDA UNet forward: ResNet upsampling")),
+                None => {}
+            }
+        }
+        let conv_in = conv(&m.conv_in)?;
+        let conv_out = conv(&m.conv_out)?;
+        let unet = CudaUnet {
+            conv_in_b: w(&conv_in.bias)?,
+            conv_out_b: w(&conv_out.bias)?,
+            t1: lin(&m.time_linear_1)?,
+            t2: lin(&m.time_linear_2)?,
+            conv_in,
+            conv_out,
+            steps,
+            norm_out: norm(&m.norm_out)?,
+            center: m.config.center_input_sample,
+            in_channels: m.config.in_channels,
+            out_channels: m.config.out_channels,
+            dev,
+            stream,
+            blas,
+            k,
+        };
+        unet.start_libraries()?;
+        Ok(unet)
+    }
+
+    /// One 1×1 convolution and one 1×1 product on scratch values: cuDNN and cuBLAS load their
+    /// sub-libraries on their first call, which belongs to starting CUDA (as the model's weights
+    /// do), not to the first batch an attack scores. Model shapes are not touched.
+    fn start_libraries(&self) -> Result<()> {
+        let one = self.alloc(3)?;
+        self.fill(one.p, self.conv_in_b.p, 3, 1, 1, 0.0)?;
+        let (x, w, y) = (one.p, one.p + 4, one.p + 8);
+        let op = CudnnConv2d {
+            padding: 0,
+            stride: 1,
+            precision: Math::Fp32,
+        };
+        // SAFETY: three values, one each for x, w and y.
+        unsafe { op.launch_raw(&self.dev, x, [1, 1, 1, 1], w, [1, 1, 1, 1], (1.0, 0.0), y) }?;
+        self.gemm(
+            (false, false),
+            (1, 1, 1),
+            1.0,
+            (x, 1, 0),
+            (w, 1, 0),
+            0.0,
+            (y, 1, 0),
+            1,
+            Math::Fp32,
+        )?;
+        self.stream.synchronize().map_err(derr)
+    }
+
+    fn alloc(&self, n: usize) -> Result<Buf> {
+        // SAFETY: every buffer is written in full before it is read (each kernel and GEMM below
+        // writes all of its output, or the output was filled first).
+        let s = unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(derr)?;
+        let p = s.device_ptr(&self.stream).0;
+        Ok(Buf { s, p })
+    }
+
+    fn cfg(n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(256).clamp(1, 1 << 20) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// `out[i] = v[(i / inner) % len]·scale`.
+    fn fill(&self, out: u64, v: u64, n: usize, inner: usize, len: usize, scale: f32) -> Result<()> {
+        let (n64, inner, len) = (n as i64, inner as i32, len as i32);
+        let mut b = self.stream.launch_builder(&self.k.fill_bcast);
+        b.arg(&out).arg(&v).arg(&n64).arg(&inner).arg(&len).arg(&scale);
+        // SAFETY: `out` holds n values, `v` at least len.
+        unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        Ok(())
+    }
+
+    /// `out[i] = (x[i] + v[(i / inner) % len])·scale`.
+    #[allow(clippy::too_many_arguments)]
+    fn add(&self, out: u64, x: u64, v: u64, n: usize, inner: usize, len: usize, scale: f32) -> Result<()> {
+        let (n64, inner, len) = (n as i64, inner as i32, len as i32);
+        let mut b = self.stream.launch_builder(&self.k.add_bcast);
+        b.arg(&out).arg(&x).arg(&v).arg(&n64).arg(&inner).arg(&len).arg(&scale);
+        // SAFETY: `out` and `x` hold n values, `v` at least len.
+        unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        Ok(())
+    }
+
+    fn silu(&self, x: u64, n: usize) -> Result<()> {
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&self.k.silu);
+        b.arg(&x).arg(&n64);
+        // SAFETY: `x` holds n values.
+        unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        Ok(())
+    }
+
+    /// Group norm of `x` (+ `add`), optional `scale_shift` and SiLU into `y`: [b, c, hw].
+    #[allow(clippy::too_many_arguments)]
+    fn group_norm(
+        &self,
+        nm: &Norm,
+        x: u64,
+        y: u64,
+        (b, c, hw): (usize, usize, usize),
+        add: Option<(u64, usize)>,
+        ss: Option<u64>,
+        act: bool,
+    ) -> Result<()> {
+        let g = nm.groups;
+        let per = c / g * hw;
+        let cache = per * 4 <= 40 * 1024;
+        let (add_p, add_ld) = add.map(|(p, ld)| (p, ld as i32)).unwrap_or((0, 0));
+        let ss_p = ss.unwrap_or(0);
+        let (ci, gi, hwi, acti, cachei) = (c as i32, g as i32, hw as i32, act as i32, cache as i32);
+        let mut bld = self.stream.launch_builder(&self.k.group_norm);
+        bld.arg(&x)
+            .arg(&y)
+            .arg(&nm.gamma.p)
+            .arg(&nm.beta.p)
+            .arg(&add_p)
+            .arg(&add_ld)
+            .arg(&ss_p)
+            .arg(&ci)
+            .arg(&gi)
+            .arg(&hwi)
+            .arg(&nm.eps)
+            .arg(&acti)
+            .arg(&cachei);
+        let cfg = LaunchConfig {
+            grid_dim: ((b * g) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: if cache { (per * 4) as u32 } else { 0 },
+        };
+        // SAFETY: x and y hold b·c·hw values; gamma, beta c; add b·add_ld + c; ss b·2c.
+        unsafe { bld.launch(cfg) }.map_err(derr)?;
+        Ok(())
+    }
+
+    /// Column-major strided-batched GEMM `C = α·op(A)·op(B) + β·C` (cuBLAS conventions).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        (a, lda, sa): (u64, usize, usize),
+        (b, ldb, sb): (u64, usize, usize),
+        beta: f32,
+        (c, ldc, sc): (u64, usize, usize),
+        batch: usize,
+        math: Math,
+    ) -> Result<()> {
+        let op = |t: bool| {
+            if t {
+                blas::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let compute = match math {
+            Math::Tf32 => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            _ => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        };
+        let f32t = blas::cudaDataType::CUDA_R_32F;
+        // SAFETY: the buffers hold the described matrices (see the callers' layouts).
+        let st = unsafe {
+            blas::cublasGemmStridedBatchedEx(
+                *self.blas.handle(),
+                op(ta),
+                op(tb),
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                f32t,
+                lda as i32,
+                sa as i64,
+                b as *const c_void,
+                f32t,
+                ldb as i32,
+                sb as i64,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                f32t,
+                ldc as i32,
+                sc as i64,
+                batch as i32,
+                compute,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if st != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(derr(st));
+        }
+        Ok(())
+    }
+
+    /// `y = α·conv(x) + β·y` with x [b, cin, h, w].
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &self,
+        c: &Conv,
+        x: u64,
+        (b, h, wd): (usize, usize, usize),
+        pad: usize,
+        alpha: f32,
+        beta: f32,
+        y: u64,
+        math: Math,
+    ) -> Result<()> {
+        let op = CudnnConv2d {
+            padding: pad,
+            stride: c.stride,
+            precision: math,
+        };
+        let xd = [b as i32, c.cin as i32, h as i32, wd as i32];
+        let wdims = [c.cout as i32, c.cin as i32, c.k as i32, c.k as i32];
+        // SAFETY: x holds b·cin·h·w values, the weights cout·cin·k·k, y the output.
+        unsafe { op.launch_raw(&self.dev, x, xd, c.w.p, wdims, (alpha, beta), y) }.map_err(Error::from)
+    }
+
+    fn out_hw(c: &Conv, h: usize, wd: usize, pad: usize) -> (usize, usize) {
+        ((h + 2 * pad - c.k) / c.stride + 1, (wd + 2 * pad - c.k) / c.stride + 1)
+    }
+
+    /// A ResNet block on x [b, cin, h, w]; `semb` is silu(temb) [b, temb].
+    fn resnet(
+        &self,
+        r: &Res,
+        x: &Buf,
+        (b, h, wd): (usize, usize, usize),
+        semb: u64,
+        temb: usize,
+        math: Math,
+    ) -> Result<Buf> {
+        let hw = h * wd;
+        let (cin, cout) = (r.conv1.cin, r.conv1.cout);
+        let a = self.alloc(b * cin * hw)?;
+        self.group_norm(&r.norm1, x.p, a.p, (b, cin, hw), None, None, true)?;
+        let h1 = self.alloc(b * cout * hw)?;
+        self.conv(&r.conv1, a.p, (b, h, wd), r.conv1.pad, 1.0, 0.0, h1.p, math)?;
+        drop(a);
+        let tw = if r.scale_shift { 2 * cout } else { cout };
+        let tp = self.alloc(b * tw)?;
+        self.fill(tp.p, r.tbias.p, b * tw, 1, tw, 1.0)?;
+        // tp[b, o] += Σ_i W[o, i]·semb[b, i]
+        self.gemm(
+            (true, false),
+            (tw, b, temb),
+            1.0,
+            (r.tw.p, temb, 0),
+            (semb, temb, 0),
+            1.0,
+            (tp.p, tw, 0),
+            1,
+            math,
+        )?;
+        let a2 = self.alloc(b * cout * hw)?;
+        if r.scale_shift {
+            self.group_norm(&r.norm2, h1.p, a2.p, (b, cout, hw), Some((r.b1.p, 0)), Some(tp.p), true)?;
+        } else {
+            self.group_norm(&r.norm2, h1.p, a2.p, (b, cout, hw), Some((tp.p, cout)), None, true)?;
+        }
+        drop(h1);
+        drop(tp);
+        let out = self.alloc(b * cout * hw)?;
+        let s = r.inv_scale;
+        match &r.shortcut {
+            Some(sc) => {
+                self.fill(out.p, r.obias.p, b * cout * hw, hw, cout, s)?;
+                self.conv(sc, x.p, (b, h, wd), sc.pad, s, 1.0, out.p, math)?;
+            }
+            None => self.add(out.p, x.p, r.obias.p, b * cout * hw, hw, cout, s)?,
+        }
+        self.conv(&r.conv2, a2.p, (b, h, wd), r.conv2.pad, s, 1.0, out.p, math)?;
+        Ok(out)
+    }
+
+    /// Spatial self-attention with residual on x [b, c, h, w].
+    fn attention(&self, at: &Attn, x: &Buf, (b, c, l): (usize, usize, usize), math: Math) -> Result<Buf> {
+        let normed;
+        let a = match &at.norm {
+            Some(nm) => {
+                normed = self.alloc(b * c * l)?;
+                self.group_norm(nm, x.p, normed.p, (b, c, l), None, None, false)?;
+                normed.p
+            }
+            None => x.p,
+        };
+        let (heads, d) = (at.heads, at.head_dim);
+        let inner = heads * d;
+        // qkv[b] = Wqkv [3i, c]·a[b] [c, l] + bias: column-major (l × 3i) = a (l × c)·Wqkvᵀ.
+        let qkv = self.alloc(b * 3 * inner * l)?;
+        self.fill(qkv.p, at.bqkv.p, b * 3 * inner * l, l, 3 * inner, 1.0)?;
+        self.gemm(
+            (false, false),
+            (l, 3 * inner, c),
+            1.0,
+            (a, l, c * l),
+            (at.wqkv.p, c, 0),
+            1.0,
+            (qkv.p, l, 3 * inner * l),
+            b,
+            math,
+        )?;
+        // S[p, q] = Σ_k Q[k, p]·K[k, q]/√d, stored row-major per (image, head): column-major
+        // (l × l) X = Kc·Qcᵀ with Kc, Qc the (l × d) column-major views of K and Q.
+        let s = self.alloc(b * heads * l * l)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        for hd in 0..heads {
+            let q = qkv.p + 4 * (hd * d * l) as u64;
+            let k = qkv.p + 4 * ((inner + hd * d) * l) as u64;
+            self.gemm(
+                (false, true),
+                (l, l, d),
+                scale,
+                (k, l, 3 * inner * l),
+                (q, l, 3 * inner * l),
+                0.0,
+                (s.p + 4 * (hd * l * l) as u64, l, heads * l * l),
+                b,
+                math,
+            )?;
+        }
+        let rows = b * heads * l;
+        let (rows64, len) = (rows as i64, l as i32);
+        let mut sm = self.stream.launch_builder(&self.k.softmax);
+        sm.arg(&s.p).arg(&rows64).arg(&len);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: s holds rows·l values.
+        unsafe { sm.launch(cfg) }.map_err(derr)?;
+        // O[k, p] = Σ_q P[p, q]·V[k, q]: column-major (l × d) Oc = Pcᵀ·Vc.
+        let o = self.alloc(b * inner * l)?;
+        for hd in 0..heads {
+            let v = qkv.p + 4 * ((2 * inner + hd * d) * l) as u64;
+            self.gemm(
+                (true, false),
+                (l, d, l),
+                1.0,
+                (s.p + 4 * (hd * l * l) as u64, l, heads * l * l),
+                (v, l, 3 * inner * l),
+                0.0,
+                (o.p + 4 * (hd * d * l) as u64, l, inner * l),
+                b,
+                math,
+            )?;
+        }
+        drop(s);
+        drop(qkv);
+        // out = (x + bo + Wo·O)/rescale: column-major (l × c) += O (l × i)·Woᵀ.
+        let out = self.alloc(b * c * l)?;
+        self.add(out.p, x.p, at.bo.p, b * c * l, l, c, at.inv_rescale)?;
+        self.gemm(
+            (false, false),
+            (l, c, inner),
+            at.inv_rescale,
+            (o.p, l, inner * l),
+            (at.wo.p, inner, 0),
+            1.0,
+            (out.p, l, c * l),
+            b,
+            math,
+        )?;
+        Ok(out)
+    }
+
+    /// silu(W2·silu(W1·tf + b1) + b2): the activated time embedding every ResNet block takes.
+    fn time_embedding(&self, tf: &[f32], b: usize, math: Math) -> Result<Buf> {
+        let tfd = self.stream.clone_htod(tf).map_err(derr)?;
+        let (tfp, _g) = tfd.device_ptr(&self.stream);
+        let (t1, t2) = (&self.t1, &self.t2);
+        let e1 = self.alloc(b * t1.out)?;
+        self.fill(e1.p, t1.b.p, b * t1.out, 1, t1.out, 1.0)?;
+        self.gemm(
+            (true, false),
+            (t1.out, b, t1.inp),
+            1.0,
+            (t1.w.p, t1.inp, 0),
+            (tfp, t1.inp, 0),
+            1.0,
+            (e1.p, t1.out, 0),
+            1,
+            math,
+        )?;
+        self.silu(e1.p, b * t1.out)?;
+        let e2 = self.alloc(b * t2.out)?;
+        self.fill(e2.p, t2.b.p, b * t2.out, 1, t2.out, 1.0)?;
+        self.gemm(
+            (true, false),
+            (t2.out, b, t2.inp),
+            1.0,
+            (t2.w.p, t2.inp, 0),
+            (e1.p, t2.inp, 0),
+            1.0,
+            (e2.p, t2.out, 0),
+            1,
+            math,
+        )?;
+        self.silu(e2.p, b * t2.out)?;
+        Ok(e2)
+    }
+
+    /// The model output for x (B, C, H, W) on this GPU; `tf` are the time features before the
+    /// embedding MLP, [B, width] row-major. Shape checks are the caller's.
+    pub(super) fn forward(&self, x: &Tensor, tf: &[f32], math: Math) -> Result<Tensor> {
+        let (b, c, h0, w0) = x.dims4()?;
+        if c != self.in_channels {
+            return Err(Error::model(
+                "CUDA UNet forward: input channels differ from the model's",
+            ));
+        }
+        let x = x.to_dtype(DType::F32)?.contiguous()?;
+        let xp = dptr(&x)?;
+        let centred;
+        let xin = if self.center {
+            centred = self.alloc(b * c * h0 * w0)?;
+            let n = (b * c * h0 * w0) as i64;
+            let (a2, m1) = (2.0f32, -1.0f32);
+            let mut bl = self.stream.launch_builder(&self.k.affine);
+            bl.arg(&centred.p).arg(&xp).arg(&n).arg(&a2).arg(&m1);
+            // SAFETY: both hold n values.
+            unsafe { bl.launch(Self::cfg(n as usize)) }.map_err(derr)?;
+            centred.p
+        } else {
+            xp
+        };
+        let temb = self.t2.out;
+        let semb = self.time_embedding(tf, b, math)?;
+        let c0 = self.conv_in.cout;
+        let cur = self.alloc(b * c0 * h0 * w0)?;
+        self.fill(cur.p, self.conv_in_b.p, b * c0 * h0 * w0, h0 * w0, c0, 1.0)?;
+        self.conv(&self.conv_in, xin, (b, h0, w0), self.conv_in.pad, 1.0, 1.0, cur.p, math)?;
+        let (mut ch, mut h, mut wd) = (c0, h0, w0);
+        // Skips share their buffer with the activation they were pushed from.
+        let mut skips: Vec<(Arc<Buf>, usize, usize, usize)> = Vec::new();
+        let mut cur_rc = Arc::new(cur);
+        for step in &self.steps {
+            match step {
+                Step::Push => skips.push((cur_rc.clone(), ch, h, wd)),
+                Step::Res(r) => {
+                    cur_rc = Arc::new(self.resnet(r, &cur_rc, (b, h, wd), semb.p, temb, math)?);
+                    ch = r.conv1.cout;
+                }
+                Step::Attn(at) => {
+                    cur_rc = Arc::new(self.attention(at, &cur_rc, (b, ch, h * wd), math)?);
+                }
+                Step::Pop => {
+                    let (s, sc, sh, sw) = skips
+                        .pop()
+                        .ok_or_else(|| Error::model("UNet skip connections exhausted (config inconsistent)"))?;
+                    if (sh, sw) != (h, wd) {
+                        return Err(Error::model("CUDA UNet forward: a skip connection of another size"));
+                    }
+                    let n = b * (ch + sc) * h * wd;
+                    let out = self.alloc(n)?;
+                    let (n64, ca, cb, hw) = (n as i64, ch as i32, sc as i32, (h * wd) as i32);
+                    let mut bl = self.stream.launch_builder(&self.k.concat2);
+                    bl.arg(&out.p)
+                        .arg(&cur_rc.p)
+                        .arg(&s.p)
+                        .arg(&n64)
+                        .arg(&ca)
+                        .arg(&cb)
+                        .arg(&hw);
+                    // SAFETY: out holds n values, the sources b·ch·hw and b·sc·hw.
+                    unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
+                    ch += sc;
+                    cur_rc = Arc::new(out);
+                }
+                Step::Down(cv) => {
+                    let (src, pad, sh, sw, padded);
+                    if cv.pad == 0 {
+                        let n = b * ch * (h + 1) * (wd + 1);
+                        padded = self.alloc(n)?;
+                        let (n64, hi, wi) = (n as i64, h as i32, wd as i32);
+                        let mut bl = self.stream.launch_builder(&self.k.pad_rb);
+                        bl.arg(&padded.p).arg(&cur_rc.p).arg(&n64).arg(&hi).arg(&wi);
+                        // SAFETY: padded holds n values, the source b·ch·h·w.
+                        unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
+                        (src, pad, sh, sw) = (padded.p, 0, h + 1, wd + 1);
+                    } else {
+                        (src, pad, sh, sw) = (cur_rc.p, cv.pad, h, wd);
+                    }
+                    let (ho, wo) = Self::out_hw(cv, sh, sw, pad);
+                    let out = self.alloc(b * cv.cout * ho * wo)?;
+                    self.fill(out.p, dptr(&cv.bias)?, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
+                    self.conv(cv, src, (b, sh, sw), pad, 1.0, 1.0, out.p, math)?;
+                    (ch, h, wd) = (cv.cout, ho, wo);
+                    cur_rc = Arc::new(out);
+                }
+                Step::Up(cv) => {
+                    let n = b * ch * 4 * h * wd;
+                    let up = self.alloc(n)?;
+                    let (n64, hi, wi) = (n as i64, h as i32, wd as i32);
+                    let mut bl = self.stream.launch_builder(&self.k.upsample2);
+                    bl.arg(&up.p).arg(&cur_rc.p).arg(&n64).arg(&hi).arg(&wi);
+                    // SAFETY: up holds n values, the source b·ch·h·w.
+                    unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
+                    (h, wd) = (2 * h, 2 * wd);
+                    let (ho, wo) = Self::out_hw(cv, h, wd, cv.pad);
+                    let out = self.alloc(b * cv.cout * ho * wo)?;
+                    self.fill(out.p, dptr(&cv.bias)?, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
+                    self.conv(cv, up.p, (b, h, wd), cv.pad, 1.0, 1.0, out.p, math)?;
+                    (ch, h, wd) = (cv.cout, ho, wo);
+                    cur_rc = Arc::new(out);
+                }
+            }
+        }
+        drop(skips);
+        let hw = h * wd;
+        let a = self.alloc(b * ch * hw)?;
+        self.group_norm(&self.norm_out, cur_rc.p, a.p, (b, ch, hw), None, None, true)?;
+        let co = self.out_channels;
+        let y = self.alloc(b * co * hw)?;
+        self.fill(y.p, self.conv_out_b.p, b * co * hw, hw, co, 1.0)?;
+        self.conv(&self.conv_out, a.p, (b, h, wd), self.conv_out.pad, 1.0, 1.0, y.p, math)?;
+        let storage = CudaStorage::wrap_cuda_slice(y.s, self.dev.clone());
+        Ok(Tensor::from_storage(
+            Storage::Cuda(storage),
+            (b, co, h, wd),
+            BackpropOp::none(),
+            false,
+        ))
+    }
+}
