@@ -30,7 +30,9 @@ compares dpaudit `--precision fp32` with PyTorch with TF32 off (cuDNN and matmul
 PyTorch's defaults (TF32 convolutions, fp32 matmul), `bf16` with the PyTorch model in bfloat16.
 A first round per row is a warm-up (not counted: CUDA/cuDNN start-up, kernel JIT caches). Two
 throughputs are given for dpaudit: its whole process, and its scoring (the report's elapsed_s,
-weights loaded and CUDA started; what PyTorch's figure measures). With more than 128 MNIST
+weights loaded and CUDA started; what PyTorch's figure measures); `--fixed-cost` adds a third,
+its steady-state throughput once the per-run costs that PyTorch's warm-up pays are subtracted
+(measured on 2 + 2 images). With more than 128 MNIST
 images per side the split is made of the data file's first rows (and the model folder copied
 without training.json, whose members hash would refuse that split): speed only. For SecMI and
 PIA at tf32/bf16 the largest score difference is against PyTorch at the same setting; the AUC

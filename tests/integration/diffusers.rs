@@ -59,6 +59,50 @@ fn model_eval_reproduces_every_diffusers_fixture() {
     }
 }
 
+/// With `--features cudnn` and a GPU: `model eval --device cuda` through the CUDA UNet forward
+/// (src/models/unet2d_cuda.rs) reproduces every diffusers fixture within the same tolerances,
+/// and agrees with candle's kernels (`DPAUDIT_UNET_CUDA=candle`) to 1e-4. Skipped otherwise.
+#[test]
+fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
+    let gpu = cfg!(feature = "cudnn") && Device::new_cuda(0).is_ok();
+    if !gpu {
+        eprintln!("skipped: needs a build with --features cudnn and an NVIDIA GPU");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for name in FIXTURES {
+        let dir = root().join("fixtures/diffusers").join(name);
+        let run = |path: &str| {
+            let out = tmp.path().join(format!("{name}-{path}.npy"));
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+                .args(["model", "eval", "--checkpoint", dir.to_str().unwrap()])
+                .args(["--input", dir.join("input.npy").to_str().unwrap()])
+                .args(["--timesteps", dir.join("timesteps.npy").to_str().unwrap()])
+                .args(["--out", out.to_str().unwrap(), "--batch", "2", "--device", "cuda"])
+                .env("DPAUDIT_UNET_CUDA", path)
+                .current_dir(root())
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{name} ({path}): {}", stderr(&o));
+            f32s(&out).1
+        };
+        let (fused, candle) = (run("fused"), run("candle"));
+        let (_, want) = f32s(&dir.join("expected.npy"));
+        let max_abs = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let rel_l2 = |a: &[f32], b: &[f32]| {
+            let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            (num / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt()
+        };
+        assert!(max_abs(&fused, &want) <= 1e-3, "{name}: {}", max_abs(&fused, &want));
+        assert!(rel_l2(&fused, &want) <= 1e-4, "{name}: {}", rel_l2(&fused, &want));
+        assert!(
+            max_abs(&fused, &candle) <= 1e-4,
+            "{name}: vs candle {}",
+            max_abs(&fused, &candle)
+        );
+    }
+}
+
 /// `model info` states the architecture, the parameter count diffusers reports
 /// (fixtures/diffusers/versions.json, from `sum(p.numel())`) and the weights' SHA-256.
 #[test]
