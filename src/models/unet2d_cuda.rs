@@ -19,6 +19,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use candle_core::cuda::cudarc;
@@ -776,22 +777,31 @@ impl CudaUnet {
         let temb = self.t2.out;
         let semb = self.time_embedding(tf, b, math)?;
         let c0 = self.conv_in.cout;
-        let cur = self.alloc(b * c0 * h0 * w0)?;
-        self.fill(cur.p, self.conv_in_b.p, b * c0 * h0 * w0, h0 * w0, c0, 1.0)?;
-        self.conv(&self.conv_in, xin, (b, h0, w0), self.conv_in.pad, 1.0, 1.0, cur.p, math)?;
+        let first = self.alloc(b * c0 * h0 * w0)?;
+        self.fill(first.p, self.conv_in_b.p, b * c0 * h0 * w0, h0 * w0, c0, 1.0)?;
+        self.conv(
+            &self.conv_in,
+            xin,
+            (b, h0, w0),
+            self.conv_in.pad,
+            1.0,
+            1.0,
+            first.p,
+            math,
+        )?;
         let (mut ch, mut h, mut wd) = (c0, h0, w0);
         // Skips share their buffer with the activation they were pushed from.
-        let mut skips: Vec<(Arc<Buf>, usize, usize, usize)> = Vec::new();
-        let mut cur_rc = Arc::new(cur);
+        let mut skips: Vec<(Rc<Buf>, usize, usize, usize)> = Vec::new();
+        let mut cur = Rc::new(first);
         for step in &self.steps {
             match step {
-                Step::Push => skips.push((cur_rc.clone(), ch, h, wd)),
+                Step::Push => skips.push((cur.clone(), ch, h, wd)),
                 Step::Res(r) => {
-                    cur_rc = Arc::new(self.resnet(r, &cur_rc, (b, h, wd), semb.p, temb, math)?);
+                    cur = Rc::new(self.resnet(r, &cur, (b, h, wd), semb.p, temb, math)?);
                     ch = r.conv1.cout;
                 }
                 Step::Attn(at) => {
-                    cur_rc = Arc::new(self.attention(at, &cur_rc, (b, ch, h * wd), math)?);
+                    cur = Rc::new(self.attention(at, &cur, (b, ch, h * wd), math)?);
                 }
                 Step::Pop => {
                     let (s, sc, sh, sw) = skips
@@ -805,7 +815,7 @@ impl CudaUnet {
                     let (n64, ca, cb, hw) = (n as i64, ch as i32, sc as i32, (h * wd) as i32);
                     let mut bl = self.stream.launch_builder(&self.k.concat2);
                     bl.arg(&out.p)
-                        .arg(&cur_rc.p)
+                        .arg(&cur.p)
                         .arg(&s.p)
                         .arg(&n64)
                         .arg(&ca)
@@ -814,7 +824,7 @@ impl CudaUnet {
                     // SAFETY: out holds n values, the sources b·ch·hw and b·sc·hw.
                     unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
                     ch += sc;
-                    cur_rc = Arc::new(out);
+                    cur = Rc::new(out);
                 }
                 Step::Down(cv) => {
                     let (src, pad, sh, sw, padded);
@@ -823,26 +833,26 @@ impl CudaUnet {
                         padded = self.alloc(n)?;
                         let (n64, hi, wi) = (n as i64, h as i32, wd as i32);
                         let mut bl = self.stream.launch_builder(&self.k.pad_rb);
-                        bl.arg(&padded.p).arg(&cur_rc.p).arg(&n64).arg(&hi).arg(&wi);
+                        bl.arg(&padded.p).arg(&cur.p).arg(&n64).arg(&hi).arg(&wi);
                         // SAFETY: padded holds n values, the source b·ch·h·w.
                         unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
                         (src, pad, sh, sw) = (padded.p, 0, h + 1, wd + 1);
                     } else {
-                        (src, pad, sh, sw) = (cur_rc.p, cv.pad, h, wd);
+                        (src, pad, sh, sw) = (cur.p, cv.pad, h, wd);
                     }
                     let (ho, wo) = Self::out_hw(cv, sh, sw, pad);
                     let out = self.alloc(b * cv.cout * ho * wo)?;
                     self.fill(out.p, dptr(&cv.bias)?, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
                     self.conv(cv, src, (b, sh, sw), pad, 1.0, 1.0, out.p, math)?;
                     (ch, h, wd) = (cv.cout, ho, wo);
-                    cur_rc = Arc::new(out);
+                    cur = Rc::new(out);
                 }
                 Step::Up(cv) => {
                     let n = b * ch * 4 * h * wd;
                     let up = self.alloc(n)?;
                     let (n64, hi, wi) = (n as i64, h as i32, wd as i32);
                     let mut bl = self.stream.launch_builder(&self.k.upsample2);
-                    bl.arg(&up.p).arg(&cur_rc.p).arg(&n64).arg(&hi).arg(&wi);
+                    bl.arg(&up.p).arg(&cur.p).arg(&n64).arg(&hi).arg(&wi);
                     // SAFETY: up holds n values, the source b·ch·h·w.
                     unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
                     (h, wd) = (2 * h, 2 * wd);
@@ -851,14 +861,14 @@ impl CudaUnet {
                     self.fill(out.p, dptr(&cv.bias)?, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
                     self.conv(cv, up.p, (b, h, wd), cv.pad, 1.0, 1.0, out.p, math)?;
                     (ch, h, wd) = (cv.cout, ho, wo);
-                    cur_rc = Arc::new(out);
+                    cur = Rc::new(out);
                 }
             }
         }
         drop(skips);
         let hw = h * wd;
         let a = self.alloc(b * ch * hw)?;
-        self.group_norm(&self.norm_out, cur_rc.p, a.p, (b, ch, hw), None, None, true)?;
+        self.group_norm(&self.norm_out, cur.p, a.p, (b, ch, hw), None, None, true)?;
         let co = self.out_channels;
         let y = self.alloc(b * co * hw)?;
         self.fill(y.p, self.conv_out_b.p, b * co * hw, hw, co, 1.0)?;
