@@ -22,8 +22,12 @@
 //!   the GEMM's initial value; the residual (or its 1×1 shortcut) is the second convolution's
 //!   initial value; group norm, the scale/shift of `scale_shift` conditioning and the activation
 //!   are one affine-plus-activation pass per channel; [`super::super::kernels::exp`] vectorises.
-//! * **Attention** per (image, head) on strided views of the projected q/k/v: only one L × L score
-//!   matrix per task is materialised, no transposed copies.
+//! * **Attention** per (image, head) on strided views of the projected q/k/v: for head dimensions
+//!   ≤ 16 one vectorised kernel over blocks of queries ([`super::super::kernels::attend_small`]:
+//!   no L × L matrix at all), for wider heads two GEMMs with one L × L score matrix per task.
+//! * **Buffers kept per thread** across forwards (feature maps, column matrix, kernel scratch), and
+//!   tasks sized so that their feature maps stay in L2 when the weights stay in cache
+//!   ([`CHUNK_BUDGET`]).
 //!
 //! Arithmetic follows the diffusers modules layer by layer (`resnet.py`, `attention_processor.py`,
 //! `unet_2d.py`); group-norm statistics are accumulated in f64.
