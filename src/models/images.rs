@@ -31,10 +31,20 @@ pub struct ImageSet {
     pub sha256: String,
     /// (C, H, W) of one image.
     pub shape: [usize; 3],
-    /// All images, flat row-major.
-    pub pixels: Vec<f32>,
+    /// All images (read them with [`ImageSet::rows`]).
+    pixels: Pixels,
     /// Class labels (MNIST only).
     pub labels: Option<Vec<u8>>,
+}
+
+/// The images' values as loaded: MNIST records stay bytes (10,000 digits are 7.8 MB as bytes and
+/// 31 MB as f32, and a run reads a few hundred of them), scaled when [`ImageSet::rows`] reads them.
+#[derive(Debug, Clone)]
+enum Pixels {
+    /// Values in the model's range, flat row-major.
+    F32(Vec<f32>),
+    /// MNIST records of `1 + dim` bytes: a label, then the pixels (x/127.5 − 1 when read).
+    Records(Vec<u8>),
 }
 
 /// At most this many images are read (keeps a hostile input from exhausting memory).
@@ -90,7 +100,12 @@ impl ImageSet {
         let raw = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
         let sha256 = sha256_hex(&raw);
         let bytes = if path.extension().is_some_and(|e| e == "gz") {
-            let mut v = Vec::new();
+            // The gzip trailer's ISIZE (the decompressed size mod 2^32) sizes the buffer once,
+            // capped by the read limit; it is a hint only (the stream decides the length).
+            let hint = raw.len().checked_sub(4).map_or(0, |i| {
+                u32::from_le_bytes([raw[i], raw[i + 1], raw[i + 2], raw[i + 3]]) as usize
+            });
+            let mut v = Vec::with_capacity(hint.min(MAX_IMAGES * 785 + 1));
             flate2::read::GzDecoder::new(&raw[..])
                 .take((MAX_IMAGES * 785) as u64 + 1)
                 .read_to_end(&mut v)
@@ -110,19 +125,17 @@ impl ImageSet {
         let n = bytes.len() / rec;
         check_size(path, n, [1, MNIST_SIDE, MNIST_SIDE])?;
         let mut labels = Vec::with_capacity(n);
-        let mut pixels = Vec::with_capacity(n * (rec - 1));
         for (i, r) in bytes.chunks_exact(rec).enumerate() {
             if r[0] > 9 {
                 return Err(Error::input(format!("record {i}: label {} is not a digit", r[0])).with_file(path));
             }
             labels.push(r[0]);
-            pixels.extend(r[1..].iter().map(|&b| b as f32 / 127.5 - 1.0));
         }
         Ok(ImageSet {
             path: path.to_path_buf(),
             sha256,
             shape: [1, MNIST_SIDE, MNIST_SIDE],
-            pixels,
+            pixels: Pixels::Records(bytes),
             labels: Some(labels),
         })
     }
@@ -157,7 +170,7 @@ impl ImageSet {
             path: path.to_path_buf(),
             sha256,
             shape,
-            pixels,
+            pixels: Pixels::F32(pixels),
             labels: None,
         })
     }
@@ -249,7 +262,7 @@ impl ImageSet {
             path: dir.to_path_buf(),
             sha256: hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(),
             shape: shape.unwrap(),
-            pixels,
+            pixels: Pixels::F32(pixels),
             labels: None,
         })
     }
@@ -261,20 +274,30 @@ impl ImageSet {
 
     /// Number of images.
     pub fn len(&self) -> usize {
-        self.pixels.len() / self.dim()
+        match &self.pixels {
+            Pixels::F32(v) => v.len() / self.dim(),
+            Pixels::Records(b) => b.len() / (1 + self.dim()),
+        }
     }
 
     /// True when there are no images.
     pub fn is_empty(&self) -> bool {
-        self.pixels.is_empty()
+        self.len() == 0
     }
 
-    /// The images `ix`, concatenated.
+    /// The images `ix`, concatenated, in the model's range. Panics if an index is out of range
+    /// (splits are checked against the set first: [`ImageSet::check_split`]).
     pub fn rows(&self, ix: &[usize]) -> Vec<f32> {
         let d = self.dim();
         let mut out = Vec::with_capacity(ix.len() * d);
         for &i in ix {
-            out.extend_from_slice(&self.pixels[i * d..(i + 1) * d]);
+            match &self.pixels {
+                Pixels::F32(v) => out.extend_from_slice(&v[i * d..(i + 1) * d]),
+                Pixels::Records(b) => {
+                    let rec = 1 + d;
+                    out.extend(b[i * rec + 1..(i + 1) * rec].iter().map(|&x| x as f32 / 127.5 - 1.0));
+                }
+            }
         }
         out
     }
@@ -355,7 +378,7 @@ mod tests {
         }
         let s = ImageSet::load(dir.path()).unwrap();
         assert_eq!(s.shape, [1, 2, 3]);
-        assert_eq!(s.pixels[0], -1.0);
-        assert_eq!(s.pixels[6], 1.0);
+        assert_eq!(s.rows(&[0])[0], -1.0);
+        assert_eq!(s.rows(&[1])[0], 1.0);
     }
 }

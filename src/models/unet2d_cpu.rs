@@ -22,16 +22,23 @@
 //!   the GEMM's initial value; the residual (or its 1×1 shortcut) is the second convolution's
 //!   initial value; group norm, the scale/shift of `scale_shift` conditioning and the activation
 //!   are one affine-plus-activation pass per channel; [`super::super::kernels::exp`] vectorises.
-//! * **Attention** per (image, head) on strided views of the projected q/k/v: only one L × L score
-//!   matrix per task is materialised, no transposed copies.
+//! * **Attention** per (image, head) on strided views of the projected q/k/v: for head dimensions
+//!   ≤ 16 one vectorised kernel over blocks of queries ([`super::super::kernels::attend_small`]:
+//!   no L × L matrix at all), for wider heads two GEMMs with one L × L score matrix per task.
+//! * **Buffers kept per thread** across forwards (feature maps, column matrix, kernel scratch), and
+//!   tasks sized so that their feature maps stay in L2 when the weights stay in cache
+//!   ([`CHUNK_BUDGET`]).
 //!
 //! Arithmetic follows the diffusers modules layer by layer (`resnet.py`, `attention_processor.py`,
 //! `unet_2d.py`); group-norm statistics are accumulated in f64.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use super::super::kernels::{
-    affine, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino_input, wino_output, wino_weights, Mat,
+    affine, attend_small, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino_input, wino_output, wino_weights, Head,
+    Mat, SMALL_HEAD_MAX,
 };
 use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
 use crate::error::{Error, Result};
@@ -41,8 +48,16 @@ use candle_nn::{Conv2d, Linear};
 /// Column-matrix budget of one GEMM, in floats (512 KB: the panel stays in L2).
 const COL_BUDGET: usize = 1 << 17;
 /// Activation budget of one task's widest feature map, in floats: sets how many images a task
-/// takes (4 MB: a whole 28×28 MNIST batch of 64 splits into two tasks; 32×32×128 into 8 images).
+/// takes. Every task reads all the weights, so a model with large weights takes 4 MB (32×32×128:
+/// 8 images; with 512 KB, one image a task, PIA on the DDPM-CIFAR10 architecture took 12 % more
+/// time), and one whose weights stay in cache takes 512 KB, so that a task's feature maps stay in
+/// L2 between layers (models/mnist-ddpm: 10 images of 28×28×16 a task; SecMI took 12 % less time
+/// than with whole batches of 64).
 const CHUNK_BUDGET: usize = 1 << 20;
+/// [`CHUNK_BUDGET`] for models with at most [`CACHED_WEIGHTS`] parameters.
+const CACHED_CHUNK_BUDGET: usize = 1 << 17;
+/// Parameters (floats) of a model whose weights every task can re-read from cache (4 MB).
+const CACHED_WEIGHTS: usize = 1 << 20;
 /// Transformed-input budget of one Winograd tile group, in floats (1 MB: 16 × cin × tiles).
 const WINO_BUDGET: usize = 1 << 18;
 /// Fewest input channels for which a 3 × 3 "same" convolution runs as Winograd F(2×2, 3×3):
@@ -155,8 +170,8 @@ impl Lin {
 
     /// Channel-major features `x` [cin, m] → [cout, m]; `init` (same shape as the output) is
     /// added to the result.
-    fn channels(&self, x: &[f32], m: usize, init: Option<Vec<f32>>) -> Vec<f32> {
-        let out = match init {
+    fn channels(&self, ctx: &mut Ctx, x: &[f32], m: usize, init: Option<Vec<f32>>) -> Vec<f32> {
+        let mut out = match init {
             Some(mut i) => {
                 for (row, &b) in i.chunks_exact_mut(m).zip(&self.b) {
                     for v in row {
@@ -165,9 +180,14 @@ impl Lin {
                 }
                 i
             }
-            None => bias_planes(&self.b, m),
+            None => {
+                let mut o = ctx.take(self.cout * m);
+                for (row, &b) in o.chunks_exact_mut(m).zip(&self.b) {
+                    row.fill(b);
+                }
+                o
+            }
         };
-        let mut out = out;
         sgemm(
             self.cout,
             m,
@@ -181,15 +201,6 @@ impl Lin {
         );
         out
     }
-}
-
-/// `[b.len(), m]` with row c filled with `b[c]` (an output that starts from its bias).
-fn bias_planes(b: &[f32], m: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(b.len() * m);
-    for &v in b {
-        out.resize(out.len() + m, v);
-    }
-    out
 }
 
 struct Norm {
@@ -235,15 +246,111 @@ impl Feat {
     }
 }
 
-/// Per-task state: the number of images and the reused column (or Winograd input) and Winograd
-/// product buffers.
-struct Ctx {
-    nb: usize,
+/// Buffers a thread keeps from one forward to the next: the column (or Winograd input) matrix,
+/// the Winograd products, the attention kernel's scratch and a pool of feature-map buffers.
+/// Reusing them spares every forward of a DDIM loop the page faults and zero-filling of fresh
+/// allocations (the allocator returns large blocks to the system when they are freed).
+#[derive(Default)]
+struct Scratch {
     col: Vec<f32>,
     acc: Vec<f32>,
+    att: Vec<f32>,
+    free: Vec<Vec<f32>>,
+}
+
+/// Most buffers a thread's pool keeps (more than one forward of any supported UNet holds at once).
+const POOL_MAX: usize = 64;
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Per-task state: the number of images and the thread's reused buffers.
+struct Ctx {
+    nb: usize,
+    s: Scratch,
 }
 
 impl Ctx {
+    /// Takes the calling thread's buffers (an empty set if they are in use higher up the stack).
+    fn new(nb: usize) -> Self {
+        Ctx {
+            nb,
+            s: SCRATCH.with(|c| {
+                c.try_borrow_mut()
+                    .map(|mut s| std::mem::take(&mut *s))
+                    .unwrap_or_default()
+            }),
+        }
+    }
+
+    /// Gives the buffers back to the calling thread for its next forward.
+    fn finish(self) {
+        SCRATCH.with(|c| {
+            if let Ok(mut s) = c.try_borrow_mut() {
+                *s = self.s;
+            }
+        });
+    }
+
+    /// A buffer of `len` floats from the pool (the smallest that holds them) or a new one; its
+    /// contents are unspecified: the caller writes every element.
+    fn take(&mut self, len: usize) -> Vec<f32> {
+        let mut v = self.pick(len);
+        // A pooled buffer keeps its old length and contents: only what lies beyond is written.
+        if v.len() >= len {
+            v.truncate(len);
+        } else {
+            v.resize(len, 0.0);
+        }
+        v
+    }
+
+    /// An empty buffer with room for `cap` floats, from the pool when one fits.
+    fn take_empty(&mut self, cap: usize) -> Vec<f32> {
+        let mut v = self.pick(cap);
+        v.clear();
+        v
+    }
+
+    /// The smallest pooled buffer with room for `cap` floats (as it was given back), or a new
+    /// empty one.
+    fn pick(&mut self, cap: usize) -> Vec<f32> {
+        let best = self
+            .s
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= cap)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => self.s.free.swap_remove(i),
+            None => Vec::with_capacity(cap),
+        }
+    }
+
+    /// Returns a buffer to the pool.
+    fn give(&mut self, v: Vec<f32>) {
+        if v.capacity() == 0 {
+            return;
+        }
+        if self.s.free.len() < POOL_MAX {
+            self.s.free.push(v);
+        } else if let Some((i, _)) = self.s.free.iter().enumerate().min_by_key(|(_, b)| b.capacity()) {
+            if self.s.free[i].capacity() < v.capacity() {
+                self.s.free[i] = v;
+            }
+        }
+    }
+
+    /// A pooled copy of `x`.
+    fn copy(&mut self, x: &Feat) -> Feat {
+        let mut d = self.take_empty(x.d.len());
+        d.extend_from_slice(&x.d);
+        Feat { d, ..*x }
+    }
+
     fn conv(&mut self, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Option<&[f32]>) -> Feat {
         conv(self, cv, x, init, bias_nb)
     }
@@ -272,12 +379,10 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
         }
         // Started from the bias directly (no zeroing pass).
         None => {
-            let mut out = Vec::with_capacity(cv.cout * nb * hwo);
-            for c in 0..cv.cout {
-                for b in 0..nb {
-                    let add = cv.b[c] + bias_nb.map_or(0.0, |t| t[b * cv.cout + c]);
-                    out.resize(out.len() + hwo, add);
-                }
+            let mut out = ctx.take(cv.cout * nb * hwo);
+            for (p, plane) in out.chunks_exact_mut(hwo).enumerate() {
+                let (c, b) = (p / nb, p % nb);
+                plane.fill(cv.b[c] + bias_nb.map_or(0.0, |t| t[b * cv.cout + c]));
             }
             out
         }
@@ -332,10 +437,10 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
     for (b0, sb, y0, y1) in tiles {
         let per = (y1 - y0) * wo;
         let ncol = sb * per;
-        if ctx.col.len() < kk * ncol {
-            ctx.col.resize(kk * ncol, 0.0);
+        if ctx.s.col.len() < kk * ncol {
+            ctx.s.col.resize(kk * ncol, 0.0);
         }
-        let col = &mut ctx.col[..kk * ncol];
+        let col = &mut ctx.s.col[..kk * ncol];
         for ci in 0..cv.cin {
             for dy in 0..k {
                 for dx in 0..k {
@@ -378,8 +483,8 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
 /// V [16][cin][tiles], 16 GEMMs M[ξ] = U[ξ] V[ξ] ([cout][tiles]), and the output transform added
 /// into `out`: 2.25× fewer multiplications than the direct convolution.
 fn wino_conv(ctx: &mut Ctx, cv: &Conv, u: &[f32], x: &Feat, out: &mut [f32]) {
-    let Ctx { nb, col, acc } = ctx;
-    let nb = *nb;
+    let nb = ctx.nb;
+    let Scratch { col, acc, .. } = &mut ctx.s;
     let (h, w, hw) = (x.h, x.w, x.hw());
     let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
     let rows = nb * th;
@@ -510,10 +615,11 @@ pub(crate) fn im2col_plane(
 
 /// Group norm of `x` (statistics per image and group, in f64), then per channel
 /// y·(1 + scale) + shift when `scale_shift` ([nb, c] each) is given, then `act`.
-fn norm_act(nb: usize, n: &Norm, x: &Feat, scale_shift: Option<(&[f32], usize)>, act: Option<Act>) -> Vec<f32> {
+fn norm_act(ctx: &mut Ctx, n: &Norm, x: &Feat, scale_shift: Option<(&[f32], usize)>, act: Option<Act>) -> Vec<f32> {
+    let nb = ctx.nb;
     let hw = x.hw();
     let cpg = x.c / n.groups;
-    let mut out = vec![0f32; x.d.len()];
+    let mut out = ctx.take(x.d.len());
     for b in 0..nb {
         for g in 0..n.groups {
             let slab = |c: usize| (c * nb + b) * hw..(c * nb + b + 1) * hw;
@@ -547,9 +653,10 @@ fn norm_act(nb: usize, n: &Norm, x: &Feat, scale_shift: Option<(&[f32], usize)>,
     out
 }
 
-fn upsample2(nb: usize, x: &Feat) -> Feat {
+fn upsample2(ctx: &mut Ctx, x: &Feat) -> Feat {
+    let nb = ctx.nb;
     let (h, w) = (x.h, x.w);
-    let mut out = vec![0f32; x.d.len() * 4];
+    let mut out = ctx.take(x.d.len() * 4);
     for p in 0..x.c * nb {
         let src = &x.d[p * h * w..(p + 1) * h * w];
         let dst = &mut out[p * 4 * h * w..(p + 1) * 4 * h * w];
@@ -568,9 +675,10 @@ fn upsample2(nb: usize, x: &Feat) -> Feat {
     }
 }
 
-fn avgpool2(nb: usize, x: &Feat) -> Feat {
+fn avgpool2(ctx: &mut Ctx, x: &Feat) -> Feat {
+    let nb = ctx.nb;
     let (h, w, ho, wo) = (x.h, x.w, x.h / 2, x.w / 2);
-    let mut out = vec![0f32; x.c * nb * ho * wo];
+    let mut out = ctx.take(x.c * nb * ho * wo);
     for p in 0..x.c * nb {
         let src = &x.d[p * h * w..(p + 1) * h * w];
         for y in 0..ho {
@@ -623,7 +731,7 @@ impl Res {
     /// `act_emb`: the activation of the time embedding, [nb, temb].
     fn forward(&self, ctx: &mut Ctx, x: Feat, act_emb: &[f32]) -> Feat {
         let nb = ctx.nb;
-        let h = norm_act(nb, &self.norm1, &x, None, Some(self.act));
+        let h = norm_act(ctx, &self.norm1, &x, None, Some(self.act));
         let mut h = Feat {
             d: h,
             c: x.c,
@@ -633,30 +741,39 @@ impl Res {
         let mut input = x;
         match self.updown {
             Updown::None => {}
-            Updown::Down => {
-                input = avgpool2(nb, &input);
-                h = avgpool2(nb, &h);
-            }
-            Updown::Up => {
-                input = upsample2(nb, &input);
-                h = upsample2(nb, &h);
+            Updown::Down | Updown::Up => {
+                let resample = if self.updown == Updown::Down {
+                    avgpool2
+                } else {
+                    upsample2
+                };
+                let i2 = resample(ctx, &input);
+                ctx.give(std::mem::replace(&mut input, i2).d);
+                let h2 = resample(ctx, &h);
+                ctx.give(std::mem::replace(&mut h, h2).d);
             }
         }
         let t = self.temb.rows(act_emb, nb);
-        let h = if self.scale_shift {
-            let h = ctx.conv(&self.conv1, &h, None, None);
-            let d = norm_act(nb, &self.norm2, &h, Some((&t, self.temb.cout)), Some(self.act));
-            Feat { d, ..h }
+        let h1 = if self.scale_shift {
+            ctx.conv(&self.conv1, &h, None, None)
         } else {
-            let h = ctx.conv(&self.conv1, &h, None, Some(&t));
-            let d = norm_act(nb, &self.norm2, &h, None, Some(self.act));
-            Feat { d, ..h }
+            ctx.conv(&self.conv1, &h, None, Some(&t))
         };
+        ctx.give(h.d);
+        let ss = self.scale_shift.then_some((&t[..], self.temb.cout));
+        let d = norm_act(ctx, &self.norm2, &h1, ss, Some(self.act));
+        let h2 = Feat { d, ..h1 };
+        ctx.give(h1.d);
         let residual = match &self.shortcut {
-            Some(s) => ctx.conv(s, &input, None, None).d,
+            Some(s) => {
+                let r = ctx.conv(s, &input, None, None).d;
+                ctx.give(input.d);
+                r
+            }
             None => input.d,
         };
-        let mut out = ctx.conv(&self.conv2, &h, Some(residual), None);
+        let mut out = ctx.conv(&self.conv2, &h2, Some(residual), None);
+        ctx.give(h2.d);
         if self.output_scale != 1.0 {
             out.d.iter_mut().for_each(|v| *v /= self.output_scale);
         }
@@ -690,60 +807,80 @@ impl Attn {
         let nb = ctx.nb;
         let l = x.hw();
         let m = nb * l;
-        let normed;
-        let hs: &[f32] = match &self.norm {
+        let qkv = match &self.norm {
             Some(n) => {
-                normed = norm_act(nb, n, &x, None, None);
-                &normed
+                let normed = norm_act(ctx, n, &x, None, None);
+                let qkv = self.qkv.channels(ctx, &normed, m, None);
+                ctx.give(normed);
+                qkv
             }
-            None => &x.d,
+            None => self.qkv.channels(ctx, &x.d, m, None),
         };
-        let qkv = self.qkv.channels(hs, m, None);
         let inner = self.qkv.cout / 3;
         let (q, kv) = qkv.split_at(inner * m);
         let (k, v) = kv.split_at(inner * m);
         let hd = self.head_dim;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut o = vec![0f32; self.heads * hd * m];
-        let mut p = vec![0f32; l * l];
-        let mut inv = vec![0f32; l];
-        for b in 0..nb {
-            for hh in 0..self.heads {
-                let off = hh * hd * m + b * l;
-                // scores[i, j] = scale · Σ_d q[d, i] k[d, j]
-                sgemm(
-                    l,
-                    l,
-                    hd,
-                    &mut p,
-                    l,
-                    false,
-                    Mat::cols(&q[off..], m),
-                    Mat::rows(&k[off..], m),
-                    scale,
-                );
-                exp_rows(&mut p, l, &mut inv);
-                // o[d, i] = Σ_j v[d, j] p[i, j] / Σ_j p[i, j] (the softmax's normalisation on
-                // the hd outputs of row i instead of its L scores)
-                sgemm(
-                    hd,
-                    l,
-                    l,
-                    &mut o[off..],
-                    m,
-                    false,
-                    Mat::rows(&v[off..], m),
-                    Mat::cols(&p, l),
-                    1.0,
-                );
-                for d in 0..hd {
-                    let row = &mut o[off + d * m..][..l];
-                    row.iter_mut().zip(&inv).for_each(|(x, &s)| *x *= s);
+        // Every element is written: by the small-head kernel or by the GEMMs (read_dst = false).
+        let mut o = ctx.take(self.heads * hd * m);
+        if hd <= SMALL_HEAD_MAX {
+            for b in 0..nb {
+                for hh in 0..self.heads {
+                    let off = hh * hd * m + b * l;
+                    let head = Head {
+                        q: &q[off..],
+                        k: &k[off..],
+                        v: &v[off..],
+                        stride: m,
+                        hd,
+                        l,
+                    };
+                    attend_small(&head, &mut o[off..], scale, &mut ctx.s.att);
+                }
+            }
+        } else {
+            let mut p = vec![0f32; l * l];
+            let mut inv = vec![0f32; l];
+            for b in 0..nb {
+                for hh in 0..self.heads {
+                    let off = hh * hd * m + b * l;
+                    // scores[i, j] = scale · Σ_d q[d, i] k[d, j]
+                    sgemm(
+                        l,
+                        l,
+                        hd,
+                        &mut p,
+                        l,
+                        false,
+                        Mat::cols(&q[off..], m),
+                        Mat::rows(&k[off..], m),
+                        scale,
+                    );
+                    exp_rows(&mut p, l, &mut inv);
+                    // o[d, i] = Σ_j v[d, j] p[i, j] / Σ_j p[i, j] (the softmax's normalisation on
+                    // the hd outputs of row i instead of its L scores)
+                    sgemm(
+                        hd,
+                        l,
+                        l,
+                        &mut o[off..],
+                        m,
+                        false,
+                        Mat::rows(&v[off..], m),
+                        Mat::cols(&p, l),
+                        1.0,
+                    );
+                    for d in 0..hd {
+                        let row = &mut o[off + d * m..][..l];
+                        row.iter_mut().zip(&inv).for_each(|(x, &s)| *x *= s);
+                    }
                 }
             }
         }
+        ctx.give(qkv);
         let (c, h, w) = (x.c, x.h, x.w);
-        let mut out = self.out.channels(&o, m, Some(x.d));
+        let mut out = self.out.channels(ctx, &o, m, Some(x.d));
+        ctx.give(o);
         if self.rescale != 1.0 {
             out.iter_mut().for_each(|v| *v /= self.rescale);
         }
@@ -788,6 +925,8 @@ pub(super) struct CpuUnet {
     act: Act,
     in_ch: usize,
     out_ch: usize,
+    /// [`CHUNK_BUDGET`] or [`CACHED_CHUNK_BUDGET`], by the model's size.
+    chunk_budget: usize,
 }
 
 impl CpuUnet {
@@ -844,6 +983,11 @@ impl CpuUnet {
                 .map_or(Act::Silu, |r| r.act),
             in_ch: m.config.in_channels,
             out_ch: m.config.out_channels,
+            chunk_budget: if m.parameters <= CACHED_WEIGHTS {
+                CACHED_CHUNK_BUDGET
+            } else {
+                CHUNK_BUDGET
+            },
         })
     }
 
@@ -862,15 +1006,23 @@ impl CpuUnet {
         let tin = self.lin1.cin;
         let widest = self.conv_in.cout * hw;
         let threads = rayon::current_num_threads().max(1);
-        let per_task = b.div_ceil(threads).min((CHUNK_BUDGET / widest.max(1)).max(1)).max(1);
+        // At most the budget's images a task, in a number of tasks that is a multiple of the
+        // threads (so that they finish together), as even as the batch allows.
+        let most = b
+            .div_ceil(threads)
+            .min((self.chunk_budget / widest.max(1)).max(1))
+            .max(1);
+        let tasks = b.div_ceil(most).next_multiple_of(threads).min(b.max(1));
+        let per_task = b.div_ceil(tasks.max(1)).max(1);
         let mut out = vec![0f32; b * self.out_ch * hw];
         out.par_chunks_mut(per_task * self.out_ch * hw)
             .enumerate()
             .for_each(|(i, dst)| {
                 let b0 = i * per_task;
                 let nb = dst.len() / (self.out_ch * hw);
+                let mut ctx = Ctx::new(nb);
                 // NCHW → CNHW for this chunk.
-                let mut d = vec![0f32; c * nb * hw];
+                let mut d = ctx.take(c * nb * hw);
                 for bi in 0..nb {
                     for ci in 0..c {
                         let s = &x[((b0 + bi) * c + ci) * hw..][..hw];
@@ -882,7 +1034,7 @@ impl CpuUnet {
                         }
                     }
                 }
-                let y = self.chunk(Feat { d, c, h, w }, nb, &tf[b0 * tin..(b0 + nb) * tin]);
+                let y = self.chunk(&mut ctx, Feat { d, c, h, w }, &tf[b0 * tin..(b0 + nb) * tin]);
                 for bi in 0..nb {
                     let div = fourier_t.map_or(1.0, |t| t[b0 + bi]);
                     for co in 0..self.out_ch {
@@ -895,17 +1047,15 @@ impl CpuUnet {
                         }
                     }
                 }
+                ctx.give(y.d);
+                ctx.finish();
             });
         out
     }
 
-    fn chunk(&self, x: Feat, nb: usize, tf: &[f32]) -> Feat {
+    fn chunk(&self, ctx: &mut Ctx, x: Feat, tf: &[f32]) -> Feat {
         debug_assert_eq!(x.c, self.in_ch);
-        let mut ctx = Ctx {
-            nb,
-            col: Vec::new(),
-            acc: Vec::new(),
-        };
+        let nb = ctx.nb;
         let mut e1 = self.lin1.rows(tf, nb);
         silu_inplace(&mut e1);
         let mut emb = self.lin2.rows(&e1, nb);
@@ -913,66 +1063,80 @@ impl CpuUnet {
         act_inplace(self.act, &mut emb);
         let emb = emb;
         let mut hcur = ctx.conv(&self.conv_in, &x, None, None);
-        let mut skips: Vec<Feat> = vec![Feat {
-            d: hcur.d.clone(),
-            ..hcur
-        }];
+        ctx.give(x.d);
+        let mut skips: Vec<Feat> = vec![ctx.copy(&hcur)];
         for (blk, dn) in &self.down {
             for (j, r) in blk.res.iter().enumerate() {
-                hcur = r.forward(&mut ctx, hcur, &emb);
+                hcur = r.forward(ctx, hcur, &emb);
                 if let Some(a) = blk.attn.get(j) {
-                    hcur = a.forward(&mut ctx, hcur);
+                    hcur = a.forward(ctx, hcur);
                 }
-                skips.push(Feat {
-                    d: hcur.d.clone(),
-                    ..hcur
-                });
+                skips.push(ctx.copy(&hcur));
             }
             if let Some(dn) = dn {
                 hcur = match dn {
-                    CDown::Conv(cv) => ctx.conv(cv, &hcur, None, None),
-                    CDown::Res(r) => r.forward(&mut ctx, hcur, &emb),
+                    CDown::Conv(cv) => {
+                        let y = ctx.conv(cv, &hcur, None, None);
+                        ctx.give(hcur.d);
+                        y
+                    }
+                    CDown::Res(r) => r.forward(ctx, hcur, &emb),
                 };
-                skips.push(Feat {
-                    d: hcur.d.clone(),
-                    ..hcur
-                });
+                skips.push(ctx.copy(&hcur));
             }
         }
         if let Some((r1, a, r2)) = &self.mid {
-            hcur = r1.forward(&mut ctx, hcur, &emb);
+            hcur = r1.forward(ctx, hcur, &emb);
             if let Some(a) = a {
-                hcur = a.forward(&mut ctx, hcur);
+                hcur = a.forward(ctx, hcur);
             }
-            hcur = r2.forward(&mut ctx, hcur, &emb);
+            hcur = r2.forward(ctx, hcur, &emb);
         }
         for (blk, upm) in &self.up {
             for (j, r) in blk.res.iter().enumerate() {
                 let s = skips
                     .pop()
                     .expect("skip connections match the down path (checked at build)");
+                // Channel concat: the skip's planes appended after the current ones.
+                let need = hcur.d.len() + s.d.len();
                 let mut d = hcur.d;
+                if d.capacity() < need {
+                    let mut wider = ctx.take_empty(need);
+                    wider.extend_from_slice(&d);
+                    ctx.give(std::mem::replace(&mut d, wider));
+                }
                 d.extend_from_slice(&s.d);
+                ctx.give(s.d);
                 hcur = Feat {
                     d,
                     c: hcur.c + s.c,
                     h: hcur.h,
                     w: hcur.w,
                 };
-                hcur = r.forward(&mut ctx, hcur, &emb);
+                hcur = r.forward(ctx, hcur, &emb);
                 if let Some(a) = blk.attn.get(j) {
-                    hcur = a.forward(&mut ctx, hcur);
+                    hcur = a.forward(ctx, hcur);
                 }
             }
             if let Some(u) = upm {
                 hcur = match u {
-                    CUp::Conv(cv) => ctx.conv(cv, &upsample2(nb, &hcur), None, None),
-                    CUp::Res(r) => r.forward(&mut ctx, hcur, &emb),
+                    CUp::Conv(cv) => {
+                        let up = upsample2(ctx, &hcur);
+                        ctx.give(hcur.d);
+                        let y = ctx.conv(cv, &up, None, None);
+                        ctx.give(up.d);
+                        y
+                    }
+                    CUp::Res(r) => r.forward(ctx, hcur, &emb),
                 };
             }
         }
-        let d = norm_act(nb, &self.norm_out, &hcur, None, Some(Act::Silu));
-        ctx.conv(&self.conv_out, &Feat { d, ..hcur }, None, None)
+        let d = norm_act(ctx, &self.norm_out, &hcur, None, Some(Act::Silu));
+        ctx.give(hcur.d);
+        let x = Feat { d, ..hcur };
+        let y = ctx.conv(&self.conv_out, &x, None, None);
+        ctx.give(x.d);
+        y
     }
 }
 

@@ -312,7 +312,8 @@ fn mnist_fixture_loads_with_documented_counts_and_split() {
     }
     // fixtures/data/mnist/README.md
     assert_eq!(counts, [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]);
-    assert!(s.pixels.iter().all(|&v| (-1.0..=1.0).contains(&v)));
+    let all: Vec<usize> = (0..s.len()).collect();
+    assert!(s.rows(&all).iter().all(|&v| (-1.0..=1.0).contains(&v)));
     let split_path = root().join("fixtures/splits/mnist.toml");
     let split = SplitManifest::load(&split_path).unwrap();
     s.check_split(&split, &split_path).unwrap();
