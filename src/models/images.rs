@@ -101,11 +101,14 @@ impl ImageSet {
         let sha256 = sha256_hex(&raw);
         let bytes = if path.extension().is_some_and(|e| e == "gz") {
             // The gzip trailer's ISIZE (the decompressed size mod 2^32) sizes the buffer once,
-            // capped by the read limit; it is a hint only (the stream decides the length).
+            // capped by the read limit and by deflate's largest ratio (1032:1), so a forged
+            // trailer cannot reserve more than the stream could hold; it is a hint only (the
+            // stream decides the length).
             let hint = raw.len().checked_sub(4).map_or(0, |i| {
                 u32::from_le_bytes([raw[i], raw[i + 1], raw[i + 2], raw[i + 3]]) as usize
             });
-            let mut v = Vec::with_capacity(hint.min(MAX_IMAGES * 785 + 1));
+            let cap = (MAX_IMAGES * 785 + 1).min(raw.len().saturating_mul(1032));
+            let mut v = Vec::with_capacity(hint.min(cap));
             flate2::read::GzDecoder::new(&raw[..])
                 .take((MAX_IMAGES * 785) as u64 + 1)
                 .read_to_end(&mut v)
