@@ -5,6 +5,8 @@
 //! ε for a batch of flattened inputs plugs in: dpaudit's own small nets ([`NetDenoiser`]), a
 //! loaded checkpoint, or another model family (a diffusers UNet) implementing the trait.
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 use crate::models::{Checkpoint, Net, Schedule};
 
@@ -103,16 +105,20 @@ impl<F: Fn(&[f32], usize) -> Vec<f32>> Denoiser for FnDenoiser<F> {
     }
 }
 
-/// x_t = √ᾱ_t x₀ + √(1 − ᾱ_t) ε row by row (host), for rows of `dim` values.
+/// x_t = √ᾱ_t x₀ + √(1 − ᾱ_t) ε row by row (host, rows in parallel), for rows of `dim` values.
 pub fn noisy(alpha_bars: &[f64], dim: usize, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x0.len());
-    for (i, &ti) in t.iter().enumerate() {
-        let a = alpha_bars[ti];
-        let (sa, sb) = (a.sqrt() as f32, (1.0 - a).sqrt() as f32);
-        for j in 0..dim {
-            let k = i * dim + j;
-            out.push(sa * x0[k] + sb * eps[k]);
-        }
-    }
+    debug_assert_eq!((x0.len(), eps.len()), (t.len() * dim, t.len() * dim));
+    let d = dim.max(1);
+    let mut out = vec![0.0f32; t.len() * dim];
+    out.par_chunks_mut(d)
+        .zip(x0.par_chunks(d).zip(eps.par_chunks(d)))
+        .zip(t.par_iter())
+        .for_each(|((o, (x, e)), &ti)| {
+            let a = alpha_bars[ti];
+            let (sa, sb) = (a.sqrt() as f32, (1.0 - a).sqrt() as f32);
+            for ((o, &x), &e) in o.iter_mut().zip(x).zip(e) {
+                *o = sa * x + sb * e;
+            }
+        });
     out
 }
