@@ -145,6 +145,7 @@ impl CudnnConv2d {
             }
         };
         let stream = dev.cuda_stream();
+        // SAFETY: cuDNN's scratch space; nothing reads it before cuDNN writes it.
         let mut workspace = unsafe { stream.alloc::<u8>(ws.max(1)) }.map_err(cerr)?;
         // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
         unsafe {
