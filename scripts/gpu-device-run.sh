@@ -13,7 +13,8 @@
 # Everything is written to a scratch folder and packed into $OUT/results.tar.gz (+ run.log):
 # only a few files come back from the machine. DEVICE=cpu runs the same logic on a CPU build
 # (BIN=..., a dry run before spending device time). PRECS_CMP picks the compared precisions.
-# PHASES (default "eval tests auto compare dpsgd train") picks what runs; "candle" adds the same
+# PHASES (default "eval tests auto compare dpsgd train") picks what runs; "timing" prints where a
+# mia run's time goes (DPAUDIT_TIMING=1: loading, each forward, metrics); "candle" adds the same
 # fp32 comparison with candle's kernels instead of the CUDA UNet forward (DPAUDIT_UNET_CUDA=candle),
 # before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
 # N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
@@ -152,6 +153,20 @@ else
 fi
 echo "rc $?"; cat "$O"/compare_*.md; tail -5 "$O"/compare_*.err
 kill "$(cat "$O/dmon.pid" 2>/dev/null)" 2>/dev/null
+fi
+
+if has timing; then
+phase "where the time goes: DPAUDIT_TIMING=1 mia, PIA and SecMI at fp32 and tf32 on models/mnist-ddpm"
+for p in fp32 tf32; do
+  for at in pia secmi; do
+    echo "--- $at $p"
+    DPAUDIT_TIMING=1 "$BIN" mia --checkpoint models/mnist-ddpm --data fixtures/data/mnist/mnist-10k.u8.gz \
+      --split fixtures/splits/mnist.toml --attack "$at" --timesteps 100 --batch-size 64 --device "$DEVICE" \
+      --precision "$([ "$DEVICE" = cuda ] && echo "$p" || echo fp32)" --bootstrap 200 --quiet \
+      --out "$O/timing-$at-$p" --force 2>&1 | grep -E "^timing:" \
+      | awk '/UNet forward/ {n++; s += $(NF-1); if (n <= 3) print; next} {print} END {printf "%d forwards, %.3f s in all\n", n, s}'
+  done
+done
 fi
 
 if has candle && [ "$DEVICE" = cuda ]; then

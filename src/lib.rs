@@ -76,5 +76,6 @@ pub mod models;
 pub mod numeric;
 pub mod pipelines;
 pub mod report;
+pub mod timing;
 
 pub use error::{Error, ErrorKind, Result};

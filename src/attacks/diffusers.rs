@@ -286,7 +286,12 @@ pub fn score_shard(
             if let Some(b) = bar {
                 b.set_message(format!("{} at t = {t}", kind.as_str()));
             }
+            let t0 = std::time::Instant::now();
             let s = mia::scores_keyed(kind, den, &[], &q_rows, &q_keys, t, &plan.score)?;
+            crate::timing::note(
+                format_args!("{} at t = {t}, {} records", kind.as_str(), q_keys.len()),
+                t0,
+            );
             out.extend(
                 split_pos
                     .iter()
@@ -369,13 +374,16 @@ pub fn run_with_basis(
 ) -> Result<(MiaReport, Vec<scores::ScoreRecord>)> {
     let start = std::time::Instant::now();
     let rows = attacked_rows(ck, images, split, split_path, plan, max_examples)?;
+    crate::timing::note("rows", start);
     let records: Vec<ScoreRecord> = score_shard(den, images, &rows, plan, bar, None)?
         .into_iter()
         .map(|(_, r)| r)
         .collect();
+    let t0 = std::time::Instant::now();
     let report = assemble(
         ck, images, split, split_path, &rows, plan, device, &records, basis, start,
     )?;
+    crate::timing::note("metrics and report", t0);
     Ok((report, records))
 }
 

@@ -234,7 +234,9 @@ impl DiffusersRun {
         let prec: dpaudit::models::precision::Precision = a.precision.into();
         dpaudit::models::precision::check_device(prec, dev)?;
         dpaudit::models::precision::set(prec);
+        let t0 = std::time::Instant::now();
         let ck = DiffusersCheckpoint::load(dir, dev)?;
+        dpaudit::timing::note("load checkpoint", t0);
         let data_path = a
             .data
             .clone()

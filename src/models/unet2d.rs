@@ -1082,6 +1082,17 @@ impl Unet2dModel {
     /// `unet2d_cuda.rs` (feature `cudnn`) where it covers the architecture; otherwise through
     /// candle's kernels.
     pub fn forward(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
+        if !crate::timing::enabled() {
+            return self.forward_untimed(x, t);
+        }
+        let t0 = std::time::Instant::now();
+        let y = self.forward_untimed(x, t)?;
+        x.device().synchronize()?;
+        crate::timing::note(format_args!("UNet forward, batch {}", x.dim(0)?), t0);
+        Ok(y)
+    }
+
+    fn forward_untimed(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
         let (b, c, h, wd) = x.dims4()?;
         if self.cpu.is_some() && x.device().is_cpu() {
             let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
@@ -1147,7 +1158,10 @@ impl Unet2dModel {
                 let tf = self.time_features_host(t)?;
                 let fourier: Option<Vec<f32>> = matches!(self.config.time_embedding, TimeEmbedding::Fourier)
                     .then(|| t.iter().map(|&v| v as f32).collect());
-                Ok(cpu.forward(x, shape, &tf, fourier.as_deref(), self.config.center_input_sample))
+                let t0 = std::time::Instant::now();
+                let y = cpu.forward(x, shape, &tf, fourier.as_deref(), self.config.center_input_sample);
+                crate::timing::note(format_args!("UNet forward, batch {b}"), t0);
+                Ok(y)
             }
             None => {
                 let dev = self.conv_in.weight().device();

@@ -103,6 +103,39 @@ fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
     }
 }
 
+/// `DPAUDIT_TIMING=1` says on stderr where a `mia` run's time goes (loading, every UNet forward,
+/// each attack's scoring, the metrics) and changes nothing in its results; without it no timing
+/// line appears.
+#[test]
+fn timing_lines_say_where_a_mia_run_spends_its_time() {
+    let run = |timing: &str| {
+        let out = tempfile::tempdir().unwrap();
+        let mut args = super::common::MNIST_MIA.to_vec();
+        let dir = out.path().to_str().unwrap().to_string();
+        args.extend_from_slice(&["--attack", "pia", "--timesteps", "50", "--max-examples", "8"]);
+        args.extend_from_slice(&["--batch-size", "4", "--quiet", "--out", &dir]);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+            .args(&args)
+            .env("DPAUDIT_TIMING", timing)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("mia.json")).unwrap()).unwrap();
+        (stderr(&o), v["results"].clone())
+    };
+    let (on, with) = run("1");
+    let (off, without) = run("0");
+    assert_eq!(with, without);
+    assert!(!off.contains("timing:"), "{off}");
+    assert!(on.contains("timing: load checkpoint: "), "{on}");
+    assert!(on.contains("timing: pia at t = 50, 16 records: "), "{on}");
+    assert!(on.contains("timing: metrics and report: "), "{on}");
+    // 16 records at batch 4, two forwards each batch (PIA).
+    assert_eq!(on.matches("timing: UNet forward, batch 4: ").count(), 8, "{on}");
+}
+
 /// `model info` states the architecture, the parameter count diffusers reports
 /// (fixtures/diffusers/versions.json, from `sum(p.numel())`) and the weights' SHA-256.
 #[test]

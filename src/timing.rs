@@ -1,0 +1,21 @@
+//! `DPAUDIT_TIMING=1`: where a run's time goes, as `timing: <what>: <seconds> s` lines on stderr
+//! (checkpoint loading, each attack's scoring, every UNet forward, the metrics). It is meant for
+//! comparing dpaudit's phases with another tool's (scripts/compare_attacks_torch.py, the GPU
+//! device runs) and is off by default. On a GPU it waits for the device after each UNet forward,
+//! so that a forward's line is its own time; this slows the run slightly.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// True when `DPAUDIT_TIMING` is set to anything but empty or `0`.
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DPAUDIT_TIMING").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Writes `timing: {what}: {seconds since `since`} s` on stderr when enabled.
+pub fn note(what: impl std::fmt::Display, since: Instant) {
+    if enabled() {
+        eprintln!("timing: {what}: {:.4} s", since.elapsed().as_secs_f64());
+    }
+}
