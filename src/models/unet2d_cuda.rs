@@ -57,7 +57,7 @@ pub(super) fn disabled() -> bool {
 
 /// A device tensor kept alive with its raw address.
 struct W {
-    _t: Tensor,
+    t: Tensor,
     p: u64,
 }
 
@@ -76,12 +76,18 @@ fn dptr(t: &Tensor) -> Result<u64> {
 fn w(t: &Tensor) -> Result<W> {
     let t = t.to_dtype(DType::F32)?.contiguous()?;
     let p = dptr(&t)?;
-    Ok(W { _t: t, p })
+    Ok(W { t, p })
+}
+
+/// A layer's bias, which every layer of a diffusers UNet has (`what` names the layer kind).
+fn bias_of(b: Option<&Tensor>, what: &str) -> Result<Tensor> {
+    b.cloned()
+        .ok_or_else(|| Error::model(format!("CUDA UNet forward: {what} without bias")))
 }
 
 struct Conv {
     w: W,
-    bias: Tensor,
+    bias: W,
     cout: usize,
     cin: usize,
     k: usize,
@@ -91,13 +97,9 @@ struct Conv {
 
 fn conv(c: &candle_nn::Conv2d) -> Result<Conv> {
     let (cout, cin, k, _) = c.weight().dims4()?;
-    let bias = c
-        .bias()
-        .cloned()
-        .ok_or_else(|| Error::model("CUDA UNet forward: a convolution without bias"))?;
     Ok(Conv {
         w: w(c.weight())?,
-        bias,
+        bias: w(&bias_of(c.bias(), "a convolution")?)?,
         cout,
         cin,
         k,
@@ -127,8 +129,6 @@ struct Res {
     conv1: Conv,
     /// `default`: time projection bias + conv1 bias; `scale_shift`: the time projection bias.
     tbias: W,
-    /// conv1's bias (added inside the group norm under `scale_shift`).
-    b1: W,
     tw: W,
     norm2: Norm,
     conv2: Conv,
@@ -143,20 +143,15 @@ fn res(r: &ResnetBlock) -> Result<Res> {
     let conv1 = conv(&r.conv1)?;
     let conv2 = conv(&r.conv2)?;
     let shortcut = r.shortcut.as_ref().map(conv).transpose()?;
-    let tb = r
-        .time_emb_proj
-        .bias()
-        .cloned()
-        .ok_or_else(|| Error::model("CUDA UNet forward: a time projection without bias"))?;
-    let tbias = if r.scale_shift { tb } else { (&tb + &conv1.bias)? };
+    let tb = bias_of(r.time_emb_proj.bias(), "a time projection")?;
+    let tbias = if r.scale_shift { tb } else { (&tb + &conv1.bias.t)? };
     let obias = match &shortcut {
-        Some(s) => (&conv2.bias + &s.bias)?,
-        None => conv2.bias.clone(),
+        Some(s) => (&conv2.bias.t + &s.bias.t)?,
+        None => conv2.bias.t.clone(),
     };
     Ok(Res {
         norm1: norm(&r.norm1)?,
         tbias: w(&tbias)?,
-        b1: w(&conv1.bias)?,
         tw: w(r.time_emb_proj.weight())?,
         conv1,
         norm2: norm(&r.norm2)?,
@@ -180,11 +175,7 @@ struct Attn {
 }
 
 fn attn(a: &AttnBlock) -> Result<Attn> {
-    let bias = |l: &candle_nn::Linear| -> Result<Tensor> {
-        l.bias()
-            .cloned()
-            .ok_or_else(|| Error::model("CUDA UNet forward: an attention projection without bias"))
-    };
+    let bias = |l: &candle_nn::Linear| bias_of(l.bias(), "an attention projection");
     let wqkv = Tensor::cat(&[a.q.weight(), a.k.weight(), a.v.weight()], 0)?;
     let bqkv = Tensor::cat(&[&bias(&a.q)?, &bias(&a.k)?, &bias(&a.v)?], 0)?;
     Ok(Attn {
@@ -208,10 +199,7 @@ struct Lin {
 
 fn lin(l: &candle_nn::Linear) -> Result<Lin> {
     let (out, inp) = l.weight().dims2()?;
-    let b = l
-        .bias()
-        .cloned()
-        .ok_or_else(|| Error::model("CUDA UNet forward: a linear layer without bias"))?;
+    let b = bias_of(l.bias(), "a linear layer")?;
     Ok(Lin {
         w: w(l.weight())?,
         b: w(&b)?,
@@ -255,11 +243,9 @@ pub(super) struct CudaUnet {
     t1: Lin,
     t2: Lin,
     conv_in: Conv,
-    conv_in_b: W,
     steps: Vec<Step>,
     norm_out: Norm,
     conv_out: Conv,
-    conv_out_b: W,
     center: bool,
     in_channels: usize,
     out_channels: usize,
@@ -344,8 +330,6 @@ impl CudaUnet {
         let conv_in = conv(&m.conv_in)?;
         let conv_out = conv(&m.conv_out)?;
         let unet = CudaUnet {
-            conv_in_b: w(&conv_in.bias)?,
-            conv_out_b: w(&conv_out.bias)?,
             t1: lin(&m.time_linear_1)?,
             t2: lin(&m.time_linear_2)?,
             conv_in,
@@ -369,7 +353,7 @@ impl CudaUnet {
     /// do), not to the first batch an attack scores. Model shapes are not touched.
     fn start_libraries(&self) -> Result<()> {
         let one = self.alloc(3)?;
-        self.fill(one.p, self.conv_in_b.p, 3, 1, 1, 0.0)?;
+        self.fill(one.p, self.conv_in.bias.p, 3, 1, 1, 0.0)?;
         let (x, w, y) = (one.p, one.p + 4, one.p + 8);
         let op = CudnnConv2d {
             padding: 0,
@@ -603,7 +587,15 @@ impl CudaUnet {
         )?;
         let a2 = self.alloc(b * cout * hw)?;
         if r.scale_shift {
-            self.group_norm(&r.norm2, h1.p, a2.p, (b, cout, hw), Some((r.b1.p, 0)), Some(tp.p), true)?;
+            self.group_norm(
+                &r.norm2,
+                h1.p,
+                a2.p,
+                (b, cout, hw),
+                Some((r.conv1.bias.p, 0)),
+                Some(tp.p),
+                true,
+            )?;
         } else {
             self.group_norm(&r.norm2, h1.p, a2.p, (b, cout, hw), Some((tp.p, cout)), None, true)?;
         }
@@ -714,40 +706,32 @@ impl CudaUnet {
         Ok(out)
     }
 
+    /// silu(W·x + b) for `b` rows x of `l.inp` values at `x` (row-major): [b, l.out].
+    fn linear_silu(&self, l: &Lin, x: u64, b: usize, math: Math) -> Result<Buf> {
+        let y = self.alloc(b * l.out)?;
+        self.fill(y.p, l.b.p, b * l.out, 1, l.out, 1.0)?;
+        // y[b, o] += Σ_i W[o, i]·x[b, i]
+        self.gemm(
+            (true, false),
+            (l.out, b, l.inp),
+            1.0,
+            (l.w.p, l.inp, 0),
+            (x, l.inp, 0),
+            1.0,
+            (y.p, l.out, 0),
+            1,
+            math,
+        )?;
+        self.silu(y.p, b * l.out)?;
+        Ok(y)
+    }
+
     /// silu(W2·silu(W1·tf + b1) + b2): the activated time embedding every ResNet block takes.
     fn time_embedding(&self, tf: &[f32], b: usize, math: Math) -> Result<Buf> {
         let tfd = self.stream.clone_htod(tf).map_err(derr)?;
         let (tfp, _g) = tfd.device_ptr(&self.stream);
-        let (t1, t2) = (&self.t1, &self.t2);
-        let e1 = self.alloc(b * t1.out)?;
-        self.fill(e1.p, t1.b.p, b * t1.out, 1, t1.out, 1.0)?;
-        self.gemm(
-            (true, false),
-            (t1.out, b, t1.inp),
-            1.0,
-            (t1.w.p, t1.inp, 0),
-            (tfp, t1.inp, 0),
-            1.0,
-            (e1.p, t1.out, 0),
-            1,
-            math,
-        )?;
-        self.silu(e1.p, b * t1.out)?;
-        let e2 = self.alloc(b * t2.out)?;
-        self.fill(e2.p, t2.b.p, b * t2.out, 1, t2.out, 1.0)?;
-        self.gemm(
-            (true, false),
-            (t2.out, b, t2.inp),
-            1.0,
-            (t2.w.p, t2.inp, 0),
-            (e1.p, t2.inp, 0),
-            1.0,
-            (e2.p, t2.out, 0),
-            1,
-            math,
-        )?;
-        self.silu(e2.p, b * t2.out)?;
-        Ok(e2)
+        let e1 = self.linear_silu(&self.t1, tfp, b, math)?;
+        self.linear_silu(&self.t2, e1.p, b, math)
     }
 
     /// The model output for x (B, C, H, W) on this GPU; `tf` are the time features before the
@@ -778,7 +762,7 @@ impl CudaUnet {
         let semb = self.time_embedding(tf, b, math)?;
         let c0 = self.conv_in.cout;
         let first = self.alloc(b * c0 * h0 * w0)?;
-        self.fill(first.p, self.conv_in_b.p, b * c0 * h0 * w0, h0 * w0, c0, 1.0)?;
+        self.fill(first.p, self.conv_in.bias.p, b * c0 * h0 * w0, h0 * w0, c0, 1.0)?;
         self.conv(
             &self.conv_in,
             xin,
@@ -842,7 +826,7 @@ impl CudaUnet {
                     }
                     let (ho, wo) = Self::out_hw(cv, sh, sw, pad);
                     let out = self.alloc(b * cv.cout * ho * wo)?;
-                    self.fill(out.p, dptr(&cv.bias)?, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
+                    self.fill(out.p, cv.bias.p, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
                     self.conv(cv, src, (b, sh, sw), pad, 1.0, 1.0, out.p, math)?;
                     (ch, h, wd) = (cv.cout, ho, wo);
                     cur = Rc::new(out);
@@ -858,7 +842,7 @@ impl CudaUnet {
                     (h, wd) = (2 * h, 2 * wd);
                     let (ho, wo) = Self::out_hw(cv, h, wd, cv.pad);
                     let out = self.alloc(b * cv.cout * ho * wo)?;
-                    self.fill(out.p, dptr(&cv.bias)?, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
+                    self.fill(out.p, cv.bias.p, b * cv.cout * ho * wo, ho * wo, cv.cout, 1.0)?;
                     self.conv(cv, up.p, (b, h, wd), cv.pad, 1.0, 1.0, out.p, math)?;
                     (ch, h, wd) = (cv.cout, ho, wo);
                     cur = Rc::new(out);
@@ -871,7 +855,7 @@ impl CudaUnet {
         self.group_norm(&self.norm_out, cur.p, a.p, (b, ch, hw), None, None, true)?;
         let co = self.out_channels;
         let y = self.alloc(b * co * hw)?;
-        self.fill(y.p, self.conv_out_b.p, b * co * hw, hw, co, 1.0)?;
+        self.fill(y.p, self.conv_out.bias.p, b * co * hw, hw, co, 1.0)?;
         self.conv(&self.conv_out, a.p, (b, h, wd), self.conv_out.pad, 1.0, 1.0, y.p, math)?;
         let storage = CudaStorage::wrap_cuda_slice(y.s, self.dev.clone());
         Ok(Tensor::from_storage(
