@@ -30,7 +30,9 @@ compares dpaudit `--precision fp32` with PyTorch with TF32 off (cuDNN and matmul
 PyTorch's defaults (TF32 convolutions, fp32 matmul), `bf16` with the PyTorch model in bfloat16.
 A first round per row is a warm-up (not counted: CUDA/cuDNN start-up, kernel JIT caches). Two
 throughputs are given for dpaudit: its whole process, and its scoring (the report's elapsed_s,
-weights loaded and CUDA started; what PyTorch's figure measures); `--fixed-cost` adds a third,
+weights loaded and CUDA started, the metrics included), and its attack alone (the `timing:` line
+of `DPAUDIT_TIMING=phases`: the scoring loop with the scores back on the host, no metrics: the
+same work as PyTorch's timed loop); `--fixed-cost` adds a fourth,
 its steady-state throughput once the per-run costs that PyTorch's warm-up pays are subtracted
 (measured on 2 + 2 images). With more than 128 MNIST
 images per side the split is made of the data file's first rows (and the model folder copied
@@ -219,7 +221,8 @@ def run_dpaudit(exe, ck, data, split, attack, t, k, n, batch, threads, tmp, devi
         cmd += ["--batch-size", str(batch)]
     if precision:
         cmd += ["--precision", precision]
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    # `phases`: stderr says how long the attack's scoring took (no wait after each forward).
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), DPAUDIT_TIMING="phases")
     c0, w0 = cpu_seconds(resource.RUSAGE_CHILDREN), time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - w0, cpu_seconds(resource.RUSAGE_CHILDREN) - c0
@@ -227,6 +230,10 @@ def run_dpaudit(exe, ck, data, split, attack, t, k, n, batch, threads, tmp, devi
         sys.exit(f"dpaudit failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
     scores = {int(row["record_id"]): float(row["score"]) for row in csv.DictReader(open(out))}
     report = json.load(open(os.path.join(rep, "mia.json")))
+    # "timing: pia at t = 100, 10000 records: 0.5123 s": the scoring alone, as PyTorch's loop.
+    spent = [float(line.rsplit(": ", 1)[1].split()[0]) for line in r.stderr.splitlines()
+             if line.startswith(f"timing: {attack} at t = ")]
+    report["_attack_s"] = sum(spent) if spent else None
     return wall, cpu, scores, report
 
 
@@ -316,6 +323,11 @@ def main():
                                    cpu_ratio_median=statistics.median(cpu_ratio), max_rel_score_diff=rel,
                                    auc=auc, auc_interval=ci,
                                    precision_note=runs[-1]["dpaudit"][3].get("precision"))
+                        att = [r["dpaudit"][3].get("_attack_s") for r in runs]
+                        if all(att):
+                            row["dpaudit_attack_img_s"] = statistics.median(imgs / e for e in att)
+                            row["attack_ratio_median"] = statistics.median(
+                                (imgs / e) / (imgs / r["torch"][0]) for e, r in zip(att, runs))
                         if row["dpaudit_scoring_img_s"]:
                             row["scoring_ratio_median"] = statistics.median(
                                 (imgs / e) / (imgs / r["torch"][0]) for e, r in zip(inproc, runs))
@@ -334,21 +346,24 @@ def main():
               f"SecMI t = {a.t}, k = {a.k}; PIA and loss at t = {a.t}; batch {a.batch}; PyTorch fp32 = TF32 off, "
               f"tf32 = PyTorch's default (TF32 convolutions), bf16 = model in bfloat16\n")
         fx = a.fixed_cost
-        print("| model | attack | precision | images | dpaudit img/s (process) | dpaudit img/s (scoring) | PyTorch img/s | "
-              "dpaudit/PyTorch process (median [min, max]) | scoring ratio | "
+        print("| model | attack | precision | images | dpaudit img/s (process) | dpaudit img/s (scoring) | "
+              "dpaudit img/s (attack) | PyTorch img/s | "
+              "dpaudit/PyTorch process (median [min, max]) | scoring ratio | attack ratio | "
               + ("dpaudit fixed cost s | steady-state ratio | " if fx else "")
               + "largest relative score difference | AUC |")
-        print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fx else "") + "---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fx else "") + "---|---|")
         for r in rows:
             diff = "– (own noise draws)" if r["max_rel_score_diff"] is None else f"{r['max_rel_score_diff']:.1e}"
             sc = f"{r['dpaudit_scoring_img_s']:.1f}" if r["dpaudit_scoring_img_s"] else "–"
             sr = f"{r['scoring_ratio_median']:.2f}×" if r.get("scoring_ratio_median") else "–"
+            at = f"{r['dpaudit_attack_img_s']:.1f}" if r.get("dpaudit_attack_img_s") else "–"
+            ar = f"{r['attack_ratio_median']:.2f}×" if r.get("attack_ratio_median") else "–"
             auc = f"{r['auc']:.4f}" if r["auc"] is not None else "–"
             st = (f"{r['dpaudit_fixed_s']:.2f} | {r['steady_ratio']:.2f}× | " if "steady_ratio" in r
                   else ("– | – | " if fx else ""))
             print(f"| {r['model']} | {r['attack']} | {r['precision']} | {r['images']} | {r['dpaudit_img_s']:.1f} | {sc} | "
-                  f"{r['torch_img_s']:.1f} | {r['ratio_median']:.2f}× [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | "
-                  f"{sr} | {st}{diff} | {auc} |")
+                  f"{at} | {r['torch_img_s']:.1f} | {r['ratio_median']:.2f}× [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | "
+                  f"{sr} | {ar} | {st}{diff} | {auc} |")
         for r in rows:
             if r["precision"] == "fp32" or r["auc"] is None:
                 continue

@@ -14,7 +14,8 @@
 # only a few files come back from the machine. DEVICE=cpu runs the same logic on a CPU build
 # (BIN=..., a dry run before spending device time). PRECS_CMP picks the compared precisions.
 # PHASES (default "eval tests auto compare dpsgd train") picks what runs; "timing" prints where a
-# mia run's time goes (DPAUDIT_TIMING=1: loading, each forward, metrics); "candle" adds the same
+# mia run's time goes at the comparison's MNIST size (DPAUDIT_TIMING=1: loading, each forward
+# with the host's queueing time, metrics; then =phases, without the per-forward waits); "candle" adds the same
 # fp32 comparison with candle's kernels instead of the CUDA UNet forward (DPAUDIT_UNET_CUDA=candle),
 # before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
 # N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
@@ -156,15 +157,33 @@ kill "$(cat "$O/dmon.pid" 2>/dev/null)" 2>/dev/null
 fi
 
 if has timing; then
-phase "where the time goes: DPAUDIT_TIMING=1 mia, PIA and SecMI at fp32 and tf32 on models/mnist-ddpm"
+phase "where the time goes: DPAUDIT_TIMING mia, PIA and SecMI at fp32 and tf32 on models/mnist-ddpm, N_MNIST + N_MNIST images"
+# The comparison's speed-only split (the data file's first 2·N_MNIST rows; the model without its
+# training record, whose members hash would refuse that split).
+NT=${N_MNIST:-1024}
+mkdir -p "$O/speed/mnist-ddpm"
+cp models/mnist-ddpm/{config.json,diffusion_pytorch_model.safetensors,scheduler_config.json} "$O/speed/mnist-ddpm/"
+$PY - "$NT" "$O/speed/split.toml" <<'EOF'
+import hashlib, sys, tomllib
+n, out = int(sys.argv[1]), sys.argv[2]
+s = tomllib.load(open("fixtures/splits/mnist.toml", "rb"))
+h = lambda ix: hashlib.sha256(",".join(map(str, ix)).encode()).hexdigest()
+m, nm = list(range(n)), list(range(n, 2 * n))
+open(out, "w").write(f'schema_version = 1\ndata = "{s["data"]}"\ndata_sha256 = "{s["data_sha256"]}"\nseed = 0\n'
+                     f'members_sha256 = "{h(m)}"\nnonmembers_sha256 = "{h(nm)}"\npublic_sha256 = "{h([])}"\n'
+                     f'members = {m}\nnonmembers = {nm}\npublic = []\n')
+EOF
 for p in fp32 tf32; do
   for at in pia secmi; do
-    echo "--- $at $p"
-    DPAUDIT_TIMING=1 "$BIN" mia --checkpoint models/mnist-ddpm --data fixtures/data/mnist/mnist-10k.u8.gz \
-      --split fixtures/splits/mnist.toml --attack "$at" --timesteps 100 --batch-size 64 --device "$DEVICE" \
-      --precision "$([ "$DEVICE" = cuda ] && echo "$p" || echo fp32)" --bootstrap 200 --quiet \
-      --out "$O/timing-$at-$p" --force 2>&1 | grep -E "^timing:" \
-      | awk '/UNet forward/ {n++; s += $(NF-1); if (n <= 3) print; next} {print} END {printf "%d forwards, %.3f s in all\n", n, s}'
+    for mode in 1 phases; do
+      echo "--- $at $p DPAUDIT_TIMING=$mode"
+      DPAUDIT_TIMING=$mode "$BIN" mia --checkpoint "$O/speed/mnist-ddpm" --data fixtures/data/mnist/mnist-10k.u8.gz \
+        --split "$O/speed/split.toml" --attack "$at" --timesteps 100 --max-examples "$NT" --batch-size 256 --device "$DEVICE" \
+        --precision "$([ "$DEVICE" = cuda ] && echo "$p" || echo fp32)" --bootstrap 200 --quiet \
+        --out "$O/timing-$at-$p" --force 2>&1 | grep -E "^timing:" \
+        | awk '/UNet forward/ {n++; s += $(NF-1); if (/queued/) q += $(NF-3); if (n <= 3) print; next} {print}
+               END {if (n) printf "%d forwards, %.3f s in all, queued by the host in %.3f s\n", n, s, q}'
+    done
   done
 done
 fi

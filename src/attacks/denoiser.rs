@@ -5,6 +5,7 @@
 //! ε for a batch of flattened inputs plugs in: dpaudit's own small nets ([`NetDenoiser`]), a
 //! loaded checkpoint, or another model family (a diffusers UNet) implementing the trait.
 
+use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -38,6 +39,56 @@ pub trait DeviceEps {
     /// ε̂ = ε_θ(x, t) for `x` of shape [n, dim] (f32, on [`DeviceEps::device`]) at step `t` for
     /// every row; returns [n, dim] f32 on the same device.
     fn predict_eps_tensor(&self, x: &candle_core::Tensor, t: usize) -> Result<candle_core::Tensor>;
+    /// x_t = √ᾱ x₀ + √(1 − ᾱ) ε on the device, with [`noisy`]'s f32 rounding.
+    fn noisy_tensor(&self, x0: &Tensor, eps: &Tensor, abar: f64) -> Result<Tensor> {
+        candle_noisy(x0, eps, abar)
+    }
+    /// A deterministic DDIM step's arithmetic on the device given ε = ε_θ(x, s), from ᾱ_s to ᾱ_t
+    /// in f64 (`attacks::mia::ddim_step`).
+    fn ddim_tensor(&self, x: &Tensor, eps: &Tensor, abar_s: f64, abar_t: f64) -> Result<Tensor> {
+        candle_ddim(x, eps, abar_s, abar_t)
+    }
+    /// Mean over each row of |a − b|^p (in f64, on the device), copied to the host.
+    fn row_lp_tensor(&self, a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
+        candle_row_lp(a, b, p)
+    }
+}
+
+/// [`DeviceEps::noisy_tensor`] in candle's operations.
+pub fn candle_noisy(x0: &Tensor, eps: &Tensor, abar: f64) -> Result<Tensor> {
+    let (sa, sb) = (abar.sqrt() as f32, (1.0 - abar).sqrt() as f32);
+    Ok(((x0 * sa as f64)? + (eps * sb as f64)?)?)
+}
+
+/// The coefficients (√ᾱ_s, √(1 − ᾱ_s), √ᾱ_t, √(1 − ᾱ_t)) of a DDIM step from s to t.
+pub fn ddim_coefficients(abar_s: f64, abar_t: f64) -> [f64; 4] {
+    [
+        abar_s.sqrt(),
+        (1.0 - abar_s).sqrt(),
+        abar_t.sqrt(),
+        (1.0 - abar_t).sqrt(),
+    ]
+}
+
+/// [`DeviceEps::ddim_tensor`] in candle's operations.
+pub fn candle_ddim(x: &Tensor, eps: &Tensor, abar_s: f64, abar_t: f64) -> Result<Tensor> {
+    let [ss, sn, ts, tn] = ddim_coefficients(abar_s, abar_t);
+    let eps = eps.to_dtype(DType::F64)?;
+    let x0 = ((x.to_dtype(DType::F64)? - (&eps * sn)?)? / ss)?;
+    Ok(((x0 * ts)? + (eps * tn)?)?.to_dtype(DType::F32)?)
+}
+
+/// [`DeviceEps::row_lp_tensor`] in candle's operations.
+pub fn candle_row_lp(a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
+    let diff = (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?.abs()?;
+    let pow = if p == 2.0 {
+        diff.sqr()?
+    } else if p == 4.0 {
+        diff.sqr()?.sqr()?
+    } else {
+        diff.powf(p)?
+    };
+    Ok(pow.mean(1)?.to_vec1::<f64>()?)
 }
 
 /// A dpaudit net with its schedule.

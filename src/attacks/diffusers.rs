@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use candle_core::Tensor;
 use indicatif::ProgressBar;
 
 use super::mia::{self, AttackKind, Target};
@@ -54,6 +55,28 @@ impl super::denoiser::DeviceEps for DiffusersDenoiser<'_> {
     }
     fn predict_eps_tensor(&self, x: &candle_core::Tensor, t: usize) -> Result<candle_core::Tensor> {
         DiffusersDenoiser::predict_eps_tensor(self, x, t)
+    }
+    // Through the CUDA forward's kernels where the model has them (one launch each, none of
+    // candle's modules), else candle's operations.
+    fn noisy_tensor(&self, x0: &Tensor, eps: &Tensor, abar: f64) -> Result<Tensor> {
+        let (sa, sb) = (abar.sqrt() as f32, (1.0 - abar).sqrt() as f32);
+        match self.model().fused_noisy(x0, eps, sa, sb)? {
+            Some(t) => Ok(t),
+            None => super::denoiser::candle_noisy(x0, eps, abar),
+        }
+    }
+    fn ddim_tensor(&self, x: &Tensor, eps: &Tensor, abar_s: f64, abar_t: f64) -> Result<Tensor> {
+        let c = super::denoiser::ddim_coefficients(abar_s, abar_t);
+        match self.model().fused_ddim(x, eps, c)? {
+            Some(t) => Ok(t),
+            None => super::denoiser::candle_ddim(x, eps, abar_s, abar_t),
+        }
+    }
+    fn row_lp_tensor(&self, a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
+        match self.model().fused_row_lp(a, b, p)? {
+            Some(v) => Ok(v),
+            None => super::denoiser::candle_row_lp(a, b, p),
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::denoiser::{noisy, Denoiser, DeviceEps};
 use super::empirical::{poisson_mask, EmpiricalDenoiser};
@@ -198,26 +198,9 @@ pub fn secmi_errors(d: &dyn Denoiser, rows: &[f32], t: usize, k: usize) -> Resul
 
 /// [`ddim_step`] on a device-resident batch: the same f64 arithmetic, on the device.
 fn ddim_step_on_device(d: &dyn Denoiser, dev: &dyn DeviceEps, x: &Tensor, s: usize, t: usize) -> Result<Tensor> {
-    let eps = dev.predict_eps_tensor(x, s)?.to_dtype(DType::F64)?;
+    let eps = dev.predict_eps_tensor(x, s)?;
     let ab = d.alpha_bars();
-    let (as_, at) = (ab[s], ab[t]);
-    let (ss, sn) = (as_.sqrt(), (1.0 - as_).sqrt());
-    let (ts, tn) = (at.sqrt(), (1.0 - at).sqrt());
-    let x0 = ((x.to_dtype(DType::F64)? - (&eps * sn)?)? / ss)?;
-    Ok(((x0 * ts)? + (eps * tn)?)?.to_dtype(DType::F32)?)
-}
-
-/// Mean over each row of |a − b|^p (in f64, on the device), copied to the host.
-fn row_lp_on_device(a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
-    let diff = (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?.abs()?;
-    let pow = if p == 2.0 {
-        diff.sqr()?
-    } else if p == 4.0 {
-        diff.sqr()?.sqr()?
-    } else {
-        diff.powf(p)?
-    };
-    Ok(pow.mean(1)?.to_vec1::<f64>()?)
+    dev.ddim_tensor(x, &eps, ab[s], ab[t])
 }
 
 /// [`secmi_errors`] with the batch kept on the model's device from the first step to the
@@ -235,7 +218,7 @@ fn secmi_errors_on_device(d: &dyn Denoiser, dev: &dyn DeviceEps, rows: &[f32], t
     }
     let fwd = ddim_step_on_device(d, dev, &x, target, t)?;
     let back = ddim_step_on_device(d, dev, &fwd, t, target)?;
-    row_lp_on_device(&x, &back, 2.0)
+    dev.row_lp_tensor(&x, &back, 2.0)
 }
 
 /// [`pia_distances`] with the batch kept on the model's device.
@@ -244,11 +227,9 @@ fn pia_distances_on_device(d: &dyn Denoiser, dev: &dyn DeviceEps, rows: &[f32], 
     let n = rows.len() / dim;
     let x0 = Tensor::from_slice(rows, (n, dim), dev.device())?;
     let eps0 = dev.predict_eps_tensor(&x0, 0)?;
-    let a = d.alpha_bars()[t];
-    // As `noisy`: f32 products and sum.
-    let xt = ((&x0 * (a.sqrt() as f32) as f64)? + (&eps0 * ((1.0 - a).sqrt() as f32) as f64)?)?;
+    let xt = dev.noisy_tensor(&x0, &eps0, d.alpha_bars()[t])?;
     let pred = dev.predict_eps_tensor(&xt, t)?;
-    row_lp_on_device(&eps0, &pred, p)
+    dev.row_lp_tensor(&eps0, &pred, p)
 }
 
 /// PIA's distance of each row (Kong et al. 2024, Eq. 10–11): ε₀ = ε_θ(x₀, 0),
@@ -325,10 +306,27 @@ pub fn scores_keyed(
         AttackKind::Loss => {
             let mut acc = vec![0.0; n];
             let tt = vec![t; n];
+            // On a GPU the rows stay there: each draw's noise is copied in, and only the n
+            // errors come back.
+            let on_device = match d.on_device() {
+                Some(dev) => Some((dev, Tensor::from_slice(rows, (n, dim), dev.device())?)),
+                None => None,
+            };
             for _ in 0..draws {
                 let eps = draw_noise(&mut rngs);
-                let pred = d.predict_eps(&noisy(d.alpha_bars(), dim, rows, &tt, &eps), &tt)?;
-                for (a, e) in acc.iter_mut().zip(row_lp(&eps, &pred, dim, 2.0)) {
+                let errors = match &on_device {
+                    Some((dev, x0)) => {
+                        let e = Tensor::from_slice(&eps, (n, dim), dev.device())?;
+                        let xt = dev.noisy_tensor(x0, &e, d.alpha_bars()[t])?;
+                        let pred = dev.predict_eps_tensor(&xt, t)?;
+                        dev.row_lp_tensor(&e, &pred, 2.0)?
+                    }
+                    None => {
+                        let pred = d.predict_eps(&noisy(d.alpha_bars(), dim, rows, &tt, &eps), &tt)?;
+                        row_lp(&eps, &pred, dim, 2.0)
+                    }
+                };
+                for (a, e) in acc.iter_mut().zip(errors) {
                     *a -= e;
                 }
             }

@@ -5,20 +5,23 @@
 //! fp32 the report promises. This op sets the math type of `--precision` ([`Math`]) on every call
 //! (`CUDNN_FMA_MATH` for fp32, as PyTorch does with `torch.backends.cudnn.allow_tf32 = False`;
 //! `CUDNN_DEFAULT_MATH` for tf32; `CUDNN_TENSOR_OP_MATH` for bf16 data with f32 accumulation),
-//! and caches cuDNN's heuristic algorithm choice per shape (PyTorch's `benchmark = False`).
+//! and caches, per shape, the descriptors with cuDNN's heuristic algorithm choice (PyTorch's
+//! `benchmark = False`), so a call after the first is one `cudnnConvolutionForward`.
 //!
 //! The crate denies `unsafe`; this module needs it for the cuDNN call itself and for the
 //! uninitialised output and workspace buffers (cuDNN writes every output element with β = 0).
 #![allow(unsafe_code)]
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use candle_core::cuda::cudarc;
 use candle_core::cuda::{CudaDevice, CudaStorage, DeviceId};
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, WithDType};
-use cudarc::cudnn::{sys, ConvForward, Cudnn, CudnnDataType};
+use cudarc::cudnn::{sys, ConvDescriptor, ConvForward, Cudnn, CudnnDataType, FilterDescriptor, TensorDescriptor};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop};
 
 /// The arithmetic cuDNN may use: `--precision` as this op sees it (the models' precision module
@@ -43,11 +46,26 @@ pub struct CudnnConv2d {
     pub precision: Math,
 }
 
-type Key = ([i32; 4], [i32; 4], usize, usize, u8, u8);
+/// (input dims, filter dims, padding, stride, math, data type) on a device.
+type PlanKey = (DeviceId, ([i32; 4], [i32; 4], usize, usize, u8, u8));
+
+/// One convolution shape's cuDNN descriptors and algorithm: built once, so that a call is one
+/// `cudnnConvolutionForward` (no descriptor creation, setting and destruction per call).
+struct Plan<T: CudnnDataType> {
+    conv: ConvDescriptor<f32>,
+    x: TensorDescriptor<T>,
+    w: FilterDescriptor<T>,
+    y: TensorDescriptor<T>,
+    algo: sys::cudnnConvolutionFwdAlgo_t,
+    ws: usize,
+}
 
 thread_local! {
     static HANDLES: RefCell<HashMap<DeviceId, Arc<Cudnn>>> = RefCell::new(HashMap::new());
-    static ALGOS: RefCell<HashMap<Key, (sys::cudnnConvolutionFwdAlgo_t, usize)>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<PlanKey, Rc<dyn Any>>> = RefCell::new(HashMap::new());
+    /// Each device's workspace, grown to the largest a plan needs: all of dpaudit's GPU work is
+    /// on the device's one stream, so consecutive convolutions share it in stream order.
+    static WORKSPACES: RefCell<HashMap<DeviceId, CudaSlice<u8>>> = RefCell::new(HashMap::new());
 }
 
 /// This thread's cuDNN handle on `dev` (created on first use: loading cuDNN's libraries takes a
@@ -101,11 +119,53 @@ impl CudnnConv2d {
         y: &mut Y,
     ) -> candle_core::Result<()>
     where
-        T: CudnnDataType + WithDType,
+        T: CudnnDataType + WithDType + 'static,
         X: DevicePtr<T>,
         W: DevicePtr<T>,
         Y: DevicePtrMut<T>,
     {
+        let key: PlanKey = (
+            dev.id(),
+            (xd, wd, self.padding, self.stride, self.precision as u8, T::DTYPE as u8),
+        );
+        let plan = match PLANS.with(|m| m.borrow().get(&key).cloned()) {
+            Some(p) => p
+                .downcast::<Plan<T>>()
+                .map_err(|_| cerr("a cached plan of another data type"))?,
+            None => {
+                let p = Rc::new(self.plan::<T>(dev, xd, wd)?);
+                PLANS.with(|m| m.borrow_mut().insert(key, p.clone()));
+                p
+            }
+        };
+        let op = ConvForward {
+            conv: &plan.conv,
+            x: &plan.x,
+            w: &plan.w,
+            y: &plan.y,
+        };
+        WORKSPACES.with(|m| -> candle_core::Result<()> {
+            let mut m = m.borrow_mut();
+            let grow = m.get(&key.0).is_none_or(|b| b.len() < plan.ws.max(1));
+            if grow {
+                // SAFETY: cuDNN's scratch space; nothing reads it before cuDNN writes it. The
+                // buffer it replaces is freed in stream order, after the convolutions using it.
+                let b = unsafe { dev.cuda_stream().alloc::<u8>(plan.ws.max(1)) }.map_err(cerr)?;
+                m.insert(key.0, b);
+            }
+            let workspace = m.get_mut(&key.0).ok_or_else(|| cerr("no workspace"))?;
+            // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
+            unsafe {
+                op.launch::<CudaSlice<u8>, _, _, _>(plan.algo, Some(workspace), (alpha, beta), x, w, y)
+                    .map_err(cerr)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The descriptors of one shape and cuDNN's heuristic algorithm for them (PyTorch's
+    /// `benchmark = False`) with its workspace size, built on the shape's first call.
+    fn plan<T: CudnnDataType>(&self, dev: &CudaDevice, xd: [i32; 4], wd: [i32; 4]) -> candle_core::Result<Plan<T>> {
         let cudnn = handle(dev)?;
         let (p, s) = (self.padding as i32, self.stride as i32);
         // Data in T; products accumulated in f32 (PSEUDO_BFLOAT16 for bf16, FLOAT for f32).
@@ -118,45 +178,35 @@ impl CudnnConv2d {
             )
             .map_err(cerr)?;
         conv.set_math_type(self.math()).map_err(cerr)?;
-        let xdesc = cudnn
+        let x = cudnn
             .create_4d_tensor::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, xd)
             .map_err(cerr)?;
-        let wdesc = cudnn
+        let w = cudnn
             .create_4d_filter::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, wd)
             .map_err(cerr)?;
-        let yd = self.out_dims(xd, wd);
-        let ydesc = cudnn
-            .create_4d_tensor::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, yd)
+        let y = cudnn
+            .create_4d_tensor::<T>(sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, self.out_dims(xd, wd))
             .map_err(cerr)?;
         let op = ConvForward {
             conv: &conv,
-            x: &xdesc,
-            w: &wdesc,
-            y: &ydesc,
+            x: &x,
+            w: &w,
+            y: &y,
         };
-        let key: Key = (xd, wd, self.padding, self.stride, self.precision as u8, T::DTYPE as u8);
-        let (algo, ws) = match ALGOS.with(|m| m.borrow().get(&key).copied()) {
-            Some(a) => a,
-            None => {
-                let a = op.pick_algorithm().map_err(cerr)?;
-                let ws = op.get_workspace_size(a).map_err(cerr)?;
-                ALGOS.with(|m| m.borrow_mut().insert(key, (a, ws)));
-                (a, ws)
-            }
-        };
-        let stream = dev.cuda_stream();
-        // SAFETY: cuDNN's scratch space; nothing reads it before cuDNN writes it.
-        let mut workspace = unsafe { stream.alloc::<u8>(ws.max(1)) }.map_err(cerr)?;
-        // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
-        unsafe {
-            op.launch::<CudaSlice<u8>, _, _, _>(algo, Some(&mut workspace), (alpha, beta), x, w, y)
-                .map_err(cerr)?;
-        }
-        Ok(())
+        let algo = op.pick_algorithm().map_err(cerr)?;
+        let ws = op.get_workspace_size(algo).map_err(cerr)?;
+        Ok(Plan {
+            conv,
+            x,
+            w,
+            y,
+            algo,
+            ws,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn launch<T: CudnnDataType + WithDType + DeviceRepr>(
+    fn launch<T: CudnnDataType + WithDType + DeviceRepr + 'static>(
         &self,
         dev: &CudaDevice,
         x: &CudaSlice<T>,

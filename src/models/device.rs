@@ -27,7 +27,9 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Auto => {
             #[cfg(feature = "cuda")]
             {
-                Ok(Device::cuda_if_available(0).unwrap_or(Device::Cpu))
+                let d = Device::cuda_if_available(0).unwrap_or(Device::Cpu);
+                prepare_cuda(&d);
+                Ok(d)
             }
             #[cfg(not(feature = "cuda"))]
             {
@@ -37,7 +39,9 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Cuda => {
             #[cfg(feature = "cuda")]
             {
-                Device::new_cuda(0).map_err(|e| Error::field("--device", cuda_open_error(&e.to_string())))
+                let d = Device::new_cuda(0).map_err(|e| Error::field("--device", cuda_open_error(&e.to_string())))?;
+                prepare_cuda(&d);
+                Ok(d)
             }
             #[cfg(not(feature = "cuda"))]
             {
@@ -47,6 +51,44 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
                 ))
             }
         }
+    }
+}
+
+/// Two of CUDA's defaults that cost time in dpaudit's use of a GPU, changed once when the device
+/// is opened (before any weight is loaded):
+///
+/// * cudarc's per-buffer CUDA events: with candle's own (non-default) stream every buffer gets
+///   two events, created and destroyed with it and recorded or waited on at each use, to order
+///   uses across streams. dpaudit issues all GPU work on that one stream (candle's ops, cuDNN,
+///   cuBLAS, the CUDA UNet forward: every `cuda_stream()`), where stream order already orders
+///   every use and every stream-ordered free, so they are turned off.
+/// * the stream-ordered pool's release threshold: 0 by default, so each synchronisation (a copy
+///   back to the host) returns the pool's free memory to the driver and the next forward maps it
+///   again. It is raised to "never" for this process, as PyTorch's caching allocator keeps its
+///   blocks; the memory is freed when the process ends.
+///
+/// Failures are ignored: both are speed settings, not results.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+fn prepare_cuda(device: &Device) {
+    use candle_core::cuda::cudarc::driver::sys;
+    let Device::Cuda(d) = device else { return };
+    // SAFETY: see above: one stream per device, so no use needs cross-stream ordering.
+    unsafe { d.disable_event_tracking() };
+    let ctx = d.cuda_stream().context().clone();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer; the device handle is the context's own.
+    let got = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    if got == sys::CUresult::CUDA_SUCCESS && !pool.is_null() {
+        let mut keep = u64::MAX;
+        // SAFETY: RELEASE_THRESHOLD takes a pointer to a cuuint64_t.
+        let _ = unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+        };
     }
 }
 

@@ -172,13 +172,14 @@ impl DiffusersCheckpoint {
                 t.len()
             )));
         }
-        let mut out = Vec::with_capacity(x.len() / c * self.model.config.out_channels);
-        for start in (0..b).step_by(batch.max(1)) {
-            let n = batch.max(1).min(b - start);
+        let per_out = h * w * self.model.config.out_channels;
+        let mut out = Vec::with_capacity(b * per_out);
+        for win in batch_windows(b, batch) {
+            let (start, n) = (win.start, win.len);
             let y = self
                 .model
                 .forward_host(&x[start * per..(start + n) * per], [n, c, h, w], &t[start..start + n])?;
-            out.extend(y);
+            out.extend_from_slice(&y[win.skip * per_out..]);
         }
         Ok(out)
     }
@@ -263,6 +264,43 @@ impl DiffusersCheckpoint {
     }
 }
 
+/// One forward of [`batch_windows`]: rows `start..start + len`, of which the first `skip` were
+/// already computed by the previous window (their outputs are dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchWindow {
+    /// First row of the forward.
+    pub start: usize,
+    /// Rows in the forward.
+    pub len: usize,
+    /// Leading rows whose outputs the previous window gave.
+    pub skip: usize,
+}
+
+/// The forwards that compute `n` rows in batches of at most `batch`, all of one size: the
+/// fewest batches, k = ⌈n / batch⌉, of s = ⌈n / k⌉ rows each, the last one ending at row n
+/// (so it may overlap the one before by k·s − n < k rows, recomputed and dropped). The UNet
+/// treats rows independently, so the outputs are those of any other batching; one batch shape
+/// per call means a GPU meets one set of convolution shapes (cuDNN's algorithm choice, kernel
+/// loading) instead of a second set for a short last batch.
+pub fn batch_windows(n: usize, batch: usize) -> Vec<BatchWindow> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let k = n.div_ceil(batch.max(1));
+    let s = n.div_ceil(k);
+    (0..k)
+        .map(|i| {
+            let first = i * s;
+            let start = first.min(n - s);
+            BatchWindow {
+                start,
+                len: s,
+                skip: first - start,
+            }
+        })
+        .collect()
+}
+
 /// A diffusers UNet as an ε-predictor: batched, with v / x₀ predictions converted to ε.
 pub struct DiffusersDenoiser<'a> {
     ck: &'a DiffusersCheckpoint,
@@ -284,6 +322,11 @@ impl DiffusersDenoiser<'_> {
         self.batch
     }
 
+    /// The UNet.
+    pub fn model(&self) -> &super::unet2d::Unet2dModel {
+        &self.ck.model
+    }
+
     /// ε̂ for a device-resident batch `x` [n, C·H·W] (f32, on the model's device) at step `t`
     /// for every row, in forwards of at most `batch` images; returns [n, C·H·W] f32 on the
     /// device. v- and x₀-predictions are converted to ε as [`PredictionType::to_eps`] does (in
@@ -300,18 +343,26 @@ impl DiffusersDenoiser<'_> {
         if t >= self.schedule.len() {
             return Err(Error::input(format!("timestep {t} ≥ T = {}", self.schedule.len())));
         }
-        let step = self.batch.max(1);
-        let mut parts = Vec::with_capacity(n.div_ceil(step));
-        for start in (0..n).step_by(step) {
-            let m = step.min(n - start);
-            let xb = x.narrow(0, start, m)?.reshape((m, c, h, w))?;
+        let mut parts = Vec::with_capacity(n.div_ceil(self.batch.max(1)));
+        for win in batch_windows(n, self.batch) {
+            let m = win.len;
+            let xb = x.narrow(0, win.start, m)?.reshape((m, c, h, w))?;
             let y = self.ck.model.forward(&xb, &vec![t as f64; m])?.reshape((m, d))?;
-            parts.push(y);
+            parts.push((y, win.skip));
         }
-        let out = if parts.len() == 1 {
-            parts.pop().unwrap()
+        let out = if parts.len() <= 1 {
+            match parts.pop() {
+                Some((y, _)) => y,
+                None => Tensor::zeros((0, d), DType::F32, x.device())?,
+            }
+        } else if let Some(all) = self.ck.model.fused_gather(&parts, d)? {
+            all
         } else {
-            Tensor::cat(&parts, 0)?
+            let kept = parts
+                .iter()
+                .map(|(y, skip)| y.narrow(0, *skip, y.dim(0)? - skip))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::cat(&kept, 0)?
         };
         let abar = self.schedule.alpha_bars[t];
         Ok(match self.prediction {
@@ -350,5 +401,43 @@ impl EpsPredictor for DiffusersDenoiser<'_> {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_windows_cover_each_row_once_in_one_shape() {
+        for batch in [1, 2, 3, 7, 64, 256] {
+            for n in 0..600 {
+                let ws = batch_windows(n, batch);
+                assert_eq!(ws.len(), n.div_ceil(batch), "n {n} batch {batch}");
+                let mut next = 0;
+                for w in &ws {
+                    assert_eq!(w.len, ws[0].len, "one shape: n {n} batch {batch}");
+                    assert!(w.len <= batch && w.skip < w.len);
+                    assert_eq!(w.start + w.skip, next, "rows in order, none twice: n {n} batch {batch}");
+                    next = w.start + w.len;
+                }
+                assert_eq!(next, n, "every row: n {n} batch {batch}");
+                let recomputed: usize = ws.iter().map(|w| w.skip).sum();
+                assert!(recomputed < ws.len().max(1), "n {n} batch {batch}");
+            }
+        }
+        // 10,000 images at 256: 40 forwards of 250 (not 39 of 256 and one of 16).
+        let ws = batch_windows(10_000, 256);
+        assert_eq!((ws.len(), ws[0].len, ws[39].skip), (40, 250, 0));
+        // 1,001 at 256: 4 of 251, the last starting at row 750 (one row recomputed).
+        let ws = batch_windows(1001, 256);
+        assert_eq!(
+            ws[3],
+            BatchWindow {
+                start: 750,
+                len: 251,
+                skip: 3
+            }
+        );
     }
 }

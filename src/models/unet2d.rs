@@ -1065,6 +1065,62 @@ impl Unet2dModel {
         Ok(model)
     }
 
+    /// The CUDA forward's kernels, for the attacks' arithmetic on its GPU: `Some` when this
+    /// model has that forward (feature `cudnn`, a covered architecture, not turned off by
+    /// `DPAUDIT_UNET_CUDA=candle`) and every tensor of `on` is f32 on a GPU.
+    #[cfg(feature = "cudnn")]
+    fn attack_kernels(&self, on: &[&Tensor]) -> Option<&cuda::CudaUnet> {
+        let f32_gpu = on.iter().all(|t| t.dtype() == DType::F32 && t.device().is_cuda());
+        self.cuda.as_ref().filter(|_| f32_gpu && !cuda::disabled())
+    }
+
+    /// √ᾱ·x₀ + √(1 − ᾱ)·ε (factors `sa`, `sb` in f32) on the GPU in one kernel with the host's
+    /// rounding; `None` where [`Self::attack_kernels`] is not available (use candle's ops).
+    pub fn fused_noisy(&self, x0: &Tensor, e: &Tensor, sa: f32, sb: f32) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cudnn")]
+        if let Some(cu) = self.attack_kernels(&[x0, e]) {
+            return cu.noisy(x0, e, sa, sb).map(Some);
+        }
+        let _ = (x0, e, sa, sb);
+        Ok(None)
+    }
+
+    /// A DDIM step's arithmetic given ε in one kernel (f64, the host's rounding), `c` = (√ᾱ_s,
+    /// √(1 − ᾱ_s), √ᾱ_t, √(1 − ᾱ_t)); `None` as [`Self::fused_noisy`].
+    pub fn fused_ddim(&self, x: &Tensor, e: &Tensor, c: [f64; 4]) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cudnn")]
+        if let Some(cu) = self.attack_kernels(&[x, e]) {
+            return cu.ddim(x, e, c).map(Some);
+        }
+        let _ = (x, e, c);
+        Ok(None)
+    }
+
+    /// Each row's mean of |a − b|^p in f64 in one kernel, on the host; `None` as
+    /// [`Self::fused_noisy`].
+    pub fn fused_row_lp(&self, a: &Tensor, b: &Tensor, p: f64) -> Result<Option<Vec<f64>>> {
+        #[cfg(feature = "cudnn")]
+        if let Some(cu) = self.attack_kernels(&[a, b]) {
+            return cu.row_lp(a, b, p).map(Some);
+        }
+        let _ = (a, b, p);
+        Ok(None)
+    }
+
+    /// The rows `skip..` of each [rows, d] part in one [Σ, d] tensor by device copies; `None` as
+    /// [`Self::fused_noisy`].
+    pub fn fused_gather(&self, parts: &[(Tensor, usize)], d: usize) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cudnn")]
+        {
+            let ts: Vec<&Tensor> = parts.iter().map(|(t, _)| t).collect();
+            if let Some(cu) = self.attack_kernels(&ts) {
+                return cu.gather(parts, d).map(Some);
+            }
+        }
+        let _ = (parts, d);
+        Ok(None)
+    }
+
     fn time_features(&self, t: &[f64], device: &Device) -> Result<Tensor> {
         let v = self.time_features_host(t)?;
         let width = v.len() / t.len().max(1);
@@ -1082,13 +1138,23 @@ impl Unet2dModel {
     /// `unet2d_cuda.rs` (feature `cudnn`) where it covers the architecture; otherwise through
     /// candle's kernels.
     pub fn forward(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
-        if !crate::timing::enabled() {
+        if !crate::timing::forwards() {
             return self.forward_untimed(x, t);
         }
         let t0 = std::time::Instant::now();
         let y = self.forward_untimed(x, t)?;
-        x.device().synchronize()?;
-        crate::timing::note(format_args!("UNet forward, batch {}", x.dim(0)?), t0);
+        if x.device().is_cpu() {
+            crate::timing::note(format_args!("UNet forward, batch {}", x.dim(0)?), t0);
+        } else {
+            // The host's share: when it has queued every kernel (a forward whose total is close
+            // to this is bound by the host's launches, not by the GPU's work).
+            let queued = t0.elapsed().as_secs_f64();
+            x.device().synchronize()?;
+            crate::timing::note(
+                format_args!("UNet forward, batch {} (queued in {queued:.4} s)", x.dim(0)?),
+                t0,
+            );
+        }
         Ok(y)
     }
 
@@ -1160,7 +1226,9 @@ impl Unet2dModel {
                     .then(|| t.iter().map(|&v| v as f32).collect());
                 let t0 = std::time::Instant::now();
                 let y = cpu.forward(x, shape, &tf, fourier.as_deref(), self.config.center_input_sample);
-                crate::timing::note(format_args!("UNet forward, batch {b}"), t0);
+                if crate::timing::forwards() {
+                    crate::timing::note(format_args!("UNet forward, batch {b}"), t0);
+                }
                 Ok(y)
             }
             None => {

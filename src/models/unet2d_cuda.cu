@@ -155,3 +155,52 @@ extern "C" __global__ void softmax_rows(float* x, long long rows, int len) {
 extern "C" __global__ void div_rows(float* x, const float* t, long long n, long long per) {
     GRID_STRIDE(i, n) { x[i] = x[i] / t[i / per]; }
 }
+
+// ---- The attacks' arithmetic on device-resident batches (src/attacks/mia.rs), with the
+// host's rounding: IEEE round-to-nearest intrinsics, so nvcc fuses no multiply-add.
+
+// x_t = sa·x0 + sb·e in f32 (attacks::denoiser::noisy: f32 products, then their sum).
+extern "C" __global__ void noisy_f32(float* out, const float* x0, const float* e, long long n,
+                                     float sa, float sb) {
+    GRID_STRIDE(i, n) { out[i] = __fadd_rn(__fmul_rn(sa, x0[i]), __fmul_rn(sb, e[i])); }
+}
+
+// One deterministic DDIM step in f64 given ε (attacks::mia::ddim_step):
+// x̂0 = (x − sn·ε)/ss, out = f32(ts·x̂0 + tn·ε).
+extern "C" __global__ void ddim_f64(float* out, const float* x, const float* e, long long n,
+                                    double ss, double sn, double ts, double tn) {
+    GRID_STRIDE(i, n) {
+        double ev = (double)e[i];
+        double x0 = __ddiv_rn(__dsub_rn((double)x[i], __dmul_rn(sn, ev)), ss);
+        out[i] = __double2float_rn(__dadd_rn(__dmul_rn(ts, x0), __dmul_rn(tn, ev)));
+    }
+}
+
+// out[r] = Σ_j |a[r, j] − b[r, j]|^p / dim in f64, one block per row (attacks::mia::row_lp);
+// mode 2: d·d, mode 4: (d·d)·(d·d), else pow(d, p).
+extern "C" __global__ void row_lp(double* out, const float* a, const float* b, long long rows,
+                                  int dim, double p, int mode) {
+    long long r = blockIdx.x;
+    if (r >= rows) return;
+    const float* x = a + r * dim;
+    const float* y = b + r * dim;
+    double s = 0.0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        double d = fabs(__dsub_rn((double)x[j], (double)y[j]));
+        double v = mode == 2 ? __dmul_rn(d, d)
+                 : mode == 4 ? __dmul_rn(__dmul_rn(d, d), __dmul_rn(d, d))
+                             : pow(d, p);
+        s = __dadd_rn(s, v);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (lane == 0) part[wid] = s;
+    __syncthreads();
+    if (wid == 0) {
+        int nw = (blockDim.x + 31) >> 5;
+        s = lane < nw ? part[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0) out[r] = s / (double)dim;
+    }
+}

@@ -20,7 +20,7 @@
 
 use std::ffi::c_void;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::cuda::cudarc;
 use candle_core::cuda::{CudaDevice, CudaStorage};
@@ -231,6 +231,9 @@ struct Kernels {
     concat2: CudaFunction,
     group_norm: CudaFunction,
     softmax: CudaFunction,
+    noisy: CudaFunction,
+    ddim: CudaFunction,
+    row_lp: CudaFunction,
 }
 
 /// The UNet laid out for this forward: weights on the GPU (q/k/v stacked, biases combined),
@@ -249,7 +252,13 @@ pub(super) struct CudaUnet {
     center: bool,
     in_channels: usize,
     out_channels: usize,
+    /// The last activated time embedding with its time features and math: the attacks score
+    /// every batch of a call at one step, so each forward after the first reuses it.
+    temb: Mutex<Option<Temb>>,
 }
+
+/// A computed time embedding: (time features, math, silu(embedding)).
+type Temb = (Vec<f32>, Math, Arc<Buf>);
 
 /// A buffer of f32 on the stream's pool.
 struct Buf {
@@ -276,6 +285,9 @@ impl CudaUnet {
             concat2: f("concat2")?,
             group_norm: f("group_norm")?,
             softmax: f("softmax_rows")?,
+            noisy: f("noisy_f32")?,
+            ddim: f("ddim_f64")?,
+            row_lp: f("row_lp")?,
         };
         // Library start-up (cuDNN's sub-libraries, cuBLAS) belongs to loading the model.
         super::super::cudnn_conv::handle(&dev)?;
@@ -343,6 +355,7 @@ impl CudaUnet {
             stream,
             blas,
             k,
+            temb: Mutex::new(None),
         };
         unet.start_libraries()?;
         Ok(unet)
@@ -726,12 +739,21 @@ impl CudaUnet {
         Ok(y)
     }
 
-    /// silu(W2·silu(W1·tf + b1) + b2): the activated time embedding every ResNet block takes.
-    fn time_embedding(&self, tf: &[f32], b: usize, math: Math) -> Result<Buf> {
+    /// silu(W2·silu(W1·tf + b1) + b2): the activated time embedding every ResNet block takes,
+    /// reused while `tf` and `math` repeat (a held `Arc` keeps it alive for the forward).
+    fn time_embedding(&self, tf: &[f32], b: usize, math: Math) -> Result<Arc<Buf>> {
+        let mut last = self.temb.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((f, m, e)) = &*last {
+            if f.as_slice() == tf && *m == math {
+                return Ok(e.clone());
+            }
+        }
         let tfd = self.stream.clone_htod(tf).map_err(derr)?;
         let (tfp, _g) = tfd.device_ptr(&self.stream);
         let e1 = self.linear_silu(&self.t1, tfp, b, math)?;
-        self.linear_silu(&self.t2, e1.p, b, math)
+        let e = Arc::new(self.linear_silu(&self.t2, e1.p, b, math)?);
+        *last = Some((tf.to_vec(), math, e.clone()));
+        Ok(e)
     }
 
     /// The model output for x (B, C, H, W) on this GPU; `tf` are the time features before the
@@ -864,5 +886,132 @@ impl CudaUnet {
             BackpropOp::none(),
             false,
         ))
+    }
+}
+
+/// The attacks' arithmetic on device-resident batches (`attacks::mia`), in this module's
+/// kernels (`unet2d_cuda.cu`: the host's rounding, no fused multiply-add), so that an attack on
+/// a GPU loads none of candle's kernel modules and keeps no f64 copies of its batch.
+impl CudaUnet {
+    /// A contiguous f32 tensor on this GPU with its address and element count.
+    fn input(&self, t: &Tensor) -> Result<(Tensor, u64, usize)> {
+        if t.dtype() != DType::F32 || !t.device().same_device(&Device::Cuda(self.dev.clone())) {
+            return Err(Error::model(
+                "CUDA attack kernels: the batch is not f32 on the model's GPU",
+            ));
+        }
+        let t = t.contiguous()?;
+        let p = dptr(&t)?;
+        let n = t.elem_count();
+        Ok((t, p, n))
+    }
+
+    fn wrap(&self, b: Buf, shape: &[usize]) -> Tensor {
+        let storage = CudaStorage::wrap_cuda_slice(b.s, self.dev.clone());
+        Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+    }
+
+    /// √ᾱ·x₀ + √(1 − ᾱ)·ε with the two factors `sa`, `sb` given in f32.
+    pub(super) fn noisy(&self, x0: &Tensor, e: &Tensor, sa: f32, sb: f32) -> Result<Tensor> {
+        let ((_x, xp, n), (_e, ep, ne)) = (self.input(x0)?, self.input(e)?);
+        if n != ne {
+            return Err(Error::model("CUDA attack kernels: x₀ and ε differ in size"));
+        }
+        let out = self.alloc(n)?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&self.k.noisy);
+        b.arg(&out.p).arg(&xp).arg(&ep).arg(&n64).arg(&sa).arg(&sb);
+        // SAFETY: out, x₀ and ε hold n values.
+        unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        Ok(self.wrap(out, x0.dims()))
+    }
+
+    /// The DDIM step's arithmetic given ε: f32((x − sn·ε)/ss·ts + tn·ε) in f64, `c` = (ss, sn,
+    /// ts, tn).
+    pub(super) fn ddim(&self, x: &Tensor, e: &Tensor, c: [f64; 4]) -> Result<Tensor> {
+        let ((_x, xp, n), (_e, ep, ne)) = (self.input(x)?, self.input(e)?);
+        if n != ne {
+            return Err(Error::model("CUDA attack kernels: x and ε differ in size"));
+        }
+        let out = self.alloc(n)?;
+        let n64 = n as i64;
+        let [ss, sn, ts, tn] = c;
+        let mut b = self.stream.launch_builder(&self.k.ddim);
+        b.arg(&out.p)
+            .arg(&xp)
+            .arg(&ep)
+            .arg(&n64)
+            .arg(&ss)
+            .arg(&sn)
+            .arg(&ts)
+            .arg(&tn);
+        // SAFETY: out, x and ε hold n values.
+        unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        Ok(self.wrap(out, x.dims()))
+    }
+
+    /// Mean over each row of |a − b|^p (f64), copied to the host; `a`, `b` of shape [rows, dim].
+    pub(super) fn row_lp(&self, a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
+        let (rows, dim) = a.dims2()?;
+        if b.dims2()? != (rows, dim) {
+            return Err(Error::model("CUDA attack kernels: the two batches differ in shape"));
+        }
+        if rows == 0 || dim == 0 {
+            return Ok(vec![0.0; rows]);
+        }
+        let ((_a, ap, _), (_b, bp, _)) = (self.input(a)?, self.input(b)?);
+        // SAFETY: the kernel writes every row's value.
+        let out = unsafe { self.stream.alloc::<f64>(rows) }.map_err(derr)?;
+        let op = out.device_ptr(&self.stream).0;
+        let (r64, d32) = (rows as i64, dim as i32);
+        let mode: i32 = if p == 2.0 {
+            2
+        } else if p == 4.0 {
+            4
+        } else {
+            0
+        };
+        let mut bl = self.stream.launch_builder(&self.k.row_lp);
+        bl.arg(&op).arg(&ap).arg(&bp).arg(&r64).arg(&d32).arg(&p).arg(&mode);
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(rows).map_err(derr)?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: out holds `rows` values, a and b rows × dim.
+        unsafe { bl.launch(cfg) }.map_err(derr)?;
+        self.stream.clone_dtoh(&out).map_err(derr)
+    }
+
+    /// The rows `skip..` of each part, one after another, in one new [Σ rows, d] tensor (device
+    /// copies, no kernel).
+    pub(super) fn gather(&self, parts: &[(Tensor, usize)], d: usize) -> Result<Tensor> {
+        let n: usize = parts
+            .iter()
+            .map(|(t, skip)| t.dim(0).unwrap_or(0).saturating_sub(*skip))
+            .sum();
+        let out = self.alloc(n * d)?;
+        let mut at = 0usize;
+        for (t, skip) in parts {
+            let (t, p, len) = self.input(t)?;
+            let rows = t.dim(0)?;
+            if rows * d != len || *skip > rows {
+                return Err(Error::model("CUDA attack kernels: a part of another width"));
+            }
+            let bytes = (rows - skip) * d * 4;
+            // SAFETY: the source holds rows × d values from `skip`'s row on; the destination has
+            // room for them at `at` (n counts every part's rows after its skip).
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    out.p + (at * d * 4) as u64,
+                    p + (skip * d * 4) as u64,
+                    bytes,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(derr)?;
+            at += rows - skip;
+        }
+        Ok(self.wrap(out, &[n, d]))
     }
 }

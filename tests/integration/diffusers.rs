@@ -104,8 +104,8 @@ fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
 }
 
 /// `DPAUDIT_TIMING=1` says on stderr where a `mia` run's time goes (loading, every UNet forward,
-/// each attack's scoring, the metrics) and changes nothing in its results; without it no timing
-/// line appears.
+/// each attack's scoring, the metrics) and changes nothing in its results; `phases` leaves out
+/// the forwards; without it no timing line appears.
 #[test]
 fn timing_lines_say_where_a_mia_run_spends_its_time() {
     let run = |timing: &str| {
@@ -134,6 +134,12 @@ fn timing_lines_say_where_a_mia_run_spends_its_time() {
     assert!(on.contains("timing: metrics and report: "), "{on}");
     // 16 records at batch 4, two forwards each batch (PIA).
     assert_eq!(on.matches("timing: UNet forward, batch 4: ").count(), 8, "{on}");
+    // `phases`: the same phase lines, no line (and no wait) per forward.
+    let (phases, same) = run("phases");
+    assert_eq!(same, without);
+    assert!(phases.contains("timing: pia at t = 50, 16 records: "), "{phases}");
+    assert!(phases.contains("timing: metrics and report: "), "{phases}");
+    assert!(!phases.contains("UNet forward"), "{phases}");
 }
 
 /// `model info` states the architecture, the parameter count diffusers reports
