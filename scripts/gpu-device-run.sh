@@ -126,11 +126,11 @@ fi
 fi
 
 if has tests && [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integration" ]; then
-  phase "cuda integration tests (attacks::cpu_and_cuda, attacks::device_cuda, diffusers::mia)"
+  phase "cuda integration tests (attacks::cpu_and_cuda, attacks::device_cuda, diffusers::cuda_, diffusers::timing, diffusers::mia)"
   mkdir -p /work/wt 2>/dev/null
   [ -e /work/wt/gpu ] || ln -s "$R" /work/wt/gpu
-  (cd /work/wt/gpu && timeout 120 target-cuda/release/deps/integration attacks::cpu_and_cuda attacks::device_cuda \
-     diffusers::mia_on_the_mnist --test-threads 2 2>&1 | tail -15)
+  (cd /work/wt/gpu && timeout 180 target-cuda/release/deps/integration attacks::cpu_and_cuda attacks::device_cuda \
+     diffusers::cuda_ diffusers::timing diffusers::mia_on_the_mnist --test-threads 2 2>&1 | tail -15)
 fi
 
 if has auto; then
