@@ -15,7 +15,8 @@
 # (BIN=..., a dry run before spending device time). PRECS_CMP picks the compared precisions.
 # PHASES (default "eval tests auto compare dpsgd train") picks what runs; "timing" prints where a
 # mia run's time goes at the comparison's MNIST size (DPAUDIT_TIMING=1: loading, each forward
-# with the host's queueing time, metrics; then =phases, without the per-forward waits); "candle" adds the same
+# with the host's queueing time, metrics; =phases, without the per-forward waits; =kernels, the
+# GPU time per kind of kernel of the CUDA forward); "candle" adds the same
 # fp32 comparison with candle's kernels instead of the CUDA UNet forward (DPAUDIT_UNET_CUDA=candle),
 # before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
 # N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
@@ -175,7 +176,7 @@ open(out, "w").write(f'schema_version = 1\ndata = "{s["data"]}"\ndata_sha256 = "
 EOF
 for p in fp32 tf32; do
   for at in pia secmi; do
-    for mode in 1 phases; do
+    for mode in 1 phases kernels; do
       echo "--- $at $p DPAUDIT_TIMING=$mode"
       DPAUDIT_TIMING=$mode "$BIN" mia --checkpoint "$O/speed/mnist-ddpm" --data fixtures/data/mnist/mnist-10k.u8.gz \
         --split "$O/speed/split.toml" --attack "$at" --timesteps 100 --max-examples "$NT" --batch-size 256 --device "$DEVICE" \

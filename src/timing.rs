@@ -6,8 +6,12 @@
 //! `DPAUDIT_TIMING=phases` writes the same lines without those of each forward, and so without
 //! the waits: the phases' times are then those of an untimed run (an attack's line ends with
 //! its scores copied back to the host, so it includes all of its device work).
+//! `DPAUDIT_TIMING=kernels` adds, for the CUDA UNet forward, the GPU time of each kind of work
+//! (convolutions, group norms, GEMMs, …) from CUDA events around every launch, summed over the
+//! run and written after the scoring; the events themselves cost host time.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// True when `DPAUDIT_TIMING` is set to anything but empty or `0`.
@@ -16,10 +20,43 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("DPAUDIT_TIMING").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
-/// True when every UNet forward is timed (`DPAUDIT_TIMING` enabled and not `phases`).
+/// True when every UNet forward is timed (`DPAUDIT_TIMING` enabled and not `phases`; `kernels`
+/// included, whose events are read after each forward anyway).
 pub fn forwards() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| enabled() && std::env::var("DPAUDIT_TIMING").is_ok_and(|v| v != "phases"))
+}
+
+/// True for `DPAUDIT_TIMING=kernels` (GPU time per kind of kernel in the CUDA UNet forward).
+pub fn kernels() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DPAUDIT_TIMING").is_ok_and(|v| v == "kernels"))
+}
+
+/// GPU milliseconds and launches per kind of kernel (`DPAUDIT_TIMING=kernels`).
+static KERNELS: Mutex<BTreeMap<&'static str, (f64, u64)>> = Mutex::new(BTreeMap::new());
+
+/// Adds `ms` of GPU time to the kind `what`.
+pub fn add_kernel_time(what: &'static str, ms: f64) {
+    let mut m = KERNELS.lock().unwrap_or_else(|p| p.into_inner());
+    let e = m.entry(what).or_insert((0.0, 0));
+    e.0 += ms;
+    e.1 += 1;
+}
+
+/// Writes the GPU time per kind of kernel so far (`timing: GPU kernels: …`), largest first,
+/// and starts the sums again; nothing when none was recorded.
+pub fn kernel_summary() {
+    let mut m = KERNELS.lock().unwrap_or_else(|p| p.into_inner());
+    if m.is_empty() {
+        return;
+    }
+    let mut v: Vec<(&str, (f64, u64))> = m.iter().map(|(k, v)| (*k, *v)).collect();
+    v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+    let total: f64 = v.iter().map(|(_, (ms, _))| ms).sum();
+    let parts: Vec<String> = v.iter().map(|(k, (ms, n))| format!("{k} {:.1} ms ({n})", ms)).collect();
+    eprintln!("timing: GPU kernels: {} (total {total:.1} ms)", parts.join(", "));
+    m.clear();
 }
 
 /// Writes `timing: {what}: {seconds since `since`} s` on stderr when enabled.

@@ -315,6 +315,7 @@ pub fn score_shard(
                 format_args!("{} at t = {t}, {} records", kind.as_str(), q_keys.len()),
                 t0,
             );
+            crate::timing::kernel_summary();
             out.extend(
                 split_pos
                     .iter()

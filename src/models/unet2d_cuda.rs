@@ -255,6 +255,8 @@ pub(super) struct CudaUnet {
     /// The last activated time embedding with its time features and math: the attacks score
     /// every batch of a call at one step, so each forward after the first reuses it.
     temb: Mutex<Option<Temb>>,
+    /// `DPAUDIT_TIMING=kernels`: this forward's events so far.
+    marks: Mutex<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
 }
 
 /// A computed time embedding: (time features, math, silu(embedding)).
@@ -356,6 +358,7 @@ impl CudaUnet {
             blas,
             k,
             temb: Mutex::new(None),
+            marks: Mutex::new(Vec::new()),
         };
         unet.start_libraries()?;
         Ok(unet)
@@ -413,6 +416,7 @@ impl CudaUnet {
         b.arg(&out).arg(&v).arg(&n64).arg(&inner).arg(&len).arg(&scale);
         // SAFETY: `out` holds n values, `v` at least len.
         unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        self.mark("fill")?;
         Ok(())
     }
 
@@ -424,6 +428,7 @@ impl CudaUnet {
         b.arg(&out).arg(&x).arg(&v).arg(&n64).arg(&inner).arg(&len).arg(&scale);
         // SAFETY: `out` and `x` hold n values, `v` at least len.
         unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        self.mark("add")?;
         Ok(())
     }
 
@@ -433,6 +438,7 @@ impl CudaUnet {
         b.arg(&x).arg(&n64);
         // SAFETY: `x` holds n values.
         unsafe { b.launch(Self::cfg(n)) }.map_err(derr)?;
+        self.mark("silu")?;
         Ok(())
     }
 
@@ -475,6 +481,7 @@ impl CudaUnet {
         };
         // SAFETY: x and y hold b·c·hw values; gamma, beta c; add b·add_ld + c; ss b·2c.
         unsafe { bld.launch(cfg) }.map_err(derr)?;
+        self.mark("group norm")?;
         Ok(())
     }
 
@@ -535,7 +542,7 @@ impl CudaUnet {
         if st != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(derr(st));
         }
-        Ok(())
+        self.mark("gemm")
     }
 
     /// `y = α·conv(x) + β·y` with x [b, cin, h, w].
@@ -559,7 +566,39 @@ impl CudaUnet {
         let xd = [b as i32, c.cin as i32, h as i32, wd as i32];
         let wdims = [c.cout as i32, c.cin as i32, c.k as i32, c.k as i32];
         // SAFETY: x holds b·cin·h·w values, the weights cout·cin·k·k, y the output.
-        unsafe { op.launch_raw(&self.dev, x, xd, c.w.p, wdims, (alpha, beta), y) }.map_err(Error::from)
+        unsafe { op.launch_raw(&self.dev, x, xd, c.w.p, wdims, (alpha, beta), y) }.map_err(Error::from)?;
+        self.mark(if c.k == 1 { "conv 1x1" } else { "conv" })
+    }
+
+    /// `DPAUDIT_TIMING=kernels`: an event after the work queued so far, labelled with what that
+    /// work was (the time from the previous event is charged to `what`).
+    fn mark(&self, what: &'static str) -> Result<()> {
+        if !crate::timing::kernels() {
+            return Ok(());
+        }
+        let e = self
+            .stream
+            .context()
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(derr)?;
+        e.record(&self.stream).map_err(derr)?;
+        self.marks.lock().unwrap_or_else(|p| p.into_inner()).push((what, e));
+        Ok(())
+    }
+
+    /// `DPAUDIT_TIMING=kernels`: waits for the forward and adds the GPU time between its events
+    /// to [`crate::timing::add_kernel_time`].
+    fn charge_marks(&self) -> Result<()> {
+        if !crate::timing::kernels() {
+            return Ok(());
+        }
+        self.stream.synchronize().map_err(derr)?;
+        let marks = std::mem::take(&mut *self.marks.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in marks.windows(2) {
+            let ms = w[0].1.elapsed_ms(&w[1].1).map_err(derr)?;
+            crate::timing::add_kernel_time(w[1].0, ms as f64);
+        }
+        Ok(())
     }
 
     fn out_hw(c: &Conv, h: usize, wd: usize, pad: usize) -> (usize, usize) {
@@ -684,6 +723,7 @@ impl CudaUnet {
         };
         // SAFETY: s holds rows·l values.
         unsafe { sm.launch(cfg) }.map_err(derr)?;
+        self.mark("softmax")?;
         // O[k, p] = Σ_q P[p, q]·V[k, q]: column-major (l × d) Oc = Pcᵀ·Vc.
         let o = self.alloc(b * inner * l)?;
         for hd in 0..heads {
@@ -767,6 +807,7 @@ impl CudaUnet {
         }
         let x = x.to_dtype(DType::F32)?.contiguous()?;
         let xp = dptr(&x)?;
+        self.mark("start")?;
         let centred;
         let xin = if self.center {
             centred = self.alloc(b * c * h0 * w0)?;
@@ -776,6 +817,7 @@ impl CudaUnet {
             bl.arg(&centred.p).arg(&xp).arg(&n).arg(&a2).arg(&m1);
             // SAFETY: both hold n values.
             unsafe { bl.launch(Self::cfg(n as usize)) }.map_err(derr)?;
+            self.mark("affine")?;
             centred.p
         } else {
             xp
@@ -829,6 +871,7 @@ impl CudaUnet {
                         .arg(&hw);
                     // SAFETY: out holds n values, the sources b·ch·hw and b·sc·hw.
                     unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
+                    self.mark("concat")?;
                     ch += sc;
                     cur = Rc::new(out);
                 }
@@ -842,6 +885,7 @@ impl CudaUnet {
                         bl.arg(&padded.p).arg(&cur.p).arg(&n64).arg(&hi).arg(&wi);
                         // SAFETY: padded holds n values, the source b·ch·h·w.
                         unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
+                        self.mark("pad")?;
                         (src, pad, sh, sw) = (padded.p, 0, h + 1, wd + 1);
                     } else {
                         (src, pad, sh, sw) = (cur.p, cv.pad, h, wd);
@@ -861,6 +905,7 @@ impl CudaUnet {
                     bl.arg(&up.p).arg(&cur.p).arg(&n64).arg(&hi).arg(&wi);
                     // SAFETY: up holds n values, the source b·ch·h·w.
                     unsafe { bl.launch(Self::cfg(n)) }.map_err(derr)?;
+                    self.mark("upsample")?;
                     (h, wd) = (2 * h, 2 * wd);
                     let (ho, wo) = Self::out_hw(cv, h, wd, cv.pad);
                     let out = self.alloc(b * cv.cout * ho * wo)?;
@@ -879,6 +924,7 @@ impl CudaUnet {
         let y = self.alloc(b * co * hw)?;
         self.fill(y.p, self.conv_out.bias.p, b * co * hw, hw, co, 1.0)?;
         self.conv(&self.conv_out, a.p, (b, h, wd), self.conv_out.pad, 1.0, 1.0, y.p, math)?;
+        self.charge_marks()?;
         let storage = CudaStorage::wrap_cuda_slice(y.s, self.dev.clone());
         Ok(Tensor::from_storage(
             Storage::Cuda(storage),

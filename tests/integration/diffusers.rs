@@ -200,6 +200,15 @@ fn timing_lines_say_where_a_mia_run_spends_its_time() {
     assert!(phases.contains("timing: pia at t = 50, 16 records: "), "{phases}");
     assert!(phases.contains("timing: metrics and report: "), "{phases}");
     assert!(!phases.contains("UNet forward"), "{phases}");
+    // `kernels` (GPU time per kind of kernel): nothing to add on the CPU, same results.
+    let (kernels, same) = run("kernels");
+    assert_eq!(same, without);
+    assert_eq!(
+        kernels.matches("timing: UNet forward, batch 4: ").count(),
+        8,
+        "{kernels}"
+    );
+    assert!(!kernels.contains("GPU kernels"), "{kernels}");
 }
 
 /// `model info` states the architecture, the parameter count diffusers reports
