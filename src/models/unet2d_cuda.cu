@@ -204,3 +204,86 @@ extern "C" __global__ void row_lp(double* out, const float* a, const float* b, l
         if (lane == 0) out[r] = s / (double)dim;
     }
 }
+
+// ---- Attention for small heads in one kernel (head dimension D = 8, 16, 32 or 64): for each
+// (image, head) and query p, o[:, p] = Σ_q softmax_q(q_p·k_q·scale)·v_q with an online softmax
+// (running maximum and sum, rescaled when the maximum grows), so the l × l score matrix is never
+// written. qkv is [B, 3·heads·D, l] (q, k, v stacked along channels, as the stacked GEMM writes
+// it); o is [B, heads·D, l], the layout the output projection reads. grid.x = B·heads, grid.y =
+// ⌈l / ATT_TQ⌉, ATT_TQ threads, one query each; keys and values pass through shared memory in
+// tiles of ATT_TK.
+#define ATT_TQ 128
+#define ATT_TK 64
+
+template <int D>
+__device__ __forceinline__ void attn_small_impl(float* __restrict__ o, const float* __restrict__ qkv,
+                                                int heads, int l, float scale) {
+    __shared__ float ks[D * ATT_TK];
+    __shared__ float vs[D * ATT_TK];
+    const int bh = blockIdx.x;
+    const int img = bh / heads, hd = bh - img * heads;
+    const int inner = heads * D;
+    const float* base = qkv + (long long)img * 3 * inner * l;
+    const float* Q = base + (long long)(hd * D) * l;
+    const float* K = base + (long long)(inner + hd * D) * l;
+    const float* V = base + (long long)(2 * inner + hd * D) * l;
+    const int p = blockIdx.y * ATT_TQ + threadIdx.x;
+    const bool live = p < l;
+    float q[D], acc[D];
+#pragma unroll
+    for (int e = 0; e < D; ++e) {
+        q[e] = live ? Q[(long long)e * l + p] : 0.0f;
+        acc[e] = 0.0f;
+    }
+    float m = -INFINITY, sum = 0.0f;
+    for (int t0 = 0; t0 < l; t0 += ATT_TK) {
+        const int tk = min(ATT_TK, l - t0);
+        __syncthreads();  // every thread is done with the previous tile
+        for (int i = threadIdx.x; i < D * ATT_TK; i += blockDim.x) {
+            const int e = i / ATT_TK, j = i - e * ATT_TK;
+            if (j < tk) {
+                ks[i] = K[(long long)e * l + t0 + j];
+                vs[i] = V[(long long)e * l + t0 + j];
+            }
+        }
+        __syncthreads();
+        if (live) {
+            for (int j = 0; j < tk; ++j) {
+                float s = 0.0f;
+#pragma unroll
+                for (int e = 0; e < D; ++e) s = fmaf(q[e], ks[e * ATT_TK + j], s);
+                s *= scale;
+                if (s > m) {
+                    const float c = expf(m - s);  // 0 for the first key (m = −∞)
+                    sum *= c;
+#pragma unroll
+                    for (int e = 0; e < D; ++e) acc[e] *= c;
+                    m = s;
+                }
+                const float w = expf(s - m);
+                sum += w;
+#pragma unroll
+                for (int e = 0; e < D; ++e) acc[e] = fmaf(w, vs[e * ATT_TK + j], acc[e]);
+            }
+        }
+    }
+    if (live) {
+        const float inv = 1.0f / sum;
+        float* O = o + (long long)img * inner * l + (long long)(hd * D) * l;
+#pragma unroll
+        for (int e = 0; e < D; ++e) O[(long long)e * l + p] = acc[e] * inv;
+    }
+}
+
+extern "C" __global__ void attn_small_d8(float* o, const float* qkv, int heads, int l, float scale) {
+    attn_small_impl<8>(o, qkv, heads, l, scale);
+}
+extern "C" __global__ void attn_small_d16(float* o, const float* qkv, int heads, int l, float scale) {
+    attn_small_impl<16>(o, qkv, heads, l, scale);
+}
+extern "C" __global__ void attn_small_d32(float* o, const float* qkv, int heads, int l, float scale) {
+    attn_small_impl<32>(o, qkv, heads, l, scale);
+}
+extern "C" __global__ void attn_small_d64(float* o, const float* qkv, int heads, int l, float scale) {
+    attn_small_impl<64>(o, qkv, heads, l, scale);
+}

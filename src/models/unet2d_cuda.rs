@@ -234,6 +234,19 @@ struct Kernels {
     noisy: CudaFunction,
     ddim: CudaFunction,
     row_lp: CudaFunction,
+    /// Attention in one kernel for head dimensions 8, 16, 32, 64 ([`SMALL_HEADS`]).
+    attn_small: [CudaFunction; 4],
+}
+
+/// The head dimensions `attn_small_d*` covers; others take the GEMM path.
+const SMALL_HEADS: [usize; 4] = [8, 16, 32, 64];
+/// Queries per block of `attn_small_d*` (`ATT_TQ` in the .cu).
+const ATT_TQ: usize = 128;
+
+/// `DPAUDIT_UNET_ATTENTION=gemm` keeps attention on the GEMM path for every head dimension
+/// (for comparisons).
+fn gemm_attention() -> bool {
+    std::env::var("DPAUDIT_UNET_ATTENTION").is_ok_and(|v| v == "gemm")
 }
 
 /// The UNet laid out for this forward: weights on the GPU (q/k/v stacked, biases combined),
@@ -290,6 +303,12 @@ impl CudaUnet {
             noisy: f("noisy_f32")?,
             ddim: f("ddim_f64")?,
             row_lp: f("row_lp")?,
+            attn_small: [
+                f("attn_small_d8")?,
+                f("attn_small_d16")?,
+                f("attn_small_d32")?,
+                f("attn_small_d64")?,
+            ],
         };
         // Library start-up (cuDNN's sub-libraries, cuBLAS) belongs to loading the model.
         super::super::cudnn_conv::handle(&dev)?;
@@ -693,10 +712,30 @@ impl CudaUnet {
             b,
             math,
         )?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let small = SMALL_HEADS.iter().position(|&h| h == d);
+        let tiles = l.div_ceil(ATT_TQ);
+        if let (Some(i), false, true) = (small, gemm_attention(), tiles <= 65_535) {
+            // One kernel: scores, softmax and the weighted values, no l × l matrix.
+            let o = self.alloc(b * inner * l)?;
+            let (h32, l32) = (heads as i32, l as i32);
+            let mut bl = self.stream.launch_builder(&self.k.attn_small[i]);
+            bl.arg(&o.p).arg(&qkv.p).arg(&h32).arg(&l32).arg(&scale);
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(b * heads).map_err(derr)?, tiles as u32, 1),
+                block_dim: (ATT_TQ as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: qkv holds b·3·inner·l values, o b·inner·l; the kernel reads and writes
+            // within them (queries past l only load tiles).
+            unsafe { bl.launch(cfg) }.map_err(derr)?;
+            self.mark("attention")?;
+            drop(qkv);
+            return self.attention_out(at, x, o, (b, c, l), math);
+        }
         // S[p, q] = Σ_k Q[k, p]·K[k, q]/√d, stored row-major per (image, head): column-major
         // (l × l) X = Kc·Qcᵀ with Kc, Qc the (l × d) column-major views of K and Q.
         let s = self.alloc(b * heads * l * l)?;
-        let scale = 1.0 / (d as f32).sqrt();
         for hd in 0..heads {
             let q = qkv.p + 4 * (hd * d * l) as u64;
             let k = qkv.p + 4 * ((inner + hd * d) * l) as u64;
@@ -742,7 +781,13 @@ impl CudaUnet {
         }
         drop(s);
         drop(qkv);
-        // out = (x + bo + Wo·O)/rescale: column-major (l × c) += O (l × i)·Woᵀ.
+        self.attention_out(at, x, o, (b, c, l), math)
+    }
+
+    /// The attention block's output from the heads' values O [b, inner, l]: out = (x + bo +
+    /// Wo·O)/rescale, as column-major (l × c) += O (l × i)·Woᵀ.
+    fn attention_out(&self, at: &Attn, x: &Buf, o: Buf, (b, c, l): (usize, usize, usize), math: Math) -> Result<Buf> {
+        let inner = at.heads * at.head_dim;
         let out = self.alloc(b * c * l)?;
         self.add(out.p, x.p, at.bo.p, b * c * l, l, c, at.inv_rescale)?;
         self.gemm(

@@ -61,7 +61,8 @@ fn model_eval_reproduces_every_diffusers_fixture() {
 
 /// With `--features cudnn` and a GPU: `model eval --device cuda` through the CUDA UNet forward
 /// (src/models/unet2d_cuda.rs) reproduces every diffusers fixture within the same tolerances,
-/// and agrees with candle's kernels (`DPAUDIT_UNET_CUDA=candle`) to 1e-4. Skipped otherwise.
+/// and agrees with candle's kernels (`DPAUDIT_UNET_CUDA=candle`) and with its own GEMM attention
+/// (`DPAUDIT_UNET_ATTENTION=gemm`, against the one-kernel attention) to 1e-4. Skipped otherwise.
 #[test]
 fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
     let gpu = cfg!(feature = "cudnn") && Device::new_cuda(0).is_ok();
@@ -73,13 +74,15 @@ fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
     for name in FIXTURES {
         let dir = root().join("fixtures/diffusers").join(name);
         let run = |path: &str| {
-            let out = tmp.path().join(format!("{name}-{path}.npy"));
+            let (path, attention) = path.split_once('+').unwrap_or((path, "fused"));
+            let out = tmp.path().join(format!("{name}-{path}-{attention}.npy"));
             let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
                 .args(["model", "eval", "--checkpoint", dir.to_str().unwrap()])
                 .args(["--input", dir.join("input.npy").to_str().unwrap()])
                 .args(["--timesteps", dir.join("timesteps.npy").to_str().unwrap()])
                 .args(["--out", out.to_str().unwrap(), "--batch", "2", "--device", "cuda"])
                 .env("DPAUDIT_UNET_CUDA", path)
+                .env("DPAUDIT_UNET_ATTENTION", attention)
                 .current_dir(root())
                 .output()
                 .unwrap();
@@ -87,6 +90,8 @@ fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
             f32s(&out).1
         };
         let (fused, candle) = (run("fused"), run("candle"));
+        // Attention in one kernel (head dimension 8 here) against the GEMM path.
+        let gemm_attention = run("fused+gemm");
         let (_, want) = f32s(&dir.join("expected.npy"));
         let max_abs = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         let rel_l2 = |a: &[f32], b: &[f32]| {
@@ -99,6 +104,11 @@ fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
             max_abs(&fused, &candle) <= 1e-4,
             "{name}: vs candle {}",
             max_abs(&fused, &candle)
+        );
+        assert!(
+            max_abs(&fused, &gemm_attention) <= 1e-4,
+            "{name}: vs GEMM attention {}",
+            max_abs(&fused, &gemm_attention)
         );
     }
 }
