@@ -20,7 +20,8 @@
 # fp32 comparison with candle's kernels instead of the CUDA UNet forward (DPAUDIT_UNET_CUDA=candle),
 # before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
 # N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
-# FIXED=1 adds --fixed-cost.
+# FIXED=1 adds --fixed-cost. "find" compares CIFAR fp32 SecMI/PIA with DPAUDIT_CUDNN_ALGO=find
+# (cuDNN's measured algorithm per shape instead of its heuristic).
 set -u
 T0=$(date +%s)
 DEADLINE=${1:-560}
@@ -208,6 +209,14 @@ for p in fp32 tf32; do
     done
   done
 done
+fi
+
+if has find && [ "$DEVICE" = cuda ]; then
+phase "CIFAR fp32 with cuDNN's measured algorithms (DPAUDIT_CUDNN_ALGO=find) against PyTorch"
+DPAUDIT_CUDNN_ALGO=find timeout "$(atleast $(( $(left) - 30 )) 30)" $PY scripts/compare_attacks_torch.py --device cuda --precisions fp32 \
+  --dpaudit "$BIN" --models cifar --n-cifar "${N_CIFAR:-256}" --batch 256 --rounds "${ROUNDS:-2}" --bootstrap 200 \
+  --attacks secmi,pia ${FIXED:+--fixed-cost} --json "$O/compare_find.json" > "$O/compare_find.md" 2> "$O/compare_find.err"
+echo "rc $?"; cat "$O/compare_find.md"; tail -5 "$O/compare_find.err"
 fi
 
 if has candle && [ "$DEVICE" = cuda ]; then

@@ -15,6 +15,7 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -46,6 +47,14 @@ pub struct CudnnConv2d {
     pub precision: Math,
 }
 
+/// `DPAUDIT_CUDNN_ALGO=find`: each shape's algorithm is cuDNN's measured fastest instead of
+/// its heuristic choice (see [`CudnnConv2d::find_algorithm`]); the measurement costs a few
+/// forwards' time per shape, once per process.
+fn find_mode() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DPAUDIT_CUDNN_ALGO").is_ok_and(|v| v == "find"))
+}
+
 /// (input dims, filter dims, padding, stride, math, data type) on a device.
 type PlanKey = (DeviceId, ([i32; 4], [i32; 4], usize, usize, u8, u8));
 
@@ -66,6 +75,8 @@ thread_local! {
     /// Each device's workspace, grown to the largest a plan needs: all of dpaudit's GPU work is
     /// on the device's one stream, so consecutive convolutions share it in stream order.
     static WORKSPACES: RefCell<HashMap<DeviceId, CudaSlice<u8>>> = RefCell::new(HashMap::new());
+    /// `DPAUDIT_CUDNN_ALGO=find`'s raw handles (cudarc exposes none), kept for the process.
+    static FIND_HANDLES: RefCell<HashMap<DeviceId, sys::cudnnHandle_t>> = RefCell::new(HashMap::new());
 }
 
 /// This thread's cuDNN handle on `dev` (created on first use: loading cuDNN's libraries takes a
@@ -193,7 +204,16 @@ impl CudnnConv2d {
             w: &w,
             y: &y,
         };
-        let algo = op.pick_algorithm().map_err(cerr)?;
+        let found = if find_mode() {
+            // SAFETY: raw cuDNN calls on scratch buffers of the described sizes (see there).
+            unsafe { self.find_algorithm::<T>(dev, xd, wd) }
+        } else {
+            None
+        };
+        let algo = match found {
+            Some(a) => a,
+            None => op.pick_algorithm().map_err(cerr)?,
+        };
         let ws = op.get_workspace_size(algo).map_err(cerr)?;
         Ok(Plan {
             conv,
@@ -203,6 +223,178 @@ impl CudnnConv2d {
             algo,
             ws,
         })
+    }
+
+    /// Math types a measured algorithm may have run with at this precision: fp32 only IEEE
+    /// products (`CUDNN_FMA_MATH`), never TF32.
+    fn math_allowed(&self, m: sys::cudnnMathType_t) -> bool {
+        use sys::cudnnMathType_t as M;
+        match self.precision {
+            Math::Fp32 => m == M::CUDNN_FMA_MATH,
+            Math::Tf32 => matches!(m, M::CUDNN_FMA_MATH | M::CUDNN_DEFAULT_MATH),
+            Math::Bf16 => matches!(m, M::CUDNN_FMA_MATH | M::CUDNN_DEFAULT_MATH | M::CUDNN_TENSOR_OP_MATH),
+        }
+    }
+
+    /// `DPAUDIT_CUDNN_ALGO=find`: cuDNN's measured choice for one shape
+    /// (`cudnnFindConvolutionForwardAlgorithmEx`, every algorithm timed once on zeroed scratch
+    /// buffers, with a workspace of at most 1 GiB and a quarter of the free memory): the fastest
+    /// that succeeded, is deterministic (a record's score must not depend on the run) and ran
+    /// with a math type this precision allows. `None` when none qualifies or a call fails; the
+    /// heuristic choice is used then. A separate handle and raw descriptors, because cudarc
+    /// exposes neither the raw descriptors nor Find.
+    ///
+    /// # Safety
+    /// Called on the device's thread with its context current (as every call of this module).
+    unsafe fn find_algorithm<T: CudnnDataType>(
+        &self,
+        dev: &CudaDevice,
+        xd: [i32; 4],
+        wd: [i32; 4],
+    ) -> Option<sys::cudnnConvolutionFwdAlgo_t> {
+        use std::ptr::null_mut;
+        use sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as OK;
+        /// Destroys what was created, on every return.
+        struct Raw {
+            x: sys::cudnnTensorDescriptor_t,
+            y: sys::cudnnTensorDescriptor_t,
+            w: sys::cudnnFilterDescriptor_t,
+            c: sys::cudnnConvolutionDescriptor_t,
+        }
+        impl Drop for Raw {
+            fn drop(&mut self) {
+                // SAFETY: each handle was created by this function (or is null and skipped).
+                unsafe {
+                    if !self.c.is_null() {
+                        sys::cudnnDestroyConvolutionDescriptor(self.c);
+                    }
+                    if !self.w.is_null() {
+                        sys::cudnnDestroyFilterDescriptor(self.w);
+                    }
+                    if !self.y.is_null() {
+                        sys::cudnnDestroyTensorDescriptor(self.y);
+                    }
+                    if !self.x.is_null() {
+                        sys::cudnnDestroyTensorDescriptor(self.x);
+                    }
+                }
+            }
+        }
+        let mut r = Raw {
+            x: null_mut(),
+            y: null_mut(),
+            w: null_mut(),
+            c: null_mut(),
+        };
+        let stream = dev.cuda_stream();
+        let yd = self.out_dims(xd, wd);
+        let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let (p, st) = (self.padding as i32, self.stride as i32);
+        // Each call only after the ones before it succeeded.
+        macro_rules! ok {
+            ($e:expr) => {
+                if $e != OK {
+                    return None;
+                }
+            };
+        }
+        // One raw handle per device and thread, on the device's stream, kept for the process.
+        let h = FIND_HANDLES.with(|m| {
+            let mut m = m.borrow_mut();
+            if let Some(&h) = m.get(&dev.id()) {
+                return Some(h);
+            }
+            let mut h: sys::cudnnHandle_t = null_mut();
+            if sys::cudnnCreate(&mut h) != OK || sys::cudnnSetStream(h, stream.cu_stream() as _) != OK {
+                return None;
+            }
+            m.insert(dev.id(), h);
+            Some(h)
+        })?;
+        ok!(sys::cudnnCreateTensorDescriptor(&mut r.x));
+        ok!(sys::cudnnSetTensor4dDescriptor(
+            r.x,
+            nchw,
+            T::DATA_TYPE,
+            xd[0],
+            xd[1],
+            xd[2],
+            xd[3]
+        ));
+        ok!(sys::cudnnCreateTensorDescriptor(&mut r.y));
+        ok!(sys::cudnnSetTensor4dDescriptor(
+            r.y,
+            nchw,
+            T::DATA_TYPE,
+            yd[0],
+            yd[1],
+            yd[2],
+            yd[3]
+        ));
+        ok!(sys::cudnnCreateFilterDescriptor(&mut r.w));
+        ok!(sys::cudnnSetFilter4dDescriptor(
+            r.w,
+            T::DATA_TYPE,
+            nchw,
+            wd[0],
+            wd[1],
+            wd[2],
+            wd[3]
+        ));
+        ok!(sys::cudnnCreateConvolutionDescriptor(&mut r.c));
+        ok!(sys::cudnnSetConvolution2dDescriptor(
+            r.c,
+            p,
+            p,
+            st,
+            st,
+            1,
+            1,
+            sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+            sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        ));
+        ok!(sys::cudnnSetConvolutionMathType(r.c, self.math()));
+        let count = |d: [i32; 4]| d.iter().map(|&v| v.max(0) as usize).product::<usize>();
+        let bytes = std::mem::size_of::<T>().max(2);
+        let free = stream.context().mem_get_info().map(|(f, _)| f).unwrap_or(0);
+        let ws_len = (free / 4).min(1 << 30);
+        let x = stream.alloc_zeros::<u8>(count(xd) * bytes).ok()?;
+        let w = stream.alloc_zeros::<u8>(count(wd) * bytes).ok()?;
+        let mut y = stream.alloc_zeros::<u8>(count(yd) * bytes).ok()?;
+        let mut ws = stream.alloc_zeros::<u8>(ws_len.max(1)).ok()?;
+        let (xp, _gx) = x.device_ptr(&stream);
+        let (wp, _gw) = w.device_ptr(&stream);
+        let (yp, _gy) = y.device_ptr_mut(&stream);
+        let (wsp, _gws) = ws.device_ptr_mut(&stream);
+        let mut perf: [sys::cudnnConvolutionFwdAlgoPerf_t; 8] = std::mem::zeroed();
+        let mut n: std::ffi::c_int = 0;
+        let found = sys::cudnnFindConvolutionForwardAlgorithmEx(
+            h,
+            r.x,
+            xp as *const c_void,
+            r.w,
+            wp as *const c_void,
+            r.c,
+            r.y,
+            yp as *mut c_void,
+            perf.len() as std::ffi::c_int,
+            &mut n,
+            perf.as_mut_ptr(),
+            wsp as *mut c_void,
+            ws_len.max(1),
+        );
+        stream.synchronize().ok()?;
+        if found != OK {
+            return None;
+        }
+        perf[..(n.max(0) as usize).min(perf.len())]
+            .iter()
+            .find(|q| {
+                q.status == OK
+                    && q.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC
+                    && self.math_allowed(q.mathType)
+            })
+            .map(|q| q.algo)
     }
 
     #[allow(clippy::too_many_arguments)]
