@@ -21,7 +21,8 @@
 # before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
 # N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
 # FIXED=1 adds --fixed-cost. "find" compares CIFAR fp32 SecMI/PIA with DPAUDIT_CUDNN_ALGO=find
-# (cuDNN's measured algorithm per shape instead of its heuristic).
+# (cuDNN's measured algorithm per shape instead of its heuristic); "graph" compares MNIST
+# SecMI/PIA with DPAUDIT_CUDA_GRAPH=1 (the forward replayed from CUDA graphs).
 set -u
 T0=$(date +%s)
 DEADLINE=${1:-560}
@@ -217,6 +218,15 @@ DPAUDIT_CUDNN_ALGO=find timeout "$(atleast $(( $(left) - 30 )) 30)" $PY scripts/
   --dpaudit "$BIN" --models cifar --n-cifar "${N_CIFAR:-256}" --batch 256 --rounds "${ROUNDS:-2}" --bootstrap 200 \
   --attacks secmi,pia ${FIXED:+--fixed-cost} --json "$O/compare_find.json" > "$O/compare_find.md" 2> "$O/compare_find.err"
 echo "rc $?"; cat "$O/compare_find.md"; tail -5 "$O/compare_find.err"
+fi
+
+if has graph && [ "$DEVICE" = cuda ]; then
+phase "MNIST SecMI/PIA with the forward replayed from CUDA graphs (DPAUDIT_CUDA_GRAPH=1) against PyTorch"
+DPAUDIT_CUDA_GRAPH=1 timeout "$(atleast $(( $(left) - 30 )) 30)" $PY scripts/compare_attacks_torch.py --device cuda \
+  --precisions "${PRECS_CMP:-fp32,tf32}" --dpaudit "$BIN" --models mnist --n-mnist "${N_MNIST:-1024}" --batch 256 \
+  --rounds "${ROUNDS:-2}" --bootstrap 200 --attacks secmi,pia ${FIXED:+--fixed-cost} \
+  --json "$O/compare_graph.json" > "$O/compare_graph.md" 2> "$O/compare_graph.err"
+echo "rc $?"; cat "$O/compare_graph.md"; tail -5 "$O/compare_graph.err"
 fi
 
 if has candle && [ "$DEVICE" = cuda ]; then

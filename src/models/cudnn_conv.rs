@@ -75,6 +75,8 @@ thread_local! {
     /// Each device's workspace, grown to the largest a plan needs: all of dpaudit's GPU work is
     /// on the device's one stream, so consecutive convolutions share it in stream order.
     static WORKSPACES: RefCell<HashMap<DeviceId, CudaSlice<u8>>> = RefCell::new(HashMap::new());
+    /// Workspaces replaced by larger ones, kept alive for the graphs that captured them.
+    static RETIRED: RefCell<Vec<CudaSlice<u8>>> = const { RefCell::new(Vec::new()) };
     /// `DPAUDIT_CUDNN_ALGO=find`'s raw handles (cudarc exposes none), kept for the process.
     static FIND_HANDLES: RefCell<HashMap<DeviceId, sys::cudnnHandle_t>> = RefCell::new(HashMap::new());
 }
@@ -159,10 +161,12 @@ impl CudnnConv2d {
             let mut m = m.borrow_mut();
             let grow = m.get(&key.0).is_none_or(|b| b.len() < plan.ws.max(1));
             if grow {
-                // SAFETY: cuDNN's scratch space; nothing reads it before cuDNN writes it. The
-                // buffer it replaces is freed in stream order, after the convolutions using it.
+                // SAFETY: cuDNN's scratch space; nothing reads it before cuDNN writes it.
                 let b = unsafe { dev.cuda_stream().alloc::<u8>(plan.ws.max(1)) }.map_err(cerr)?;
-                m.insert(key.0, b);
+                if let Some(old) = m.insert(key.0, b) {
+                    // A captured CUDA graph may still point at it: kept, never freed.
+                    RETIRED.with(|r| r.borrow_mut().push(old));
+                }
             }
             let workspace = m.get_mut(&key.0).ok_or_else(|| cerr("no workspace"))?;
             // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.

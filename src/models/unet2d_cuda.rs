@@ -270,6 +270,10 @@ pub(super) struct CudaUnet {
     temb: Mutex<Option<Temb>>,
     /// `DPAUDIT_TIMING=kernels`: this forward's events so far.
     marks: Mutex<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
+    /// `DPAUDIT_CUDA_GRAPH=1`: the captured forwards.
+    graphs: Mutex<Vec<Graph>>,
+    /// True while a forward is being captured (no timing events then).
+    capturing: std::sync::atomic::AtomicBool,
 }
 
 /// A computed time embedding: (time features, math, silu(embedding)).
@@ -378,6 +382,8 @@ impl CudaUnet {
             k,
             temb: Mutex::new(None),
             marks: Mutex::new(Vec::new()),
+            graphs: Mutex::new(Vec::new()),
+            capturing: std::sync::atomic::AtomicBool::new(false),
         };
         unet.start_libraries()?;
         Ok(unet)
@@ -592,7 +598,8 @@ impl CudaUnet {
     /// `DPAUDIT_TIMING=kernels`: an event after the work queued so far, labelled with what that
     /// work was (the time from the previous event is charged to `what`).
     fn mark(&self, what: &'static str) -> Result<()> {
-        if !crate::timing::kernels() {
+        // Not with CUDA graphs: a replayed forward has no launches of its own to time.
+        if !crate::timing::kernels() || graphs_on() || self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
         let e = self
@@ -852,7 +859,29 @@ impl CudaUnet {
         }
         let x = x.to_dtype(DType::F32)?.contiguous()?;
         let xp = dptr(&x)?;
+        let semb = self.time_embedding(tf, b, math)?;
+        if graphs_on() {
+            if let Some(y) = self.forward_graph(xp, (b, c, h0, w0), tf, &semb, math)? {
+                return Ok(y);
+            }
+        }
         self.mark("start")?;
+        let y = self.alloc(b * self.out_channels * h0 * w0)?;
+        self.forward_core(xp, (b, c, h0, w0), &semb, math, y.p)?;
+        self.charge_marks()?;
+        Ok(self.wrap(y, &[b, self.out_channels, h0, w0]))
+    }
+
+    /// The forward of x (at `xp`, [b, c, h0, w0]) into `y` ([b, out_channels, h0, w0]), every
+    /// intermediate buffer allocated and freed in stream order (so it can be captured).
+    fn forward_core(
+        &self,
+        xp: u64,
+        (b, c, h0, w0): (usize, usize, usize, usize),
+        semb: &Buf,
+        math: Math,
+        y: u64,
+    ) -> Result<()> {
         let centred;
         let xin = if self.center {
             centred = self.alloc(b * c * h0 * w0)?;
@@ -868,7 +897,6 @@ impl CudaUnet {
             xp
         };
         let temb = self.t2.out;
-        let semb = self.time_embedding(tf, b, math)?;
         let c0 = self.conv_in.cout;
         let first = self.alloc(b * c0 * h0 * w0)?;
         self.fill(first.p, self.conv_in.bias.p, b * c0 * h0 * w0, h0 * w0, c0, 1.0)?;
@@ -962,22 +990,120 @@ impl CudaUnet {
             }
         }
         drop(skips);
+        if (h, wd) != (h0, w0) {
+            return Err(Error::model(
+                "CUDA UNet forward: the output size differs from the input's",
+            ));
+        }
         let hw = h * wd;
         let a = self.alloc(b * ch * hw)?;
         self.group_norm(&self.norm_out, cur.p, a.p, (b, ch, hw), None, None, true)?;
         let co = self.out_channels;
-        let y = self.alloc(b * co * hw)?;
-        self.fill(y.p, self.conv_out.bias.p, b * co * hw, hw, co, 1.0)?;
-        self.conv(&self.conv_out, a.p, (b, h, wd), self.conv_out.pad, 1.0, 1.0, y.p, math)?;
-        self.charge_marks()?;
-        let storage = CudaStorage::wrap_cuda_slice(y.s, self.dev.clone());
-        Ok(Tensor::from_storage(
-            Storage::Cuda(storage),
-            (b, co, h, wd),
-            BackpropOp::none(),
-            false,
-        ))
+        self.fill(y, self.conv_out.bias.p, b * co * hw, hw, co, 1.0)?;
+        self.conv(&self.conv_out, a.p, (b, h, wd), self.conv_out.pad, 1.0, 1.0, y, math)?;
+        Ok(())
     }
+
+    /// `DPAUDIT_CUDA_GRAPH=1`: the forward replayed from a CUDA graph, one per (shape, math,
+    /// time features). A key's first call runs the plain forward (which also builds its cuDNN
+    /// plans, grows the workspace and loads the kernels) and then captures the same forward on
+    /// static input and output buffers; later calls copy x in, launch the graph (one launch
+    /// instead of each kernel's and cuDNN's and cuBLAS's host work), and copy the output out.
+    /// A capture that fails leaves that key on the plain forward. `None`: use the plain forward.
+    fn forward_graph(
+        &self,
+        xp: u64,
+        (b, c, h0, w0): (usize, usize, usize, usize),
+        tf: &[f32],
+        semb: &Arc<Buf>,
+        math: Math,
+    ) -> Result<Option<Tensor>> {
+        let co = self.out_channels;
+        let (nin, nout) = (b * c * h0 * w0, b * co * h0 * w0);
+        let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(g) = graphs
+            .iter()
+            .find(|g| g.shape == (b, c, h0, w0) && g.math == math && g.tf == tf)
+        {
+            let Some((exec, xin, yout)) = &g.captured else {
+                return Ok(None);
+            };
+            let y = self.alloc(nout)?;
+            // SAFETY: x and the graph's input hold nin values, its output and y nout.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(xin.p, xp, nin * 4, self.stream.cu_stream()).map_err(derr)?;
+                exec.0.launch().map_err(derr)?;
+                cudarc::driver::result::memcpy_dtod_async(y.p, yout.p, nout * 4, self.stream.cu_stream())
+                    .map_err(derr)?;
+            }
+            return Ok(Some(self.wrap(y, &[b, co, h0, w0])));
+        }
+        if graphs.len() >= MAX_GRAPHS {
+            return Ok(None);
+        }
+        // The plain forward first: this call's result, and every first-use cost out of the way.
+        let y = self.alloc(nout)?;
+        self.forward_core(xp, (b, c, h0, w0), semb, math, y.p)?;
+        let (xin, yout) = (self.alloc(nin)?, self.alloc(nout)?);
+        self.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
+        let began = self
+            .stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+        let recorded = began.is_ok() && self.forward_core(xin.p, (b, c, h0, w0), semb, math, yout.p).is_ok();
+        // Always leave capture mode, whatever happened inside.
+        let ended = if began.is_ok() {
+            self.stream
+                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+        } else {
+            Ok(None)
+        };
+        self.capturing.store(false, std::sync::atomic::Ordering::Relaxed);
+        let captured = match (recorded, ended) {
+            (true, Ok(Some(g))) => Some((SendGraph(g), xin, yout)),
+            _ => {
+                // Frees inside a broken capture record their errors on the context; they belong
+                // to the discarded capture, not to later work.
+                let _ = self.stream.context().check_err();
+                eprintln!(
+                    "warning: DPAUDIT_CUDA_GRAPH: capturing the forward of a batch of {b} failed; it runs uncaptured"
+                );
+                None
+            }
+        };
+        graphs.push(Graph {
+            shape: (b, c, h0, w0),
+            math,
+            tf: tf.to_vec(),
+            captured,
+            _semb: semb.clone(),
+        });
+        Ok(Some(self.wrap(y, &[b, co, h0, w0])))
+    }
+}
+
+/// `DPAUDIT_CUDA_GRAPH=1` turns on [`CudaUnet::forward_graph`] (off by default).
+fn graphs_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DPAUDIT_CUDA_GRAPH").is_ok_and(|v| v == "1"))
+}
+
+/// At most this many captured forwards per model (each keeps its own memory).
+const MAX_GRAPHS: usize = 32;
+
+/// A CUDA graph used only under [`CudaUnet`]'s mutex (CUDA requires graph calls to be
+/// serialised, which the mutex does).
+struct SendGraph(cudarc::driver::CudaGraph);
+// SAFETY: every use of the graph is under `CudaUnet::graphs`' mutex.
+unsafe impl Send for SendGraph {}
+
+/// One captured forward: its key, and the graph with its static input and output buffers (or
+/// `None` when capturing failed). The time embedding it reads is kept alive with it.
+struct Graph {
+    shape: (usize, usize, usize, usize),
+    math: Math,
+    tf: Vec<f32>,
+    captured: Option<(SendGraph, Buf, Buf)>,
+    _semb: Arc<Buf>,
 }
 
 /// The attacks' arithmetic on device-resident batches (`attacks::mia`), in this module's

@@ -116,8 +116,9 @@ fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
 /// With `--features cudnn` and a GPU: every loss, SecMI and PIA score of `mia --device cuda` on
 /// models/mnist-ddpm equals the CPU's within 2e-3 relative, record by record, both through the
 /// CUDA forward with the attacks' kernels and through candle's kernels
-/// (`DPAUDIT_UNET_CUDA=candle`). 40 records at `--batch-size 16` are three forwards of 14, the
-/// last overlapping the one before (joined on the device). The loss attack's noise is drawn on
+/// (`DPAUDIT_UNET_CUDA=candle`), and replayed from CUDA graphs (`DPAUDIT_CUDA_GRAPH=1`: each
+/// step's first batch captured, the others replayed). 40 records at `--batch-size 16` are three
+/// forwards of 14, the last overlapping the one before (joined on the device). The loss attack's noise is drawn on
 /// the host, so its scores compare too. Skipped otherwise.
 #[test]
 fn cuda_attack_scores_match_the_cpu_record_by_record() {
@@ -127,6 +128,10 @@ fn cuda_attack_scores_match_the_cpu_record_by_record() {
         return;
     }
     let run = |device: &str, path: &str| -> HashMap<(String, String, String), f64> {
+        let (path, graph) = match path.split_once('+') {
+            Some((p, "graph")) => (p, "1"),
+            _ => (path, "0"),
+        };
         let out = tempfile::tempdir().unwrap();
         let f = out.path().join("scores.csv");
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
@@ -143,6 +148,7 @@ fn cuda_attack_scores_match_the_cpu_record_by_record() {
             .args(["--scores-out", f.to_str().unwrap()])
             .args(["--out", out.path().join("r").to_str().unwrap()])
             .env("DPAUDIT_UNET_CUDA", path)
+            .env("DPAUDIT_CUDA_GRAPH", graph)
             .current_dir(root())
             .output()
             .unwrap();
@@ -160,7 +166,7 @@ fn cuda_attack_scores_match_the_cpu_record_by_record() {
     };
     let cpu = run("cpu", "fused");
     assert_eq!(cpu.len(), 3 * 40);
-    for path in ["fused", "candle"] {
+    for path in ["fused", "candle", "fused+graph"] {
         let gpu = run("cuda", path);
         assert_eq!(gpu.len(), cpu.len(), "{path}");
         for (k, a) in &cpu {
