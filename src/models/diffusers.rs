@@ -279,7 +279,8 @@ pub struct BatchWindow {
 /// The forwards that compute `n` rows in batches of at most `batch`, all of one size: the
 /// fewest batches, k = ⌈n / batch⌉, of s = ⌈n / k⌉ rows each, the last one ending at row n
 /// (so it may overlap the one before by k·s − n < k rows, recomputed and dropped). The UNet
-/// treats rows independently, so the outputs are those of any other batching; one batch shape
+/// treats rows independently, so the outputs are those of any other batching (on the CPU bit
+/// for bit; on a GPU up to the rounding of the algorithm cuDNN picks for a shape); one batch shape
 /// per call means a GPU meets one set of convolution shapes (cuDNN's algorithm choice, kernel
 /// loading) instead of a second set for a short last batch.
 pub fn batch_windows(n: usize, batch: usize) -> Vec<BatchWindow> {
