@@ -56,7 +56,7 @@ pub trait DeviceEps {
 
 /// [`DeviceEps::noisy_tensor`] in candle's operations.
 pub fn candle_noisy(x0: &Tensor, eps: &Tensor, abar: f64) -> Result<Tensor> {
-    let (sa, sb) = (abar.sqrt() as f32, (1.0 - abar).sqrt() as f32);
+    let (sa, sb) = noisy_factors(abar);
     Ok(((x0 * sa as f64)? + (eps * sb as f64)?)?)
 }
 
@@ -156,6 +156,11 @@ impl<F: Fn(&[f32], usize) -> Vec<f32>> Denoiser for FnDenoiser<F> {
     }
 }
 
+/// (√ᾱ, √(1 − ᾱ)) in f32: the two factors of [`noisy`] (and of its device versions).
+pub fn noisy_factors(abar: f64) -> (f32, f32) {
+    (abar.sqrt() as f32, (1.0 - abar).sqrt() as f32)
+}
+
 /// x_t = √ᾱ_t x₀ + √(1 − ᾱ_t) ε row by row (host, rows in parallel), for rows of `dim` values.
 pub fn noisy(alpha_bars: &[f64], dim: usize, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f32> {
     debug_assert_eq!((x0.len(), eps.len()), (t.len() * dim, t.len() * dim));
@@ -166,7 +171,7 @@ pub fn noisy(alpha_bars: &[f64], dim: usize, x0: &[f32], t: &[usize], eps: &[f32
         .zip(t.par_iter())
         .for_each(|((o, (x, e)), &ti)| {
             let a = alpha_bars[ti];
-            let (sa, sb) = (a.sqrt() as f32, (1.0 - a).sqrt() as f32);
+            let (sa, sb) = noisy_factors(a);
             for ((o, &x), &e) in o.iter_mut().zip(x).zip(e) {
                 *o = sa * x + sb * e;
             }

@@ -59,7 +59,7 @@ impl super::denoiser::DeviceEps for DiffusersDenoiser<'_> {
     // Through the CUDA forward's kernels where the model has them (one launch each, none of
     // candle's modules), else candle's operations.
     fn noisy_tensor(&self, x0: &Tensor, eps: &Tensor, abar: f64) -> Result<Tensor> {
-        let (sa, sb) = (abar.sqrt() as f32, (1.0 - abar).sqrt() as f32);
+        let (sa, sb) = super::denoiser::noisy_factors(abar);
         match self.model().fused_noisy(x0, eps, sa, sb)? {
             Some(t) => Ok(t),
             None => super::denoiser::candle_noisy(x0, eps, abar),

@@ -243,9 +243,10 @@ impl CudnnConv2d {
     /// `DPAUDIT_CUDNN_ALGO=find`: cuDNN's measured choice for one shape
     /// (`cudnnFindConvolutionForwardAlgorithmEx`, every algorithm timed once on zeroed scratch
     /// buffers, with a workspace of at most 1 GiB and a quarter of the free memory): the fastest
-    /// that succeeded, is deterministic (a record's score must not depend on the run) and ran
-    /// with a math type this precision allows. `None` when none qualifies or a call fails; the
-    /// heuristic choice is used then. A separate handle and raw descriptors, because cudarc
+    /// that succeeded, is deterministic (repeating it repeats its result) and ran with a math
+    /// type this precision allows. Which algorithm is fastest is itself a timing, so two runs may
+    /// choose differently and their scores differ in the last bits: one reason it is opt-in.
+    /// `None` when none qualifies or a call fails; the heuristic choice is used then. A separate handle and raw descriptors, because cudarc
     /// exposes neither the raw descriptors nor Find.
     ///
     /// # Safety
@@ -315,26 +316,13 @@ impl CudnnConv2d {
             m.insert(dev.id(), h);
             Some(h)
         })?;
-        ok!(sys::cudnnCreateTensorDescriptor(&mut r.x));
-        ok!(sys::cudnnSetTensor4dDescriptor(
-            r.x,
-            nchw,
-            T::DATA_TYPE,
-            xd[0],
-            xd[1],
-            xd[2],
-            xd[3]
-        ));
-        ok!(sys::cudnnCreateTensorDescriptor(&mut r.y));
-        ok!(sys::cudnnSetTensor4dDescriptor(
-            r.y,
-            nchw,
-            T::DATA_TYPE,
-            yd[0],
-            yd[1],
-            yd[2],
-            yd[3]
-        ));
+        let tensor = |d: &mut sys::cudnnTensorDescriptor_t, n: [i32; 4]| {
+            sys::cudnnCreateTensorDescriptor(d) == OK
+                && sys::cudnnSetTensor4dDescriptor(*d, nchw, T::DATA_TYPE, n[0], n[1], n[2], n[3]) == OK
+        };
+        if !(tensor(&mut r.x, xd) && tensor(&mut r.y, yd)) {
+            return None;
+        }
         ok!(sys::cudnnCreateFilterDescriptor(&mut r.w));
         ok!(sys::cudnnSetFilter4dDescriptor(
             r.w,
@@ -359,13 +347,14 @@ impl CudnnConv2d {
         ));
         ok!(sys::cudnnSetConvolutionMathType(r.c, self.math()));
         let count = |d: [i32; 4]| d.iter().map(|&v| v.max(0) as usize).product::<usize>();
-        let bytes = std::mem::size_of::<T>().max(2);
+        let bytes = std::mem::size_of::<T>();
         let free = stream.context().mem_get_info().map(|(f, _)| f).unwrap_or(0);
         let ws_len = (free / 4).min(1 << 30);
         let x = stream.alloc_zeros::<u8>(count(xd) * bytes).ok()?;
         let w = stream.alloc_zeros::<u8>(count(wd) * bytes).ok()?;
         let mut y = stream.alloc_zeros::<u8>(count(yd) * bytes).ok()?;
-        let mut ws = stream.alloc_zeros::<u8>(ws_len.max(1)).ok()?;
+        // Scratch only cuDNN writes before reading.
+        let mut ws = stream.alloc::<u8>(ws_len.max(1)).ok()?;
         let (xp, _gx) = x.device_ptr(&stream);
         let (wp, _gw) = w.device_ptr(&stream);
         let (yp, _gy) = y.device_ptr_mut(&stream);

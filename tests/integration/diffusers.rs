@@ -59,15 +59,22 @@ fn model_eval_reproduces_every_diffusers_fixture() {
     }
 }
 
+/// True in a `--features cudnn` build on a machine with a GPU; otherwise says why a test skips.
+fn cudnn_gpu() -> bool {
+    let gpu = cfg!(feature = "cudnn") && Device::new_cuda(0).is_ok();
+    if !gpu {
+        eprintln!("skipped: needs a build with --features cudnn and an NVIDIA GPU");
+    }
+    gpu
+}
+
 /// With `--features cudnn` and a GPU: `model eval --device cuda` through the CUDA UNet forward
 /// (src/models/unet2d_cuda.rs) reproduces every diffusers fixture within the same tolerances,
 /// and agrees with candle's kernels (`DPAUDIT_UNET_CUDA=candle`) and with its own GEMM attention
 /// (`DPAUDIT_UNET_ATTENTION=gemm`, against the one-kernel attention) to 1e-4. Skipped otherwise.
 #[test]
 fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
-    let gpu = cfg!(feature = "cudnn") && Device::new_cuda(0).is_ok();
-    if !gpu {
-        eprintln!("skipped: needs a build with --features cudnn and an NVIDIA GPU");
+    if !cudnn_gpu() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -118,13 +125,11 @@ fn cuda_unet_forward_reproduces_diffusers_and_candle_kernels() {
 /// CUDA forward with the attacks' kernels and through candle's kernels
 /// (`DPAUDIT_UNET_CUDA=candle`), and replayed from CUDA graphs (`DPAUDIT_CUDA_GRAPH=1`: each
 /// step's first batch captured, the others replayed). 40 records at `--batch-size 16` are three
-/// forwards of 14, the last overlapping the one before (joined on the device). The loss attack's noise is drawn on
-/// the host, so its scores compare too. Skipped otherwise.
+/// forwards of 14, the last overlapping the one before (joined on the device). The loss
+/// attack's noise is drawn on the host, so its scores compare too. Skipped otherwise.
 #[test]
 fn cuda_attack_scores_match_the_cpu_record_by_record() {
-    let gpu = cfg!(feature = "cudnn") && Device::new_cuda(0).is_ok();
-    if !gpu {
-        eprintln!("skipped: needs a build with --features cudnn and an NVIDIA GPU");
+    if !cudnn_gpu() {
         return;
     }
     let run = |device: &str, path: &str| -> HashMap<(String, String, String), f64> {
