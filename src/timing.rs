@@ -1,5 +1,6 @@
 //! `DPAUDIT_TIMING=1`: where a run's time goes, as `timing: <what>: <seconds> s` lines on stderr
-//! (checkpoint loading, each attack's scoring, every UNet forward, the metrics). It is meant for
+//! (opening the device, checkpoint loading and its parts, the data, each attack's scoring, every
+//! UNet forward, the metrics). It is meant for
 //! comparing dpaudit's phases with another tool's (scripts/compare_attacks_torch.py, the GPU
 //! device runs) and is off by default. On a GPU it waits for the device after each UNet forward,
 //! so that a forward's line is its own time; this slows the run slightly.

@@ -245,8 +245,10 @@ impl DiffusersRun {
             .split
             .clone()
             .ok_or_else(|| Error::field("--split", "required with a diffusers checkpoint"))?;
+        let t0 = std::time::Instant::now();
         let images = ImageSet::load(&data_path)?;
         let split = SplitManifest::load(&split_path)?;
+        dpaudit::timing::note("load data and split", t0);
         let basis = dpaudit::attacks::mechanism::diffusers_basis(
             ck.config_path.parent().unwrap_or(dir),
             a.mechanism.ledger.as_deref(),
@@ -360,7 +362,9 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
     for p in a.roc_out.iter().chain(&a.scores_out) {
         dpaudit::report::output::check_file(p, out.force)?;
     }
+    let t0 = std::time::Instant::now();
     let dev = device::select(a.device.into())?;
+    dpaudit::timing::note("open device", t0);
     let dev_name = device::describe(&dev);
     // A diffusers folder (config.json + safetensors + scheduler_config.json) takes its own path.
     let diffusers = a

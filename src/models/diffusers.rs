@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
@@ -75,16 +75,46 @@ fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
 /// Tensors by name, the dtype count of the file, and its SHA-256.
 pub type Weights = (HashMap<String, Tensor>, BTreeMap<String, usize>, String);
 
-/// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
-/// to F32. Errors name the file and the tensor.
-pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    let sha = sha256_hex(&bytes);
-    let st = candle_core::safetensors::SliceSafetensors::new(&bytes)
+/// One tensor's values widened to f32 on the host, or `Err((flat index, value))` of its first
+/// non-finite value. F16 and BF16 widen exactly (as candle's `to_dtype`); safetensors has
+/// already checked that the data holds shape × dtype size bytes.
+fn host_values(view: &safetensors::tensor::TensorView<'_>) -> std::result::Result<Vec<f32>, (usize, f32)> {
+    use safetensors::Dtype;
+    let data = view.data();
+    let vals: Vec<f32> = match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        // BF16, the one other dtype `host_tensors` lets through.
+        _ => data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    };
+    match vals.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err((i, vals[i])),
+        None => Ok(vals),
+    }
+}
+
+/// Every tensor of a safetensors file as (name, shape, f32 values), in name order, with the
+/// count of each stored dtype.
+type HostTensors = (Vec<(String, Vec<usize>, Vec<f32>)>, BTreeMap<String, usize>);
+
+/// The tensors of the safetensors `bytes` (read from `path`) decoded and checked on the host,
+/// in parallel over tensors; the first bad tensor in name order is the error.
+fn host_tensors(bytes: &[u8], path: &Path) -> Result<HostTensors> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| Error::input(format!("not a safetensors file: {e}")).with_file(path))?;
-    let mut map = HashMap::new();
+    let mut views = st.tensors();
+    views.sort_by(|a, b| a.0.cmp(&b.0));
     let mut dtypes = BTreeMap::new();
-    for (name, view) in st.tensors() {
+    for (name, view) in &views {
         let dt = format!("{:?}", view.dtype());
         *dtypes.entry(dt.clone()).or_insert(0) += 1;
         if !matches!(dt.as_str(), "F32" | "F16" | "BF16") {
@@ -93,20 +123,69 @@ pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
             ))
             .with_file(path));
         }
-        let t = view
-            .load(device)
-            .and_then(|t| t.to_dtype(DType::F32))
-            .map_err(|e| Error::input(format!("tensor `{name}`: {e}")).with_file(path))?;
-        let vals: Vec<f32> = t.flatten_all()?.to_vec1()?;
-        if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
-            return Err(Error::input(format!(
-                "tensor `{name}` holds a non-finite value ({} at flat index {i}): NaN/inf weights",
-                vals[i]
-            ))
-            .with_file(path));
+    }
+    let vals: Vec<_> = views.par_iter().map(|(_, v)| host_values(v)).collect();
+    let mut out = Vec::with_capacity(views.len());
+    for ((name, view), v) in views.iter().zip(vals) {
+        match v {
+            Ok(v) => out.push((name.clone(), view.shape().to_vec(), v)),
+            Err((i, x)) => {
+                return Err(Error::input(format!(
+                    "tensor `{name}` holds a non-finite value ({x} at flat index {i}): NaN/inf weights"
+                ))
+                .with_file(path))
+            }
         }
+    }
+    Ok((out, dtypes))
+}
+
+/// A whole file, read in parallel chunks on Unix (the copies from the page cache and the page
+/// faults of the new buffer shared among the threads), else with `std::fs::read`.
+fn read_parallel(path: &Path) -> Result<Vec<u8>> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        /// Bytes per read.
+        const CHUNK: usize = 8 << 20;
+        let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize;
+        let mut bytes = vec![0u8; len];
+        bytes
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .try_for_each(|(i, c)| f.read_exact_at(c, (i * CHUNK) as u64))
+            .map_err(|e| Error::io(path, &e))?;
+        // A file that grew while it was read is read again whole (the common path stays one pass).
+        if f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize != len {
+            return std::fs::read(path).map_err(|e| Error::io(path, &e));
+        }
+        Ok(bytes)
+    }
+    #[cfg(not(unix))]
+    std::fs::read(path).map_err(|e| Error::io(path, &e))
+}
+
+/// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
+/// to F32. Errors name the file and the tensor (the first in name order when several are bad).
+/// The file is hashed while its tensors are decoded and checked on the host, in parallel, so
+/// each tensor is copied once (to the device, for a GPU) and never read back.
+pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
+    let t0 = std::time::Instant::now();
+    let bytes = read_parallel(path)?;
+    crate::timing::note("load checkpoint: read weights", t0);
+    let t0 = std::time::Instant::now();
+    let (sha, decoded) = rayon::join(|| sha256_hex(&bytes), || host_tensors(&bytes, path));
+    let (decoded, dtypes) = decoded?;
+    crate::timing::note("load checkpoint: sha256 and host tensors", t0);
+    let t0 = std::time::Instant::now();
+    let mut map = HashMap::with_capacity(decoded.len());
+    for (name, shape, vals) in decoded {
+        let t = Tensor::from_vec(vals, shape, device)
+            .map_err(|e| Error::input(format!("tensor `{name}`: {e}")).with_file(path))?;
         map.insert(name, t);
     }
+    crate::timing::note("load checkpoint: tensors to the device", t0);
     Ok((map, dtypes, sha))
 }
 
@@ -137,8 +216,10 @@ impl DiffusersCheckpoint {
             return Err(Error::input(msg).with_file(&weights_path));
         }
         let (tensors, stored_dtypes, weights_sha256) = read_weights(&weights_path, device)?;
+        let t0 = std::time::Instant::now();
         let store = WeightStore::new(tensors, &weights_path);
         let model = Unet2dModel::new(&config, &store)?;
+        crate::timing::note("load checkpoint: model", t0);
         let scheduler = match find_scheduler(&udir, dir) {
             Some(p) => {
                 let s = SchedulerConfig::load(&p)?;
@@ -408,6 +489,55 @@ impl EpsPredictor for DiffusersDenoiser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Weights read on the host equal candle's own reading (F32 as stored, F16 and BF16 widened
+    /// by `to_dtype`), the hash is the file's, and of two tensors with non-finite values the
+    /// error names the first in name order with its flat index.
+    #[test]
+    fn weights_read_on_the_host_equal_candles_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let vals: Vec<f32> = (0..24).map(|i| (i as f32 - 11.5) * 0.37).collect();
+        let base = Tensor::from_vec(vals, (2, 3, 4), &Device::Cpu).unwrap();
+        let mut ts = HashMap::new();
+        ts.insert("a.f32".to_string(), base.clone());
+        ts.insert("b.f16".to_string(), base.to_dtype(DType::F16).unwrap());
+        ts.insert("c.bf16".to_string(), base.to_dtype(DType::BF16).unwrap());
+        ts.insert("d.scalar".to_string(), Tensor::new(2.5f32, &Device::Cpu).unwrap());
+        let path = dir.path().join("w.safetensors");
+        candle_core::safetensors::save(&ts, &path).unwrap();
+        let (got, dtypes, sha) = read_weights(&path, &Device::Cpu).unwrap();
+        assert_eq!(sha, sha256_hex(&std::fs::read(&path).unwrap()));
+        assert_eq!(
+            dtypes,
+            BTreeMap::from([("BF16".into(), 1), ("F16".into(), 1), ("F32".into(), 2)])
+        );
+        for (name, t) in &ts {
+            let want: Vec<f32> = t
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let g = &got[name];
+            assert_eq!((g.dims(), g.dtype()), (t.dims(), DType::F32), "{name}");
+            let g: Vec<f32> = g.flatten_all().unwrap().to_vec1().unwrap();
+            assert!(g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}");
+        }
+        let mut bad = ts.clone();
+        let mut v: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        v[7] = f32::NAN;
+        bad.insert(
+            "z.late".into(),
+            Tensor::from_vec(v.clone(), (24,), &Device::Cpu).unwrap(),
+        );
+        v[7] = 0.0;
+        v[13] = f32::INFINITY;
+        bad.insert("m.early".into(), Tensor::from_vec(v, (24,), &Device::Cpu).unwrap());
+        candle_core::safetensors::save(&bad, &path).unwrap();
+        let err = read_weights(&path, &Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("`m.early`") && err.contains("flat index 13"), "{err}");
+    }
 
     #[test]
     fn batch_windows_cover_each_row_once_in_one_shape() {

@@ -184,7 +184,8 @@ fn cuda_attack_scores_match_the_cpu_record_by_record() {
     }
 }
 
-/// `DPAUDIT_TIMING=1` says on stderr where a `mia` run's time goes (loading, every UNet forward,
+/// `DPAUDIT_TIMING=1` says on stderr where a `mia` run's time goes (opening the device, loading
+/// the checkpoint in its parts and the data, every UNet forward,
 /// each attack's scoring, the metrics) and changes nothing in its results; `phases` leaves out
 /// the forwards; without it no timing line appears.
 #[test]
@@ -210,7 +211,17 @@ fn timing_lines_say_where_a_mia_run_spends_its_time() {
     let (off, without) = run("0");
     assert_eq!(with, without);
     assert!(!off.contains("timing:"), "{off}");
-    assert!(on.contains("timing: load checkpoint: "), "{on}");
+    for phase in [
+        "open device",
+        "load checkpoint: read weights",
+        "load checkpoint: sha256 and host tensors",
+        "load checkpoint: tensors to the device",
+        "load checkpoint: model",
+        "load checkpoint",
+        "load data and split",
+    ] {
+        assert!(on.contains(&format!("timing: {phase}: ")), "{phase}: {on}");
+    }
     assert!(on.contains("timing: pia at t = 50, 16 records: "), "{on}");
     assert!(on.contains("timing: metrics and report: "), "{on}");
     // 16 records at batch 4, two forwards each batch (PIA).
