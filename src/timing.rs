@@ -10,6 +10,10 @@
 //! `DPAUDIT_TIMING=kernels` adds, for the CUDA UNet forward, the GPU time of each kind of work
 //! (convolutions, group norms, GEMMs, …) from CUDA events around every launch, summed over the
 //! run and written after the scoring; the events themselves cost host time.
+//! Every enabled mode also writes, after each attack's scoring, the host time of first-use setup
+//! inside it (`timing: setup: …`: on a GPU, building each convolution shape's cuDNN plan and,
+//! within that, choosing its algorithm), which a run pays once per shape and PyTorch's warm-up
+//! pays before its timed loop.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -57,6 +61,33 @@ pub fn kernel_summary() {
     let total: f64 = v.iter().map(|(_, (ms, _))| ms).sum();
     let parts: Vec<String> = v.iter().map(|(k, (ms, n))| format!("{k} {:.1} ms ({n})", ms)).collect();
     eprintln!("timing: GPU kernels: {} (total {total:.1} ms)", parts.join(", "));
+    m.clear();
+}
+
+/// Host seconds and occurrences per kind of first-use setup inside a phase (e.g. building a
+/// convolution shape's cuDNN plan), when timing is enabled.
+static SETUP: Mutex<BTreeMap<&'static str, (f64, u64)>> = Mutex::new(BTreeMap::new());
+
+/// Charges the time since `since` to the setup kind `what` (nothing when timing is off).
+pub fn add_setup_time(what: &'static str, since: Instant) {
+    if !enabled() {
+        return;
+    }
+    let mut m = SETUP.lock().unwrap_or_else(|p| p.into_inner());
+    let e = m.entry(what).or_insert((0.0, 0));
+    e.0 += since.elapsed().as_secs_f64();
+    e.1 += 1;
+}
+
+/// Writes the setup time per kind so far (`timing: setup: cuDNN plan 18 in 0.0950 s, …`) and
+/// starts the sums again; nothing when none was recorded.
+pub fn setup_summary() {
+    let mut m = SETUP.lock().unwrap_or_else(|p| p.into_inner());
+    if m.is_empty() {
+        return;
+    }
+    let parts: Vec<String> = m.iter().map(|(k, (s, n))| format!("{k} {n} in {s:.4} s")).collect();
+    eprintln!("timing: setup: {}", parts.join(", "));
     m.clear();
 }
 

@@ -316,6 +316,7 @@ pub fn score_shard(
                 t0,
             );
             crate::timing::kernel_summary();
+            crate::timing::setup_summary();
             out.extend(
                 split_pos
                     .iter()

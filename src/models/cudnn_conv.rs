@@ -146,7 +146,9 @@ impl CudnnConv2d {
                 .downcast::<Plan<T>>()
                 .map_err(|_| cerr("a cached plan of another data type"))?,
             None => {
+                let t0 = std::time::Instant::now();
                 let p = Rc::new(self.plan::<T>(dev, xd, wd)?);
+                crate::timing::add_setup_time("cuDNN plan", t0);
                 PLANS.with(|m| m.borrow_mut().insert(key, p.clone()));
                 p
             }
@@ -161,12 +163,14 @@ impl CudnnConv2d {
             let mut m = m.borrow_mut();
             let grow = m.get(&key.0).is_none_or(|b| b.len() < plan.ws.max(1));
             if grow {
+                let t0 = std::time::Instant::now();
                 // SAFETY: cuDNN's scratch space; nothing reads it before cuDNN writes it.
                 let b = unsafe { dev.cuda_stream().alloc::<u8>(plan.ws.max(1)) }.map_err(cerr)?;
                 if let Some(old) = m.insert(key.0, b) {
                     // A captured CUDA graph may still point at it: kept, never freed.
                     RETIRED.with(|r| r.borrow_mut().push(old));
                 }
+                crate::timing::add_setup_time("cuDNN workspace growth", t0);
             }
             let workspace = m.get_mut(&key.0).ok_or_else(|| cerr("no workspace"))?;
             // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
@@ -208,6 +212,7 @@ impl CudnnConv2d {
             w: &w,
             y: &y,
         };
+        let t0 = std::time::Instant::now();
         let found = if find_mode() {
             // SAFETY: raw cuDNN calls on scratch buffers of the described sizes (see there).
             unsafe { self.find_algorithm::<T>(dev, xd, wd) }
@@ -218,7 +223,10 @@ impl CudnnConv2d {
             Some(a) => a,
             None => op.pick_algorithm().map_err(cerr)?,
         };
+        crate::timing::add_setup_time("cuDNN plan: algorithm choice", t0);
+        let t0 = std::time::Instant::now();
         let ws = op.get_workspace_size(algo).map_err(cerr)?;
+        crate::timing::add_setup_time("cuDNN plan: workspace size", t0);
         Ok(Plan {
             conv,
             x,

@@ -224,6 +224,13 @@ fn timing_lines_say_where_a_mia_run_spends_its_time() {
     }
     assert!(on.contains("timing: pia at t = 50, 16 records: "), "{on}");
     assert!(on.contains("timing: metrics and report: "), "{on}");
+    // On a GPU (a cudnn build where `auto` finds one), the cuDNN plans built for the batch's
+    // shapes are first-use setup inside the attack's phase; the CPU has none.
+    assert_eq!(
+        on.contains("device: cuda") && cfg!(feature = "cudnn"),
+        on.contains("timing: setup: cuDNN plan "),
+        "{on}"
+    );
     // 16 records at batch 4, two forwards each batch (PIA).
     assert_eq!(on.matches("timing: UNet forward, batch 4: ").count(), 8, "{on}");
     // `phases`: the same phase lines, no line (and no wait) per forward.
