@@ -14,9 +14,11 @@
 # only a few files come back from the machine. DEVICE=cpu runs the same logic on a CPU build
 # (BIN=..., a dry run before spending device time). PRECS_CMP picks the compared precisions.
 # PHASES (default "eval tests auto compare dpsgd train") picks what runs; "timing" prints where a
-# mia run's time goes at the comparison's MNIST size (DPAUDIT_TIMING=1: loading, each forward
-# with the host's queueing time, metrics; =phases, without the per-forward waits; =kernels, the
-# GPU time per kind of kernel of the CUDA forward); "candle" adds the same
+# mia run's time goes at the comparison's MNIST size for TIMING_ATTACKS (default "pia secmi
+# loss"; DPAUDIT_TIMING=1: opening the device, loading, each forward with the host's queueing
+# time, the cuDNN plans and the loss attack's host noise within each attack, metrics; =phases,
+# without the per-forward waits; =kernels, the GPU time per kind of kernel of the CUDA
+# forward); "candle" adds the same
 # fp32 comparison with candle's kernels instead of the CUDA UNet forward (DPAUDIT_UNET_CUDA=candle),
 # before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
 # N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
@@ -181,7 +183,7 @@ kill "$(cat "$O/dmon.pid" 2>/dev/null)" 2>/dev/null
 fi
 
 if has timing; then
-phase "where the time goes: DPAUDIT_TIMING mia, PIA and SecMI at fp32 and tf32 on models/mnist-ddpm, N_MNIST + N_MNIST images"
+phase "where the time goes: DPAUDIT_TIMING mia, ${TIMING_ATTACKS:-pia secmi loss} at fp32 and tf32 on models/mnist-ddpm, N_MNIST + N_MNIST images"
 # The comparison's speed-only split (the data file's first 2·N_MNIST rows; the model without its
 # training record, whose members hash would refuse that split).
 NT=${N_MNIST:-1024}
@@ -198,7 +200,7 @@ open(out, "w").write(f'schema_version = 1\ndata = "{s["data"]}"\ndata_sha256 = "
                      f'members = {m}\nnonmembers = {nm}\npublic = []\n')
 EOF
 for p in fp32 tf32; do
-  for at in pia secmi; do
+  for at in ${TIMING_ATTACKS:-pia secmi loss}; do
     for mode in 1 phases kernels; do
       echo "--- $at $p DPAUDIT_TIMING=$mode"
       DPAUDIT_TIMING=$mode "$BIN" mia --checkpoint "$O/speed/mnist-ddpm" --data fixtures/data/mnist/mnist-10k.u8.gz \

@@ -10,10 +10,11 @@
 //! `DPAUDIT_TIMING=kernels` adds, for the CUDA UNet forward, the GPU time of each kind of work
 //! (convolutions, group norms, GEMMs, …) from CUDA events around every launch, summed over the
 //! run and written after the scoring; the events themselves cost host time.
-//! Every enabled mode also writes, after each attack's scoring, the host time of first-use setup
-//! inside it (`timing: setup: …`: on a GPU, building each convolution shape's cuDNN plan and,
-//! within that, choosing its algorithm), which a run pays once per shape and PyTorch's warm-up
-//! pays before its timed loop.
+//! Every enabled mode also writes, after the checkpoint's loading and after each attack's
+//! scoring, the host time of named parts inside that phase (`timing: within: …`): on a GPU,
+//! building each convolution shape's cuDNN plan (and, within that, choosing its algorithm), a
+//! first-use cost per shape that PyTorch's warm-up pays before its timed loop; for the loss
+//! attack, drawing each draw's noise on the host and copying it to the device.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -64,30 +65,30 @@ pub fn kernel_summary() {
     m.clear();
 }
 
-/// Host seconds and occurrences per kind of first-use setup inside a phase (e.g. building a
-/// convolution shape's cuDNN plan), when timing is enabled.
-static SETUP: Mutex<BTreeMap<&'static str, (f64, u64)>> = Mutex::new(BTreeMap::new());
+/// Host seconds and occurrences per named part of a phase (e.g. building a convolution shape's
+/// cuDNN plan, the loss attack's noise), when timing is enabled.
+static WITHIN: Mutex<BTreeMap<&'static str, (f64, u64)>> = Mutex::new(BTreeMap::new());
 
-/// Charges the time since `since` to the setup kind `what` (nothing when timing is off).
-pub fn add_setup_time(what: &'static str, since: Instant) {
+/// Charges the time since `since` to the part `what` (nothing when timing is off).
+pub fn add_within_time(what: &'static str, since: Instant) {
     if !enabled() {
         return;
     }
-    let mut m = SETUP.lock().unwrap_or_else(|p| p.into_inner());
+    let mut m = WITHIN.lock().unwrap_or_else(|p| p.into_inner());
     let e = m.entry(what).or_insert((0.0, 0));
     e.0 += since.elapsed().as_secs_f64();
     e.1 += 1;
 }
 
-/// Writes the setup time per kind so far (`timing: setup: cuDNN plan 18 in 0.0950 s, …`) and
-/// starts the sums again; nothing when none was recorded.
-pub fn setup_summary() {
-    let mut m = SETUP.lock().unwrap_or_else(|p| p.into_inner());
+/// Writes the time per part so far (`timing: within: cuDNN plan 18 in 0.0950 s, …`: count,
+/// then seconds in all) and starts the sums again; nothing when none was recorded.
+pub fn within_summary() {
+    let mut m = WITHIN.lock().unwrap_or_else(|p| p.into_inner());
     if m.is_empty() {
         return;
     }
     let parts: Vec<String> = m.iter().map(|(k, (s, n))| format!("{k} {n} in {s:.4} s")).collect();
-    eprintln!("timing: setup: {}", parts.join(", "));
+    eprintln!("timing: within: {}", parts.join(", "));
     m.clear();
 }
 

@@ -316,7 +316,7 @@ pub fn score_shard(
                 t0,
             );
             crate::timing::kernel_summary();
-            crate::timing::setup_summary();
+            crate::timing::within_summary();
             out.extend(
                 split_pos
                     .iter()

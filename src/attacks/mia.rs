@@ -313,15 +313,18 @@ pub fn scores_keyed(
                 None => None,
             };
             for _ in 0..draws {
+                let t0 = std::time::Instant::now();
                 let eps = draw_noise(&mut rngs);
                 let errors = match &on_device {
                     Some((dev, x0)) => {
                         let e = Tensor::from_slice(&eps, (n, dim), dev.device())?;
+                        crate::timing::add_within_time("loss: noise drawn and copied in", t0);
                         let xt = dev.noisy_tensor(x0, &e, d.alpha_bars()[t])?;
                         let pred = dev.predict_eps_tensor(&xt, t)?;
                         dev.row_lp_tensor(&e, &pred, 2.0)?
                     }
                     None => {
+                        crate::timing::add_within_time("loss: noise drawn", t0);
                         let pred = d.predict_eps(&noisy(d.alpha_bars(), dim, rows, &tt, &eps), &tt)?;
                         row_lp(&eps, &pred, dim, 2.0)
                     }

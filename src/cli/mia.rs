@@ -237,7 +237,7 @@ impl DiffusersRun {
         let t0 = std::time::Instant::now();
         let ck = DiffusersCheckpoint::load(dir, dev)?;
         dpaudit::timing::note("load checkpoint", t0);
-        dpaudit::timing::setup_summary();
+        dpaudit::timing::within_summary();
         let data_path = a
             .data
             .clone()

@@ -148,7 +148,7 @@ impl CudnnConv2d {
             None => {
                 let t0 = std::time::Instant::now();
                 let p = Rc::new(self.plan::<T>(dev, xd, wd)?);
-                crate::timing::add_setup_time("cuDNN plan", t0);
+                crate::timing::add_within_time("cuDNN plan", t0);
                 PLANS.with(|m| m.borrow_mut().insert(key, p.clone()));
                 p
             }
@@ -170,7 +170,7 @@ impl CudnnConv2d {
                     // A captured CUDA graph may still point at it: kept, never freed.
                     RETIRED.with(|r| r.borrow_mut().push(old));
                 }
-                crate::timing::add_setup_time("cuDNN workspace growth", t0);
+                crate::timing::add_within_time("cuDNN workspace growth", t0);
             }
             let workspace = m.get_mut(&key.0).ok_or_else(|| cerr("no workspace"))?;
             // SAFETY: the descriptors describe exactly these contiguous NCHW buffers.
@@ -223,10 +223,10 @@ impl CudnnConv2d {
             Some(a) => a,
             None => op.pick_algorithm().map_err(cerr)?,
         };
-        crate::timing::add_setup_time("cuDNN plan: algorithm choice", t0);
+        crate::timing::add_within_time("cuDNN plan: algorithm choice", t0);
         let t0 = std::time::Instant::now();
         let ws = op.get_workspace_size(algo).map_err(cerr)?;
-        crate::timing::add_setup_time("cuDNN plan: workspace size", t0);
+        crate::timing::add_within_time("cuDNN plan: workspace size", t0);
         Ok(Plan {
             conv,
             x,

@@ -177,6 +177,8 @@ pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
     let t0 = std::time::Instant::now();
     let (sha, decoded) = rayon::join(|| sha256_hex(&bytes), || host_tensors(&bytes, path));
     let (decoded, dtypes) = decoded?;
+    // The decoded values are owned: the file's bytes are not needed for the copies below.
+    drop(bytes);
     crate::timing::note("load checkpoint: sha256 and host tensors", t0);
     let t0 = std::time::Instant::now();
     let mut map = HashMap::with_capacity(decoded.len());

@@ -228,7 +228,7 @@ fn timing_lines_say_where_a_mia_run_spends_its_time() {
     // shapes are first-use setup inside the attack's phase; the CPU has none.
     assert_eq!(
         on.contains("device: cuda") && cfg!(feature = "cudnn"),
-        on.contains("timing: setup: cuDNN plan "),
+        on.contains("timing: within: cuDNN plan "),
         "{on}"
     );
     // 16 records at batch 4, two forwards each batch (PIA).
@@ -248,6 +248,30 @@ fn timing_lines_say_where_a_mia_run_spends_its_time() {
         "{kernels}"
     );
     assert!(!kernels.contains("GPU kernels"), "{kernels}");
+    // The loss attack's host part, its noise: one entry per draw (4 by default).
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+        .args(super::common::MNIST_MIA)
+        .args([
+            "--attack",
+            "loss",
+            "--timesteps",
+            "50",
+            "--max-examples",
+            "4",
+            "--quiet",
+        ])
+        .env("DPAUDIT_TIMING", "phases")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let loss = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{loss}");
+    let want = if loss.contains("device: cuda") {
+        "loss: noise drawn and copied in 4 in "
+    } else {
+        "loss: noise drawn 4 in "
+    };
+    assert!(loss.contains("timing: within: ") && loss.contains(want), "{loss}");
 }
 
 /// `model info` states the architecture, the parameter count diffusers reports
