@@ -140,30 +140,25 @@ fn host_tensors(bytes: &[u8], path: &Path) -> Result<HostTensors> {
     Ok((out, dtypes))
 }
 
-/// A whole file, read in parallel chunks on Unix (the copies from the page cache and the page
-/// faults of the new buffer shared among the threads), else with `std::fs::read`.
+/// A whole file, read in parallel chunks (the copies from the page cache and the page faults of
+/// the new buffer shared among the threads; dpaudit is Unix-only, see `crate::input`).
 fn read_parallel(path: &Path) -> Result<Vec<u8>> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileExt;
-        /// Bytes per read.
-        const CHUNK: usize = 8 << 20;
-        let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
-        let len = f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize;
-        let mut bytes = vec![0u8; len];
-        bytes
-            .par_chunks_mut(CHUNK)
-            .enumerate()
-            .try_for_each(|(i, c)| f.read_exact_at(c, (i * CHUNK) as u64))
-            .map_err(|e| Error::io(path, &e))?;
-        // A file that grew while it was read is read again whole (the common path stays one pass).
-        if f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize != len {
-            return std::fs::read(path).map_err(|e| Error::io(path, &e));
-        }
-        Ok(bytes)
+    use std::os::unix::fs::FileExt;
+    /// Bytes per read.
+    const CHUNK: usize = 8 << 20;
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize;
+    let mut bytes = vec![0u8; len];
+    bytes
+        .par_chunks_mut(CHUNK)
+        .enumerate()
+        .try_for_each(|(i, c)| f.read_exact_at(c, (i * CHUNK) as u64))
+        .map_err(|e| Error::io(path, &e))?;
+    // A file that grew while it was read is read again whole (the common path stays one pass).
+    if f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize != len {
+        return std::fs::read(path).map_err(|e| Error::io(path, &e));
     }
-    #[cfg(not(unix))]
-    std::fs::read(path).map_err(|e| Error::io(path, &e))
+    Ok(bytes)
 }
 
 /// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
