@@ -101,9 +101,8 @@ pub fn manifest_name(stem: Option<&str>) -> String {
 
 /// Reads a manifest (small, JSON).
 fn read_manifest(path: &Path) -> Result<Manifest> {
-    let text = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    serde_json::from_slice(&text)
-        .map_err(|e| Error::input(format!("not a dpaudit output manifest: {e}")).with_file(path))
+    let text = crate::limits::read_input_text(path)?;
+    serde_json::from_str(&text).map_err(|e| Error::input(format!("not a dpaudit output manifest: {e}")).with_file(path))
 }
 
 pub(crate) fn file_sha256(path: &Path) -> std::io::Result<String> {

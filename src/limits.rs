@@ -235,6 +235,14 @@ pub const TRAIN_STEP: Cost = Cost::new(0.0, 1e5);
 pub const MIA_DRAW: Cost = Cost::new(0.0, 1e7);
 /// One decoded pixel value of an image set: the decoded byte and its f32 (and a copy).
 pub const IMAGE_VALUE: Cost = Cost::new(9.0, 10.0);
+/// One byte of a binary input read whole (a data file, a `.npy` array, a PNG image, before it
+/// is decoded: decoding has its own checks, e.g. [`IMAGE_VALUE`]) and hashed.
+pub const BINARY_INPUT_BYTE: Cost = Cost::new(1.0, 8.0);
+/// One byte of a diffusers weights file: the file's bytes and the decoded f32 values (twice
+/// the stored bytes for F16/BF16), hashed and checked.
+pub const WEIGHTS_FILE_BYTE: Cost = Cost::new(3.0, 8.0);
+/// One byte of a file that is only hashed (streamed, so no memory): SHA-256 at ≥ 1 GB/s.
+pub const HASHED_BYTE: Cost = Cost::new(0.0, 8.0);
 /// Largest number of worker threads (`RAYON_NUM_THREADS` above it is lowered to it): more
 /// threads than this only add stacks and scheduling.
 pub const MAX_THREADS: usize = 256;
@@ -275,6 +283,86 @@ pub fn read_input_text(path: &Path) -> Result<String> {
             &std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8"),
         )
     })
+}
+
+/// Reads a binary input file whole, refusing one whose size, at `per_byte` (every copy the
+/// caller keeps), exceeds the caps before any byte is read (a sparse 1 TB file is refused, not
+/// allocated), and reading at most what the memory cap allows (a FIFO or `/dev/zero` has no
+/// size to check). `field` names the input in the error; errors name the file.
+pub fn read_file_capped(path: &Path, field: &str, per_byte: Cost) -> Result<Vec<u8>> {
+    let cap = memory_cap()?;
+    let max_bytes = if per_byte.bytes > 0.0 {
+        (cap / per_byte.bytes).floor()
+    } else {
+        f64::MAX
+    };
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let mut buf = Vec::new();
+    if let Ok(m) = file.metadata() {
+        if m.is_file() {
+            check(field, m.len() as f64, per_byte).map_err(|e| e.with_file(path))?;
+            buf.reserve_exact(m.len() as usize);
+        }
+    }
+    (&file)
+        .take((max_bytes as u64).saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io(path, &e))?;
+    if buf.len() as f64 > max_bytes {
+        return Err(Error::field(
+            field,
+            format!(
+                "more than {} bytes were read, above the limit of {} bytes (memory cap {}; \
+                 raise it with {MEMORY_ENV}=<bytes, e.g. 16G>)",
+                fmt_count(max_bytes),
+                fmt_count(max_bytes),
+                human_bytes(cap)
+            ),
+        )
+        .with_file(path));
+    }
+    Ok(buf)
+}
+
+/// SHA-256 (lower-case hex) and length of a file, streamed (no more memory than a buffer). A
+/// regular file whose hashing would exceed the work cap ([`HASHED_BYTE`]) is refused first.
+pub fn hash_file_capped(path: &Path, field: &str) -> Result<(String, u64)> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    if let Ok(m) = file.metadata() {
+        if m.is_file() {
+            check(field, m.len() as f64, HASHED_BYTE).map_err(|e| e.with_file(path))?;
+        }
+    }
+    let max_bytes = (work_cap()? / HASHED_BYTE.work).floor() as u64;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n_total = 0u64;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(path, &e)),
+        };
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        n_total += n as u64;
+        if n_total > max_bytes {
+            return Err(Error::field(
+                field,
+                format!(
+                    "more than {} bytes were read, above the {} bytes the work cap allows hashing \
+                     (raise it with {WORK_ENV}=<operations, e.g. 1e12>)",
+                    fmt_count(max_bytes as f64),
+                    fmt_count(max_bytes as f64)
+                ),
+            )
+            .with_file(path));
+        }
+    }
+    Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), n_total))
 }
 
 /// Sets up the worker-thread pool once, at start: `RAYON_NUM_THREADS` (or the number of CPUs)
@@ -346,6 +434,37 @@ pub fn read_text_capped(mut reader: impl Read, path: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_reads_and_hashes_are_capped_even_without_a_size() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("w.bin");
+        std::fs::write(&p, vec![7u8; 4096]).unwrap();
+        // Within the caps: the bytes, and the streamed hash equals the hash of the bytes.
+        let got = with_caps(1e6, 1e9, || read_file_capped(&p, "file size", BINARY_INPUT_BYTE)).unwrap();
+        assert_eq!(got, vec![7u8; 4096]);
+        let (h, n) = with_caps(1e6, 1e9, || hash_file_capped(&p, "file size")).unwrap();
+        use sha2::Digest;
+        let want: String = sha2::Sha256::digest(&got).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!((h, n), (want, 4096));
+        // A regular file above the caps is refused by its size, naming the file.
+        let e = with_caps(4000.0, 1e9, || read_file_capped(&p, "file size", BINARY_INPUT_BYTE)).unwrap_err();
+        assert!(
+            e.to_string().contains("file size") && e.to_string().contains("w.bin"),
+            "{e}"
+        );
+        let e = with_caps(1e6, 8.0 * 4000.0, || hash_file_capped(&p, "file size")).unwrap_err();
+        assert!(e.to_string().contains(WORK_ENV), "{e}");
+        // A device without a size (endless zeros) is cut off at the cap, not read forever.
+        let zero = Path::new("/dev/zero");
+        let e = with_caps((1u64 << 20) as f64, 1e9, || {
+            read_file_capped(zero, "file size", BINARY_INPUT_BYTE)
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("more than 1048576 bytes were read"), "{e}");
+        let e = with_caps(1e6, 8.0 * (1 << 20) as f64, || hash_file_capped(zero, "file size")).unwrap_err();
+        assert!(e.to_string().contains("more than 1048576 bytes were read"), "{e}");
+    }
 
     #[test]
     fn refusal_names_field_value_and_limit() {

@@ -48,7 +48,7 @@ fn run_inner(args: &Args) -> Result<Status> {
         output::check_file(p, out.force)?;
     }
     output::verify_member(&args.input)?;
-    let bytes = std::fs::read(&args.input).map_err(|e| Error::io(&args.input, &e))?;
+    let bytes = dpaudit::limits::read_file_capped(&args.input, "file size", dpaudit::limits::TEXT_INPUT_BYTE)?;
     not_a_detail_file(&args.input, &bytes)?;
     let rep = report::from_json(&bytes).map_err(|e| e.with_file(&args.input))?;
     report::rederive::check(&rep).map_err(|e| e.with_file(&args.input))?;

@@ -343,9 +343,7 @@ pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
 /// Reads a safetensors file of model weights (size checked against the memory cap first),
 /// see [`parse_weights`].
 pub fn read_weights(path: &Path, device: &Device) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
-    let len = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len();
-    crate::limits::check_count("weights", len, crate::limits::Cost::new(2.0, 1.0)).map_err(|e| e.with_file(path))?;
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let bytes = crate::limits::read_file_capped(path, "weights", crate::limits::Cost::new(2.0, 1.0))?;
     parse_weights(&bytes, device).map_err(|e| e.with_file(path))
 }
 

@@ -29,8 +29,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Hex SHA-256 of a file.
 pub fn sha256_file(path: &Path) -> Result<String> {
     crate::report::output::note_input(path);
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    Ok(sha256_hex(&bytes))
+    Ok(crate::limits::hash_file_capped(path, "file size")?.0)
 }
 
 /// Hash of an index list: SHA-256 of the decimal indices joined by commas (as written).
@@ -55,7 +54,7 @@ pub struct Dataset {
 impl Dataset {
     /// Reads a digits-format CSV (optionally gzip-compressed, by extension `.gz`).
     pub fn load(path: &Path) -> Result<Self> {
-        let raw = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+        let raw = crate::limits::read_file_capped(path, "file size", crate::limits::BINARY_INPUT_BYTE)?;
         let sha256 = sha256_hex(&raw);
         let text = if path.extension().is_some_and(|e| e == "gz") {
             // Decompression is capped: a small gzip file cannot inflate past the memory cap.

@@ -147,7 +147,12 @@ fn read_parallel(path: &Path) -> Result<Vec<u8>> {
     /// Bytes per read.
     const CHUNK: usize = 8 << 20;
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize;
+    let len = f.metadata().map_err(|e| Error::io(path, &e))?.len();
+    // Sized against the memory cap before anything is allocated (a sparse 1 TB file is an
+    // input error, not an allocation failure).
+    crate::limits::check("weights file size", len as f64, crate::limits::WEIGHTS_FILE_BYTE)
+        .map_err(|e| e.with_file(path))?;
+    let len = len as usize;
     let mut bytes = vec![0u8; len];
     bytes
         .par_chunks_mut(CHUNK)
@@ -156,7 +161,7 @@ fn read_parallel(path: &Path) -> Result<Vec<u8>> {
         .map_err(|e| Error::io(path, &e))?;
     // A file that grew while it was read is read again whole (the common path stays one pass).
     if f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize != len {
-        return std::fs::read(path).map_err(|e| Error::io(path, &e));
+        return crate::limits::read_file_capped(path, "weights file size", crate::limits::WEIGHTS_FILE_BYTE);
     }
     Ok(bytes)
 }

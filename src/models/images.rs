@@ -97,7 +97,7 @@ impl ImageSet {
 
     /// MNIST records: a label byte then 28×28 pixel bytes each (optionally gzip-compressed).
     pub fn load_mnist(path: &Path) -> Result<Self> {
-        let raw = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+        let raw = crate::limits::read_file_capped(path, "file size", crate::limits::BINARY_INPUT_BYTE)?;
         let sha256 = sha256_hex(&raw);
         let bytes = if path.extension().is_some_and(|e| e == "gz") {
             // The gzip trailer's ISIZE (the decompressed size mod 2^32) sizes the buffer once,
@@ -145,7 +145,7 @@ impl ImageSet {
 
     /// A `.npy` array (N, C, H, W) of float32 (as given) or uint8 (x/127.5 − 1).
     pub fn load_npy(path: &Path) -> Result<Self> {
-        let raw = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+        let raw = crate::limits::read_file_capped(path, "file size", crate::limits::BINARY_INPUT_BYTE)?;
         let sha256 = sha256_hex(&raw);
         let a = super::npy::parse(&raw, path)?;
         if a.shape.len() != 4 {
@@ -196,7 +196,7 @@ impl ImageSet {
         let mut shape: Option<[usize; 3]> = None;
         let mut pixels = Vec::new();
         for f in &files {
-            let bytes = std::fs::read(f).map_err(|e| Error::io(f, &e))?;
+            let bytes = crate::limits::read_file_capped(f, "file size", crate::limits::BINARY_INPUT_BYTE)?;
             hasher.update(f.file_name().unwrap().to_string_lossy().as_bytes());
             hasher.update([0u8]);
             hasher.update(&bytes);

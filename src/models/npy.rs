@@ -198,7 +198,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
 
 /// Reads a `.npy` file.
 pub fn read(path: &Path) -> Result<NpyArray> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let bytes = crate::limits::read_file_capped(path, "file size", crate::limits::BINARY_INPUT_BYTE)?;
     parse(&bytes, path)
 }
 

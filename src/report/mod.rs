@@ -140,8 +140,13 @@ impl Input {
     /// Hashes the file at `path`.
     pub fn from_file(role: &str, path: &Path) -> Result<Self> {
         output::note_input(path);
-        let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-        Ok(Self::from_bytes(role, &path.display().to_string(), &data))
+        let (sha256, bytes) = crate::limits::hash_file_capped(path, "file size")?;
+        Ok(Input {
+            role: role.to_string(),
+            path: path.display().to_string(),
+            sha256,
+            bytes,
+        })
     }
     /// An input from bytes already read.
     pub fn from_bytes(role: &str, path: &str, data: &[u8]) -> Self {

@@ -150,6 +150,67 @@ fn gzip_that_inflates_past_the_cap_is_refused_naming_the_file() {
     assert!(took < Duration::from_secs(20), "{took:?}");
 }
 
+/// A sparse file of `len` bytes (no disk used): a size a user's file system can claim.
+fn sparse(path: &Path, len: u64) -> PathBuf {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+    path.to_path_buf()
+}
+
+#[test]
+fn sparse_terabyte_weights_and_data_files_are_refused_before_they_are_read() {
+    let d = tempfile::tempdir().unwrap();
+    // A diffusers folder whose weights file claims 1 TB: refused by its size (before, the read
+    // buffer's allocation aborted the process).
+    let fx = root().join("fixtures/diffusers/unet-28-c1-attn");
+    let ckpt = d.path().join("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+    for f in ["config.json", "scheduler_config.json"] {
+        std::fs::copy(fx.join(f), ckpt.join(f)).unwrap();
+    }
+    let weights = sparse(&ckpt.join("diffusion_pytorch_model.safetensors"), 1 << 40);
+    let out_npy = d.path().join("o.npy");
+    let (out, took) = limited(
+        &[
+            "model",
+            "eval",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--input",
+            fx.join("input.npy").to_str().unwrap(),
+            "--timesteps",
+            fx.join("timesteps.npy").to_str().unwrap(),
+            "--out",
+            out_npy.to_str().unwrap(),
+        ],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "weights file size");
+    assert!(stderr(&out).contains(weights.to_str().unwrap()), "{}", stderr(&out));
+    assert!(!out_npy.exists());
+    // Image data that claims 1 TB, for an attack on a real checkpoint: refused by its size.
+    let data = sparse(&d.path().join("images.npy"), 1 << 40);
+    let (out, took) = limited(
+        &[
+            "mia",
+            "--checkpoint",
+            "models/mnist-ddpm",
+            "--data",
+            data.to_str().unwrap(),
+            "--split",
+            "fixtures/splits/mnist.toml",
+            "--attack",
+            "loss",
+            "--timesteps",
+            "10",
+        ],
+        &[],
+        SECS_60,
+    );
+    assert_refused(&out, took, "file size");
+    assert!(stderr(&out).contains(data.to_str().unwrap()), "{}", stderr(&out));
+}
+
 /// A copy of the shipped card in `dir` whose model section is replaced, pointing at `weights`.
 fn card_with(dir: &Path, weights: &Path, sha: &str, edit: impl Fn(String) -> String) -> PathBuf {
     let src = std::fs::read_to_string(root().join("models/digits-mlp.toml")).unwrap();
