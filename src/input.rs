@@ -105,19 +105,9 @@ fn read_manifest(path: &Path) -> Result<Manifest> {
     serde_json::from_str(&text).map_err(|e| Error::input(format!("not a dpaudit output manifest: {e}")).with_file(path))
 }
 
-pub(crate) fn file_sha256(path: &Path) -> std::io::Result<String> {
-    use sha2::Digest;
-    let mut f = std::fs::File::open(path)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = std::io::Read::read(&mut f, &mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+/// SHA-256 (hex) of a file, streamed under the work cap ([`crate::limits::hash_file_capped`]).
+pub(crate) fn file_sha256(path: &Path) -> Result<String> {
+    Ok(crate::limits::hash_file_capped(path, "file size")?.0)
 }
 
 /// The comment line (without `# `) by which a ledger names the release it describes:
