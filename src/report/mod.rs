@@ -148,15 +148,6 @@ impl Input {
             bytes,
         })
     }
-    /// An input from bytes already read.
-    pub fn from_bytes(role: &str, path: &str, data: &[u8]) -> Self {
-        Input {
-            role: role.to_string(),
-            path: path.to_string(),
-            sha256: sha256_hex(data),
-            bytes: data.len() as u64,
-        }
-    }
 }
 
 /// Lower-case hex SHA-256 of `data`.
