@@ -82,6 +82,9 @@ for f in compare_attacks_torch.py bench_dpsgd_torch_gpu.py train_mnist_dp_ddpm.s
 done
 [ -f "$C/mnist-dp.toml" ] && cp "$C/mnist-dp.toml" fixtures/splits/mnist-dp.toml
 PHASES=" ${PHASES:-eval tests auto compare dpsgd train} "
+# cuDNN's algorithm choices per shape are recorded here and reused by later runs
+# (src/models/algo_record.rs); the record comes back with the results.
+export DPAUDIT_CUDNN_RECORD=${DPAUDIT_CUDNN_RECORD:-$O/cudnn-algorithms.tsv}
 has() { [[ "$PHASES" == *" $1 "* ]]; }
 if has eval; then
 phase "correctness: model eval per precision vs the diffusers fixtures"
@@ -153,9 +156,16 @@ fi
 
 if has tests && [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integration" ]; then
   phase "cuda integration tests (attacks::cpu_and_cuda, attacks::device_cuda, diffusers::cuda_, diffusers::timing, diffusers::mia)"
-  mkdir -p /work/wt 2>/dev/null
-  [ -e /work/wt/gpu ] || ln -s "$R" /work/wt/gpu
-  (cd /work/wt/gpu && timeout 180 target-cuda/release/deps/integration attacks::cpu_and_cuda attacks::device_cuda \
+  # The test binary runs the dpaudit binary and reads fixtures/ at the absolute paths of its build
+  # (scripts/cuda-build.sh's CARGO_TARGET_DIR and checkout): recreate them as links.
+  TB=$(strings "$R/target-cuda/release/deps/integration" | grep -o '/[A-Za-z0-9_./-]*/release/dpaudit' | head -1)
+  TB=${TB:-/work/target-cuda/release/dpaudit}
+  ROOTB=$(strings "$R/target-cuda/release/deps/integration" | grep -o '/[A-Za-z0-9_./-]*DPAUDIT_BLESS' | head -1 | sed 's#DPAUDIT_BLESS$##')
+  ROOTB=${ROOTB:-/work/main}
+  echo "test binary expects dpaudit at ${TB:-?} and the checkout at ${ROOTB:-?}"
+  if [ -n "$TB" ] && [ ! -e "$TB" ]; then mkdir -p "$(dirname "$TB")" && ln -s "$BIN" "$TB"; fi
+  if [ -n "$ROOTB" ] && [ ! -e "$ROOTB" ]; then mkdir -p "$(dirname "$ROOTB")" && ln -s "$R" "$ROOTB"; fi
+  (cd "${ROOTB:-$R}" && timeout "$(atleast $(( $(left) - ${TESTS_AFTER:-5} )) 20)" target-cuda/release/deps/integration attacks::cpu_and_cuda attacks::device_cuda \
      diffusers::cuda_ diffusers::timing diffusers::mia_on_the_mnist --test-threads 2 2>&1 | tail -15)
 fi
 
@@ -169,10 +179,10 @@ if has compare; then
 phase "attack comparison vs PyTorch"
 ( nvidia-smi dmon -s um -d 1 > "$O/dmon.log" 2>&1 & echo $! > "$O/dmon.pid" ) 2>/dev/null
 if [ "$DEVICE" = cuda ]; then
-  RESERVE=15
-  { has dpsgd || has train || has candle; } && RESERVE=150
+  RESERVE=${RESERVE:-15}
+  { has dpsgd || has train || has candle; } && [ "$RESERVE" -lt 150 ] && RESERVE=150
   timeout "$(atleast $(( $(left) - RESERVE )) 60)" $PY scripts/compare_attacks_torch.py --device cuda --precisions "${PRECS_CMP:-fp32,tf32,bf16}" \
-    --dpaudit "$BIN" --n-mnist "${N_MNIST:-1024}" --n-cifar "${N_CIFAR:-256}" --batch 256 --rounds "${ROUNDS:-2}" --bootstrap 200 \
+    --dpaudit "$BIN" --models "${MODELS:-mnist,cifar}" --n-mnist "${N_MNIST:-1024}" --n-cifar "${N_CIFAR:-256}" --batch 256 --rounds "${ROUNDS:-2}" --bootstrap 200 \
     --attacks "${ATTACKS:-loss,secmi,pia}" ${FIXED:+--fixed-cost} --json "$O/compare_cuda.json" > "$O/compare_cuda.md" 2> "$O/compare_cuda.err"
 else
   timeout 600 $PY scripts/compare_attacks_torch.py --device cpu --threads 1 --dpaudit "$BIN" \
@@ -216,7 +226,7 @@ fi
 
 if has find && [ "$DEVICE" = cuda ]; then
 phase "CIFAR fp32 with cuDNN's measured algorithms (DPAUDIT_CUDNN_ALGO=find) against PyTorch"
-DPAUDIT_CUDNN_ALGO=find timeout "$(atleast $(( $(left) - 30 )) 30)" $PY scripts/compare_attacks_torch.py --device cuda --precisions fp32 \
+DPAUDIT_CUDNN_ALGO=find timeout "$(atleast $(( $(left) - 30 )) 30)" $PY scripts/compare_attacks_torch.py --device cuda --precisions "${PRECS_FIND:-fp32}" \
   --dpaudit "$BIN" --models cifar --n-cifar "${N_CIFAR:-256}" --batch 256 --rounds "${ROUNDS:-2}" --bootstrap 200 \
   --attacks secmi,pia ${FIXED:+--fixed-cost} --json "$O/compare_find.json" > "$O/compare_find.md" 2> "$O/compare_find.err"
 echo "rc $?"; cat "$O/compare_find.md"; tail -5 "$O/compare_find.err"

@@ -95,6 +95,57 @@ pub(crate) fn handle(dev: &CudaDevice) -> candle_core::Result<Arc<Cudnn>> {
     })
 }
 
+/// The algorithm numbered `a` in cuDNN's enumeration (a record's entry), if there is one.
+fn algo_from_i32(a: i32) -> Option<sys::cudnnConvolutionFwdAlgo_t> {
+    use sys::cudnnConvolutionFwdAlgo_t as A;
+    Some(match a {
+        0 => A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        1 => A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        2 => A::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        3 => A::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        4 => A::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        5 => A::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        6 => A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        7 => A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+        _ => return None,
+    })
+}
+
+/// The algorithm record's key of one convolution (`super::algo_record`): the GPU (name and
+/// compute capability), the cuDNN version, how the choice is made, data and math type, shape.
+/// `None` when the GPU cannot be named (then nothing is recorded or reused).
+fn record_key(
+    dev: &CudaDevice,
+    xd: [i32; 4],
+    wd: [i32; 4],
+    padding: usize,
+    stride: usize,
+    math: sys::cudnnMathType_t,
+    dtype: sys::cudnnDataType_t,
+) -> Option<String> {
+    thread_local! {
+        static GPU: RefCell<HashMap<DeviceId, Option<String>>> = RefCell::new(HashMap::new());
+    }
+    let gpu = GPU.with(|m| {
+        m.borrow_mut()
+            .entry(dev.id())
+            .or_insert_with(|| {
+                let ctx = dev.cuda_stream().context().clone();
+                let name = ctx.name().ok()?;
+                let (a, b) = ctx.compute_capability().ok()?;
+                // SAFETY: a plain query of the loaded library's version.
+                let v = unsafe { sys::cudnnGetVersion() };
+                Some(format!("{name}|cc{a}.{b}|cudnn{v}"))
+            })
+            .clone()
+    })?;
+    let how = if find_mode() { "measured" } else { "heuristic" };
+    Some(format!(
+        "{gpu}|{how}|data{}|math{}|x{xd:?}|w{wd:?}|pad{padding}|stride{stride}",
+        dtype as u32, math as u32
+    ))
+}
+
 fn cerr<E: std::fmt::Debug>(e: E) -> candle_core::Error {
     candle_core::Error::Msg(format!("cuDNN convolution: {e:?}"))
 }
@@ -212,7 +263,27 @@ impl CudnnConv2d {
             w: &w,
             y: &y,
         };
+        // A choice made for this GPU, cuDNN and shape by an earlier run (`super::algo_record`),
+        // used when cuDNN still accepts it for these descriptors.
+        let key = record_key(dev, xd, wd, self.padding, self.stride, self.math(), T::DATA_TYPE);
         let t0 = std::time::Instant::now();
+        if let Some(algo) = key
+            .as_deref()
+            .and_then(super::algo_record::lookup)
+            .and_then(algo_from_i32)
+        {
+            if let Ok(ws) = op.get_workspace_size(algo) {
+                crate::timing::add_within_time("cuDNN plan: algorithm from the record", t0);
+                return Ok(Plan {
+                    conv,
+                    x,
+                    w,
+                    y,
+                    algo,
+                    ws,
+                });
+            }
+        }
         let found = if find_mode() {
             // SAFETY: raw cuDNN calls on scratch buffers of the described sizes (see there).
             unsafe { self.find_algorithm::<T>(dev, xd, wd) }
@@ -224,6 +295,9 @@ impl CudnnConv2d {
             None => op.pick_algorithm().map_err(cerr)?,
         };
         crate::timing::add_within_time("cuDNN plan: algorithm choice", t0);
+        if let Some(k) = &key {
+            super::algo_record::store(k, algo as i32);
+        }
         let t0 = std::time::Instant::now();
         let ws = op.get_workspace_size(algo).map_err(cerr)?;
         crate::timing::add_within_time("cuDNN plan: workspace size", t0);

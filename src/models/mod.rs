@@ -23,8 +23,10 @@
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
 //! * [`precision`]: `--precision fp32|tf32|bf16` of the UNet forward on a GPU (cuDNN
 //!   convolutions with an explicit math type in `cudnn_conv`, feature `cudnn`).
+//! * [`algo_record`]: the per-machine record of cuDNN's convolution algorithm choices.
 //! * [`kernels`]: the CPU GEMM, exp and SiLU kernels of the diffusers UNet's CPU forward.
 
+pub mod algo_record;
 pub mod canary;
 pub mod checkpoint;
 #[cfg(feature = "cudnn")]
