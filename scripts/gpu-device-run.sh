@@ -155,7 +155,7 @@ fi
 fi
 
 if has tests && [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integration" ]; then
-  phase "cuda integration tests (attacks::cpu_and_cuda, attacks::device_cuda, diffusers::cuda_, diffusers::timing, diffusers::mia)"
+  phase "cuda integration tests (attacks::cpu_and_cuda, attacks::device_cuda, diffusers::cuda_, diffusers::cudnn_, diffusers::timing, diffusers::mia)"
   # The test binary runs the dpaudit binary and reads fixtures/ at the absolute paths of its build
   # (scripts/cuda-build.sh's CARGO_TARGET_DIR and checkout): recreate them as links.
   TB=$(strings "$R/target-cuda/release/deps/integration" | grep -o '/[A-Za-z0-9_./-]*/release/dpaudit' | head -1)
@@ -166,7 +166,7 @@ if has tests && [ "$DEVICE" = cuda ] && [ -x "$R/target-cuda/release/deps/integr
   if [ -n "$TB" ] && [ ! -e "$TB" ]; then mkdir -p "$(dirname "$TB")" && ln -s "$BIN" "$TB"; fi
   if [ -n "$ROOTB" ] && [ ! -e "$ROOTB" ]; then mkdir -p "$(dirname "$ROOTB")" && ln -s "$R" "$ROOTB"; fi
   (cd "${ROOTB:-$R}" && timeout "$(atleast $(( $(left) - ${TESTS_AFTER:-5} )) 20)" target-cuda/release/deps/integration attacks::cpu_and_cuda attacks::device_cuda \
-     diffusers::cuda_ diffusers::timing diffusers::mia_on_the_mnist --test-threads 2 2>&1 | tail -15)
+     diffusers::cuda_ diffusers::cudnn_ diffusers::timing diffusers::mia_on_the_mnist --test-threads 2 2>&1 | tail -15)
 fi
 
 if has auto; then

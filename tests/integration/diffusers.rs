@@ -184,6 +184,56 @@ fn cuda_attack_scores_match_the_cpu_record_by_record() {
     }
 }
 
+/// On a GPU (a `cudnn` build), cuDNN's algorithm choices are written to the record
+/// (`DPAUDIT_CUDNN_RECORD`) by the first run and taken from it by the next, which then searches
+/// for none and gives the same results; with the record off nothing is written. Skipped
+/// elsewhere.
+#[test]
+fn cudnn_algorithm_record_is_written_once_and_reused() {
+    if !cudnn_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("algorithms.tsv");
+    let run = |rec: &str| {
+        let out = tempfile::tempdir().unwrap();
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+            .args(super::common::MNIST_MIA)
+            .args(["--attack", "pia", "--timesteps", "50", "--max-examples", "8"])
+            .args(["--batch-size", "4", "--device", "cuda", "--quiet"])
+            .args(["--out", out.path().to_str().unwrap()])
+            .env("DPAUDIT_TIMING", "phases")
+            .env("DPAUDIT_CUDNN_RECORD", rec)
+            .env_remove("DPAUDIT_CUDNN_ALGO")
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("mia.json")).unwrap()).unwrap();
+        (stderr(&o), v["results"].clone())
+    };
+    let (first, a) = run(record.to_str().unwrap());
+    assert!(first.contains("cuDNN plan: algorithm choice "), "{first}");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let lines = text.lines().count();
+    assert!(
+        lines > 0 && text.lines().all(|l| l.starts_with("v1\t") && l.contains("|heuristic|")),
+        "{text}"
+    );
+    let (second, b) = run(record.to_str().unwrap());
+    assert!(second.contains("cuDNN plan: algorithm from the record "), "{second}");
+    assert!(!second.contains("cuDNN plan: algorithm choice "), "{second}");
+    assert_eq!(a, b);
+    // Nothing new to record the second time.
+    assert_eq!(std::fs::read_to_string(&record).unwrap().lines().count(), lines);
+    // Off: searched again, nothing written.
+    let (off, c) = run("off");
+    assert!(off.contains("cuDNN plan: algorithm choice "), "{off}");
+    assert_eq!(a, c);
+    assert_eq!(std::fs::read_to_string(&record).unwrap().lines().count(), lines);
+}
+
 /// `DPAUDIT_TIMING=1` says on stderr where a `mia` run's time goes (opening the device, loading
 /// the checkpoint in its parts and the data, every UNet forward,
 /// each attack's scoring, the metrics) and changes nothing in its results; `phases` leaves out
