@@ -1,4 +1,5 @@
 //! Attack benchmarks: exact ROC + AUC over 800 scores, one bootstrap interval (1000 resamples),
+//! one attack's metrics on 10,000 scores (`mia::evaluate`, 200 resamples per interval),
 //! the empirical denoiser over the 400 digits members for 800 queries, and the loss and SecMI
 //! scores of the shipped checkpoint (MLP, 312,896 parameters) on 800 rows, and the diffusers
 //! UNet forward of models/mnist-ddpm (batch 64, 28×28): the CPU forward against candle's kernels
@@ -26,6 +27,22 @@ fn bench(c: &mut Criterion) {
     });
     c.bench_function("bootstrap_auc_800x1000", |b| {
         b.iter(|| metrics::bootstrap(&pos, &neg, 1000, 0.95, 1, |p, n| Ok(metrics::auc(&metrics::roc(p, n)?))).unwrap())
+    });
+    // What one attack's metrics cost at the GPU comparison's size (10,000 MNIST records, 200
+    // resamples): `mia::evaluate`, three bootstraps, and once more for the shuffled-label test.
+    let pos10: Vec<f64> = (0..5000)
+        .map(|i| ((i as f64) * 0.37).sin() + 0.01 * (i % 7) as f64)
+        .collect();
+    let neg10: Vec<f64> = (0..5000).map(|i| ((i as f64) * 0.91).sin()).collect();
+    let mo = mia::MetricOpts {
+        bootstrap: 200,
+        level: 0.95,
+        delta: 1e-5,
+        alpha: 0.05,
+        seed: 0,
+    };
+    c.bench_function("evaluate_10000x200", |b| {
+        b.iter(|| mia::evaluate(AttackKind::Pia, 100, black_box(&pos10), black_box(&neg10), &mo, &[]).unwrap())
     });
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -44,37 +44,60 @@ fn check(pos: &[f64], neg: &[f64]) -> Result<()> {
 }
 
 /// The exact ROC of `pos` (members) against `neg` (non-members).
+///
+/// Each side is sorted on its own (descending, total order) and the two are merged, grouping
+/// equal scores: the same curve as sorting all scores together, without a labelled copy. Sorted
+/// input (the bootstrap's resamples, [`bootstrap`]) costs one pass.
 pub fn roc(pos: &[f64], neg: &[f64]) -> Result<Roc> {
     check(pos, neg)?;
-    let mut all: Vec<(f64, bool)> = pos
-        .iter()
-        .map(|&s| (s, true))
-        .chain(neg.iter().map(|&s| (s, false)))
-        .collect();
-    all.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let (np, nn) = (pos.len() as f64, neg.len() as f64);
+    let (p, n) = (sorted_desc(pos), sorted_desc(neg));
+    let (np, nn) = (p.len() as f64, n.len() as f64);
+    let points = p.len() + n.len() + 1;
     let mut r = Roc {
-        fpr: vec![0.0],
-        tpr: vec![0.0],
-        thresholds: vec![f64::INFINITY],
+        fpr: Vec::with_capacity(points),
+        tpr: Vec::with_capacity(points),
+        thresholds: Vec::with_capacity(points),
     };
+    r.fpr.push(0.0);
+    r.tpr.push(0.0);
+    r.thresholds.push(f64::INFINITY);
     let (mut tp, mut fp) = (0usize, 0usize);
-    let mut i = 0;
-    while i < all.len() {
-        let s = all[i].0;
-        while i < all.len() && all[i].0 == s {
-            if all[i].1 {
-                tp += 1;
-            } else {
-                fp += 1;
+    while tp < p.len() || fp < n.len() {
+        // The next threshold: the larger head (total order); every score equal to it moves.
+        let s = match (p.get(tp), n.get(fp)) {
+            (Some(&a), Some(&b)) => {
+                if a.total_cmp(&b).is_ge() {
+                    a
+                } else {
+                    b
+                }
             }
-            i += 1;
+            (Some(&a), None) => a,
+            (None, Some(&b)) => b,
+            (None, None) => unreachable!("loop condition"),
+        };
+        while tp < p.len() && p[tp] == s {
+            tp += 1;
+        }
+        while fp < n.len() && n[fp] == s {
+            fp += 1;
         }
         r.fpr.push(fp as f64 / nn);
         r.tpr.push(tp as f64 / np);
         r.thresholds.push(s);
     }
     Ok(r)
+}
+
+/// `v` sorted descending in the total order (borrowed when it already is).
+fn sorted_desc(v: &[f64]) -> std::borrow::Cow<'_, [f64]> {
+    if v.is_sorted_by(|a, b| b.total_cmp(a).is_le()) {
+        std::borrow::Cow::Borrowed(v)
+    } else {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| b.total_cmp(a));
+        std::borrow::Cow::Owned(v)
+    }
 }
 
 /// Area under the exact ROC (trapezoids; equals the Mann–Whitney statistic with ties ½).
@@ -190,7 +213,9 @@ pub struct Interval {
 /// Stratified bootstrap of `stat(pos, neg)`: members and non-members are resampled with
 /// replacement separately, `reps` times; the (1−level)/2 and (1+level)/2 percentiles.
 /// The resamples are drawn in order from one seeded stream and their statistics computed in
-/// parallel, so the interval does not depend on the number of threads.
+/// parallel, so the interval does not depend on the number of threads. Each resample reaches
+/// `stat` sorted (descending), so `stat` must depend only on the multisets of scores (the ROC
+/// statistics and [`asr_at`] do); the ROC of sorted input needs no sort.
 pub fn bootstrap<F>(pos: &[f64], neg: &[f64], reps: usize, level: f64, seed: u64, stat: F) -> Result<Interval>
 where
     F: Fn(&[f64], &[f64]) -> Result<f64> + Sync,
@@ -206,24 +231,32 @@ where
         crate::limits::Cost::new(8.0, crate::limits::BOOTSTRAP_SCORE.work * per_rep.max(1.0)),
     )?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xb007_57a9);
+    let (sp, sn) = (Ranked::new(pos)?, Ranked::new(neg)?);
     let mut vals = Vec::with_capacity(reps);
-    // Chunks of resamples: drawn in order, evaluated in parallel.
-    const CHUNK: usize = 64;
-    let mut done = 0;
-    while done < reps {
-        let m = CHUNK.min(reps - done);
-        let draws: Vec<(Vec<f64>, Vec<f64>)> = (0..m)
-            .map(|_| {
-                let bp: Vec<f64> = (0..pos.len()).map(|_| pos[rng.random_range(0..pos.len())]).collect();
-                let bn: Vec<f64> = (0..neg.len()).map(|_| neg[rng.random_range(0..neg.len())]).collect();
-                (bp, bn)
-            })
-            .collect();
-        let got: Vec<Result<f64>> = draws.par_iter().map(|(bp, bn)| stat(bp, bn)).collect();
+    // Chunks of resamples: drawn in order from the one stream while the chunk before is
+    // evaluated in parallel.
+    const CHUNK: usize = 32;
+    let mut draw = |m: usize| -> Vec<(Vec<usize>, Vec<usize>)> {
+        (0..m).map(|_| (sp.draw(&mut rng), sn.draw(&mut rng))).collect()
+    };
+    let mut next = draw(CHUNK.min(reps));
+    let mut drawn = next.len();
+    while !next.is_empty() {
+        let cur = std::mem::take(&mut next);
+        let m = CHUNK.min(reps - drawn);
+        let (got, more) = rayon::join(
+            || {
+                cur.par_iter()
+                    .map(|(dp, dn)| stat(&sp.resample(dp), &sn.resample(dn)))
+                    .collect::<Vec<Result<f64>>>()
+            },
+            || draw(m),
+        );
+        drawn += more.len();
+        next = more;
         for v in got {
             vals.push(v?);
         }
-        done += m;
     }
     vals.sort_by(f64::total_cmp);
     let q = |p: f64| {
@@ -235,6 +268,56 @@ where
         hi: q((1.0 + level) / 2.0),
         level,
     })
+}
+
+/// Scores sorted (descending, total order) with each original index's place among them: a
+/// resample drawn as original indices comes out sorted by counting.
+struct Ranked {
+    sorted: Vec<f64>,
+    place: Vec<usize>,
+}
+
+impl Ranked {
+    /// Counts are u32 (half the cache of usize): at most `u32::MAX` scores a side.
+    fn new(v: &[f64]) -> Result<Self> {
+        if u32::try_from(v.len()).is_err() {
+            return Err(Error::input(format!(
+                "bootstrap: {} scores on one side, above {}",
+                v.len(),
+                u32::MAX
+            )));
+        }
+        let mut order: Vec<usize> = (0..v.len()).collect();
+        order.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+        let mut place = vec![0; v.len()];
+        for (k, &i) in order.iter().enumerate() {
+            place[i] = k;
+        }
+        Ok(Ranked {
+            sorted: order.iter().map(|&i| v[i]).collect(),
+            place,
+        })
+    }
+
+    /// `len` draws with replacement: original indices, in the order `rng` gives them (the
+    /// stream's only sequential part).
+    fn draw(&self, rng: &mut ChaCha8Rng) -> Vec<usize> {
+        let n = self.sorted.len();
+        (0..n).map(|_| rng.random_range(0..n)).collect()
+    }
+
+    /// The scores drawn as `draws` (original indices), sorted by counting.
+    fn resample(&self, draws: &[usize]) -> Vec<f64> {
+        let mut count = vec![0u32; self.sorted.len()];
+        for &i in draws {
+            count[self.place[i]] += 1;
+        }
+        let mut out = Vec::with_capacity(draws.len());
+        for (&s, &c) in self.sorted.iter().zip(&count) {
+            out.extend(std::iter::repeat_n(s, c as usize));
+        }
+        out
+    }
 }
 
 pub use super::audit::{cp_upper, epsilon_from_rates};
@@ -352,6 +435,93 @@ mod tests {
         assert_eq!(epsilon_from_rates(0.5, 0.5, 0.0), 0.0);
         // FPR 0.1, FNR 0.3, δ 0: ln(0.9/0.3) = ln 3 vs ln(0.7/0.1) = ln 7.
         assert!((epsilon_from_rates(0.1, 0.3, 0.0) - 7f64.ln()).abs() < 1e-15);
+    }
+
+    /// The ROC as first written: all scores labelled, sorted together, equal scores grouped.
+    fn roc_reference(pos: &[f64], neg: &[f64]) -> Roc {
+        let mut all: Vec<(f64, bool)> = pos
+            .iter()
+            .map(|&s| (s, true))
+            .chain(neg.iter().map(|&s| (s, false)))
+            .collect();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let (np, nn) = (pos.len() as f64, neg.len() as f64);
+        let mut r = Roc {
+            fpr: vec![0.0],
+            tpr: vec![0.0],
+            thresholds: vec![f64::INFINITY],
+        };
+        let (mut tp, mut fp) = (0usize, 0usize);
+        let mut i = 0;
+        while i < all.len() {
+            let s = all[i].0;
+            while i < all.len() && all[i].0 == s {
+                if all[i].1 {
+                    tp += 1;
+                } else {
+                    fp += 1;
+                }
+                i += 1;
+            }
+            r.fpr.push(fp as f64 / nn);
+            r.tpr.push(tp as f64 / np);
+            r.thresholds.push(s);
+        }
+        r
+    }
+
+    /// The bootstrap as first written: each resample in draw order.
+    fn bootstrap_reference(pos: &[f64], neg: &[f64], reps: usize, level: f64, seed: u64) -> Interval {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xb007_57a9);
+        let mut vals: Vec<f64> = (0..reps)
+            .map(|_| {
+                let bp: Vec<f64> = (0..pos.len()).map(|_| pos[rng.random_range(0..pos.len())]).collect();
+                let bn: Vec<f64> = (0..neg.len()).map(|_| neg[rng.random_range(0..neg.len())]).collect();
+                auc(&roc_reference(&bp, &bn))
+            })
+            .collect();
+        vals.sort_by(f64::total_cmp);
+        let q = |p: f64| vals[((p * (reps - 1) as f64).round() as usize).min(reps - 1)];
+        Interval {
+            lo: q((1.0 - level) / 2.0),
+            hi: q((1.0 + level) / 2.0),
+            level,
+        }
+    }
+
+    /// The merged ROC and the counted resamples give exactly (bit for bit) what sorting all
+    /// scores together and resampling in draw order gave: with ties, ±0, infinities, one-sided
+    /// inputs and unequal sizes.
+    #[test]
+    fn merged_roc_and_sorted_resamples_equal_the_reference_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for case in 0..60 {
+            let (np, nn) = (1 + case % 13 * 7, 1 + case % 5 * 11);
+            let draw = |rng: &mut ChaCha8Rng| -> f64 {
+                match rng.random_range(0..10) {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => f64::INFINITY,
+                    3 => f64::NEG_INFINITY,
+                    4 => (rng.random_range(0..4) as f64) * 0.5,
+                    _ => rng.random::<f64>() * 2.0 - 1.0,
+                }
+            };
+            let pos: Vec<f64> = (0..np).map(|_| draw(&mut rng)).collect();
+            let neg: Vec<f64> = (0..nn).map(|_| draw(&mut rng)).collect();
+            let (a, b) = (roc(&pos, &neg).unwrap(), roc_reference(&pos, &neg));
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.fpr), bits(&b.fpr), "case {case}");
+            assert_eq!(bits(&a.tpr), bits(&b.tpr), "case {case}");
+            assert_eq!(bits(&a.thresholds), bits(&b.thresholds), "case {case}");
+            let ci = bootstrap(&pos, &neg, 50, 0.9, case as u64, |p, n| Ok(auc(&roc(p, n)?))).unwrap();
+            let want = bootstrap_reference(&pos, &neg, 50, 0.9, case as u64);
+            assert_eq!(
+                (ci.lo.to_bits(), ci.hi.to_bits()),
+                (want.lo.to_bits(), want.hi.to_bits()),
+                "case {case}"
+            );
+        }
     }
 
     #[test]
