@@ -391,8 +391,26 @@ def main():
     worst = min(rows, key=lambda r: r["ratio_median"])
     print(f"lowest median throughput ratio (process): {worst['ratio_median']:.2f}× ({worst['threads']} threads, "
           f"{worst['model']} {worst['attack']} {worst['precision']})")
+    if cuda:
+        for line in gpu_acceptance(rows):
+            print(line)
     if a.json:
         json.dump(dict(gpu=gpu, torch=torch.__version__, rows=rows), open(a.json, "w"), indent=1)
+
+
+def gpu_acceptance(rows):
+    """The issue's GPU targets per row, on the attack column (the same work as PyTorch's timed
+    loop) and on the scoring column: fp32 >= 1.0x PyTorch fp32, tf32 >= 0.9x PyTorch's default."""
+    need = {"fp32": 1.0, "tf32": 0.9}
+    out = ["", "GPU targets (fp32 >= 1.0x, tf32 >= 0.9x; attack column, then scoring column):"]
+    for r in rows:
+        if r["precision"] not in need:
+            continue
+        t = need[r["precision"]]
+        att, sco = r.get("attack_ratio_median"), r.get("scoring_ratio_median")
+        mark = lambda v: "–" if v is None else f"{v:.2f}x {'ok' if v >= t else 'BELOW'}"
+        out.append(f"  {r['model']} {r['attack']} {r['precision']}: attack {mark(att)}, scoring {mark(sco)}")
+    return out
 
 
 if __name__ == "__main__":
