@@ -251,32 +251,7 @@ pub const MAX_THREADS: usize = 256;
 /// ([`TEXT_INPUT_BYTE`]) before reading it, and reading at most that many bytes (a FIFO or
 /// `/dev/zero` has no size to check). Errors name the file.
 pub fn read_input_text(path: &Path) -> Result<String> {
-    let cap = memory_cap()?;
-    let max_bytes = (cap / TEXT_INPUT_BYTE.bytes).floor();
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
-    if let Ok(m) = file.metadata() {
-        if m.is_file() {
-            check("file size", m.len() as f64, TEXT_INPUT_BYTE).map_err(|e| e.with_file(path))?;
-        }
-    }
-    let mut buf = Vec::new();
-    (&file)
-        .take(max_bytes as u64 + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| Error::io(path, &e))?;
-    if buf.len() as f64 > max_bytes {
-        return Err(Error::field(
-            "file size",
-            format!(
-                "more than {} bytes were read, above the limit of {} bytes for a text input (memory cap {}; \
-                 raise it with {MEMORY_ENV}=<bytes, e.g. 16G>)",
-                fmt_count(max_bytes),
-                fmt_count(max_bytes),
-                human_bytes(cap)
-            ),
-        )
-        .with_file(path));
-    }
+    let buf = read_file_capped(path, "file size", TEXT_INPUT_BYTE)?;
     String::from_utf8(buf).map_err(|_| {
         Error::io(
             path,
@@ -312,9 +287,8 @@ pub fn read_file_capped(path: &Path, field: &str, per_byte: Cost) -> Result<Vec<
         return Err(Error::field(
             field,
             format!(
-                "more than {} bytes were read, above the limit of {} bytes (memory cap {}; \
+                "more than {} bytes were read, above the limit for this input (memory cap {}; \
                  raise it with {MEMORY_ENV}=<bytes, e.g. 16G>)",
-                fmt_count(max_bytes),
                 fmt_count(max_bytes),
                 human_bytes(cap)
             ),
@@ -353,9 +327,8 @@ pub fn hash_file_capped(path: &Path, field: &str) -> Result<(String, u64)> {
             return Err(Error::field(
                 field,
                 format!(
-                    "more than {} bytes were read, above the {} bytes the work cap allows hashing \
+                    "more than {} bytes were read, above what the work cap allows hashing \
                      (raise it with {WORK_ENV}=<operations, e.g. 1e12>)",
-                    fmt_count(max_bytes as f64),
                     fmt_count(max_bytes as f64)
                 ),
             )

@@ -184,6 +184,30 @@ fn cuda_attack_scores_match_the_cpu_record_by_record() {
     }
 }
 
+/// PIA at t = 50 on the first 8 members and 8 non-members of the MNIST split at batch 4, with
+/// `args` added and the environment changed by `env` (`None` removes a variable); returns
+/// stderr and the report's results.
+fn pia_on_16(args: &[&str], env: &[(&str, Option<&str>)]) -> (String, serde_json::Value) {
+    let out = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"));
+    cmd.args(super::common::MNIST_MIA)
+        .args(["--attack", "pia", "--timesteps", "50", "--max-examples", "8"])
+        .args(["--batch-size", "4", "--quiet", "--out", out.path().to_str().unwrap()])
+        .args(args)
+        .current_dir(root());
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("mia.json")).unwrap()).unwrap();
+    (stderr(&o), v["results"].clone())
+}
+
 /// On a GPU (a `cudnn` build), cuDNN's algorithm choices are written to the record
 /// (`DPAUDIT_CUDNN_RECORD`) by the first run and taken from it by the next, which then searches
 /// for none and gives the same results; with the record off nothing is written. Skipped
@@ -196,22 +220,14 @@ fn cudnn_algorithm_record_is_written_once_and_reused() {
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("algorithms.tsv");
     let run = |rec: &str| {
-        let out = tempfile::tempdir().unwrap();
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
-            .args(super::common::MNIST_MIA)
-            .args(["--attack", "pia", "--timesteps", "50", "--max-examples", "8"])
-            .args(["--batch-size", "4", "--device", "cuda", "--quiet"])
-            .args(["--out", out.path().to_str().unwrap()])
-            .env("DPAUDIT_TIMING", "phases")
-            .env("DPAUDIT_CUDNN_RECORD", rec)
-            .env_remove("DPAUDIT_CUDNN_ALGO")
-            .current_dir(root())
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.path().join("mia.json")).unwrap()).unwrap();
-        (stderr(&o), v["results"].clone())
+        pia_on_16(
+            &["--device", "cuda"],
+            &[
+                ("DPAUDIT_TIMING", Some("phases")),
+                ("DPAUDIT_CUDNN_RECORD", Some(rec)),
+                ("DPAUDIT_CUDNN_ALGO", None),
+            ],
+        )
     };
     let (first, a) = run(record.to_str().unwrap());
     assert!(first.contains("cuDNN plan: algorithm choice "), "{first}");
@@ -240,23 +256,7 @@ fn cudnn_algorithm_record_is_written_once_and_reused() {
 /// the forwards; without it no timing line appears.
 #[test]
 fn timing_lines_say_where_a_mia_run_spends_its_time() {
-    let run = |timing: &str| {
-        let out = tempfile::tempdir().unwrap();
-        let mut args = super::common::MNIST_MIA.to_vec();
-        let dir = out.path().to_str().unwrap().to_string();
-        args.extend_from_slice(&["--attack", "pia", "--timesteps", "50", "--max-examples", "8"]);
-        args.extend_from_slice(&["--batch-size", "4", "--quiet", "--out", &dir]);
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
-            .args(&args)
-            .env("DPAUDIT_TIMING", timing)
-            .current_dir(root())
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.path().join("mia.json")).unwrap()).unwrap();
-        (stderr(&o), v["results"].clone())
-    };
+    let run = |timing: &str| pia_on_16(&[], &[("DPAUDIT_TIMING", Some(timing))]);
     let (on, with) = run("1");
     let (off, without) = run("0");
     assert_eq!(with, without);
