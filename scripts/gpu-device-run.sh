@@ -22,9 +22,12 @@
 # fp32 comparison with candle's kernels instead of the CUDA UNet forward (DPAUDIT_UNET_CUDA=candle),
 # before/after on one card; ROUNDS (default 2, the first a warm-up) the comparison's rounds;
 # N_MNIST, N_CIFAR (default 1024, 256) its members and non-members each; ATTACKS its attacks;
-# FIXED=1 adds --fixed-cost. "find" compares CIFAR fp32 SecMI/PIA with DPAUDIT_CUDNN_ALGO=find
-# (cuDNN's measured algorithm per shape instead of its heuristic); "graph" compares MNIST
-# SecMI/PIA with DPAUDIT_CUDA_GRAPH=1 (the forward replayed from CUDA graphs).
+# FIXED=1 adds --fixed-cost. "heuristic" compares CIFAR SecMI/PIA at PRECS_HEUR (default fp32)
+# with DPAUDIT_CUDNN_ALGO=heuristic, "find" at PRECS_FIND (default tf32) with
+# DPAUDIT_CUDNN_ALGO=find: the other side of the default (fp32 measures its algorithms once per
+# machine into the record, tf32 and bf16 take cuDNN's heuristic; src/models/algo_record.rs);
+# "graph" compares MNIST SecMI/PIA with DPAUDIT_CUDA_GRAPH=1 (the forward replayed from CUDA
+# graphs).
 set -u
 T0=$(date +%s)
 DEADLINE=${1:-560}
@@ -224,13 +227,15 @@ for p in fp32 tf32; do
 done
 fi
 
-if has find && [ "$DEVICE" = cuda ]; then
-phase "CIFAR fp32 with cuDNN's measured algorithms (DPAUDIT_CUDNN_ALGO=find) against PyTorch"
-DPAUDIT_CUDNN_ALGO=find timeout "$(atleast $(( $(left) - 30 )) 30)" $PY scripts/compare_attacks_torch.py --device cuda --precisions "${PRECS_FIND:-fp32}" \
+for ab in heuristic find; do
+has "$ab" && [ "$DEVICE" = cuda ] || continue
+if [ "$ab" = heuristic ]; then PRECS_AB=${PRECS_HEUR:-fp32}; else PRECS_AB=${PRECS_FIND:-tf32}; fi
+phase "CIFAR $PRECS_AB with DPAUDIT_CUDNN_ALGO=$ab against PyTorch"
+DPAUDIT_CUDNN_ALGO=$ab timeout "$(atleast $(( $(left) - 30 )) 30)" $PY scripts/compare_attacks_torch.py --device cuda --precisions "$PRECS_AB" \
   --dpaudit "$BIN" --models cifar --n-cifar "${N_CIFAR:-256}" --batch 256 --rounds "${ROUNDS:-2}" --bootstrap 200 \
-  --attacks secmi,pia ${FIXED:+--fixed-cost} --json "$O/compare_find.json" > "$O/compare_find.md" 2> "$O/compare_find.err"
-echo "rc $?"; cat "$O/compare_find.md"; tail -5 "$O/compare_find.err"
-fi
+  --attacks secmi,pia ${FIXED:+--fixed-cost} --json "$O/compare_$ab.json" > "$O/compare_$ab.md" 2> "$O/compare_$ab.err"
+echo "rc $?"; cat "$O/compare_$ab.md"; tail -5 "$O/compare_$ab.err"
+done
 
 if has graph && [ "$DEVICE" = cuda ]; then
 phase "MNIST SecMI/PIA with the forward replayed from CUDA graphs (DPAUDIT_CUDA_GRAPH=1) against PyTorch"

@@ -208,10 +208,27 @@ fn pia_on_16(args: &[&str], env: &[(&str, Option<&str>)]) -> (String, serde_json
     (stderr(&o), v["results"].clone())
 }
 
-/// On a GPU (a `cudnn` build), cuDNN's algorithm choices are written to the record
-/// (`DPAUDIT_CUDNN_RECORD`) by the first run and taken from it by the next, which then searches
-/// for none and gives the same results; with the record off nothing is written. Skipped
-/// elsewhere.
+/// Numbers equal within `tol` (absolute), everything else equal.
+fn json_close(a: &serde_json::Value, b: &serde_json::Value, tol: f64) -> bool {
+    use serde_json::Value as V;
+    match (a, b) {
+        (V::Number(x), V::Number(y)) => {
+            (x.as_f64().unwrap_or(f64::NAN) - y.as_f64().unwrap_or(f64::NAN)).abs() <= tol || x == y
+        }
+        (V::Array(x), V::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_close(x, y, tol)),
+        (V::Object(x), V::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_close(v, w, tol)))
+        }
+        _ => a == b,
+    }
+}
+
+/// On a GPU (a `cudnn` build), cuDNN's algorithm choices, each an (algorithm, math type) pair,
+/// are written to the record (`DPAUDIT_CUDNN_RECORD`) by the first run and taken from it by the
+/// next, which then searches for none and gives the same results. By default fp32 measures its
+/// algorithms (a record keeps them) and tf32 takes the heuristic's; `DPAUDIT_CUDNN_ALGO=heuristic`
+/// forces the heuristic under keys of its own; with the record off nothing is written and fp32
+/// takes the heuristic. Skipped elsewhere.
 #[test]
 fn cudnn_algorithm_record_is_written_once_and_reused() {
     if !cudnn_gpu() {
@@ -219,35 +236,81 @@ fn cudnn_algorithm_record_is_written_once_and_reused() {
     }
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("algorithms.tsv");
-    let run = |rec: &str| {
+    let rec = record.to_str().unwrap();
+    let run = |rec: &str, algo: Option<&str>, precision: &str| {
         pia_on_16(
-            &["--device", "cuda"],
+            &["--device", "cuda", "--precision", precision],
             &[
                 ("DPAUDIT_TIMING", Some("phases")),
                 ("DPAUDIT_CUDNN_RECORD", Some(rec)),
-                ("DPAUDIT_CUDNN_ALGO", None),
+                ("DPAUDIT_CUDNN_ALGO", algo),
             ],
         )
     };
-    let (first, a) = run(record.to_str().unwrap());
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    // Every line is `v2 ⇥ key ⇥ algorithm ⇥ math type`, both numbers in cuDNN's enumerations.
+    let well_formed = |l: &str| {
+        let f: Vec<&str> = l.split('\t').collect();
+        f.len() == 4
+            && f[0] == "v2"
+            && f[2].parse::<u32>().is_ok_and(|a| a < 8)
+            && f[3].parse::<u32>().is_ok_and(|m| m < 4)
+    };
+    // fp32, default: measured, recorded; the next run takes the record.
+    let (first, a) = run(rec, None, "fp32");
     assert!(first.contains("cuDNN plan: algorithm choice "), "{first}");
-    let text = std::fs::read_to_string(&record).unwrap();
-    let lines = text.lines().count();
-    assert!(
-        lines > 0 && text.lines().all(|l| l.starts_with("v1\t") && l.contains("|heuristic|")),
-        "{text}"
-    );
-    let (second, b) = run(record.to_str().unwrap());
+    let measured = lines();
+    assert!(!measured.is_empty(), "{first}");
+    for l in &measured {
+        assert!(well_formed(l) && l.contains("|measured|"), "{l}");
+        // fp32 runs with IEEE products only (CUDNN_FMA_MATH = 3).
+        assert!(l.ends_with("\t3"), "{l}");
+    }
+    let (second, b) = run(rec, None, "fp32");
     assert!(second.contains("cuDNN plan: algorithm from the record "), "{second}");
     assert!(!second.contains("cuDNN plan: algorithm choice "), "{second}");
     assert_eq!(a, b);
-    // Nothing new to record the second time.
-    assert_eq!(std::fs::read_to_string(&record).unwrap().lines().count(), lines);
-    // Off: searched again, nothing written.
-    let (off, c) = run("off");
+    assert_eq!(lines(), measured, "nothing new to record the second time");
+    // The heuristic, forced: keys of its own, then reused.
+    let (h1, c) = run(rec, Some("heuristic"), "fp32");
+    assert!(h1.contains("cuDNN plan: algorithm choice "), "{h1}");
+    let after = lines();
+    assert!(after.len() > measured.len() && after.starts_with(&measured));
+    for l in &after[measured.len()..] {
+        assert!(well_formed(l) && l.contains("|heuristic|") && l.ends_with("\t3"), "{l}");
+    }
+    assert!(json_close(&a, &c, 1e-4), "measured {a}\nheuristic {c}");
+    let (h2, d) = run(rec, Some("heuristic"), "fp32");
+    assert!(!h2.contains("cuDNN plan: algorithm choice "), "{h2}");
+    assert_eq!(c, d);
+    assert_eq!(lines(), after);
+    // Off: fp32 takes the heuristic (nothing would keep a measurement), the same choice as
+    // recorded, and nothing is written.
+    let (off, e) = run("off", None, "fp32");
     assert!(off.contains("cuDNN plan: algorithm choice "), "{off}");
-    assert_eq!(a, c);
-    assert_eq!(std::fs::read_to_string(&record).unwrap().lines().count(), lines);
+    assert_eq!(c, e);
+    assert_eq!(lines(), after);
+    // tf32, default: the heuristic, recorded under tf32's math type (CUDNN_DEFAULT_MATH = 0).
+    // (The run's fp32 re-scoring of a sample may add fp32 lines of its own batch shape.)
+    let (t, _) = run(rec, None, "tf32");
+    assert!(t.contains("cuDNN plan: algorithm choice "), "{t}");
+    let tf32 = lines();
+    let new = &tf32[after.len()..];
+    assert!(new.iter().any(|l| l.contains("|math0|")), "{new:?}");
+    for l in new {
+        assert!(well_formed(l), "{l}");
+        assert!(!l.contains("|math0|") || l.contains("|heuristic|"), "{l}");
+    }
+    // A setting not understood is named on stderr and the run goes on with `auto`.
+    let (w, f) = run(rec, Some("fastest"), "fp32");
+    assert!(w.contains("DPAUDIT_CUDNN_ALGO=\"fastest\""), "{w}");
+    assert_eq!(a, f);
 }
 
 /// `DPAUDIT_TIMING=1` says on stderr where a `mia` run's time goes (opening the device, loading
