@@ -329,9 +329,11 @@ impl CudnnConv2d {
         }
         // SAFETY: raw cuDNN calls on descriptors and scratch buffers of the described sizes
         // (see there).
-        let (algo, math) = match unsafe { self.choose::<T>(dev, xd, wd, search) } {
+        let chosen = unsafe { self.choose::<T>(dev, xd, wd, search) };
+        let (algo, math) = match chosen {
             Some(c) => c,
-            // cudarc's heuristic pick, run with the precision's own math type.
+            // cudarc's heuristic pick, run with the precision's own math type (not recorded:
+            // a later run tries the search again).
             None => (
                 ConvForward {
                     conv: &conv,
@@ -346,7 +348,7 @@ impl CudnnConv2d {
         };
         conv.set_math_type(math).map_err(cerr)?;
         crate::timing::add_within_time("cuDNN plan: algorithm choice", t0);
-        if let Some(k) = &key {
+        if let (Some(k), Some(_)) = (&key, chosen) {
             super::algo_record::store(
                 k,
                 Choice {
@@ -380,8 +382,9 @@ impl CudnnConv2d {
     }
 
     /// cuDNN's choice for one shape, as an (algorithm, math type) pair: the first of cuDNN's
-    /// ranking that succeeded, is deterministic (repeating it repeats its result) and has a math
-    /// type this precision allows ([`Self::math_allowed`]). The pair matters: PyTorch's note
+    /// ranking that succeeded and has a math type this precision allows
+    /// ([`Self::math_allowed`]); when measured, also deterministic (repeating it repeats its
+    /// result; the heuristic's first pair is taken as cudarc's `pick_algorithm` takes it). The pair matters: PyTorch's note
     /// "behavior of cudnnFind and cudnnGet" (aten/src/ATen/native/cudnn/Conv_v7.cpp) records that
     /// cuDNN runs a slower kernel when the algorithm runs with another math type than the one it
     /// was ranked with, and cudarc's `pick_algorithm` returns the algorithm alone.
@@ -551,7 +554,7 @@ impl CudnnConv2d {
             .iter()
             .find(|q| {
                 q.status == OK
-                    && q.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC
+                    && (search == Search::Heuristic || q.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC)
                     && self.math_allowed(q.mathType)
             })
             .map(|q| (q.algo, q.mathType))
