@@ -66,8 +66,8 @@ impl Search {
 /// measured for fp32 when a record keeps the result (the measurement is paid once per machine,
 /// GPU, cuDNN version and shape, and later runs take the same algorithms, so the same scores),
 /// the heuristic otherwise. Why fp32 only: on the H100 (docs/attacks.md § On a GPU) the measured
-/// choice made CIFAR-sized fp32 convolutions 1.5–2.1× faster than the heuristic's, and at tf32
-/// it was slower. The second value is a warning for a setting not understood (then `auto`).
+/// choice made SecMI and PIA on the CIFAR-sized UNet at fp32 1.6–2.1× faster than the heuristic's,
+/// and at tf32 it was slower. The second value is a warning for a setting not understood (then `auto`).
 pub fn search_for(setting: Option<&str>, fp32: bool, recorded: bool) -> (Search, Option<String>) {
     let auto = if fp32 && recorded {
         Search::Measured
