@@ -21,7 +21,8 @@
 //! Where: `DPAUDIT_CUDNN_RECORD` (a file; empty or `off`: no record), else
 //! `$XDG_CACHE_HOME/dpaudit/cudnn-algorithms.tsv`, else `$HOME/.cache/dpaudit/…`; no record when
 //! none is set. A record that cannot be read or written is skipped (one line on stderr), never
-//! an error: it only saves time.
+//! an error: it only saves time. One that cannot be written counts as none, so fp32 takes the
+//! heuristic rather than measuring again, perhaps differently, on every run.
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -149,22 +150,53 @@ struct Record {
 
 fn record() -> &'static Mutex<Record> {
     static R: OnceLock<Mutex<Record>> = OnceLock::new();
-    R.get_or_init(|| {
-        let path = path();
-        let mut warned = false;
-        let map = match &path {
-            Some(p) if p.exists() => match read(p) {
-                Ok(m) => m,
-                Err(e) => {
-                    eprintln!("note: cuDNN algorithm record not used: {e}");
+    R.get_or_init(|| Mutex::new(open(path())))
+}
+
+/// The record at `path`: its choices when the file exists and can be read. A file that cannot
+/// be appended to (its folder cannot be made, or it cannot be opened for appending) keeps
+/// nothing, so it counts as no record ([`on_file`] is false, and `auto` takes the heuristic, the
+/// same choice every run, rather than measuring again every run); its readable choices are still
+/// used. Each problem is one note on stderr.
+fn open(path: Option<PathBuf>) -> Record {
+    let mut warned = false;
+    let map = match &path {
+        Some(p) if p.exists() => match read(p) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("note: cuDNN algorithm record not used: {e}");
+                warned = true;
+                HashMap::new()
+            }
+        },
+        _ => HashMap::new(),
+    };
+    let path = match path {
+        Some(p) => match appendable(&p) {
+            Ok(()) => Some(p),
+            Err(e) => {
+                if !warned {
+                    eprintln!(
+                        "note: cuDNN algorithm record {} cannot be written ({e}): choices are not kept",
+                        p.display()
+                    );
                     warned = true;
-                    HashMap::new()
                 }
-            },
-            _ => HashMap::new(),
-        };
-        Mutex::new(Record { path, map, warned })
-    })
+                None
+            }
+        },
+        None => None,
+    };
+    Record { path, map, warned }
+}
+
+/// Whether `p` can take appended lines: its folder made if missing, the file opened for
+/// appending (created empty if missing; nothing is written).
+fn appendable(p: &Path) -> std::io::Result<()> {
+    if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::OpenOptions::new().create(true).append(true).open(p).map(drop)
 }
 
 fn read(p: &Path) -> crate::error::Result<HashMap<String, Choice>> {
@@ -172,7 +204,8 @@ fn read(p: &Path) -> crate::error::Result<HashMap<String, Choice>> {
     Ok(parse(&String::from_utf8_lossy(&bytes)))
 }
 
-/// Whether choices are kept in a file (so a measurement is paid once per machine).
+/// Whether choices are kept in a file that can be written (so a measurement is paid once per
+/// machine).
 pub fn on_file() -> bool {
     record().lock().unwrap_or_else(|p| p.into_inner()).path.is_some()
 }
@@ -191,9 +224,6 @@ pub fn store(key: &str, choice: Choice) {
     r.map.insert(key.to_string(), choice);
     let Some(p) = r.path.clone() else { return };
     let res = (|| -> std::io::Result<()> {
-        if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
         // One short line per append (O_APPEND), so concurrent runs interleave whole lines.
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&p)?;
         f.write_all(line(key, choice).as_bytes())
@@ -270,5 +300,28 @@ mod tests {
             Some(PathBuf::from("/h/.cache/dpaudit/cudnn-algorithms.tsv"))
         );
         assert_eq!(path_from(None, None, None), None);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_written_keeps_nothing_and_counts_as_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Choice { algo: 6, math: 3 };
+        // Missing folders are made; the file is created empty, and its choices come back.
+        let p = dir.path().join("a/b/record.tsv");
+        let r = open(Some(p.clone()));
+        assert_eq!(r.path.as_deref(), Some(p.as_path()));
+        assert!(r.map.is_empty() && !r.warned);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "");
+        std::fs::write(&p, line("k", c)).unwrap();
+        assert_eq!(open(Some(p.clone())).map["k"], c);
+        // Below a plain file no folder can be made: no record, one note.
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, "x").unwrap();
+        let r = open(Some(blocker.join("record.tsv")));
+        assert!(r.path.is_none() && r.map.is_empty() && r.warned);
+        // A folder in place of the file cannot be opened for appending.
+        let r = open(Some(dir.path().join("a")));
+        assert!(r.path.is_none() && r.warned);
+        assert!(open(None).path.is_none());
     }
 }
