@@ -1,7 +1,7 @@
 //! CPU kernels for the diffusers UNet forward ([`super::unet2d`]): a bounds-checked strided
 //! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
 //! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
-//! softmax, attention for small head dimensions and the Winograd F(2×2, 3×3) transforms.
+//! softmax, attention for small head dimensions and the Winograd F(4×4, 3×3) transforms.
 //!
 //! The crate's only `unsafe` code is here, in two forms. (1) `gemm::gemm` takes raw pointers and
 //! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
@@ -640,170 +640,276 @@ mod x86 {
     }
 }
 
-avx2_dispatch! {
-    /// Winograd F(2×2, 3×3) input transform (Lavin & Gray 2016, "Fast Algorithms for
-    /// Convolutional Neural Networks", eq. 8: V = Bᵀ d B) of the tile row `ty` of one h × w plane
-    /// of a stride-1, padding-1 3 × 3 convolution: tile tx reads input rows 2ty − 1 … 2ty + 2 and
-    /// columns 2tx − 1 … 2tx + 2 (zero outside the plane) and writes its 16 values to
-    /// `v[ξ·xs + tx]`, ξ = 4i + j. `tmp` holds at least 8·(⌈w/2⌉ + 1) floats.
-    pub fn wino_input(plane: &[f32], h: usize, w: usize, ty: usize, v: &mut [f32], xs: usize, tmp: &mut [f32]) => wino_input_impl
+/// The six rows of the F(4×4, 3×3) input matrix Bᵀ (Lavin & Gray 2016, §4.2; interpolation
+/// points 0, ±1, ±2, ∞) applied elementwise to six inputs: `o[j][k] = Σᵢ Bᵀ[j][i]·d[i][k]`.
+#[inline(always)]
+fn b_t6(o: [&mut [f32]; 6], d: [&[f32]; 6]) {
+    let [o0, o1, o2, o3, o4, o5] = o;
+    let n = o0.len();
+    let (o1, o2, o3, o4, o5) = (&mut o1[..n], &mut o2[..n], &mut o3[..n], &mut o4[..n], &mut o5[..n]);
+    let (d0, d1, d2, d3, d4, d5) = (&d[0][..n], &d[1][..n], &d[2][..n], &d[3][..n], &d[4][..n], &d[5][..n]);
+    for k in 0..n {
+        let (x0, x1, x2, x3, x4, x5) = (d0[k], d1[k], d2[k], d3[k], d4[k], d5[k]);
+        o0[k] = 4.0 * x0 - 5.0 * x2 + x4;
+        o1[k] = (x4 + x3) - 4.0 * (x1 + x2);
+        o2[k] = (x4 - x3) + 4.0 * (x1 - x2);
+        o3[k] = (x4 - x2) + 2.0 * (x3 - x1);
+        o4[k] = (x4 - x2) - 2.0 * (x3 - x1);
+        o5[k] = 4.0 * x1 - 5.0 * x3 + x5;
+    }
 }
 
+/// The four rows of the F(4×4, 3×3) output matrix Aᵀ applied elementwise to six inputs.
 #[inline(always)]
-fn wino_input_impl<const F: bool>(
-    plane: &[f32],
+fn a_t4(o: [&mut [f32]; 4], d: [&[f32]; 6]) {
+    let [o0, o1, o2, o3] = o;
+    let n = o0.len();
+    let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
+    let (d0, d1, d2, d3, d4, d5) = (&d[0][..n], &d[1][..n], &d[2][..n], &d[3][..n], &d[4][..n], &d[5][..n]);
+    for k in 0..n {
+        let (x0, x1, x2, x3, x4, x5) = (d0[k], d1[k], d2[k], d3[k], d4[k], d5[k]);
+        let (sp, sm, tp, tm) = (x1 + x2, x1 - x2, x3 + x4, x3 - x4);
+        o0[k] = x0 + sp + tp;
+        o1[k] = sm + 2.0 * tm;
+        o2[k] = sp + 4.0 * tp;
+        o3[k] = (sm + 8.0 * tm) + x5;
+    }
+}
+
+/// Six consecutive rows `l` long of `s`.
+#[inline(always)]
+fn split6(s: &[f32], l: usize) -> [&[f32]; 6] {
+    let s = &s[..6 * l];
+    [&s[..l], &s[l..2 * l], &s[2 * l..3 * l], &s[3 * l..4 * l], &s[4 * l..5 * l], &s[5 * l..]]
+}
+
+/// Six disjoint rows `len` long of `v`, the first at `first`, each `stride` (≥ `len`) after the
+/// one before.
+#[inline(always)]
+fn rows6(v: &mut [f32], first: usize, stride: usize, len: usize) -> [&mut [f32]; 6] {
+    let v = &mut v[first..first + 5 * stride + len];
+    let (a, v) = v.split_at_mut(stride);
+    let (b, v) = v.split_at_mut(stride);
+    let (c, v) = v.split_at_mut(stride);
+    let (d, v) = v.split_at_mut(stride);
+    let (e, f) = v.split_at_mut(stride);
+    [&mut a[..len], &mut b[..len], &mut c[..len], &mut d[..len], &mut e[..len], f]
+}
+
+/// Four disjoint rows, as [`rows6`].
+#[inline(always)]
+fn rows4(v: &mut [f32], first: usize, stride: usize, len: usize) -> [&mut [f32]; 4] {
+    let v = &mut v[first..first + 3 * stride + len];
+    let (a, v) = v.split_at_mut(stride);
+    let (b, v) = v.split_at_mut(stride);
+    let (c, d) = v.split_at_mut(stride);
+    [&mut a[..len], &mut b[..len], &mut c[..len], d]
+}
+
+/// Floats of scratch [`wino4_input`] and [`wino4_output`] need for `rows` tile rows of a plane
+/// `w` wide.
+pub fn wino4_scratch(rows: usize, w: usize) -> usize {
+    let tw = w.div_ceil(4);
+    72 * rows * tw + 4 * (tw + 1)
+}
+
+avx2_dispatch! {
+    /// Winograd F(4×4, 3×3) input transform (Lavin & Gray 2016, §4.2: V = Bᵀ d B on 6 × 6
+    /// tiles) of the tile rows `r0..r1` of one channel of a stride-1, padding-1 3 × 3
+    /// convolution. `chan` holds the channel's h × w planes, one per image; tile row r is row
+    /// ty = r mod ⌈h/4⌉ of image ⌊r / ⌈h/4⌉⌋, and its tile tx reads input rows 4ty − 1 … 4ty + 4
+    /// and columns 4tx − 1 … 4tx + 4 (zero outside the plane). Tile (r, tx) writes its 36 values
+    /// to `v[ξ·xs + (r − r0)·⌈w/4⌉ + tx]`, ξ = 6i + j. The transforms run on all the tiles at
+    /// once, so their vectors are as long as the tile rows' tiles. `tmp`: [`wino4_scratch`].
+    pub fn wino4_input(chan: &[f32], h: usize, w: usize, r0: usize, r1: usize, v: &mut [f32], xs: usize, tmp: &mut [f32]) => wino4_input_impl
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn wino4_input_impl<const F: bool>(
+    chan: &[f32],
     h: usize,
     w: usize,
-    ty: usize,
+    r0: usize,
+    r1: usize,
     v: &mut [f32],
     xs: usize,
     tmp: &mut [f32],
 ) {
-    let (tw, full) = (w.div_ceil(2), w / 2);
-    let n = tw + 1;
-    // The padded row p[k] = x[k − 1] split by parity: e[j] = p[2j], o[j] = p[2j + 1]; then tile
-    // tx's four columns are e[tx], o[tx], e[tx + 1], o[tx + 1].
-    let (e, o) = tmp[..8 * n].split_at_mut(4 * n);
-    for r in 0..4 {
-        let (er, or) = (&mut e[r * n..(r + 1) * n], &mut o[r * n..(r + 1) * n]);
-        let iy = (2 * ty + r).wrapping_sub(1);
-        if iy >= h {
-            er.fill(0.0);
-            or.fill(0.0);
-            continue;
-        }
-        let row = &plane[iy * w..(iy + 1) * w];
-        er[0] = 0.0;
-        let pairs = row.chunks_exact(2);
-        let rem = pairs.remainder();
-        for ((ov, ev), p) in or.iter_mut().zip(er[1..].iter_mut()).zip(pairs) {
-            *ov = p[0];
-            *ev = p[1];
-        }
-        if let [last] = rem {
-            or[full] = *last;
-            or[full + 1..].fill(0.0);
-            er[full + 1..].fill(0.0);
-        } else {
-            or[full..].fill(0.0);
-        }
-    }
-    // Bᵀ along y, on both parities: (d0 − d2, d1 + d2, d2 − d1, d1 − d3).
-    for a in [&mut *e, &mut *o] {
-        let (d0, rest) = a.split_at_mut(n);
-        let (d1, rest) = rest.split_at_mut(n);
-        let (d2, d3) = rest.split_at_mut(n);
-        for (((a0, a1), a2), a3) in d0.iter_mut().zip(d1.iter_mut()).zip(d2.iter_mut()).zip(d3.iter_mut()) {
-            let (x0, x1, x2, x3) = (*a0, *a1, *a2, *a3);
-            *a0 = x0 - x2;
-            *a1 = x1 + x2;
-            *a2 = x2 - x1;
-            *a3 = x1 - x3;
+    let (th, tw, full) = (h.div_ceil(4), w.div_ceil(4), w / 4);
+    let (n, l) = (tw + 1, (r1 - r0) * tw);
+    let (d, rest) = tmp.split_at_mut(36 * l);
+    let (e, ph) = rest.split_at_mut(36 * l);
+    let ph = &mut ph[..4 * n];
+    // d[(6·rr + c)·l + (r − r0)·tw + tx]: the padded input at row rr, column c of tile (r, tx).
+    for r in r0..r1 {
+        let (b, ty) = (r / th, r % th);
+        let plane = &chan[b * h * w..(b + 1) * h * w];
+        let o = (r - r0) * tw;
+        for rr in 0..6 {
+            let iy = (4 * ty + rr).wrapping_sub(1);
+            if iy >= h {
+                for c in 0..6 {
+                    d[(6 * rr + c) * l + o..][..tw].fill(0.0);
+                }
+                continue;
+            }
+            // The padded row p[k] = x[k − 1] split by phase: ph[m·n + j] = p[4j + m]; tile tx's
+            // columns are phases 0, 1, 2, 3 at j = tx and phases 0, 1 at j = tx + 1.
+            ph.fill(0.0);
+            let row = &plane[iy * w..(iy + 1) * w];
+            let [e0, e1, e2, e3] = rows4(ph, 0, n, n);
+            let quads = row.chunks_exact(4);
+            let rem = quads.remainder();
+            for (c, q) in quads.enumerate() {
+                e1[c] = q[0];
+                e2[c] = q[1];
+                e3[c] = q[2];
+                e0[c + 1] = q[3];
+            }
+            for (e, &x) in [e1, e2, e3].into_iter().zip(rem) {
+                e[full] = x;
+            }
+            for c in 0..6 {
+                let at = (c % 4) * n + c / 4;
+                d[(6 * rr + c) * l + o..][..tw].copy_from_slice(&ph[at..at + tw]);
+            }
         }
     }
-    // B along x: (c0 − c2, c1 + c2, c2 − c1, c1 − c3) with c = (e[tx], o[tx], e[tx+1], o[tx+1]).
-    for i in 0..4 {
-        let (te, to) = (&e[i * n..(i + 1) * n], &o[i * n..(i + 1) * n]);
-        let base = 4 * i * xs;
-        for ((d, &a), &b) in v[base..base + tw].iter_mut().zip(&te[..tw]).zip(&te[1..]) {
-            *d = a - b;
-        }
-        for ((d, &a), &b) in v[base + xs..base + xs + tw].iter_mut().zip(&to[..tw]).zip(&te[1..]) {
-            *d = a + b;
-        }
-        for ((d, &a), &b) in v[base + 2 * xs..base + 2 * xs + tw]
-            .iter_mut()
-            .zip(&te[1..])
-            .zip(&to[..tw])
-        {
-            *d = a - b;
-        }
-        for ((d, &a), &b) in v[base + 3 * xs..base + 3 * xs + tw]
-            .iter_mut()
-            .zip(&to[..tw])
-            .zip(&to[1..])
-        {
-            *d = a - b;
-        }
+    // Along x: e[(6·rr + j)·l + k] = Σ_c Bᵀ[j][c]·d[(6·rr + c)·l + k].
+    for rr in 0..6 {
+        b_t6(rows6(e, 6 * rr * l, l, l), split6(&d[6 * rr * l..], l));
     }
-}
-
-/// top = r0 + r1 + r2, bottom = r1 − r2 − r3 (the rows of Aᵀ applied to four rows).
-#[inline(always)]
-fn a_t(top: &mut [f32], bottom: &mut [f32], r0: &[f32], r1: &[f32], r2: &[f32], r3: &[f32]) {
-    for (((((t, b), &x0), &x1), &x2), &x3) in top.iter_mut().zip(bottom.iter_mut()).zip(r0).zip(r1).zip(r2).zip(r3) {
-        *t = x0 + x1 + x2;
-        *b = x1 - x2 - x3;
+    // Along y: v[(6i + j)·xs + k] = Σ_rr Bᵀ[i][rr]·e[(6·rr + j)·l + k].
+    for j in 0..6 {
+        let col: [&[f32]; 6] = [
+            &e[j * l..][..l],
+            &e[(6 + j) * l..][..l],
+            &e[(12 + j) * l..][..l],
+            &e[(18 + j) * l..][..l],
+            &e[(24 + j) * l..][..l],
+            &e[(30 + j) * l..][..l],
+        ];
+        b_t6(rows6(v, j * xs, 6 * xs, l), col);
     }
 }
 
 avx2_dispatch! {
-    /// Winograd F(2×2, 3×3) output transform (Lavin & Gray 2016, eq. 8: Y = Aᵀ M A) of the tile
-    /// row `ty`: tile tx's 16 products `m[ξ·xs + tx]` become the 2 × 2 outputs at rows 2ty, 2ty + 1
-    /// and columns 2tx, 2tx + 1 of the h × w plane `out`, added to what is there (outputs past the
-    /// plane's edge are dropped). `tmp` holds at least 12·⌈w/2⌉ floats.
-    pub fn wino_output(m: &[f32], xs: usize, out: &mut [f32], h: usize, w: usize, ty: usize, tmp: &mut [f32]) => wino_output_impl
+    /// Winograd F(4×4, 3×3) output transform (Lavin & Gray 2016, §4.2: Y = Aᵀ M A) of the tile
+    /// rows `r0..r1` of one output channel (tiles as in [`wino4_input`]): tile (r, tx)'s 36
+    /// products `m[ξ·xs + (r − r0)·⌈w/4⌉ + tx]` become the 4 × 4 outputs at rows 4ty … 4ty + 3
+    /// and columns 4tx … 4tx + 3 of its image's h × w plane in `chan`, added to what is there
+    /// (outputs past the plane's edge are dropped). `tmp`: [`wino4_scratch`].
+    pub fn wino4_output(m: &[f32], xs: usize, chan: &mut [f32], h: usize, w: usize, r0: usize, r1: usize, tmp: &mut [f32]) => wino4_output_impl
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn wino4_output_impl<const F: bool>(
+    m: &[f32],
+    xs: usize,
+    chan: &mut [f32],
+    h: usize,
+    w: usize,
+    r0: usize,
+    r1: usize,
+    tmp: &mut [f32],
+) {
+    let (th, tw, full) = (h.div_ceil(4), w.div_ceil(4), w / 4);
+    let l = (r1 - r0) * tw;
+    let (s, y) = tmp[..40 * l].split_at_mut(24 * l);
+    // Along y: s[(6a + j)·l + k] = Σ_i Aᵀ[a][i]·m[(6i + j)·xs + k].
+    for j in 0..6 {
+        let col: [&[f32]; 6] = [
+            &m[j * xs..][..l],
+            &m[(6 + j) * xs..][..l],
+            &m[(12 + j) * xs..][..l],
+            &m[(18 + j) * xs..][..l],
+            &m[(24 + j) * xs..][..l],
+            &m[(30 + j) * xs..][..l],
+        ];
+        a_t4(rows4(s, j * l, 6 * l, l), col);
+    }
+    // Along x: y[(4a + c)·l + k] = Σ_j Aᵀ[c][j]·s[(6a + j)·l + k] = output (4ty + a, 4tx + c).
+    for a in 0..4 {
+        a_t4(rows4(y, 4 * a * l, l, l), split6(&s[6 * a * l..], l));
+    }
+    for r in r0..r1 {
+        let (b, ty) = (r / th, r % th);
+        let plane = &mut chan[b * h * w..(b + 1) * h * w];
+        let o = (r - r0) * tw;
+        for a in 0..4 {
+            let oy = 4 * ty + a;
+            if oy >= h {
+                break;
+            }
+            let yr = |c: usize| &y[(4 * a + c) * l + o..][..tw];
+            let (y0, y1, y2, y3) = (yr(0), yr(1), yr(2), yr(3));
+            let orow = &mut plane[oy * w..(oy + 1) * w];
+            let mut quads = orow.chunks_exact_mut(4);
+            for ((((q, &v0), &v1), &v2), &v3) in (&mut quads).zip(y0).zip(y1).zip(y2).zip(y3) {
+                q[0] += v0;
+                q[1] += v1;
+                q[2] += v2;
+                q[3] += v3;
+            }
+            for (o, yc) in quads.into_remainder().iter_mut().zip([y0, y1, y2]) {
+                *o += yc[full];
+            }
+        }
+    }
+}
+
+avx2_dispatch! {
+    /// Winograd F(4×4, 3×3) weight transform (Lavin & Gray 2016, §4.2: U = G g Gᵀ with the
+    /// 6 × 3 G of points 0, ±1, ±2, ∞, in f64) of a [cout, cin, 3, 3] kernel into 36 matrices
+    /// [ξ][cout][cin], ξ = 6i + j.
+    pub fn wino4_weights(w: &[f32], cout: usize, cin: usize) -> Vec<f32> => wino4_weights_impl
 }
 
 #[inline(always)]
-fn wino_output_impl<const F: bool>(
-    m: &[f32],
-    xs: usize,
-    out: &mut [f32],
-    h: usize,
-    w: usize,
-    ty: usize,
-    tmp: &mut [f32],
-) {
-    let tw = w.div_ceil(2);
-    let mr = |xi: usize| &m[xi * xs..xi * xs + tw];
-    let (s, y) = tmp[..12 * tw].split_at_mut(8 * tw);
-    // Along x: s[(2i + c)·tw + tx] = (Aᵀ row c) · (m[4i], …, m[4i + 3]).
-    for i in 0..4 {
-        let (s0, s1) = s[2 * i * tw..(2 * i + 2) * tw].split_at_mut(tw);
-        a_t(s0, s1, mr(4 * i), mr(4 * i + 1), mr(4 * i + 2), mr(4 * i + 3));
-    }
-    // Along y: y[(2a + c)·tw + tx] = output (2ty + a, 2tx + c).
-    let sr = |i: usize, c: usize| &s[(2 * i + c) * tw..(2 * i + c + 1) * tw];
-    let (y0, rest) = y.split_at_mut(tw);
-    let (y1, rest) = rest.split_at_mut(tw);
-    let (y2, y3) = rest.split_at_mut(tw);
-    a_t(y0, y2, sr(0, 0), sr(1, 0), sr(2, 0), sr(3, 0));
-    a_t(y1, y3, sr(0, 1), sr(1, 1), sr(2, 1), sr(3, 1));
-    let full = w / 2;
-    for (dy, (ya, yb)) in [(&*y0, &*y1), (&*y2, &*y3)].into_iter().enumerate() {
-        let oy = 2 * ty + dy;
-        if oy >= h {
-            break;
-        }
-        let orow = &mut out[oy * w..(oy + 1) * w];
-        let mut pairs = orow.chunks_exact_mut(2);
-        for ((p, &a), &b) in (&mut pairs).zip(ya).zip(yb) {
-            p[0] += a;
-            p[1] += b;
-        }
-        if let [last] = pairs.into_remainder() {
-            *last += ya[full];
-        }
-    }
-}
-
-/// Winograd F(2×2, 3×3) weight transform (Lavin & Gray 2016, eq. 8: U = G g Gᵀ, in f64) of a
-/// [cout, cin, 3, 3] kernel into 16 matrices [ξ][cout][cin], ξ = 4i + j.
-pub fn wino_weights(w: &[f32], cout: usize, cin: usize) -> Vec<f32> {
-    const G: [[f64; 3]; 4] = [[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]];
-    let mut u = vec![0f32; 16 * cout * cin];
-    for (pair, g) in w.chunks_exact(9).enumerate().take(cout * cin) {
-        let mut t = [[0f64; 3]; 4];
-        for (i, ti) in t.iter_mut().enumerate() {
-            for (b, tib) in ti.iter_mut().enumerate() {
-                *tib = (0..3).map(|a| G[i][a] * g[3 * a + b] as f64).sum();
+fn wino4_weights_impl<const F: bool>(w: &[f32], cout: usize, cin: usize) -> Vec<f32> {
+    const G: [[f64; 3]; 6] = [
+        [1.0 / 4.0, 0.0, 0.0],
+        [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+        [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+        [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+        [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+        [0.0, 0.0, 1.0],
+    ];
+    let p = cout * cin;
+    let mut u = vec![0f32; 36 * p];
+    // In blocks of pairs, each kernel element as a row over the block (so every step below runs
+    // along contiguous rows): g[q][pair], then t = G g ([i][b]), then u = t Gᵀ.
+    const BLOCK: usize = 256;
+    let mut g = vec![0f64; 9 * BLOCK];
+    let mut t = vec![0f64; 18 * BLOCK];
+    for p0 in (0..p).step_by(BLOCK) {
+        let nb = BLOCK.min(p - p0);
+        for (k, kernel) in w[9 * p0..9 * (p0 + nb)].chunks_exact(9).enumerate() {
+            for (q, &x) in kernel.iter().enumerate() {
+                g[q * BLOCK + k] = x as f64;
             }
         }
-        for i in 0..4 {
-            for j in 0..4 {
-                let v: f64 = (0..3).map(|b| t[i][b] * G[j][b]).sum();
-                u[(4 * i + j) * cout * cin + pair] = v as f32;
+        for i in 0..6 {
+            for b in 0..3 {
+                let ti = &mut t[(3 * i + b) * BLOCK..][..nb];
+                ti.fill(0.0);
+                for a in 0..3 {
+                    let c = G[i][a];
+                    for (y, &x) in ti.iter_mut().zip(&g[(3 * a + b) * BLOCK..][..nb]) {
+                        *y += c * x;
+                    }
+                }
+            }
+        }
+        for i in 0..6 {
+            for j in 0..6 {
+                let out = &mut u[(6 * i + j) * p + p0..][..nb];
+                let (t0, t1, t2) = (&t[3 * i * BLOCK..][..nb], &t[(3 * i + 1) * BLOCK..][..nb], &t[(3 * i + 2) * BLOCK..][..nb]);
+                for k in 0..nb {
+                    out[k] = (t0[k] * G[j][0] + t1[k] * G[j][1] + t2[k] * G[j][2]) as f32;
+                }
             }
         }
     }
@@ -1112,75 +1218,69 @@ mod tests {
         }
     }
 
-    /// Winograd F(2×2, 3×3) through the three transforms equals the direct 3 × 3 convolution with
-    /// zero padding 1, on even and odd plane sizes.
+    /// Winograd F(4×4, 3×3) through its three transforms equals the direct 3 × 3 convolution
+    /// with zero padding 1 (in f64), on plane sizes that are and are not multiples of 4, for two
+    /// images, with every tile row at once and in groups of one and three rows (groups that
+    /// span both images); the scratch starts as NaN, so a value read before it is written shows.
     #[test]
     fn winograd_tiles_equal_the_direct_convolution() {
-        for (h, w) in [(6, 8), (5, 7), (1, 1), (4, 3)] {
-            let (cin, cout) = (3, 2);
+        for (h, w) in [(6, 8), (5, 7), (1, 1), (4, 3), (8, 8), (9, 13), (16, 4)] {
+            let (cin, cout, nb) = (3, 2, 2);
             let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
-            let x: Vec<f32> = (0..cin * h * w).map(|i| val(1, i)).collect();
+            let x: Vec<f32> = (0..cin * nb * h * w).map(|i| val(1, i)).collect();
             let g: Vec<f32> = (0..cout * cin * 9).map(|i| val(2, i)).collect();
-            let u = wino_weights(&g, cout, cin);
-            let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
-            let mut out = vec![0.5f32; cout * h * w];
-            let mut tmp = vec![0f32; 12 * (tw + 1)];
-            for ty in 0..th {
-                // V [16][cin][tw], M [16][cout][tw].
-                let mut v = vec![0f32; 16 * cin * tw];
-                for ci in 0..cin {
-                    wino_input(
-                        &x[ci * h * w..(ci + 1) * h * w],
-                        h,
-                        w,
-                        ty,
-                        &mut v[ci * tw..],
-                        cin * tw,
-                        &mut tmp,
-                    );
-                }
-                let mut m = vec![0f32; 16 * cout * tw];
-                for xi in 0..16 {
-                    for co in 0..cout {
-                        for t in 0..tw {
-                            m[xi * cout * tw + co * tw + t] = (0..cin)
-                                .map(|ci| u[xi * cout * cin + co * cin + ci] * v[xi * cin * tw + ci * tw + t])
-                                .sum();
+            let u = wino4_weights(&g, cout, cin);
+            let (th, tw, hw) = (h.div_ceil(4), w.div_ceil(4), h * w);
+            let rows = nb * th;
+            for per in [rows, 1, 3] {
+                let mut out = vec![0.5f32; cout * nb * hw];
+                let mut tmp = vec![f32::NAN; wino4_scratch(per, w)];
+                for r0 in (0..rows).step_by(per) {
+                    let r1 = (r0 + per).min(rows);
+                    let nt = (r1 - r0) * tw;
+                    let mut v = vec![f32::NAN; 36 * cin * nt];
+                    for ci in 0..cin {
+                        let chan = &x[ci * nb * hw..(ci + 1) * nb * hw];
+                        wino4_input(chan, h, w, r0, r1, &mut v[ci * nt..], cin * nt, &mut tmp);
+                    }
+                    let mut m = vec![0f32; 36 * cout * nt];
+                    for xi in 0..36 {
+                        for co in 0..cout {
+                            for k in 0..nt {
+                                m[(xi * cout + co) * nt + k] = (0..cin)
+                                    .map(|ci| u[(xi * cout + co) * cin + ci] * v[(xi * cin + ci) * nt + k])
+                                    .sum();
+                            }
                         }
+                    }
+                    for co in 0..cout {
+                        let chan = &mut out[co * nb * hw..(co + 1) * nb * hw];
+                        wino4_output(&m[co * nt..], cout * nt, chan, h, w, r0, r1, &mut tmp);
                     }
                 }
                 for co in 0..cout {
-                    wino_output(
-                        &m[co * tw..],
-                        cout * tw,
-                        &mut out[co * h * w..(co + 1) * h * w],
-                        h,
-                        w,
-                        ty,
-                        &mut tmp,
-                    );
-                }
-            }
-            for co in 0..cout {
-                for y in 0..h {
-                    for xx in 0..w {
-                        let mut want = 0.5f64;
-                        for ci in 0..cin {
-                            for dy in 0..3 {
-                                for dx in 0..3 {
-                                    let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
-                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
-                                        want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
-                                            * x[(ci * h + iy as usize) * w + ix as usize] as f64;
+                    for b in 0..nb {
+                        for y in 0..h {
+                            for xx in 0..w {
+                                let mut want = 0.5f64;
+                                for ci in 0..cin {
+                                    for dy in 0..3 {
+                                        for dx in 0..3 {
+                                            let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
+                                            if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                                want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
+                                                    * x[(ci * nb + b) * hw + iy as usize * w + ix as usize] as f64;
+                                            }
+                                        }
                                     }
                                 }
+                                let got = out[(co * nb + b) * hw + y * w + xx] as f64;
+                                assert!(
+                                    (got - want).abs() < 2e-5,
+                                    "F(4x4, 3x3) {h}x{w} per {per}: out[{co}, {b}, {y}, {xx}] = {got}, want {want}"
+                                );
                             }
                         }
-                        let got = out[(co * h + y) * w + xx] as f64;
-                        assert!(
-                            (got - want).abs() < 1e-5,
-                            "{h}x{w} out[{co}, {y}, {xx}] = {got}, want {want}"
-                        );
                     }
                 }
             }

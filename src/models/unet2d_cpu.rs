@@ -15,9 +15,11 @@
 //! * **im2col by shifted planes** (one contiguous copy per plane and tap, wrapped edges zeroed),
 //!   in tiles of whole images or of output rows whose column matrix stays in L2 (512 KB), in one
 //!   buffer reused for the whole forward.
-//! * **Winograd F(2×2, 3×3)** for the 3 × 3 "same" convolutions with ≥ 128 input channels (most
-//!   of a CIFAR-sized UNet's arithmetic): 16 GEMMs of depth cin on transformed 4 × 4 tiles
-//!   instead of one of depth 9·cin, 2.25× fewer multiplications (Lavin & Gray 2016).
+//! * **Winograd F(4×4, 3×3)** for the 3 × 3 "same" convolutions with ≥ 128 input channels (most
+//!   of a CIFAR-sized UNet's arithmetic): 36 GEMMs of depth cin on transformed 6 × 6 tiles
+//!   instead of one of depth 9·cin, 4× fewer multiplications (Lavin & Gray 2016, §4.2). The
+//!   transforms run on a channel's whole group of tile rows at once (long vectors); the
+//!   transformed weights take 4× the memory of the kernels.
 //! * **Fused epilogues**: the bias (plus the time embedding, for `default` time conditioning) is
 //!   the GEMM's initial value; the residual (or its 1×1 shortcut) is the second convolution's
 //!   initial value; group norm, the scale/shift of `scale_shift` conditioning and the activation
@@ -37,7 +39,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::super::kernels::{
-    affine, attend_small, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino_input, wino_output, wino_weights, Head,
+    affine, attend_small, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino4_input, wino4_output, wino4_scratch, wino4_weights, Head,
     Mat, SMALL_HEAD_MAX,
 };
 use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
@@ -58,11 +60,16 @@ const CHUNK_BUDGET: usize = 1 << 20;
 const CACHED_CHUNK_BUDGET: usize = 1 << 17;
 /// Parameters (floats) of a model whose weights every task can re-read from cache (4 MB).
 const CACHED_WEIGHTS: usize = 1 << 20;
-/// Transformed-input budget of one Winograd tile group, in floats (1 MB: 16 × cin × tiles).
-const WINO_BUDGET: usize = 1 << 18;
-/// Fewest input channels for which a 3 × 3 "same" convolution runs as Winograd F(2×2, 3×3):
-/// with fewer, its 16 GEMMs of depth cin are too shallow to gain from doing 2.25× fewer
-/// multiplications.
+/// Budget of one Winograd tile group's transformed input or output, in floats
+/// (8 MB: 36 × max(cin, cout) × tiles). Each group's 36 GEMMs re-read all 36 transformed weight
+/// matrices, so a larger group reads them less often and gives the GEMMs more columns: on the
+/// DDPM-CIFAR10 architecture (1 thread, 16 images) a forward took 1.05 s with this budget,
+/// 1.07 s with 4 MB and 1.13 s with 16 MB (the fastest of 3–6 runs each, on a shared 2-core
+/// machine; F(2×2, 3×3) with a 1 MB budget, before: 1.30 s).
+const WINO_BUDGET: usize = 1 << 21;
+/// Fewest input channels for which a 3 × 3 "same" convolution runs as Winograd F(4×4, 3×3):
+/// with fewer, its 36 GEMMs of depth cin are too shallow to gain from doing 4× fewer
+/// multiplications (models/mnist-ddpm, 16–32 channels, was 10–20 % slower with them).
 const WINO_MIN_CIN: usize = 128;
 
 fn host(t: &Tensor) -> Result<Vec<f32>> {
@@ -72,7 +79,7 @@ fn host(t: &Tensor) -> Result<Vec<f32>> {
 struct Conv {
     /// [cout, cin·k²] (empty when `wino` holds the transformed weights instead).
     w: Vec<f32>,
-    /// The Winograd F(2×2, 3×3) weights [16][cout][cin] of a stride-1, padding-1 3 × 3 kernel.
+    /// The Winograd F(4×4, 3×3) weights [36][cout][cin] of a stride-1, padding-1 3 × 3 kernel.
     wino: Option<Vec<f32>>,
     b: Vec<f32>,
     cin: usize,
@@ -94,7 +101,7 @@ impl Conv {
         let mut w = host(c.weight())?;
         let (pad_lo, pad_hi) = (cfg.padding, cfg.padding + pad_hi_extra);
         let wino = (k == 3 && cfg.stride == 1 && pad_lo == 1 && pad_hi == 1 && cin >= wino_min_cin).then(|| {
-            let u = wino_weights(&w, cout, cin);
+            let u = wino4_weights(&w, cout, cin);
             w = Vec::new();
             u
         });
@@ -478,45 +485,34 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
     }
 }
 
-/// A stride-1, padding-1 3 × 3 convolution as Winograd F(2×2, 3×3) (Lavin & Gray 2016): per
-/// group of tile rows (2 output rows × all columns, over the chunk's images), the input transform
-/// V [16][cin][tiles], 16 GEMMs M[ξ] = U[ξ] V[ξ] ([cout][tiles]), and the output transform added
-/// into `out`: 2.25× fewer multiplications than the direct convolution.
+/// A stride-1, padding-1 3 × 3 convolution as Winograd F(4×4, 3×3) (Lavin & Gray 2016, §4.2):
+/// per group of tile rows (4 output rows × all columns, over the chunk's images), the input
+/// transform V [36][cin][tiles], 36 GEMMs M[ξ] = U[ξ] V[ξ] ([cout][tiles]), and the output
+/// transform added into `out`: 4× fewer multiplications than the direct convolution.
 fn wino_conv(ctx: &mut Ctx, cv: &Conv, u: &[f32], x: &Feat, out: &mut [f32]) {
     let nb = ctx.nb;
     let Scratch { col, acc, .. } = &mut ctx.s;
     let (h, w, hw) = (x.h, x.w, x.hw());
-    let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
+    let (th, tw) = (h.div_ceil(4), w.div_ceil(4));
     let rows = nb * th;
-    let per = (WINO_BUDGET / (16 * cv.cin.max(cv.cout) * tw)).clamp(1, rows);
-    let mut tmp = vec![0f32; 12 * (tw + 1)];
+    let per = (WINO_BUDGET / (36 * cv.cin.max(cv.cout) * tw)).clamp(1, rows);
+    let mut tmp = vec![0f32; wino4_scratch(per, w)];
     for r0 in (0..rows).step_by(per) {
         let r1 = (r0 + per).min(rows);
         let nt = (r1 - r0) * tw;
-        if col.len() < 16 * cv.cin * nt {
-            col.resize(16 * cv.cin * nt, 0.0);
+        if col.len() < 36 * cv.cin * nt {
+            col.resize(36 * cv.cin * nt, 0.0);
         }
-        if acc.len() < 16 * cv.cout * nt {
-            acc.resize(16 * cv.cout * nt, 0.0);
+        if acc.len() < 36 * cv.cout * nt {
+            acc.resize(36 * cv.cout * nt, 0.0);
         }
-        let v = &mut col[..16 * cv.cin * nt];
+        let v = &mut col[..36 * cv.cin * nt];
         for ci in 0..cv.cin {
-            for r in r0..r1 {
-                let (b, ty) = (r / th, r % th);
-                let plane = &x.d[(ci * nb + b) * hw..][..hw];
-                wino_input(
-                    plane,
-                    h,
-                    w,
-                    ty,
-                    &mut v[ci * nt + (r - r0) * tw..],
-                    cv.cin * nt,
-                    &mut tmp,
-                );
-            }
+            let chan = &x.d[ci * nb * hw..(ci + 1) * nb * hw];
+            wino4_input(chan, h, w, r0, r1, &mut v[ci * nt..], cv.cin * nt, &mut tmp);
         }
-        let m = &mut acc[..16 * cv.cout * nt];
-        for xi in 0..16 {
+        let m = &mut acc[..36 * cv.cout * nt];
+        for xi in 0..36 {
             sgemm(
                 cv.cout,
                 nt,
@@ -530,11 +526,8 @@ fn wino_conv(ctx: &mut Ctx, cv: &Conv, u: &[f32], x: &Feat, out: &mut [f32]) {
             );
         }
         for co in 0..cv.cout {
-            for r in r0..r1 {
-                let (b, ty) = (r / th, r % th);
-                let o = &mut out[(co * nb + b) * hw..][..hw];
-                wino_output(&m[co * nt + (r - r0) * tw..], cv.cout * nt, o, h, w, ty, &mut tmp);
-            }
+            let chan = &mut out[co * nb * hw..(co + 1) * nb * hw];
+            wino4_output(&m[co * nt..], cv.cout * nt, chan, h, w, r0, r1, &mut tmp);
         }
     }
 }
@@ -1230,7 +1223,7 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
             assert!(diff <= 1e-5 * scale.max(1.0), "{name}: batch of one differs by {diff}");
-            // Every 3 × 3 "same" convolution as Winograd F(2×2, 3×3) (the fixtures are narrower
+            // Every 3 × 3 "same" convolution as Winograd F(4×4, 3×3) (the fixtures are narrower
             // than WINO_MIN_CIN, so the default build runs few or none of them that way).
             let wino = CpuUnet::build(&ck.model, 1).unwrap();
             let tf = ck.model.time_features_host(&t).unwrap();
