@@ -680,7 +680,14 @@ fn a_t4(o: [&mut [f32]; 4], d: [&[f32]; 6]) {
 #[inline(always)]
 fn split6(s: &[f32], l: usize) -> [&[f32]; 6] {
     let s = &s[..6 * l];
-    [&s[..l], &s[l..2 * l], &s[2 * l..3 * l], &s[3 * l..4 * l], &s[4 * l..5 * l], &s[5 * l..]]
+    [
+        &s[..l],
+        &s[l..2 * l],
+        &s[2 * l..3 * l],
+        &s[3 * l..4 * l],
+        &s[4 * l..5 * l],
+        &s[5 * l..],
+    ]
 }
 
 /// Six disjoint rows `len` long of `v`, the first at `first`, each `stride` (≥ `len`) after the
@@ -693,7 +700,14 @@ fn rows6(v: &mut [f32], first: usize, stride: usize, len: usize) -> [&mut [f32];
     let (c, v) = v.split_at_mut(stride);
     let (d, v) = v.split_at_mut(stride);
     let (e, f) = v.split_at_mut(stride);
-    [&mut a[..len], &mut b[..len], &mut c[..len], &mut d[..len], &mut e[..len], f]
+    [
+        &mut a[..len],
+        &mut b[..len],
+        &mut c[..len],
+        &mut d[..len],
+        &mut e[..len],
+        f,
+    ]
 }
 
 /// Four disjoint rows, as [`rows6`].
@@ -933,7 +947,11 @@ fn wino4_weights_impl<const F: bool>(w: &[f32], cout: usize, cin: usize) -> Vec<
         for i in 0..6 {
             for j in 0..6 {
                 let out = &mut u[(6 * i + j) * p + p0..][..nb];
-                let (t0, t1, t2) = (&t[3 * i * BLOCK..][..nb], &t[(3 * i + 1) * BLOCK..][..nb], &t[(3 * i + 2) * BLOCK..][..nb]);
+                let (t0, t1, t2) = (
+                    &t[3 * i * BLOCK..][..nb],
+                    &t[(3 * i + 1) * BLOCK..][..nb],
+                    &t[(3 * i + 2) * BLOCK..][..nb],
+                );
                 for k in 0..nb {
                     out[k] = (t0[k] * G[j][0] + t1[k] * G[j][1] + t2[k] * G[j][2]) as f32;
                 }
@@ -1293,7 +1311,8 @@ mod tests {
                                 for ci in 0..cin {
                                     for dy in 0..3 {
                                         for dx in 0..3 {
-                                            let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
+                                            let (iy, ix) =
+                                                (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
                                             if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
                                                 want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
                                                     * x[(ci * nb + b) * hw + iy as usize * w + ix as usize] as f64;

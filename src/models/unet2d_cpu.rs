@@ -39,8 +39,8 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::super::kernels::{
-    affine, attend_small, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino4_input, wino4_output, wino4_scratch, wino4_weights, Head,
-    Mat, SMALL_HEAD_MAX,
+    affine, attend_small, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino4_input, wino4_output, wino4_scratch,
+    wino4_weights, Head, Mat, SMALL_HEAD_MAX,
 };
 use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
 use crate::error::{Error, Result};
@@ -929,20 +929,22 @@ impl CpuUnet {
 
     /// [`CpuUnet::new`] with Winograd for every eligible convolution with ≥ `wm` input channels.
     fn build(m: &Unet2dModel, wm: usize) -> Result<Self> {
-        let down = m
-            .down
-            .iter()
-            .map(|d| {
-                let dn = match &d.down {
-                    None => None,
-                    Some(Down::Conv(c, pad)) => Some(CDown::Conv(Conv::new(c, usize::from(*pad == 0), wm)?)),
-                    Some(Down::Resnet(r)) => Some(CDown::Res(Box::new(Res::new(r, wm)?))),
-                };
-                Ok((CBlock::new(&d.block.resnets, &d.block.attentions, wm)?, dn))
-            })
-            .collect::<Result<_>>()?;
-        let up =
-            m.up.iter()
+        // Blocks built in parallel (the Winograd weight transforms are most of the work).
+        let down = || -> Result<Vec<_>> {
+            m.down
+                .par_iter()
+                .map(|d| {
+                    let dn = match &d.down {
+                        None => None,
+                        Some(Down::Conv(c, pad)) => Some(CDown::Conv(Conv::new(c, usize::from(*pad == 0), wm)?)),
+                        Some(Down::Resnet(r)) => Some(CDown::Res(Box::new(Res::new(r, wm)?))),
+                    };
+                    Ok((CBlock::new(&d.block.resnets, &d.block.attentions, wm)?, dn))
+                })
+                .collect()
+        };
+        let up = || -> Result<Vec<_>> {
+            m.up.par_iter()
                 .map(|u| {
                     let upm = match &u.up {
                         None => None,
@@ -951,15 +953,20 @@ impl CpuUnet {
                     };
                     Ok((CBlock::new(&u.block.resnets, &u.block.attentions, wm)?, upm))
                 })
-                .collect::<Result<_>>()?;
-        let mid = match &m.mid {
-            None => None,
-            Some(mb) => Some((
-                Res::new(&mb.first, wm)?,
-                mb.attention.as_ref().map(Attn::new).transpose()?,
-                Res::new(&mb.second, wm)?,
-            )),
+                .collect()
         };
+        let mid = || -> Result<_> {
+            Ok(match &m.mid {
+                None => None,
+                Some(mb) => Some((
+                    Res::new(&mb.first, wm)?,
+                    mb.attention.as_ref().map(Attn::new).transpose()?,
+                    Res::new(&mb.second, wm)?,
+                )),
+            })
+        };
+        let ((down, up), mid) = rayon::join(|| rayon::join(down, up), mid);
+        let (down, up, mid) = (down?, up?, mid?);
         Ok(CpuUnet {
             lin1: Lin::new(&m.time_linear_1)?,
             lin2: Lin::new(&m.time_linear_2)?,
