@@ -729,27 +729,26 @@ pub fn wino4_scratch(rows: usize, w: usize) -> usize {
 
 avx2_dispatch! {
     /// Winograd F(4×4, 3×3) input transform (Lavin & Gray 2016, §4.2: V = Bᵀ d B on 6 × 6
-    /// tiles) of the tile rows `r0..r1` of one channel of a stride-1, padding-1 3 × 3
+    /// tiles) of the tile rows `rows` (r0..r1) of one channel of a stride-1, padding-1 3 × 3
     /// convolution. `chan` holds the channel's h × w planes, one per image; tile row r is row
     /// ty = r mod ⌈h/4⌉ of image ⌊r / ⌈h/4⌉⌋, and its tile tx reads input rows 4ty − 1 … 4ty + 4
     /// and columns 4tx − 1 … 4tx + 4 (zero outside the plane). Tile (r, tx) writes its 36 values
     /// to `v[ξ·xs + (r − r0)·⌈w/4⌉ + tx]`, ξ = 6i + j. The transforms run on all the tiles at
     /// once, so their vectors are as long as the tile rows' tiles. `tmp`: [`wino4_scratch`].
-    pub fn wino4_input(chan: &[f32], h: usize, w: usize, r0: usize, r1: usize, v: &mut [f32], xs: usize, tmp: &mut [f32]) => wino4_input_impl
+    pub fn wino4_input(chan: &[f32], h: usize, w: usize, rows: std::ops::Range<usize>, v: &mut [f32], xs: usize, tmp: &mut [f32]) => wino4_input_impl
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn wino4_input_impl<const F: bool>(
     chan: &[f32],
     h: usize,
     w: usize,
-    r0: usize,
-    r1: usize,
+    rows: std::ops::Range<usize>,
     v: &mut [f32],
     xs: usize,
     tmp: &mut [f32],
 ) {
+    let (r0, r1) = (rows.start, rows.end);
     let (th, tw, full) = (h.div_ceil(4), w.div_ceil(4), w / 4);
     let (n, l) = (tw + 1, (r1 - r0) * tw);
     let (d, rest) = tmp.split_at_mut(36 * l);
@@ -810,14 +809,13 @@ fn wino4_input_impl<const F: bool>(
 
 avx2_dispatch! {
     /// Winograd F(4×4, 3×3) output transform (Lavin & Gray 2016, §4.2: Y = Aᵀ M A) of the tile
-    /// rows `r0..r1` of one output channel (tiles as in [`wino4_input`]): tile (r, tx)'s 36
+    /// rows `rows` (r0..r1) of one output channel (tiles as in [`wino4_input`]): tile (r, tx)'s 36
     /// products `m[ξ·xs + (r − r0)·⌈w/4⌉ + tx]` become the 4 × 4 outputs at rows 4ty … 4ty + 3
     /// and columns 4tx … 4tx + 3 of its image's h × w plane in `chan`, added to what is there
     /// (outputs past the plane's edge are dropped). `tmp`: [`wino4_scratch`].
-    pub fn wino4_output(m: &[f32], xs: usize, chan: &mut [f32], h: usize, w: usize, r0: usize, r1: usize, tmp: &mut [f32]) => wino4_output_impl
+    pub fn wino4_output(m: &[f32], xs: usize, chan: &mut [f32], h: usize, w: usize, rows: std::ops::Range<usize>, tmp: &mut [f32]) => wino4_output_impl
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn wino4_output_impl<const F: bool>(
     m: &[f32],
@@ -825,10 +823,10 @@ fn wino4_output_impl<const F: bool>(
     chan: &mut [f32],
     h: usize,
     w: usize,
-    r0: usize,
-    r1: usize,
+    rows: std::ops::Range<usize>,
     tmp: &mut [f32],
 ) {
+    let (r0, r1) = (rows.start, rows.end);
     let (th, tw, full) = (h.div_ceil(4), w.div_ceil(4), w / 4);
     let l = (r1 - r0) * tw;
     let (s, y) = tmp[..40 * l].split_at_mut(24 * l);
@@ -1286,7 +1284,7 @@ mod tests {
                     let mut v = vec![f32::NAN; 36 * cin * nt];
                     for ci in 0..cin {
                         let chan = &x[ci * nb * hw..(ci + 1) * nb * hw];
-                        wino4_input(chan, h, w, r0, r1, &mut v[ci * nt..], cin * nt, &mut tmp);
+                        wino4_input(chan, h, w, r0..r1, &mut v[ci * nt..], cin * nt, &mut tmp);
                     }
                     let mut m = vec![0f32; 36 * cout * nt];
                     for xi in 0..36 {
@@ -1300,7 +1298,7 @@ mod tests {
                     }
                     for co in 0..cout {
                         let chan = &mut out[co * nb * hw..(co + 1) * nb * hw];
-                        wino4_output(&m[co * nt..], cout * nt, chan, h, w, r0, r1, &mut tmp);
+                        wino4_output(&m[co * nt..], cout * nt, chan, h, w, r0..r1, &mut tmp);
                     }
                 }
                 for co in 0..cout {

@@ -509,7 +509,7 @@ fn wino_conv(ctx: &mut Ctx, cv: &Conv, u: &[f32], x: &Feat, out: &mut [f32]) {
         let v = &mut col[..36 * cv.cin * nt];
         for ci in 0..cv.cin {
             let chan = &x.d[ci * nb * hw..(ci + 1) * nb * hw];
-            wino4_input(chan, h, w, r0, r1, &mut v[ci * nt..], cv.cin * nt, &mut tmp);
+            wino4_input(chan, h, w, r0..r1, &mut v[ci * nt..], cv.cin * nt, &mut tmp);
         }
         let m = &mut acc[..36 * cv.cout * nt];
         for xi in 0..36 {
@@ -527,7 +527,7 @@ fn wino_conv(ctx: &mut Ctx, cv: &Conv, u: &[f32], x: &Feat, out: &mut [f32]) {
         }
         for co in 0..cv.cout {
             let chan = &mut out[co * nb * hw..(co + 1) * nb * hw];
-            wino4_output(&m[co * nt..], cv.cout * nt, chan, h, w, r0, r1, &mut tmp);
+            wino4_output(&m[co * nt..], cv.cout * nt, chan, h, w, r0..r1, &mut tmp);
         }
     }
 }
