@@ -676,18 +676,10 @@ fn a_t4(o: [&mut [f32]; 4], d: [&[f32]; 6]) {
     }
 }
 
-/// Six consecutive rows `l` long of `s`.
+/// Six rows `len` long of `s`, the first at `first`, each `stride` after the one before.
 #[inline(always)]
-fn split6(s: &[f32], l: usize) -> [&[f32]; 6] {
-    let s = &s[..6 * l];
-    [
-        &s[..l],
-        &s[l..2 * l],
-        &s[2 * l..3 * l],
-        &s[3 * l..4 * l],
-        &s[4 * l..5 * l],
-        &s[5 * l..],
-    ]
+fn strided6(s: &[f32], first: usize, stride: usize, len: usize) -> [&[f32]; 6] {
+    std::array::from_fn(|i| &s[first + i * stride..][..len])
 }
 
 /// Six disjoint rows `len` long of `v`, the first at `first`, each `stride` (≥ `len`) after the
@@ -791,19 +783,11 @@ fn wino4_input_impl<const F: bool>(
     }
     // Along x: e[(6·rr + j)·l + k] = Σ_c Bᵀ[j][c]·d[(6·rr + c)·l + k].
     for rr in 0..6 {
-        b_t6(rows6(e, 6 * rr * l, l, l), split6(&d[6 * rr * l..], l));
+        b_t6(rows6(e, 6 * rr * l, l, l), strided6(d, 6 * rr * l, l, l));
     }
     // Along y: v[(6i + j)·xs + k] = Σ_rr Bᵀ[i][rr]·e[(6·rr + j)·l + k].
     for j in 0..6 {
-        let col: [&[f32]; 6] = [
-            &e[j * l..][..l],
-            &e[(6 + j) * l..][..l],
-            &e[(12 + j) * l..][..l],
-            &e[(18 + j) * l..][..l],
-            &e[(24 + j) * l..][..l],
-            &e[(30 + j) * l..][..l],
-        ];
-        b_t6(rows6(v, j * xs, 6 * xs, l), col);
+        b_t6(rows6(v, j * xs, 6 * xs, l), strided6(e, j * l, 6 * l, l));
     }
 }
 
@@ -832,19 +816,11 @@ fn wino4_output_impl<const F: bool>(
     let (s, y) = tmp[..40 * l].split_at_mut(24 * l);
     // Along y: s[(6a + j)·l + k] = Σ_i Aᵀ[a][i]·m[(6i + j)·xs + k].
     for j in 0..6 {
-        let col: [&[f32]; 6] = [
-            &m[j * xs..][..l],
-            &m[(6 + j) * xs..][..l],
-            &m[(12 + j) * xs..][..l],
-            &m[(18 + j) * xs..][..l],
-            &m[(24 + j) * xs..][..l],
-            &m[(30 + j) * xs..][..l],
-        ];
-        a_t4(rows4(s, j * l, 6 * l, l), col);
+        a_t4(rows4(s, j * l, 6 * l, l), strided6(m, j * xs, 6 * xs, l));
     }
     // Along x: y[(4a + c)·l + k] = Σ_j Aᵀ[c][j]·s[(6a + j)·l + k] = output (4ty + a, 4tx + c).
     for a in 0..4 {
-        a_t4(rows4(y, 4 * a * l, l, l), split6(&s[6 * a * l..], l));
+        a_t4(rows4(y, 4 * a * l, l, l), strided6(s, 6 * a * l, l, l));
     }
     for r in r0..r1 {
         let (b, ty) = (r / th, r % th);
