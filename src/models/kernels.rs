@@ -3,14 +3,15 @@
 //! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
 //! softmax, attention for small head dimensions and the Winograd F(4×4, 3×3) transforms.
 //!
-//! The crate's only `unsafe` code is here, in two forms. (1) `gemm::gemm` takes raw pointers and
+//! The CPU forward's only `unsafe` code is here, in three forms. (1) `gemm::gemm` takes raw pointers and
 //! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
 //! shape and strides address lies inside its slice, and that distinct destination elements are
 //! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
 //! inputs. (2) The element-wise kernels (SiLU, softmax, small-head attention, Winograd transforms,
 //! group-norm sums, affine) are safe code compiled three times, once for AVX-512F + AVX2 + FMA and
 //! once for AVX2 + FMA; calling one of those copies is `unsafe` and happens only after
-//! `is_x86_feature_detected!` found every feature it was compiled for.
+//! `is_x86_feature_detected!` found every feature it was compiled for. (3) [`zeroed_huge`]
+//! allocates zeroed memory itself, so that it can advise 2 MB pages before any page is touched.
 
 use gemm::Parallelism;
 
@@ -679,7 +680,15 @@ fn a_t4(o: [&mut [f32]; 4], d: [&[f32]; 6]) {
 /// Six rows `len` long of `s`, the first at `first`, each `stride` after the one before.
 #[inline(always)]
 fn strided6(s: &[f32], first: usize, stride: usize, len: usize) -> [&[f32]; 6] {
-    std::array::from_fn(|i| &s[first + i * stride..][..len])
+    let s = &s[first..first + 5 * stride + len];
+    [
+        &s[..len],
+        &s[stride..stride + len],
+        &s[2 * stride..2 * stride + len],
+        &s[3 * stride..3 * stride + len],
+        &s[4 * stride..4 * stride + len],
+        &s[5 * stride..],
+    ]
 }
 
 /// Six disjoint rows `len` long of `v`, the first at `first`, each `stride` (≥ `len`) after the
@@ -715,8 +724,7 @@ fn rows4(v: &mut [f32], first: usize, stride: usize, len: usize) -> [&mut [f32];
 /// Floats of scratch [`wino4_input`] and [`wino4_output`] need for `rows` tile rows of a plane
 /// `w` wide.
 pub fn wino4_scratch(rows: usize, w: usize) -> usize {
-    let tw = w.div_ceil(4);
-    72 * rows * tw + 4 * (tw + 1)
+    72 * rows * w.div_ceil(4)
 }
 
 avx2_dispatch! {
@@ -741,43 +749,46 @@ fn wino4_input_impl<const F: bool>(
     tmp: &mut [f32],
 ) {
     let (r0, r1) = (rows.start, rows.end);
-    let (th, tw, full) = (h.div_ceil(4), w.div_ceil(4), w / 4);
-    let (n, l) = (tw + 1, (r1 - r0) * tw);
-    let (d, rest) = tmp.split_at_mut(36 * l);
-    let (e, ph) = rest.split_at_mut(36 * l);
-    let ph = &mut ph[..4 * n];
-    // d[(6·rr + c)·l + (r − r0)·tw + tx]: the padded input at row rr, column c of tile (r, tx).
+    let (th, tw) = (h.div_ceil(4), w.div_ceil(4));
+    let l = (r1 - r0) * tw;
+    let (d, e) = tmp[..72 * l].split_at_mut(36 * l);
+    // d[(6·rr + c)·l + (r − r0)·tw + tx]: the padded input at row rr, column c of tile (r, tx),
+    // that is x[4tx + c − 1] of input row 4ty + rr − 1 (zero outside the plane).
     for r in r0..r1 {
         let (b, ty) = (r / th, r % th);
         let plane = &chan[b * h * w..(b + 1) * h * w];
         let o = (r - r0) * tw;
         for rr in 0..6 {
             let iy = (4 * ty + rr).wrapping_sub(1);
+            let dr: [&mut [f32]; 6] = rows6(d, 6 * rr * l + o, l, tw);
             if iy >= h {
-                for c in 0..6 {
-                    d[(6 * rr + c) * l + o..][..tw].fill(0.0);
+                for row in dr {
+                    row.fill(0.0);
                 }
                 continue;
             }
-            // The padded row p[k] = x[k − 1] split by phase: ph[m·n + j] = p[4j + m]; tile tx's
-            // columns are phases 0, 1, 2, 3 at j = tx and phases 0, 1 at j = tx + 1.
-            ph.fill(0.0);
             let row = &plane[iy * w..(iy + 1) * w];
-            let [e0, e1, e2, e3] = rows4(ph, 0, n, n);
-            let quads = row.chunks_exact(4);
-            let rem = quads.remainder();
-            for (c, q) in quads.enumerate() {
-                e1[c] = q[0];
-                e2[c] = q[1];
-                e3[c] = q[2];
-                e0[c + 1] = q[3];
+            let [d0, d1, d2, d3, d4, d5] = dr;
+            // Tiles whose six columns 4tx − 1 … 4tx + 4 all lie inside the row: 1 ≤ tx and
+            // 4tx + 4 < w.
+            let inner = if w >= 5 { ((w - 5) / 4 + 1).min(tw) } else { 0 };
+            for tx in 1..inner {
+                let q = &row[4 * tx - 1..4 * tx + 5];
+                d0[tx] = q[0];
+                d1[tx] = q[1];
+                d2[tx] = q[2];
+                d3[tx] = q[3];
+                d4[tx] = q[4];
+                d5[tx] = q[5];
             }
-            for (e, &x) in [e1, e2, e3].into_iter().zip(rem) {
-                e[full] = x;
-            }
-            for c in 0..6 {
-                let at = (c % 4) * n + c / 4;
-                d[(6 * rr + c) * l + o..][..tw].copy_from_slice(&ph[at..at + tw]);
+            let at = |k: usize| if (1..=w).contains(&k) { row[k - 1] } else { 0.0 };
+            for tx in (0..tw).filter(|&tx| tx == 0 || tx >= inner.max(1)) {
+                d0[tx] = at(4 * tx);
+                d1[tx] = at(4 * tx + 1);
+                d2[tx] = at(4 * tx + 2);
+                d3[tx] = at(4 * tx + 3);
+                d4[tx] = at(4 * tx + 4);
+                d5[tx] = at(4 * tx + 5);
             }
         }
     }
@@ -855,24 +866,41 @@ fn wino4_output_impl<const F: bool>(
 /// GEMMs that stream the weights every forward miss the TLB less. Elsewhere, or where the kernel
 /// declines, it is an ordinary zeroed vector.
 pub fn zeroed_huge(len: usize) -> Vec<f32> {
-    let mut v: Vec<f32> = Vec::with_capacity(len);
+    let Ok(layout) = std::alloc::Layout::array::<f32>(len) else {
+        return vec![0.0; len];
+    };
+    if layout.size() == 0 {
+        return Vec::new();
+    }
+    // Zeroed by the allocator: a large `calloc` is fresh anonymous memory the kernel zero-fills
+    // on first touch, so no pass writes zeros over it before the caller's own writes (which
+    // cost a page fault per 2 MB page either way).
+    // SAFETY: a non-zero-sized layout for `len` f32s; a null return is handled.
+    #[allow(unsafe_code)]
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
-        let start = v.as_mut_ptr() as usize;
+        let start = p as usize;
         let (lo, hi) = (start.next_multiple_of(HUGE), (start + len * 4) / HUGE * HUGE);
         if hi > lo {
-            // SAFETY: advice on pages inside this vector's own allocation (its capacity, from
-            // `start` for len · 4 bytes); it moves, frees and reads nothing, and a refusal is
-            // ignored.
+            // SAFETY: advice on pages inside this allocation (from `start` for len · 4 bytes);
+            // it moves, frees and reads nothing, and a refusal is ignored.
             #[allow(unsafe_code)]
             unsafe {
                 libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE);
             }
         }
     }
-    v.resize(len, 0.0);
-    v
+    // SAFETY: `p` was allocated by the global allocator with the layout of `len` f32s (capacity
+    // `len`), and all its bytes are zero, a valid f32 (0.0) each.
+    #[allow(unsafe_code)]
+    unsafe {
+        Vec::from_raw_parts(p, len, len)
+    }
 }
 
 avx2_dispatch! {
@@ -1243,7 +1271,7 @@ mod tests {
     /// span both images); the scratch starts as NaN, so a value read before it is written shows.
     #[test]
     fn winograd_tiles_equal_the_direct_convolution() {
-        for (h, w) in [(6, 8), (5, 7), (1, 1), (4, 3), (8, 8), (9, 13), (16, 4)] {
+        for (h, w) in [(6, 8), (5, 7), (1, 1), (4, 3), (8, 8), (9, 13), (16, 4), (3, 32)] {
             let (cin, cout, nb) = (3, 2, 2);
             let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
             let x: Vec<f32> = (0..cin * nb * h * w).map(|i| val(1, i)).collect();

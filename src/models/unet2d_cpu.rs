@@ -40,7 +40,7 @@ use rayon::prelude::*;
 
 use super::super::kernels::{
     affine, attend_small, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino4_input, wino4_output, wino4_scratch,
-    wino4_weights, Head, Mat, SMALL_HEAD_MAX,
+    wino4_weights, zeroed_huge, Head, Mat, SMALL_HEAD_MAX,
 };
 use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
 use crate::error::{Error, Result};
@@ -76,6 +76,21 @@ fn host(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
+/// `f` of a tensor's values: borrowed from its storage when it is a contiguous f32 tensor in
+/// host memory (no copy: the Winograd weights are built from the checkpoint's own buffers),
+/// else a copy ([`host`]).
+fn with_host<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    {
+        let (st, l) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+            (&*st, l.contiguous_offsets())
+        {
+            return Ok(f(&v[a..b]));
+        }
+    }
+    Ok(f(&host(t)?))
+}
+
 struct Conv {
     /// [cout, cin·k²] (empty when `wino` holds the transformed weights instead).
     w: Vec<f32>,
@@ -98,13 +113,15 @@ impl Conv {
             return Err(Error::model("non-square convolution kernel"));
         }
         let cfg = c.config();
-        let mut w = host(c.weight())?;
         let (pad_lo, pad_hi) = (cfg.padding, cfg.padding + pad_hi_extra);
-        let wino = (k == 3 && cfg.stride == 1 && pad_lo == 1 && pad_hi == 1 && cin >= wino_min_cin).then(|| {
-            let u = wino4_weights(&w, cout, cin);
-            w = Vec::new();
-            u
-        });
+        let (w, wino) = if k == 3 && cfg.stride == 1 && pad_lo == 1 && pad_hi == 1 && cin >= wino_min_cin {
+            (
+                Vec::new(),
+                Some(with_host(c.weight(), |w| wino4_weights(w, cout, cin))?),
+            )
+        } else {
+            (host(c.weight())?, None)
+        };
         Ok(Conv {
             w,
             wino,
@@ -263,6 +280,16 @@ struct Scratch {
     acc: Vec<f32>,
     att: Vec<f32>,
     free: Vec<Vec<f32>>,
+}
+
+/// Makes the scratch matrix `v` at least `len` floats long; its contents are not kept (every
+/// user writes the part it reads). A new one is on 2 MB pages ([`zeroed_huge`]): the
+/// column and Winograd matrices are several MB, read and written in many strided rows.
+fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        *v = Vec::new();
+        *v = zeroed_huge(len);
+    }
 }
 
 /// Most buffers a thread's pool keeps (more than one forward of any supported UNet holds at once).
@@ -444,9 +471,7 @@ fn conv(ctx: &mut Ctx, cv: &Conv, x: &Feat, init: Option<Vec<f32>>, bias_nb: Opt
     for (b0, sb, y0, y1) in tiles {
         let per = (y1 - y0) * wo;
         let ncol = sb * per;
-        if ctx.s.col.len() < kk * ncol {
-            ctx.s.col.resize(kk * ncol, 0.0);
-        }
+        grow(&mut ctx.s.col, kk * ncol);
         let col = &mut ctx.s.col[..kk * ncol];
         for ci in 0..cv.cin {
             for dy in 0..k {
@@ -500,12 +525,8 @@ fn wino_conv(ctx: &mut Ctx, cv: &Conv, u: &[f32], x: &Feat, out: &mut [f32]) {
     for r0 in (0..rows).step_by(per) {
         let r1 = (r0 + per).min(rows);
         let nt = (r1 - r0) * tw;
-        if col.len() < 36 * cv.cin * nt {
-            col.resize(36 * cv.cin * nt, 0.0);
-        }
-        if acc.len() < 36 * cv.cout * nt {
-            acc.resize(36 * cv.cout * nt, 0.0);
-        }
+        grow(col, 36 * cv.cin * nt);
+        grow(acc, 36 * cv.cout * nt);
         let v = &mut col[..36 * cv.cin * nt];
         for ci in 0..cv.cin {
             let chan = &x.d[ci * nb * hw..(ci + 1) * nb * hw];
