@@ -75,47 +75,123 @@ fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
 /// Tensors by name, the dtype count of the file, and its SHA-256.
 pub type Weights = (HashMap<String, Tensor>, BTreeMap<String, usize>, String);
 
-/// One tensor's values widened to f32 on the host, or `Err((flat index, value))` of its first
-/// non-finite value. F16 and BF16 widen exactly (as candle's `to_dtype`); safetensors has
-/// already checked that the data holds shape × dtype size bytes.
-fn host_values(view: &safetensors::tensor::TensorView<'_>) -> std::result::Result<Vec<f32>, (usize, f32)> {
+/// The safetensors format's largest header (its reference reader refuses more: 100 MB).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// Where one tensor's f32 values are: a range of the file's data section read as f32 (a stored
+/// F32 tensor at a 4-byte-aligned offset, on a little-endian host: no copy), or widened into a
+/// buffer of their own (F16, BF16, or F32 at an unaligned offset).
+enum Values {
+    Shared(std::ops::Range<usize>),
+    Own(Vec<f32>),
+}
+
+/// One tensor's values, or `Err((flat index, value))` of its first non-finite value. `data` is
+/// the data section read into f32s, `bytes` the same memory as bytes (the section's length).
+/// F16 and BF16 widen exactly (as candle's `to_dtype`); the header's validation has already
+/// checked that each tensor's offsets hold shape × dtype size bytes inside the section.
+fn tensor_values(
+    info: &safetensors::tensor::TensorInfo,
+    data: &[f32],
+    bytes: &[u8],
+) -> std::result::Result<Values, (usize, f32)> {
     use safetensors::Dtype;
-    let data = view.data();
-    let vals: Vec<f32> = match view.dtype() {
-        Dtype::F32 => data
+    let first_bad = |v: &[f32]| v.iter().position(|x| !x.is_finite()).map(|i| (i, v[i]));
+    let (s, e) = info.data_offsets;
+    let raw = &bytes[s..e];
+    let vals: Vec<f32> = match info.dtype {
+        Dtype::F32 if cfg!(target_endian = "little") && s % 4 == 0 => {
+            let r = s / 4..e / 4;
+            return match first_bad(&data[r.clone()]) {
+                Some(bad) => Err(bad),
+                None => Ok(Values::Shared(r)),
+            };
+        }
+        Dtype::F32 => raw
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect(),
-        Dtype::F16 => data
+        Dtype::F16 => raw
             .chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
-        // BF16, the one other dtype `host_tensors` lets through.
-        _ => data
+        // BF16, the one other dtype `read_weights` lets through.
+        _ => raw
             .chunks_exact(2)
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
     };
-    match vals.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err((i, vals[i])),
-        None => Ok(vals),
+    match first_bad(&vals) {
+        Some(bad) => Err(bad),
+        None => Ok(Values::Own(vals)),
     }
 }
 
-/// Every tensor of a safetensors file as (name, shape, f32 values), in name order, with the
-/// count of each stored dtype.
-type HostTensors = (Vec<(String, Vec<usize>, Vec<f32>)>, BTreeMap<String, usize>);
+/// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
+/// to F32. Errors name the file and the tensor (the first in name order when several are bad).
+///
+/// The header is read and validated first (the `safetensors` crate's own checks: contiguous
+/// offsets, each tensor's byte count, the file's length); then the data section is read, in
+/// parallel chunks, straight into one f32 buffer. The SHA-256 is of exactly the bytes read
+/// (header, then data: the whole file), computed while the tensors are checked. On the CPU each
+/// stored F32 tensor is a view of that one buffer (the checkpoint is in memory once, and no pass
+/// copies it again); on a GPU each is copied to the device from it.
+pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
+    use std::os::unix::fs::FileExt;
+    /// Bytes per read.
+    const CHUNK: usize = 8 << 20;
+    let t0 = std::time::Instant::now();
+    let io = |e: std::io::Error| Error::io(path, &e);
+    let bad = |what: String| Error::input(format!("not a safetensors file: {what}")).with_file(path);
+    let f = std::fs::File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    // Sized against the memory cap before anything is allocated (a sparse 1 TB file is an
+    // input error, not an allocation failure).
+    crate::limits::check("weights file size", len as f64, crate::limits::WEIGHTS_FILE_BYTE)
+        .map_err(|e| e.with_file(path))?;
+    if len < 8 {
+        return Err(bad(format!("{len} bytes, shorter than the 8-byte header length")));
+    }
+    let mut n8 = [0u8; 8];
+    f.read_exact_at(&mut n8, 0).map_err(io)?;
+    let n = u64::from_le_bytes(n8);
+    if n > MAX_HEADER || n > len - 8 {
+        return Err(bad(format!(
+            "header length {n} does not fit in the file's {len} bytes (or exceeds the format's {MAX_HEADER})"
+        )));
+    }
+    let mut head = vec![0u8; 8 + n as usize];
+    head[..8].copy_from_slice(&n8);
+    f.read_exact_at(&mut head[8..], 8).map_err(io)?;
+    let text = std::str::from_utf8(&head[8..]).map_err(|e| bad(format!("header is not UTF-8 ({e})")))?;
+    let meta: safetensors::tensor::Metadata = serde_json::from_str(text).map_err(|e| bad(format!("header: {e}")))?;
+    let data_len = meta.data_len();
+    if (data_len as u64).checked_add(8 + n) != Some(len) {
+        return Err(bad(format!(
+            "the header describes {data_len} bytes of data, the file holds {}",
+            len - 8 - n
+        )));
+    }
+    let mut data = vec![0f32; data_len.div_ceil(4)];
+    bytemuck::cast_slice_mut::<f32, u8>(&mut data)[..data_len]
+        .par_chunks_mut(CHUNK)
+        .enumerate()
+        .try_for_each(|(i, c)| f.read_exact_at(c, 8 + n + (i * CHUNK) as u64))
+        .map_err(io)?;
+    if f.metadata().map_err(io)?.len() != len {
+        return Err(Error::input(
+            "the file changed size while it was read (is it still being written?); run again once it is complete",
+        )
+        .with_file(path));
+    }
+    crate::timing::note("load checkpoint: read weights", t0);
 
-/// The tensors of the safetensors `bytes` (read from `path`) decoded and checked on the host,
-/// in parallel over tensors; the first bad tensor in name order is the error.
-fn host_tensors(bytes: &[u8], path: &Path) -> Result<HostTensors> {
-    let st = safetensors::SafeTensors::deserialize(bytes)
-        .map_err(|e| Error::input(format!("not a safetensors file: {e}")).with_file(path))?;
-    let mut views = st.tensors();
-    views.sort_by(|a, b| a.0.cmp(&b.0));
+    let t0 = std::time::Instant::now();
+    let mut infos: Vec<_> = meta.tensors().into_iter().collect();
+    infos.sort_by(|a, b| a.0.cmp(&b.0));
     let mut dtypes = BTreeMap::new();
-    for (name, view) in &views {
-        let dt = format!("{:?}", view.dtype());
+    for (name, info) in &infos {
+        let dt = format!("{:?}", info.dtype);
         *dtypes.entry(dt.clone()).or_insert(0) += 1;
         if !matches!(dt.as_str(), "F32" | "F16" | "BF16") {
             return Err(Error::input(format!(
@@ -124,68 +200,51 @@ fn host_tensors(bytes: &[u8], path: &Path) -> Result<HostTensors> {
             .with_file(path));
         }
     }
-    let vals: Vec<_> = views.par_iter().map(|(_, v)| host_values(v)).collect();
-    let mut out = Vec::with_capacity(views.len());
-    for ((name, view), v) in views.iter().zip(vals) {
-        match v {
-            Ok(v) => out.push((name.clone(), view.shape().to_vec(), v)),
+    let bytes = &bytemuck::cast_slice::<f32, u8>(&data)[..data_len];
+    let (sha, vals) = rayon::join(
+        || {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            h.update(&head);
+            h.update(bytes);
+            h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
+        },
+        || {
+            infos
+                .par_iter()
+                .map(|(_, info)| tensor_values(info, &data, bytes))
+                .collect::<Vec<_>>()
+        },
+    );
+    crate::timing::note("load checkpoint: sha256 and host tensors", t0);
+
+    let t0 = std::time::Instant::now();
+    let tensor_err = |name: &str, e: candle_core::Error| Error::input(format!("tensor `{name}`: {e}")).with_file(path);
+    // On the CPU, the one buffer every stored F32 tensor is a view of.
+    let whole = if device.is_cpu() {
+        let count = data.len();
+        Some(Tensor::from_vec(std::mem::take(&mut data), count, device).map_err(|e| tensor_err("(data)", e))?)
+    } else {
+        None
+    };
+    let mut map = HashMap::with_capacity(infos.len());
+    for ((name, info), v) in infos.iter().zip(vals) {
+        let shape = info.shape.clone();
+        let t = match v {
             Err((i, x)) => {
                 return Err(Error::input(format!(
                     "tensor `{name}` holds a non-finite value ({x} at flat index {i}): NaN/inf weights"
                 ))
                 .with_file(path))
             }
+            Ok(Values::Shared(r)) => match &whole {
+                Some(w) => w.narrow(0, r.start, r.len()).and_then(|t| t.reshape(shape)),
+                None => Tensor::from_slice(&data[r], shape, device),
+            },
+            Ok(Values::Own(v)) => Tensor::from_vec(v, shape, device),
         }
-    }
-    Ok((out, dtypes))
-}
-
-/// A whole file, read in parallel chunks (the copies from the page cache and the page faults of
-/// the new buffer shared among the threads; dpaudit is Unix-only, see `crate::input`).
-fn read_parallel(path: &Path) -> Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    /// Bytes per read.
-    const CHUNK: usize = 8 << 20;
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, &e))?.len();
-    // Sized against the memory cap before anything is allocated (a sparse 1 TB file is an
-    // input error, not an allocation failure).
-    crate::limits::check("weights file size", len as f64, crate::limits::WEIGHTS_FILE_BYTE)
-        .map_err(|e| e.with_file(path))?;
-    let len = len as usize;
-    let mut bytes = vec![0u8; len];
-    bytes
-        .par_chunks_mut(CHUNK)
-        .enumerate()
-        .try_for_each(|(i, c)| f.read_exact_at(c, (i * CHUNK) as u64))
-        .map_err(|e| Error::io(path, &e))?;
-    // A file that grew while it was read is read again whole (the common path stays one pass).
-    if f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize != len {
-        return crate::limits::read_file_capped(path, "weights file size", crate::limits::WEIGHTS_FILE_BYTE);
-    }
-    Ok(bytes)
-}
-
-/// Reads and validates every tensor of a safetensors file (dtype, finiteness), widening F16/BF16
-/// to F32. Errors name the file and the tensor (the first in name order when several are bad).
-/// The file is hashed while its tensors are decoded and checked on the host, in parallel, so
-/// each tensor is copied once (to the device, for a GPU) and never read back.
-pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
-    let t0 = std::time::Instant::now();
-    let bytes = read_parallel(path)?;
-    crate::timing::note("load checkpoint: read weights", t0);
-    let t0 = std::time::Instant::now();
-    let (sha, decoded) = rayon::join(|| sha256_hex(&bytes), || host_tensors(&bytes, path));
-    let (decoded, dtypes) = decoded?;
-    // The decoded values are owned: the file's bytes are not needed for the copies below.
-    drop(bytes);
-    crate::timing::note("load checkpoint: sha256 and host tensors", t0);
-    let t0 = std::time::Instant::now();
-    let mut map = HashMap::with_capacity(decoded.len());
-    for (name, shape, vals) in decoded {
-        let t = Tensor::from_vec(vals, shape, device)
-            .map_err(|e| Error::input(format!("tensor `{name}`: {e}")).with_file(path))?;
-        map.insert(name, t);
+        .map_err(|e| tensor_err(name, e))?;
+        map.insert(name.clone(), t);
     }
     crate::timing::note("load checkpoint: tensors to the device", t0);
     Ok((map, dtypes, sha))
@@ -491,6 +550,84 @@ impl EpsPredictor for DiffusersDenoiser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A safetensors file from its header text and data section.
+    fn st_file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    /// An F32 tensor after an F16 one sits at an offset that is not a multiple of 4: it is
+    /// decoded into its own buffer, equal to the stored values; the aligned F32 tensor is a view
+    /// of the file's data. The hash is the whole file's.
+    #[test]
+    fn f32_at_an_unaligned_offset_reads_its_stored_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let mut data = half::f16::from_f32(1.5).to_le_bytes().to_vec();
+        for v in [2.25f32, -3.0, 4.5] {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        let header = r#"{"a":{"dtype":"F16","shape":[1],"data_offsets":[0,2]},"b":{"dtype":"F32","shape":[3],"data_offsets":[2,14]}}"#;
+        let file = st_file(header, &data);
+        std::fs::write(&path, &file).unwrap();
+        let (got, _, sha) = read_weights(&path, &Device::Cpu).unwrap();
+        assert_eq!(sha, sha256_hex(&file));
+        assert_eq!(got["a"].to_vec1::<f32>().unwrap(), vec![1.5]);
+        assert_eq!(got["b"].to_vec1::<f32>().unwrap(), vec![2.25, -3.0, 4.5]);
+        // Aligned: a view into the one data buffer, reshaped.
+        let header = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1,2],"data_offsets":[4,12]}}"#;
+        let data: Vec<u8> = [7.0f32, 8.0, 9.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(&path, st_file(header, &data)).unwrap();
+        let (got, _, _) = read_weights(&path, &Device::Cpu).unwrap();
+        assert_eq!(got["b"].to_vec2::<f32>().unwrap(), vec![vec![8.0, 9.0]]);
+    }
+
+    /// Files whose header lies (length past the end, more or less data than described,
+    /// offsets that overlap, not UTF-8, not JSON, too short) are input errors naming the file,
+    /// never a panic.
+    #[test]
+    fn malformed_safetensors_files_are_named_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let ok = r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+        let data = [0u8; 8];
+        let mut lying = st_file(ok, &data);
+        lying[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("too short", vec![1, 2, 3]),
+            ("header length past the end", lying),
+            ("less data than described", st_file(ok, &data[..4])),
+            ("more data than described", st_file(ok, &[0u8; 12])),
+            (
+                "overlapping offsets",
+                st_file(
+                    r#"{"v":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
+                    &data,
+                ),
+            ),
+            (
+                "byte count against the shape",
+                st_file(r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, &data),
+            ),
+            (
+                "not UTF-8",
+                [&3u64.to_le_bytes()[..], &[b'{', 0xff, b'}'], &data].concat(),
+            ),
+            ("not JSON", st_file("{]", &data)),
+            ("empty header", st_file("", &data)),
+        ];
+        for (what, bytes) in cases {
+            std::fs::write(&path, &bytes).unwrap();
+            let err = read_weights(&path, &Device::Cpu).unwrap_err().to_string();
+            assert!(
+                err.contains("not a safetensors file") && err.contains("w.safetensors"),
+                "{what}: {err}"
+            );
+        }
+    }
 
     /// Weights read on the host equal candle's own reading (F32 as stored, F16 and BF16 widened
     /// by `to_dtype`), the hash is the file's, and of two tensors with non-finite values the
