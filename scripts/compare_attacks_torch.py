@@ -12,9 +12,13 @@ Each round runs, for every (model, attack), `dpaudit mia --scores-out` as a subp
 same computation in PyTorch in this process, alternating which goes first. dpaudit's time is its
 whole process (start-up, loading and checking the weights, metrics included); PyTorch's is its
 scoring loop only (the model is loaded once). Throughput is images (members + non-members) per
-second of wall time; the CPU column is the ratio of CPU seconds (user + sys). SecMI and PIA are
-deterministic, so their scores are compared record by record (largest relative difference);
-the loss attack draws its noise from each side's own generator, so only its timing compares.
+second of wall time; the CPU column is the ratio of CPU seconds (user + sys). The process ratio
+is the headline (it charges dpaudit for start-up and loading, PyTorch for neither); the
+attack-only column divides PyTorch's loop time by dpaudit's own scoring loop (the `timing:` line
+of `DPAUDIT_TIMING=phases`, scores back on the host, no metrics): the same work on each side.
+SecMI and PIA are deterministic, so their scores are compared record by record (largest
+relative difference); the loss attack draws its noise from each side's own generator, so only
+its timing compares.
 
     /work/pyvenv/bin/python scripts/compare_attacks_torch.py --threads 1,2 --rounds 2
 
@@ -378,13 +382,14 @@ def main():
     else:
         print(f"\nCPU, same threads each side, {a.rounds} interleaved rounds; torch {torch.__version__}; "
               f"SecMI t = {a.t}, k = {a.k}; PIA and loss at t = {a.t}; batch {a.batch}\n")
-        print("| threads | model | attack | images | dpaudit img/s | PyTorch img/s | dpaudit/PyTorch (median [min, max]) | CPU-time ratio | largest relative score difference |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| threads | model | attack | images | dpaudit img/s | PyTorch img/s | dpaudit/PyTorch (median [min, max]) | CPU-time ratio | attack-only ratio | largest relative score difference |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             diff = "– (own noise draws)" if r["max_rel_score_diff"] is None else f"{r['max_rel_score_diff']:.1e}"
+            ar = f"{r['attack_ratio_median']:.2f}×" if r.get("attack_ratio_median") else "–"
             print(f"| {r['threads']} | {r['model']} | {r['attack']} | {r['images']} | {r['dpaudit_img_s']:.2f} | "
                   f"{r['torch_img_s']:.2f} | {r['ratio_median']:.2f}× [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | "
-                  f"{r['cpu_ratio_median']:.2f}× | {diff} |")
+                  f"{r['cpu_ratio_median']:.2f}× | {ar} | {diff} |")
     diffs = [r["max_rel_score_diff"] for r in rows if r["max_rel_score_diff"] is not None and r["precision"] == "fp32"]
     if diffs:
         print(f"\nlargest relative score difference at fp32 (SecMI, PIA; every record of every round): {max(diffs):.1e}")
