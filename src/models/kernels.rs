@@ -3,11 +3,11 @@
 //! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
 //! softmax, attention for small head dimensions and the Winograd F(4×4, 3×3) transforms.
 //!
-//! The CPU forward's only `unsafe` code is here, in three forms. (1) `gemm::gemm` takes raw pointers and
-//! strides: the safe wrapper [`sgemm`] checks, before the call, that every element each matrix's
-//! shape and strides address lies inside its slice, and that distinct destination elements are
-//! distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot alias the
-//! inputs. (2) The element-wise kernels (SiLU, softmax, small-head attention, Winograd transforms,
+//! The CPU forward's only `unsafe` code is here, in three forms. (1) `gemm::gemm` takes raw
+//! pointers and strides: the safe wrapper [`sgemm`] checks, before the call, that every element
+//! each matrix's shape and strides address lies inside its slice, and that distinct destination
+//! elements are distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot
+//! alias the inputs. (2) The element-wise kernels (SiLU, softmax, small-head attention, Winograd transforms,
 //! group-norm sums, affine) are safe code compiled three times, once for AVX-512F + AVX2 + FMA and
 //! once for AVX2 + FMA; calling one of those copies is `unsafe` and happens only after
 //! `is_x86_feature_detected!` found every feature it was compiled for. (3) [`zeroed_huge`]
