@@ -22,8 +22,16 @@ use super::PIXELS;
 
 /// Hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let d = Sha256::digest(bytes);
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    sha256_hex_of(&[bytes])
+}
+
+/// Hex SHA-256 of the concatenation of `parts` (a file read into more than one buffer).
+pub fn sha256_hex_of(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Hex SHA-256 of a file.

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
-use super::data::sha256_hex;
+use super::data::{sha256_hex, sha256_hex_of};
 use super::eps::EpsPredictor;
 use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
 use super::Schedule;
@@ -202,13 +202,7 @@ pub fn read_weights(path: &Path, device: &Device) -> Result<Weights> {
     }
     let bytes = &bytemuck::cast_slice::<f32, u8>(&data)[..data_len];
     let (sha, vals) = rayon::join(
-        || {
-            use sha2::Digest;
-            let mut h = sha2::Sha256::new();
-            h.update(&head);
-            h.update(bytes);
-            h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
-        },
+        || sha256_hex_of(&[&head, bytes]),
         || {
             infos
                 .par_iter()
@@ -560,8 +554,8 @@ mod tests {
     }
 
     /// An F32 tensor after an F16 one sits at an offset that is not a multiple of 4: it is
-    /// decoded into its own buffer, equal to the stored values; the aligned F32 tensor is a view
-    /// of the file's data. The hash is the whole file's.
+    /// decoded into its own buffer, equal to the stored values. F32 tensors at aligned offsets
+    /// (views of the file's data, reshaped) read theirs too. The hash is the whole file's.
     #[test]
     fn f32_at_an_unaligned_offset_reads_its_stored_values() {
         let dir = tempfile::tempdir().unwrap();
