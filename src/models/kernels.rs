@@ -1,16 +1,18 @@
 //! CPU kernels for the diffusers UNet forward ([`super::unet2d`]): a bounds-checked strided
 //! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
 //! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
-//! softmax, attention for small head dimensions and the Winograd F(4×4, 3×3) transforms.
+//! softmax, attention for small head dimensions, the Winograd F(4×4, 3×3) transforms and the
+//! direct 3 × 3 convolution.
 //!
 //! The CPU forward's only `unsafe` code is here, in three forms. (1) `gemm::gemm` takes raw
 //! pointers and strides: the safe wrapper [`sgemm`] checks, before the call, that every element
 //! each matrix's shape and strides address lies inside its slice, and that distinct destination
 //! elements are distinct memory (`dst_rs ≥ n`); the destination is a `&mut` slice, so it cannot
 //! alias the inputs. (2) The element-wise kernels (SiLU, softmax, small-head attention, Winograd transforms,
-//! group-norm sums, affine) are safe code compiled three times, once for AVX-512F + AVX2 + FMA and
-//! once for AVX2 + FMA; calling one of those copies is `unsafe` and happens only after
-//! `is_x86_feature_detected!` found every feature it was compiled for. (3) [`zeroed_huge`]
+//! group-norm sums, affine) and the direct convolution's tiles are safe code (bounds-checked
+//! slices; vectors move to and from arrays through `bytemuck`) compiled once for AVX-512F and
+//! once for AVX2 + FMA, besides the baseline; calling one of those copies is `unsafe` and happens
+//! only after `is_x86_feature_detected!` found every feature it was compiled for. (3) [`zeroed_huge`]
 //! allocates zeroed memory itself, so that it can advise 2 MB pages before any page is touched.
 
 use gemm::Parallelism;
@@ -413,7 +415,7 @@ pub fn attend_rows(h: &Head<'_>, o: &mut [f32], scale: f32, scratch: &mut Vec<f3
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Head, EXP_POLY, LN2_HI, LN2_LO, ROUND};
+    use super::{Direct3x3, DirectGeom, DirectOut, Head, EXP_POLY, LN2_HI, LN2_LO, ROUND};
 
     /// Query positions per block: one 256-bit register of f32 lanes.
     const QB: usize = 8;
@@ -639,6 +641,152 @@ mod x86 {
             }
         }
     }
+    /// One tile's inputs: a block of output channels `j0..j0 + CB` of a packed block of width
+    /// `cb`, and pixels `p0..p0 + NV · L` of one image.
+    struct Tile<'a> {
+        w: &'a [f32],
+        cb: usize,
+        j0: usize,
+        cin: usize,
+        g: DirectGeom,
+        p0: usize,
+    }
+
+    /// Defines the direct 3 × 3 convolution's driver `$run` and its tile `$tile` for one vector
+    /// width ([`super::conv3x3`]): `$cbmax` output channels × up to 3 vectors of `$l` pixels in
+    /// registers per tile. The last tile of a plane takes fewer vectors; when its last one is
+    /// partial, the tile runs on a copy of its outputs padded to whole vectors (the lanes past the
+    /// plane read guard or later pixels, and are never copied back).
+    macro_rules! direct_tiles {
+        ($run:ident, $tile:ident, $feat:literal, $v:ty, $l:expr, $cbmax:expr, $zero:ident, $set1:ident, $fma:ident) => {
+            #[target_feature(enable = $feat)]
+            pub(in super::super) fn $run(d: &Direct3x3, g: &DirectGeom, pad: &[f32], o: DirectOut, out: &mut [f32]) {
+                const NV: usize = 3;
+                const L: usize = $l;
+                let hw = g.h * g.w;
+                let mut part = [0f32; $cbmax * NV * L];
+                for (co0, cb, p) in &d.blocks {
+                    let mut j0 = 0;
+                    while j0 < *cb {
+                        let sub = (*cb - j0).min($cbmax);
+                        let mut p0 = 0;
+                        while p0 < hw {
+                            let valid = (hw - p0).min(NV * L);
+                            let nv = valid.div_ceil(L);
+                            let t = Tile {
+                                w: p,
+                                cb: *cb,
+                                j0,
+                                cin: d.cin,
+                                g: *g,
+                                p0,
+                            };
+                            let first = o.first + (co0 + j0) * o.cs + p0;
+                            let whole = valid == nv * L;
+                            if !whole {
+                                for j in 0..sub {
+                                    part[j * NV * L..][..valid].copy_from_slice(&out[first + j * o.cs..][..valid]);
+                                }
+                            }
+                            let (dst, first, cs) = if whole {
+                                (&mut *out, first, o.cs)
+                            } else {
+                                (&mut part[..], 0, NV * L)
+                            };
+                            match (sub, nv) {
+                                (8, 3) => $tile::<8, 3>(&t, pad, dst, first, cs),
+                                (8, 2) => $tile::<8, 2>(&t, pad, dst, first, cs),
+                                (8, _) => $tile::<8, 1>(&t, pad, dst, first, cs),
+                                (4, 3) => $tile::<4, 3>(&t, pad, dst, first, cs),
+                                (4, 2) => $tile::<4, 2>(&t, pad, dst, first, cs),
+                                (4, _) => $tile::<4, 1>(&t, pad, dst, first, cs),
+                                (2, 3) => $tile::<2, 3>(&t, pad, dst, first, cs),
+                                (2, 2) => $tile::<2, 2>(&t, pad, dst, first, cs),
+                                (2, _) => $tile::<2, 1>(&t, pad, dst, first, cs),
+                                (_, 3) => $tile::<1, 3>(&t, pad, dst, first, cs),
+                                (_, 2) => $tile::<1, 2>(&t, pad, dst, first, cs),
+                                _ => $tile::<1, 1>(&t, pad, dst, first, cs),
+                            }
+                            if !whole {
+                                let first = o.first + (co0 + j0) * o.cs + p0;
+                                for j in 0..sub {
+                                    out[first + j * o.cs..][..valid].copy_from_slice(&part[j * NV * L..][..valid]);
+                                }
+                            }
+                            p0 += valid;
+                        }
+                        j0 += sub;
+                    }
+                }
+            }
+
+            /// Adds the tile's taps into `out[first + j · cs + i]`, j < CB, i < NV · L.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn $tile<const CB: usize, const NV: usize>(
+                t: &Tile<'_>,
+                pad: &[f32],
+                out: &mut [f32],
+                first: usize,
+                cs: usize,
+            ) {
+                const L: usize = $l;
+                let load = |s: &[f32]| -> $v {
+                    let a: [f32; L] = s[..L].try_into().expect("a slice of one vector");
+                    bytemuck::cast(a)
+                };
+                let mut acc: [[$v; NV]; CB] =
+                    std::array::from_fn(|j| std::array::from_fn(|v| load(&out[first + j * cs + v * L..])));
+                let w = t.g.w;
+                for ci in 0..t.cin {
+                    let wc = &t.w[ci * 9 * t.cb..][..9 * t.cb];
+                    for dx in 0..3 {
+                        let base = t.g.at(dx, ci) + dx - w - 1 + t.p0;
+                        for dy in 0..3 {
+                            let src = &pad[base + dy * w..][..NV * L];
+                            let xs: [$v; NV] = std::array::from_fn(|v| load(&src[v * L..]));
+                            let wt = &wc[(3 * dy + dx) * t.cb + t.j0..][..CB];
+                            for (a, &wv) in acc.iter_mut().zip(wt) {
+                                let b = $set1(wv);
+                                for (av, &xv) in a.iter_mut().zip(&xs) {
+                                    *av = $fma(xv, b, *av);
+                                }
+                            }
+                        }
+                    }
+                }
+                for (j, a) in acc.iter().enumerate() {
+                    for (v, &av) in a.iter().enumerate() {
+                        let y: [f32; L] = bytemuck::cast(av);
+                        out[first + j * cs + v * L..][..L].copy_from_slice(&y);
+                    }
+                }
+            }
+        };
+    }
+
+    direct_tiles!(
+        direct512,
+        tile512,
+        "avx512f",
+        __m512,
+        16,
+        8,
+        _mm512_setzero_ps,
+        _mm512_set1_ps,
+        _mm512_fmadd_ps
+    );
+    direct_tiles!(
+        direct256,
+        tile256,
+        "avx2,fma",
+        __m256,
+        8,
+        4,
+        _mm256_setzero_ps,
+        _mm256_set1_ps,
+        _mm256_fmadd_ps
+    );
 }
 
 /// The six rows of the F(4×4, 3×3) input matrix Bᵀ (Lavin & Gray 2016, §4.2; interpolation
@@ -961,6 +1109,202 @@ fn wino4_weights_impl<const F: bool>(w: &[f32], cout: usize, cin: usize) -> Vec<
         }
     }
     u
+}
+
+/// Output channels per block of a packed [`Direct3x3`] kernel (the widest block the AVX-512
+/// tile takes: 8 broadcast weights against 3 vectors of 16 pixels, 24 accumulators).
+const DIRECT_CB: usize = 8;
+
+/// A 3 × 3, stride-1, padding-1 convolution kernel packed for [`conv3x3`]: the output channels
+/// in blocks of 8 (the remainder as blocks of 4, 2 and 1), each block's weights ordered
+/// [cin][tap = 3·dy + dx][channel in the block], so that a tile broadcasts them in the order it
+/// reads them.
+pub struct Direct3x3 {
+    cin: usize,
+    cout: usize,
+    /// (first output channel, block width, packed weights [cin][9][width]).
+    blocks: Vec<(usize, usize, Vec<f32>)>,
+}
+
+impl Direct3x3 {
+    /// Packs a [cout, cin, 3, 3] kernel.
+    pub fn new(w: &[f32], cout: usize, cin: usize) -> Self {
+        assert_eq!(w.len(), cout * cin * 9, "Direct3x3: kernel of the wrong size");
+        let mut widths = vec![DIRECT_CB; cout / DIRECT_CB];
+        widths.extend([4, 2, 1].into_iter().filter(|&b| (cout % DIRECT_CB) & b != 0));
+        let mut blocks = Vec::with_capacity(widths.len());
+        let mut co0 = 0;
+        for cb in widths {
+            let mut p = vec![0f32; cin * 9 * cb];
+            for ci in 0..cin {
+                for tap in 0..9 {
+                    for j in 0..cb {
+                        p[(ci * 9 + tap) * cb + j] = w[((co0 + j) * cin + ci) * 9 + tap];
+                    }
+                }
+            }
+            blocks.push((co0, cb, p));
+            co0 += cb;
+        }
+        Direct3x3 { cin, cout, blocks }
+    }
+}
+
+/// Where one image's input planes lie in the scratch of [`conv3x3`]: three copies of each
+/// channel (copy `dx` serves the taps of column dx), each plane with `w + 1` zeros before it and
+/// `w + 1 + 16` after, so that every tap of every output pixel is one read at a fixed offset.
+#[derive(Clone, Copy)]
+struct DirectGeom {
+    h: usize,
+    w: usize,
+    /// Floats from one channel's plane to the next (one copy).
+    cs: usize,
+    /// Floats from one copy to the next.
+    ds: usize,
+}
+
+impl DirectGeom {
+    fn new(cin: usize, h: usize, w: usize) -> Self {
+        let cs = h * w + 2 * (w + 1) + 16;
+        DirectGeom { h, w, cs, ds: cin * cs }
+    }
+    /// The index in the scratch of copy `dx`, channel `ci`, pixel 0 (the plane's guard is before).
+    fn at(&self, dx: usize, ci: usize) -> usize {
+        dx * self.ds + ci * self.cs + self.w + 1
+    }
+}
+
+/// Fills the scratch for one image (`x` its channel planes at stride `xs`): copy 1 is the plane,
+/// copy 0 the plane with its last column zeroed (the tap left of column 0 reads there, the row
+/// above's last pixel), copy 2 with its first column zeroed (the tap right of the last column
+/// reads the next row's first pixel); every guard is written as zeros.
+fn direct_pad(g: &DirectGeom, cin: usize, x: &[f32], xs: usize, pad: &mut [f32]) {
+    let (h, w, hw) = (g.h, g.w, g.h * g.w);
+    for dx in 0..3 {
+        for ci in 0..cin {
+            let p0 = g.at(dx, ci);
+            pad[p0 - w - 1..p0].fill(0.0);
+            pad[p0 + hw..p0 - w - 1 + g.cs].fill(0.0);
+            let dst = &mut pad[p0..p0 + hw];
+            dst.copy_from_slice(&x[ci * xs..ci * xs + hw]);
+            match dx {
+                0 => (0..h).for_each(|y| dst[y * w + w - 1] = 0.0),
+                2 => (0..h).for_each(|y| dst[y * w] = 0.0),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Floats of scratch [`conv3x3`] needs for `cin` channels of h × w planes.
+pub fn conv3x3_scratch(cin: usize, h: usize, w: usize) -> usize {
+    3 * DirectGeom::new(cin, h, w).ds
+}
+
+/// Which copy of the direct 3 × 3 tiles to run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Isa {
+    /// AVX-512F: 8 output channels × 3 vectors of 16 pixels per tile.
+    Avx512,
+    /// AVX2 + FMA: 4 output channels × 3 vectors of 8 pixels per tile.
+    Avx2,
+    /// Plain loops (any CPU).
+    Scalar,
+}
+
+impl Isa {
+    /// The widest this CPU runs.
+    pub fn best() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+/// A 3 × 3, stride-1, padding-1 convolution added into `out`, computed directly (no column
+/// matrix): `out[co][b][y][x] += Σ_{ci, dy, dx} w[co][ci][dy][dx] · x[ci][b][y + dy − 1][x + dx − 1]`
+/// with zeros outside the plane, for `x` [cin][nb][h][w] and `out` [cout][nb][h][w]
+/// (channel-major, as the CPU UNet keeps its feature maps). Per image, the planes are first
+/// copied into `pad` ([`conv3x3_scratch`] floats, contents not kept) with zero guards, so every
+/// tap of a pixel is a read at a fixed offset; a tile then keeps a block of output channels ×
+/// pixels in registers over all cin · 9 taps (one vector load of pixels feeds a multiply-add per
+/// channel of the block). Against im2col + GEMM, the 9-fold column matrix and the GEMM's packing
+/// of it are never written. Each output is summed over ci, then dx, then dy, one rounding per
+/// multiply-add.
+pub fn conv3x3(d: &Direct3x3, x: &[f32], nb: usize, h: usize, w: usize, out: &mut [f32], pad: &mut [f32]) {
+    conv3x3_on(Isa::best(), d, x, nb, h, w, out, pad)
+}
+
+/// [`conv3x3`] on the tiles of `isa` (the next one down when this CPU lacks it).
+#[allow(clippy::too_many_arguments)]
+pub fn conv3x3_on(isa: Isa, d: &Direct3x3, x: &[f32], nb: usize, h: usize, w: usize, out: &mut [f32], pad: &mut [f32]) {
+    let (cin, hw) = (d.cin, h * w);
+    assert!(
+        x.len() >= cin * nb * hw && out.len() >= d.cout * nb * hw,
+        "conv3x3: buffers too small"
+    );
+    let g = DirectGeom::new(cin, h, w);
+    let pad = &mut pad[..3 * g.ds];
+    let isa = match isa {
+        Isa::Avx512 if Isa::best() != Isa::Avx512 => Isa::best(),
+        Isa::Avx2 if Isa::best() == Isa::Scalar => Isa::Scalar,
+        i => i,
+    };
+    for b in 0..nb {
+        direct_pad(&g, cin, &x[b * hw..], nb * hw, pad);
+        let o = DirectOut {
+            first: b * hw,
+            cs: nb * hw,
+        };
+        match isa {
+            // SAFETY: calling a `target_feature` function is sound when the CPU has the
+            // features: `Isa::best()` detected them above.
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            Isa::Avx512 => unsafe { x86::direct512(d, &g, pad, o, out) },
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            Isa::Avx2 => unsafe { x86::direct256(d, &g, pad, o, out) },
+            _ => direct_scalar(d, &g, pad, o, out),
+        }
+    }
+}
+
+/// Where one image's output planes lie: channel `co` at `first + co · cs`.
+#[derive(Clone, Copy)]
+struct DirectOut {
+    first: usize,
+    cs: usize,
+}
+
+/// The tiles' arithmetic in plain loops, in the same order.
+fn direct_scalar(d: &Direct3x3, g: &DirectGeom, pad: &[f32], o: DirectOut, out: &mut [f32]) {
+    let (w, hw) = (g.w, g.h * g.w);
+    for (co0, cb, p) in &d.blocks {
+        for j in 0..*cb {
+            let dst = &mut out[o.first + (co0 + j) * o.cs..][..hw];
+            for ci in 0..d.cin {
+                let wc = &p[ci * 9 * cb..(ci + 1) * 9 * cb];
+                for dx in 0..3 {
+                    let base = g.at(dx, ci) + dx - w - 1;
+                    for dy in 0..3 {
+                        let src = &pad[base + dy * w..][..hw];
+                        let wt = wc[(3 * dy + dx) * cb + j];
+                        for (y, &s) in dst.iter_mut().zip(src) {
+                            *y = s.mul_add(wt, *y);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 avx2_dispatch! {
@@ -1331,6 +1675,70 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+    /// The direct 3 × 3 convolution equals the convolution with zero padding 1 (in f64), added
+    /// onto what `out` held, on planes whose pixel counts are and are not whole vectors, output
+    /// channel counts that use every block width (8, 4, 2, 1), and two images; every copy of the
+    /// tiles (AVX-512, AVX2, plain loops) gives the same bits (the same fused multiply-adds in the
+    /// same order); the scratch starts as NaN, so a guard read before it is written shows.
+    #[test]
+    fn direct_3x3_equals_the_convolution_on_every_tile_copy() {
+        let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
+        for (h, w, cin, cout) in [
+            (28, 28, 3, 16),
+            (14, 14, 5, 15),
+            (7, 7, 2, 3),
+            (1, 1, 1, 1),
+            (3, 32, 4, 9),
+            (5, 3, 1, 2),
+            (2, 9, 2, 12),
+        ] {
+            let nb = 2;
+            let hw = h * w;
+            let x: Vec<f32> = (0..cin * nb * hw).map(|i| val(1, i)).collect();
+            let g: Vec<f32> = (0..cout * cin * 9).map(|i| val(2, i)).collect();
+            let init: Vec<f32> = (0..cout * nb * hw).map(|i| val(3, i)).collect();
+            let d = Direct3x3::new(&g, cout, cin);
+            let mut outs = Vec::new();
+            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+                let mut out = init.clone();
+                let mut pad = vec![f32::NAN; conv3x3_scratch(cin, h, w)];
+                conv3x3_on(isa, &d, &x, nb, h, w, &mut out, &mut pad);
+                outs.push((isa, out));
+            }
+            for co in 0..cout {
+                for b in 0..nb {
+                    for y in 0..h {
+                        for xx in 0..w {
+                            let o = (co * nb + b) * hw + y * w + xx;
+                            let mut want = init[o] as f64;
+                            for ci in 0..cin {
+                                for dy in 0..3 {
+                                    for dx in 0..3 {
+                                        let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
+                                        if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                            want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
+                                                * x[(ci * nb + b) * hw + iy as usize * w + ix as usize] as f64;
+                                        }
+                                    }
+                                }
+                            }
+                            let got = outs[0].1[o] as f64;
+                            assert!(
+                                (got - want).abs() < 2e-5,
+                                "{h}x{w} cin {cin} cout {cout}: out[{co}, {b}, {y}, {xx}] = {got}, want {want}"
+                            );
+                        }
+                    }
+                }
+            }
+            for (isa, out) in &outs[1..] {
+                assert!(
+                    out.iter().zip(&outs[0].1).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{h}x{w} cin {cin} cout {cout}: {isa:?} differs from the plain loops"
+                );
             }
         }
     }
