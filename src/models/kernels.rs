@@ -625,18 +625,34 @@ mod x86 {
                 mx = _mm512_max_ps(acc, mx);
                 *sj = acc;
             }
-            // Pass 2: e^{s − max}, its sum, and the values weighted by it.
-            let mut acc = [_mm512_setzero_ps(); HD];
-            let mut tot = _mm512_setzero_ps();
-            for (&sj, vj) in s.iter().zip(vt.chunks_exact(HD)) {
-                let p = exp16(_mm512_sub_ps(sj, mx));
+            // Pass 2: e^{s − max} in place, a loop whose keys are independent (the exponential
+            // is a chain of 15 dependent operations: fused with the sums below, it left the
+            // multiply-add units idle).
+            for sj in s.iter_mut() {
+                *sj = exp16(_mm512_sub_ps(*sj, mx));
+            }
+            // Pass 3: their sum and the values weighted by them, even and odd keys into two sets
+            // of accumulators (two dependent multiply-adds per key and value plane, not one).
+            let (mut acc, mut acc1) = ([_mm512_setzero_ps(); HD], [_mm512_setzero_ps(); HD]);
+            let (mut tot, mut tot1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for (p, v) in s.chunks_exact(2).zip(vt.chunks_exact(2 * HD)) {
+                tot = _mm512_add_ps(tot, p[0]);
+                tot1 = _mm512_add_ps(tot1, p[1]);
+                for d in 0..HD {
+                    acc[d] = _mm512_fmadd_ps(p[0], _mm512_set1_ps(v[d]), acc[d]);
+                    acc1[d] = _mm512_fmadd_ps(p[1], _mm512_set1_ps(v[HD + d]), acc1[d]);
+                }
+            }
+            if l % 2 == 1 {
+                let (p, v) = (s[l - 1], &vt[(l - 1) * HD..]);
                 tot = _mm512_add_ps(tot, p);
-                for (ad, &vv) in acc.iter_mut().zip(vj) {
+                for (ad, &vv) in acc.iter_mut().zip(v) {
                     *ad = _mm512_fmadd_ps(p, _mm512_set1_ps(vv), *ad);
                 }
             }
+            let tot = _mm512_add_ps(tot, tot1);
             for (d, ad) in acc.iter().enumerate().take(hd) {
-                let y = lanes16(_mm512_div_ps(*ad, tot));
+                let y = lanes16(_mm512_div_ps(_mm512_add_ps(*ad, acc1[d]), tot));
                 o[d * st + i0..d * st + i0 + n].copy_from_slice(&y[..n]);
             }
         }

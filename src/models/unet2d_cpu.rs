@@ -309,8 +309,8 @@ impl Feat {
     }
 }
 
-/// Buffers a thread keeps from one forward to the next: the column (or Winograd input) matrix,
-/// the Winograd products, the attention kernel's scratch and a pool of feature-map buffers.
+/// Buffers a thread keeps from one forward to the next: the column matrix (or the Winograd
+/// input matrix, or the direct convolution's guarded input copies), the Winograd products, the attention kernel's scratch and a pool of feature-map buffers.
 /// Reusing them spares every forward of a DDIM loop the page faults and zero-filling of fresh
 /// allocations (the allocator returns large blocks to the system when they are freed).
 #[derive(Default)]
