@@ -8,7 +8,12 @@
 //! * `unet_forward_mnist_b64`: models/mnist-ddpm (176,849 parameters, 0.118 GFLOP per image),
 //!   batch 64.
 //!
-//! Throughput is in images; quote the cpu/candle ratio and, against PyTorch, the ratios printed by
+//! * `conv3x3_32ch_14x14_b10`: one of models/mnist-ddpm's 3 × 3 convolutions (32 → 32 channels,
+//!   14 × 14, a task's 10 images) as the CPU forward runs it (`direct`: `kernels::conv3x3`) and as
+//!   im2col + GEMM (`im2col_gemm`: the column matrix, then `kernels::sgemm`); throughput in
+//!   multiply-adds.
+//!
+//! Throughput is in images (multiply-adds for the convolution); quote the cpu/candle ratio and, against PyTorch, the ratios printed by
 //! `scripts/compare_attacks_torch.py` (docs/attacks.md).
 //!
 //!   cargo bench --bench unet            (RAYON_NUM_THREADS=1 for the single-thread figures)
@@ -110,6 +115,75 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("candle", |bch| {
         bch.iter(|| unet.model.forward_candle(black_box(&xt), &t).unwrap())
+    });
+    g.finish();
+
+    conv3x3(c, &mut rng);
+}
+
+/// The direct 3 × 3 convolution against im2col + GEMM on the same data (channel-major
+/// [c][image][y][x], as the CPU forward keeps its feature maps).
+fn conv3x3(c: &mut Criterion, rng: &mut ChaCha8Rng) {
+    use dpaudit::models::kernels::{conv3x3, conv3x3_scratch, sgemm, Direct3x3, Mat};
+    let (cin, cout, nb, h, w) = (32, 32, 10, 14, 14);
+    let hw = h * w;
+    let x: Vec<f32> = (0..cin * nb * hw).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let wt: Vec<f32> = (0..cout * cin * 9).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+    let d = Direct3x3::new(&wt, cout, cin);
+    let mut pad = vec![0f32; conv3x3_scratch(cin, h, w)];
+    let mut out = vec![0f32; cout * nb * hw];
+    let mut col = vec![0f32; cin * 9 * nb * hw];
+    let mut g = c.benchmark_group("conv3x3_32ch_14x14_b10");
+    g.sample_size(20);
+    g.throughput(Throughput::Elements((cout * cin * 9 * nb * hw) as u64));
+    g.bench_function("direct", |bch| {
+        bch.iter(|| conv3x3(&d, black_box(&x), nb, h, w, &mut out, &mut pad))
+    });
+    g.bench_function("im2col_gemm", |bch| {
+        bch.iter(|| {
+            let n = nb * hw;
+            for ci in 0..cin {
+                for tap in 0..9 {
+                    let (dy, dx) = (tap / 3, tap % 3);
+                    let row = &mut col[(ci * 9 + tap) * n..][..n];
+                    for b in 0..nb {
+                        let src = &x[(ci * nb + b) * hw..][..hw];
+                        // Row by row: the in-range run copied, the padding columns zeroed.
+                        for y in 0..h {
+                            let dst = &mut row[b * hw + y * w..][..w];
+                            let iy = y + dy;
+                            if iy < 1 || iy > h {
+                                dst.fill(0.0);
+                                continue;
+                            }
+                            let s = &src[(iy - 1) * w..][..w];
+                            match dx {
+                                0 => {
+                                    dst[0] = 0.0;
+                                    dst[1..].copy_from_slice(&s[..w - 1]);
+                                }
+                                1 => dst.copy_from_slice(s),
+                                _ => {
+                                    dst[..w - 1].copy_from_slice(&s[1..]);
+                                    dst[w - 1] = 0.0;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            sgemm(
+                cout,
+                n,
+                cin * 9,
+                &mut out,
+                n,
+                true,
+                Mat::rows(&wt, cin * 9),
+                Mat::rows(black_box(&col), n),
+                1.0,
+            );
+        })
     });
     g.finish();
 }
