@@ -10,8 +10,8 @@
 //!
 //! * `conv3x3_32ch_14x14_b10`: one of models/mnist-ddpm's 3 × 3 convolutions (32 → 32 channels,
 //!   14 × 14, a task's 10 images) as the CPU forward runs it (`direct`: `kernels::conv3x3`) and as
-//!   im2col + GEMM (`im2col_gemm`: the column matrix, then `kernels::sgemm`); throughput in
-//!   multiply-adds.
+//!   im2col + GEMM (`im2col_gemm`: the column matrix, then `kernels::sgemm`); on an AVX-512 CPU
+//!   also the direct convolution's AVX2 tiles (`direct_avx2`); throughput in multiply-adds.
 //!
 //! Throughput is in images (multiply-adds for the convolution); quote the cpu/candle ratio and, against PyTorch, the ratios printed by
 //! `scripts/compare_attacks_torch.py` (docs/attacks.md).
@@ -124,7 +124,7 @@ fn bench(c: &mut Criterion) {
 /// The direct 3 × 3 convolution against im2col + GEMM on the same data (channel-major
 /// [c][image][y][x], as the CPU forward keeps its feature maps).
 fn conv3x3(c: &mut Criterion, rng: &mut ChaCha8Rng) {
-    use dpaudit::models::kernels::{conv3x3, conv3x3_scratch, sgemm, Direct3x3, Mat};
+    use dpaudit::models::kernels::{conv3x3, conv3x3_on, conv3x3_scratch, sgemm, Direct3x3, Isa, Mat};
     let (cin, cout, nb, h, w) = (32, 32, 10, 14, 14);
     let hw = h * w;
     let x: Vec<f32> = (0..cin * nb * hw).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -139,6 +139,12 @@ fn conv3x3(c: &mut Criterion, rng: &mut ChaCha8Rng) {
     g.bench_function("direct", |bch| {
         bch.iter(|| conv3x3(&d, black_box(&x), nb, h, w, &mut out, &mut pad))
     });
+    // The AVX2 + FMA tiles (what a CPU without AVX-512 runs), when this CPU has AVX-512.
+    if Isa::best() == Isa::Avx512 {
+        g.bench_function("direct_avx2", |bch| {
+            bch.iter(|| conv3x3_on(Isa::Avx2, &d, black_box(&x), nb, h, w, &mut out, &mut pad))
+        });
+    }
     g.bench_function("im2col_gemm", |bch| {
         bch.iter(|| {
             let n = nb * hw;
