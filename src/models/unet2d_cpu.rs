@@ -16,8 +16,8 @@
 //!   (all of models/mnist-ddpm's): per image, the input planes are copied once into three
 //!   zero-guarded copies, and a vector tile keeps 8 output channels × 48 pixels in registers over
 //!   all cin · 9 taps ([`super::super::kernels::conv3x3`]); no column matrix is written, nor
-//!   packed by a GEMM. On models/mnist-ddpm (PIA, 1 thread) this took 20–25 % off the run, against
-//!   im2col + GEMM.
+//!   packed by a GEMM. On models/mnist-ddpm (1 thread) this took 14–21 % off whole PIA and SecMI
+//!   runs, against im2col + GEMM.
 //! * **im2col by shifted planes** for the other convolutions (strided, and all of them on a CPU
 //!   without AVX2 + FMA): one contiguous copy per plane and tap, wrapped edges zeroed, in tiles
 //!   of whole images or of output rows whose column matrix stays in L2 (512 KB), in one buffer
