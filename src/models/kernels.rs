@@ -632,7 +632,7 @@ mod x86 {
                 *sj = exp16(_mm512_sub_ps(*sj, mx));
             }
             // Pass 3: their sum and the values weighted by them, even and odd keys into two sets
-            // of accumulators (two dependent multiply-adds per key and value plane, not one).
+            // of accumulators (two independent chains of multiply-adds per value plane, not one).
             let (mut acc, mut acc1) = ([_mm512_setzero_ps(); HD], [_mm512_setzero_ps(); HD]);
             let (mut tot, mut tot1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for (p, v) in s.chunks_exact(2).zip(vt.chunks_exact(2 * HD)) {
@@ -657,6 +657,7 @@ mod x86 {
             }
         }
     }
+
     /// One tile's inputs: a block of output channels `j0..j0 + CB` of a packed block of width
     /// `cb`, and pixels `p0..p0 + NV · L` of one image.
     struct Tile<'a> {
@@ -1220,7 +1221,7 @@ pub fn conv3x3_scratch(cin: usize, h: usize, w: usize) -> usize {
 /// Which copy of the direct 3 × 3 tiles to run.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Isa {
-    /// AVX-512F: 8 output channels × 3 vectors of 16 pixels per tile.
+    /// AVX-512F (with AVX2 + FMA): 8 output channels × 3 vectors of 16 pixels per tile.
     Avx512,
     /// AVX2 + FMA: 4 output channels × 3 vectors of 8 pixels per tile.
     Avx2,
@@ -1233,11 +1234,12 @@ impl Isa {
     pub fn best() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
+                return if std::arch::is_x86_feature_detected!("avx512f") {
+                    Isa::Avx512
+                } else {
+                    Isa::Avx2
+                };
             }
         }
         Isa::Scalar
@@ -1280,8 +1282,10 @@ pub fn conv3x3_on(isa: Isa, d: &Direct3x3, x: &[f32], nb: usize, h: usize, w: us
             cs: nb * hw,
         };
         match isa {
-            // SAFETY: calling a `target_feature` function is sound when the CPU has the
-            // features: `Isa::best()` detected them above.
+            // SAFETY (both arms): calling a `target_feature` function is sound when the CPU has
+            // the features. `isa` was lowered above to at most `Isa::best()`, which is `Avx512`
+            // only when AVX-512F, AVX2 and FMA were all detected, and `Avx2` only when AVX2 and
+            // FMA were.
             #[cfg(target_arch = "x86_64")]
             #[allow(unsafe_code)]
             Isa::Avx512 => unsafe { x86::direct512(d, &g, pad, o, out) },
