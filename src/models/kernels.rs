@@ -1629,6 +1629,45 @@ mod tests {
         }
     }
 
+    /// The 3 × 3 convolution with zero padding 1, in f64, added onto `init`: `x` [cin][nb][h][w],
+    /// `g` [cout][cin][3][3], result [cout][nb][h][w] (the reference of the Winograd and direct
+    /// convolution tests).
+    #[allow(clippy::too_many_arguments)]
+    fn reference_conv3x3(
+        x: &[f32],
+        g: &[f32],
+        init: &[f32],
+        cin: usize,
+        cout: usize,
+        nb: usize,
+        h: usize,
+        w: usize,
+    ) -> Vec<f64> {
+        let hw = h * w;
+        let mut out: Vec<f64> = init.iter().map(|&v| v as f64).collect();
+        for co in 0..cout {
+            for b in 0..nb {
+                for y in 0..h {
+                    for xx in 0..w {
+                        let o = &mut out[(co * nb + b) * hw + y * w + xx];
+                        for ci in 0..cin {
+                            for dy in 0..3 {
+                                for dx in 0..3 {
+                                    let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
+                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                        *o += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
+                                            * x[(ci * nb + b) * hw + iy as usize * w + ix as usize] as f64;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Winograd F(4×4, 3×3) through its three transforms equals the direct 3 × 3 convolution
     /// with zero padding 1 (in f64), on plane sizes that are and are not multiples of 4, for two
     /// images, with every tile row at once and in groups of one and three rows (groups that
@@ -1669,23 +1708,12 @@ mod tests {
                         wino4_output(&m[co * nt..], cout * nt, chan, h, w, r0..r1, &mut tmp);
                     }
                 }
+                let want_all = reference_conv3x3(&x, &g, &vec![0.5; cout * nb * hw], cin, cout, nb, h, w);
                 for co in 0..cout {
                     for b in 0..nb {
                         for y in 0..h {
                             for xx in 0..w {
-                                let mut want = 0.5f64;
-                                for ci in 0..cin {
-                                    for dy in 0..3 {
-                                        for dx in 0..3 {
-                                            let (iy, ix) =
-                                                (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
-                                            if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
-                                                want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
-                                                    * x[(ci * nb + b) * hw + iy as usize * w + ix as usize] as f64;
-                                            }
-                                        }
-                                    }
-                                }
+                                let want = want_all[(co * nb + b) * hw + y * w + xx];
                                 let got = out[(co * nb + b) * hw + y * w + xx] as f64;
                                 assert!(
                                     (got - want).abs() < 2e-5,
@@ -1698,6 +1726,7 @@ mod tests {
             }
         }
     }
+
     /// The direct 3 × 3 convolution equals the convolution with zero padding 1 (in f64), added
     /// onto what `out` held, on planes whose pixel counts are and are not whole vectors, output
     /// channel counts that use every block width (8, 4, 2, 1), and two images; every copy of the
@@ -1728,23 +1757,13 @@ mod tests {
                 conv3x3_on(isa, &d, &x, nb, h, w, &mut out, &mut pad);
                 outs.push((isa, out));
             }
+            let want_all = reference_conv3x3(&x, &g, &init, cin, cout, nb, h, w);
             for co in 0..cout {
                 for b in 0..nb {
                     for y in 0..h {
                         for xx in 0..w {
                             let o = (co * nb + b) * hw + y * w + xx;
-                            let mut want = init[o] as f64;
-                            for ci in 0..cin {
-                                for dy in 0..3 {
-                                    for dx in 0..3 {
-                                        let (iy, ix) = (y as isize + dy as isize - 1, xx as isize + dx as isize - 1);
-                                        if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
-                                            want += g[((co * cin + ci) * 3 + dy) * 3 + dx] as f64
-                                                * x[(ci * nb + b) * hw + iy as usize * w + ix as usize] as f64;
-                                        }
-                                    }
-                                }
-                            }
+                            let want = want_all[o];
                             let got = outs[0].1[o] as f64;
                             assert!(
                                 (got - want).abs() < 2e-5,
