@@ -38,7 +38,8 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::kernels::{
-    affine, norm_act_grad, norm_input_grad, sgemm, silu_grad, softmax_grad_rows, softmax_rows, sq_dev, sum, Mat,
+    affine, conv3x3_on, conv3x3_scratch, conv3x3_weight_grad, norm_act_grad, norm_input_grad, sgemm, silu_grad,
+    softmax_grad_rows, softmax_rows, sq_dev, sum, Direct3x3, Isa, Mat,
 };
 use super::unet2d::im2col_plane;
 use super::unet2d::{Act, Resample, TimeEmbedding, Unet2dConfig};
@@ -64,6 +65,9 @@ struct ConvOp {
     wo: usize,
     x: B,
     y: B,
+    /// For a 3 × 3, stride-1, padding-1 convolution: its index among [`CpuGrad`]'s packed
+    /// kernels, for the direct forms.
+    direct: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -145,6 +149,10 @@ struct Plan {
     /// Largest weight matrix (cout·cin·k²).
     max_w: usize,
     max_len: usize,
+    /// The 3 × 3 convolutions with a direct form: (weight offset, cout, cin), by index.
+    direct: Vec<(usize, usize, usize)>,
+    /// Largest scratch a direct form needs.
+    max_pad: usize,
 }
 
 struct Builder<'a> {
@@ -158,6 +166,8 @@ struct Builder<'a> {
     max_ll: usize,
     /// Largest weight matrix (cout·cin·k²).
     max_w: usize,
+    direct: Vec<(usize, usize, usize)>,
+    max_pad: usize,
 }
 
 impl Builder<'_> {
@@ -192,6 +202,13 @@ impl Builder<'_> {
         if k > 1 || stride > 1 || pad_lo > 0 {
             self.max_col = self.max_col.max(cin * k * k * ho * wo);
         }
+        let direct = (k == 3 && stride == 1 && pad_lo == 1 && pad_hi == 1).then(|| {
+            self.direct.push((w, cout, cin));
+            self.max_pad = self
+                .max_pad
+                .max(conv3x3_scratch(cin, h, wd).max(conv3x3_scratch(cout, h, wd)));
+            self.direct.len() - 1
+        });
         self.ops.push(Op::Conv(ConvOp {
             w,
             b,
@@ -206,6 +223,7 @@ impl Builder<'_> {
             wo,
             x,
             y,
+            direct,
         }));
         Ok(y)
     }
@@ -231,6 +249,7 @@ impl Builder<'_> {
             wo: wd,
             x,
             y,
+            direct: None,
         }));
         Ok(y)
     }
@@ -373,6 +392,8 @@ fn compile(config: &Unet2dConfig, params: &HashMap<String, (usize, Vec<usize>)>,
         max_col: 0,
         max_ll: 0,
         max_w: 0,
+        direct: Vec::new(),
+        max_pad: 0,
     };
     let input = b.buf(cfg.in_channels, h, w);
     let c0 = cfg.block_out_channels[0];
@@ -475,6 +496,8 @@ fn compile(config: &Unet2dConfig, params: &HashMap<String, (usize, Vec<usize>)>,
         max_col: b.max_col,
         max_ll: b.max_ll,
         max_w: b.max_w,
+        direct: b.direct,
+        max_pad: b.max_pad,
     })
 }
 
@@ -488,6 +511,8 @@ struct Work {
     dp: Vec<f32>,
     /// A transposed weight gradient.
     wscr: Vec<f32>,
+    /// The direct convolutions' zero-guarded copies of their input (empty without them).
+    pad: Vec<f32>,
     tmp: Vec<f32>,
     /// This sample's gradient.
     g: Vec<f32>,
@@ -496,7 +521,7 @@ struct Work {
 }
 
 impl Work {
-    fn new(plan: &Plan, n_params: usize) -> Self {
+    fn new(plan: &Plan, n_params: usize, direct: bool) -> Self {
         Work {
             act: plan.lens.iter().map(|&n| vec![0.0; n]).collect(),
             grad: plan
@@ -510,6 +535,7 @@ impl Work {
             probs: vec![0.0; plan.probs],
             dp: vec![0.0; plan.max_ll],
             wscr: vec![0.0; plan.max_w],
+            pad: vec![0.0; if direct { plan.max_pad } else { 0 }],
             tmp: vec![0.0; plan.max_len],
             g: vec![0.0; n_params],
             sum: vec![0.0; n_params],
@@ -527,7 +553,37 @@ pub struct CpuGrad {
     /// The parameters, copied from the model by [`CpuGrad::load`].
     params: Vec<f32>,
     shape: [usize; 3],
+    /// Whose tiles run the 3 × 3 convolutions directly (None: im2col + GEMM).
+    isa: Option<Isa>,
+    /// Their kernels packed for it, by [`ConvOp::direct`] (empty with `isa` None).
+    packs: Vec<DirectPair>,
     works: Vec<Mutex<Work>>,
+}
+
+/// One 3 × 3 convolution's kernel packed for the direct convolution: forward, and its adjoint
+/// for the input gradient ([`Direct3x3::adjoint`]).
+struct DirectPair {
+    fwd: Direct3x3,
+    adj: Direct3x3,
+}
+
+/// What a pass reads besides its workspace: the parameters and, when the 3 × 3 convolutions
+/// run directly, whose tiles and the packed kernels.
+#[derive(Clone, Copy)]
+struct Net<'a> {
+    params: &'a [f32],
+    direct: Option<(Isa, &'a [DirectPair])>,
+}
+
+/// The form of the 3 × 3, stride-1 convolutions on this CPU: the direct convolution
+/// ([`super::kernels::conv3x3`]; forward, input gradient through the adjoint kernel, weight
+/// gradient by one GEMM per tap on its padded copies) where it has the AVX-512 or AVX2 + FMA
+/// tiles, as the inference pass; im2col + GEMM on a CPU with neither.
+pub fn default_direct() -> Option<Isa> {
+    match Isa::best() {
+        Isa::Scalar => None,
+        isa => Some(isa),
+    }
 }
 
 /// What one call computed.
@@ -542,6 +598,12 @@ impl CpuGrad {
     /// The pass for `model` on images of `shape` [c, h, w] (an error if the config is not
     /// covered: see [`unsupported`]).
     pub fn new(model: &TrainUnet, shape: [usize; 3]) -> Result<Self> {
+        Self::with_direct(model, shape, default_direct())
+    }
+
+    /// [`CpuGrad::new`] with the 3 × 3 convolutions on the direct tiles of `direct` (None:
+    /// im2col + GEMM), for comparisons.
+    pub fn with_direct(model: &TrainUnet, shape: [usize; 3], direct: Option<Isa>) -> Result<Self> {
         if let Some(why) = unsupported(&model.config) {
             return Err(Error::model(format!("the hand-written CPU pass does not cover {why}")));
         }
@@ -570,6 +632,8 @@ impl CpuGrad {
             n_params: off,
             params: vec![0.0; off],
             shape,
+            isa: direct,
+            packs: Vec::new(),
             works: Vec::new(),
         };
         g.load(model)?;
@@ -595,6 +659,17 @@ impl CpuGrad {
                 return Err(Error::model("parameter size changed"));
             }
             self.params[*off..off + n].copy_from_slice(&host);
+        }
+        if self.isa.is_some() {
+            self.packs = (self.plan.direct.iter())
+                .map(|&(w, cout, cin)| {
+                    let k = &self.params[w..w + cout * cin * 9];
+                    DirectPair {
+                        fwd: Direct3x3::new(k, cout, cin),
+                        adj: Direct3x3::adjoint(k, cout, cin),
+                    }
+                })
+                .collect();
         }
         Ok(())
     }
@@ -630,9 +705,17 @@ impl CpuGrad {
         Ok(d)
     }
 
+    fn net(&self) -> Net<'_> {
+        Net {
+            params: &self.params,
+            direct: self.isa.map(|isa| (isa, self.packs.as_slice())),
+        }
+    }
+
     fn ensure_works(&mut self, k: usize) {
         while self.works.len() < k {
-            self.works.push(Mutex::new(Work::new(&self.plan, self.n_params)));
+            self.works
+                .push(Mutex::new(Work::new(&self.plan, self.n_params, self.isa.is_some())));
         }
     }
 
@@ -640,6 +723,10 @@ impl CpuGrad {
     pub fn per_sample(&mut self, xt: &[f32], t: &[f64], eps: &[f32]) -> Result<Vec<Vec<f32>>> {
         let d = self.check(xt, t, eps)?;
         self.ensure_works(1);
+        let net = Net {
+            params: &self.params,
+            direct: self.isa.map(|isa| (isa, self.packs.as_slice())),
+        };
         let w = self.works[0]
             .get_mut()
             .map_err(|_| Error::model("poisoned workspace"))?;
@@ -648,7 +735,7 @@ impl CpuGrad {
             gradient(
                 &self.config,
                 &self.plan,
-                &self.params,
+                net,
                 w,
                 &xt[i * d..(i + 1) * d],
                 ti,
@@ -675,7 +762,7 @@ impl CpuGrad {
         let tasks = rayon::current_num_threads().clamp(1, b.max(1));
         self.ensure_works(tasks);
         let per = b.div_ceil(tasks);
-        let (config, plan, params) = (&self.config, &self.plan, &self.params);
+        let (config, plan, net) = (&self.config, &self.plan, self.net());
         let norms: Vec<Vec<f64>> = (0..tasks)
             .into_par_iter()
             .map(|k| {
@@ -687,7 +774,7 @@ impl CpuGrad {
                     gradient(
                         config,
                         plan,
-                        params,
+                        net,
                         w,
                         &xt[i * d..(i + 1) * d],
                         t[i],
@@ -728,7 +815,7 @@ fn norm2(v: &[f32]) -> f64 {
 }
 
 /// One sample's forward and backward pass: leaves ∇θ L in `w.g`.
-fn gradient(config: &Unet2dConfig, plan: &Plan, params: &[f32], w: &mut Work, x: &[f32], t: f64, eps: &[f32]) {
+fn gradient(config: &Unet2dConfig, plan: &Plan, net: Net<'_>, w: &mut Work, x: &[f32], t: f64, eps: &[f32]) {
     // Inputs.
     {
         let inp = &mut w.act[plan.input];
@@ -743,7 +830,7 @@ fn gradient(config: &Unet2dConfig, plan: &Plan, params: &[f32], w: &mut Work, x:
         w.act[plan.tfeat].copy_from_slice(&tf);
     }
     for op in &plan.ops {
-        forward(op, params, w, config.norm_eps);
+        forward(op, net, w, config.norm_eps);
     }
     // ∂L/∂pred for L = mean (pred − ε)².
     for (i, gb) in w.grad.iter_mut().enumerate() {
@@ -761,7 +848,7 @@ fn gradient(config: &Unet2dConfig, plan: &Plan, params: &[f32], w: &mut Work, x:
     }
     w.g.fill(0.0);
     for op in plan.ops.iter().rev() {
-        backward(op, params, w, &plan.needs_grad);
+        backward(op, net, w, &plan.needs_grad);
     }
 }
 
@@ -828,7 +915,8 @@ fn col2im(c: &ConvOp, dcol: &[f32], dx: &mut [f32]) {
     }
 }
 
-fn forward(op: &Op, params: &[f32], w: &mut Work, norm_eps: f64) {
+fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
+    let params = net.params;
     match *op {
         Op::Conv(c) => {
             let mut y = std::mem::take(&mut w.act[c.y]);
@@ -840,7 +928,9 @@ fn forward(op: &Op, params: &[f32], w: &mut Work, norm_eps: f64) {
             }
             let kk = c.cin * c.k * c.k;
             let wt = &params[c.w..c.w + c.cout * kk];
-            if c.k == 1 && c.stride == 1 && c.pad == 0 {
+            if let (Some(i), Some((isa, packs))) = (c.direct, net.direct) {
+                conv3x3_on(isa, &packs[i].fwd, x, 1, c.h, c.wd, &mut y, &mut w.pad);
+            } else if c.k == 1 && c.stride == 1 && c.pad == 0 {
                 sgemm(
                     c.cout,
                     hwo,
@@ -987,7 +1077,8 @@ fn forward(op: &Op, params: &[f32], w: &mut Work, norm_eps: f64) {
     }
 }
 
-fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
+fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
+    let params = net.params;
     match *op {
         Op::Conv(c) => {
             let dy = std::mem::take(&mut w.grad[c.y]);
@@ -998,6 +1089,26 @@ fn backward(op: &Op, params: &[f32], w: &mut Work, needs: &[bool]) {
                 for (d, row) in db.iter_mut().zip(dy.chunks_exact(hwo)) {
                     *d += sum(row) as f32;
                 }
+            }
+            if let (Some(i), Some((isa, packs))) = (c.direct, net.direct) {
+                let dwt = &mut w.wscr[..kk * c.cout];
+                conv3x3_weight_grad(
+                    &w.act[c.x],
+                    c.cin,
+                    &dy,
+                    c.cout,
+                    c.h,
+                    c.wd,
+                    dwt,
+                    &mut w.pad,
+                    &mut w.col[..kk * hwo],
+                );
+                transpose_into(dwt, kk, c.cout, &mut w.g[c.w..c.w + c.cout * kk], true);
+                if needs[c.x] {
+                    conv3x3_on(isa, &packs[i].adj, &dy, 1, c.h, c.wd, &mut w.grad[c.x], &mut w.pad);
+                }
+                w.grad[c.y] = dy;
+                return;
             }
             let one = c.k == 1 && c.stride == 1 && c.pad == 0;
             let x = &w.act[c.x];
@@ -1271,113 +1382,118 @@ mod tests {
         let m = TrainUnet::random(&config, 11, &Device::Cpu).unwrap();
         let c = config.in_channels;
         let (x, t, e) = batch(c, side, b, 5);
-        let mut g = CpuGrad::new(&m, [c, side, side]).unwrap();
-        let ours = g.per_sample(&x, &t, &e).unwrap();
         let xt = Tensor::from_slice(&x, (b, c, side, side), &Device::Cpu).unwrap();
         let et = Tensor::from_slice(&e, (b, c, side, side), &Device::Cpu).unwrap();
         let mut refs = vec![m.per_sample_grads(&xt, &t, &et).unwrap()];
         if loop_too {
             refs.push(m.per_sample_grads_loop(&xt, &t, &et).unwrap());
         }
-        let mut worst = (0f64, String::new());
-        for reference in &refs {
-            let norms = per_sample_norms(reference).unwrap();
-            for (i, ours_i) in ours.iter().enumerate() {
-                let on = l2(ours_i);
-                assert!(
-                    (on - norms[i]).abs() <= 1e-4 * norms[i],
-                    "sample {i}: norm {on} vs {}",
-                    norms[i]
-                );
-                for ((name, off, dims), (rn, rt)) in g.layout().iter().zip(reference) {
-                    assert_eq!(name, rn);
-                    let len: usize = dims.iter().product();
-                    let want: Vec<f32> = rt.get(i).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-                    let got = &ours_i[*off..off + len];
-                    let diff: Vec<f32> = got.iter().zip(&want).map(|(a, b)| a - b).collect();
-                    let (d, nw) = (l2(&diff), l2(&want));
-                    // A gradient that is zero in exact arithmetic (the key bias: softmax ignores a
-                    // constant added to every score) is f32 noise in both: held to 1e-6 of the
-                    // sample's norm.
+        // Every form of the 3 × 3 convolutions: the direct AVX-512 and AVX2 tiles (each lowered
+        // to what this CPU has) and im2col + GEMM.
+        for form in [Some(Isa::Avx512), Some(Isa::Avx2), None] {
+            eprintln!("3 × 3 convolutions direct: {form:?}");
+            let mut g = CpuGrad::with_direct(&m, [c, side, side], form).unwrap();
+            let ours = g.per_sample(&x, &t, &e).unwrap();
+            let mut worst = (0f64, String::new());
+            for reference in &refs {
+                let norms = per_sample_norms(reference).unwrap();
+                for (i, ours_i) in ours.iter().enumerate() {
+                    let on = l2(ours_i);
                     assert!(
-                        d <= 1e-4 * nw + 1e-6 * norms[i],
-                        "{name} sample {i}: error {d:e}, norm {nw:e} (sample norm {:e})",
+                        (on - norms[i]).abs() <= 1e-4 * norms[i],
+                        "sample {i}: norm {on} vs {}",
                         norms[i]
                     );
-                    if nw > 1e-4 * norms[i] && d / nw > worst.0 {
-                        worst = (d / nw, format!("{name} sample {i}"));
+                    for ((name, off, dims), (rn, rt)) in g.layout().iter().zip(reference) {
+                        assert_eq!(name, rn);
+                        let len: usize = dims.iter().product();
+                        let want: Vec<f32> = rt.get(i).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                        let got = &ours_i[*off..off + len];
+                        let diff: Vec<f32> = got.iter().zip(&want).map(|(a, b)| a - b).collect();
+                        let (d, nw) = (l2(&diff), l2(&want));
+                        // A gradient that is zero in exact arithmetic (the key bias: softmax ignores a
+                        // constant added to every score) is f32 noise in both: held to 1e-6 of the
+                        // sample's norm.
+                        assert!(
+                            d <= 1e-4 * nw + 1e-6 * norms[i],
+                            "{name} sample {i}: error {d:e}, norm {nw:e} (sample norm {:e})",
+                            norms[i]
+                        );
+                        if nw > 1e-4 * norms[i] && d / nw > worst.0 {
+                            worst = (d / nw, format!("{name} sample {i}"));
+                        }
                     }
                 }
             }
-        }
-        eprintln!("largest relative error: {:e} ({})", worst.0, worst.1);
-        // Clipped sum with a clip between the norms, against candle's clip_and_sum.
-        let norms = per_sample_norms(&refs[0]).unwrap();
-        let mut sorted = norms.clone();
-        sorted.sort_by(f64::total_cmp);
-        let clip = (sorted[0] + sorted[b - 1]) / 2.0;
-        let (want, _) = clip_and_sum(&refs[0], clip).unwrap();
-        let got = g.clipped_sum(&x, &t, &e, Some(clip), 1.0).unwrap();
-        for (a, b) in got.norms.iter().zip(&norms) {
-            assert!((a - b).abs() <= 1e-4 * b);
-        }
-        let gt = g.to_tensors(&got.sum, &Device::Cpu).unwrap();
-        let total = |h: &HashMap<String, Tensor>| -> f64 {
-            h.values()
-                .map(|t| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64)
-                .sum::<f64>()
-                .sqrt()
-        };
-        let scale = total(&want);
-        for (name, w) in &want {
-            let d = (&gt[name] - w)
-                .unwrap()
-                .sqr()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap() as f64;
-            let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
-            assert!(
-                d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * scale,
-                "clipped sum {name}: {} vs {}",
-                d.sqrt(),
-                n.sqrt()
-            );
-        }
-        // The non-private batch gradient: candle's backward of the mean loss.
-        let loss = m.per_sample_loss(&xt, &t, &et).unwrap().mean_all().unwrap();
-        let grads = loss.backward().unwrap();
-        let mean = g.clipped_sum(&x, &t, &e, None, 1.0 / b as f64).unwrap();
-        let mt = g.to_tensors(&mean.sum, &Device::Cpu).unwrap();
-        let all: f64 = m
-            .vars()
-            .iter()
-            .map(|v| {
-                grads.get(v.as_tensor()).map_or(0.0, |t| {
-                    t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+            eprintln!("largest relative error: {:e} ({})", worst.0, worst.1);
+            // Clipped sum with a clip between the norms, against candle's clip_and_sum.
+            let norms = per_sample_norms(&refs[0]).unwrap();
+            let mut sorted = norms.clone();
+            sorted.sort_by(f64::total_cmp);
+            let clip = (sorted[0] + sorted[b - 1]) / 2.0;
+            let (want, _) = clip_and_sum(&refs[0], clip).unwrap();
+            let got = g.clipped_sum(&x, &t, &e, Some(clip), 1.0).unwrap();
+            for (a, b) in got.norms.iter().zip(&norms) {
+                assert!((a - b).abs() <= 1e-4 * b);
+            }
+            let gt = g.to_tensors(&got.sum, &Device::Cpu).unwrap();
+            let total = |h: &HashMap<String, Tensor>| -> f64 {
+                h.values()
+                    .map(|t| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64)
+                    .sum::<f64>()
+                    .sqrt()
+            };
+            let scale = total(&want);
+            for (name, w) in &want {
+                let d = (&gt[name] - w)
+                    .unwrap()
+                    .sqr()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap() as f64;
+                let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+                assert!(
+                    d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * scale,
+                    "clipped sum {name}: {} vs {}",
+                    d.sqrt(),
+                    n.sqrt()
+                );
+            }
+            // The non-private batch gradient: candle's backward of the mean loss.
+            let loss = m.per_sample_loss(&xt, &t, &et).unwrap().mean_all().unwrap();
+            let grads = loss.backward().unwrap();
+            let mean = g.clipped_sum(&x, &t, &e, None, 1.0 / b as f64).unwrap();
+            let mt = g.to_tensors(&mean.sum, &Device::Cpu).unwrap();
+            let all: f64 = m
+                .vars()
+                .iter()
+                .map(|v| {
+                    grads.get(v.as_tensor()).map_or(0.0, |t| {
+                        t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+                    })
                 })
-            })
-            .sum::<f64>()
-            .sqrt();
-        for (name, v) in m.names().iter().zip(m.vars()) {
-            let w = grads.get(v.as_tensor()).unwrap();
-            let d = (&mt[name] - w)
-                .unwrap()
-                .sqr()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap() as f64;
-            let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
-            assert!(
-                d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * all,
-                "batch gradient {name}: {} vs {}",
-                d.sqrt(),
-                n.sqrt()
-            );
+                .sum::<f64>()
+                .sqrt();
+            for (name, v) in m.names().iter().zip(m.vars()) {
+                let w = grads.get(v.as_tensor()).unwrap();
+                let d = (&mt[name] - w)
+                    .unwrap()
+                    .sqr()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap() as f64;
+                let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+                assert!(
+                    d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * all,
+                    "batch gradient {name}: {} vs {}",
+                    d.sqrt(),
+                    n.sqrt()
+                );
+            }
         }
     }
 
@@ -1418,57 +1534,84 @@ mod tests {
         let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
         let m = TrainUnet::random(&config, 11, &Device::Cpu).unwrap();
         let (x, t, e) = batch(1, 28, 64, 5);
-        let g = CpuGrad::new(&m, [1, 28, 28]).unwrap();
-        let mut w = Work::new(&g.plan, g.n_params);
-        let kind = |op: &Op| -> String {
-            match op {
-                Op::Conv(c) => format!("conv k{} s{} {}→{} {}x{}", c.k, c.stride, c.cin, c.cout, c.ho, c.wo),
-                Op::Norm { silu, .. } => format!("norm silu={silu}"),
-                Op::Silu { .. } => "silu".into(),
-                Op::AddBcast { .. } => "addbcast".into(),
-                Op::Add { .. } => "add".into(),
-                Op::Concat { .. } => "concat".into(),
-                Op::Up2 { .. } => "up2".into(),
-                Op::Attn { l, heads, .. } => format!("attn l{l} h{heads}"),
-            }
-        };
-        let mut fwd: HashMap<String, f64> = HashMap::new();
-        let mut bwd: HashMap<String, f64> = HashMap::new();
-        let t0 = Instant::now();
-        for i in 0..64 {
-            gradient(
-                &g.config,
-                &g.plan,
-                &g.params,
-                &mut w,
-                &x[i * 784..(i + 1) * 784],
-                t[i],
-                &e[i * 784..(i + 1) * 784],
-            );
-        }
-        let whole = t0.elapsed().as_secs_f64() / 64.0;
-        for i in 0..64 {
-            w.act[g.plan.input].copy_from_slice(&x[i * 784..(i + 1) * 784]);
-            for op in &g.plan.ops {
+        // Whole samples: the forms alternated, 7 rounds of 16 samples each, the median round.
+        let forms = [default_direct(), None];
+        let mut passes: Vec<CpuGrad> = forms
+            .iter()
+            .map(|&f| CpuGrad::with_direct(&m, [1, 28, 28], f).unwrap())
+            .collect();
+        let mut rounds = vec![Vec::new(); forms.len()];
+        for _ in 0..7 {
+            for (p, r) in passes.iter_mut().zip(&mut rounds) {
                 let s = Instant::now();
-                forward(op, &g.params, &mut w, 1e-5);
-                *fwd.entry(kind(op)).or_default() += s.elapsed().as_secs_f64();
-            }
-            for op in g.plan.ops.iter().rev() {
-                let s = Instant::now();
-                backward(op, &g.params, &mut w, &g.plan.needs_grad);
-                *bwd.entry(kind(op)).or_default() += s.elapsed().as_secs_f64();
+                p.per_sample(&x[..16 * 784], &t[..16], &e[..16 * 784]).unwrap();
+                r.push(s.elapsed().as_secs_f64() / 16.0);
             }
         }
-        let mut rows: Vec<_> = fwd.keys().cloned().collect();
-        rows.sort_by(|a, b| (bwd[b] + fwd[b]).total_cmp(&(bwd[a] + fwd[a])));
-        eprintln!("whole sample {:.3} ms", whole * 1e3);
-        for r in rows {
+        for (f, r) in forms.iter().zip(&mut rounds) {
+            r.sort_by(f64::total_cmp);
             eprintln!(
-                "{r:32} fwd {:7.3} ms  bwd {:7.3} ms",
-                fwd[&r] / 64.0 * 1e3,
-                bwd[&r] / 64.0 * 1e3
+                "3 × 3 convolutions direct: {f:?}; whole sample (median of 7 alternated rounds) {:.3} ms",
+                r[3] * 1e3
             );
+        }
+        for form in forms {
+            let g = CpuGrad::with_direct(&m, [1, 28, 28], form).unwrap();
+            let net = g.net();
+            let mut w = Work::new(&g.plan, g.n_params, g.isa.is_some());
+            let kind = |op: &Op| -> String {
+                match op {
+                    Op::Conv(c) => format!("conv k{} s{} {}→{} {}x{}", c.k, c.stride, c.cin, c.cout, c.ho, c.wo),
+                    Op::Norm { silu, .. } => format!("norm silu={silu}"),
+                    Op::Silu { .. } => "silu".into(),
+                    Op::AddBcast { .. } => "addbcast".into(),
+                    Op::Add { .. } => "add".into(),
+                    Op::Concat { .. } => "concat".into(),
+                    Op::Up2 { .. } => "up2".into(),
+                    Op::Attn { l, heads, .. } => format!("attn l{l} h{heads}"),
+                }
+            };
+            let mut fwd: HashMap<String, f64> = HashMap::new();
+            let mut bwd: HashMap<String, f64> = HashMap::new();
+            let t0 = Instant::now();
+            for i in 0..64 {
+                gradient(
+                    &g.config,
+                    &g.plan,
+                    net,
+                    &mut w,
+                    &x[i * 784..(i + 1) * 784],
+                    t[i],
+                    &e[i * 784..(i + 1) * 784],
+                );
+            }
+            let whole = t0.elapsed().as_secs_f64() / 64.0;
+            for i in 0..64 {
+                w.act[g.plan.input].copy_from_slice(&x[i * 784..(i + 1) * 784]);
+                for op in &g.plan.ops {
+                    let s = Instant::now();
+                    forward(op, net, &mut w, 1e-5);
+                    *fwd.entry(kind(op)).or_default() += s.elapsed().as_secs_f64();
+                }
+                for op in g.plan.ops.iter().rev() {
+                    let s = Instant::now();
+                    backward(op, net, &mut w, &g.plan.needs_grad);
+                    *bwd.entry(kind(op)).or_default() += s.elapsed().as_secs_f64();
+                }
+            }
+            let mut rows: Vec<_> = fwd.keys().cloned().collect();
+            rows.sort_by(|a, b| (bwd[b] + fwd[b]).total_cmp(&(bwd[a] + fwd[a])));
+            eprintln!(
+                "3 × 3 convolutions direct: {form:?}; whole sample {:.3} ms",
+                whole * 1e3
+            );
+            for r in rows {
+                eprintln!(
+                    "{r:32} fwd {:7.3} ms  bwd {:7.3} ms",
+                    fwd[&r] / 64.0 * 1e3,
+                    bwd[&r] / 64.0 * 1e3
+                );
+            }
         }
     }
 
