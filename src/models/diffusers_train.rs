@@ -40,7 +40,7 @@ use super::diffusers::{read_weights, unet_dir, WEIGHTS};
 use super::images::ImageSet;
 use super::scheduler::SchedulerConfig;
 use super::train::{noisy, normals};
-use super::unet2d::Unet2dConfig;
+use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
 use super::unet2d_grad_cpu::{unsupported, CpuGrad};
 use super::unet2d_train::{clip_and_sum, TrainUnet};
 use super::{Schedule, SplitManifest};
@@ -464,6 +464,24 @@ fn eval_loss(
     let eps = normals(&mut rng, n * d);
     let xt = noisy(schedule, rows, &t, &eps);
     let mut total = 0.0;
+    if m.device().is_cpu() {
+        // On the CPU through the inference UNet's batch-parallel forward (`unet2d_cpu.rs`), built
+        // from the current weights: the same function as candle's forward of `m` (equal to 1e-5,
+        // `saved_weights_load_into_the_inference_unet_with_equal_outputs`) at a fraction of its
+        // time, which a short run otherwise spends mostly here.
+        let store = WeightStore::new(m.tensors()?, Path::new("(the weights being trained)"));
+        let inf = Unet2dModel::new(&m.config, &store)?;
+        for s in (0..n).step_by(64) {
+            let k = 64.min(n - s);
+            let tf: Vec<f64> = t[s..s + k].iter().map(|&v| v as f64).collect();
+            let pred = inf.forward_host(&xt[s * d..(s + k) * d], [k, shape[0], shape[1], shape[2]], &tf)?;
+            for (p, e) in pred.chunks_exact(d).zip(eps[s * d..(s + k) * d].chunks_exact(d)) {
+                let se: f64 = p.iter().zip(e).map(|(&a, &b)| ((a - b) as f64).powi(2)).sum();
+                total += se / d as f64;
+            }
+        }
+        return Ok(total / n as f64);
+    }
     for s in (0..n).step_by(32) {
         let k = 32.min(n - s);
         let x = Tensor::from_slice(&xt[s * d..(s + k) * d], (k, shape[0], shape[1], shape[2]), m.device())?;

@@ -1255,29 +1255,16 @@ pub fn conv3x3_scratch(cin: usize, h: usize, w: usize) -> usize {
     3 * DirectGeom::new(cin, h, w).ds
 }
 
-/// The weight gradient of a 3 × 3, stride-1, padding-1 convolution of one image, transposed:
-/// `dwt[(ci·9 + tap)·cout + co] = Σ_p x_tap[ci][p] · dy[co][p]` for `x` [cin][h][w] and `dy`
-/// [cout][h][w], where x_tap is the plane shifted by the tap (dy − 1, dx − 1) with zeros outside
-/// (overwritten, not added). The shifted planes are slices of [`conv3x3`]'s zero-guarded copies
-/// of `x`, so the column matrix `col` [cin·9 × h·w] is 9·cin contiguous copies out of them (no
-/// per-row bounds), then one GEMM with the long pixel axis as its depth. `pad`:
-/// [`conv3x3_scratch`] floats; `col`: cin·9·h·w; contents of both not kept.
-#[allow(clippy::too_many_arguments)]
-pub fn conv3x3_weight_grad(
-    x: &[f32],
-    cin: usize,
-    dy: &[f32],
-    cout: usize,
-    h: usize,
-    w: usize,
-    dwt: &mut [f32],
-    pad: &mut [f32],
-    col: &mut [f32],
-) {
+/// The column matrix of a 3 × 3, stride-1, padding-1 convolution of one image (im2col):
+/// `col[(ci·9 + tap)·h·w + p]` = x[ci] at pixel p shifted by the tap (dy − 1, dx − 1), zero
+/// outside the plane, for `x` [cin][h][w]. The shifted planes are slices of [`conv3x3`]'s
+/// zero-guarded copies, so each row is one contiguous copy (no per-row bounds), which is what the
+/// weight gradient ∂W = ∂y · colᵀ needs. `pad`: [`conv3x3_scratch`] floats, contents not kept.
+pub fn conv3x3_columns(x: &[f32], cin: usize, h: usize, w: usize, pad: &mut [f32], col: &mut [f32]) {
     let hw = h * w;
     assert!(
-        x.len() >= cin * hw && dy.len() >= cout * hw && dwt.len() >= cin * 9 * cout && col.len() >= cin * 9 * hw,
-        "conv3x3_weight_grad: buffers too small"
+        x.len() >= cin * hw && col.len() >= cin * 9 * hw,
+        "conv3x3_columns: buffers too small"
     );
     let g = DirectGeom::new(cin, h, w);
     let pad = &mut pad[..3 * g.ds];
@@ -1288,17 +1275,6 @@ pub fn conv3x3_weight_grad(
         let at = g.at(tx, ci) + ty * w + tx - w - 1;
         row.copy_from_slice(&pad[at..at + hw]);
     }
-    sgemm(
-        cin * 9,
-        cout,
-        hw,
-        dwt,
-        cout,
-        false,
-        Mat::rows(col, hw),
-        Mat::cols(dy, hw),
-        1.0,
-    );
 }
 
 /// Which copy of the direct 3 × 3 tiles to run.
@@ -1867,10 +1843,10 @@ mod tests {
     }
 
     /// The adjoint packing is the input gradient (⟨conv(x), ∂y⟩ = ⟨x, adjoint(∂y)⟩, against the
-    /// f64 reference convolution) and the tap GEMMs are the weight gradient (against the sums
-    /// written out), on shapes with partial tiles and planes narrower than a vector.
+    /// f64 reference convolution) and the columns copied from the padded planes are the shifted
+    /// planes (bit for bit), on shapes with partial tiles and planes narrower than a vector.
     #[test]
-    fn direct_3x3_adjoint_and_weight_gradient_equal_their_definitions() {
+    fn direct_3x3_adjoint_and_columns_equal_their_definitions() {
         let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
         for (h, w, cin, cout) in [
             (28, 28, 16, 16),
@@ -1897,37 +1873,26 @@ mod tests {
                     "{h}x{w} cin {cin} cout {cout} {isa:?}: <conv x, dy> = {lhs}, <x, adj dy> = {rhs}"
                 );
             }
-            let mut dwt = vec![f32::NAN; cin * 9 * cout];
-            conv3x3_weight_grad(
-                &x,
-                cin,
-                &dy,
-                cout,
-                h,
-                w,
-                &mut dwt,
-                &mut pad,
-                &mut vec![f32::NAN; cin * 9 * hw],
-            );
-            for co in 0..cout {
-                for ci in 0..cin {
-                    for tap in 0..9 {
-                        let (ty, tx) = (tap / 3, tap % 3);
-                        let mut want = 0f64;
-                        for yy in 0..h {
-                            for xx in 0..w {
-                                let (iy, ix) = (yy as isize + ty as isize - 1, xx as isize + tx as isize - 1);
-                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
-                                    want += dy[co * hw + yy * w + xx] as f64
-                                        * x[ci * hw + iy as usize * w + ix as usize] as f64;
-                                }
-                            }
+            let mut col = vec![f32::NAN; cin * 9 * hw];
+            conv3x3_columns(&x, cin, h, w, &mut pad, &mut col);
+            for ci in 0..cin {
+                for tap in 0..9 {
+                    let (ty, tx) = (tap / 3, tap % 3);
+                    for yy in 0..h {
+                        for xx in 0..w {
+                            let (iy, ix) = (yy as isize + ty as isize - 1, xx as isize + tx as isize - 1);
+                            let want = if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                x[ci * hw + iy as usize * w + ix as usize]
+                            } else {
+                                0.0
+                            };
+                            let got = col[(ci * 9 + tap) * hw + yy * w + xx];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{h}x{w} cin {cin}: col[{ci}, {tap}, {yy}, {xx}] = {got}, want {want}"
+                            );
                         }
-                        let got = dwt[(ci * 9 + tap) * cout + co] as f64;
-                        assert!(
-                            (got - want).abs() <= 1e-5 * (hw as f64),
-                            "{h}x{w} cin {cin} cout {cout}: dW[{co}, {ci}, {tap}] = {got}, want {want}"
-                        );
                     }
                 }
             }

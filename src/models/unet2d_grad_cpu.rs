@@ -38,7 +38,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::kernels::{
-    affine, conv3x3_on, conv3x3_scratch, conv3x3_weight_grad, norm_act_grad, norm_input_grad, sgemm, silu_grad,
+    affine, conv3x3_columns, conv3x3_on, conv3x3_scratch, norm_act_grad, norm_input_grad, sgemm, silu_grad,
     softmax_grad_rows, softmax_rows, sq_dev, sum, Direct3x3, Isa, Mat,
 };
 use super::unet2d::im2col_plane;
@@ -48,6 +48,12 @@ use crate::error::{Error, Result};
 
 /// Buffer index.
 type B = usize;
+
+/// The direct form runs the 3 × 3 convolutions with fewer than this many input and output
+/// channels. Wider ones keep im2col + GEMM, whose GEMMs are efficient there: on the ddpm-cifar10
+/// preset (128–512 channels) the direct form made a sample 7 % slower (`profile_ops` with
+/// `DPAUDIT_PROFILE_PRESET=ddpm-cifar10`), on mnist-ddpm (16–64 channels) 15–20 % faster.
+const DIRECT_MAX_CHANNELS: usize = 128;
 
 #[derive(Clone, Copy, Debug)]
 struct ConvOp {
@@ -202,13 +208,14 @@ impl Builder<'_> {
         if k > 1 || stride > 1 || pad_lo > 0 {
             self.max_col = self.max_col.max(cin * k * k * ho * wo);
         }
-        let direct = (k == 3 && stride == 1 && pad_lo == 1 && pad_hi == 1).then(|| {
-            self.direct.push((w, cout, cin));
-            self.max_pad = self
-                .max_pad
-                .max(conv3x3_scratch(cin, h, wd).max(conv3x3_scratch(cout, h, wd)));
-            self.direct.len() - 1
-        });
+        let direct =
+            (k == 3 && stride == 1 && pad_lo == 1 && pad_hi == 1 && cin.max(cout) < DIRECT_MAX_CHANNELS).then(|| {
+                self.direct.push((w, cout, cin));
+                self.max_pad = self
+                    .max_pad
+                    .max(conv3x3_scratch(cin, h, wd).max(conv3x3_scratch(cout, h, wd)));
+                self.direct.len() - 1
+            });
         self.ops.push(Op::Conv(ConvOp {
             w,
             b,
@@ -852,6 +859,34 @@ fn gradient(config: &Unet2dConfig, plan: &Plan, net: Net<'_>, w: &mut Work, x: &
     }
 }
 
+/// ∂W += ∂y · colᵀ for one convolution: `g` its weight gradient [cout × kk], `col` the input's
+/// column matrix [kk × hw] (the input itself for a 1 × 1 convolution), `dy` [cout × hw]. Either
+/// as ∂Wᵀ = col · ∂yᵀ [kk × cout] into `scratch`, then transposed onto `g` (a GEMM with few
+/// columns and a long depth runs faster than one with a transposed wide right operand: up to
+/// 1.3× on models/mnist-ddpm's convolutions), or, when the depth hw is short against kk, as one
+/// GEMM accumulating into `g` in place: there the transposed add, a strided pass over the whole
+/// weight, costs more than the product (10× the time at 256 → 256 channels on 4 × 4 planes; the
+/// time embedding's projections have hw = 1).
+fn weight_grad(g: &mut [f32], kk: usize, cout: usize, hw: usize, col: &[f32], dy: &[f32], scratch: &mut [f32]) {
+    if kk >= 2 * hw {
+        sgemm(cout, kk, hw, g, kk, true, Mat::rows(dy, hw), Mat::cols(col, hw), 1.0);
+    } else {
+        let dwt = &mut scratch[..kk * cout];
+        sgemm(
+            kk,
+            cout,
+            hw,
+            dwt,
+            cout,
+            false,
+            Mat::rows(col, hw),
+            Mat::cols(dy, hw),
+            1.0,
+        );
+        transpose_into(dwt, kk, cout, g, true);
+    }
+}
+
 /// dst [cols × rows] = src [rows × cols]ᵀ, or += when `add`.
 fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], add: bool) {
     for (i, row) in src.chunks_exact(cols).take(rows).enumerate() {
@@ -1090,49 +1125,27 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
                     *d += sum(row) as f32;
                 }
             }
-            if let (Some(i), Some((isa, packs))) = (c.direct, net.direct) {
-                let dwt = &mut w.wscr[..kk * c.cout];
-                conv3x3_weight_grad(
-                    &w.act[c.x],
-                    c.cin,
-                    &dy,
-                    c.cout,
-                    c.h,
-                    c.wd,
-                    dwt,
-                    &mut w.pad,
-                    &mut w.col[..kk * hwo],
-                );
-                transpose_into(dwt, kk, c.cout, &mut w.g[c.w..c.w + c.cout * kk], true);
+            let one = c.k == 1 && c.stride == 1 && c.pad == 0;
+            let direct = c.direct.zip(net.direct);
+            let x = &w.act[c.x];
+            let src: &[f32] = if one {
+                x
+            } else {
+                let col = &mut w.col[..kk * hwo];
+                match direct {
+                    Some(_) => conv3x3_columns(x, c.cin, c.h, c.wd, &mut w.pad, col),
+                    None => im2col(&c, x, col),
+                }
+                col
+            };
+            weight_grad(&mut w.g[c.w..c.w + c.cout * kk], kk, c.cout, hwo, src, &dy, &mut w.wscr);
+            if let Some((i, (isa, packs))) = direct {
                 if needs[c.x] {
                     conv3x3_on(isa, &packs[i].adj, &dy, 1, c.h, c.wd, &mut w.grad[c.x], &mut w.pad);
                 }
                 w.grad[c.y] = dy;
                 return;
             }
-            let one = c.k == 1 && c.stride == 1 && c.pad == 0;
-            let x = &w.act[c.x];
-            let src: &[f32] = if one {
-                x
-            } else {
-                im2col(&c, x, &mut w.col[..kk * hwo]);
-                &w.col[..kk * hwo]
-            };
-            // ∂W += ∂y · colᵀ, as ∂Wᵀ = col · ∂yᵀ [cin·k² × cout] (a GEMM with few columns
-            // runs ≈ 1.6× faster than one with a transposed wide right operand), transposed.
-            let dwt = &mut w.wscr[..kk * c.cout];
-            sgemm(
-                kk,
-                c.cout,
-                hwo,
-                dwt,
-                c.cout,
-                false,
-                Mat::rows(src, hwo),
-                Mat::cols(&dy, hwo),
-                1.0,
-            );
-            transpose_into(dwt, kk, c.cout, &mut w.g[c.w..c.w + c.cout * kk], true);
             if needs[c.x] {
                 let wt = &params[c.w..c.w + c.cout * kk];
                 if one {
@@ -1524,73 +1537,76 @@ mod tests {
         check(&text, 32, 2, false);
     }
 
-    /// Time per operation kind, forward and backward, on the mnist-ddpm preset (a profile for
-    /// development: `cargo test --release --lib profile_ops -- --ignored --nocapture`).
+    /// Time per operation kind, forward and backward, with the 3 × 3 convolutions in each form
+    /// (a profile for development: `cargo test --release --lib profile_ops -- --ignored
+    /// --nocapture`; the mnist-ddpm preset on 28 × 28 images, or `DPAUDIT_PROFILE_PRESET=ddpm-cifar10`
+    /// on 32 × 32 × 3).
     #[test]
     #[ignore]
     fn profile_ops() {
         use std::time::Instant;
-        let (text, _) = crate::models::diffusers_train::config_text("mnist-ddpm").unwrap();
+        let preset = std::env::var("DPAUDIT_PROFILE_PRESET").unwrap_or_else(|_| "mnist-ddpm".into());
+        let (text, _) = crate::models::diffusers_train::config_text(&preset).unwrap();
         let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
         let m = TrainUnet::random(&config, 11, &Device::Cpu).unwrap();
-        let (x, t, e) = batch(1, 28, 64, 5);
-        // Whole samples: the forms alternated, 7 rounds of 16 samples each, the median round.
+        let (c, side, n) = if preset == "mnist-ddpm" {
+            (1, 28, 16)
+        } else {
+            (3, 32, 2)
+        };
+        let d = c * side * side;
+        let (x, t, e) = batch(c, side, n, 5);
+        // Whole samples: the forms alternated, 7 rounds of n samples each, the median round.
         let forms = [default_direct(), None];
         let mut passes: Vec<CpuGrad> = forms
             .iter()
-            .map(|&f| CpuGrad::with_direct(&m, [1, 28, 28], f).unwrap())
+            .map(|&f| CpuGrad::with_direct(&m, [c, side, side], f).unwrap())
             .collect();
         let mut rounds = vec![Vec::new(); forms.len()];
         for _ in 0..7 {
             for (p, r) in passes.iter_mut().zip(&mut rounds) {
                 let s = Instant::now();
-                p.per_sample(&x[..16 * 784], &t[..16], &e[..16 * 784]).unwrap();
-                r.push(s.elapsed().as_secs_f64() / 16.0);
+                p.per_sample(&x, &t, &e).unwrap();
+                r.push(s.elapsed().as_secs_f64() / n as f64);
             }
         }
         for (f, r) in forms.iter().zip(&mut rounds) {
             r.sort_by(f64::total_cmp);
             eprintln!(
-                "3 × 3 convolutions direct: {f:?}; whole sample (median of 7 alternated rounds) {:.3} ms",
+                "{preset}, 3 × 3 convolutions direct: {f:?}; whole sample (median of 7 alternated rounds) {:.3} ms",
                 r[3] * 1e3
             );
         }
-        for form in forms {
-            let g = CpuGrad::with_direct(&m, [1, 28, 28], form).unwrap();
+        let kind = |op: &Op| -> String {
+            match op {
+                Op::Conv(c) => format!("conv k{} s{} {}→{} {}x{}", c.k, c.stride, c.cin, c.cout, c.ho, c.wo),
+                Op::Norm { silu, .. } => format!("norm silu={silu}"),
+                Op::Silu { .. } => "silu".into(),
+                Op::AddBcast { .. } => "addbcast".into(),
+                Op::Add { .. } => "add".into(),
+                Op::Concat { .. } => "concat".into(),
+                Op::Up2 { .. } => "up2".into(),
+                Op::Attn { l, heads, .. } => format!("attn l{l} h{heads}"),
+            }
+        };
+        for (form, g) in forms.iter().zip(&passes) {
             let net = g.net();
             let mut w = Work::new(&g.plan, g.n_params, g.isa.is_some());
-            let kind = |op: &Op| -> String {
-                match op {
-                    Op::Conv(c) => format!("conv k{} s{} {}→{} {}x{}", c.k, c.stride, c.cin, c.cout, c.ho, c.wo),
-                    Op::Norm { silu, .. } => format!("norm silu={silu}"),
-                    Op::Silu { .. } => "silu".into(),
-                    Op::AddBcast { .. } => "addbcast".into(),
-                    Op::Add { .. } => "add".into(),
-                    Op::Concat { .. } => "concat".into(),
-                    Op::Up2 { .. } => "up2".into(),
-                    Op::Attn { l, heads, .. } => format!("attn l{l} h{heads}"),
-                }
-            };
             let mut fwd: HashMap<String, f64> = HashMap::new();
             let mut bwd: HashMap<String, f64> = HashMap::new();
-            let t0 = Instant::now();
-            for i in 0..64 {
+            for i in 0..n {
                 gradient(
                     &g.config,
                     &g.plan,
                     net,
                     &mut w,
-                    &x[i * 784..(i + 1) * 784],
+                    &x[i * d..(i + 1) * d],
                     t[i],
-                    &e[i * 784..(i + 1) * 784],
+                    &e[i * d..(i + 1) * d],
                 );
-            }
-            let whole = t0.elapsed().as_secs_f64() / 64.0;
-            for i in 0..64 {
-                w.act[g.plan.input].copy_from_slice(&x[i * 784..(i + 1) * 784]);
                 for op in &g.plan.ops {
                     let s = Instant::now();
-                    forward(op, net, &mut w, 1e-5);
+                    forward(op, net, &mut w, config.norm_eps);
                     *fwd.entry(kind(op)).or_default() += s.elapsed().as_secs_f64();
                 }
                 for op in g.plan.ops.iter().rev() {
@@ -1601,15 +1617,12 @@ mod tests {
             }
             let mut rows: Vec<_> = fwd.keys().cloned().collect();
             rows.sort_by(|a, b| (bwd[b] + fwd[b]).total_cmp(&(bwd[a] + fwd[a])));
-            eprintln!(
-                "3 × 3 convolutions direct: {form:?}; whole sample {:.3} ms",
-                whole * 1e3
-            );
+            eprintln!("{preset}, 3 × 3 convolutions direct: {form:?}, per sample:");
             for r in rows {
                 eprintln!(
                     "{r:32} fwd {:7.3} ms  bwd {:7.3} ms",
-                    fwd[&r] / 64.0 * 1e3,
-                    bwd[&r] / 64.0 * 1e3
+                    fwd[&r] / n as f64 * 1e3,
+                    bwd[&r] / n as f64 * 1e3
                 );
             }
         }
