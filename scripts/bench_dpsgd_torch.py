@@ -8,7 +8,7 @@ loss, Opacus' clipping min(1, C/(||g_i|| + 1e-6)), the sum, Gaussian noise sigma
 * dpaudit: `dpaudit train --unet mnist-ddpm --dp --sample-rate 1` on the 128 members of
   fixtures/splits/mnist.toml (every step is the full 128), per-sample gradients in chunks of 32
   (`--batch-size 32`); the time of one step is (time of 1 + STEPS steps - time of 1 step) / STEPS,
-  so start-up and the evaluation losses cancel. RAYON_NUM_THREADS = threads.
+  so start-up and the evaluation losses cancel, each time the fastest of REPS runs. RAYON_NUM_THREADS = threads.
 * PyTorch, torch.func: vmap(grad(loss)) over the batch in chunks of 32 (the per-sample
   gradients PyTorch's functorch computes), then the same clipping, noise and torch.optim.Adam.
 * PyTorch, Opacus: GradSampleModule (opacus 1.6.0) forward/backward in chunks of 32, the
@@ -42,7 +42,7 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def dpaudit_step(bin_, threads, steps):
+def dpaudit_step(bin_, threads, steps, reps):
     def run(k):
         with tempfile.TemporaryDirectory() as d:
             env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
@@ -52,8 +52,14 @@ def dpaudit_step(bin_, threads, steps):
                             "--batch-size", str(CHUNK), "--seed", "0", "--out", f"{d}/m", "--quiet"],
                            cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
             return children_cpu() - c0, time.perf_counter() - w0
-    c1, w1 = run(1)
-    ck, wk = run(1 + steps)
+    # The fastest of `reps` runs of each length (as PyTorch's side takes its fastest step), the
+    # lengths alternated, so that a burst of load on a shared machine does not land in one only.
+    short, long_ = [], []
+    for _ in range(reps):
+        short.append(run(1))
+        long_.append(run(1 + steps))
+    c1, w1 = min(c for c, _ in short), min(w for _, w in short)
+    ck, wk = min(c for c, _ in long_), min(w for _, w in long_)
     return (ck - c1) / steps, (wk - w1) / steps
 
 
@@ -134,7 +140,7 @@ def main():
     print("threads  implementation          CPU s/step  wall s/step  steps/s (CPU)  dpaudit/this (CPU)")
     for th in a.threads:
         torch.set_num_threads(th)
-        ours = dpaudit_step(a.dpaudit, th, a.steps)
+        ours = dpaudit_step(a.dpaudit, th, a.steps, a.reps)
         x, t, e = batch()
         m = model()
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
