@@ -18,7 +18,11 @@
 //! backward pass walks the list in reverse, each operation adding its input gradients:
 //!
 //! * convolution y = W·col(x) + b: ∂W = ∂y·col(x)ᵀ, ∂b = Σ_pixels ∂y, ∂x = col⁻¹(Wᵀ·∂y) (the
-//!   column matrix is rebuilt from the kept input rather than stored);
+//!   column matrix is rebuilt from the kept input rather than stored). A 3 × 3, stride-1
+//!   convolution narrower than `DIRECT_MAX_CHANNELS` (128) runs directly on a CPU with AVX2 + FMA
+//!   ([`super::kernels::conv3x3`]): y by the packed kernel, ∂x as the same convolution of ∂y
+//!   with the adjoint kernel (W rotated by 180°, its channel axes swapped), col(x) copied from
+//!   the convolution's zero-guarded planes;
 //! * group norm y = γ x̂ + β, x̂ = (x − μ)·r with the saved μ, r = 1/√(σ² + ε) per group
 //!   (Wu & He 2018): ∂γ = Σ ∂y x̂, ∂β = Σ ∂y, ∂x = r (∂x̂ − mean ∂x̂ − x̂ mean(∂x̂ x̂)) with
 //!   ∂x̂ = γ ∂y; SiLU' (z) = s (1 + z (1 − s)), s = σ(z), fused before it;
