@@ -586,10 +586,10 @@ struct Net<'a> {
     direct: Option<(Isa, &'a [DirectPair])>,
 }
 
-/// The form of the 3 × 3, stride-1 convolutions on this CPU: the direct convolution
-/// ([`super::kernels::conv3x3`]; forward, input gradient through the adjoint kernel, weight
-/// gradient by one GEMM per tap on its padded copies) where it has the AVX-512 or AVX2 + FMA
-/// tiles, as the inference pass; im2col + GEMM on a CPU with neither.
+/// The form of the narrow 3 × 3, stride-1 convolutions on this CPU: the direct convolution
+/// ([`super::kernels::conv3x3`]; forward, input gradient through the adjoint kernel, the weight
+/// gradient's column matrix copied from its padded planes) where it has the AVX-512 or
+/// AVX2 + FMA tiles, as the inference pass; im2col + GEMM on a CPU with neither.
 pub fn default_direct() -> Option<Isa> {
     match Isa::best() {
         Isa::Scalar => None,
