@@ -1615,7 +1615,6 @@ mod tests {
     /// scores large enough that a softmax without its maximum subtracted would overflow.
     #[test]
     fn small_head_attention_equals_the_textbook_formula() {
-        let val = |s: u64, i: usize| (((i as u64 * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
         let mut scratch = Vec::new();
         for (hd, l, stride, amp) in [
             (8, 196, 200, 1.0),
@@ -1691,6 +1690,11 @@ mod tests {
         }
     }
 
+    /// A deterministic value in [−1, 1) for element `i` of test array `s` (a multiplicative hash).
+    fn val(s: usize, i: usize) -> f32 {
+        (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0
+    }
+
     /// The 3 × 3 convolution with zero padding 1, in f64, added onto `init`: `x` [cin][nb][h][w],
     /// `g` [cout][cin][3][3], result [cout][nb][h][w] (the reference of the Winograd and direct
     /// convolution tests).
@@ -1738,7 +1742,6 @@ mod tests {
     fn winograd_tiles_equal_the_direct_convolution() {
         for (h, w) in [(6, 8), (5, 7), (1, 1), (4, 3), (8, 8), (9, 13), (16, 4), (3, 32)] {
             let (cin, cout, nb) = (3, 2, 2);
-            let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
             let x: Vec<f32> = (0..cin * nb * h * w).map(|i| val(1, i)).collect();
             let g: Vec<f32> = (0..cout * cin * 9).map(|i| val(2, i)).collect();
             let u = wino4_weights(&g, cout, cin);
@@ -1796,7 +1799,6 @@ mod tests {
     /// same order); the scratch starts as NaN, so a guard read before it is written shows.
     #[test]
     fn direct_3x3_equals_the_convolution_on_every_tile_copy() {
-        let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
         for (h, w, cin, cout) in [
             (28, 28, 3, 16),
             (14, 14, 5, 15),
@@ -1849,7 +1851,6 @@ mod tests {
     /// planes (bit for bit), on shapes with partial tiles and planes narrower than a vector.
     #[test]
     fn direct_3x3_adjoint_and_columns_equal_their_definitions() {
-        let val = |s: usize, i: usize| (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0;
         for (h, w, cin, cout) in [
             (28, 28, 16, 16),
             (14, 14, 5, 11),

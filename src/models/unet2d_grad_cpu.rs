@@ -1386,6 +1386,11 @@ mod tests {
         (x, t, e)
     }
 
+    /// Σ t² of a tensor, in f64.
+    fn sq(t: &Tensor) -> f64 {
+        t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+    }
+
     fn l2(v: &[f32]) -> f64 {
         v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt()
     }
@@ -1454,23 +1459,10 @@ mod tests {
                 assert!((a - b).abs() <= 1e-4 * b);
             }
             let gt = g.to_tensors(&got.sum, &Device::Cpu).unwrap();
-            let total = |h: &HashMap<String, Tensor>| -> f64 {
-                h.values()
-                    .map(|t| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64)
-                    .sum::<f64>()
-                    .sqrt()
-            };
+            let total = |h: &HashMap<String, Tensor>| -> f64 { h.values().map(sq).sum::<f64>().sqrt() };
             let scale = total(&want);
             for (name, w) in &want {
-                let d = (&gt[name] - w)
-                    .unwrap()
-                    .sqr()
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap() as f64;
-                let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+                let (d, n) = (sq(&(&gt[name] - w).unwrap()), sq(w));
                 assert!(
                     d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * scale,
                     "clipped sum {name}: {} vs {}",
@@ -1486,24 +1478,12 @@ mod tests {
             let all: f64 = m
                 .vars()
                 .iter()
-                .map(|v| {
-                    grads.get(v.as_tensor()).map_or(0.0, |t| {
-                        t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
-                    })
-                })
+                .map(|v| grads.get(v.as_tensor()).map_or(0.0, sq))
                 .sum::<f64>()
                 .sqrt();
             for (name, v) in m.names().iter().zip(m.vars()) {
                 let w = grads.get(v.as_tensor()).unwrap();
-                let d = (&mt[name] - w)
-                    .unwrap()
-                    .sqr()
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap() as f64;
-                let n = w.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+                let (d, n) = (sq(&(&mt[name] - w).unwrap()), sq(w));
                 assert!(
                     d.sqrt() <= 1e-4 * n.sqrt() + 1e-6 * all,
                     "batch gradient {name}: {} vs {}",
@@ -1553,11 +1533,10 @@ mod tests {
         let (text, _) = crate::models::diffusers_train::config_text(&preset).unwrap();
         let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
         let m = TrainUnet::random(&config, 11, &Device::Cpu).unwrap();
-        let (c, side, n) = if preset == "mnist-ddpm" {
-            (1, 28, 16)
-        } else {
-            (3, 32, 2)
-        };
+        // The config's channels and image side (28 where it names none, as the `tiny` preset);
+        // 16 samples per round for small models, 2 for CIFAR-sized ones.
+        let (c, side) = (config.in_channels, config.sample_size.map_or(28, |s| s.0));
+        let n = if m.parameters() < 1_000_000 { 16 } else { 2 };
         let d = c * side * side;
         let (x, t, e) = batch(c, side, n, 5);
         // Whole samples: the forms alternated, 7 rounds of n samples each, the median round.
