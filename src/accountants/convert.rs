@@ -120,10 +120,12 @@ pub fn log_delta_at_order(order: f64, rdp: f64, epsilon: f64, conversion: Conver
     if rdp.is_infinite() {
         return 0.0;
     }
+    // ln √(1 − e^{−r}) with 1 − e^{−r} as −expm1(−r): computed as ln(1 − e^{−r}) it cancels to
+    // ln 0 = −∞ (δ = 0, below the truth) for every r below 2⁻⁵³.
     let tv = if rdp == 0.0 {
         f64::NEG_INFINITY
     } else {
-        0.5 * (-(-rdp).exp()).ln_1p()
+        0.5 * (-(-rdp).exp_m1()).ln()
     };
     let a1 = order - 1.0;
     let ld = match conversion {
@@ -214,6 +216,20 @@ mod tests {
         assert!((ld - (1e-5f64).ln()).abs() < 1e-10, "{ld}");
         let ld = log_delta_at_order(10.0, 5.0, classic, Conversion::Classic);
         assert!((ld - (1e-5f64).ln()).abs() < 1e-9, "{ld}");
+    }
+
+    /// The total-variation bound at RDP values below 2⁻⁵³ (where 1 − e^{−r} rounds to 0): δ stays
+    /// positive and at least √r/… of the exact √(1 − e^{−r}) ≈ √r, never 0.
+    #[test]
+    fn tv_bound_keeps_tiny_rdp_positive() {
+        for r in [1e-17, 5.36e-19, 5.36e-199, 2.3e-306] {
+            let ld = log_delta_at_order(1.01, r, 3.0, Conversion::Improved);
+            let want = 0.5 * r.ln();
+            assert!(
+                ld.is_finite() && ld >= want - 1e-9 * want.abs(),
+                "r = {r}: ln δ = {ld}, √r gives {want}"
+            );
+        }
     }
 
     #[test]
