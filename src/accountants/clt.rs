@@ -728,7 +728,8 @@ impl Accountant for CltAccountant {
             return Ok(r);
         }
         let (parts, est) = self.estimate(event, neighbouring)?;
-        let delta = gdp::delta_for_epsilon(est.mu, epsilon);
+        // Below the f64 range δ is the next double above e^{ln δ}, never 0 (as the gdp accountant).
+        let (delta, _) = crate::numeric::exp_upper(gdp::log_delta_for_epsilon(est.mu, epsilon));
         Ok(self.result(&parts, est, epsilon, delta))
     }
 }
