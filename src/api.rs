@@ -100,6 +100,7 @@ fn run(
         source: Source::Event {
             event: event.clone(),
             role: "python",
+            over_approximates: None,
         },
         neighbouring: Some(neighbouring),
         question,

@@ -50,6 +50,8 @@ pub enum Source {
         event: DpEvent,
         /// How it was given (`flags`).
         role: &'static str,
+        /// Why the event only over-approximates what ran (see [`Input::over_approximates`]).
+        over_approximates: Option<String>,
     },
     /// A DP-SGD-style event from flags: `steps` Poisson-sampled Gaussian steps.
     DpSgd {
@@ -133,6 +135,9 @@ pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
             build::account_delta(&mut rep, &input.event, neighbouring, epsilon, &plan.accountants, tick)?
         }
     }
+    if let Some(why) = &input.over_approximates {
+        mark_over_approximation(&mut rep, why);
+    }
     // 4–5. Sound ε (exact or upper bound, never an estimate) against the budget: the verdict.
     if let Some(budget) = plan.budget {
         let subject = match &plan.source {
@@ -204,13 +209,45 @@ pub struct Input {
     /// Warnings the input carries whichever command reads it (a sampler config's defaulted
     /// privacy fields, its subsample normalisation): the same list `analyze` shows.
     pub warnings: Vec<crate::accountants::Diagnostic>,
+    /// Why the event only over-approximates what ran (shuffled batches accounted as full-batch
+    /// steps): its exact values are then upper bounds ([`mark_over_approximation`]).
+    pub over_approximates: Option<String>,
+}
+
+/// Relabels the report's exact values as upper bounds, with a warning saying why: the event
+/// accounted over-approximates the mechanism, so its exact ε is only an upper bound on the
+/// mechanism's (and no number of it is a lower bound).
+pub fn mark_over_approximation(report: &mut Report, why: &str) {
+    let mut any = false;
+    for r in &mut report.results {
+        if r.kind == crate::accountants::BoundKind::Exact {
+            r.kind = crate::accountants::BoundKind::UpperBound;
+            any = true;
+        }
+    }
+    report.warn(
+        "event_over_approximates",
+        format!(
+            "the accounted event over-approximates the mechanism ({why}){}",
+            if any {
+                ": its exact values are upper bounds on the mechanism's ε"
+            } else {
+                ""
+            }
+        ),
+        false,
+    );
 }
 
 /// Reads an input: an event file or a sampler config (told apart by their keys), or flags.
 pub fn load(source: &Source) -> Result<Input> {
     match source {
         Source::File(path) => load_file(path),
-        Source::Event { event, role } => {
+        Source::Event {
+            event,
+            role,
+            over_approximates,
+        } => {
             event.validate()?;
             Ok(Input {
                 event: event.clone(),
@@ -219,6 +256,7 @@ pub fn load(source: &Source) -> Result<Input> {
                 role,
                 step_convention: None,
                 warnings: Vec::new(),
+                over_approximates: over_approximates.clone(),
             })
         }
         Source::DpSgd {
@@ -235,6 +273,7 @@ pub fn load(source: &Source) -> Result<Input> {
                 role: "flags",
                 step_convention: None,
                 warnings: Vec::new(),
+                over_approximates: None,
             })
         }
     }
@@ -261,6 +300,7 @@ pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
             role: "event file",
             step_convention: None,
             warnings: Vec::new(),
+            over_approximates: None,
         });
     }
     if [
@@ -286,6 +326,7 @@ pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
             role: "sampler config",
             step_convention: Some(acc.convention.describe().to_string()),
             warnings: sampler_warnings(&cfg),
+            over_approximates: None,
         });
     }
     let keys: Vec<&str> = table.keys().map(String::as_str).collect();
@@ -305,8 +346,47 @@ pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
 /// verdict. `Inconclusive` when no sound accountant produced a result.
 pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdict {
     use crate::report::{Series, Status};
+    let v = budget_verdict_of(report, subject, budget);
+    if v.status == Status::Fail {
+        if let Some(est) = report
+            .results
+            .iter()
+            .find(|r| !r.kind.is_sound() && r.epsilon <= budget)
+        {
+            let msg = format!(
+                "the {} estimate ε = {} is within the budget, but an estimate is not a guarantee: the sound bound exceeds it",
+                est.accountant.as_str(),
+                crate::report::export::fmt_num(est.epsilon)
+            );
+            report.warn("estimate_within_budget", msg, true);
+        }
+    }
+    // The budget as a dotted line on the ε(δ) plot.
+    if let Some(p) = report.plots.iter_mut().find(|p| p.id == "epsilon_vs_delta") {
+        let xs: Vec<f64> = p.series.iter().flat_map(|s| s.x.iter().copied()).collect();
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if lo.is_finite() && hi.is_finite() {
+            p.series.push(
+                Series::new(
+                    format!("budget ε = {}", crate::report::num::fmt(budget)),
+                    vec![lo, hi],
+                    vec![budget, budget],
+                )
+                .with_style(crate::report::LineStyle::Dotted),
+            );
+        }
+    }
+    report.verdicts.push(v.clone());
+    v
+}
+
+/// The verdict [`budget_verdict`] adds, computed from the report's results alone (what
+/// `dpaudit report` derives again from a report read back).
+pub fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict {
+    use crate::report::Status;
     let delta = report.delta;
-    let v = match report.sound_epsilon() {
+    match report.sound_epsilon() {
         Some(r) => {
             let pass = r.epsilon <= budget;
             let margin = budget - r.epsilon;
@@ -342,39 +422,7 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
             margin: None,
             message: "no sound accountant (exact or upper bound) could account this event".into(),
         },
-    };
-    if v.status == Status::Fail {
-        if let Some(est) = report
-            .results
-            .iter()
-            .find(|r| !r.kind.is_sound() && r.epsilon <= budget)
-        {
-            let msg = format!(
-                "the {} estimate ε = {} is within the budget, but an estimate is not a guarantee: the sound bound exceeds it",
-                est.accountant.as_str(),
-                crate::report::export::fmt_num(est.epsilon)
-            );
-            report.warn("estimate_within_budget", msg, true);
-        }
     }
-    // The budget as a dotted line on the ε(δ) plot.
-    if let Some(p) = report.plots.iter_mut().find(|p| p.id == "epsilon_vs_delta") {
-        let xs: Vec<f64> = p.series.iter().flat_map(|s| s.x.iter().copied()).collect();
-        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if lo.is_finite() && hi.is_finite() {
-            p.series.push(
-                Series::new(
-                    format!("budget ε = {}", crate::report::num::fmt(budget)),
-                    vec![lo, hi],
-                    vec![budget, budget],
-                )
-                .with_style(crate::report::LineStyle::Dotted),
-            );
-        }
-    }
-    report.verdicts.push(v.clone());
-    v
 }
 
 #[cfg(test)]

@@ -162,6 +162,32 @@ impl SoundEpsilon {
         self.analyses.push(e);
     }
 
+    /// The same numbers read for a mechanism that the accounted event only over-approximates
+    /// (e.g. shuffled batches accounted as full-batch steps with no amplification): every
+    /// upper bound on the event's ε stays an upper bound on the mechanism's, and an exact value
+    /// becomes one; a lower bound on the event's ε says nothing about the mechanism, so lower
+    /// bounds are dropped (named in `unavailable` with `why`) and can never decide `violated`.
+    pub fn as_upper_bounds_of(self, why: &str) -> SoundEpsilon {
+        let mut out = SoundEpsilon::empty(self.neighbouring, self.delta);
+        out.unavailable = self.unavailable;
+        for mut e in self.analyses {
+            match e.kind {
+                BoundKind::LowerBound => {
+                    out.unavailable.push(format!(
+                        "{}: {} is a lower bound of the accounted event only ({why})",
+                        e.source(),
+                        e.describe()
+                    ));
+                    continue;
+                }
+                BoundKind::Exact => e.kind = BoundKind::UpperBound,
+                _ => {}
+            }
+            out.push(e);
+        }
+        out
+    }
+
     /// The verdict on a claim "ε ≤ `claimed`" at this δ.
     pub fn decide(&self, claimed: f64) -> Decision {
         decide(claimed, self)

@@ -291,6 +291,9 @@ pub fn run(plan: &One<'_>, input: &Input, derivation: &[String]) -> Result<(Repo
         },
     )?;
     pb.finish_and_clear();
+    if let Some(why) = &input.over_approximates {
+        super::mark_over_approximation(&mut rep, why);
+    }
     let subject = format!("ε budget for {}", plan.name);
     let verdict = super::budget_verdict(&mut rep, &subject, plan.budget);
     rep.fact("budget ε", report::export::fmt_num(plan.budget));

@@ -200,6 +200,7 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
             Source::Event {
                 event: d.event(check_sigma("--noise-multiplier", sigma)?),
                 role: "flags",
+                over_approximates: d.over_approximates(),
             }
         }
         (None, None) => {

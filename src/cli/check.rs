@@ -95,10 +95,12 @@ fn flag_pipeline(args: &Args) -> Result<Option<Source>> {
         args.noise_multiplier
             .ok_or_else(|| Error::field("--noise-multiplier", "required for a DP-SGD check from flags"))?,
     )?;
+    let mut over_approximates = None;
     let (event, derivation) = match derived {
         Some(d) => {
             let mut lines = vec![format!("DP-SGD run: {}", d.summary())];
             lines.extend(d.derivation.iter().cloned());
+            over_approximates = d.over_approximates();
             (d.event(sigma), lines)
         }
         None => {
@@ -121,6 +123,7 @@ fn flag_pipeline(args: &Args) -> Result<Option<Source>> {
             role: "DP-SGD flags",
             step_convention: None,
             warnings: Vec::new(),
+            over_approximates,
         },
         derivation,
     }))

@@ -205,6 +205,15 @@ impl Derived {
         DpEvent::dpsgd(noise_multiplier, self.sample_rate, self.accounted_steps)
     }
 
+    /// Why [`Derived::event`] only over-approximates the run (shuffled batches accounted as
+    /// full-batch steps with no amplification), or None when it is the run's event.
+    pub fn over_approximates(&self) -> Option<String> {
+        (self.run.sampling == BatchSampling::Shuffle).then(|| {
+            "shuffled batches accounted as full-batch Gaussian steps with no amplification, which can only overstate ε"
+                .to_string()
+        })
+    }
+
     /// The derivation as one line of text.
     pub fn summary(&self) -> String {
         if self.run.sampling == BatchSampling::Shuffle {

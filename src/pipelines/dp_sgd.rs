@@ -145,6 +145,9 @@ pub fn verify(c: &DpSgdClaim) -> Result<ClaimResult> {
                     sensitivity.clone(),
                     derivation.clone(),
                 )
+                .over_approximating(
+                    "shuffled batches are accounted as full-batch steps with no amplification, which can only overstate ε",
+                )
             } else {
                 InterpretationSpec::new(
                     "poisson_add_remove",

@@ -69,6 +69,9 @@ pub struct InterpretationSpec {
     pub sampling: String,
     /// The paper's own reading.
     pub stated: bool,
+    /// Why the accounted event only over-approximates the mechanism (None: it is the
+    /// mechanism): its numbers are then upper bounds only ([`SoundEpsilon::as_upper_bounds_of`]).
+    pub over_approximates: Option<String>,
 }
 
 impl InterpretationSpec {
@@ -86,11 +89,18 @@ impl InterpretationSpec {
             sigma_reading: String::new(),
             sampling: sampling.into(),
             stated: false,
+            over_approximates: None,
         }
     }
     /// Marks this as the paper's stated interpretation.
     pub fn stated(mut self) -> Self {
         self.stated = true;
+        self
+    }
+    /// Marks the accounted event as an over-approximation of the mechanism (see
+    /// [`InterpretationSpec::over_approximates`]).
+    pub fn over_approximating(mut self, why: impl Into<String>) -> Self {
+        self.over_approximates = Some(why.into());
         self
     }
     /// Sets the σ reading.
@@ -111,6 +121,9 @@ impl InterpretationSpec {
     ) -> Interpretation {
         let mut s = sound::sound_epsilon(&event, neighbouring, delta);
         extra(&mut s);
+        if let Some(why) = &self.over_approximates {
+            s = s.as_upper_bounds_of(why);
+        }
         self.finish(Some(event), s, claimed)
     }
 
