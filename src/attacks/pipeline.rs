@@ -81,6 +81,9 @@ pub struct Basis {
     /// The accounted event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<DpEvent>,
+    /// The neighbouring relation the guarantees hold under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbouring: Option<Neighbouring>,
 }
 
 impl Basis {
@@ -114,6 +117,7 @@ pub fn basis_of_event(source: String, event: DpEvent, neighbouring: Neighbouring
         guarantees,
         skipped,
         event: Some(event),
+        neighbouring: Some(neighbouring),
     }
 }
 
@@ -245,6 +249,12 @@ pub struct Comparison {
     pub outcome: String,
     /// True only when a valid ε lower bound exceeds the accounted ε of the same mechanism.
     pub violation: bool,
+    /// An audit's ε lower bound (None for a single model's measurements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon_lower: Option<f64>,
+    /// The δ of that lower bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
 }
 
 /// A many-runs audit of one (attack, t) pair.
@@ -606,6 +616,8 @@ pub fn evaluate_scores(
             limit,
             outcome,
             violation: false,
+            epsilon_lower: None,
+            delta: None,
         });
         results.push(r);
     }
@@ -717,6 +729,8 @@ fn audit_comparison(
                     "consistent: lower bound ≤ accounted ε".into()
                 },
                 violation,
+                epsilon_lower: Some(eps_lower),
+                delta: Some(delta),
             }
         }
         None => Comparison {
@@ -727,6 +741,8 @@ fn audit_comparison(
             limit: None,
             outcome: "no guarantee".into(),
             violation: false,
+            epsilon_lower: Some(eps_lower),
+            delta: Some(delta),
         },
     }
 }

@@ -384,6 +384,10 @@ pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::
                 if let Some(mu) = l.mu {
                     res = res.with_detail("mu", mu);
                 }
+                if l.accountant == AccountantKind::Gdp && a.subsample_rate < 1.0 {
+                    // The full-batch μ (crate::diffusion::account::gdp_line).
+                    res = res.with_detail("no_amplification", 1.0);
+                }
                 res.diagnostics = l.diagnostics.clone();
                 r.results.push(res);
             }

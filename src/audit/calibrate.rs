@@ -154,7 +154,11 @@ value may not meet the target; use --accountant pld or rdp for a sound answer",
                 report::conclusion::scale(c.result.epsilon, plan.delta)
             )
         },
-        verdict: "No budget was checked: this is a calibration, on the safe side of the target.".into(),
+        verdict: if estimate {
+            "No budget was checked: this is a calibration on a clt estimate, which cannot promise the target.".into()
+        } else {
+            "No budget was checked: this is a calibration, on the safe side of the target.".into()
+        },
         estimates: if estimate {
             "The clt number is an estimate, not a guarantee.".into()
         } else {

@@ -2,7 +2,7 @@
 //! cosine profile, the Table-2 comparison, the comparisons of each measured number with the
 //! guarantee of the mechanism it attacks, and one ROC plot per attacked mechanism.
 
-use crate::accountants::{AccountResult, AccountantKind};
+use crate::accountants::{AccountResult, AccountantKind, BoundKind};
 use crate::attacks::mia::{AttackKind, AttackResult, Target};
 use crate::attacks::pipeline::{MiaReport, Table2Row};
 use crate::attacks::theory::{self, Guarantee};
@@ -53,7 +53,11 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
             let _ = r.add_input(role, std::path::Path::new(p));
         }
     }
-    r.assumptions.neighbouring = r.event.as_ref().map(|_| crate::events::Neighbouring::AddRemove);
+    r.assumptions.neighbouring = m
+        .checkpoint_basis
+        .as_ref()
+        .filter(|b| b.event.is_some())
+        .map(|b| b.neighbouring.unwrap_or(crate::events::Neighbouring::AddRemove));
     if let Some(t) = &m.target {
         r.fact("model", format!("{} ({} parameters)", t.arch, t.parameters));
         r.fact(
@@ -119,6 +123,30 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
     }
     for w in &m.warnings {
         r.warn("mia_warning", w.clone(), w.contains("seeded"));
+    }
+    // Each audit compared with an accounted ε is a verdict on that ε, decided by the audit's
+    // lower bound (Clopper–Pearson / Steinke et al.): `fail` when it exceeds the accounted ε
+    // (a violation), `pass` when the accounted ε survives the audit.
+    for c in &m.comparisons {
+        let (Some(limit), Some(lower)) = (c.limit, c.epsilon_lower) else {
+            continue;
+        };
+        r.verdicts.push(crate::report::Verdict {
+            subject: format!("accounted ε of the {} against the {}", c.mechanism, c.what),
+            status: if c.violation {
+                crate::report::Status::Fail
+            } else {
+                crate::report::Status::Pass
+            },
+            budget: Some(limit),
+            epsilon: Some(lower),
+            delta: c.delta,
+            accountant: None,
+            bound: Some(BoundKind::LowerBound),
+            margin: Some(limit - lower),
+            source: Some(c.what.clone()),
+            message: c.outcome.clone(),
+        });
     }
     for c in m.violations() {
         r.warn(

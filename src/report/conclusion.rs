@@ -177,7 +177,7 @@ pub fn derive(r: &Report) -> Conclusion {
             "No guarantee was shown: no sound accountant (exact value or upper bound) could account this event.".into()
         }
         None if !r.verdicts.is_empty() => {
-            "Each subject's guarantee is judged below against sound bounds (exact values and upper bounds) only.".into()
+            "Each subject is judged below on its own evidence: holds on a sound upper bound (an exact value or an upper bound), violated on a sound lower bound (an exact value or a lower bound), otherwise not demonstrated.".into()
         }
         None => "This report computes no privacy guarantee.".into(),
     };
@@ -213,8 +213,11 @@ pub fn derive(r: &Report) -> Conclusion {
         }
     }
     let measured = r.tables.iter().any(|t| t.id == "attacks" || t.id == "audits");
+    let labelled_tables = r.tables.iter().any(|t| column(t, "kind").is_some());
     let mut estimates = if estimates.is_empty() {
-        if r.results.is_empty() && !measured {
+        if r.results.is_empty() && labelled_tables {
+            "The accountant numbers are in the tables, each labelled with its kind; none is an estimate.".into()
+        } else if r.results.is_empty() && !measured {
             "No accountant numbers appear in this report.".into()
         } else if r.results.is_empty() {
             "No accountant number here is an estimate.".into()

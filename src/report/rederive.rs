@@ -14,12 +14,31 @@
 //!   `reports/check-edm-cifar10-subsampled` differs by 3.4e-5). The PLD depends on
 //!   discretisation flags a report does not record: it must agree within a factor 1.1. Both are
 //!   far tighter than any change of the event (one step against 9,375);
-//! * the conclusion's verdict sentence must agree with the verdicts (no `PASS` beside a failed
-//!   verdict, no `FAIL` when every verdict passed).
+//! * a result of any accountant needs the report's event and neighbouring relation to be derived
+//!   again, a δ in (0, 1), and the same kind of number (exact, upper bound, estimate) as the
+//!   accountant gives now: a report whose results cannot be derived again is refused, not trusted;
+//! * a budget verdict (`dpaudit check`) is derived again from the results and its budget, every
+//!   field and its message; a verdict that names an accountant needs a result of that accountant;
+//! * in a `mia` report, the theoretical limits of the attacks on the checkpoint (ASR, TPR at 1 %
+//!   FPR) are derived again from its results, and each comparison's outcome from the attack's
+//!   held-out ASR interval and that limit; an audit verdict fails exactly when its ε lower bound
+//!   exceeds the accounted ε, which must be the report's tightest sound result. The measurements
+//!   themselves (scores, AUC, counts) need the scores: `mia --scores` derives them again;
+//! * in a `verify` report, each claim's verdict must follow its evidence (`holds`: an exact value or
+//!   upper bound ≤ the claim; `violated`: an exact value or lower bound above it), agree with the
+//!   claims table, and its evidence must be one of the claim's analyses;
+//! * the conclusion, for every command whose conclusion is derived from the report's content
+//!   (all but `sweep`, `train`, `run` and `calibrate`), must be the one derived again, sentence by
+//!   sentence; for the others its verdict sentence must agree with the verdicts (no `PASS` beside
+//!   a failed verdict, no `FAIL` when every verdict passed, in any letter case).
 
-use super::{Report, Status};
-use crate::accountants::AccountantKind;
+use super::num::fmt_num;
+use super::{Cell, Report, Status, Table};
+use crate::accountants::{AccountantKind, BoundKind};
+use crate::attacks::mia::{AttackKind, Target};
+use crate::attacks::theory::Guarantee;
 use crate::error::{Error, Result};
+use crate::events::DpEvent;
 
 fn refuse(field: String, msg: String) -> Error {
     Error::field(
@@ -42,6 +61,8 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 pub fn check(rep: &Report) -> Result<()> {
     check_results(rep)?;
     check_verdicts(rep)?;
+    check_mia_tables(rep)?;
+    check_verify_tables(rep)?;
     check_conclusion(rep)
 }
 
@@ -83,11 +104,73 @@ fn check_verdicts(rep: &Report) -> Result<()> {
                 }
             }
         }
+        // An audit's verdict (an ε lower bound against an accounted ε): fail exactly when the
+        // lower bound exceeds it; in `mia`, the accounted ε is the report's tightest sound result.
+        if v.bound == Some(BoundKind::LowerBound) && rep.audit != "verify" {
+            let (Some(b), Some(e)) = (v.budget, v.epsilon) else {
+                return Err(refuse(
+                    f("epsilon"),
+                    "an audit verdict needs its lower bound and the accounted ε".into(),
+                ));
+            };
+            let want = if e > b { Status::Fail } else { Status::Pass };
+            if v.status != want {
+                return Err(refuse(
+                    f("status"),
+                    format!(
+                        "is {}, but the ε lower bound {e} against the accounted ε {b} gives {}",
+                        v.status.as_str(),
+                        want.as_str()
+                    ),
+                ));
+            }
+            if rep.audit == "mia" {
+                let sound = rep.sound_epsilon().map(|r| r.epsilon);
+                if sound.is_none_or(|s| !close(s, b, 1e-9)) {
+                    return Err(refuse(
+                        f("budget"),
+                        format!(
+                            "is {b}, but the report's tightest sound result is {}",
+                            sound.map_or("none".to_string(), |s| s.to_string())
+                        ),
+                    ));
+                }
+            }
+        }
+        if v.status == Status::Pass && v.epsilon.is_none() && (v.accountant.is_some() || v.budget.is_some()) {
+            return Err(refuse(
+                f("epsilon"),
+                "is missing, but a pass needs the sound ε it rests on".into(),
+            ));
+        }
+        if rep.audit != "verify" && v.source.is_none() {
+            if let Some(b) = v.budget {
+                let again = crate::audit::budget_verdict_of(rep, &v.subject, b);
+                same_verdict(v, &again).map_err(|name| {
+                    refuse(
+                        f(name),
+                        format!(
+                            "does not follow from the report's results and the budget {b}: they give \"{}: {}\"",
+                            again.status.as_str(),
+                            again.message
+                        ),
+                    )
+                })?;
+            }
+        }
         if let (Some(acc), Some(e)) = (v.accountant, v.epsilon) {
             let same: Vec<_> = rep.results.iter().filter(|r| r.accountant == acc).collect();
+            if same.is_empty() && rep.audit != "verify" {
+                return Err(refuse(
+                    f("accountant"),
+                    format!("names {}, but the report has no {} result", acc.as_str(), acc.as_str()),
+                ));
+            }
             if !same.is_empty()
                 && v.bound.is_none_or(|k| k.is_sound())
-                && !same.iter().any(|r| close(r.epsilon, e, 1e-9))
+                && !same
+                    .iter()
+                    .any(|r| close(r.epsilon, e, 1e-9) && v.bound.is_none_or(|k| k == r.kind))
             {
                 return Err(refuse(
                     f("epsilon"),
@@ -103,44 +186,123 @@ fn check_verdicts(rep: &Report) -> Result<()> {
     Ok(())
 }
 
-fn check_results(rep: &Report) -> Result<()> {
-    let (Some(event), Some(nb)) = (&rep.event, rep.assumptions.neighbouring) else {
-        return Ok(());
+/// The first field in which `v` differs from the verdict derived again (numbers to 1e-9).
+fn same_verdict(v: &super::Verdict, again: &super::Verdict) -> std::result::Result<(), &'static str> {
+    let num = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(x), Some(y)) => close(x, y, 1e-9),
+        (None, None) => true,
+        _ => false,
     };
+    let diffs = [
+        ("status", v.status == again.status),
+        ("epsilon", num(v.epsilon, again.epsilon)),
+        ("delta", num(v.delta, again.delta)),
+        ("accountant", v.accountant == again.accountant),
+        ("bound", v.bound == again.bound),
+        ("margin", num(v.margin, again.margin)),
+        ("message", v.message == again.message),
+    ];
+    match diffs.iter().find(|(_, same)| !same) {
+        Some((name, _)) => Err(name),
+        None => Ok(()),
+    }
+}
+
+/// `ev` with every Poisson sampling step replaced by the event it samples for (full batch).
+fn full_batch(ev: &DpEvent) -> DpEvent {
+    match ev {
+        DpEvent::PoissonSampled { event, .. } => full_batch(event),
+        DpEvent::Composed { events } => DpEvent::Composed {
+            events: events.iter().map(full_batch).collect(),
+        },
+        DpEvent::SelfComposed { event, count } => DpEvent::SelfComposed {
+            event: Box::new(full_batch(event)),
+            count: *count,
+        },
+        other => other.clone(),
+    }
+}
+
+fn check_results(rep: &Report) -> Result<()> {
     for (i, r) in rep.results.iter().enumerate() {
-        let tol = match r.accountant {
-            AccountantKind::Gdp | AccountantKind::Rdp => 1e-3,
-            AccountantKind::Pld => 0.1,
-            _ => continue,
-        };
-        if !(r.kind.is_sound() && r.delta > 0.0 && r.delta < 1.0) {
-            continue;
+        let field = |name: &str| format!("results[{i}].{name}");
+        let who = r.accountant.as_str();
+        if !(r.delta > 0.0 && r.delta < 1.0) {
+            return Err(refuse(
+                field("delta"),
+                format!("{who} δ = {} is not in (0, 1)", r.delta),
+            ));
         }
-        // An accountant that cannot account the event here (limits, unsupported) is no evidence.
-        let Ok(again) = r.accountant.build().epsilon(event, nb, r.delta) else {
-            continue;
+        if r.epsilon.is_nan() {
+            return Err(refuse(field("epsilon"), format!("{who} ε is NaN")));
+        }
+        let (Some(event), Some(nb)) = (&rep.event, rep.assumptions.neighbouring) else {
+            return Err(refuse(
+                field("epsilon"),
+                format!(
+                    "{who} ε = {} cannot be derived again: the report has no {}",
+                    r.epsilon,
+                    if rep.event.is_none() {
+                        "event"
+                    } else {
+                        "neighbouring relation (assumptions.neighbouring)"
+                    }
+                ),
+            ));
         };
-        if again.kind != r.kind {
-            continue;
+        // A guarantee that ignores subsampling amplification (`mia`'s checkpoint ledger, `analyze`
+        // at p < 1): derived again the same way.
+        let no_amplification = r.details.contains_key("no_amplification");
+        let again = if no_amplification {
+            // The same accountant on the event with its Poisson sampling removed: a sound upper
+            // bound (subsampling only adds privacy, C_p(G_μ) ≥ G_μ), labelled as one.
+            r.accountant
+                .build()
+                .epsilon(&full_batch(event), nb, r.delta)
+                .map(|mut a| {
+                    a.kind = BoundKind::UpperBound;
+                    a
+                })
+        } else {
+            r.accountant.build().epsilon(event, nb, r.delta)
+        };
+        let again = again.map_err(|e| {
+            refuse(
+                field("epsilon"),
+                format!(
+                    "{who} ε = {} at δ = {}, but the report's own event cannot be accounted by {who} ({})",
+                    r.epsilon, r.delta, e.message
+                ),
+            )
+        })?;
+        // An exact value reported as an upper bound is still sound (an over-approximating event).
+        if again.kind != r.kind && !(again.kind == BoundKind::Exact && r.kind == BoundKind::UpperBound) {
+            return Err(refuse(
+                field("kind"),
+                format!(
+                    "is {}, but {who} gives {} for the report's own event",
+                    r.kind.as_str(),
+                    again.kind.as_str()
+                ),
+            ));
         }
         let ok = if r.accountant == AccountantKind::Pld {
+            // The PLD depends on discretisation flags a report does not record.
+            let tol = 0.1;
             (r.epsilon == again.epsilon)
                 || (r.epsilon.is_finite()
                     && again.epsilon.is_finite()
                     && r.epsilon <= (1.0 + tol) * again.epsilon + 1e-9
                     && again.epsilon <= (1.0 + tol) * r.epsilon + 1e-9)
         } else {
-            close(r.epsilon, again.epsilon, tol)
+            close(r.epsilon, again.epsilon, 1e-3)
         };
         if !ok {
             return Err(refuse(
-                format!("results[{i}].epsilon"),
+                field("epsilon"),
                 format!(
-                    "{} ε = {} at δ = {}, but the report's own event gives ε = {}",
-                    r.accountant.as_str(),
-                    r.epsilon,
-                    r.delta,
-                    again.epsilon
+                    "{who} ε = {} at δ = {}, but the report's own event gives ε = {}",
+                    r.epsilon, r.delta, again.epsilon
                 ),
             ));
         }
@@ -148,16 +310,37 @@ fn check_results(rep: &Report) -> Result<()> {
     Ok(())
 }
 
+/// Commands whose conclusion is not [`super::conclusion::derive`] of the report (they write their
+/// own from what they computed).
+const OWN_CONCLUSION: [&str; 4] = ["sweep", "train", "run", "calibrate"];
+
 fn check_conclusion(rep: &Report) -> Result<()> {
     let Some(c) = &rep.conclusion else {
         return Ok(());
     };
+    if !OWN_CONCLUSION.contains(&rep.audit.as_str()) {
+        let again = super::conclusion::derive(rep);
+        for (name, stored, derived) in [
+            ("audited", &c.audited, &again.audited),
+            ("guarantee", &c.guarantee, &again.guarantee),
+            ("verdict", &c.verdict, &again.verdict),
+            ("estimates", &c.estimates, &again.estimates),
+        ] {
+            if stored != derived {
+                return Err(refuse(
+                    format!("conclusion.{name}"),
+                    format!("says \"{stored}\", but the report's own content gives \"{derived}\""),
+                ));
+            }
+        }
+        return Ok(());
+    }
     if rep.verdicts.is_empty() {
         return Ok(());
     }
     let any_fail = rep.verdicts.iter().any(|v| v.status == Status::Fail);
     let all_pass = rep.verdicts.iter().all(|v| v.status == Status::Pass);
-    let says = c.verdict.trim_start();
+    let says = c.verdict.trim_start().to_uppercase();
     if says.starts_with("PASS") && !all_pass {
         return Err(refuse(
             "conclusion.verdict".into(),
@@ -169,6 +352,351 @@ fn check_conclusion(rep: &Report) -> Result<()> {
             "conclusion.verdict".into(),
             "says FAIL, but no verdict failed".into(),
         ));
+    }
+    Ok(())
+}
+
+fn cell_num(c: &Cell) -> Option<f64> {
+    match c {
+        Cell::Num(x) => Some(*x),
+        Cell::Int(i) => Some(*i as f64),
+        _ => None,
+    }
+}
+
+fn cell_str(c: &Cell) -> String {
+    match c {
+        Cell::Text(t) => t.clone(),
+        Cell::Int(i) => i.to_string(),
+        Cell::Num(x) => x.to_string(),
+        Cell::Empty => String::new(),
+    }
+}
+
+/// `mia`: the checkpoint attacks' limits and the comparisons' outcomes (see the module docs).
+fn check_mia_tables(rep: &Report) -> Result<()> {
+    if rep.audit != "mia" {
+        return Ok(());
+    }
+    let gs: Vec<Guarantee> = rep
+        .results
+        .iter()
+        .filter(|r| r.kind.is_sound())
+        .map(|r| Guarantee {
+            source: r.accountant.as_str().to_string(),
+            epsilon: r.epsilon,
+            delta: r.delta,
+            mu: r.details.get("mu").copied(),
+            kind: r.kind,
+        })
+        .collect();
+    let limits = crate::attacks::mia::limits(&gs);
+    let col = |t: &Table, name: &str| t.columns.iter().position(|c| c.name == name);
+    // Per attack row: "attack at t = N", the held-out ASR interval's lower end, the measured
+    // text, the target.
+    let mut attack_rows: Vec<(String, f64, String, Option<Target>)> = Vec::new();
+    for t in rep.tables.iter().filter(|t| t.id == "attacks" || t.id == "null-test") {
+        let (Some(ia), Some(it), Some(ih), Some(il), Some(ip)) = (
+            col(t, "attack"),
+            col(t, "t"),
+            col(t, "ASR held-out"),
+            col(t, "ASR limit"),
+            col(t, "TPR@1% limit"),
+        ) else {
+            return Err(refuse(
+                format!("tables[{}]", t.id),
+                "lacks the columns of an attacks table".into(),
+            ));
+        };
+        for (k, row) in t.rows.iter().enumerate() {
+            let attack = cell_str(&row[ia]);
+            let Ok(kind) = attack.parse::<AttackKind>() else {
+                return Err(refuse(
+                    format!("tables[{}].rows[{k}]", t.id),
+                    format!("names an unknown attack `{attack}`"),
+                ));
+            };
+            if kind.target() != Target::Checkpoint {
+                continue;
+            }
+            for (ic, want, name) in [
+                (il, limits.as_ref().map(|l| l.asr), "ASR limit"),
+                (ip, limits.as_ref().map(|l| l.tpr_at_1pct), "TPR@1% limit"),
+            ] {
+                let ok = match (cell_num(&row[ic]), want) {
+                    (Some(x), Some(y)) => close(x, y, 1e-9),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !ok {
+                    return Err(refuse(
+                        format!("tables[{}].rows[{k}].{name}", t.id),
+                        format!(
+                            "is {}, but the report's results give {}",
+                            cell_str(&row[ic]),
+                            want.map_or("no limit".to_string(), |w| w.to_string())
+                        ),
+                    ));
+                }
+            }
+        }
+        if t.id != "attacks" {
+            continue;
+        }
+        // What each attack's comparison row must say it measured (pipeline::evaluate_scores).
+        let (Some(io), Some(iu)) = (col(t, "ASR oracle"), col(t, "AUC")) else {
+            return Err(refuse(
+                "tables[attacks]".into(),
+                "lacks the columns ASR oracle, AUC".into(),
+            ));
+        };
+        for (k, row) in t.rows.iter().enumerate() {
+            let num = |i: usize| row.get(i).and_then(cell_num);
+            let (Some(asr), Some(lo), Some(hi), Some(oracle), Some(auc)) =
+                (num(ih), num(ih + 1), num(ih + 2), num(io), num(iu))
+            else {
+                return Err(refuse(
+                    format!("tables[attacks].rows[{k}]"),
+                    "lacks a number of the held-out ASR, its interval, the oracle ASR or the AUC".into(),
+                ));
+            };
+            let r4 = |x: f64| fmt_num((x * 1e4).round() / 1e4);
+            let measured = format!(
+                "empirical ASR at the held-out threshold {} [{}, {}] (oracle {}, AUC {})",
+                r4(asr),
+                r4(lo),
+                r4(hi),
+                r4(oracle),
+                r4(auc)
+            );
+            let attack = cell_str(&row[ia]);
+            let target = attack.parse::<AttackKind>().map(|a| a.target()).ok();
+            attack_rows.push((
+                format!("{} at t = {}", attack, cell_str(&row[it])),
+                lo,
+                measured,
+                target,
+            ));
+        }
+    }
+    let Some(t) = rep.tables.iter().find(|t| t.id == "comparisons") else {
+        return Ok(());
+    };
+    let (Some(iw), Some(il), Some(io)) = (col(t, "what"), col(t, "limit"), col(t, "outcome")) else {
+        return Err(refuse(
+            "tables[comparisons]".into(),
+            "lacks the columns what, limit, outcome".into(),
+        ));
+    };
+    let Some(im) = col(t, "measured") else {
+        return Err(refuse("tables[comparisons]".into(), "lacks the column measured".into()));
+    };
+    let whats: Vec<String> = t.rows.iter().map(|row| cell_str(&row[iw])).collect();
+    if let Some((w, ..)) = attack_rows.iter().find(|(w, ..)| !whats.contains(w)) {
+        return Err(refuse(
+            "tables[comparisons]".into(),
+            format!("has no row for the attack `{w}` of the attacks table"),
+        ));
+    }
+    for (k, row) in t.rows.iter().enumerate() {
+        let what = cell_str(&row[iw]);
+        let field = |name: &str| format!("tables[comparisons].rows[{k}].{name}");
+        let Some((_, lo, measured, target)) = attack_rows.iter().find(|(w, ..)| *w == what) else {
+            // An audit's row: its verdict must exist and agree.
+            if let Some(limit) = cell_num(&row[il]) {
+                let outcome = cell_str(&row[io]);
+                let Some(v) = rep.verdicts.iter().find(|v| v.source.as_deref() == Some(what.as_str())) else {
+                    if what.contains(" at t = ") {
+                        return Err(refuse(
+                            field("what"),
+                            format!("`{what}` has no row in the attacks table"),
+                        ));
+                    }
+                    return Err(refuse(field("what"), format!("the audit `{what}` has no verdict")));
+                };
+                // The one-run audit's lower bound is the largest of its candidates'.
+                if what.starts_with("one-run audit") {
+                    if let Some(ot) = rep.tables.iter().find(|t| t.id == "one-run") {
+                        let best = ot.columns.iter().position(|c| c.name.starts_with("ε lower")).map(|i| {
+                            ot.rows
+                                .iter()
+                                .filter_map(|r| r.get(i).and_then(cell_num))
+                                .fold(0.0, f64::max)
+                        });
+                        if best.is_none_or(|b| v.epsilon.is_none_or(|e| !close(e, b, 1e-9))) {
+                            return Err(refuse(
+                                field("what"),
+                                format!(
+                                    "the one-run audit's verdict rests on ε lower bound {}, but the one-run table's largest is {}",
+                                    v.epsilon.map_or("none".to_string(), |e| e.to_string()),
+                                    best.map_or("none".to_string(), |b| b.to_string())
+                                ),
+                            ));
+                        }
+                    }
+                }
+                let fail = outcome.starts_with("VIOLATION");
+                if fail != (v.status == Status::Fail) || v.budget.is_none_or(|b| !close(b, limit, 1e-9)) {
+                    return Err(refuse(
+                        field("outcome"),
+                        format!(
+                            "says \"{outcome}\" against the limit {limit}, but the audit's verdict is {} against {}",
+                            v.status.as_str(),
+                            v.budget.map_or("none".to_string(), |b| b.to_string())
+                        ),
+                    ));
+                }
+            }
+            continue;
+        };
+        if cell_str(&row[im]) != *measured {
+            return Err(refuse(
+                field("measured"),
+                format!(
+                    "says \"{}\", but the attacks table gives \"{measured}\"",
+                    cell_str(&row[im])
+                ),
+            ));
+        }
+        if *target != Some(Target::Checkpoint) {
+            continue;
+        }
+        let lo = *lo;
+        let limit = cell_num(&row[il]);
+        let want_limit = limits.as_ref().map(|l| l.asr);
+        let same = match (limit, want_limit) {
+            (Some(x), Some(y)) => close(x, y, 1e-9),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            return Err(refuse(
+                field("limit"),
+                format!(
+                    "is {}, but the report's results give {}",
+                    cell_str(&row[il]),
+                    want_limit.map_or("no limit".to_string(), |w| w.to_string())
+                ),
+            ));
+        }
+        let outcome = cell_str(&row[io]);
+        let want = match limit {
+            None => "no guarantee",
+            Some(l) if lo > l => "above the limit",
+            Some(_) => "below the limit",
+        };
+        if !outcome.starts_with(want) {
+            return Err(refuse(
+                field("outcome"),
+                format!("says \"{outcome}\", but the held-out ASR interval's lower end {lo} against the limit gives \"{want}\""),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `verify`: each verdict against its claims row and the claim's analyses (see the module docs).
+fn check_verify_tables(rep: &Report) -> Result<()> {
+    if rep.audit != "verify" {
+        return Ok(());
+    }
+    let table = |id: &str| rep.tables.iter().find(|t| t.id == id);
+    let (Some(claims), Some(analyses)) = (table("claims"), table("analyses")) else {
+        return Err(refuse(
+            "tables".into(),
+            "a verify report needs its claims and analyses tables".into(),
+        ));
+    };
+    let col = |t: &Table, name: &str| {
+        t.columns
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| refuse(format!("tables[{}]", t.id), format!("lacks the column `{name}`")))
+    };
+    let (cc, cv, ce, ca, ck, cb) = (
+        col(claims, "claim")?,
+        col(claims, "verdict")?,
+        col(claims, "evidence ε")?,
+        col(claims, "accountant")?,
+        col(claims, "kind")?,
+        col(claims, "claimed ε")?,
+    );
+    let (ac, ae, aa, ak) = (
+        col(analyses, "claim")?,
+        col(analyses, "ε")?,
+        col(analyses, "accountant")?,
+        col(analyses, "kind")?,
+    );
+    for (i, v) in rep.verdicts.iter().enumerate() {
+        let f = |name: &str| format!("verdicts[{i}].{name}");
+        let id = v.subject.rsplit_once(" (").map_or(v.subject.as_str(), |(id, _)| id);
+        let Some(row) = claims.rows.iter().find(|r| cell_str(&r[cc]) == id) else {
+            return Err(refuse(
+                f("subject"),
+                format!("names the claim `{id}`, which the claims table does not list"),
+            ));
+        };
+        let word = match v.status {
+            Status::Pass => "holds",
+            Status::Fail => "violated",
+            Status::Inconclusive => "not_demonstrated",
+        };
+        let kind = v.bound.map(|k| k.as_str().to_string()).unwrap_or_default();
+        let source = v
+            .accountant
+            .map(|a| a.as_str().to_string())
+            .or_else(|| v.source.clone())
+            .unwrap_or_default();
+        let num_eq = |c: &Cell, x: Option<f64>| match (cell_num(c), x) {
+            (Some(a), Some(b)) => close(a, b, 1e-12),
+            (None, None) => true,
+            _ => false,
+        };
+        if cell_str(&row[cv]) != word
+            || !num_eq(&row[ce], v.epsilon)
+            || !num_eq(&row[cb], v.budget)
+            || cell_str(&row[ck]) != kind
+            || cell_str(&row[ca]) != source
+        {
+            return Err(refuse(
+                f("status"),
+                format!(
+                    "is {word} on ε = {:?} ({source}, {kind}), but the claims table's row for `{id}` differs",
+                    v.epsilon
+                ),
+            ));
+        }
+        let (Some(e), Some(b)) = (v.epsilon, v.budget) else {
+            if v.status != Status::Inconclusive {
+                return Err(refuse(
+                    f("epsilon"),
+                    "a holds or violated verdict needs its evidence ε and the claimed ε".into(),
+                ));
+            }
+            continue;
+        };
+        let upper = matches!(v.bound, Some(BoundKind::Exact | BoundKind::UpperBound));
+        let lower = matches!(v.bound, Some(BoundKind::Exact | BoundKind::LowerBound));
+        let follows = match v.status {
+            Status::Pass => upper && e <= b,
+            Status::Fail => lower && e > b,
+            Status::Inconclusive => true,
+        };
+        if !follows {
+            return Err(refuse(
+                f("status"),
+                format!("is {word}, but its evidence ε = {e} ({kind}) against the claimed ε = {b} does not show it"),
+            ));
+        }
+        let found = analyses.rows.iter().any(|r| {
+            cell_str(&r[ac]) == id && num_eq(&r[ae], Some(e)) && cell_str(&r[ak]) == kind && cell_str(&r[aa]) == source
+        });
+        if !found {
+            return Err(refuse(
+                f("epsilon"),
+                format!("rests on ε = {e} ({source}, {kind}), which is not one of the analyses of `{id}`"),
+            ));
+        }
     }
     Ok(())
 }

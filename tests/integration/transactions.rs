@@ -649,6 +649,282 @@ fn report_recomputes_verdicts_and_results() {
     assert!(stderr(&o).contains("verdicts[0].epsilon"), "{}", stderr(&o));
 }
 
+/// Each way an edited `check` report once slipped through is refused, naming the field: a result
+/// relabelled (exact, or a CLT estimate as an upper bound), the event or neighbouring relation
+/// removed so nothing could be re-derived, a δ of 1, the cited accountant's result dropped, the
+/// verdict's message, and the conclusion's guarantee or verdict sentence (in any letter case).
+#[test]
+fn report_refuses_forged_evidence() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = dpaudit(&[
+        "check",
+        "--noise-multiplier",
+        "1.1",
+        "--sample-rate",
+        "0.01",
+        "--steps",
+        "9375",
+        "--delta",
+        "1e-5",
+        "--max-epsilon",
+        "1",
+        "--no-plots",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let honest: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let at = |acc: &str| -> usize {
+        honest["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|r| r["accountant"] == acc)
+            .unwrap_or_else(|| panic!("no {acc} result"))
+    };
+    let (clt, pld) = (at("clt"), at("pld"));
+    // The verdict a forger wants: pass at ε = 0.4 on the named accountant and kind.
+    let pass = |v: &mut serde_json::Value, acc: &str, kind: &str| {
+        let d = &mut v["verdicts"][0];
+        d["status"] = "pass".into();
+        d["epsilon"] = 0.4.into();
+        d["margin"] = 0.6.into();
+        d["accountant"] = acc.into();
+        d["bound"] = kind.into();
+        d["message"] = format!("sound ε = 0.4 ({acc} {}) ≤ budget 1", kind.replace('_', " ")).into();
+    };
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "pld-exact",
+            Box::new(move |v| {
+                v["results"][pld]["kind"] = "exact".into();
+                v["results"][pld]["epsilon"] = 0.4.into();
+                pass(v, "pld", "exact");
+            }),
+            &*format!("results[{pld}].kind").leak(),
+        ),
+        (
+            "clt-as-bound",
+            Box::new(move |v| {
+                v["results"][clt]["kind"] = "upper_bound".into();
+                pass(v, "clt", "upper_bound");
+            }),
+            &*format!("results[{clt}].kind").leak(),
+        ),
+        (
+            "no-event",
+            Box::new(|v| v["event"] = serde_json::Value::Null),
+            "no event",
+        ),
+        (
+            "no-neighbouring",
+            Box::new(|v| v["assumptions"]["neighbouring"] = serde_json::Value::Null),
+            "no neighbouring relation",
+        ),
+        (
+            "delta-1",
+            Box::new(move |v| v["results"][pld]["delta"] = 1.0.into()),
+            &*format!("results[{pld}].delta").leak(),
+        ),
+        (
+            "pld-dropped",
+            Box::new(move |v| {
+                v["results"].as_array_mut().unwrap().remove(pld);
+            }),
+            "verdicts[0]",
+        ),
+        (
+            "message",
+            Box::new(|v| v["verdicts"][0]["message"] = "sound ε within budget".into()),
+            "verdicts[0].message",
+        ),
+        (
+            "guarantee",
+            Box::new(|v| {
+                let g = v["conclusion"]["guarantee"].as_str().unwrap().to_string();
+                v["conclusion"]["guarantee"] = g.replacen("(ε = ", "(ε = 0.1, was ", 1).into();
+            }),
+            "conclusion.guarantee",
+        ),
+        (
+            "verdict-case",
+            Box::new(|v| v["conclusion"]["verdict"] = "Pass: sound ε within budget.".into()),
+            "conclusion.verdict",
+        ),
+    ];
+    for (name, edit, field) in cases {
+        let mut v = honest.clone();
+        edit(&mut v);
+        let o = report_exit(&v, tmp.path(), &format!("{name}.json"));
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(field),
+            "{name}: expected `{field}` in {}",
+            stderr(&o)
+        );
+        assert!(stdout(&o).is_empty(), "{name}: rendered {}", stdout(&o));
+    }
+    let o = report_exit(&honest, tmp.path(), "honest.json");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+/// A `verify` report whose verdict was flipped is refused: against its claims table, and (with the
+/// claims table edited to match) because the evidence it cites is none of the claim's analyses.
+#[test]
+fn report_refuses_a_forged_verify_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = dpaudit(&["verify", "fixtures/claims/dp-sgd.toml", "--format", "json"]);
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", stderr(&o));
+    let honest: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = report_exit(&honest, tmp.path(), "honest.json");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let i = honest["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|v| v["status"] != "pass")
+        .expect("a claim that does not hold");
+    let claim = honest["verdicts"][i]["subject"]
+        .as_str()
+        .unwrap()
+        .split(" (")
+        .next()
+        .unwrap()
+        .to_string();
+    let forge = |v: &mut serde_json::Value| {
+        let d = &mut v["verdicts"][i];
+        d["status"] = "pass".into();
+        d["epsilon"] = 0.5.into();
+        d["accountant"] = "pld".into();
+        d["bound"] = "upper_bound".into();
+        d["source"] = serde_json::Value::Null;
+        d["margin"] = (d["budget"].as_f64().unwrap() - 0.5).into();
+    };
+    let mut v = honest.clone();
+    forge(&mut v);
+    let o = report_exit(&v, tmp.path(), "flipped.json");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("claims table"), "{}", stderr(&o));
+    // The claims row edited to agree: the cited ε is still no analysis of the claim.
+    let claims = v["tables"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|t| t["id"] == "claims")
+        .unwrap();
+    let names: Vec<String> = claims["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    let col = |n: &str| names.iter().position(|c| c == n).unwrap();
+    let row = claims["rows"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|r| r[col("claim")] == claim.as_str())
+        .unwrap();
+    row[col("verdict")] = "holds".into();
+    row[col("evidence ε")] = 0.5.into();
+    row[col("accountant")] = "pld".into();
+    row[col("kind")] = "upper_bound".into();
+    let o = report_exit(&v, tmp.path(), "flipped-claims.json");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not one of the analyses"), "{}", stderr(&o));
+}
+
+/// A `mia` report on a DP checkpoint: its attack limits, each comparison's outcome and measured
+/// text, and the attacks table's rows are derived again; an edit of any is refused.
+#[test]
+fn report_refuses_a_forged_mia_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        "models/digits-rapid.toml",
+        "--attack",
+        "loss",
+        "--timesteps",
+        "10",
+        "--noise-draws",
+        "1",
+        "--bootstrap",
+        "20",
+        "--seed",
+        "7",
+        "-q",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let honest: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = report_exit(&honest, tmp.path(), "honest.json");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The cell of column `col` in row `row` of table `id`.
+    fn cell<'a>(v: &'a mut serde_json::Value, id: &str, col: &str, row: usize) -> &'a mut serde_json::Value {
+        let t = v["tables"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|t| t["id"] == id)
+            .unwrap();
+        let i = t["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c["name"] == col)
+            .unwrap();
+        &mut t["rows"][row][i]
+    }
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "outcome",
+            Box::new(|v| {
+                *cell(v, "comparisons", "outcome", 0) =
+                    "above the limit (one model, one split: not a bound; run an audit)".into()
+            }),
+            "outcome",
+        ),
+        (
+            "limit",
+            Box::new(|v| *cell(v, "attacks", "ASR limit", 0) = 0.99.into()),
+            "ASR limit",
+        ),
+        (
+            "measured",
+            Box::new(|v| *cell(v, "attacks", "AUC", 0) = 0.99.into()),
+            "measured",
+        ),
+        (
+            "row-dropped",
+            Box::new(|v| {
+                let t = v["tables"]
+                    .as_array_mut()
+                    .unwrap()
+                    .iter_mut()
+                    .find(|t| t["id"] == "attacks")
+                    .unwrap();
+                t["rows"].as_array_mut().unwrap().clear();
+            }),
+            "attacks table",
+        ),
+    ];
+    for (name, edit, field) in cases {
+        let mut v = honest.clone();
+        edit(&mut v);
+        let o = report_exit(&v, tmp.path(), &format!("{name}.json"));
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(field),
+            "{name}: expected `{field}` in {}",
+            stderr(&o)
+        );
+    }
+}
+
 const MIA: &[&str] = &[
     "mia",
     "--checkpoint",
