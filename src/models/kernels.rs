@@ -430,6 +430,101 @@ pub fn attend_rows(h: &Head<'_>, o: &mut [f32], scale: f32, scratch: &mut Vec<f3
     }
 }
 
+/// One attention head of one image for the per-sample gradient pass: `q`, `k`, `v` hold `hd`
+/// contiguous planes of `l` positions each (plane `d` at `d·l`), as do the output and the
+/// gradients of [`attn_train_forward`] and [`attn_train_backward`].
+pub struct TrainHead<'a> {
+    /// Queries.
+    pub q: &'a [f32],
+    /// Keys.
+    pub k: &'a [f32],
+    /// Values.
+    pub v: &'a [f32],
+    /// Head dimension (number of planes).
+    pub hd: usize,
+    /// Positions per plane.
+    pub l: usize,
+}
+
+/// Floats one head's probabilities take in [`attn_train_forward`]'s layout: `l` keys for each
+/// query, the queries in blocks of 16 (the last padded with zeros).
+pub fn attn_train_probs(l: usize) -> usize {
+    l.div_ceil(16) * 16 * l
+}
+
+/// Whether [`attn_train_forward`] and [`attn_train_backward`] run on this CPU for head dimension
+/// `hd`: AVX-512F and hd ≤ [`SMALL_HEAD_MAX`].
+pub fn attn_train_available(hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        hd <= SMALL_HEAD_MAX && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hd;
+        false
+    }
+}
+
+/// Attention of one head for training (Vaswani et al. 2017, Eq. 1), small head dimensions in
+/// AVX-512 registers: o[d·l + i] = Σ_j P[i, j] v[d·l + j] with P = softmax_j(scale · Σ_e
+/// q[e·l + i] k[e·l + j]), and P kept in `pb` ([`attn_train_probs`] floats, P[i, j] at
+/// `((i / 16)·l + j)·16 + i % 16`) for [`attn_train_backward`]. The exponential is [`exp`]'s
+/// arithmetic; no l × l matrix is multiplied by a GEMM (for head dimensions ≤ 16 the GEMMs' packing
+/// cost more than their arithmetic). Panics unless [`attn_train_available`] (a programming error).
+pub fn attn_train_forward(h: &TrainHead<'_>, scale: f32, o: &mut [f32], pb: &mut [f32], scratch: &mut Vec<f32>) {
+    assert!(
+        attn_train_available(h.hd),
+        "attn_train_forward: needs AVX-512F and hd ≤ 16"
+    );
+    assert!(pb.len() >= attn_train_probs(h.l) && o.len() >= h.hd * h.l);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: calling a `target_feature` function is sound when the CPU has the feature,
+        // which `attn_train_available` detected just above.
+        #[allow(unsafe_code)]
+        unsafe {
+            attn512::forward(h, scale, o, pb, scratch)
+        }
+    }
+}
+
+/// The gradients of [`attn_train_forward`] added into `dq`, `dk`, `dv` (each `hd` planes of `l`)
+/// from the output gradient `dout`, the output `o` and the probabilities `pb` it kept:
+/// ∂S = P ⊙ (∂P − r) with ∂P = ∂Oᵀ V and the row sums r_i = Σ_j P[i, j] ∂P[i, j] taken as
+/// Σ_d ∂O[d, i]·O[d, i] (equal in exact arithmetic, as O = V Pᵀ); ∂Q = scale · K ∂Sᵀ,
+/// ∂K = scale · Q ∂S, ∂V = ∂O P. Panics unless [`attn_train_available`] (a programming error).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_train_backward(
+    h: &TrainHead<'_>,
+    o: &[f32],
+    dout: &[f32],
+    scale: f32,
+    pb: &[f32],
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
+    assert!(
+        attn_train_available(h.hd),
+        "attn_train_backward: needs AVX-512F and hd ≤ 16"
+    );
+    assert!(pb.len() >= attn_train_probs(h.l));
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: calling a `target_feature` function is sound when the CPU has the feature,
+        // which `attn_train_available` detected just above.
+        #[allow(unsafe_code)]
+        unsafe {
+            attn512::backward(h, o, dout, scale, pb, dq, dk, dv, scratch)
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod attn512;
+
 /// The AVX2 + FMA kernels written with `std::arch` intrinsics (safe to call inside functions
 /// compiled with the features they need; vectors move to and from arrays through `bytemuck`).
 #[cfg(target_arch = "x86_64")]
@@ -548,7 +643,7 @@ mod x86 {
     /// [`exp8`] on sixteen lanes.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn exp16(x: __m512) -> __m512 {
+    pub(super) fn exp16(x: __m512) -> __m512 {
         let x = _mm512_min_ps(_mm512_set1_ps(88.0), _mm512_max_ps(_mm512_set1_ps(-87.3), x));
         let round = _mm512_set1_ps(ROUND);
         let shifted = _mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), round);
@@ -1693,6 +1788,93 @@ mod tests {
     /// A deterministic value in [−1, 1) for element `i` of test array `s` (a multiplicative hash).
     fn val(s: usize, i: usize) -> f32 {
         (((i * 2_654_435_761 + s) % 1000) as f32 / 500.0) - 1.0
+    }
+
+    /// The training attention kernels against their definitions in f64 (Vaswani et al. Eq. 1 and
+    /// its gradient, with the softmax row sums taken from P and ∂P, not from O): outputs, the
+    /// probabilities in their blocked layout, and ∂Q, ∂K, ∂V added onto non-zero gradients, for
+    /// head dimensions padded three ways and lengths below, at and between whole blocks of 16.
+    #[test]
+    fn training_attention_equals_its_definition() {
+        if !attn_train_available(16) {
+            eprintln!("skipped: no AVX-512F on this CPU");
+            return;
+        }
+        for (hd, l) in [(3, 5), (4, 16), (8, 49), (8, 196), (12, 33), (16, 64), (1, 1)] {
+            let n = hd * l;
+            let (q, k, v, dout): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = (
+                (0..n).map(|i| val(1, i) * 2.0).collect(),
+                (0..n).map(|i| val(2, i) * 2.0).collect(),
+                (0..n).map(|i| val(3, i)).collect(),
+                (0..n).map(|i| val(4, i)).collect(),
+            );
+            let scale = 1.0 / (hd as f32).sqrt();
+            let h = TrainHead {
+                q: &q,
+                k: &k,
+                v: &v,
+                hd,
+                l,
+            };
+            let mut o = vec![0f32; n];
+            let mut pb = vec![f32::NAN; attn_train_probs(l)];
+            let mut scratch = Vec::new();
+            attn_train_forward(&h, scale, &mut o, &mut pb, &mut scratch);
+            let init = |s: usize| -> Vec<f32> { (0..n).map(|i| val(s, i) * 0.1).collect() };
+            let (mut dq, mut dk, mut dv) = (init(5), init(6), init(7));
+            attn_train_backward(&h, &o, &dout, scale, &pb, &mut dq, &mut dk, &mut dv, &mut scratch);
+            // Reference in f64.
+            let at = |x: &[f32], d: usize, i: usize| x[d * l + i] as f64;
+            let mut p = vec![0f64; l * l];
+            for i in 0..l {
+                let s: Vec<f64> = (0..l)
+                    .map(|j| (0..hd).map(|d| at(&q, d, i) * at(&k, d, j)).sum::<f64>() * scale as f64)
+                    .collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for j in 0..l {
+                    p[i * l + j] = (s[j] - m).exp() / z;
+                }
+            }
+            let close = |got: f32, want: f64, what: &str| {
+                assert!(
+                    (got as f64 - want).abs() <= 2e-5 * (1.0 + want.abs()),
+                    "hd {hd}, l {l}: {what}: {got} vs {want}"
+                );
+            };
+            for i in 0..l {
+                for j in 0..l {
+                    close(pb[((i / 16) * l + j) * 16 + i % 16], p[i * l + j], "P");
+                }
+                for d in 0..hd {
+                    let want: f64 = (0..l).map(|j| p[i * l + j] * at(&v, d, j)).sum();
+                    close(o[d * l + i], want, "O");
+                }
+            }
+            // ∂P = ∂Oᵀ V, ∂S = P ⊙ (∂P − Σ_j P ∂P).
+            let mut ds = vec![0f64; l * l];
+            for i in 0..l {
+                let dp: Vec<f64> = (0..l)
+                    .map(|j| (0..hd).map(|d| at(&dout, d, i) * at(&v, d, j)).sum())
+                    .collect();
+                let r: f64 = (0..l).map(|j| p[i * l + j] * dp[j]).sum();
+                for j in 0..l {
+                    ds[i * l + j] = p[i * l + j] * (dp[j] - r);
+                }
+            }
+            let sc = scale as f64;
+            for d in 0..hd {
+                for x in 0..l {
+                    let want_q: f64 = sc * (0..l).map(|j| ds[x * l + j] * at(&k, d, j)).sum::<f64>();
+                    let want_k: f64 = sc * (0..l).map(|i| ds[i * l + x] * at(&q, d, i)).sum::<f64>();
+                    let want_v: f64 = (0..l).map(|i| p[i * l + x] * at(&dout, d, i)).sum();
+                    let base = |s: usize| val(s, d * l + x) as f64 * 0.1;
+                    close(dq[d * l + x], base(5) + want_q, "∂Q");
+                    close(dk[d * l + x], base(6) + want_k, "∂K");
+                    close(dv[d * l + x], base(7) + want_v, "∂V");
+                }
+            }
+        }
     }
 
     /// The 3 × 3 convolution with zero padding 1, in f64, added onto `init`: `x` [cin][nb][h][w],

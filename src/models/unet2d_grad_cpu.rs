@@ -42,8 +42,9 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::kernels::{
-    affine, conv3x3_columns, conv3x3_on, conv3x3_scratch, norm_act_grad, norm_input_grad, sgemm, silu_grad,
-    softmax_grad_rows, softmax_rows, sq_dev, sum, Direct3x3, Isa, Mat,
+    affine, attn_train_available, attn_train_backward, attn_train_forward, attn_train_probs, conv3x3_columns,
+    conv3x3_on, conv3x3_scratch, norm_act_grad, norm_input_grad, sgemm, silu_grad, softmax_grad_rows, softmax_rows,
+    sq_dev, sum, Direct3x3, Isa, Mat, TrainHead,
 };
 use super::unet2d::im2col_plane;
 use super::unet2d::{Act, Resample, TimeEmbedding, Unet2dConfig};
@@ -355,7 +356,7 @@ impl Builder<'_> {
             l,
             probs: self.probs,
         });
-        self.probs += heads * l * l;
+        self.probs += heads * attn_train_probs(l);
         self.max_ll = self.max_ll.max(l * l);
         let out = self.linear(&format!("{p}.to_out.0"), o, c)?;
         Ok(self.add(out, x, rescale))
@@ -525,6 +526,8 @@ struct Work {
     /// The direct convolutions' zero-guarded copies of their input (empty without them).
     pad: Vec<f32>,
     tmp: Vec<f32>,
+    /// The fused attention's position-major copies and partial sums ([`fused_attention`]).
+    attn: Vec<f32>,
     /// This sample's gradient.
     g: Vec<f32>,
     /// The task's weighted sum of gradients.
@@ -548,6 +551,7 @@ impl Work {
             wscr: vec![0.0; plan.max_w],
             pad: vec![0.0; if direct { plan.max_pad } else { 0 }],
             tmp: vec![0.0; plan.max_len],
+            attn: Vec::new(),
             g: vec![0.0; n_params],
             sum: vec![0.0; n_params],
         }
@@ -595,6 +599,13 @@ pub fn default_direct() -> Option<Isa> {
         Isa::Scalar => None,
         isa => Some(isa),
     }
+}
+
+/// Whether an attention head of dimension `d` runs fused in AVX-512 registers
+/// ([`super::kernels::attn_train_forward`] and its backward) rather than as GEMMs: in the AVX-512
+/// form of the pass, for head dimensions up to 16 (models/mnist-ddpm's 8).
+fn fused_attention(net: Net<'_>, d: usize) -> bool {
+    matches!(net.direct, Some((Isa::Avx512, _))) && attn_train_available(d)
 }
 
 /// What one call computed.
@@ -1098,10 +1109,22 @@ fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
         } => {
             let mut out = std::mem::take(&mut w.act[o]);
             let scale = 1.0 / (d as f32).sqrt();
+            let ps = attn_train_probs(l);
             for hh in 0..heads {
                 let r = hh * d * l..(hh + 1) * d * l;
                 let (qh, kh, vh) = (&w.act[q][r.clone()], &w.act[k][r.clone()], &w.act[v][r.clone()]);
-                let p = &mut w.probs[probs + hh * l * l..probs + (hh + 1) * l * l];
+                let p = &mut w.probs[probs + hh * ps..probs + (hh + 1) * ps];
+                if fused_attention(net, d) {
+                    let h = TrainHead {
+                        q: qh,
+                        k: kh,
+                        v: vh,
+                        hd: d,
+                        l,
+                    };
+                    attn_train_forward(&h, scale, &mut out[r], p, &mut w.attn);
+                    continue;
+                }
                 // S = scale·Qᵀ K [l × l], softmax over keys.
                 sgemm(l, l, d, p, l, false, Mat::cols(qh, l), Mat::rows(kh, l), scale);
                 softmax_rows(p, l);
@@ -1309,11 +1332,34 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             let mut dk = std::mem::take(&mut w.grad[k]);
             let mut dv = std::mem::take(&mut w.grad[v]);
             let scale = 1.0 / (d as f32).sqrt();
+            let ps = attn_train_probs(l);
             for hh in 0..heads {
                 let r = hh * d * l..(hh + 1) * d * l;
                 let (qh, kh, vh) = (&w.act[q][r.clone()], &w.act[k][r.clone()], &w.act[v][r.clone()]);
                 let doh = &dout[r.clone()];
-                let p = &w.probs[probs + hh * l * l..probs + (hh + 1) * l * l];
+                let p = &w.probs[probs + hh * ps..probs + (hh + 1) * ps];
+                if fused_attention(net, d) {
+                    let h = TrainHead {
+                        q: qh,
+                        k: kh,
+                        v: vh,
+                        hd: d,
+                        l,
+                    };
+                    let oh = &w.act[o][r.clone()];
+                    attn_train_backward(
+                        &h,
+                        oh,
+                        doh,
+                        scale,
+                        p,
+                        &mut dq[r.clone()],
+                        &mut dk[r.clone()],
+                        &mut dv[r.clone()],
+                        &mut w.attn,
+                    );
+                    continue;
+                }
                 let dp = &mut w.dp[..l * l];
                 // ∂P = ∂Oᵀ V [l × l]; ∂V += ∂O P.
                 sgemm(l, l, d, dp, l, false, Mat::cols(doh, l), Mat::rows(vh, l), 1.0);
