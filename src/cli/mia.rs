@@ -379,8 +379,25 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
     let (report, records) = match &a.scores {
         None if diffusers.is_some() => run_diffusers(&a, diffusers.unwrap(), &dev, &dev_name)?,
         Some(path) => {
-            let recs = scores::read_csv(path)?;
+            let file = scores::ScoresFile::load(path)?;
             let plan = plan(&a, None)?;
+            if plan.audit == Some(dpaudit::attacks::pipeline::AuditKind::OneRun) {
+                // The canary rows must be the training run's canaries, as the card records them
+                // (the same canaries `mia --checkpoint … --audit one-run` scores itself).
+                let want = match (diffusers, ck.as_ref()) {
+                    (Some(dir), _) => {
+                        let (c, card) = dpaudit::attacks::diffusers::folder_canaries(dir)?;
+                        Some((c, format!("the canaries file of {}", card.display())))
+                    }
+                    (None, Some(ck)) => Some((
+                        dpaudit::models::canary::Canaries::of_checkpoint(ck)?,
+                        format!("the canaries file of {}", ck.card_path.display()),
+                    )),
+                    (None, None) => None,
+                };
+                file.check_canaries(want.as_ref().map(|(c, s)| (c, s.as_str())))?;
+            }
+            let recs = file.records;
             let r = match diffusers {
                 // A diffusers folder supplies its ledger (or the stated mechanism) to compare with.
                 Some(dir) => {
