@@ -275,10 +275,10 @@ impl DiffusersRun {
         };
         let batch = a.batch_size.or(fitted.map(|f| f.0)).unwrap_or(64);
         if let Some((b, free)) = fitted {
-            eprintln!(
+            dpaudit::report::progress::note(&format!(
                 "batch: {b} images per forward (fits half of the GPU's {:.1} GiB free)",
                 free as f64 / (1u64 << 30) as f64
-            );
+            ));
         }
         Ok((self.ck.denoiser(self.images.shape, batch)?, batch, fitted.is_some()))
     }
@@ -304,7 +304,7 @@ fn run_diffusers(
     let r = DiffusersRun::load(a, dir, dev)?;
     let (den, batch, batch_fitted) = r.denoiser(a)?;
     let p = r.plan(a, &den)?;
-    eprintln!("device: {dev_name}");
+    dpaudit::report::progress::note(&format!("device: {dev_name}"));
     let bar = dpaudit::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
     let (mut report, records) = dpaudit::attacks::diffusers::run_with_basis(
         &r.ck,
@@ -421,7 +421,7 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
         }
         None => {
             let ck = ck.as_ref().expect("clap requires --checkpoint without --scores");
-            eprintln!("device: {dev_name}");
+            dpaudit::report::progress::note(&format!("device: {dev_name}"));
             let plan = plan(&a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
             let data = Dataset::load(&match &a.data {
                 Some(p) => p.clone(),
@@ -499,12 +499,12 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
     let path = dir.join(spec.file_name());
     dpaudit::report::output::check_file(&path, a.output.force)?;
     let dev = device::select(a.device.into())?;
-    eprintln!(
+    dpaudit::report::progress::note(&format!(
         "device: {}   shard {}/{}",
         device::describe(&dev),
         spec.index,
         spec.count
-    );
+    ));
     if let Some(udir) = dpaudit::models::diffusers::unet_dir(card) {
         return shard_diffusers(a, spec, &udir, &dev, &path);
     }
@@ -535,7 +535,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
     };
     let text = serde_json::to_string(&part)? + "\n";
     dpaudit::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
-    eprintln!("wrote {} ({} records)", path.display(), part.records.len());
+    dpaudit::report::progress::note(&format!("wrote {} ({} records)", path.display(), part.records.len()));
     Ok(Status::Ok)
 }
 
@@ -572,6 +572,6 @@ fn shard_diffusers(
     };
     let text = serde_json::to_string(&part)? + "\n";
     dpaudit::report::output::write_atomic(path, text.as_bytes(), a.output.force)?;
-    eprintln!("wrote {} ({} records)", path.display(), part.records.len());
+    dpaudit::report::progress::note(&format!("wrote {} ({} records)", path.display(), part.records.len()));
     Ok(Status::Ok)
 }
