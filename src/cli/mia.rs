@@ -75,17 +75,20 @@ pub struct Args {
     /// Split manifest (default: the card's).
     #[arg(long)]
     pub split: Option<PathBuf>,
-    /// Attacks, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "loss,secmi,pia,empirical")]
+    /// Attacks, comma-separated [default: loss,secmi,pia,empirical]. Not with --scores (the
+    /// file's `attack` column says which attacks ran).
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub attack: Vec<AttackArg>,
-    /// Steps to attack at: integers or fractions of T (T, 3T/4, T/2, T/4, 0.1T), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "10,50,100,T/4")]
+    /// Steps to attack at: integers 0..T−1 or fractions of T up to T itself, the last step (T,
+    /// 3T/4, T/2, T/4, 0.1T), comma-separated [default: 10,50,100,T/4]. Not with --scores (the
+    /// file's `t` column says which steps were attacked).
+    #[arg(long, value_delimiter = ',')]
     pub timesteps: Vec<String>,
-    /// Noise draws averaged by the loss and empirical attacks.
-    #[arg(long, default_value_t = 4)]
+    /// Noise draws averaged by the loss and empirical attacks (≥ 1).
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub noise_draws: usize,
-    /// SecMI's step k.
-    #[arg(long, default_value_t = 10)]
+    /// SecMI's step k (≥ 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub secmi_k: usize,
     /// PIA's norm p (the authors' code uses 4).
     #[arg(long, default_value_t = 4.0)]
@@ -149,10 +152,35 @@ pub struct Args {
     pub mechanism: crate::cli::mechanism::MechanismArgs,
 }
 
-/// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
 /// Parses a step spec (`10`, `T/4`) against a schedule.
 pub(crate) type ParseT<'a> = &'a dyn Fn(&str) -> dpaudit::Result<usize>;
 
+/// `--attack` when not given.
+const DEFAULT_ATTACKS: [AttackArg; 4] = [AttackArg::Loss, AttackArg::Secmi, AttackArg::Pia, AttackArg::Empirical];
+/// `--timesteps` when not given.
+const DEFAULT_TIMESTEPS: [&str; 4] = ["10", "50", "100", "T/4"];
+
+impl Args {
+    /// The attacks asked for (the default set when `--attack` is not given).
+    fn attacks(&self) -> Vec<AttackArg> {
+        if self.attack.is_empty() {
+            DEFAULT_ATTACKS.to_vec()
+        } else {
+            self.attack.clone()
+        }
+    }
+
+    /// The step specs asked for (the default set when `--timesteps` is not given).
+    fn timestep_specs(&self) -> Vec<String> {
+        if self.timesteps.is_empty() {
+            DEFAULT_TIMESTEPS.iter().map(|s| s.to_string()).collect()
+        } else {
+            self.timesteps.clone()
+        }
+    }
+}
+
+/// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
 pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaPlan> {
     let steps = |v: &[String]| -> dpaudit::Result<Vec<usize>> {
         match parse_t {
@@ -177,7 +205,7 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
     }
     if parse_t.is_some() {
         // Every draw is a model evaluation on every attacked record at every attacked step.
-        let per_draw = dpaudit::limits::MIA_DRAW.work * a.timesteps.len().max(1) as f64;
+        let per_draw = dpaudit::limits::MIA_DRAW.work * a.timestep_specs().len().max(1) as f64;
         dpaudit::limits::check_count(
             "--noise-draws",
             a.noise_draws as u64,
@@ -185,8 +213,8 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
         )?;
     }
     Ok(MiaPlan {
-        attacks: a.attack.iter().map(|&k| k.into()).collect(),
-        timesteps: steps(&a.timesteps)?,
+        attacks: a.attacks().into_iter().map(Into::into).collect(),
+        timesteps: steps(&a.timestep_specs())?,
         score: ScoreOpts {
             noise_draws: a.noise_draws,
             secmi_k: a.secmi_k,
@@ -357,6 +385,20 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
     }
     if let Some(spec) = &a.shard {
         return run_shard(&a, spec);
+    }
+    if a.scores.is_some() {
+        for (given, flag) in [
+            (!a.attack.is_empty(), "--attack"),
+            (!a.timesteps.is_empty(), "--timesteps"),
+        ] {
+            if given {
+                return Err(Error::field(
+                    flag,
+                    "not with --scores: the scores file fixes the attacks and timesteps (its `attack` and `t` columns)",
+                )
+                .into());
+            }
+        }
     }
     // Output locations are checked (and existing files refused) before the long run.
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;

@@ -840,6 +840,80 @@ fn scores_files_with_a_record_twice_or_both_labels_are_refused() {
     }
 }
 
+/// Out-of-range attack settings are refused (exit 2, naming the flag) before any work: no noise
+/// draws, SecMI with k = 0, a step beyond T written as a fraction (as an integer ≥ T is), and
+/// --attack or --timesteps beside --scores (the file fixes them). With -q a run writes nothing
+/// on stderr (no device line).
+#[test]
+fn out_of_range_attack_flags_are_refused_and_quiet_is_quiet() {
+    let base = [
+        "mia",
+        "--checkpoint",
+        "models/digits-rapid.toml",
+        "--attack",
+        "pia",
+        "--timesteps",
+        "10",
+        "--bootstrap",
+        "20",
+        "-q",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        dpaudit(&a)
+    };
+    for (flag, value) in [("--noise-draws", "0"), ("--secmi-k", "0")] {
+        let o = with(&[flag, value]);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stderr(&o));
+        assert!(stderr(&o).contains(flag) && stderr(&o).contains("0"), "{}", stderr(&o));
+    }
+    let message = |o: &std::process::Output| stderr(o).replace("1.5T", "X").replace("1000", "X");
+    let frac = with(&["--timesteps", "1.5T"]);
+    let int = with(&["--timesteps", "1000"]);
+    assert_eq!(frac.status.code(), Some(2), "{}", stderr(&frac));
+    assert_eq!(int.status.code(), Some(2), "{}", stderr(&int));
+    assert_eq!(message(&frac), message(&int));
+    assert!(
+        stderr(&frac).contains("field `--timesteps`: `1.5T` is not a timestep (use 0..999, or T, 3T/4, T/2, T/4)"),
+        "{}",
+        stderr(&frac)
+    );
+    // T itself is the last step, and -q leaves stderr empty.
+    let o = with(&["--timesteps", "T"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "-q wrote on stderr");
+    assert!(stdout(&o).contains("999"), "{}", stdout(&o));
+    let o = dpaudit(&["mia", "--checkpoint", "models/digits-rapid.toml", "--attack", "pia", "--timesteps", "10", "--bootstrap", "20"]);
+    assert!(stderr(&o).contains("device: cpu"), "without -q the device is named: {}", stderr(&o));
+    // A shard with -q writes its part file and nothing on stderr.
+    let dir = tmp();
+    let o = with(&["--shard", "0/2", "--out", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "-q wrote on stderr");
+    assert!(dir.path().join("mia-part-0-of-2.json").is_file());
+    // --attack and --timesteps beside --scores.
+    let f = dir.path().join("s.csv");
+    let mut s = String::from("record_id,member,attack,t,score\n");
+    for i in 0..6 {
+        s.push_str(&format!("{i},{},pia,10,{i}\n", u8::from(i < 3)));
+    }
+    std::fs::write(&f, s).unwrap();
+    for extra in [&["--attack", "loss"][..], &["--timesteps", "50"][..]] {
+        let mut a = vec!["mia", "--scores", f.to_str().unwrap(), "--bootstrap", "20"];
+        a.extend_from_slice(extra);
+        let o = dpaudit(&a);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", stderr(&o));
+        let want = format!(
+            "field `{}`: not with --scores: the scores file fixes the attacks and timesteps",
+            extra[0]
+        );
+        assert!(stderr(&o).contains(&want), "{}", stderr(&o));
+    }
+    let o = dpaudit(&["mia", "--scores", f.to_str().unwrap(), "--bootstrap", "20", "-q"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 /// A non-private run with canaries gives a one-run ε lower bound clearly above 0 at 95%; a DP
 /// run's one-run bound stays at or below its accounted ε (and the command exits 0).
 #[test]
@@ -1115,6 +1189,7 @@ fn scores_round_trip_reproduces_the_metrics() {
     ];
     a.extend_from_slice(&common);
     let first: serde_json::Value = ok_detail(&a);
+    // The file fixes the attacks and steps: --attack and --timesteps are not given with it.
     let mut a = vec![
         "mia",
         "--scores",
@@ -1122,7 +1197,7 @@ fn scores_round_trip_reproduces_the_metrics() {
         "--checkpoint",
         "models/digits-rapid.toml",
     ];
-    a.extend_from_slice(&common);
+    a.extend_from_slice(&common[4..]);
     let second: serde_json::Value = ok_detail(&a);
     assert_eq!(first["results"], second["results"]);
     assert_eq!(first["comparisons"], second["comparisons"]);
