@@ -99,7 +99,10 @@ impl ScoresFile {
         let text = crate::input::read_to_string(path)?;
         let (records, lines) = parse_lines(&text).map_err(|e| e.with_file(path))?;
         for p in group(&records, ScoreSet::Split) {
-            let (m, n) = (p.members.iter().filter(|&&b| b).count(), p.members.iter().filter(|&&b| !b).count());
+            let (m, n) = (
+                p.members.iter().filter(|&&b| b).count(),
+                p.members.iter().filter(|&&b| !b).count(),
+            );
             if m < 2 || n < 2 {
                 return Err(Error::field(
                     "member",
@@ -160,8 +163,12 @@ impl ScoresFile {
             }
         }
         if let Some((c, source)) = want {
-            let included: std::collections::HashMap<&str, bool> =
-                c.ids.iter().map(String::as_str).zip(c.included.iter().copied()).collect();
+            let included: std::collections::HashMap<&str, bool> = c
+                .ids
+                .iter()
+                .map(String::as_str)
+                .zip(c.included.iter().copied())
+                .collect();
             if canary_rows.is_empty() {
                 return bad(
                     None,
@@ -192,7 +199,11 @@ impl ScoresFile {
                             format!(
                                 "canary {} is labelled {} here, {} has it {}",
                                 shown(&r.record_id),
-                                if r.member { "included (member = 1)" } else { "not included (member = 0)" },
+                                if r.member {
+                                    "included (member = 1)"
+                                } else {
+                                    "not included (member = 0)"
+                                },
                                 source,
                                 if inc { "included" } else { "not included" }
                             ),
@@ -512,10 +523,15 @@ mod tests {
     #[test]
     fn a_record_appears_once_per_attack_and_step_with_one_label() {
         // The same record at another step, another attack or in the other set is fine.
-        let ok = format!("{HEAD}7,1,loss,10,0.5,split\n7,1,loss,50,0.5,split\n7,1,pia,10,0.5,split\n7,0,loss,10,0.5,canary\n");
+        let ok = format!(
+            "{HEAD}7,1,loss,10,0.5,split\n7,1,loss,50,0.5,split\n7,1,pia,10,0.5,split\n7,0,loss,10,0.5,canary\n"
+        );
         assert_eq!(parse_csv(&ok).unwrap().len(), 4);
         // A repeated (record, attack, t, set) names both lines.
-        let e = parse_csv(&format!("{HEAD}7,1,loss,10,0.5,split\n8,0,loss,10,0.1,split\n7,1,loss,10,0.9,split\n")).unwrap_err();
+        let e = parse_csv(&format!(
+            "{HEAD}7,1,loss,10,0.5,split\n8,0,loss,10,0.1,split\n7,1,loss,10,0.9,split\n"
+        ))
+        .unwrap_err();
         assert_eq!(e.line, Some(4));
         assert_eq!(
             e.to_string(),
@@ -528,9 +544,16 @@ mod tests {
             "line 3: field `member`: record `7` is a non-member here and a member on line 2: one record cannot be both"
         );
         let e = parse_csv(&format!("{HEAD}c,0,loss,10,0.5,canary\nc,1,loss,10,0.5,canary\n")).unwrap_err();
-        assert!(e.to_string().contains("canary `c` is included here and not included on line 2"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("canary `c` is included here and not included on line 2"),
+            "{e}"
+        );
         // A quoted id spanning two lines: the next record's line is counted from the file.
-        let e = parse_csv(&format!("{HEAD}\"a\nb\",1,loss,10,0.5,split\n\"a\nb\",1,loss,10,0.5,split\n")).unwrap_err();
+        let e = parse_csv(&format!(
+            "{HEAD}\"a\nb\",1,loss,10,0.5,split\n\"a\nb\",1,loss,10,0.5,split\n"
+        ))
+        .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
         assert!(e.to_string().contains("(first on line 2)"), "{e}");
     }
@@ -578,32 +601,48 @@ mod tests {
         let all = [("c0", 1), ("c1", 0), ("c2", 1)];
         let check = |body: String| {
             let (_d, p) = file_with(&body);
-            ScoresFile::load(&p).unwrap().check_canaries(want).map_err(|e| (e.to_string(), e.line))
+            ScoresFile::load(&p)
+                .unwrap()
+                .check_canaries(want)
+                .map_err(|e| (e.to_string(), e.line))
         };
         check(rows(&all, &[("loss", 10), ("pia", 50)])).unwrap();
         let (e, line) = check(rows(&[("c0", 1), ("c1", 1), ("c2", 1)], &[("loss", 10)])).unwrap_err();
         assert_eq!(line, Some(3));
         assert!(
-            e.ends_with("canary `c1` is labelled included (member = 1) here, the canaries file of x.toml has it not included"),
+            e.ends_with(
+                "canary `c1` is labelled included (member = 1) here, the canaries file of x.toml has it not included"
+            ),
             "{e}"
         );
         let (e, _) = check(rows(&[("c0", 1), ("c9", 0), ("c2", 1)], &[("loss", 10)])).unwrap_err();
-        assert!(e.contains("canary `c9` is not one of the 3 canaries of the canaries file of x.toml"), "{e}");
+        assert!(
+            e.contains("canary `c9` is not one of the 3 canaries of the canaries file of x.toml"),
+            "{e}"
+        );
         let (e, line) = check(rows(&all[..2], &[("loss", 10)])).unwrap_err();
         assert_eq!(line, None);
         assert!(
-            e.ends_with("loss at t = 10 has 2 canary rows; the canaries file of x.toml has 3 canaries, each to be scored once"),
+            e.ends_with(
+                "loss at t = 10 has 2 canary rows; the canaries file of x.toml has 3 canaries, each to be scored once"
+            ),
             "{e}"
         );
-        let (e, _) = check("1,1,loss,10,0.5,split\n2,1,loss,10,0.4,split\n3,0,loss,10,0.1,split\n4,0,loss,10,0.1,split\n".into())
-            .unwrap_err();
+        let (e, _) = check(
+            "1,1,loss,10,0.5,split\n2,1,loss,10,0.4,split\n3,0,loss,10,0.1,split\n4,0,loss,10,0.1,split\n".into(),
+        )
+        .unwrap_err();
         assert!(e.contains("no canary rows"), "{e}");
         let (e, _) = check(rows(&all, &[("empirical", 10)])).unwrap_err();
         assert!(e.contains("the empirical attack: it attacks the sampler"), "{e}");
         // Without the run's canaries, every attack and step must still score the same ones.
         let (_d, p) = file_with(&(rows(&all, &[("loss", 10)]) + &rows(&all[..2], &[("pia", 10)])));
         let e = ScoresFile::load(&p).unwrap().check_canaries(None).unwrap_err();
-        assert!(e.to_string().contains("pia at t = 10 scores 2 canaries, loss at t = 10 scores 3"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("pia at t = 10 scores 2 canaries, loss at t = 10 scores 3"),
+            "{e}"
+        );
         let (_d, p) = file_with(&rows(&all, &[("loss", 10), ("pia", 10)]));
         ScoresFile::load(&p).unwrap().check_canaries(None).unwrap();
     }

@@ -786,7 +786,10 @@ fn one_run_scores_are_checked_against_the_cards_canaries() {
     refused(
         "stranger.csv",
         text.replacen(&format!("\n{id},"), "\nstranger,", 1),
-        &format!(":{}: field `record_id`: canary `stranger` is not one of the 40 canaries", first_canary + 1),
+        &format!(
+            ":{}: field `record_id`: canary `stranger` is not one of the 40 canaries",
+            first_canary + 1
+        ),
     );
 }
 
@@ -830,12 +833,21 @@ fn scores_files_with_a_record_twice_or_both_labels_are_refused() {
     );
     // Too few of one side: the error names the file (it used to name nothing).
     for (name, body, want) in [
-        ("one.csv", "record_id,member,attack,t,score\n1,1,loss,10,0.5\n2,0,loss,10,0.1\n", "1 member and 1 non-member"),
-        ("members.csv", "record_id,member,attack,t,score\n1,1,loss,10,0.5\n2,1,loss,10,0.1\n3,1,loss,10,0.2\n", "3 member and 0 non-member"),
+        (
+            "one.csv",
+            "record_id,member,attack,t,score\n1,1,loss,10,0.5\n2,0,loss,10,0.1\n",
+            "1 member and 1 non-member",
+        ),
+        (
+            "members.csv",
+            "record_id,member,attack,t,score\n1,1,loss,10,0.5\n2,1,loss,10,0.1\n3,1,loss,10,0.2\n",
+            "3 member and 0 non-member",
+        ),
     ] {
         let (o, f) = run(name, body);
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-        let want = format!("{f}: field `member`: loss at t = 10 has {want} scores; the metrics need at least 2 of each");
+        let want =
+            format!("{f}: field `member`: loss at t = 10 has {want} scores; the metrics need at least 2 of each");
         assert!(stderr(&o).contains(&want), "want {want}\n{}", stderr(&o));
     }
 }
@@ -884,8 +896,22 @@ fn out_of_range_attack_flags_are_refused_and_quiet_is_quiet() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stderr(&o), "", "-q wrote on stderr");
     assert!(stdout(&o).contains("999"), "{}", stdout(&o));
-    let o = dpaudit(&["mia", "--checkpoint", "models/digits-rapid.toml", "--attack", "pia", "--timesteps", "10", "--bootstrap", "20"]);
-    assert!(stderr(&o).contains("device: cpu"), "without -q the device is named: {}", stderr(&o));
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        "models/digits-rapid.toml",
+        "--attack",
+        "pia",
+        "--timesteps",
+        "10",
+        "--bootstrap",
+        "20",
+    ]);
+    assert!(
+        stderr(&o).contains("device: cpu"),
+        "without -q the device is named: {}",
+        stderr(&o)
+    );
     // A shard with -q writes its part file and nothing on stderr.
     let dir = tmp();
     let o = with(&["--shard", "0/2", "--out", dir.path().to_str().unwrap()]);
