@@ -224,16 +224,7 @@ pub fn attacked_rows(
     let canaries = match plan.audit {
         Some(AuditKind::OneRun) => {
             let dir = card_dir(ck);
-            let card = crate::models::diffusers_train::UnetCard::load(dir)?.ok_or_else(|| {
-                Error::field(
-                    "--audit",
-                    format!(
-                        "one-run needs the canaries of a folder `train --unet … --canaries m` wrote; {} has no dpaudit card",
-                        dir.display()
-                    ),
-                )
-            })?;
-            let c = card.canaries(dir)?;
+            let (c, _) = card_canaries(dir)?;
             if c.dim != images.dim() {
                 return Err(Error::input(format!(
                     "the canaries have {} values, the images {}",
@@ -253,6 +244,29 @@ pub fn attacked_rows(
         canaries,
         training,
     })
+}
+
+/// The canaries of the folder `dir` that `train --unet … --canaries m` wrote (SHA-256 and count
+/// checked against its card), with the card's path; refused when the folder has no dpaudit card
+/// or was trained without canaries.
+fn card_canaries(dir: &Path) -> Result<(Canaries, std::path::PathBuf)> {
+    let card = crate::models::diffusers_train::UnetCard::load(dir)?.ok_or_else(|| {
+        Error::field(
+            "--audit",
+            format!(
+                "one-run needs the canaries of a folder `train --unet … --canaries m` wrote; {} has no dpaudit card",
+                dir.display()
+            ),
+        )
+    })?;
+    Ok((card.canaries(dir)?, dir.join(crate::models::diffusers_train::CARD)))
+}
+
+/// [`card_canaries`] of a diffusers checkpoint given as `path` (the UNet folder, a pipeline
+/// folder with `unet/`, or its `config.json`): the canaries a one-run audit of it must score.
+pub fn folder_canaries(path: &Path) -> Result<(Canaries, std::path::PathBuf)> {
+    let udir = crate::models::diffusers::unet_dir(path).unwrap_or_else(|| path.to_path_buf());
+    card_canaries(&udir)
 }
 
 /// Key of a canary's noise stream: above every data row index (as for 8×8 checkpoints).

@@ -414,17 +414,30 @@ pub fn merge(parts: &[(PathBuf, MiaPart)]) -> Result<Merged> {
                 ))
                 .with_file(path));
             }
-            keyed.push(((a, t, r.position), r));
+            keyed.push(((a, t, r.position), r, path));
         }
     }
-    keyed.sort_by_key(|(k, _)| *k);
+    keyed.sort_by_key(|(k, _, _)| *k);
     if let Some(w) = keyed.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(Error::input(format!("record {} appears twice", w[0].1.record_id)));
+        let (r, path) = (w[1].1, w[1].2);
+        let also = if w[0].2 == path {
+            String::new()
+        } else {
+            format!(", also in {}", w[0].2.display())
+        };
+        return Err(Error::input(format!(
+            "record {} ({} at t = {}, position {}) appears twice{also}",
+            r.record_id,
+            r.attack.as_str(),
+            r.t,
+            r.position
+        ))
+        .with_file(path));
     }
     Ok(Merged {
         inputs: first.inputs.clone(),
         plan: first.plan.clone(),
-        positions: keyed.iter().map(|(k, _)| k.2).collect(),
-        records: keyed.into_iter().map(|(_, r)| r.record()).collect(),
+        positions: keyed.iter().map(|(k, _, _)| k.2).collect(),
+        records: keyed.into_iter().map(|(_, r, _)| r.record()).collect(),
     })
 }

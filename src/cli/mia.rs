@@ -75,17 +75,20 @@ pub struct Args {
     /// Split manifest (default: the card's).
     #[arg(long)]
     pub split: Option<PathBuf>,
-    /// Attacks, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "loss,secmi,pia,empirical")]
+    /// Attacks, comma-separated [default: loss,secmi,pia,empirical]. Not with --scores (the
+    /// file's `attack` column says which attacks ran).
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub attack: Vec<AttackArg>,
-    /// Steps to attack at: integers or fractions of T (T, 3T/4, T/2, T/4, 0.1T), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "10,50,100,T/4")]
+    /// Steps to attack at: integers 0..T−1 or fractions of T up to T itself, the last step (T,
+    /// 3T/4, T/2, T/4, 0.1T), comma-separated [default: 10,50,100,T/4]. Not with --scores (the
+    /// file's `t` column says which steps were attacked).
+    #[arg(long, value_delimiter = ',')]
     pub timesteps: Vec<String>,
-    /// Noise draws averaged by the loss and empirical attacks.
-    #[arg(long, default_value_t = 4)]
+    /// Noise draws averaged by the loss and empirical attacks (≥ 1).
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub noise_draws: usize,
-    /// SecMI's step k.
-    #[arg(long, default_value_t = 10)]
+    /// SecMI's step k (≥ 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub secmi_k: usize,
     /// PIA's norm p (the authors' code uses 4).
     #[arg(long, default_value_t = 4.0)]
@@ -149,10 +152,35 @@ pub struct Args {
     pub mechanism: crate::cli::mechanism::MechanismArgs,
 }
 
-/// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
 /// Parses a step spec (`10`, `T/4`) against a schedule.
 pub(crate) type ParseT<'a> = &'a dyn Fn(&str) -> dpaudit::Result<usize>;
 
+/// `--attack` when not given.
+const DEFAULT_ATTACKS: [AttackArg; 4] = [AttackArg::Loss, AttackArg::Secmi, AttackArg::Pia, AttackArg::Empirical];
+/// `--timesteps` when not given.
+const DEFAULT_TIMESTEPS: [&str; 4] = ["10", "50", "100", "T/4"];
+
+impl Args {
+    /// The attacks asked for (the default set when `--attack` is not given).
+    fn attacks(&self) -> Vec<AttackArg> {
+        if self.attack.is_empty() {
+            DEFAULT_ATTACKS.to_vec()
+        } else {
+            self.attack.clone()
+        }
+    }
+
+    /// The step specs asked for (the default set when `--timesteps` is not given).
+    fn timestep_specs(&self) -> Vec<String> {
+        if self.timesteps.is_empty() {
+            DEFAULT_TIMESTEPS.iter().map(|s| s.to_string()).collect()
+        } else {
+            self.timesteps.clone()
+        }
+    }
+}
+
+/// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
 pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaPlan> {
     let steps = |v: &[String]| -> dpaudit::Result<Vec<usize>> {
         match parse_t {
@@ -177,7 +205,7 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
     }
     if parse_t.is_some() {
         // Every draw is a model evaluation on every attacked record at every attacked step.
-        let per_draw = dpaudit::limits::MIA_DRAW.work * a.timesteps.len().max(1) as f64;
+        let per_draw = dpaudit::limits::MIA_DRAW.work * a.timestep_specs().len().max(1) as f64;
         dpaudit::limits::check_count(
             "--noise-draws",
             a.noise_draws as u64,
@@ -185,8 +213,8 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
         )?;
     }
     Ok(MiaPlan {
-        attacks: a.attack.iter().map(|&k| k.into()).collect(),
-        timesteps: steps(&a.timesteps)?,
+        attacks: a.attacks().into_iter().map(Into::into).collect(),
+        timesteps: steps(&a.timestep_specs())?,
         score: ScoreOpts {
             noise_draws: a.noise_draws,
             secmi_k: a.secmi_k,
@@ -275,10 +303,10 @@ impl DiffusersRun {
         };
         let batch = a.batch_size.or(fitted.map(|f| f.0)).unwrap_or(64);
         if let Some((b, free)) = fitted {
-            eprintln!(
+            dpaudit::report::progress::note(&format!(
                 "batch: {b} images per forward (fits half of the GPU's {:.1} GiB free)",
                 free as f64 / (1u64 << 30) as f64
-            );
+            ));
         }
         Ok((self.ck.denoiser(self.images.shape, batch)?, batch, fitted.is_some()))
     }
@@ -304,7 +332,7 @@ fn run_diffusers(
     let r = DiffusersRun::load(a, dir, dev)?;
     let (den, batch, batch_fitted) = r.denoiser(a)?;
     let p = r.plan(a, &den)?;
-    eprintln!("device: {dev_name}");
+    dpaudit::report::progress::note(&format!("device: {dev_name}"));
     let bar = dpaudit::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
     let (mut report, records) = dpaudit::attacks::diffusers::run_with_basis(
         &r.ck,
@@ -358,6 +386,20 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
     if let Some(spec) = &a.shard {
         return run_shard(&a, spec);
     }
+    if a.scores.is_some() {
+        for (given, flag) in [
+            (!a.attack.is_empty(), "--attack"),
+            (!a.timesteps.is_empty(), "--timesteps"),
+        ] {
+            if given {
+                return Err(Error::field(
+                    flag,
+                    "not with --scores: the scores file fixes the attacks and timesteps (its `attack` and `t` columns)",
+                )
+                .into());
+            }
+        }
+    }
     // Output locations are checked (and existing files refused) before the long run.
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
     for p in a.roc_out.iter().chain(&a.scores_out) {
@@ -379,8 +421,25 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
     let (report, records) = match &a.scores {
         None if diffusers.is_some() => run_diffusers(&a, diffusers.unwrap(), &dev, &dev_name)?,
         Some(path) => {
-            let recs = scores::read_csv(path)?;
+            let file = scores::ScoresFile::load(path)?;
             let plan = plan(&a, None)?;
+            if plan.audit == Some(dpaudit::attacks::pipeline::AuditKind::OneRun) {
+                // The canary rows must be the training run's canaries, as the card records them
+                // (the same canaries `mia --checkpoint … --audit one-run` scores itself).
+                let want = match (diffusers, ck.as_ref()) {
+                    (Some(dir), _) => {
+                        let (c, card) = dpaudit::attacks::diffusers::folder_canaries(dir)?;
+                        Some((c, format!("the canaries file of {}", card.display())))
+                    }
+                    (None, Some(ck)) => Some((
+                        dpaudit::models::canary::Canaries::of_checkpoint(ck)?,
+                        format!("the canaries file of {}", ck.card_path.display()),
+                    )),
+                    (None, None) => None,
+                };
+                file.check_canaries(want.as_ref().map(|(c, s)| (c, s.as_str())))?;
+            }
+            let recs = file.records;
             let r = match diffusers {
                 // A diffusers folder supplies its ledger (or the stated mechanism) to compare with.
                 Some(dir) => {
@@ -404,7 +463,7 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
         }
         None => {
             let ck = ck.as_ref().expect("clap requires --checkpoint without --scores");
-            eprintln!("device: {dev_name}");
+            dpaudit::report::progress::note(&format!("device: {dev_name}"));
             let plan = plan(&a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
             let data = Dataset::load(&match &a.data {
                 Some(p) => p.clone(),
@@ -482,12 +541,12 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
     let path = dir.join(spec.file_name());
     dpaudit::report::output::check_file(&path, a.output.force)?;
     let dev = device::select(a.device.into())?;
-    eprintln!(
+    dpaudit::report::progress::note(&format!(
         "device: {}   shard {}/{}",
         device::describe(&dev),
         spec.index,
         spec.count
-    );
+    ));
     if let Some(udir) = dpaudit::models::diffusers::unet_dir(card) {
         return shard_diffusers(a, spec, &udir, &dev, &path);
     }
@@ -518,7 +577,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
     };
     let text = serde_json::to_string(&part)? + "\n";
     dpaudit::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
-    eprintln!("wrote {} ({} records)", path.display(), part.records.len());
+    dpaudit::report::progress::note(&format!("wrote {} ({} records)", path.display(), part.records.len()));
     Ok(Status::Ok)
 }
 
@@ -555,6 +614,6 @@ fn shard_diffusers(
     };
     let text = serde_json::to_string(&part)? + "\n";
     dpaudit::report::output::write_atomic(path, text.as_bytes(), a.output.force)?;
-    eprintln!("wrote {} ({} records)", path.display(), part.records.len());
+    dpaudit::report::progress::note(&format!("wrote {} ({} records)", path.display(), part.records.len()));
     Ok(Status::Ok)
 }

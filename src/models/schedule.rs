@@ -117,7 +117,8 @@ impl Schedule {
             } else {
                 rest.parse::<f64>().map_err(|_| bad())?
             };
-            if !(f.is_finite() && f >= 0.0) {
+            // A fraction of T is at most T itself (the last step, below).
+            if !(f.is_finite() && (0.0..=1.0).contains(&f)) {
                 return Err(bad());
             }
             (f * t as f64).round() as i64
@@ -132,7 +133,7 @@ impl Schedule {
             };
             let d: f64 = den.trim().parse().map_err(|_| bad())?;
             // NaN and infinities are not steps (NaN would otherwise round to step 0).
-            if !(d.is_finite() && d > 0.0 && f_num.is_finite() && f_num >= 0.0) {
+            if !(d.is_finite() && d > 0.0 && f_num.is_finite() && f_num >= 0.0 && f_num <= d) {
                 return Err(bad());
             }
             (f_num * t as f64 / d).round() as i64
@@ -143,7 +144,7 @@ impl Schedule {
             }
             v
         };
-        // "T" means the last step T−1.
+        // "T" (a fraction of at most 1) means the last step T−1; an integer ≥ T was refused.
         let v = v.min(t as i64 - 1);
         if v < 0 {
             return Err(bad());
@@ -210,6 +211,16 @@ mod tests {
         assert!(s.parse_timestep("x").is_err());
         assert!(s.parse_timestep("-3").is_err());
         assert!(s.parse_timestep("1000").is_err());
+        // Fractions above T are refused like integers ≥ T, with the same message.
+        assert_eq!(s.parse_timestep("1T").unwrap(), 999);
+        assert_eq!(s.parse_timestep("4T/4").unwrap(), 999);
+        for above in ["1.5T", "5T/4", "1.001T", "T/0.5"] {
+            let e = s.parse_timestep(above).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!("field `--timesteps`: `{above}` is not a timestep (use 0..999, or T, 3T/4, T/2, T/4)")
+            );
+        }
     }
 
     #[test]

@@ -579,32 +579,72 @@ fn mia_help_example_on_the_rapid_checkpoint_compares_like_with_like() {
     assert!(results.iter().all(|r| r.get("eps_lower").is_none()));
 }
 
-/// Every violation shown in text appears in the report too: canary scores that separate
-/// perfectly, read with the DP checkpoint's ledger, give a one-run bound above its accounted ε.
-#[test]
-fn violations_show_in_text_and_in_the_report() {
-    let dir = tmp();
-    let f = dir.path().join("canaries.csv");
+/// A tiny DP checkpoint trained with `m` canaries (σ = 2, q = 0.05, 12 steps: a small accounted
+/// ε) in `dir`; returns its card and its canaries as (id, included).
+fn dp_canary_card(dir: &std::path::Path, m: &str) -> (std::path::PathBuf, Vec<(String, bool)>) {
+    let stem = dir.join("dpc");
+    let o = tiny_train(
+        &stem,
+        &[
+            "--dp",
+            "--noise-multiplier",
+            "2",
+            "--sample-rate",
+            "0.05",
+            "--clip",
+            "1",
+            "--steps",
+            "12",
+            "--canaries",
+            m,
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(dir.join("dpc.canaries.csv")).unwrap();
+    let canaries = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let mut v = l.split(',');
+            (v.next().unwrap().to_string(), v.next().unwrap() == "1")
+        })
+        .collect();
+    (dir.join("dpc.toml"), canaries)
+}
+
+/// Scores CSV text: the canaries scored by `loss` at t = 10 so that they separate perfectly
+/// (included ones above every other), and 10 members and 10 non-members of the split.
+fn perfect_canary_scores(canaries: &[(String, bool)]) -> String {
     let mut s = String::from("record_id,member,attack,t,score,set\n");
-    for i in 0..400 {
-        let inc = i % 2 == 0;
+    for (i, (id, inc)) in canaries.iter().enumerate() {
         s.push_str(&format!(
-            "c{i},{},loss,10,{},canary\n",
-            u8::from(inc),
-            if inc { 1.0 + i as f64 } else { -(i as f64) }
+            "{id},{},loss,10,{},canary\n",
+            u8::from(*inc),
+            if *inc { 1.0 + i as f64 } else { -(i as f64) }
         ));
     }
     for i in 0..20 {
         s.push_str(&format!("r{i},{},loss,10,{},split\n", u8::from(i < 10), i));
     }
-    std::fs::write(&f, s).unwrap();
+    s
+}
+
+/// Every violation shown in text appears in the report too: canary scores that separate
+/// perfectly, read with the card of the DP run that drew those canaries, give a one-run bound
+/// above its accounted ε.
+#[test]
+fn violations_show_in_text_and_in_the_report() {
+    let dir = tmp();
+    let (card_path, canaries) = dp_canary_card(dir.path(), "400");
+    let f = dir.path().join("canaries.csv");
+    std::fs::write(&f, perfect_canary_scores(&canaries)).unwrap();
     let args = |fmt: &'static str| {
         vec![
             "mia".to_string(),
             "--scores".into(),
             f.to_str().unwrap().into(),
             "--checkpoint".into(),
-            "models/digits-rapid.toml".into(),
+            card_path.to_str().unwrap().into(),
             "--audit".into(),
             "one-run".into(),
             "--bootstrap".into(),
@@ -623,6 +663,281 @@ fn violations_show_in_text_and_in_the_report() {
             stdout(&o)
         );
     }
+}
+
+/// `mia --scores … --checkpoint CARD --audit one-run` checks the canary rows against the card as
+/// `mia --checkpoint CARD --audit one-run` does when it scores them itself: a card trained
+/// without canaries, a canary scored twice, a changed inclusion bit, a canary left out or one
+/// that is not the run's are refused (exit 2, naming the file and line); the run's own scores
+/// file is accepted and gives the run's audit.
+#[test]
+fn one_run_scores_are_checked_against_the_cards_canaries() {
+    let dir = tmp();
+    // Canary rows from elsewhere, read with a card trained without canaries: no false violation.
+    let (card_path, canaries) = dp_canary_card(dir.path(), "40");
+    let perfect = dir.path().join("perfect.csv");
+    std::fs::write(&perfect, perfect_canary_scores(&canaries)).unwrap();
+    let o = dpaudit(&[
+        "mia",
+        "--scores",
+        perfect.to_str().unwrap(),
+        "--checkpoint",
+        "models/digits-rapid.toml",
+        "--audit",
+        "one-run",
+        "--bootstrap",
+        "20",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("models/digits-rapid.toml: this checkpoint was trained without canaries"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("VIOLATION"), "{}", stdout(&o));
+    // The run's own scores, written by the command that scores the canaries itself.
+    let card = card_path.to_str().unwrap();
+    let own = dir.path().join("own.csv");
+    let common = ["--audit", "one-run", "--bootstrap", "20", "--format", "json", "--quiet"];
+    let mut a = vec![
+        "mia",
+        "--checkpoint",
+        card,
+        "--attack",
+        "loss,pia",
+        "--timesteps",
+        "10",
+        "--noise-draws",
+        "1",
+        "--scores-out",
+        own.to_str().unwrap(),
+    ];
+    a.extend_from_slice(&common);
+    let first = ok_detail(&a);
+    let mut a = vec!["mia", "--scores", own.to_str().unwrap(), "--checkpoint", card];
+    a.extend_from_slice(&common);
+    let again = ok_detail(&a);
+    assert_eq!(first["one_run"], again["one_run"]);
+    assert_eq!(first["comparisons"], again["comparisons"]);
+    let text = std::fs::read_to_string(&own).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let canary_lines: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].ends_with(",canary")).collect();
+    assert_eq!(canary_lines.len(), 2 * 40);
+    let first_canary = canary_lines[0];
+    let refused = |name: &str, body: String, want: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, body).unwrap();
+        let o = dpaudit(&[
+            "mia",
+            "--scores",
+            f.to_str().unwrap(),
+            "--checkpoint",
+            card,
+            "--audit",
+            "one-run",
+            "--bootstrap",
+            "20",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        let want = format!("{}{want}", f.display());
+        assert!(stderr(&o).contains(&want), "{name}: want {want}\n{}", stderr(&o));
+    };
+    let id = lines[first_canary].split(',').next().unwrap();
+    // A canary row repeated (which inflated the bound) is refused with both lines.
+    refused(
+        "twice.csv",
+        format!("{text}{}\n", lines[first_canary]),
+        &format!(
+            ":{}: field `record_id`: canary `{id}` appears twice for loss at t = 10 (first on line {})",
+            lines.len() + 1,
+            first_canary + 1
+        ),
+    );
+    // An inclusion bit changed at every step: the file is consistent, the card's canaries are not.
+    let flipped: String = lines
+        .iter()
+        .map(|l| {
+            if l.starts_with(&format!("{id},")) && l.ends_with(",canary") {
+                let v: Vec<&str> = l.splitn(3, ',').collect();
+                format!("{},{},{}\n", v[0], if v[1] == "1" { "0" } else { "1" }, v[2])
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    refused(
+        "flipped.csv",
+        flipped,
+        &format!(":{}: field `record_id`: canary `{id}` is labelled", first_canary + 1),
+    );
+    // Half the canaries left out at every step.
+    let drop: Vec<String> = canaries.iter().step_by(2).map(|(c, _)| format!("{c},")).collect();
+    let subset: String = lines
+        .iter()
+        .filter(|l| !(l.ends_with(",canary") && drop.iter().any(|d| l.starts_with(d.as_str()))))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    refused(
+        "subset.csv",
+        subset,
+        ": field `record_id`: loss at t = 10 has 20 canary rows; the canaries file of",
+    );
+    // A canary that is not one of the run's.
+    refused(
+        "stranger.csv",
+        text.replacen(&format!("\n{id},"), "\nstranger,", 1),
+        &format!(
+            ":{}: field `record_id`: canary `stranger` is not one of the 40 canaries",
+            first_canary + 1
+        ),
+    );
+}
+
+/// Scores files whose rows disagree with themselves are refused with the file, line and record:
+/// a record scored twice for the same attack and step, a record that is a member in one row and
+/// a non-member in another, and an attack and step with too few members or non-members for the
+/// metrics.
+#[test]
+fn scores_files_with_a_record_twice_or_both_labels_are_refused() {
+    let dir = tmp();
+    let mut base = String::from("record_id,member,attack,t,score,set\n");
+    for i in 0..8 {
+        base.push_str(&format!("{i},{},loss,10,{},split\n", u8::from(i < 4), i));
+    }
+    let run = |name: &str, body: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, body).unwrap();
+        let o = dpaudit(&["mia", "--scores", f.to_str().unwrap(), "--bootstrap", "20", "-q"]);
+        (o, f.display().to_string())
+    };
+    let (o, _) = run("ok.csv", &base);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "nothing on stderr with -q");
+    let (o, f) = run("dup.csv", &format!("{base}3,1,loss,10,3,split\n"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "{f}:10: field `record_id`: record `3` appears twice for loss at t = 10 (first on line 5)"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    let (o, f) = run("both.csv", &format!("{base}3,0,pia,10,3,split\n"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "{f}:10: field `member`: record `3` is a non-member here and a member on line 5: one record cannot be both"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    // Too few of one side: the error names the file (it used to name nothing).
+    for (name, body, want) in [
+        (
+            "one.csv",
+            "record_id,member,attack,t,score\n1,1,loss,10,0.5\n2,0,loss,10,0.1\n",
+            "1 member and 1 non-member",
+        ),
+        (
+            "members.csv",
+            "record_id,member,attack,t,score\n1,1,loss,10,0.5\n2,1,loss,10,0.1\n3,1,loss,10,0.2\n",
+            "3 member and 0 non-member",
+        ),
+    ] {
+        let (o, f) = run(name, body);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let want =
+            format!("{f}: field `member`: loss at t = 10 has {want} scores; the metrics need at least 2 of each");
+        assert!(stderr(&o).contains(&want), "want {want}\n{}", stderr(&o));
+    }
+}
+
+/// Out-of-range attack settings are refused (exit 2, naming the flag) before any work: no noise
+/// draws, SecMI with k = 0, a step beyond T written as a fraction (as an integer ≥ T is), and
+/// --attack or --timesteps beside --scores (the file fixes them). With -q a run writes nothing
+/// on stderr (no device line).
+#[test]
+fn out_of_range_attack_flags_are_refused_and_quiet_is_quiet() {
+    let base = [
+        "mia",
+        "--checkpoint",
+        "models/digits-rapid.toml",
+        "--attack",
+        "pia",
+        "--timesteps",
+        "10",
+        "--bootstrap",
+        "20",
+        "-q",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        dpaudit(&a)
+    };
+    for (flag, value) in [("--noise-draws", "0"), ("--secmi-k", "0")] {
+        let o = with(&[flag, value]);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stderr(&o));
+        assert!(stderr(&o).contains(flag) && stderr(&o).contains("0"), "{}", stderr(&o));
+    }
+    let message = |o: &std::process::Output| stderr(o).replace("1.5T", "X").replace("1000", "X");
+    let frac = with(&["--timesteps", "1.5T"]);
+    let int = with(&["--timesteps", "1000"]);
+    assert_eq!(frac.status.code(), Some(2), "{}", stderr(&frac));
+    assert_eq!(int.status.code(), Some(2), "{}", stderr(&int));
+    assert_eq!(message(&frac), message(&int));
+    assert!(
+        stderr(&frac).contains("field `--timesteps`: `1.5T` is not a timestep (use 0..999, or T, 3T/4, T/2, T/4)"),
+        "{}",
+        stderr(&frac)
+    );
+    // T itself is the last step, and -q leaves stderr empty.
+    let o = with(&["--timesteps", "T"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "-q wrote on stderr");
+    assert!(stdout(&o).contains("999"), "{}", stdout(&o));
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        "models/digits-rapid.toml",
+        "--attack",
+        "pia",
+        "--timesteps",
+        "10",
+        "--bootstrap",
+        "20",
+    ]);
+    assert!(
+        stderr(&o).contains("device: cpu"),
+        "without -q the device is named: {}",
+        stderr(&o)
+    );
+    // A shard with -q writes its part file and nothing on stderr.
+    let dir = tmp();
+    let o = with(&["--shard", "0/2", "--out", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "-q wrote on stderr");
+    assert!(dir.path().join("mia-part-0-of-2.json").is_file());
+    // --attack and --timesteps beside --scores.
+    let f = dir.path().join("s.csv");
+    let mut s = String::from("record_id,member,attack,t,score\n");
+    for i in 0..6 {
+        s.push_str(&format!("{i},{},pia,10,{i}\n", u8::from(i < 3)));
+    }
+    std::fs::write(&f, s).unwrap();
+    for extra in [&["--attack", "loss"][..], &["--timesteps", "50"][..]] {
+        let mut a = vec!["mia", "--scores", f.to_str().unwrap(), "--bootstrap", "20"];
+        a.extend_from_slice(extra);
+        let o = dpaudit(&a);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", stderr(&o));
+        let want = format!(
+            "field `{}`: not with --scores: the scores file fixes the attacks and timesteps",
+            extra[0]
+        );
+        assert!(stderr(&o).contains(&want), "{}", stderr(&o));
+    }
+    let o = dpaudit(&["mia", "--scores", f.to_str().unwrap(), "--bootstrap", "20", "-q"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
 /// A non-private run with canaries gives a one-run ε lower bound clearly above 0 at 95%; a DP
@@ -900,6 +1215,7 @@ fn scores_round_trip_reproduces_the_metrics() {
     ];
     a.extend_from_slice(&common);
     let first: serde_json::Value = ok_detail(&a);
+    // The file fixes the attacks and steps: --attack and --timesteps are not given with it.
     let mut a = vec![
         "mia",
         "--scores",
@@ -907,7 +1223,7 @@ fn scores_round_trip_reproduces_the_metrics() {
         "--checkpoint",
         "models/digits-rapid.toml",
     ];
-    a.extend_from_slice(&common);
+    a.extend_from_slice(&common[4..]);
     let second: serde_json::Value = ok_detail(&a);
     assert_eq!(first["results"], second["results"]);
     assert_eq!(first["comparisons"], second["comparisons"]);

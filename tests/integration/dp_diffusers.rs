@@ -407,6 +407,54 @@ fn one_run_audit_on_a_tiny_canary_unet_stays_below_the_accounted_epsilon() {
     let body: Vec<&str> = rows.lines().skip(1).collect();
     assert_eq!(body.len(), 32 + 40, "{rows}");
     assert_eq!(body.iter().filter(|l| l.ends_with(",canary")).count(), 40, "{rows}");
+    // Read back with the folder, the scores give the same audit; with a canary's inclusion bit
+    // changed they are refused: the folder's card names the canaries they must be.
+    let again = tmp.path().join("again");
+    let from_scores = |f: &Path, dest: &Path| {
+        dpaudit(&[
+            "mia",
+            "--scores",
+            s(f),
+            "--checkpoint",
+            s(&out),
+            "--audit",
+            "one-run",
+            "--bootstrap",
+            "20",
+            "--out",
+            s(dest),
+            "--quiet",
+        ])
+    };
+    let o = from_scores(&scores, &again);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        mia_json(&again)["one_run"]["epsilon_lower"],
+        v["one_run"]["epsilon_lower"]
+    );
+    let first = body.iter().position(|l| l.ends_with(",canary")).unwrap();
+    let flipped: String = std::iter::once(rows.lines().next().unwrap())
+        .chain(body.iter().copied())
+        .enumerate()
+        .map(|(i, l)| {
+            if i == first + 1 {
+                let v: Vec<&str> = l.splitn(3, ',').collect();
+                format!("{},{},{}\n", v[0], if v[1] == "1" { "0" } else { "1" }, v[2])
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    let bad = tmp.path().join("flipped.csv");
+    std::fs::write(&bad, flipped).unwrap();
+    let o = from_scores(&bad, &tmp.path().join("bad"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("{}:{}: field `record_id`: canary", bad.display(), first + 2))
+            && stderr(&o).contains("dpaudit-card.toml has it"),
+        "{}",
+        stderr(&o)
+    );
     // A folder without canaries is refused for the one-run audit, naming what to do.
     let o = quick_mia("models/mnist-ddpm", &tmp.path().join("m2"), &["--audit", "one-run"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

@@ -136,6 +136,25 @@ fn parts_that_do_not_belong_together_are_refused() {
     let o = dpaudit(&["merge", &parts[0], &reseeded[1]]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("another plan"), "{}", stderr(&o));
+    // A part holding one record twice is refused, naming that part file and the record.
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&parts[1]).unwrap()).unwrap();
+    let recs = v["records"].as_array_mut().unwrap();
+    let again = recs[3].clone();
+    recs.push(again.clone());
+    let doubled = other.path().join("doubled").join("mia-part-1-of-2.json");
+    std::fs::create_dir_all(doubled.parent().unwrap()).unwrap();
+    std::fs::write(&doubled, serde_json::to_string(&v).unwrap()).unwrap();
+    let o = dpaudit(&["merge", &parts[0], doubled.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let want = format!(
+        "{}: record {} ({} at t = {}, position {}) appears twice",
+        doubled.display(),
+        again["record_id"].as_str().unwrap(),
+        again["attack"].as_str().unwrap(),
+        again["t"],
+        again["position"]
+    );
+    assert!(stderr(&o).contains(&want), "want {want}\n{}", stderr(&o));
     // A shard never overwrites an existing part, and bad specs are usage errors.
     let mut again = vec!["mia"];
     again.extend_from_slice(ATTACK);
