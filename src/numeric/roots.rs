@@ -45,7 +45,12 @@ pub fn brent<F: FnMut(f64) -> f64>(mut f: F, a: f64, b: f64, rel: f64, abs: f64)
         }
         let tol = 2.0 * f64::EPSILON * b.abs() + 0.5 * (rel * b.abs()).max(abs);
         let m = 0.5 * (c - b);
-        if m.abs() <= tol || fb == 0.0 {
+        // An exact zero is the root: returned as both ends (the last bracket around it can be
+        // as wide as the previous step, which callers taking one end would inherit).
+        if fb == 0.0 {
+            return Ok((b, b));
+        }
+        if m.abs() <= tol {
             let (lo, hi) = if b < c { (b, c) } else { (c, b) };
             return Ok((lo, hi));
         }
@@ -118,6 +123,24 @@ mod tests {
         let (lo, hi) = brent(|x| x * x - 2.0, 0.0, 2.0, 1e-14, 1e-15).unwrap();
         assert!(lo <= std::f64::consts::SQRT_2 + 1e-15 && hi >= std::f64::consts::SQRT_2 - 1e-15);
         assert!(hi - lo < 1e-12);
+    }
+
+    /// A step that lands exactly on the root returns it, not the wide bracket before it.
+    #[test]
+    fn an_exact_zero_is_returned_as_the_root() {
+        // f is exactly 0 on [0.5, 0.6]: the secant step from (0, −1), (1, 1) lands on 0.5.
+        let f = |x: f64| {
+            if x < 0.5 {
+                -1.0
+            } else if x <= 0.6 {
+                0.0
+            } else {
+                1.0
+            }
+        };
+        let (lo, hi) = brent(f, 0.0, 1.0, 1e-12, 1e-15).unwrap();
+        assert_eq!(lo, hi);
+        assert!((0.5..=0.6).contains(&lo), "{lo}");
     }
 
     #[test]
