@@ -4,7 +4,8 @@
 //! softmax, attention for small head dimensions, the Winograd F(4×4, 3×3) transforms and the
 //! direct 3 × 3 convolution; and for the per-sample gradient pass ([`super::unet2d_grad_cpu`])
 //! the direct convolution's adjoint kernel ([`Direct3x3::adjoint`]), its column matrix
-//! ([`conv3x3_columns`]) and the group-norm, SiLU and softmax gradients.
+//! ([`conv3x3_columns`]), the group-norm, SiLU and softmax gradients, and attention of small heads
+//! forward and backward ([`attn_train_forward`], [`attn_train_backward`]).
 //!
 //! The CPU forward's only `unsafe` code is here, in three forms. (1) `gemm::gemm` takes raw
 //! pointers and strides: the safe wrapper [`sgemm`] checks, before the call, that every element

@@ -28,7 +28,9 @@
 //!   ∂x̂ = γ ∂y; SiLU' (z) = s (1 + z (1 − s)), s = σ(z), fused before it;
 //! * attention O = V Pᵀ, P = softmax(scale·QᵀK) per head (Vaswani et al. 2017, Eq. 1):
 //!   ∂V = ∂O P, ∂S = P ⊙ (∂P − rowsum(∂P ⊙ P)) with ∂P = ∂Oᵀ V, ∂Q = scale·K ∂Sᵀ,
-//!   ∂K = scale·Q ∂S.
+//!   ∂K = scale·Q ∂S. As GEMMs, or for head dimensions ≤ 16 in the AVX-512 form fused in
+//!   registers ([`super::kernels::attn_train_forward`], its backward taking rowsum(∂P ⊙ P) as
+//!   Σ_d ∂O·O).
 //!
 //! The loss is [`TrainUnet::per_sample_loss`]'s: the mean over pixels of (ε_θ(x_t, t) − ε)².
 //! Supported: SiLU, positional time embeddings, `default` time conditioning, convolutional
