@@ -22,6 +22,7 @@ pub mod merge;
 pub mod mia;
 pub mod model;
 pub mod outcome;
+pub mod rederive;
 pub mod run;
 pub mod sweep;
 pub mod text;

@@ -51,7 +51,7 @@ fn run_inner(args: &Args) -> Result<Status> {
     let bytes = dpaudit::limits::read_file_capped(&args.input, "file size", dpaudit::limits::TEXT_INPUT_BYTE)?;
     not_a_detail_file(&args.input, &bytes)?;
     let rep = report::from_json(&bytes).map_err(|e| e.with_file(&args.input))?;
-    report::rederive::check(&rep).map_err(|e| e.with_file(&args.input))?;
+    dpaudit::audit::rederive::check(&rep).map_err(|e| e.with_file(&args.input))?;
     match &args.output {
         Some(p) => {
             let data = match out.format.export() {

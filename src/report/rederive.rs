@@ -8,6 +8,9 @@
 //!   bound) with ε ≤ budget; `margin` must be budget − ε; a `check` budget verdict `fail`
 //!   needs ε > budget;
 //! * each verdict's ε must be the ε of a result of the same accountant at its δ;
+//!
+//! What only the commands know (a `check` budget verdict, a `mia` report's attack limits) is
+//! derived again by `audit::rederive`, which `dpaudit report` calls after this;
 //! * each result of the GDP, RDP or PLD accountant is computed again from the report's own event,
 //!   neighbouring relation and δ. GDP and RDP must agree to 0.1 % (relative; a report written by
 //!   an earlier dpaudit may differ in its last digits: the shipped
@@ -17,13 +20,9 @@
 //! * a result of any accountant needs the report's event and neighbouring relation to be derived
 //!   again, a δ in (0, 1), and the same kind of number (exact, upper bound, estimate) as the
 //!   accountant gives now: a report whose results cannot be derived again is refused, not trusted;
-//! * a budget verdict (`dpaudit check`) is derived again from the results and its budget, every
-//!   field and its message; a verdict that names an accountant needs a result of that accountant;
-//! * in a `mia` report, the theoretical limits of the attacks on the checkpoint (ASR, TPR at 1 %
-//!   FPR) are derived again from its results, and each comparison's outcome from the attack's
-//!   held-out ASR interval and that limit; an audit verdict fails exactly when its ε lower bound
-//!   exceeds the accounted ε, which must be the report's tightest sound result. The measurements
-//!   themselves (scores, AUC, counts) need the scores: `mia --scores` derives them again;
+//! * a verdict that names an accountant needs a result of that accountant;
+//! * an audit verdict (`mia`, `run`) fails exactly when its ε lower bound exceeds the accounted
+//!   ε, which in `mia` must be the report's tightest sound result;
 //! * in a `verify` report, each claim's verdict must follow its evidence (`holds`: an exact value or
 //!   upper bound ≤ the claim; `violated`: an exact value or lower bound above it), agree with the
 //!   claims table, and its evidence must be one of the claim's analyses;
@@ -32,22 +31,21 @@
 //!   sentence; for the others its verdict sentence must agree with the verdicts (no `PASS` beside
 //!   a failed verdict, no `FAIL` when every verdict passed, in any letter case).
 
-use super::num::fmt_num;
 use super::{Cell, Report, Status, Table};
 use crate::accountants::{AccountantKind, BoundKind};
-use crate::attacks::mia::{AttackKind, Target};
-use crate::attacks::theory::Guarantee;
 use crate::error::{Error, Result};
 use crate::events::DpEvent;
 
-fn refuse(field: String, msg: String) -> Error {
+/// The error for a report that contradicts itself at `field`.
+pub fn refuse(field: String, msg: String) -> Error {
     Error::field(
         field,
         format!("{msg}; the report contradicts itself and is not rendered"),
     )
 }
 
-fn close(a: f64, b: f64, rel: f64) -> bool {
+/// `a` and `b` equal to `rel` (relative), or both the same non-finite value.
+pub fn close(a: f64, b: f64, rel: f64) -> bool {
     if a == b {
         return true;
     }
@@ -61,7 +59,6 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 pub fn check(rep: &Report) -> Result<()> {
     check_results(rep)?;
     check_verdicts(rep)?;
-    check_mia_tables(rep)?;
     check_verify_tables(rep)?;
     check_conclusion(rep)
 }
@@ -143,21 +140,6 @@ fn check_verdicts(rep: &Report) -> Result<()> {
                 "is missing, but a pass needs the sound ε it rests on".into(),
             ));
         }
-        if rep.audit != "verify" && v.source.is_none() {
-            if let Some(b) = v.budget {
-                let again = crate::audit::budget_verdict_of(rep, &v.subject, b);
-                same_verdict(v, &again).map_err(|name| {
-                    refuse(
-                        f(name),
-                        format!(
-                            "does not follow from the report's results and the budget {b}: they give \"{}: {}\"",
-                            again.status.as_str(),
-                            again.message
-                        ),
-                    )
-                })?;
-            }
-        }
         if let (Some(acc), Some(e)) = (v.accountant, v.epsilon) {
             let same: Vec<_> = rep.results.iter().filter(|r| r.accountant == acc).collect();
             if same.is_empty() && rep.audit != "verify" {
@@ -187,7 +169,7 @@ fn check_verdicts(rep: &Report) -> Result<()> {
 }
 
 /// The first field in which `v` differs from the verdict derived again (numbers to 1e-9).
-fn same_verdict(v: &super::Verdict, again: &super::Verdict) -> std::result::Result<(), &'static str> {
+pub fn same_verdict(v: &super::Verdict, again: &super::Verdict) -> std::result::Result<(), &'static str> {
     let num = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(x), Some(y)) => close(x, y, 1e-9),
         (None, None) => true,
@@ -356,7 +338,8 @@ fn check_conclusion(rep: &Report) -> Result<()> {
     Ok(())
 }
 
-fn cell_num(c: &Cell) -> Option<f64> {
+/// A number cell's value (integers too).
+pub fn cell_num(c: &Cell) -> Option<f64> {
     match c {
         Cell::Num(x) => Some(*x),
         Cell::Int(i) => Some(*i as f64),
@@ -364,235 +347,14 @@ fn cell_num(c: &Cell) -> Option<f64> {
     }
 }
 
-fn cell_str(c: &Cell) -> String {
+/// A cell as text.
+pub fn cell_str(c: &Cell) -> String {
     match c {
         Cell::Text(t) => t.clone(),
         Cell::Int(i) => i.to_string(),
         Cell::Num(x) => x.to_string(),
         Cell::Empty => String::new(),
     }
-}
-
-/// `mia`: the checkpoint attacks' limits and the comparisons' outcomes (see the module docs).
-fn check_mia_tables(rep: &Report) -> Result<()> {
-    if rep.audit != "mia" {
-        return Ok(());
-    }
-    let gs: Vec<Guarantee> = rep
-        .results
-        .iter()
-        .filter(|r| r.kind.is_sound())
-        .map(|r| Guarantee {
-            source: r.accountant.as_str().to_string(),
-            epsilon: r.epsilon,
-            delta: r.delta,
-            mu: r.details.get("mu").copied(),
-            kind: r.kind,
-        })
-        .collect();
-    let limits = crate::attacks::mia::limits(&gs);
-    let col = |t: &Table, name: &str| t.columns.iter().position(|c| c.name == name);
-    // Per attack row: "attack at t = N", the held-out ASR interval's lower end, the measured
-    // text, the target.
-    let mut attack_rows: Vec<(String, f64, String, Option<Target>)> = Vec::new();
-    for t in rep.tables.iter().filter(|t| t.id == "attacks" || t.id == "null-test") {
-        let (Some(ia), Some(it), Some(ih), Some(il), Some(ip)) = (
-            col(t, "attack"),
-            col(t, "t"),
-            col(t, "ASR held-out"),
-            col(t, "ASR limit"),
-            col(t, "TPR@1% limit"),
-        ) else {
-            return Err(refuse(
-                format!("tables[{}]", t.id),
-                "lacks the columns of an attacks table".into(),
-            ));
-        };
-        for (k, row) in t.rows.iter().enumerate() {
-            let attack = cell_str(&row[ia]);
-            let Ok(kind) = attack.parse::<AttackKind>() else {
-                return Err(refuse(
-                    format!("tables[{}].rows[{k}]", t.id),
-                    format!("names an unknown attack `{attack}`"),
-                ));
-            };
-            if kind.target() != Target::Checkpoint {
-                continue;
-            }
-            for (ic, want, name) in [
-                (il, limits.as_ref().map(|l| l.asr), "ASR limit"),
-                (ip, limits.as_ref().map(|l| l.tpr_at_1pct), "TPR@1% limit"),
-            ] {
-                let ok = match (cell_num(&row[ic]), want) {
-                    (Some(x), Some(y)) => close(x, y, 1e-9),
-                    (None, None) => true,
-                    _ => false,
-                };
-                if !ok {
-                    return Err(refuse(
-                        format!("tables[{}].rows[{k}].{name}", t.id),
-                        format!(
-                            "is {}, but the report's results give {}",
-                            cell_str(&row[ic]),
-                            want.map_or("no limit".to_string(), |w| w.to_string())
-                        ),
-                    ));
-                }
-            }
-        }
-        if t.id != "attacks" {
-            continue;
-        }
-        // What each attack's comparison row must say it measured (pipeline::evaluate_scores).
-        let (Some(io), Some(iu)) = (col(t, "ASR oracle"), col(t, "AUC")) else {
-            return Err(refuse(
-                "tables[attacks]".into(),
-                "lacks the columns ASR oracle, AUC".into(),
-            ));
-        };
-        for (k, row) in t.rows.iter().enumerate() {
-            let num = |i: usize| row.get(i).and_then(cell_num);
-            let (Some(asr), Some(lo), Some(hi), Some(oracle), Some(auc)) =
-                (num(ih), num(ih + 1), num(ih + 2), num(io), num(iu))
-            else {
-                return Err(refuse(
-                    format!("tables[attacks].rows[{k}]"),
-                    "lacks a number of the held-out ASR, its interval, the oracle ASR or the AUC".into(),
-                ));
-            };
-            let r4 = |x: f64| fmt_num((x * 1e4).round() / 1e4);
-            let measured = format!(
-                "empirical ASR at the held-out threshold {} [{}, {}] (oracle {}, AUC {})",
-                r4(asr),
-                r4(lo),
-                r4(hi),
-                r4(oracle),
-                r4(auc)
-            );
-            let attack = cell_str(&row[ia]);
-            let target = attack.parse::<AttackKind>().map(|a| a.target()).ok();
-            attack_rows.push((
-                format!("{} at t = {}", attack, cell_str(&row[it])),
-                lo,
-                measured,
-                target,
-            ));
-        }
-    }
-    let Some(t) = rep.tables.iter().find(|t| t.id == "comparisons") else {
-        return Ok(());
-    };
-    let (Some(iw), Some(il), Some(io)) = (col(t, "what"), col(t, "limit"), col(t, "outcome")) else {
-        return Err(refuse(
-            "tables[comparisons]".into(),
-            "lacks the columns what, limit, outcome".into(),
-        ));
-    };
-    let Some(im) = col(t, "measured") else {
-        return Err(refuse("tables[comparisons]".into(), "lacks the column measured".into()));
-    };
-    let whats: Vec<String> = t.rows.iter().map(|row| cell_str(&row[iw])).collect();
-    if let Some((w, ..)) = attack_rows.iter().find(|(w, ..)| !whats.contains(w)) {
-        return Err(refuse(
-            "tables[comparisons]".into(),
-            format!("has no row for the attack `{w}` of the attacks table"),
-        ));
-    }
-    for (k, row) in t.rows.iter().enumerate() {
-        let what = cell_str(&row[iw]);
-        let field = |name: &str| format!("tables[comparisons].rows[{k}].{name}");
-        let Some((_, lo, measured, target)) = attack_rows.iter().find(|(w, ..)| *w == what) else {
-            // An audit's row: its verdict must exist and agree.
-            if let Some(limit) = cell_num(&row[il]) {
-                let outcome = cell_str(&row[io]);
-                let Some(v) = rep.verdicts.iter().find(|v| v.source.as_deref() == Some(what.as_str())) else {
-                    if what.contains(" at t = ") {
-                        return Err(refuse(
-                            field("what"),
-                            format!("`{what}` has no row in the attacks table"),
-                        ));
-                    }
-                    return Err(refuse(field("what"), format!("the audit `{what}` has no verdict")));
-                };
-                // The one-run audit's lower bound is the largest of its candidates'.
-                if what.starts_with("one-run audit") {
-                    if let Some(ot) = rep.tables.iter().find(|t| t.id == "one-run") {
-                        let best = ot.columns.iter().position(|c| c.name.starts_with("ε lower")).map(|i| {
-                            ot.rows
-                                .iter()
-                                .filter_map(|r| r.get(i).and_then(cell_num))
-                                .fold(0.0, f64::max)
-                        });
-                        if best.is_none_or(|b| v.epsilon.is_none_or(|e| !close(e, b, 1e-9))) {
-                            return Err(refuse(
-                                field("what"),
-                                format!(
-                                    "the one-run audit's verdict rests on ε lower bound {}, but the one-run table's largest is {}",
-                                    v.epsilon.map_or("none".to_string(), |e| e.to_string()),
-                                    best.map_or("none".to_string(), |b| b.to_string())
-                                ),
-                            ));
-                        }
-                    }
-                }
-                let fail = outcome.starts_with("VIOLATION");
-                if fail != (v.status == Status::Fail) || v.budget.is_none_or(|b| !close(b, limit, 1e-9)) {
-                    return Err(refuse(
-                        field("outcome"),
-                        format!(
-                            "says \"{outcome}\" against the limit {limit}, but the audit's verdict is {} against {}",
-                            v.status.as_str(),
-                            v.budget.map_or("none".to_string(), |b| b.to_string())
-                        ),
-                    ));
-                }
-            }
-            continue;
-        };
-        if cell_str(&row[im]) != *measured {
-            return Err(refuse(
-                field("measured"),
-                format!(
-                    "says \"{}\", but the attacks table gives \"{measured}\"",
-                    cell_str(&row[im])
-                ),
-            ));
-        }
-        if *target != Some(Target::Checkpoint) {
-            continue;
-        }
-        let lo = *lo;
-        let limit = cell_num(&row[il]);
-        let want_limit = limits.as_ref().map(|l| l.asr);
-        let same = match (limit, want_limit) {
-            (Some(x), Some(y)) => close(x, y, 1e-9),
-            (None, None) => true,
-            _ => false,
-        };
-        if !same {
-            return Err(refuse(
-                field("limit"),
-                format!(
-                    "is {}, but the report's results give {}",
-                    cell_str(&row[il]),
-                    want_limit.map_or("no limit".to_string(), |w| w.to_string())
-                ),
-            ));
-        }
-        let outcome = cell_str(&row[io]);
-        let want = match limit {
-            None => "no guarantee",
-            Some(l) if lo > l => "above the limit",
-            Some(_) => "below the limit",
-        };
-        if !outcome.starts_with(want) {
-            return Err(refuse(
-                field("outcome"),
-                format!("says \"{outcome}\", but the held-out ASR interval's lower end {lo} against the limit gives \"{want}\""),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// `verify`: each verdict against its claims row and the claim's analyses (see the module docs).
