@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::accountants::AccountantKind;
+use crate::accountants::{AccountantKind, BoundKind};
 use crate::diffusion::account::{AccountantLine, Analysis};
 use crate::diffusion::sensitivity::StepRole;
 use crate::diffusion::SamplerConfig;
@@ -384,8 +384,9 @@ pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::
                 if let Some(mu) = l.mu {
                     res = res.with_detail("mu", mu);
                 }
-                if l.accountant == AccountantKind::Gdp && a.subsample_rate < 1.0 {
-                    // The full-batch μ (crate::diffusion::account::gdp_line).
+                if l.accountant == AccountantKind::Gdp && kind == BoundKind::UpperBound {
+                    // GDP is an upper bound here only as the full-batch μ that ignores
+                    // subsampling (crate::diffusion::account::gdp_line), derived again as such.
                     res = res.with_detail("no_amplification", 1.0);
                 }
                 res.diagnostics = l.diagnostics.clone();

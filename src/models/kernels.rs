@@ -532,6 +532,7 @@ mod attn512;
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::attn512::{dot16, position_major};
     use super::{Direct3x3, DirectGeom, DirectOut, Head, EXP_POLY, LN2_HI, LN2_LO, ROUND};
 
     /// Query positions per block: one 256-bit register of f32 lanes.
@@ -711,13 +712,8 @@ mod x86 {
         let blocks = l.div_ceil(QB);
         let mut kt = vec![0f32; l * HD];
         let mut vt = vec![0f32; l * HD];
-        for d in 0..hd {
-            let (kd, vd) = (&h.k[d * st..d * st + l], &h.v[d * st..d * st + l]);
-            for (j, (&kv, &vv)) in kd.iter().zip(vd).enumerate() {
-                kt[j * HD + d] = kv;
-                vt[j * HD + d] = vv;
-            }
-        }
+        position_major::<HD>(h.k, hd, l, st, &mut kt);
+        position_major::<HD>(h.v, hd, l, st, &mut vt);
         let mut s = vec![_mm512_setzero_ps(); l];
         let mut qrow = [0f32; QB];
         let vscale = _mm512_set1_ps(scale);
@@ -733,12 +729,7 @@ mod x86 {
             // Pass 1: the block's scores against every key, and their maxima.
             let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
             for (sj, kj) in s.iter_mut().zip(kt.chunks_exact(HD)) {
-                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                for (qd, kd) in q.chunks_exact(2).zip(kj.chunks_exact(2)) {
-                    a0 = _mm512_fmadd_ps(qd[0], _mm512_set1_ps(kd[0]), a0);
-                    a1 = _mm512_fmadd_ps(qd[1], _mm512_set1_ps(kd[1]), a1);
-                }
-                let acc = _mm512_mul_ps(_mm512_add_ps(a0, a1), vscale);
+                let acc = _mm512_mul_ps(dot16(&q, kj), vscale);
                 mx = _mm512_max_ps(acc, mx);
                 *sj = acc;
             }

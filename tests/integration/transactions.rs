@@ -582,6 +582,26 @@ fn report_exit(v: &serde_json::Value, dir: &Path, name: &str) -> Output {
     dpaudit(&["report", p.to_str().unwrap(), "--format", "md"])
 }
 
+/// An edit of a report's JSON.
+type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+
+/// Each (name, edit, field) applied to `honest` alone: `report` refuses it (exit 2), names
+/// `field`, and renders nothing.
+fn each_refused(honest: &serde_json::Value, dir: &Path, cases: Vec<(&str, Edit, &str)>) {
+    for (name, edit, field) in cases {
+        let mut v = honest.clone();
+        edit(&mut v);
+        let o = report_exit(&v, dir, &format!("{name}.json"));
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(field),
+            "{name}: expected `{field}` in {}",
+            stderr(&o)
+        );
+        assert!(stdout(&o).is_empty(), "{name}: rendered {}", stdout(&o));
+    }
+}
+
 /// `report` renders nothing from a JSON whose statuses or numbers contradict each other: a
 /// `pass` with ε = 99 over a budget of 1, or the ε of 9,375 steps under an event of 1 step.
 #[test]
@@ -693,7 +713,6 @@ fn report_refuses_forged_evidence() {
         d["bound"] = kind.into();
         d["message"] = format!("sound ε = 0.4 ({acc} {}) ≤ budget 1", kind.replace('_', " ")).into();
     };
-    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "pld-exact",
@@ -758,18 +777,7 @@ fn report_refuses_forged_evidence() {
             "conclusion.verdict",
         ),
     ];
-    for (name, edit, field) in cases {
-        let mut v = honest.clone();
-        edit(&mut v);
-        let o = report_exit(&v, tmp.path(), &format!("{name}.json"));
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains(field),
-            "{name}: expected `{field}` in {}",
-            stderr(&o)
-        );
-        assert!(stdout(&o).is_empty(), "{name}: rendered {}", stdout(&o));
-    }
+    each_refused(&honest, tmp.path(), cases);
     let o = report_exit(&honest, tmp.path(), "honest.json");
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
@@ -883,7 +891,6 @@ fn report_refuses_a_forged_mia_table() {
             .unwrap();
         &mut t["rows"][row][i]
     }
-    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "outcome",
@@ -917,17 +924,7 @@ fn report_refuses_a_forged_mia_table() {
             "attacks table",
         ),
     ];
-    for (name, edit, field) in cases {
-        let mut v = honest.clone();
-        edit(&mut v);
-        let o = report_exit(&v, tmp.path(), &format!("{name}.json"));
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains(field),
-            "{name}: expected `{field}` in {}",
-            stderr(&o)
-        );
-    }
+    each_refused(&honest, tmp.path(), cases);
 }
 
 const MIA: &[&str] = &[

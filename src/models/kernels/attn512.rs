@@ -41,14 +41,28 @@ fn plane_block(x: &[f32], d: usize, l: usize, i0: usize, n: usize) -> __m512 {
     bytemuck::cast(a)
 }
 
-/// Position-major copy `t[j·HD + d] = x[d·l + j]` of `hd` planes, zero for d ≥ hd.
-fn position_major<const HD: usize>(x: &[f32], hd: usize, l: usize, t: &mut [f32]) {
+/// Position-major copy `t[j·HD + d] = x[d·stride + j]` (j < l) of `hd` planes, zero for d ≥ hd
+/// (the keys and values a kernel broadcasts from; also the inference kernel's).
+pub(super) fn position_major<const HD: usize>(x: &[f32], hd: usize, l: usize, stride: usize, t: &mut [f32]) {
     t[..l * HD].fill(0.0);
     for d in 0..hd {
-        for (j, &xv) in x[d * l..(d + 1) * l].iter().enumerate() {
+        for (j, &xv) in x[d * stride..d * stride + l].iter().enumerate() {
             t[j * HD + d] = xv;
         }
     }
+}
+
+/// Σ_d x[d]·t[d] over HD vectors and HD broadcast scalars, in two chains (even and odd d: half
+/// the dependent multiply-adds): a block of scores against one key, or of ∂P against one value.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn dot16<const HD: usize>(x: &[__m512; HD], t: &[f32]) -> __m512 {
+    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for (xd, td) in x.chunks_exact(2).zip(t.chunks_exact(2)) {
+        a0 = _mm512_fmadd_ps(xd[0], _mm512_set1_ps(td[0]), a0);
+        a1 = _mm512_fmadd_ps(xd[1], _mm512_set1_ps(td[1]), a1);
+    }
+    _mm512_add_ps(a0, a1)
 }
 
 /// The 16 × 16 transpose of `r` (row i of the result is column i of the input), in four rounds
@@ -115,8 +129,8 @@ fn forward_hd<const HD: usize>(h: &TrainHead<'_>, scale: f32, o: &mut [f32], pb:
     scratch.clear();
     scratch.resize(2 * l * HD, 0.0);
     let (kt, vt) = scratch.split_at_mut(l * HD);
-    position_major::<HD>(h.k, hd, l, kt);
-    position_major::<HD>(h.v, hd, l, vt);
+    position_major::<HD>(h.k, hd, l, l, kt);
+    position_major::<HD>(h.v, hd, l, l, vt);
     let vscale = _mm512_set1_ps(scale);
     for blk in 0..l.div_ceil(QB) {
         let i0 = blk * QB;
@@ -131,12 +145,7 @@ fn forward_hd<const HD: usize>(h: &TrainHead<'_>, scale: f32, o: &mut [f32], pb:
         let s = &mut pb[blk * l * QB..(blk + 1) * l * QB];
         let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
         for (sj, kj) in s.chunks_exact_mut(QB).zip(kt.chunks_exact(HD)) {
-            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            for (qd, kd) in q.chunks_exact(2).zip(kj.chunks_exact(2)) {
-                a0 = _mm512_fmadd_ps(qd[0], _mm512_set1_ps(kd[0]), a0);
-                a1 = _mm512_fmadd_ps(qd[1], _mm512_set1_ps(kd[1]), a1);
-            }
-            let acc = _mm512_mul_ps(_mm512_add_ps(a0, a1), vscale);
+            let acc = _mm512_mul_ps(dot16(&q, kj), vscale);
             mx = _mm512_max_ps(acc, mx);
             st(acc, sj);
         }
@@ -226,10 +235,10 @@ fn backward_hd<const HD: usize>(
     let (qt, rest) = rest.split_at_mut(l * HD);
     let (dot, rest) = rest.split_at_mut(l * HD);
     let (dvp, dkp) = rest.split_at_mut(HD * lp);
-    position_major::<HD>(h.k, hd, l, kt);
-    position_major::<HD>(h.v, hd, l, vt);
-    position_major::<HD>(h.q, hd, l, qt);
-    position_major::<HD>(dout, hd, l, dot);
+    position_major::<HD>(h.k, hd, l, l, kt);
+    position_major::<HD>(h.v, hd, l, l, vt);
+    position_major::<HD>(h.q, hd, l, l, qt);
+    position_major::<HD>(dout, hd, l, l, dot);
     let vscale = _mm512_set1_ps(scale);
     for blk in 0..tiles {
         let i0 = blk * QB;
@@ -250,13 +259,8 @@ fn backward_hd<const HD: usize>(
             for jj in 0..m {
                 let j = j0 + jj;
                 let p = ld(&pblk[j * QB..]);
-                let vj = &vt[j * HD..(j + 1) * HD];
-                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                for (g, vd) in dov.chunks_exact(2).zip(vj.chunks_exact(2)) {
-                    a0 = _mm512_fmadd_ps(g[0], _mm512_set1_ps(vd[0]), a0);
-                    a1 = _mm512_fmadd_ps(g[1], _mm512_set1_ps(vd[1]), a1);
-                }
-                let ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_add_ps(a0, a1), r));
+                let dp = dot16(&dov, &vt[j * HD..(j + 1) * HD]);
+                let ds = _mm512_mul_ps(p, _mm512_sub_ps(dp, r));
                 for (a, &kv) in dqa.iter_mut().zip(&kt[j * HD..(j + 1) * HD]) {
                     *a = _mm512_fmadd_ps(ds, _mm512_set1_ps(kv), *a);
                 }
