@@ -27,4 +27,5 @@ mod integration {
     mod sweeps;
     mod transactions;
     mod verdicts;
+    mod white_box;
 }

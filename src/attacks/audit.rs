@@ -143,6 +143,17 @@ fn counts_at(out: &[f64], inn: &[f64], t: f64) -> (u64, u64) {
     (fp, fneg)
 }
 
+/// [`counts_at`] on sorted scores (binary search).
+fn counts_sorted(out: &[f64], inn: &[f64], t: f64) -> (u64, u64) {
+    let fp = (out.len() - out.partition_point(|&s| s < t)) as u64;
+    let fneg = inn.partition_point(|&s| s < t) as u64;
+    (fp, fneg)
+}
+
+/// Most candidate thresholds tried on the held-out runs (evenly spaced quantiles beyond it):
+/// the choice only has to be good, any threshold fixed before the test runs keeps the bound valid.
+const MAX_THRESHOLDS: usize = 4096;
+
 /// Runs the audit: threshold maximising the (Clopper–Pearson-bounded) ε on the held-out runs,
 /// then the ε lower bound at confidence 1 − α on the test runs.
 pub fn audit_scores(scores: &AuditScores, delta: f64, alpha: f64) -> Result<AuditOutcome> {
@@ -170,10 +181,22 @@ pub fn audit_scores(scores: &AuditScores, delta: f64, alpha: f64) -> Result<Audi
     let mut cands: Vec<f64> = scores.heldout_out.iter().chain(&scores.heldout_in).copied().collect();
     cands.sort_by(|a, b| a.total_cmp(b));
     cands.dedup();
-    let (ho, hi) = (&scores.heldout_out, &scores.heldout_in);
+    if cands.len() > MAX_THRESHOLDS {
+        let n = cands.len();
+        cands = (0..MAX_THRESHOLDS)
+            .map(|k| cands[k * (n - 1) / (MAX_THRESHOLDS - 1)])
+            .collect();
+        cands.dedup();
+    }
+    let sorted = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v
+    };
+    let (ho, hi) = (&sorted(&scores.heldout_out), &sorted(&scores.heldout_in));
     let mut best = (f64::NEG_INFINITY, cands[0]);
     for &t in &cands {
-        let (fp, fneg) = counts_at(ho, hi, t);
+        let (fp, fneg) = counts_sorted(ho, hi, t);
         let e = epsilon_from_rates(
             cp_upper(fp, ho.len() as u64, alpha / 2.0),
             cp_upper(fneg, hi.len() as u64, alpha / 2.0),
@@ -186,6 +209,30 @@ pub fn audit_scores(scores: &AuditScores, delta: f64, alpha: f64) -> Result<Audi
     let threshold = best.1;
     let (fp, fneg) = counts_at(&scores.test_out, &scores.test_in, threshold);
     let (n0, n1) = (scores.test_out.len() as u64, scores.test_in.len() as u64);
+    let fpr_upper = cp_upper(fp, n0, alpha / 2.0);
+    let fnr_upper = cp_upper(fneg, n1, alpha / 2.0);
+    Ok(AuditOutcome {
+        threshold,
+        test_out: n0,
+        test_in: n1,
+        false_positives: fp,
+        false_negatives: fneg,
+        fpr_upper,
+        fnr_upper,
+        epsilon_point: epsilon_from_rates(fp as f64 / n0 as f64, fneg as f64 / n1 as f64, delta),
+        epsilon_lower: epsilon_from_rates(fpr_upper, fnr_upper, delta),
+        confidence: 1.0 - alpha,
+        delta,
+    })
+}
+
+/// The bound of [`audit_scores`] at a threshold fixed in advance (every run measures).
+pub fn audit_at(threshold: f64, test_out: &[f64], test_in: &[f64], delta: f64, alpha: f64) -> Result<AuditOutcome> {
+    if test_out.is_empty() || test_in.is_empty() {
+        return Err(Error::input("no runs to measure"));
+    }
+    let (fp, fneg) = counts_at(test_out, test_in, threshold);
+    let (n0, n1) = (test_out.len() as u64, test_in.len() as u64);
     let fpr_upper = cp_upper(fp, n0, alpha / 2.0);
     let fnr_upper = cp_upper(fneg, n1, alpha / 2.0);
     Ok(AuditOutcome {

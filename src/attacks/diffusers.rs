@@ -497,6 +497,7 @@ pub fn assemble(
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
         precision: None,
+        white_box: None,
     })
 }
 

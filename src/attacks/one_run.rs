@@ -142,6 +142,9 @@ pub struct OneRunCandidate {
 /// The one-run audit's outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OneRunAudit {
+    /// `black-box` (the released model attacked) or `white-box` (every noisy update seen).
+    #[serde(default = "black_box")]
+    pub threat_model: String,
     /// Canaries (m).
     pub canaries: usize,
     /// Canaries included in training.
@@ -158,6 +161,11 @@ pub struct OneRunAudit {
     pub best: Option<OneRunCandidate>,
     /// Every candidate.
     pub all: Vec<OneRunCandidate>,
+}
+
+/// The threat model of an audit that attacks only the released model.
+pub fn black_box() -> String {
+    "black-box".into()
 }
 
 /// Canary scores of one (attack, t) pair.
@@ -228,6 +236,7 @@ pub fn audit(pairs: &[CanaryScores], ks: &[usize], delta: f64, confidence: f64) 
         .max_by(|a, b| a.epsilon_lower.total_cmp(&b.epsilon_lower))
         .cloned();
     Ok(OneRunAudit {
+        threat_model: black_box(),
         canaries: m,
         included: pairs[0].included.iter().filter(|&&b| b).count(),
         delta,

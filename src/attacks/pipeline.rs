@@ -271,6 +271,9 @@ pub struct ManyRunsPair {
 /// The many-runs audit: independent trials, Bonferroni over the (attack, t) pairs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ManyRunsAudit {
+    /// Always `black-box`: each trial attacks a released model.
+    #[serde(default = "super::one_run::black_box")]
+    pub threat_model: String,
     /// Family-wise confidence.
     pub confidence: f64,
     /// δ.
@@ -320,6 +323,9 @@ pub struct MiaReport {
     /// The many-runs audit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub many_runs: Option<ManyRunsAudit>,
+    /// The white-box audit of a run trained with gradient canaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub white_box: Option<super::white_box::WhiteBoxAudit>,
     /// Every comparison and its basis.
     pub comparisons: Vec<Comparison>,
     /// Warnings (e.g. a seeded training run).
@@ -452,8 +458,15 @@ pub fn score_checkpoint_shard(
     let q_keys: Vec<u64> = q_ix.iter().map(|&i| i as u64).collect();
     let ids: Vec<String> = q_ix.iter().map(|i| i.to_string()).collect();
     let labels: Vec<bool> = split_pos.iter().map(|&p| p < member_ix.len()).collect();
+    // Input canaries are attacked like records; gradient canaries are audited from their
+    // observations ([`white_box_audit`]), not scored.
+    let gradient = ck
+        .card
+        .canaries
+        .as_ref()
+        .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient);
     let canaries = match plan.audit {
-        Some(AuditKind::OneRun) => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
+        Some(AuditKind::OneRun) if !gradient => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
         _ => None,
     };
     let base = all_ix.len();
@@ -536,6 +549,7 @@ pub fn many_runs(pairs: &[PairScores], delta: f64, confidence: f64, seed: u64) -
     }
     let epsilon_lower = out.iter().map(|p| p.outcome.epsilon_lower).fold(0.0, f64::max);
     Ok(ManyRunsAudit {
+        threat_model: super::one_run::black_box(),
         confidence,
         delta,
         pairs: out,
@@ -647,15 +661,17 @@ pub fn evaluate_scores(
                 plan.metric.delta,
                 1.0 - plan.metric.alpha,
             )?;
-            comparisons.push(audit_comparison(
-                "one-run audit (Steinke, Nasr & Jagielski 2023, Thm 3.3)",
+            let mut c = audit_comparison(
+                "one-run audit (black-box; Steinke, Nasr & Jagielski 2023, Thm 3.3)",
                 format!("training run with {m} canaries ({} included)", a.included),
                 a.epsilon_lower,
                 a.confidence,
                 a.delta,
                 checkpoint_basis,
                 format!("{} candidates (attack, t, k), Bonferroni", a.candidates),
-            ));
+            );
+            c.outcome = ledger_sentence(&c);
+            comparisons.push(c);
             one = Some(a);
         }
         Some(AuditKind::ManyRuns) => {
@@ -666,7 +682,7 @@ pub fn evaluate_scores(
                 .collect();
             let a = many_runs(&pairs, plan.metric.delta, 1.0 - plan.metric.alpha, plan.metric.seed)?;
             comparisons.push(audit_comparison(
-                "many-runs audit (independent trials, Clopper–Pearson)",
+                "many-runs audit (black-box; independent trials, Clopper–Pearson)",
                 "independently trained models, one trial per row".to_string(),
                 a.epsilon_lower,
                 a.confidence,
@@ -747,6 +763,16 @@ fn audit_comparison(
     }
 }
 
+/// The outcome of an audit row with the ledger's verdict in words: whether the training is
+/// consistent with its ledger (the audit's lower bound at or below the accounted ε) or not.
+fn ledger_sentence(c: &Comparison) -> String {
+    match (c.violation, c.limit) {
+        (true, _) => format!("{}: the training does not deliver its ledger", c.outcome),
+        (false, Some(_)) => format!("{}: the training is consistent with its ledger", c.outcome),
+        (false, None) => c.outcome.clone(),
+    }
+}
+
 /// Rounds down to 4 decimals (a lower bound stays a lower bound when shown).
 fn round4_down(x: f64) -> f64 {
     (x * 1e4).floor() / 1e4
@@ -794,13 +820,109 @@ pub fn assemble(
 ) -> Result<MiaReport> {
     let ck_basis = checkpoint_basis(ck, plan.metric.delta)?;
     let ck_name = ck.card_path.display().to_string();
+    let white_box = white_box_audit(ck, plan)?;
+    let black_box_plan;
+    let eval_plan = if white_box.is_some() {
+        black_box_plan = MiaPlan {
+            audit: None,
+            ..plan.clone()
+        };
+        &black_box_plan
+    } else {
+        plan
+    };
     let Evaluated {
         results,
         null_results,
-        one_run,
+        mut one_run,
         many_runs,
-        comparisons,
-    } = evaluate_scores(records, plan, ck_basis.as_ref(), Some(&ck_name))?;
+        mut comparisons,
+    } = evaluate_scores(records, eval_plan, ck_basis.as_ref(), Some(&ck_name))?;
+    if let Some(wb) = &white_box {
+        let mech = format!(
+            "training run with {} gradient canaries ({} included), every noisy update observed",
+            wb.canaries, wb.included
+        );
+        let mut c = audit_comparison(
+            "one-run audit (white-box; Steinke, Nasr & Jagielski 2023, Thm 3.3)",
+            mech.clone(),
+            wb.steinke.epsilon_lower,
+            wb.steinke.confidence,
+            wb.delta,
+            ck_basis.as_ref(),
+            format!(
+                "likelihood-ratio scores of the ledger's mechanism over {} noisy updates; {} candidates, Bonferroni",
+                wb.steps, wb.steinke.candidates
+            ),
+        );
+        c.outcome = ledger_sentence(&c);
+        comparisons.push(c);
+        let mut c = audit_comparison(
+            "f-DP one-run audit (white-box; Mahloujifar, Melis & Chaudhuri 2025)",
+            mech,
+            wb.fdp.epsilon_lower,
+            wb.fdp.confidence,
+            wb.delta,
+            ck_basis.as_ref(),
+            format!(
+                "the same scores against the family {}; ε of the rejected member by its sound lower bound; {}",
+                wb.fdp.family,
+                if wb.fdp.ledger_rejected {
+                    "the ledger's own trade-off curve is rejected"
+                } else {
+                    "the ledger's own trade-off curve is not rejected"
+                }
+            ),
+        );
+        c.outcome = ledger_sentence(&c);
+        comparisons.push(c);
+        let t = &wb.trials;
+        let mut c = audit_comparison(
+            "independent-trials audit (white-box; canaries as trials, Clopper–Pearson)",
+            format!(
+                "training run with {} gradient canaries ({} included), every noisy update observed",
+                wb.canaries, wb.included
+            ),
+            t.epsilon_lower,
+            t.confidence,
+            wb.delta,
+            ck_basis.as_ref(),
+            format!(
+                "threshold {} chosen on half the canaries; on the other {} + {}: {} false positives, {} false negatives; assumes the canaries' observations are independent trials (distinct coordinates, independent noise)",
+                crate::numeric::format::sig6(t.threshold),
+                t.test_in,
+                t.test_out,
+                t.false_positives,
+                t.false_negatives
+            ),
+        );
+        c.outcome = ledger_sentence(&c);
+        comparisons.push(c);
+        let g = &wb.gaussian;
+        if g.kind == crate::accountants::BoundKind::LowerBound {
+            let mut c = audit_comparison(
+                "Gaussian-shift audit (white-box; GDP reading of the canary sums)",
+                format!(
+                    "training run with {} gradient canaries ({} included), every noisy update observed",
+                    wb.canaries, wb.included
+                ),
+                g.epsilon_lower,
+                g.confidence,
+                wb.delta,
+                ck_basis.as_ref(),
+                format!(
+                    "μ̂ = {}, lower confidence bound {}; exact for the full-batch Gaussian mechanism the ledger states (each canary's summed observation is N(μ, 1) in, N(0, 1) out)",
+                    crate::numeric::format::sig6(g.mu_hat),
+                    crate::numeric::format::sig6(g.mu_lower)
+                ),
+            );
+            c.outcome = ledger_sentence(&c);
+            comparisons.push(c);
+        }
+        let mut s = wb.steinke.clone();
+        s.threat_model = wb.threat_model.clone();
+        one_run = Some(s);
+    }
     let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
     let members = data.rows(&member_ix);
     let nonmembers = data.rows(&nonmember_ix);
@@ -843,7 +965,83 @@ pub fn assemble(
         table2,
         elapsed_s: start.elapsed().as_secs_f64(),
         precision: None,
+        white_box,
     })
+}
+
+/// The white-box audit of a checkpoint trained with gradient canaries (`--audit one-run`).
+pub fn white_box_audit(ck: &Checkpoint, plan: &MiaPlan) -> Result<Option<super::white_box::WhiteBoxAudit>> {
+    use crate::models::canary::{CanaryKind, GradientCanaries};
+    let Some(info) = ck.card.canaries.as_ref().filter(|i| i.kind() == CanaryKind::Gradient) else {
+        return Ok(None);
+    };
+    if plan.audit != Some(AuditKind::OneRun) {
+        return Ok(None);
+    }
+    let bad = |field: &str, m: String| Err(Error::field(field, m).with_file(&ck.card_path));
+    let Some(dp) = ck.card.dp.as_ref() else {
+        return bad(
+            "canaries.kind",
+            "gradient canaries without a DP section: nothing to audit".into(),
+        );
+    };
+    let dir = ck.dir();
+    let p = dir.join(&info.file);
+    let sha = crate::models::data::sha256_file(&p)?;
+    if sha != info.sha256 {
+        return bad(
+            "canaries.sha256",
+            format!("{} has SHA-256 {sha}, the card says {}", p.display(), info.sha256),
+        );
+    }
+    let c = GradientCanaries::load(&p)?;
+    if c.len() != info.count {
+        return bad(
+            "canaries.count",
+            format!("the card says {}, {} has {}", info.count, p.display(), c.len()),
+        );
+    }
+    let (Some(obs_name), Some(obs_sha)) = (&info.observations, &info.observations_sha256) else {
+        return bad(
+            "canaries.observations",
+            "gradient canaries without their observations file".into(),
+        );
+    };
+    let op = dir.join(obs_name);
+    let sha = crate::models::data::sha256_file(&op)?;
+    if &sha != obs_sha {
+        return bad(
+            "canaries.observations_sha256",
+            format!("{} has SHA-256 {sha}, the card says {obs_sha}", op.display()),
+        );
+    }
+    let arr = crate::models::npy::read(&op)?;
+    let values = arr
+        .to_f32()
+        .ok_or_else(|| Error::input("expected float32 observations").with_file(&op))?;
+    if arr.shape.len() != 2 || arr.shape[1] != c.len() || arr.shape[0] as u64 != dp.steps {
+        return Err(Error::input(format!(
+            "observations of shape {:?}; the card says {} steps × {} canaries",
+            arr.shape,
+            dp.steps,
+            c.len()
+        ))
+        .with_file(&op));
+    }
+    let mech = super::white_box::LedgerMechanism {
+        noise_multiplier: dp.noise_multiplier,
+        sample_rate: dp.sample_rate,
+        steps: dp.steps,
+    };
+    super::white_box::audit(
+        &values,
+        arr.shape[0],
+        &c.included,
+        &mech,
+        plan.metric.delta,
+        1.0 - plan.metric.alpha,
+    )
+    .map(Some)
 }
 
 /// The report from a scores file; the checkpoint (optional) supplies the training ledger.
@@ -899,6 +1097,7 @@ pub fn from_scores_basis(
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
         precision: None,
+        white_box: None,
     })
 }
 

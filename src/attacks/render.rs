@@ -86,8 +86,8 @@ pub fn text(r: &MiaReport) -> String {
     if let Some(a) = &r.one_run {
         let _ = writeln!(
             s,
-            "\n  one-run audit (Steinke, Nasr & Jagielski 2023, Thm 3.3): {} canaries, {} included, {} candidates (Bonferroni)",
-            a.canaries, a.included, a.candidates
+            "\n  one-run audit ({}; Steinke, Nasr & Jagielski 2023, Thm 3.3): {} canaries, {} included, {} candidates (Bonferroni)",
+            a.threat_model, a.canaries, a.included, a.candidates
         );
         if let Some(b) = &a.best {
             let _ = writeln!(
@@ -100,6 +100,55 @@ pub fn text(r: &MiaReport) -> String {
             s,
             "  ε lower bound: {} at confidence {}, δ = {}",
             a.epsilon_lower, a.confidence, a.delta
+        );
+    }
+    if let Some(w) = &r.white_box {
+        let _ = writeln!(
+            s,
+            "\n  f-DP one-run audit (white-box; Mahloujifar, Melis & Chaudhuri 2025) against {}:",
+            w.fdp.family
+        );
+        let _ = writeln!(
+            s,
+            "  ε lower bound: {} at confidence {}, δ = {} (the run acts like a noise multiplier below {}; the ledger's curve {})",
+            crate::numeric::format::sig6(w.fdp.epsilon_lower),
+            w.fdp.confidence,
+            w.delta,
+            w.fdp
+                .sigma_rejected
+                .map_or("none".to_string(), crate::numeric::format::sig6),
+            if w.fdp.ledger_rejected { "is rejected" } else { "is not rejected" }
+        );
+    }
+    if let Some(w) = &r.white_box {
+        let t = &w.trials;
+        let _ = writeln!(
+            s,
+            "  independent-trials audit (white-box): ε lower bound {} at confidence {}, δ = {} ({} false positives of {}, {} false negatives of {})",
+            crate::numeric::format::sig6(t.epsilon_lower),
+            t.confidence,
+            w.delta,
+            t.false_positives,
+            t.test_out,
+            t.false_negatives,
+            t.test_in
+        );
+    }
+    if let Some(w) = &r.white_box {
+        let g = &w.gaussian;
+        let _ = writeln!(
+            s,
+            "  Gaussian-shift audit (white-box): μ̂ = {}, μ ≥ {} at confidence {}: ε ≥ {} at δ = {} ({})",
+            crate::numeric::format::sig6(g.mu_hat),
+            crate::numeric::format::sig6(g.mu_lower),
+            g.confidence,
+            crate::numeric::format::sig6(g.epsilon_lower),
+            w.delta,
+            if g.kind == crate::accountants::BoundKind::LowerBound {
+                "lower bound: full-batch Gaussian mechanism"
+            } else {
+                "ESTIMATE: a Poisson-subsampled statistic is only asymptotically Gaussian; never decides"
+            }
         );
     }
     if let Some(a) = &r.many_runs {

@@ -269,8 +269,13 @@ impl Merged {
     ) -> Result<()> {
         let (member_ix, nonmember_ix) = super::pipeline::split_rows(ck, data, split)?;
         let all: Vec<usize> = member_ix.iter().chain(&nonmember_ix).copied().collect();
+        let gradient = ck
+            .card
+            .canaries
+            .as_ref()
+            .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient);
         let canaries = match self.plan.audit {
-            Some(AuditKind::OneRun) => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
+            Some(AuditKind::OneRun) if !gradient => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
             _ => None,
         };
         let n_canaries = canaries.as_ref().map_or(0, |c| c.ids.len());

@@ -208,9 +208,51 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
                 })
                 .collect(),
             note: Some(format!(
-                "Steinke, Nasr & Jagielski 2023, Thm 3.3 at δ = {}; Bonferroni over N = {} candidates.",
+                "Threat model: {}. Steinke, Nasr & Jagielski 2023, Thm 3.3 at δ = {}; Bonferroni over N = {} candidates.",
+                a.threat_model,
                 f(a.delta),
                 a.candidates
+            )),
+        });
+    }
+    if let Some(w) = &m.white_box {
+        r.tables.push(Table {
+            id: "white-box".into(),
+            title: format!(
+                "White-box f-DP audit: {} gradient canaries, {} included, {} noisy updates; ε lower bound {} at confidence {}",
+                w.canaries,
+                w.included,
+                w.steps,
+                f(w.fdp.epsilon_lower),
+                f(w.fdp.confidence)
+            ),
+            columns: ["k+", "k-", "guesses", "correct"]
+                .iter()
+                .map(|c| Column::new(c))
+                .collect(),
+            rows: w
+                .fdp
+                .candidates
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.k_pos.into(),
+                        c.k_neg.into(),
+                        (c.guesses as usize).into(),
+                        (c.correct as usize).into(),
+                    ]
+                })
+                .collect(),
+            note: Some(format!(
+                "Threat model: white-box (every noisy update seen). Mahloujifar, Melis & Chaudhuri 2025 against {}: the run is shown not to satisfy the member with noise multiplier {} (Bonferroni over the {} rows, confidence {}); ε of that member by its sound lower bound is {} at δ = {}, a lower bound on the run's ε if the run is a DP-SGD of the ledger's sampling rate and steps. The ledger's own curve (noise multiplier {}) is {}. Scores: the log-likelihood ratio of the ledger's mechanism over the observed updates.",
+                w.fdp.family,
+                w.fdp.sigma_rejected.map_or("none".to_string(), f),
+                w.fdp.candidates.len(),
+                f(w.fdp.confidence),
+                f(w.fdp.epsilon_lower),
+                f(w.delta),
+                f(w.mechanism.noise_multiplier),
+                if w.fdp.ledger_rejected { "rejected" } else { "not rejected" }
             )),
         });
     }

@@ -138,6 +138,12 @@ pub struct Args {
     /// private rows with probability ½; writes <out>.canaries.csv.
     #[arg(long, default_value_t = 0)]
     pub canaries: usize,
+    /// What the canaries are: `input` (records of ±1 values, audited black-box from the
+    /// released model) or `gradient` (with --dp: Dirac gradient canaries of norm 2C, clipped to
+    /// C like any record, observed in every noisy update: the white-box audit; also writes
+    /// <out>.canary-observations.npy).
+    #[arg(long, value_enum, default_value = "input")]
+    pub canary_kind: CanaryKindArg,
     #[arg(long, value_enum, default_value = "auto")]
     /// Device to train on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
@@ -236,7 +242,8 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let Some(out) = a.out.clone().map(folder_or_stem) else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/digits-mlp/").into());
     };
-    for p in stem_files(&out, a.dp, a.canaries > 0) {
+    let gradient = a.canaries > 0 && matches!(a.canary_kind, CanaryKindArg::Gradient);
+    for p in stem_files(&out, a.dp, a.canaries > 0, gradient) {
         dpaudit::report::output::check_file(&p, a.force)?;
     }
     if a.rapid && !a.dp {
@@ -271,6 +278,8 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         init: a.init,
         seed: a.seed,
         canaries: a.canaries,
+        canary_kind: a.canary_kind.into(),
+        defect: None,
         dp: a.dp.then_some(DpPlan {
             noise_multiplier: a.noise_multiplier,
             clip: a.clip,
@@ -307,7 +316,7 @@ fn folder_or_stem(p: PathBuf) -> PathBuf {
 }
 
 /// The files a training run writes for `--out STEM`.
-fn stem_files(stem: &Path, dp: bool, canaries: bool) -> Vec<PathBuf> {
+fn stem_files(stem: &Path, dp: bool, canaries: bool, gradient: bool) -> Vec<PathBuf> {
     let mut exts = vec!["safetensors", "toml"];
     if dp {
         exts.push("ledger.toml");
@@ -315,7 +324,28 @@ fn stem_files(stem: &Path, dp: bool, canaries: bool) -> Vec<PathBuf> {
     if canaries {
         exts.push("canaries.csv");
     }
+    if gradient {
+        exts.push("canary-observations.npy");
+    }
     exts.iter()
         .map(|ext| PathBuf::from(format!("{}.{ext}", stem.display())))
         .collect()
+}
+
+/// `--canary-kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CanaryKindArg {
+    /// Records of ±1 values (black-box audit).
+    Input,
+    /// Dirac gradient canaries observed in every noisy update (white-box audit; needs --dp).
+    Gradient,
+}
+
+impl From<CanaryKindArg> for dpaudit::models::canary::CanaryKind {
+    fn from(k: CanaryKindArg) -> Self {
+        match k {
+            CanaryKindArg::Input => Self::Input,
+            CanaryKindArg::Gradient => Self::Gradient,
+        }
+    }
 }

@@ -30,6 +30,13 @@ pub fn run(
         )
         .into());
     }
+    if a.canaries > 0 && matches!(a.canary_kind, crate::cli::train::CanaryKindArg::Gradient) {
+        return Err(Error::field(
+            "--canary-kind",
+            "gradient canaries (the white-box audit) are inserted by the 8×8 trainer (`train --dp` without --unet); a --unet run takes input canaries",
+        )
+        .into());
+    }
     let Some(out) = a.out.clone() else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/mnist-dp-ddpm").into());
     };

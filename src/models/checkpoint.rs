@@ -153,6 +153,23 @@ pub struct CanaryInfo {
     pub sha256: String,
     /// m.
     pub count: usize,
+    /// `gradient` for white-box gradient canaries (absent: input canaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<super::canary::CanaryKind>,
+    /// White-box observations file ([steps, m] float32 `.npy`: every noisy update at every
+    /// canary's coordinate, in units of C).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observations: Option<String>,
+    /// SHA-256 of the observations file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observations_sha256: Option<String>,
+}
+
+impl CanaryInfo {
+    /// The kind of canaries (input when the card says nothing).
+    pub fn kind(&self) -> super::canary::CanaryKind {
+        self.kind.unwrap_or_default()
+    }
 }
 
 /// The checkpoint card.

@@ -1073,6 +1073,9 @@ impl Folder<'_> {
                     file: CANARIES.into(),
                     sha256: sha256_hex(&bytes),
                     count: c.len(),
+                    kind: None,
+                    observations: None,
+                    observations_sha256: None,
                 };
                 files.push((CANARIES.into(), bytes));
                 Some(info)

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
 
+use super::canary::{Defect, WhiteBoxRecorder, GRADIENT_CANARY_NORM};
 use super::net::Probe;
 use super::train::{adam, normals, Ema, TrainLog};
 use super::{Net, Schedule, PIXELS};
@@ -96,17 +97,48 @@ pub fn release<R: Rng + ?Sized>(
     expected_batch: f64,
     noise: &mut R,
 ) -> Result<HashMap<String, Tensor>> {
+    release_with(sum, noise_std, expected_batch, noise, None)
+}
+
+/// [`release`] with a test's [`Defect`] applied to the noise (σ halved, ÷B twice, or noise on
+/// only the first half of the tensors by name); `None` is the correct mechanism.
+#[doc(hidden)]
+pub fn release_with<R: Rng + ?Sized>(
+    sum: &HashMap<String, Tensor>,
+    noise_std: f64,
+    expected_batch: f64,
+    noise: &mut R,
+    defect: Option<Defect>,
+) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::with_capacity(sum.len());
     // Draw in name order: a seeded run must give the same noise to the same parameter.
     let mut names: Vec<&String> = sum.keys().collect();
     names.sort();
-    for name in names {
+    let half = names.len().div_ceil(2);
+    for (k, name) in names.into_iter().enumerate() {
         let g = &sum[name];
+        let std = match defect {
+            Some(Defect::NoiseHalved) => noise_std / 2.0,
+            Some(Defect::NoiseOverBatchTwice) => noise_std / expected_batch,
+            Some(Defect::NoiseOnSomeTensors) if k >= half => 0.0,
+            _ => noise_std,
+        };
         let z = normals(noise, g.elem_count());
         let z = Tensor::from_vec(z, g.dims(), g.device())?;
-        out.insert(name.clone(), ((g + (z * noise_std)?)? / expected_batch)?);
+        out.insert(name.clone(), ((g + (z * std)?)? / expected_batch)?);
     }
     Ok(out)
+}
+
+/// What a DP training run can do besides training: record a white-box audit's observations,
+/// and (tests only) run with a known defect.
+#[derive(Default)]
+pub struct Hooks<'a> {
+    /// Gradient canaries to insert and observe.
+    pub white_box: Option<&'a mut WhiteBoxRecorder>,
+    /// A defect to train with (tests of the audit; never a user flag).
+    #[doc(hidden)]
+    pub defect: Option<Defect>,
 }
 
 impl DpConfig {
@@ -427,7 +459,35 @@ pub fn dp_train(
     eval_rows: Option<&[f32]>,
     bar: Option<&ProgressBar>,
 ) -> Result<DpRun> {
+    dp_train_with(net, schedule, x0, cfg, rag, eval_rows, bar, Hooks::default())
+}
+
+/// [`dp_train`] with [`Hooks`]: gradient canaries are inserted into the sum of clipped
+/// gradients before the noise (each included canary Poisson-sampled at the run's q, like every
+/// private row) and every released update is observed at their coordinates.
+#[allow(clippy::too_many_arguments)]
+pub fn dp_train_with(
+    net: &Net,
+    schedule: &Schedule,
+    x0: &[f32],
+    cfg: &DpConfig,
+    rag: Option<&Retrieval>,
+    eval_rows: Option<&[f32]>,
+    bar: Option<&ProgressBar>,
+    mut hooks: Hooks,
+) -> Result<DpRun> {
     cfg.validate(schedule)?;
+    let defect = hooks.defect;
+    let q_run = if defect == Some(Defect::SampleRateDoubled) {
+        (2.0 * cfg.sample_rate).min(1.0)
+    } else {
+        cfg.sample_rate
+    };
+    let clip_run = if defect == Some(Defect::ClippingSkipped) {
+        f64::INFINITY
+    } else {
+        cfg.clip
+    };
     let n = x0.len() / PIXELS;
     if n == 0 {
         return Err(Error::input("no private rows"));
@@ -462,17 +522,24 @@ pub fn dp_train(
         // Poisson sampling (Alg. 2 line 2).
         let mut rows = Vec::new();
         for i in 0..n {
-            if rng.random::<f64>() < cfg.sample_rate {
+            if rng.random::<f64>() < q_run {
                 rows.extend_from_slice(&x0[i * PIXELS..(i + 1) * PIXELS]);
             }
         }
         let ex = examples(schedule, &rows, cfg, rag, &mut rng)?;
         total_batch += ex.len();
         // Per-sample gradients, clipping (lines 3–11).
-        let (sum, norms) = clipped_grad_sum(net, &ex, cfg.clip, cfg.per_sample)?;
+        let (mut sum, norms) = clipped_grad_sum(net, &ex, clip_run, cfg.per_sample)?;
+        if let Some(wb) = hooks.white_box.as_deref() {
+            let raw = GRADIENT_CANARY_NORM * cfg.clip;
+            wb.inject(&mut sum, q_run, cfg.clip, clip_factor(raw, clip_run), &mut rng)?;
+        }
         // Gaussian noise and averaging (line 13), Adam (line 14).
         let mut store = GradStore::default();
-        let mut released = release(&sum, std, expected_batch, &mut noise_rng)?;
+        let mut released = release_with(&sum, std, expected_batch, &mut noise_rng, defect)?;
+        if let Some(wb) = hooks.white_box.as_deref_mut() {
+            wb.observe(&released, expected_batch / cfg.clip)?;
+        }
         for (name, var) in &net.params.vars {
             let g = released
                 .remove(name)

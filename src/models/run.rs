@@ -17,7 +17,7 @@ use candle_core::Device;
 use indicatif::ProgressBar;
 use rand::TryRngCore;
 
-use super::canary::Canaries;
+use super::canary::{Canaries, CanaryKind, Defect, GradientCanaries, WhiteBoxRecorder};
 use super::checkpoint::{
     self, CanaryInfo, Card, DataInfo, DpInfo, RapidInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED,
 };
@@ -90,6 +90,11 @@ pub struct TrainPlan {
     pub seed: Option<u64>,
     /// Canaries for a one-run audit (0: none).
     pub canaries: usize,
+    /// Input canaries (black-box) or gradient canaries (white-box, DP only).
+    pub canary_kind: CanaryKind,
+    /// A defect to train with (tests of the audit only; never a user flag).
+    #[doc(hidden)]
+    pub defect: Option<Defect>,
     /// DP-SGD.
     pub dp: Option<DpPlan>,
     /// The command line recorded in the card.
@@ -213,8 +218,33 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         }
         None => Net::new(&model_cfg, public_seed, device)?,
     };
+    let gradient = plan.canaries > 0 && plan.canary_kind == CanaryKind::Gradient;
+    if gradient && plan.dp.is_none() {
+        return Err(Error::field(
+            "--canary-kind",
+            "gradient canaries are observed in DP-SGD's noisy updates: train with --dp (or use --canary-kind input)",
+        ));
+    }
+    // White-box gradient canaries: distinct parameter coordinates, each included with
+    // probability ½ (secret unless seeded).
+    let mut recorder = if gradient {
+        let shapes: Vec<(String, usize)> = net
+            .params
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().elem_count()))
+            .collect();
+        let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0x67ad_c4a7));
+        Some(WhiteBoxRecorder::new(GradientCanaries::generate(
+            plan.canaries,
+            &shapes,
+            &mut rng,
+        )?))
+    } else {
+        None
+    };
     // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
-    let canaries = (plan.canaries > 0).then(|| {
+    let canaries = (plan.canaries > 0 && !gradient).then(|| {
         let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
         Canaries::generate(plan.canaries, PIXELS, &mut rng)
     });
@@ -316,7 +346,20 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             let public_rows = data.rows(&split.public);
             let b = bar(plan.steps as u64, plan.quiet, "dp-sgd");
             let rag = rag_parts.as_ref().map(|(f, kb, _)| Retrieval { kb, pretrained: f });
-            let run = dp::dp_train(&net, &schedule, &x0, &cfg, rag.as_ref(), Some(&public_rows), Some(&b))?;
+            let hooks = dp::Hooks {
+                white_box: recorder.as_mut(),
+                defect: plan.defect,
+            };
+            let run = dp::dp_train_with(
+                &net,
+                &schedule,
+                &x0,
+                &cfg,
+                rag.as_ref(),
+                Some(&public_rows),
+                Some(&b),
+                hooks,
+            )?;
             b.finish_and_clear();
             let method = match (d.per_sample, net.supports_probe()) {
                 (PerSample::Loop, _) | (PerSample::Auto, false) => "loop",
@@ -433,11 +476,40 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                 file: name.clone(),
                 sha256: crate::report::sha256_hex(&bytes),
                 count: c.len(),
+                kind: None,
+                observations: None,
+                observations_sha256: None,
             };
             files.push((name, bytes));
             Some(info)
         }
-        None => None,
+        None => match &recorder {
+            Some(wb) => {
+                let name = stem_file("canaries.csv");
+                let bytes = wb.canaries.to_csv().into_bytes();
+                let obs_name = stem_file("canary-observations.npy");
+                let obs = wb.observations_npy();
+                lines.push(format!(
+                    "wrote {} ({} gradient canaries; the inclusion bits are the audit's secret) and {} ({} noisy updates observed at every canary: the white-box audit's record)",
+                    out_dir.join(&name).display(),
+                    wb.canaries.len(),
+                    out_dir.join(&obs_name).display(),
+                    wb.steps
+                ));
+                let info = CanaryInfo {
+                    file: name.clone(),
+                    sha256: crate::report::sha256_hex(&bytes),
+                    count: wb.canaries.len(),
+                    kind: Some(CanaryKind::Gradient),
+                    observations: Some(obs_name.clone()),
+                    observations_sha256: Some(crate::report::sha256_hex(&obs)),
+                };
+                files.push((name, bytes));
+                files.push((obs_name, obs));
+                Some(info)
+            }
+            None => None,
+        },
     };
     let randomness = if plan.seed.is_some() {
         RANDOMNESS_SEEDED

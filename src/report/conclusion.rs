@@ -153,6 +153,45 @@ fn table_estimates(r: &Report) -> Vec<String> {
     out
 }
 
+/// The audits' sentence: each audit's ε lower bound with its threat model (white-box: every
+/// noisy update seen; black-box: the released model only) against the accounted ε, and one
+/// sentence on whether the training is consistent with its ledger.
+fn audit_sentence(r: &Report) -> Option<String> {
+    let audits: Vec<&super::Verdict> = r
+        .verdicts
+        .iter()
+        .filter(|v| v.bound == Some(BoundKind::LowerBound) && v.source.as_deref().is_some_and(|s| s.contains("audit")))
+        .collect();
+    let first = audits.first()?;
+    let parts: Vec<String> = audits
+        .iter()
+        .map(|v| {
+            let src = v.source.as_deref().unwrap_or("audit");
+            let threat = if src.contains("white-box") {
+                "white-box"
+            } else {
+                "black-box"
+            };
+            let name = src.split(" (").next().unwrap_or(src);
+            format!(
+                "{name} ({threat}) ε ≥ {}",
+                v.epsilon.map_or("none".to_string(), fmt_num)
+            )
+        })
+        .collect();
+    let ledger = first.budget.map_or(String::new(), |b| format!(" {}", fmt_num(b)));
+    let fail = audits.iter().any(|v| v.status == Status::Fail);
+    Some(format!(
+        "Audits: {}, against the accounted ε{ledger}. {}",
+        parts.join("; "),
+        if fail {
+            "The training does not deliver its ledger: an audit's lower bound exceeds the accounted ε."
+        } else {
+            "The training is consistent with its ledger: no audit's lower bound exceeds the accounted ε."
+        }
+    ))
+}
+
 /// Derives the conclusion from a report's content: every sentence is computed from the
 /// report's own results, verdicts and tables.
 pub fn derive(r: &Report) -> Conclusion {
@@ -200,6 +239,10 @@ pub fn derive(r: &Report) -> Conclusion {
                 n(Status::Inconclusive)
             )
         }
+    };
+    let verdict = match audit_sentence(r) {
+        Some(a) => format!("{verdict} {a}"),
+        None => verdict,
     };
     let mut estimates: Vec<String> = r
         .results
