@@ -59,31 +59,73 @@ command -v python3 >/dev/null 2>&1 || skip "no python3 (tests/slurm/same_report.
 D=$(mktemp -d "${TMPDIR:-/tmp}/dpaudit-slurm.XXXXXX")
 chmod 700 "$D"
 pids=()
+# The processes of this cluster: the daemons started here, every process whose environment
+# carries the mark they were started with (slurmstepd, which slurmd starts detached from itself),
+# and all their descendants (the jobs).
+mark=DPAUDIT_SLURM_TEST=$D
+tree() {
+  local pid
+  for pid in "$@"; do echo "$pid" && tree $(pgrep -P "$pid"); done
+}
+ours() {
+  local f roots=("${pids[@]}")
+  for f in /proc/[0-9]*/environ; do
+    grep -qzx "$mark" "$f" 2>/dev/null && f=${f#/proc/} && roots+=("${f%/environ}")
+  done
+  tree "${roots[@]}" | sort -un
+}
+# alive PID…: those still running (a zombie has ended).
+alive() {
+  local pid
+  for pid in "$@"; do
+    [ -r "/proc/$pid/stat" ] && [ "$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)" != Z ] && echo "$pid"
+  done
+}
 stop_daemons() {
-  local rc=$? pid all=() left=()
+  local rc=$? all=() left=() jobs k
   set +e
-  # The daemons' own children (slurmscriptd, slurmstepd) are stopped with them; list them first.
-  for pid in "${pids[@]}"; do all+=("$pid") && all+=($(pgrep -P "$pid")); done
-  for ((k = ${#pids[@]} - 1; k >= 0; k--)); do kill "${pids[k]}" 2>/dev/null; done
-  for _ in $(seq 1 50); do
-    left=()
-    for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
-    [ ${#left[@]} -eq 0 ] && break
-    sleep 0.2
-  done
-  if [ ${#left[@]} -gt 0 ]; then
-    echo "tests/slurm/run.sh: still running after SIGTERM: ${left[*]}; sending SIGKILL" >&2
-    kill -9 "${left[@]}" 2>/dev/null
-    sleep 0.5
-    rc=1
-  fi
-  for pid in "${all[@]}"; do
-    if pgrep -F <(echo "$pid") >/dev/null 2>&1 || kill -0 "$pid" 2>/dev/null; then
-      echo "tests/slurm/run.sh: FAILED: daemon PID $pid is still running" >&2
-      rc=1
+  if [ ${#pids[@]} -gt 0 ]; then
+    # Jobs still queued or running (a check failed) are cancelled while the daemons still run.
+    jobs=$(squeue -h -o %i 2>/dev/null | sort -u)
+    if [ -n "$jobs" ]; then
+      echo "$(date +%T) cancelling the jobs still queued or running: $(echo $jobs)"
+      scancel $jobs
+      for _ in $(seq 1 50); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2; done
     fi
-  done
-  [ ${#all[@]} -gt 0 ] && echo "(e) daemons stopped: PIDs ${all[*]} are gone"
+    # slurmstepd reports a job's end to slurmd: let the jobs' processes end before the daemons.
+    for _ in $(seq 1 50); do
+      [ "$(ours | wc -l)" -le "$(tree "${pids[@]}" | wc -l)" ] && break
+      sleep 0.2
+    done
+    all=($(ours))
+    for ((k = ${#pids[@]} - 1; k >= 0; k--)); do kill "${pids[k]}" 2>/dev/null; done
+    for pid in "${all[@]}"; do kill "$pid" 2>/dev/null; done
+    for _ in $(seq 1 50); do
+      left=($(alive "${all[@]}"))
+      [ ${#left[@]} -eq 0 ] && break
+      sleep 0.2
+    done
+    if [ ${#left[@]} -gt 0 ]; then
+      echo "$(date +%T) still running after SIGTERM: ${left[*]}; sending SIGKILL" >&2
+      kill -9 "${left[@]}" 2>/dev/null
+      sleep 0.5
+    fi
+    # (e) Every process started here is gone, by PID; and none of this cluster is left.
+    left=($(alive "${all[@]}" $(ours)))
+    if [ ${#left[@]} -gt 0 ]; then
+      echo "tests/slurm/run.sh: FAILED: still running: $(ps -o pid=,cmd= -p "${left[*]// /,}")" >&2
+      rc=1
+    else
+      for pid in "${all[@]}"; do
+        echo "$pid" >"$D/pid"
+        if pgrep -F "$D/pid" >/dev/null; then
+          echo "tests/slurm/run.sh: FAILED: pgrep still finds PID $pid" >&2
+          rc=1
+        fi
+      done
+      echo "(e) every process of the cluster is gone (pgrep by PID): daemons ${pids[*]}; with children and jobs: ${all[*]}"
+    fi
+  fi
   if [ "${KEEP:-0}" = 1 ] || [ "$rc" -ne 0 ]; then
     echo "logs and outputs kept in $D"
     [ "$rc" -ne 0 ] && tail -n 20 "$D"/log/*.log 2>/dev/null >&2
@@ -132,6 +174,7 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
 MpiDefault=none
 ReturnToService=2
+KillWait=2
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=ci Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
@@ -139,15 +182,15 @@ CONF
 export SLURM_CONF=$D/etc/slurm.conf
 
 t_cluster=$SECONDS
-munged --foreground --force --key-file="$D/munge/munge.key" --socket="$D/munge/munge.socket" \
+env "$mark" munged --foreground --force --key-file="$D/munge/munge.key" --socket="$D/munge/munge.socket" \
   --pid-file="$D/munge/munged.pid" --log-file="$D/log/munged.log" --seed-file="$D/munge/seed" \
   >>"$D/log/munged.out" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 50); do [ -S "$D/munge/munge.socket" ] && break; sleep 0.1; done
 [ -S "$D/munge/munge.socket" ] || fail "munged did not start ($D/log/munged.log)"
-slurmctld -D -i >>"$D/log/slurmctld.out" 2>&1 &
+env "$mark" slurmctld -D -i >>"$D/log/slurmctld.out" 2>&1 &
 pids+=($!)
-slurmd -D >>"$D/log/slurmd.out" 2>&1 &
+env "$mark" slurmd -D >>"$D/log/slurmd.out" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 150); do sinfo -h -o %T 2>/dev/null | grep -qx idle && break; sleep 0.2; done
 sinfo -h -o %T 2>/dev/null | grep -qx idle || fail "the node did not come up idle (sinfo: $(sinfo 2>&1))"
@@ -197,7 +240,8 @@ merge1=$(DPAUDIT=$bin submit --dependency=afterok:"$arr1" --output="$A/logs/%x-%
 for _ in $(seq 1 600); do
   n=$(find "$A/parts" -name 'mia-part-*-of-4.json' 2>/dev/null | wc -l || true)
   [ "$n" -ge 3 ] && [ -e "$D/shard-2-started" ] && break
-  [ -z "$(squeue -h -j "$arr1" -o %i 2>/dev/null || true)" ] && break # every task ended: checked below
+  # Only shard 2 (stalled) left pending or running: the others ended (checked below).
+  [ "$(squeue -h -j "$arr1" -t PENDING,RUNNING -o %i 2>/dev/null | wc -l || true)" -le 1 ] && [ -e "$D/shard-2-started" ] && break
   sleep 0.2
 done
 [ "$(task_states "$arr1" | awk '$1 == 2 { print $2 }')" = RUNNING ] || fail "shard 2 is not running: $(task_states "$arr1")"
