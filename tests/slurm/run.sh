@@ -14,7 +14,8 @@
 #       merge that depended on the killed array never runs; a part from another submission with
 #       another plan is refused (exit 2);
 #   (d) a merge submitted while shard 2 is missing exits 2 naming `missing shard(s): 2/4`;
-#   (e) every daemon it started is gone afterwards (checked by PID, also when a check fails).
+#   (e) every daemon it started is gone afterwards (checked by PID, also when a check fails);
+#   (f) a sweep split into 4 grid slices and joined equals the unsharded sweep's CSV byte for byte.
 #
 #   tests/slurm/run.sh [DPAUDIT]        (default: target/release/dpaudit)
 #
@@ -360,3 +361,33 @@ python3 "$repo/tests/slurm/same_report.py" "$M/report" "$D/audit-here" || fail "
 grep -q '"many_runs": {' "$M/report/mia.json" || fail "(b) no many-runs audit in $M/report/mia.json"
 ok "(b) many-runs audit: 4 training tasks (coins $(paste -sd' ' "$M/inclusion")) → 4 scoring tasks → audit (exit $audit_rc) = the same audit in one process"
 echo "    many-runs audit: $((SECONDS - t_b)) s"
+
+# --- (f) a sweep split into grid slices and joined --------------------------------------------------
+t_f=$SECONDS
+W=$D/sweep
+mkdir -p "$W/logs"
+sampler=$repo/fixtures/samplers/edm-cifar10-subsampled.toml
+sweep_args="--sample-rate 0.01,0.5 --accountant gdp,clt,pld"
+"$tpl/sweep-grid.sh" "$bin" "$sampler" 0.002..5 203 "$W/grid.txt" --log
+# 203 values in 4 slices of 51, each swept in runs of at most 20 (CHUNK), the last slice short.
+slices=$(OUT=$W CONFIG=$sampler SLICES=4 SWEEP_ARGS=$sweep_args CHUNK=20 \
+  submit --array=0-3 --output="$W/logs/%x-%A_%a.out" "$tpl/sweep-slice.sbatch")
+join=$(OUT=$W SLICES=4 submit --dependency=afterok:"$slices" --output="$W/logs/%x-%j.out" "$tpl/sweep-merge.sbatch")
+wait_done "$slices" "$join"
+[ "$(state "$join")" = "JobState=COMPLETED ExitCode=0:0" ] || fail "sweep merge: $(state "$join") ($(cat "$W/logs/"*merge*.out))"
+# shellcheck disable=SC2086
+(cd "$D" && "$bin" sweep "$sampler" --sigma-min 0.002..5 --points 203 --log $sweep_args --format csv -q >"$D/sweep-one.csv")
+cmp "$W/sweep.csv" "$D/sweep-one.csv" || fail "(f) the joined sweep differs from the unsharded one"
+[ "$(wc -l <"$W/sweep.csv")" = $((1 + 203 * 2)) ] || fail "(f) $(wc -l <"$W/sweep.csv") lines in the joined sweep"
+ok "(f) a 203-point sweep in 4 slices on Slurm, joined = the unsharded sweep CSV byte for byte"
+# The gathering steps name what is missing (run here as plain scripts: 5 expected, 4 exist).
+set +e
+msg=$(OUT=$W SLICES=5 bash "$tpl/sweep-merge.sbatch" 2>&1)
+rc1=$?
+msg2=$(OUT=$M RUNS=5 DPAUDIT=$bin bash "$tpl/runs-audit.sbatch" 2>&1)
+rc2=$?
+set -e
+[ "$rc1" = 2 ] && grep -q "missing slice(s): 4/5" <<<"$msg" || fail "sweep merge with a slice missing: exit $rc1: $msg"
+[ "$rc2" = 2 ] && grep -q "missing run(s): 4/5" <<<"$msg2" || fail "audit with a run missing: exit $rc2: $msg2"
+ok "a missing slice or run is named (exit 2): $msg | $msg2"
+echo "    sweep: $((SECONDS - t_f)) s"
