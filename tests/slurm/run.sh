@@ -351,6 +351,11 @@ for i in 0 1 2 3; do
   coin=$(sed -n "$((i + 1))p" "$M/inclusion")
   [ "$(cut -d, -f2 "$M/trials/$i.csv" | sort -u)" = "$coin" ] || fail "trial $i: member column is not the coin $coin"
 done
+# Without INCLUSION a training task draws its own coin (here outside Slurm, as plain bash).
+OUT=$M SLURM_ARRAY_TASK_ID=9 TRAIN_ARGS="--data $data --steps 5 --hidden 8 --depth 1" bash "$tpl/runs-train.sbatch" >/dev/null 2>&1 ||
+  fail "runs-train.sbatch without INCLUSION failed"
+grep -q '^split = ".*split-\(in\|out\)\.toml"' "$M/runs/9/9.toml" || fail "run 9 trained on neither split"
+rm -rf "$M/runs/9"
 [ "$(wc -l <"$M/scores.csv")" = 17 ] || fail "scores.csv: $(wc -l <"$M/scores.csv") lines, want 1 + 4 runs × 4 (attack, t)"
 set +e
 (cd "$D" && "$bin" mia --scores "$M/scores.csv" --audit many-runs --checkpoint "$M/runs/0/0.toml" --out "$D/audit-here" -q >/dev/null)
