@@ -19,8 +19,8 @@
 #
 #   tests/slurm/run.sh [DPAUDIT]        (default: target/release/dpaudit)
 #
-# Needs root and Debian's slurmctld, slurmd, slurm-client and munge (installed with apt-get when
-# missing). Without them it prints loudly that it skipped, and why, and exits 0 — except under
+# Needs root and Debian's slurmctld, slurmd, slurm-client and munge, and procps (installed with
+# apt-get when missing). Without them it prints loudly that it skipped, and why, and exits 0 — except under
 # CI=true, where it fails instead. KEEP=1 keeps the temporary folder (logs, parts, reports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,14 +46,18 @@ bin=${1:-$repo/target/release/dpaudit}
 case "$bin" in /*) ;; *) bin=$repo/$bin ;; esac
 [ -x "$bin" ] || skip "no dpaudit binary at $bin (cargo build --release first)"
 [ "$(id -u)" -eq 0 ] || skip "not root (slurmd runs jobs as root here; apt-get installs the daemons)"
+# pgrep and ps (procps) find and check the processes; slurm's packages do not pull them in.
 need_pkgs=0
-for p in munged slurmctld slurmd sbatch; do command -v "$p" >/dev/null 2>&1 || need_pkgs=1; done
+for p in munged slurmctld slurmd sbatch pgrep ps; do command -v "$p" >/dev/null 2>&1 || need_pkgs=1; done
 if [ "$need_pkgs" = 1 ]; then
-  command -v apt-get >/dev/null 2>&1 || skip "slurm/munge are not installed and there is no apt-get"
-  echo "installing slurmctld slurmd slurm-client munge with apt-get"
+  command -v apt-get >/dev/null 2>&1 || skip "slurm/munge/procps are not installed and there is no apt-get"
+  echo "installing slurmctld slurmd slurm-client munge procps with apt-get"
+  t_apt=$SECONDS
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq || skip "apt-get update failed"
-  apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null || skip "apt-get install of slurm/munge failed"
+  apt-get install -y -qq slurmctld slurmd slurm-client munge procps >/dev/null ||
+    skip "apt-get install of slurmctld slurmd slurm-client munge procps failed"
+  ok "installed in $((SECONDS - t_apt)) s"
 fi
 command -v python3 >/dev/null 2>&1 || skip "no python3 (tests/slurm/same_report.py compares the reports)"
 
