@@ -133,3 +133,65 @@ pub fn calibrate(
 pub fn analyze(cfg: &SamplerConfig, path: &Path, accountants: &[AccountantKind]) -> Result<(Analysis, Report)> {
     audit::analyze::analyze(cfg, path, accountants)
 }
+
+/// The white-box audit of a DP-SGD run whose noisy updates were observed at `included.len()`
+/// gradient canaries (`observations`: [steps, m] row-major, each in units of the clip bound:
+/// B·U_t[j]/C), against the ledger (σ, q, steps) at δ: the same estimators and the same verdict
+/// rule as `mia --audit one-run` on a checkpoint trained with gradient canaries (violated when
+/// the largest lower bound exceeds the ledger's smallest sound ε). Used by `dpaudit.opacus`.
+pub fn white_box_audit(
+    observations: &[f32],
+    included: &[bool],
+    mechanism: crate::attacks::white_box::LedgerMechanism,
+    delta: f64,
+    confidence: f64,
+) -> Result<WhiteBoxVerdict> {
+    crate::accountants::check_delta(delta)?;
+    let m = included.len();
+    if m == 0 || observations.len() % m != 0 {
+        return Err(Error::field(
+            "observations",
+            format!("{} values are not whole steps of {m} canaries", observations.len()),
+        ));
+    }
+    let steps = observations.len() / m;
+    if steps as u64 != mechanism.steps {
+        return Err(Error::field(
+            "steps",
+            format!(
+                "the ledger says {} steps, the observations hold {steps}",
+                mechanism.steps
+            ),
+        ));
+    }
+    let audit = crate::attacks::white_box::audit(observations, steps, included, &mechanism, delta, confidence)?;
+    let event = mechanism.event(mechanism.noise_multiplier);
+    let sound = crate::accountants::sound::sound_epsilon(&event, Neighbouring::AddRemove, delta);
+    let ledger = sound.upper.as_ref().map(|u| (u.epsilon, u.source().to_string()));
+    let violated = ledger.as_ref().is_some_and(|(e, _)| audit.epsilon_lower > *e);
+    Ok(WhiteBoxVerdict {
+        verdict: if violated {
+            "violated".into()
+        } else if ledger.is_some() {
+            "consistent".into()
+        } else {
+            "no_guarantee".into()
+        },
+        ledger_epsilon: ledger.as_ref().map(|l| l.0),
+        ledger_accountant: ledger.map(|l| l.1),
+        audit,
+    })
+}
+
+/// [`white_box_audit`]'s answer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WhiteBoxVerdict {
+    /// `violated` (a lower bound above the ledger's ε), `consistent`, or `no_guarantee`.
+    pub verdict: String,
+    /// The ledger's smallest sound ε at δ.
+    pub ledger_epsilon: Option<f64>,
+    /// The accountant and kind that gives it.
+    pub ledger_accountant: Option<String>,
+    /// Every estimator's result (threat model: white-box).
+    pub audit: crate::attacks::white_box::WhiteBoxAudit,
+}

@@ -385,6 +385,49 @@ fn op_analyze(req: &Map<String, Value>) -> Res<Value> {
     }))
 }
 
+/// `white_box_audit`: {observations: [..] (steps × m, row-major, units of C), included: [bool],
+/// noise_multiplier, sample_rate, steps, delta, confidence?}.
+fn op_white_box_audit(req: &Map<String, Value>) -> Res<Value> {
+    let obs: Vec<f32> = match get(req, "observations") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| Error::field(format!("observations[{i}]"), format!("must be a number, got {v}")))
+            })
+            .collect::<Res<_>>()?,
+        _ => return Err(Error::field("observations", "required: a list of numbers")),
+    };
+    let included: Vec<bool> = match get(req, "included") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_bool()
+                    .ok_or_else(|| Error::field(format!("included[{i}]"), format!("must be true or false, got {v}")))
+            })
+            .collect::<Res<_>>()?,
+        _ => return Err(Error::field("included", "required: a list of booleans")),
+    };
+    let mech = dpaudit::attacks::white_box::LedgerMechanism {
+        noise_multiplier: required(f64_of(req, "noise_multiplier")?, "noise_multiplier")?,
+        sample_rate: required(f64_of(req, "sample_rate")?, "sample_rate")?,
+        steps: required(u64_of(req, "steps")?, "steps")?,
+    };
+    if !(mech.noise_multiplier > 0.0 && mech.noise_multiplier.is_finite()) {
+        return Err(Error::field("noise_multiplier", "must be a finite number > 0"));
+    }
+    if !(mech.sample_rate > 0.0 && mech.sample_rate <= 1.0) {
+        return Err(Error::field("sample_rate", "must be in (0, 1]"));
+    }
+    let delta = required(f64_of(req, "delta")?, "delta")?;
+    let confidence = f64_of(req, "confidence")?.unwrap_or(0.95);
+    let v = api::white_box_audit(&obs, &included, mech, delta, confidence)?;
+    serde_json::to_value(&v).map_err(|e| Error::input(e.to_string()))
+}
+
 /// Runs one request (`op` and its JSON arguments) and returns the JSON answer.
 fn dispatch(op: &str, request: &str) -> Res<String> {
     let v: Value = serde_json::from_str(request).map_err(|e| Error::input(format!("request is not JSON: {e}")))?;
@@ -399,6 +442,7 @@ fn dispatch(op: &str, request: &str) -> Res<String> {
         "check" => op_check(req)?,
         "calibrate" => op_calibrate(req)?,
         "analyze" => op_analyze(req)?,
+        "white_box_audit" => op_white_box_audit(req)?,
         _ => return Err(Error::input(format!("unknown operation `{op}`"))),
     };
     serde_json::to_string(&out).map_err(|e| Error::input(format!("answer could not be serialised: {e}")))

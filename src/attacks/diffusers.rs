@@ -91,6 +91,8 @@ pub struct AttackedRows {
     /// The canaries (with `--audit one-run`).
     pub canaries: Option<Canaries>,
     training: Option<TrainingRecord>,
+    /// What `--max-examples` drew, for the report (None: every row).
+    pub subset: Option<String>,
 }
 
 impl AttackedRows {
@@ -237,13 +239,50 @@ pub fn attacked_rows(
         }
         _ => None,
     };
-    let cap = |ix: &[usize]| -> Vec<usize> { ix.iter().take(max_examples.unwrap_or(usize::MAX)).copied().collect() };
+    let seed = plan.score.seed;
+    let members = subset(&split.members, max_examples, seed ^ 0x5ab5_e7a1);
+    let nonmembers = subset(&split.nonmembers, max_examples, seed ^ 0x5ab5_e7a2);
+    let describe = |name: &str, all: &[usize], got: &[usize]| {
+        format!(
+            "{} of {} {name} (rows {}..={} of the split's {}..={})",
+            got.len(),
+            all.len(),
+            got.first().copied().unwrap_or(0),
+            got.last().copied().unwrap_or(0),
+            all.iter().min().copied().unwrap_or(0),
+            all.iter().max().copied().unwrap_or(0)
+        )
+    };
+    let cut = members.len() < split.members.len() || nonmembers.len() < split.nonmembers.len();
+    let subset = cut.then(|| {
+        format!(
+            "--max-examples: a seeded random subset (seed {seed}) of each list: {}, {}",
+            describe("members", &split.members, &members),
+            describe("non-members", &split.nonmembers, &nonmembers)
+        )
+    });
     Ok(AttackedRows {
-        members: cap(&split.members),
-        nonmembers: cap(&split.nonmembers),
+        members,
+        nonmembers,
         canaries,
         training,
+        subset,
     })
+}
+
+/// `max` rows of `ix` drawn uniformly at random without replacement (seeded; in the list's
+/// order), or all of them. The first `max` of a sorted list would compare members and
+/// non-members from different row ranges of the data file, so a cut is always random.
+pub fn subset(ix: &[usize], max: Option<usize>, seed: u64) -> Vec<usize> {
+    use rand::seq::index::sample;
+    use rand::SeedableRng;
+    let Some(k) = max.filter(|&k| k < ix.len()) else {
+        return ix.to_vec();
+    };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut pick = sample(&mut rng, ix.len(), k).into_vec();
+    pick.sort_unstable();
+    pick.into_iter().map(|p| ix[p]).collect()
 }
 
 /// The canaries of the folder `dir` that `train --unet … --canaries m` wrote (SHA-256 and count
@@ -459,6 +498,9 @@ pub fn assemble(
     }
     if let Some(b) = basis {
         warnings.extend(b.skipped.iter().map(|s| format!("accountant not used: {s}")));
+    }
+    if let Some(s) = &rows.subset {
+        warnings.push(s.clone());
     }
     Ok(MiaReport {
         schema: "dpaudit.mia/2".into(),

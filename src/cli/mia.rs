@@ -136,7 +136,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "auto")]
     /// Device to run the model on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
-    /// Diffusers checkpoints: attack only the first N members and the first N non-members.
+    /// Diffusers checkpoints: attack a seeded random subset of N members and N non-members (the
+    /// seed is --seed; the report names it and the rows drawn).
     #[arg(long)]
     pub max_examples: Option<usize>,
     /// Diffusers checkpoints: images per forward pass [default: 64 on the CPU; on a GPU the

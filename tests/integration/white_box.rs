@@ -284,3 +284,71 @@ fn white_box_bounds_exceed_the_true_epsilon_at_most_beta_of_the_time() {
         );
     }
 }
+
+/// `--max-examples` draws a seeded random subset of each list (the first N of the sorted lists
+/// compared members and non-members from different row ranges of the data file), names it in
+/// the report, and the same seed draws the same rows.
+#[test]
+fn max_examples_draws_a_seeded_random_subset() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |seed: &str, name: &str| {
+        let scores = dir.path().join(name);
+        let o = dpaudit(&[
+            "mia",
+            "--checkpoint",
+            "models/mnist-dp-ddpm",
+            "--data",
+            "fixtures/data/mnist/mnist-10k.u8.gz",
+            "--split",
+            "fixtures/splits/mnist-dp.toml",
+            "--attack",
+            "loss",
+            "--timesteps",
+            "50",
+            "--max-examples",
+            "50",
+            "--seed",
+            seed,
+            "--bootstrap",
+            "10",
+            "--format",
+            "json",
+            "--quiet",
+            "--scores-out",
+            scores.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let text = std::fs::read_to_string(&scores).unwrap();
+        let mut header = text.lines().next().unwrap().split(',');
+        let id = header.position(|c| c == "record_id").unwrap();
+        let mut rows: Vec<usize> = text
+            .lines()
+            .skip(1)
+            .filter(|l| l.split(',').nth(1) == Some("1"))
+            .filter_map(|l| l.split(',').nth(id).and_then(|x| x.parse().ok()))
+            .collect();
+        rows.sort_unstable();
+        (rows, stdout(&o))
+    };
+    let split = std::fs::read_to_string(root().join("fixtures/splits/mnist-dp.toml")).unwrap();
+    let split: toml::Value = toml::from_str(&split).unwrap();
+    let mut members: Vec<usize> = split["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_integer().unwrap() as usize)
+        .collect();
+    members.sort_unstable();
+    let (a, report) = run("0", "a.csv");
+    let (b, _) = run("0", "b.csv");
+    let (c, _) = run("1", "c.csv");
+    assert_eq!(a, b, "the same seed draws the same rows");
+    assert_ne!(a, c, "another seed draws other rows");
+    assert!(!a.is_empty());
+    assert_ne!(
+        &a[..a.len().min(50)],
+        &members[..a.len().min(50)],
+        "not the smallest member ids"
+    );
+    assert!(report.contains("seeded random subset (seed 0)"), "{report}");
+}

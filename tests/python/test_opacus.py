@@ -86,3 +86,46 @@ def test_make_private_with_epsilon_calibrates_with_the_dpaudit_accountant():
     a.history = [(sigma, 1 / 8, int(3 * 8))]
     assert a.get_epsilon(DELTA) <= 2.0
     assert not math.isnan(sigma)
+
+
+def audited_run(halve_noise: bool, seed: int = 0):
+    """A full-batch Opacus DP-SGD run (q = 1: one Poisson batch of all 64 rows per step, 16
+    steps, C = 1, σ = 4.3247: ε = 4 at δ = 1e-5) of a small MLP with 2,000 white-box gradient
+    canaries; optionally the optimizer's noise multiplier is halved after the auditor attached
+    (a silent bug: Opacus' own accountant would then record the halved σ)."""
+    torch.manual_seed(seed)
+    x = torch.randn(64, 4)
+    y = (x[:, 0] > 0).long()
+    data = torch.utils.data.TensorDataset(x, y)
+    loader = torch.utils.data.DataLoader(data, batch_size=64)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 512), torch.nn.ReLU(), torch.nn.Linear(512, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    engine = PrivacyEngine(accountant="dpaudit")
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=4.3247, max_grad_norm=1.0, poisson_sampling=True
+    )
+    auditor = dpaudit.opacus.WhiteBoxAuditor(opt, canaries=2000, sample_rate=1 / len(loader), seed=seed)
+    if halve_noise:
+        opt.noise_multiplier = opt.noise_multiplier / 2
+    for _ in range(16):
+        for xb, yb in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    return auditor.audit(delta=DELTA)
+
+
+def test_white_box_auditor_finds_a_correct_opacus_run_consistent():
+    r = audited_run(halve_noise=False)
+    assert r["verdict"] == "consistent", r
+    a = r["audit"]
+    assert a["threat_model"] == "white-box" and a["steps"] == 16 and a["canaries"] == 2000
+    assert 3.99 <= r["ledger_epsilon"] <= 4.0
+    assert a["epsilon_lower"] <= r["ledger_epsilon"]
+    assert a["gaussian"]["kind"] == "lower_bound" and a["gaussian"]["epsilon_lower"] > 2.0, a["gaussian"]
+
+
+def test_white_box_auditor_catches_a_silently_halved_noise_multiplier():
+    r = audited_run(halve_noise=True)
+    assert r["verdict"] == "violated", r
+    assert r["audit"]["epsilon_lower"] > r["ledger_epsilon"]
