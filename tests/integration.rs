@@ -26,5 +26,6 @@ mod integration {
     mod shard;
     mod sweeps;
     mod transactions;
+    mod trust;
     mod verdicts;
 }

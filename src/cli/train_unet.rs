@@ -33,7 +33,9 @@ pub fn run(
     let Some(out) = a.out.clone() else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/mnist-dp-ddpm").into());
     };
-    // Existing outputs are refused before any work.
+    // Existing outputs are refused before any work, and so is a symbolic link at an output
+    // folder (it would send the set, with --force its replacements, elsewhere).
+    dpaudit::report::output::refuse_link(&out)?;
     for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
         dpaudit::report::output::check_file(&out.join(f), a.force)?;
     }
@@ -41,6 +43,7 @@ pub fn run(
         Some(0) => return Err(Error::field("--checkpoint-every", "must be ≥ 1").into()),
         Some(_) => {
             let dir = out.join(diffusers_train::CHECKPOINT_DIR);
+            dpaudit::report::output::refuse_link(&dir)?;
             for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
                 dpaudit::report::output::check_file(&dir.join(f), a.force)?;
             }

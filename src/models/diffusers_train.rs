@@ -900,7 +900,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     let after = folder.eval(&model)?;
     let weights = model.safetensors_bytes()?;
     let (card, event, mut lines, files) = folder.files(&plan.out, plan.steps, &ledger, weights, after)?;
-    std::fs::create_dir_all(&plan.out).map_err(|e| Error::io(&plan.out, &e))?;
+    crate::report::output::create_out_dir(&plan.out)?;
     crate::report::output::commit_set(&plan.out, None, &files, plan.force)?;
     lines.push(format!(
         "denoising loss on the {} (fixed evaluation draws): {:.4} -> {after:.4}",
@@ -1174,7 +1174,7 @@ impl Folder<'_> {
             let after = self.eval(m)?;
             let dir = self.plan.out.join(CHECKPOINT_DIR);
             let (_, _, _, files) = self.files(&dir, done, ledger, weights, after)?;
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, &e))?;
+            crate::report::output::create_out_dir(&dir)?;
             crate::report::output::commit_set(&dir, None, &files, true)?;
             eprintln!(
                 "checkpoint after step {done}/{}: {} (resume with --init {} --steps {})",
