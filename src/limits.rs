@@ -214,6 +214,9 @@ pub const DENOISER_STEP: Cost = Cost::new(0.0, 4.0);
 /// One decompressed byte of a data file: the text and the parsed numbers (≈ 3 bytes each).
 pub const DECOMPRESSED_BYTE: Cost = Cost::new(3.0, 10.0);
 
+/// One value of a `--canaries` canary: the ±1 image (f32), its copy among the private rows, its
+/// text in `canaries.csv` and the per-sample work of training on it.
+pub const CANARY_VALUE: Cost = Cost::new(32.0, 100.0);
 /// One byte of a text input file (TOML, CSV, JSON) while it is parsed: the text, the parser's
 /// document tree and the typed values (measured ≈ 45 bytes per byte for a TOML event file of
 /// 10⁶ leaves; budgeted at 96).

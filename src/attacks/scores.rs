@@ -321,8 +321,12 @@ fn parse_lines(text: &str) -> Result<(Vec<ScoreRecord>, Vec<usize>)> {
             )
             .with_line(line)
         })?;
-        if score.is_nan() {
-            return Err(Error::field("score", "NaN is not a score").with_line(line));
+        if !score.is_finite() {
+            return Err(Error::field(
+                "score",
+                format!("{score} is not a score (a score must be a finite number)"),
+            )
+            .with_line(line));
         }
         let set = match cset.map(|c| rec.get(c).unwrap_or("")) {
             None | Some("") | Some("split") => ScoreSet::Split,

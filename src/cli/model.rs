@@ -136,6 +136,7 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
                     .with_file(&e.input)
                     .into());
             }
+            all_finite(&xs, &e.input)?;
             let t = npy::read(&e.timesteps)?;
             let ts: Vec<f64> = match (t.to_i64(), t.to_f32()) {
                 (Some(v), _) => {
@@ -146,7 +147,10 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
                     }
                     v.iter().map(|&s| s as f64).collect()
                 }
-                (None, Some(v)) => v.iter().map(|&s| s as f64).collect(),
+                (None, Some(v)) => {
+                    all_finite(&v, &e.timesteps)?;
+                    v.iter().map(|&s| s as f64).collect()
+                }
                 _ => {
                     return Err(
                         Error::input(format!("element type {} (expected int64 <i8)", t.dtype.descr()))
@@ -192,7 +196,20 @@ fn f32_batch(p: &std::path::Path) -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
             .with_file(p)
             .into());
     }
+    all_finite(&v, p)?;
     Ok((x.shape.clone(), v))
+}
+
+/// Refuses a batch with a NaN or infinite value, naming the file and the first such element.
+fn all_finite(v: &[f32], p: &std::path::Path) -> anyhow::Result<()> {
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return Err(
+            Error::input(format!("element {i} is {}: a model input must be finite", v[i]))
+                .with_file(p)
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// `model grads`: per-sample gradients of a diffusers UNet on one batch.

@@ -664,6 +664,11 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     }
     let mut x0 = images.rows(&private_ix);
     // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
+    crate::limits::check_product(
+        "--canaries",
+        &[plan.canaries as u64, dim as u64],
+        crate::limits::CANARY_VALUE,
+    )?;
     let canaries = (plan.canaries > 0).then(|| {
         let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
         Canaries::generate(plan.canaries, dim, &mut rng)
@@ -1202,7 +1207,10 @@ mod tests {
     fn presets_build_with_their_parameter_counts() {
         for (name, _, _) in PRESETS {
             let (text, _) = config_text(name).unwrap();
-            Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+            let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+            // The count the size limit checks before building is the built model's.
+            let m = TrainUnet::random(&config, 0, &Device::Cpu).unwrap();
+            assert_eq!(config.parameter_count(), m.parameters() as f64, "{name}");
         }
         let (text, _) = config_text("ddpm-cifar10").unwrap();
         let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();

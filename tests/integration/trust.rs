@@ -22,7 +22,7 @@ fn scores_out_writes_formula_ids_as_text_and_reads_them_back() {
         "@SUM(A1)",
         "-2+3",
         "-7",
-        "'=q",
+        "''=q",
     ];
     for i in 0..8 {
         let id = ids.get(i).map_or(i.to_string(), |s| s.to_string());
@@ -192,4 +192,139 @@ fn completions_to_a_full_device_is_an_error_not_a_panic() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("stdout"), "{}", stderr(&o));
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
+
+/// A `.npy` of float32 values with `shape` (format 1.0, little-endian).
+fn npy_f32(path: &Path, shape: &[usize], values: &[f32]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape_txt = if shape.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    npy_raw(
+        path,
+        "<f4",
+        &shape_txt,
+        &values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+    );
+}
+
+fn npy_raw(path: &Path, descr: &str, shape: &str, data: &[u8]) {
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    b.extend_from_slice(header.as_bytes());
+    b.extend_from_slice(data);
+    std::fs::write(path, b).unwrap();
+}
+
+/// The smaller input checks: an infinite score (NaN already was refused), a NaN pixel given to
+/// `model eval`, and a ledger with δ = 1 given to `mia` (refused by `account`, accepted by `mia`
+/// before) are input errors naming the file, line or field.
+#[test]
+fn infinite_scores_nan_pixels_and_a_ledger_with_delta_one_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["inf", "-inf", "Infinity"] {
+        let mut body = String::from("record_id,member,attack,t,score,set\n");
+        for i in 0..8 {
+            let score = if i == 5 { bad.to_string() } else { i.to_string() };
+            body.push_str(&format!("{i},{},loss,10,{score},split\n", u8::from(i < 4)));
+        }
+        let f = dir.path().join("inf.csv");
+        std::fs::write(&f, body).unwrap();
+        let o = dpaudit(&["mia", "--scores", s(&f), "--bootstrap", "20", "-q"]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("{}:7: field `score`", f.display())),
+            "{}",
+            stderr(&o)
+        );
+    }
+
+    let x = dir.path().join("x.npy");
+    let mut pixels = vec![0.0f32; 28 * 28];
+    pixels[100] = f32::NAN;
+    npy_f32(&x, &[1, 1, 28, 28], &pixels);
+    let t = dir.path().join("t.npy");
+    npy_raw(&t, "<i8", "(1,)", &10i64.to_le_bytes());
+    let y = dir.path().join("y.npy");
+    let o = dpaudit(&[
+        "model",
+        "eval",
+        "--checkpoint",
+        "models/mnist-ddpm",
+        "--input",
+        s(&x),
+        "--timesteps",
+        s(&t),
+        "--out",
+        s(&y),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("element 100 is NaN"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("x.npy"), "{}", stderr(&o));
+    assert!(!y.exists());
+
+    let ledger = dir.path().join("ledger.toml");
+    std::fs::write(
+        &ledger,
+        "schema_version = 1\nneighbouring = \"add_remove\"\ndelta = 1.0\n[event]\ntype = \"gaussian\"\nnoise_multiplier = 1.0\n",
+    )
+    .unwrap();
+    let o = super::common::mnist_mia(&[
+        "--ledger",
+        s(&ledger),
+        "--attack",
+        "loss",
+        "--timesteps",
+        "50",
+        "--max-examples",
+        "4",
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("field `delta`"), "{}", stderr(&o));
+    let o = dpaudit(&["account", "--event", s(&ledger)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// RAPID's `theorem_1` event (the record in every batch) only over-approximates a run drawing
+/// Poisson batches: its numbers are upper bounds only, so no claim is `violated` under it (all
+/// 16 were, from the exact GDP value used as a lower bound), and the GDP evidence is an upper
+/// bound.
+#[test]
+fn rapid_theorem_1_keeps_upper_bounds_only() {
+    let o = dpaudit(&["verify", "fixtures/claims/rapid-scenarios.toml", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let t = v["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "analyses")
+        .unwrap();
+    let col = |name: &str| {
+        t["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c["name"] == name)
+            .unwrap()
+    };
+    let (ii, ik, iv) = (col("interpretation"), col("kind"), col("verdict"));
+    let rows: Vec<&serde_json::Value> = t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r[ii] == "theorem_1")
+        .collect();
+    assert_eq!(rows.len(), 16 * 4, "gdp, rdp, pld and the closed form per claim");
+    for r in rows {
+        assert_ne!(r[iv], "violated", "{r}");
+        assert_eq!(r[ik], "upper_bound", "{r}");
+    }
 }
