@@ -106,7 +106,13 @@ impl OpacusSpec {
 /// ledger (`dpaudit-ledger.toml`) when present, else `--ledger FILE`, else the Opacus-style
 /// flags; None when nothing states the mechanism. Stating a mechanism for a folder that has its
 /// own ledger is refused (two statements of one training run).
-pub fn diffusers_basis(folder: &Path, ledger: Option<&Path>, spec: &OpacusSpec, delta: f64) -> Result<Option<Basis>> {
+pub fn diffusers_basis(
+    folder: &Path,
+    ledger: Option<&Path>,
+    spec: &OpacusSpec,
+    delta: f64,
+    trusted: &[crate::provenance::VerifyingKey],
+) -> Result<Option<Basis>> {
     let own = folder.join(crate::models::diffusers_train::LEDGER);
     if own.is_file() {
         if ledger.is_some() || !spec.is_empty() {
@@ -123,7 +129,20 @@ pub fn diffusers_basis(folder: &Path, ledger: Option<&Path>, spec: &OpacusSpec, 
                 ),
             ));
         }
-        return Ok(Some(of_file(&own, "training ledger", delta)?));
+        // Whether the release is signed, and by whom (with trusted keys: refused unless by one).
+        let status = crate::provenance::verify_folder(folder, &crate::models::diffusers_train::RELEASED, trusted)?;
+        let mut b = of_file(&own, "training ledger", delta)?;
+        b.source = format!("{} ({})", b.source, status.describe());
+        return Ok(Some(b));
+    }
+    if !trusted.is_empty() {
+        return Err(Error::field(
+            "--trust-key",
+            format!(
+                "{} has no ledger of its own to be signed; a stated mechanism (--ledger or the Opacus-style flags) is the trainer's word",
+                folder.display()
+            ),
+        ));
     }
     match (ledger, spec.is_empty()) {
         (Some(_), false) => Err(Error::field(

@@ -116,6 +116,7 @@ fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPa
                 None,
                 &crate::attacks::mechanism::OpacusSpec::default(),
                 merged.plan.delta,
+                &[],
             )?;
             let part_event = d.basis.as_ref().and_then(|b| b.event.as_ref());
             let own_event = own.as_ref().and_then(|b| b.event.as_ref());

@@ -283,6 +283,7 @@ impl DiffusersRun {
             a.mechanism.ledger.as_deref(),
             &a.mechanism.spec(),
             a.delta,
+            &a.mechanism.trusted()?,
         )?;
         Ok(DiffusersRun {
             ck,
@@ -448,6 +449,7 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
                         a.mechanism.ledger.as_deref(),
                         &a.mechanism.spec(),
                         a.delta,
+                        &a.mechanism.trusted()?,
                     )?;
                     pipeline::from_scores_basis(
                         &recs,

@@ -39,6 +39,9 @@ enum Sub {
     /// Per-sample gradients of the ε-prediction loss on a batch (x_t, t, ε): writes each
     /// sample's gradient norm and, with --clip, the clipped sum DP-SGD adds noise to.
     Grads(GradsArgs),
+    /// Write a new Ed25519 key pair for signed provenance (`train --unet --sign-key`,
+    /// `--trust-key`): DIR/dpaudit-signing.key (secret, mode 0600) and DIR/dpaudit-signing.pub.
+    Keygen(KeygenArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -101,6 +104,21 @@ struct EvalArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct KeygenArgs {
+    /// Folder for the key pair (created when missing; existing key files are never replaced).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// `model keygen`: a new key pair, never replacing a key file.
+fn keygen(k: KeygenArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+    for p in dpaudit::provenance::write_key_pair(&k.out)? {
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(dpaudit::audit::outcome::Status::Ok)
+}
+
+#[derive(Debug, clap::Args)]
 struct InfoArgs {
     /// diffusers checkpoint folder.
     checkpoint: PathBuf,
@@ -113,6 +131,7 @@ struct InfoArgs {
 pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     match a.cmd {
         Sub::Grads(g) => grads(g),
+        Sub::Keygen(k) => keygen(k),
         Sub::Info(i) => {
             let out = i.output.prepare(crate::cli::common::Format::Text, &[])?;
             Ok(out.emit(dpaudit::audit::model::info(&i.checkpoint)?)?)

@@ -214,11 +214,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         None => Net::new(&model_cfg, public_seed, device)?,
     };
     // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
-    crate::limits::check_product(
-        "--canaries",
-        &[plan.canaries as u64, PIXELS as u64],
-        crate::limits::CANARY_VALUE,
-    )?;
+    crate::limits::check_canaries(plan.canaries, PIXELS)?;
     let canaries = (plan.canaries > 0).then(|| {
         let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
         Canaries::generate(plan.canaries, PIXELS, &mut rng)

@@ -328,3 +328,293 @@ fn rapid_theorem_1_keeps_upper_bounds_only() {
         assert_eq!(r[ik], "upper_bound", "{r}");
     }
 }
+
+/// `--canaries` is checked against the memory cap before any canary is drawn: at the limit the
+/// run goes on, one above it is refused naming the flag and the largest value that passes
+/// (before, `--canaries 10⁹` asked for terabytes and aborted).
+#[test]
+fn canaries_are_limited_at_and_above_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |m: &str, out: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+            .args([
+                "train",
+                "--dp",
+                "--noise-multiplier",
+                "1",
+                "--sample-rate",
+                "0.1",
+                "--steps",
+                "1",
+                "--canaries",
+                m,
+                "--hidden",
+                "16",
+                "--depth",
+                "1",
+                "--time-dim",
+                "8",
+                "--batch-size",
+                "16",
+                "--seed",
+                "1",
+                "--quiet",
+                "--out",
+                s(&dir.path().join(out)),
+            ])
+            .env("DPAUDIT_MAX_MEMORY", "1M")
+            .current_dir(super::common::root())
+            .output()
+            .unwrap()
+    };
+    // 1 MiB / (64 values × 32 B) = 512 canaries of the 8×8 digits.
+    let o = run("512", "at");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run("513", "above");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("field `--canaries`: 513 is above the limit of 512"),
+        "{}",
+        stderr(&o)
+    );
+    let o = dpaudit(&[
+        "train",
+        "--dp",
+        "--noise-multiplier",
+        "1",
+        "--sample-rate",
+        "0.1",
+        "--steps",
+        "1",
+        "--canaries",
+        "1000000000",
+        "--quiet",
+        "--out",
+        s(&dir.path().join("huge")),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--canaries"), "{}", stderr(&o));
+}
+
+/// A diffusers config deeper than the limit (`layers_per_block` 65; 64 is the limit) is
+/// refused when the config is read, naming the file and field, before anything is built.
+#[test]
+fn deep_unet_configs_are_refused_before_building() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new("fixtures/diffusers/unet-28-c1-attn");
+    let dst = dir.path().join("deep");
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(super::common::root().join(src)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let cfg = dst.join("config.json");
+    let mut j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    j["layers_per_block"] = serde_json::json!(65);
+    std::fs::write(&cfg, j.to_string()).unwrap();
+    let o = dpaudit(&["model", "info", s(&dst)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("layers_per_block"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("config.json"), "{}", stderr(&o));
+}
+
+/// A `.npy` image set is size-checked from its header before its data is read: a (sparse) file
+/// declaring 700,000 MNIST images is refused for its pixel values, not after reading it whole
+/// (before: read whole, or refused for its file size only).
+#[test]
+fn npy_image_sets_are_checked_from_the_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("big.npy");
+    npy_raw(&f, "|u1", "(700000, 1, 28, 28)", &[]);
+    let header = std::fs::metadata(&f).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    file.set_len(header + 700_000 * 28 * 28).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+        .args([
+            "mia",
+            "--checkpoint",
+            "models/mnist-ddpm",
+            "--data",
+            s(&f),
+            "--split",
+            "fixtures/splits/mnist.toml",
+            "--quiet",
+        ])
+        .env("DPAUDIT_MAX_MEMORY", "512M")
+        .current_dir(super::common::root())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("images (pixel values)"), "{}", stderr(&o));
+    // A header whose shape disagrees with the file's size is refused before reading, too.
+    let g = dir.path().join("short.npy");
+    npy_raw(&g, "|u1", "(10, 1, 28, 28)", &[0u8; 100]);
+    let o = dpaudit(&[
+        "model",
+        "eval",
+        "--checkpoint",
+        "models/mnist-ddpm",
+        "--input",
+        s(&g),
+        "--timesteps",
+        s(&g),
+        "--out",
+        s(&dir.path().join("y.npy")),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("needs 7840 data bytes, the file has 100"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Signed provenance: `train --unet --sign-key` signs the released folder; `mia --trust-key`
+/// accepts it and its report says who signed; a key that is not trusted, an unsigned folder, or
+/// a card edited after signing (the laundering edit: the manifest deleted, the card changed) is
+/// refused by `train --unet --init … --trust-key`, naming the file.
+#[test]
+fn signed_folders_verify_and_edits_after_signing_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let o = dpaudit(&["model", "keygen", "--out", s(&keys)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let other = dir.path().join("other");
+    assert_eq!(dpaudit(&["model", "keygen", "--out", s(&other)]).status.code(), Some(0));
+    // Never replaces a key.
+    assert_eq!(dpaudit(&["model", "keygen", "--out", s(&keys)]).status.code(), Some(2));
+    let (secret, public) = (keys.join("dpaudit-signing.key"), keys.join("dpaudit-signing.pub"));
+    let out = dir.path().join("signed");
+    let train = |out: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--unet",
+            "tiny",
+            "--dp",
+            "--noise-multiplier",
+            "1.0",
+            "--sample-rate",
+            "0.1",
+            "--steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--seed",
+            "1",
+            "--quiet",
+            "--out",
+            s(out),
+        ];
+        a.extend_from_slice(extra);
+        dpaudit(&a)
+    };
+    let o = train(&out, &["--sign-key", s(&secret)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(out.join("dpaudit-signature.toml").is_file());
+
+    let m = dir.path().join("mia");
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        s(&out),
+        "--data",
+        "fixtures/data/mnist/mnist-10k.u8.gz",
+        "--split",
+        "fixtures/splits/mnist.toml",
+        "--attack",
+        "loss",
+        "--timesteps",
+        "50",
+        "--max-examples",
+        "8",
+        "--bootstrap",
+        "20",
+        "--trust-key",
+        s(&public),
+        "--out",
+        s(&m),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m.join("mia.json")).unwrap()).unwrap();
+    let src = v["checkpoint_basis"]["source"].as_str().unwrap();
+    assert!(src.contains("signed by the trusted key ed25519:"), "{src}");
+
+    // --init of the signed folder with its key trusted: accepted; with another key: refused.
+    let o = train(
+        &dir.path().join("next"),
+        &["--init", s(&out), "--trust-key", s(&public)],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = train(
+        &dir.path().join("next2"),
+        &["--init", s(&out), "--trust-key", s(&other.join("dpaudit-signing.pub"))],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a trusted key"), "{}", stderr(&o));
+
+    // An unsigned folder is refused when a key is trusted.
+    let plain = dir.path().join("plain");
+    assert_eq!(train(&plain, &[]).status.code(), Some(0));
+    let o = train(
+        &dir.path().join("next3"),
+        &["--init", s(&plain), "--trust-key", s(&public)],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is not signed"), "{}", stderr(&o));
+
+    // The card edited after signing (the manifest deleted so no set check sees it): refused,
+    // naming the card.
+    for e in std::fs::read_dir(&out).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .ends_with("dpaudit-manifest.json")
+        {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let card = out.join("dpaudit-card.toml");
+    let text = std::fs::read_to_string(&card).unwrap();
+    std::fs::write(&card, format!("{text}\n# trained on public rows\n")).unwrap();
+    let o = train(
+        &dir.path().join("next4"),
+        &["--init", s(&out), "--trust-key", s(&public)],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("dpaudit-card.toml") && stderr(&o).contains("changed after signing"),
+        "{}",
+        stderr(&o)
+    );
+    // The signature file itself edited (a hash recomputed by whoever edited the card): refused.
+    let sig = out.join("dpaudit-signature.toml");
+    let stext = std::fs::read_to_string(&sig).unwrap();
+    let new_sha = {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(std::fs::read(&card).unwrap());
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let mut edited = String::new();
+    let mut next_is_card = false;
+    for line in stext.lines() {
+        if line.contains("dpaudit-card.toml") {
+            next_is_card = true;
+        } else if next_is_card && line.starts_with("sha256") {
+            edited.push_str(&format!("sha256 = \"{new_sha}\"\n"));
+            next_is_card = false;
+            continue;
+        }
+        edited.push_str(line);
+        edited.push('\n');
+    }
+    assert_ne!(edited, stext);
+    std::fs::write(&sig, edited).unwrap();
+    let o = train(
+        &dir.path().join("next5"),
+        &["--init", s(&out), "--trust-key", s(&public)],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("does not verify"), "{}", stderr(&o));
+}
