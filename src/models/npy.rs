@@ -148,7 +148,16 @@ pub fn read_header(path: &Path) -> Result<NpyHeader> {
     f.take(12 + MAX_HEADER as u64)
         .read_to_end(&mut head)
         .map_err(|e| Error::io(path, &e))?;
-    let h = parse_header(&head, path)?;
+    let h = match parse_header(&head, path) {
+        Ok(h) => h,
+        Err(e) => {
+            // Not a .npy header: a file too large to read whole is refused for its size first
+            // (as every binary input is), else for its header.
+            crate::limits::check("file size", size as f64, crate::limits::BINARY_INPUT_BYTE)
+                .map_err(|e| e.with_file(path))?;
+            return Err(e);
+        }
+    };
     let want = (h.data_start as u64).saturating_add(h.data_len as u64);
     if size != want {
         return Err(Error::input(format!(

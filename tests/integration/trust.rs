@@ -618,3 +618,40 @@ fn signed_folders_verify_and_edits_after_signing_are_refused() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("does not verify"), "{}", stderr(&o));
 }
+
+/// `merge` names the part file a record that does not match the split came from (before, the
+/// error named the record but not its part).
+#[test]
+fn merge_names_the_part_of_a_bad_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = dir.path().join("parts");
+    for i in 0..2 {
+        let spec = format!("{i}/2");
+        let o = dpaudit(&[
+            "mia",
+            "--checkpoint",
+            "models/digits-mlp.toml",
+            "--attack",
+            "loss",
+            "--timesteps",
+            "10",
+            "--bootstrap",
+            "20",
+            "--shard",
+            &spec,
+            "--out",
+            s(&parts),
+            "-q",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let p1 = parts.join("mia-part-1-of-2.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p1).unwrap()).unwrap();
+    v["records"][0]["record_id"] = serde_json::json!("999999");
+    std::fs::write(&p1, v.to_string()).unwrap();
+    let p0 = parts.join("mia-part-0-of-2.json");
+    let o = dpaudit(&["merge", s(&p0), s(&p1), "--out", s(&dir.path().join("m")), "-q"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("mia-part-1-of-2.json"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("999999"), "{}", stderr(&o));
+}
