@@ -505,6 +505,128 @@ def _(d):
 
 
 # ------------------------------------------------------------------------------------------
+# 8. Trust at the edges (issue 48).
+
+MNIST = ["--data", "fixtures/data/mnist/mnist-10k.u8.gz"]
+
+
+@case("trust", "mia --ledger of other weights", "exit 2 naming --ledger: the ledger of other weights")
+def _(d):
+    a = ["mia", "--checkpoint", "models/mnist-ddpm", *MNIST, "--split", "fixtures/splits/mnist.toml",
+         "--attack", "loss", "--timesteps", "50", "--max-examples", "8", "--bootstrap", "20",
+         "--ledger", "models/mnist-dp-ddpm/dpaudit-ledger.toml", "--out", Path(d) / "o"]
+    r = run(a)
+    return a, r, r.code == 2 and "--ledger" in r.err and "other weights" in r.err, got(r)
+
+
+@case("trust", "merge of parts whose ε was scaled by 0.1", "exit 0 with the ledger's ε, not the parts'")
+def _(d):
+    parts = Path(d) / "p"
+    for i in range(2):
+        run(["mia", "--checkpoint", "models/mnist-dp-ddpm", *MNIST, "--split", "fixtures/splits/mnist-dp.toml",
+             "--attack", "loss", "--timesteps", "50", "--max-examples", "8", "--bootstrap", "20",
+             "--shard", f"{i}/2", "--out", parts, "-q"])
+    truth = run(["merge", *sorted(parts.glob("*.json")), "--format", "json"])
+    for f in parts.glob("*.json"):
+        v = json.loads(f.read_text())
+        for g in v["plan"]["diffusers"]["basis"]["guarantees"]:
+            g["epsilon"] *= 0.1
+        f.write_text(json.dumps(v))
+    a = ["merge", *sorted(parts.glob("*.json")), "--format", "json"]
+    r = run(a)
+    same = r.code == 0 and json.loads(r.out)["results"] == json.loads(truth.out)["results"]
+    return a, r, same, got(r, "results equal the unedited merge" if same else "results differ")
+
+
+@case("trust", "--scores-out of a =HYPERLINK(…) record id", "the id written as text ('=…)")
+def _(d):
+    rows = "record_id,member,attack,t,score\n" + "".join(
+        f"{'=HYPERLINK(1)' if i == 0 else i},{int(i < 4)},loss,10,{i}\n" for i in range(8))
+    p = write(d, "s.csv", rows)
+    out = Path(d) / "out.csv"
+    a = ["mia", "--scores", p, "--bootstrap", "20", "--scores-out", out, "-q"]
+    r = run(a)
+    text = out.read_text() if out.exists() else ""
+    return a, r, r.code == 0 and "\n'=HYPERLINK(1)," in text, got(r)
+
+
+@case("trust", "train --unet --checkpoint-every 1 --force with OUT/checkpoint a symlink", "exit 2, target untouched")
+def _(d):
+    target = Path(d) / "elsewhere"
+    target.mkdir()
+    (target / "config.json").write_text("keep")
+    out = Path(d) / "run"
+    out.mkdir()
+    os.symlink(target, out / "checkpoint")
+    a = ["train", "--unet", "tiny", "--steps", "2", "--batch-size", "4", "--seed", "1", "--checkpoint-every", "1",
+         "--force", "--out", out]
+    r = run(a)
+    ok = r.code == 2 and "symbolic link" in r.err and (target / "config.json").read_text() == "keep"
+    return a, r, ok, got(r)
+
+
+@case("trust", "check --junit /dev/stdout, stdout a file", "exit 0, XML in the file, /dev/stdout still a link")
+def _(d):
+    cap = Path(d) / "out.txt"
+    a = ["check", "fixtures/events/edm-fullbatch-sigmamin0.002.toml", "--max-epsilon", "1e9", "--junit", "/dev/stdout"]
+    with open(cap, "wb") as f:
+        cmd = " ".join(shlex.quote(str(x)) for x in [BIN, *a])
+        p = subprocess.run(["sh", "-c", f"exec {cmd}"], cwd=ROOT, stdout=f, stderr=subprocess.PIPE)
+    r = Result(p.returncode, "", p.stderr.decode("utf-8", "replace"), 0)
+    ok = r.code == 0 and os.path.islink("/dev/stdout") and "<testsuites" in cap.read_text()
+    return a, r, ok, got(r)
+
+
+@case("trust", "completions bash > /dev/full", "exit 2 naming stdout, no panic")
+def _(d):
+    a = ["completions", "bash"]
+    r = run(a, prefix="exec >/dev/full;")
+    return a, r, r.code == 2 and not crashed(r), got(r)
+
+
+@case("trust", "--unet config with layers_per_block = 10⁴", "exit 2 naming layers_per_block, at once")
+def _(d):
+    src = ROOT / "fixtures/diffusers/unet-28-c1-attn"
+    dst = Path(d) / "deep"
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["layers_per_block"] = 10_000
+    (dst / "config.json").write_text(json.dumps(cfg))
+    a = ["model", "info", dst]
+    r = run(a, timeout=30)
+    return a, r, r.code == 2 and "layers_per_block" in r.err, got(r)
+
+
+@case("trust", "train --canaries 1e9", "exit 2 naming --canaries and the limit")
+def _(d):
+    a = ["train", "--dp", "--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "1",
+         "--canaries", "1000000000", "--out", Path(d) / "m"]
+    r = run(a)
+    return a, r, r.code == 2 and "--canaries" in r.err and "limit" in r.err, got(r)
+
+
+@case("trust", "inf score in --scores", "exit 2 naming the line and field score")
+def _(d):
+    rows = "record_id,member,attack,t,score\n" + "".join(
+        f"{i},{int(i < 4)},loss,10,{'inf' if i == 2 else i}\n" for i in range(8))
+    p = write(d, "s.csv", rows)
+    a = ["mia", "--scores", p, "--bootstrap", "20"]
+    r = run(a)
+    return a, r, r.code == 2 and ":4: field `score`" in r.err, got(r)
+
+
+@case("trust", "verify rapid-scenarios: theorem_1", "no `violated` under theorem_1 (upper bounds only)")
+def _(d):
+    a = ["verify", "fixtures/claims/rapid-scenarios.toml", "--format", "csv"]
+    r = run(a)
+    rows = [l for l in r.out.splitlines() if ",theorem_1," in l]
+    ok = bool(rows) and not any("violated" in l.split(",")[-1] or ",lower_bound," in l for l in rows)
+    return a, r, ok, got(r, f"{len(rows)} theorem_1 rows")
+
+
+# ------------------------------------------------------------------------------------------
 
 def short_cmd(a):
     s = " ".join(shlex.quote(str(x)) for x in a)

@@ -116,14 +116,27 @@ pub fn released_line(file: &str, bytes: &[u8]) -> String {
     format!("released: {file} sha256 {}", sha256_hex(bytes))
 }
 
-/// Checks every `# released: <file> sha256 <hex>` comment line at the top of `path`.
-fn verify_released(path: &Path) -> Result<()> {
+/// One `# released: <file> sha256 <hex>` line of a ledger's header: the file it names, that
+/// file's SHA-256 and the line (1-based).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// The file name (beside the ledger).
+    pub name: String,
+    /// Its SHA-256 (hex).
+    pub sha256: String,
+    /// The ledger line.
+    pub line: usize,
+}
+
+/// The `# released:` lines at the top of the ledger `path` (comment lines come first; 64 KiB is
+/// far more than any ledger header). Names with a path separator or a leading `.` are skipped.
+pub fn released_entries(path: &Path) -> Vec<Released> {
     let Ok(f) = std::fs::File::open(path) else {
-        return Ok(());
+        return Vec::new();
     };
     let mut head = String::new();
-    // Comment lines come first; 64 KiB is far more than any ledger header.
     let _ = std::io::Read::read_to_string(&mut std::io::Read::take(f, 1 << 16), &mut head);
+    let mut out = Vec::new();
     for (i, line) in head.lines().enumerate() {
         let Some(rest) = line.strip_prefix("# released: ") else {
             if line.starts_with('#') || line.trim().is_empty() {
@@ -138,7 +151,21 @@ fn verify_released(path: &Path) -> Result<()> {
         if name.contains('/') || name.contains('\\') || name.starts_with('.') {
             continue;
         }
-        let p = parent_dir(path).join(name);
+        out.push(Released {
+            name: name.to_string(),
+            sha256: want.to_string(),
+            line: i + 1,
+        });
+    }
+    out
+}
+
+/// Checks every `# released: <file> sha256 <hex>` comment line at the top of `path`.
+fn verify_released(path: &Path) -> Result<()> {
+    for Released { name, sha256, line } in released_entries(path) {
+        let want = sha256.as_str();
+        let i = line - 1;
+        let p = parent_dir(path).join(&name);
         let got = file_sha256(&p).ok();
         if got.as_deref() != Some(want) {
             let mut e = Error::field(

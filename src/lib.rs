@@ -75,6 +75,7 @@ pub mod limits;
 pub mod models;
 pub mod numeric;
 pub mod pipelines;
+pub mod provenance;
 pub mod report;
 pub mod timing;
 

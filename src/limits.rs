@@ -214,6 +214,20 @@ pub const DENOISER_STEP: Cost = Cost::new(0.0, 4.0);
 /// One decompressed byte of a data file: the text and the parsed numbers (≈ 3 bytes each).
 pub const DECOMPRESSED_BYTE: Cost = Cost::new(3.0, 10.0);
 
+/// One value of a `--canaries` canary: the ±1 image (f32), its copy among the private rows, its
+/// text in `canaries.csv` and the per-sample work of training on it.
+pub const CANARY_VALUE: Cost = Cost::new(32.0, 100.0);
+
+/// Checks `--canaries m` for canaries of `dim` values each ([`CANARY_VALUE`] per value), before
+/// any canary is drawn; the error counts canaries.
+pub fn check_canaries(m: usize, dim: usize) -> Result<()> {
+    let d = dim.max(1) as f64;
+    check(
+        "--canaries",
+        m as f64,
+        Cost::new(CANARY_VALUE.bytes * d, CANARY_VALUE.work * d),
+    )
+}
 /// One byte of a text input file (TOML, CSV, JSON) while it is parsed: the text, the parser's
 /// document tree and the typed values (measured ≈ 45 bytes per byte for a TOML event file of
 /// 10⁶ leaves; budgeted at 96).

@@ -26,6 +26,7 @@ mod integration {
     mod shard;
     mod sweeps;
     mod transactions;
+    mod trust;
     mod verdicts;
     mod white_box;
 }

@@ -106,7 +106,13 @@ impl OpacusSpec {
 /// ledger (`dpaudit-ledger.toml`) when present, else `--ledger FILE`, else the Opacus-style
 /// flags; None when nothing states the mechanism. Stating a mechanism for a folder that has its
 /// own ledger is refused (two statements of one training run).
-pub fn diffusers_basis(folder: &Path, ledger: Option<&Path>, spec: &OpacusSpec, delta: f64) -> Result<Option<Basis>> {
+pub fn diffusers_basis(
+    folder: &Path,
+    ledger: Option<&Path>,
+    spec: &OpacusSpec,
+    delta: f64,
+    trusted: &[crate::provenance::VerifyingKey],
+) -> Result<Option<Basis>> {
     let own = folder.join(crate::models::diffusers_train::LEDGER);
     if own.is_file() {
         if ledger.is_some() || !spec.is_empty() {
@@ -123,14 +129,33 @@ pub fn diffusers_basis(folder: &Path, ledger: Option<&Path>, spec: &OpacusSpec, 
                 ),
             ));
         }
-        return Ok(Some(of_file(&own, "training ledger", delta)?));
+        // Whether the release is signed, and by whom (with trusted keys: refused unless by one).
+        let status = crate::provenance::verify_folder(folder, &crate::models::diffusers_train::RELEASED, trusted)?;
+        let mut b = of_file(&own, "training ledger", delta)?;
+        b.source = format!("{} ({})", b.source, status.describe());
+        return Ok(Some(b));
+    }
+    if !trusted.is_empty() {
+        return Err(Error::field(
+            "--trust-key",
+            format!(
+                "{} has no ledger of its own to be signed; a stated mechanism (--ledger or the Opacus-style flags) is the trainer's word",
+                folder.display()
+            ),
+        ));
     }
     match (ledger, spec.is_empty()) {
         (Some(_), false) => Err(Error::field(
             "--ledger",
             "give either --ledger or the Opacus-style flags (--noise-multiplier …), not both",
         )),
-        (Some(p), true) => Ok(Some(of_file(p, "stated ledger", delta)?)),
+        (Some(p), true) => {
+            let weights = folder.join(crate::models::diffusers::WEIGHTS);
+            let what = ledger_describes(p, &weights)?;
+            let mut b = of_file(p, "stated ledger", delta)?;
+            b.source = format!("{} ({what})", b.source);
+            Ok(Some(b))
+        }
         (None, false) => {
             let ev = spec.event()?;
             Ok(Some(basis_of_event(
@@ -142,6 +167,34 @@ pub fn diffusers_basis(folder: &Path, ledger: Option<&Path>, spec: &OpacusSpec, 
         }
         (None, true) => Ok(None),
     }
+}
+
+/// Whether the ledger `ledger` describes the attacked `weights`: a ledger that names what it
+/// released (`# released: <file> sha256 <hex>`, as every dpaudit ledger does) must name these
+/// weights by their SHA-256, else it is refused (it describes another training run); a ledger
+/// that names no release is the trainer's word and says so.
+pub fn ledger_describes(ledger: &Path, weights: &Path) -> Result<&'static str> {
+    let named = crate::input::released_entries(ledger);
+    if named.is_empty() {
+        return Ok("names no released weights: the trainer's word that it describes these");
+    }
+    let got = crate::input::file_sha256(weights)?;
+    if named.iter().any(|r| r.sha256 == got) {
+        return Ok("names these weights by their SHA-256");
+    }
+    let r = &named[0];
+    let mut e = Error::field(
+        "--ledger",
+        format!(
+            "the ledger describes the release `{}` with SHA-256 {}, but the attacked weights `{}` have SHA-256 {got}: it is the ledger of other weights",
+            r.name,
+            r.sha256,
+            weights.display()
+        ),
+    )
+    .with_file(ledger);
+    e.line = Some(r.line);
+    Err(e)
 }
 
 fn of_file(p: &Path, what: &str, delta: f64) -> Result<Basis> {

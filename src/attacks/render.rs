@@ -231,45 +231,44 @@ pub fn text(r: &MiaReport) -> String {
 }
 
 /// One CSV row per attack result (and null-test result).
-pub fn csv(r: &MiaReport) -> String {
-    let mut s = String::from(
-        "attack,t,target,shuffled_labels,members,nonmembers,auc,auc_lo,auc_hi,tpr_at_1pct_fpr,tpr_at_01pct_fpr,asr_heldout,asr_heldout_lo,asr_heldout_hi,heldout_threshold,asr_oracle,asr_oracle_lo,asr_oracle_hi,asr_limit,asr_limit_source\n",
-    );
+pub fn csv(r: &MiaReport) -> crate::error::Result<String> {
+    let mut w = crate::report::csv_out::Csv::new();
+    w.row("attack,t,target,shuffled_labels,members,nonmembers,auc,auc_lo,auc_hi,tpr_at_1pct_fpr,tpr_at_01pct_fpr,asr_heldout,asr_heldout_lo,asr_heldout_hi,heldout_threshold,asr_oracle,asr_oracle_lo,asr_oracle_hi,asr_limit,asr_limit_source".split(','))?;
     for a in r.results.iter().chain(&r.null_results) {
-        let _ = writeln!(
-            s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            a.attack.as_str(),
-            a.t,
+        w.row([
+            a.attack.as_str().to_string(),
+            a.t.to_string(),
             match a.target {
                 super::mia::Target::Checkpoint => "checkpoint",
                 super::mia::Target::Sampler => "sampler",
-            },
-            a.shuffled_labels,
-            a.members,
-            a.nonmembers,
-            a.auc,
-            a.auc_ci.lo,
-            a.auc_ci.hi,
-            a.tpr_at_1pct_fpr,
-            a.tpr_at_01pct_fpr,
-            a.asr_heldout,
-            a.asr_heldout_ci.lo,
-            a.asr_heldout_ci.hi,
-            a.threshold,
-            a.asr_oracle,
-            a.asr_oracle_ci.lo,
-            a.asr_oracle_ci.hi,
+            }
+            .to_string(),
+            a.shuffled_labels.to_string(),
+            a.members.to_string(),
+            a.nonmembers.to_string(),
+            a.auc.to_string(),
+            a.auc_ci.lo.to_string(),
+            a.auc_ci.hi.to_string(),
+            a.tpr_at_1pct_fpr.to_string(),
+            a.tpr_at_01pct_fpr.to_string(),
+            a.asr_heldout.to_string(),
+            a.asr_heldout_ci.lo.to_string(),
+            a.asr_heldout_ci.hi.to_string(),
+            a.threshold.to_string(),
+            a.asr_oracle.to_string(),
+            a.asr_oracle_ci.lo.to_string(),
+            a.asr_oracle_ci.hi.to_string(),
             a.limits.as_ref().map(|l| l.asr.to_string()).unwrap_or_default(),
             a.limits.as_ref().map(|l| l.asr_source.clone()).unwrap_or_default(),
-        );
+        ])?;
     }
-    s
+    w.into_string()
 }
 
 /// Every ROC point with the TPR limit of the attacked mechanism at that FPR.
-pub fn roc_csv(r: &MiaReport) -> String {
-    let mut s = String::from("attack,t,fpr,tpr,tpr_limit\n");
+pub fn roc_csv(r: &MiaReport) -> crate::error::Result<String> {
+    let mut w = crate::report::csv_out::Csv::new();
+    w.row(["attack", "t", "fpr", "tpr", "tpr_limit"])?;
     for a in &r.results {
         let Some(roc) = &a.roc else { continue };
         let basis = match a.target {
@@ -281,8 +280,14 @@ pub fn roc_csv(r: &MiaReport) -> String {
             let lim = super::theory::tightest(gs, |g| g.tpr_limit(*f))
                 .map(|x| x.0.to_string())
                 .unwrap_or_default();
-            let _ = writeln!(s, "{},{},{},{},{}", a.attack.as_str(), a.t, f, t, lim);
+            w.row([
+                a.attack.as_str().to_string(),
+                a.t.to_string(),
+                f.to_string(),
+                t.to_string(),
+                lim,
+            ])?;
         }
     }
-    s
+    w.into_string()
 }

@@ -6,6 +6,8 @@
 //! in the training data or not), `attack` (loss, secmi, pia, empirical), `t` (step), `score`
 //! (higher = member), and optionally `set`: `split` (member/non-member evaluation, the default)
 //! or `canary` (the one-run audit's canaries; `member` is then "included in training").
+//! Written through the one CSV writer ([`crate::report::csv_out`]): a record id a spreadsheet
+//! would run as a formula is written with a leading `'`, which reading removes again.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -54,24 +56,20 @@ pub struct ScoreRecord {
 
 /// The CSV text of `records` (floats in shortest round-trip form, so reading gives them back
 /// bit for bit).
-pub fn to_csv(records: &[ScoreRecord]) -> String {
-    let mut s = String::from("record_id,member,attack,t,score,set\n");
+pub fn to_csv(records: &[ScoreRecord]) -> Result<String> {
+    let mut w = crate::report::csv_out::Csv::new();
+    w.row(["record_id", "member", "attack", "t", "score", "set"])?;
     for r in records {
-        let id = if r.record_id.contains([',', '"', '\n']) {
-            format!("\"{}\"", r.record_id.replace('"', "\"\""))
-        } else {
-            r.record_id.clone()
-        };
-        s.push_str(&format!(
-            "{id},{},{},{},{},{}\n",
-            u8::from(r.member),
+        w.row([
+            r.record_id.as_str(),
+            if r.member { "1" } else { "0" },
             r.attack.as_str(),
-            r.t,
-            r.score,
-            r.set.as_str()
-        ));
+            &r.t.to_string(),
+            &r.score.to_string(),
+            r.set.as_str(),
+        ])?;
     }
-    s
+    w.into_string()
 }
 
 /// Reads a scores CSV; errors name the file, line and column.
@@ -323,8 +321,12 @@ fn parse_lines(text: &str) -> Result<(Vec<ScoreRecord>, Vec<usize>)> {
             )
             .with_line(line)
         })?;
-        if score.is_nan() {
-            return Err(Error::field("score", "NaN is not a score").with_line(line));
+        if !score.is_finite() {
+            return Err(Error::field(
+                "score",
+                format!("{score} is not a score (a score must be a finite number)"),
+            )
+            .with_line(line));
         }
         let set = match cset.map(|c| rec.get(c).unwrap_or("")) {
             None | Some("") | Some("split") => ScoreSet::Split,
@@ -333,7 +335,7 @@ fn parse_lines(text: &str) -> Result<(Vec<ScoreRecord>, Vec<usize>)> {
                 return Err(Error::field("set", format!("`{other}` is not `split` or `canary`")).with_line(line))
             }
         };
-        let record_id = get(ci, "record_id")?.to_string();
+        let record_id = crate::report::csv_out::unfield(get(ci, "record_id")?).to_string();
         let who = |set: ScoreSet| match set {
             ScoreSet::Split => "record",
             ScoreSet::Canary => "canary",
@@ -499,7 +501,7 @@ mod tests {
                 set: ScoreSet::Canary,
             },
         ];
-        let back = parse_csv(&to_csv(&recs)).unwrap();
+        let back = parse_csv(&to_csv(&recs).unwrap()).unwrap();
         assert_eq!(back, recs);
     }
 

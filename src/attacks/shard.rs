@@ -253,6 +253,8 @@ pub struct Merged {
     pub records: Vec<ScoreRecord>,
     /// Each record's position in the unsharded run (parallel to `records`).
     pub positions: Vec<usize>,
+    /// The part file each record came from (parallel to `records`), for errors.
+    pub parts: Vec<PathBuf>,
 }
 
 impl Merged {
@@ -279,8 +281,15 @@ impl Merged {
             _ => None,
         };
         let n_canaries = canaries.as_ref().map_or(0, |c| c.ids.len());
-        let bad = |what: String| Err(Error::input(format!("the parts do not match the split: {what}")));
-        for (r, &p) in self.records.iter().zip(&self.positions) {
+        for (k, (r, &p)) in self.records.iter().zip(&self.positions).enumerate() {
+            // Errors name the part the record came from.
+            let bad = |what: String| {
+                let e = Error::input(format!("the parts do not match the split: {what}"));
+                Err(match self.parts.get(k) {
+                    Some(f) => e.with_file(f),
+                    None => e,
+                })
+            };
             match r.set {
                 ScoreSet::Split => {
                     let Some(row) = all.get(p) else {
@@ -322,6 +331,7 @@ impl Merged {
                 }
             }
         }
+        let bad = |what: String| Err(Error::input(format!("the parts do not match the split: {what}")));
         for &a in &self.plan.attacks {
             for &t in &self.plan.timesteps {
                 let of = |set: ScoreSet| {
@@ -443,6 +453,7 @@ pub fn merge(parts: &[(PathBuf, MiaPart)]) -> Result<Merged> {
         inputs: first.inputs.clone(),
         plan: first.plan.clone(),
         positions: keyed.iter().map(|(k, _, _)| k.2).collect(),
+        parts: keyed.iter().map(|(_, _, p)| p.to_path_buf()).collect(),
         records: keyed.into_iter().map(|(_, r, _)| r.record()).collect(),
     })
 }

@@ -293,15 +293,11 @@ pub fn render_text(a: &Analysis, verbose: bool) -> String {
     s
 }
 
-fn csv_err(e: csv::Error) -> crate::Error {
-    crate::Error::input(format!("CSV: {e}"))
-}
-
 /// CSV: one row per step, with the convention on every row.
 pub fn render_csv(a: &Analysis) -> Result<String> {
     use crate::report::num::debug as fmt;
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record([
+    let mut w = crate::report::csv_out::Csv::new();
+    w.row([
         "convention",
         "step",
         "t_from",
@@ -316,8 +312,7 @@ pub fn render_csv(a: &Analysis) -> Result<String> {
         "cumulative_mu",
         "stop_epsilon",
         "switch_epsilon",
-    ])
-    .map_err(csv_err)?;
+    ])?;
     for r in &a.steps {
         let win = a.window.iter().find(|w| w.index == r.index);
         let role = match r.role {
@@ -325,7 +320,7 @@ pub fn render_csv(a: &Analysis) -> Result<String> {
             StepRole::Private => "private",
             StepRole::Skipped => "skipped",
         };
-        w.write_record([
+        w.row([
             a.convention.as_str().to_string(),
             r.index.to_string(),
             fmt(r.t_from),
@@ -340,11 +335,9 @@ pub fn render_csv(a: &Analysis) -> Result<String> {
             fmt(r.cumulative_mu),
             win.map(|w| fmt(w.stop_epsilon)).unwrap_or_default(),
             win.map(|w| fmt(w.switch_epsilon)).unwrap_or_default(),
-        ])
-        .map_err(csv_err)?;
+        ])?;
     }
-    let bytes = w.into_inner().map_err(|e| crate::Error::input(format!("CSV: {e}")))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    w.into_string()
 }
 
 /// Fills the shared [`Report`] model (Markdown/HTML exporters) from an analysis.

@@ -43,7 +43,13 @@ pub fn execute(plan: &Plan) -> Result<Merged> {
         .iter()
         .map(|p| Ok((p.clone(), MiaPart::load(p)?)))
         .collect::<Result<Vec<_>>>()?;
-    let merged = shard::merge(&parts)?;
+    let mut merged = shard::merge(&parts)?;
+    // Every guarantee is derived again from its event, never taken from the parts (the parts
+    // agree with each other, which an edit of all of them keeps).
+    let first = &plan.parts[0];
+    if let Some(b) = &merged.plan.sampler {
+        merged.plan.sampler = Some(rederived(b, merged.plan.delta, first, "plan.sampler")?);
+    }
     if let Some(d) = &merged.plan.diffusers {
         return execute_diffusers(plan, &merged, d, parts.len());
     }
@@ -100,6 +106,37 @@ fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPa
     )?;
     let data_path = checked(&plan.data, &inputs.data, &inputs.data_sha256, "the data file")?;
     let split_path = checked(&plan.split, &inputs.split, &inputs.split_sha256, "the split manifest")?;
+    // The guarantee: a folder's own ledger (covered by the folder's hash) is read again and must
+    // be the event the parts were compared with; a stated mechanism's guarantees are derived
+    // again from the parts' event.
+    let basis = match (&d.basis, crate::attacks::mechanism::own_ledger(&folder)) {
+        (_, Some(_)) => {
+            let own = crate::attacks::mechanism::diffusers_basis(
+                &folder,
+                None,
+                &crate::attacks::mechanism::OpacusSpec::default(),
+                merged.plan.delta,
+                &[],
+            )?;
+            let part_event = d.basis.as_ref().and_then(|b| b.event.as_ref());
+            let own_event = own.as_ref().and_then(|b| b.event.as_ref());
+            if part_event != own_event
+                || d.basis.as_ref().and_then(|b| b.neighbouring) != own.as_ref().and_then(|b| b.neighbouring)
+            {
+                return Err(Error::field(
+                    "plan.diffusers.basis.event",
+                    format!(
+                        "is not the event of the folder's own ledger {}: the parts were not compared with the ledger of these weights",
+                        folder.join(crate::models::diffusers_train::LEDGER).display()
+                    ),
+                )
+                .with_file(&plan.parts[0]));
+            }
+            own
+        }
+        (Some(b), None) => Some(rederived(b, merged.plan.delta, &plan.parts[0], "plan.diffusers.basis")?),
+        (None, None) => None,
+    };
     let dev = device::select(device::DeviceChoice::Cpu)?;
     let ck = DiffusersCheckpoint::load(&folder, &dev)?;
     let images = crate::models::images::ImageSet::load(&data_path)?;
@@ -116,7 +153,7 @@ fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPa
         &mia_plan,
         "merged shards",
         &merged.records,
-        d.basis.as_ref(),
+        basis.as_ref(),
         plan.started,
     )?;
     crate::report::progress::note(&format!("merged {n_parts} parts, {} records", merged.records.len()));
@@ -124,6 +161,27 @@ fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPa
         report,
         records: merged.records.clone(),
     })
+}
+
+/// `b`'s guarantees derived again from its event at `delta` by the function every command uses
+/// ([`pipeline::basis_of_event`]); a guarantee without an event to derive it from is refused,
+/// naming the part file and field.
+fn rederived(b: &pipeline::Basis, delta: f64, part: &Path, field: &str) -> Result<pipeline::Basis> {
+    match (&b.event, b.neighbouring) {
+        (Some(ev), Some(nb)) => Ok(pipeline::basis_of_event(b.source.clone(), ev.clone(), nb, delta)),
+        _ if b.guarantees.is_empty() => Ok(pipeline::Basis {
+            skipped: Vec::new(),
+            ..b.clone()
+        }),
+        _ => Err(Error::field(
+            field,
+            format!(
+                "states guarantees ({}) without the event and neighbouring relation they are derived from",
+                b.describe()
+            ),
+        )
+        .with_file(part)),
+    }
 }
 
 /// The input at `given` (else `recorded`), refused unless its SHA-256 is `want`.

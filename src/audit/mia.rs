@@ -23,7 +23,7 @@ pub fn outcome(m: &MiaReport, command: &str) -> crate::Result<super::Outcome> {
         super::outcome::Status::Violated
     };
     Ok(super::Outcome::new(rep, crate::attacks::render::text(m))
-        .with_table("mia.csv", crate::attacks::render::csv(m).into_bytes())
+        .with_table("mia.csv", crate::attacks::render::csv(m)?.into_bytes())
         .with_file("mia.json", detail)
         .with_status(status))
 }

@@ -184,9 +184,8 @@ pub fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool)
 /// reason), numbers in shortest round-trip form; `headline` marks the smallest sound ε (or δ).
 pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
     use crate::report::num;
-    let mut w = csv::Writer::from_writer(Vec::new());
-    let err = |e: csv::Error| crate::Error::input(format!("CSV: {e}"));
-    w.write_record([
+    let mut w = crate::report::csv_out::Csv::new();
+    w.row([
         "accountant",
         "status",
         "epsilon",
@@ -195,8 +194,7 @@ pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
         "sound",
         "headline",
         "reason",
-    ])
-    .map_err(err)?;
+    ])?;
     let by_eps = r.delta.is_some();
     let head = r
         .results
@@ -211,7 +209,7 @@ pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
         })
         .map(|a| a.accountant);
     for a in &r.results {
-        w.write_record([
+        w.row([
             a.accountant.as_str().to_string(),
             "ok".into(),
             num::fmt(a.epsilon),
@@ -220,11 +218,10 @@ pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
             a.kind.is_sound().to_string(),
             (head == Some(a.accountant)).to_string(),
             String::new(),
-        ])
-        .map_err(err)?;
+        ])?;
     }
     for k in &r.skipped {
-        w.write_record([
+        w.row([
             k.accountant.as_str(),
             "unsupported",
             "",
@@ -233,10 +230,9 @@ pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
             "",
             "false",
             k.reason.as_str(),
-        ])
-        .map_err(err)?;
+        ])?;
     }
-    w.into_inner().map_err(|e| crate::Error::input(format!("CSV: {e}")))
+    w.into_bytes()
 }
 
 #[cfg(test)]

@@ -362,9 +362,8 @@ fn text(out: &VerifyOutput) -> String {
 }
 
 fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    let err = |e: csv::Error| crate::Error::input(e.to_string());
-    w.write_record([
+    let mut w = crate::report::csv_out::Csv::new();
+    w.row([
         "claim",
         "pipeline",
         "dataset",
@@ -379,33 +378,30 @@ fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
         "kind",
         "stated",
         "interpretation_verdict",
-    ])
-    .map_err(err)?;
+    ])?;
     for c in &out.claims {
         for i in &c.interpretations {
             for a in &i.sound.analyses {
-                use crate::report::export::csv_text;
-                w.write_record([
-                    csv_text(&c.id).as_str(),
-                    &csv_text(&c.pipeline),
-                    &csv_text(&c.dataset),
+                w.row([
+                    c.id.as_str(),
+                    c.pipeline.as_str(),
+                    c.dataset.as_str(),
                     &c.claimed_epsilon.to_string(),
                     &c.claimed_delta.to_string(),
                     c.verdict.as_str(),
-                    &csv_text(&i.id),
-                    &csv_text(&a.method),
+                    i.id.as_str(),
+                    a.method.as_str(),
                     &a.epsilon.to_string(),
                     &a.delta.to_string(),
                     a.accountant.map_or("", |k| k.as_str()),
                     a.kind.as_str(),
                     &i.stated.to_string(),
                     i.decision.verdict.as_str(),
-                ])
-                .map_err(err)?;
+                ])?;
             }
         }
         if c.interpretations.is_empty() {
-            w.write_record([
+            w.row([
                 c.id.as_str(),
                 &c.pipeline,
                 &c.dataset,
@@ -420,9 +416,8 @@ fn csv_rows(out: &VerifyOutput) -> crate::Result<Vec<u8>> {
                 "",
                 "",
                 "",
-            ])
-            .map_err(err)?;
+            ])?;
         }
     }
-    w.into_inner().map_err(|e| crate::Error::input(e.to_string()))
+    w.into_bytes()
 }

@@ -31,6 +31,11 @@ pub struct MechanismArgs {
     /// Opacus-style: epochs (⌈N/B⌉ or ⌈1/q⌉ steps each, as Opacus' Poisson loader runs them).
     #[arg(long)]
     pub epochs: Option<u64>,
+    /// Diffusers folders: the folder's release must be signed (`train --unet --sign-key`) by
+    /// one of these Ed25519 public keys (repeatable); without it a signature is checked for
+    /// integrity only and the report says whether the ledger is signed, and by whom.
+    #[arg(long, value_name = "PUBKEY")]
+    pub trust_key: Vec<PathBuf>,
 }
 
 impl MechanismArgs {
@@ -49,5 +54,10 @@ impl MechanismArgs {
     /// True when nothing was stated.
     pub fn is_empty(&self) -> bool {
         self.ledger.is_none() && self.spec().is_empty()
+    }
+
+    /// The trusted public keys (`--trust-key`).
+    pub fn trusted(&self) -> anyhow::Result<Vec<dpaudit::provenance::VerifyingKey>> {
+        Ok(dpaudit::provenance::load_trusted(&self.trust_key)?)
     }
 }

@@ -284,6 +284,7 @@ impl DiffusersRun {
             a.mechanism.ledger.as_deref(),
             &a.mechanism.spec(),
             a.delta,
+            &a.mechanism.trusted()?,
         )?;
         Ok(DiffusersRun {
             ck,
@@ -449,6 +450,7 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
                         a.mechanism.ledger.as_deref(),
                         &a.mechanism.spec(),
                         a.delta,
+                        &a.mechanism.trusted()?,
                     )?;
                     pipeline::from_scores_basis(
                         &recs,
@@ -496,11 +498,11 @@ pub(crate) fn emit(
 ) -> anyhow::Result<Status> {
     let status = out.emit(dpaudit::audit::mia::outcome(report, &dpaudit::report::command_line())?)?;
     if let Some(p) = roc_out {
-        dpaudit::report::output::write_atomic(p, render::roc_csv(report).as_bytes(), out.force)?;
+        dpaudit::report::output::write_atomic(p, render::roc_csv(report)?.as_bytes(), out.force)?;
         dpaudit::report::progress::note(&format!("wrote {}", p.display()));
     }
     if let Some(p) = scores_out {
-        dpaudit::report::output::write_atomic(p, scores::to_csv(records).as_bytes(), out.force)?;
+        dpaudit::report::output::write_atomic(p, scores::to_csv(records)?.as_bytes(), out.force)?;
         dpaudit::report::progress::note(&format!("wrote {}", p.display()));
     }
     let violations = report.violations();
@@ -538,7 +540,7 @@ fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
         .as_ref()
         .ok_or_else(|| Error::field("--out", "--shard needs --out DIR (the part file is written there)"))?;
     dpaudit::report::progress::set_verbosity(a.output.quiet, a.output.verbose);
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
+    dpaudit::report::output::create_out_dir(dir)?;
     let path = dir.join(spec.file_name());
     dpaudit::report::output::check_file(&path, a.output.force)?;
     let dev = device::select(a.device.into())?;

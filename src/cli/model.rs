@@ -39,6 +39,9 @@ enum Sub {
     /// Per-sample gradients of the ε-prediction loss on a batch (x_t, t, ε): writes each
     /// sample's gradient norm and, with --clip, the clipped sum DP-SGD adds noise to.
     Grads(GradsArgs),
+    /// Write a new Ed25519 key pair for signed provenance (`train --unet --sign-key`,
+    /// `--trust-key`): DIR/dpaudit-signing.key (secret, mode 0600) and DIR/dpaudit-signing.pub.
+    Keygen(KeygenArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -101,6 +104,21 @@ struct EvalArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct KeygenArgs {
+    /// Folder for the key pair (created when missing; existing key files are never replaced).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// `model keygen`: a new key pair, never replacing a key file.
+fn keygen(k: KeygenArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+    for p in dpaudit::provenance::write_key_pair(&k.out)? {
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(dpaudit::audit::outcome::Status::Ok)
+}
+
+#[derive(Debug, clap::Args)]
 struct InfoArgs {
     /// diffusers checkpoint folder.
     checkpoint: PathBuf,
@@ -113,6 +131,7 @@ struct InfoArgs {
 pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     match a.cmd {
         Sub::Grads(g) => grads(g),
+        Sub::Keygen(k) => keygen(k),
         Sub::Info(i) => {
             let out = i.output.prepare(crate::cli::common::Format::Text, &[])?;
             Ok(out.emit(dpaudit::audit::model::info(&i.checkpoint)?)?)
@@ -136,6 +155,7 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
                     .with_file(&e.input)
                     .into());
             }
+            all_finite(&xs, &e.input)?;
             let t = npy::read(&e.timesteps)?;
             let ts: Vec<f64> = match (t.to_i64(), t.to_f32()) {
                 (Some(v), _) => {
@@ -146,7 +166,10 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
                     }
                     v.iter().map(|&s| s as f64).collect()
                 }
-                (None, Some(v)) => v.iter().map(|&s| s as f64).collect(),
+                (None, Some(v)) => {
+                    all_finite(&v, &e.timesteps)?;
+                    v.iter().map(|&s| s as f64).collect()
+                }
                 _ => {
                     return Err(
                         Error::input(format!("element type {} (expected int64 <i8)", t.dtype.descr()))
@@ -192,7 +215,20 @@ fn f32_batch(p: &std::path::Path) -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
             .with_file(p)
             .into());
     }
+    all_finite(&v, p)?;
     Ok((x.shape.clone(), v))
+}
+
+/// Refuses a batch with a NaN or infinite value, naming the file and the first such element.
+fn all_finite(v: &[f32], p: &std::path::Path) -> anyhow::Result<()> {
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return Err(
+            Error::input(format!("element {i} is {}: a model input must be finite", v[i]))
+                .with_file(p)
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// `model grads`: per-sample gradients of a diffusers UNet on one batch.

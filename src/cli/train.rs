@@ -129,6 +129,15 @@ pub struct Args {
     /// `--init <out>/checkpoint --steps <the rest>` (the ledgers compose; Adam and EMA restart).
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<usize>,
+    /// With --unet: sign the released folder (weights, card, ledger, canaries, config) with this
+    /// Ed25519 secret key file (`dpaudit model keygen`): `dpaudit-signature.toml` is written in
+    /// the same set. Readers verify it with --trust-key.
+    #[arg(long, value_name = "KEY")]
+    pub sign_key: Option<PathBuf>,
+    /// With --unet --init: the --init folder must be signed by one of these public keys
+    /// (repeatable); a public-only folder is then accepted on its signer's word, not on its card.
+    #[arg(long, value_name = "PUBKEY")]
+    pub trust_key: Vec<PathBuf>,
     /// Seed every draw (weights, batches, DP sampling and noise) for a reproducible run. The
     /// card then says "seeded: not private against anyone who knows the seed". Without it, DP
     /// randomness comes from the operating system's CSPRNG.
@@ -238,6 +247,14 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
             "periodic checkpoints are written by `train --unet` runs",
         )
         .into());
+    }
+    for (given, flag) in [
+        (a.sign_key.is_some(), "--sign-key"),
+        (!a.trust_key.is_empty(), "--trust-key"),
+    ] {
+        if given {
+            return Err(Error::field(flag, "signed provenance is written and checked by `train --unet` runs").into());
+        }
     }
     let Some(out) = a.out.clone().map(folder_or_stem) else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/digits-mlp/").into());

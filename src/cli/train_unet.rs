@@ -40,14 +40,32 @@ pub fn run(
     let Some(out) = a.out.clone() else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/mnist-dp-ddpm").into());
     };
-    // Existing outputs are refused before any work.
+    // The signing key is read, and the --init folder's signature checked against the trusted
+    // keys, before any work.
+    let sign_key = match &a.sign_key {
+        Some(p) => Some(dpaudit::provenance::load_secret(p).map_err(|e| e.with_field("--sign-key"))?),
+        None => None,
+    };
+    let trusted = dpaudit::provenance::load_trusted(&a.trust_key)?;
+    if let (Some(init), false) = (&a.init, trusted.is_empty()) {
+        let dir = dpaudit::models::diffusers::unet_dir(init).unwrap_or_else(|| init.clone());
+        let st = dpaudit::provenance::verify_folder(&dir, &diffusers_train::RELEASED, &trusted)?;
+        dpaudit::report::progress::note(&format!("--init {}: {}", dir.display(), st.describe()));
+    }
+    // Existing outputs are refused before any work, and so is a symbolic link at an output
+    // folder (it would send the set, with --force its replacements, elsewhere).
+    dpaudit::report::output::refuse_link(&out)?;
     for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
         dpaudit::report::output::check_file(&out.join(f), a.force)?;
+    }
+    if sign_key.is_some() {
+        dpaudit::report::output::check_file(&out.join(dpaudit::provenance::SIGNATURE), a.force)?;
     }
     match a.checkpoint_every {
         Some(0) => return Err(Error::field("--checkpoint-every", "must be ≥ 1").into()),
         Some(_) => {
             let dir = out.join(diffusers_train::CHECKPOINT_DIR);
+            dpaudit::report::output::refuse_link(&dir)?;
             for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
                 dpaudit::report::output::check_file(&dir.join(f), a.force)?;
             }
@@ -93,6 +111,7 @@ pub fn run(
         quiet: a.quiet,
         force: a.force,
         checkpoint_every: a.checkpoint_every,
+        sign_key,
     };
     Ok(outputs.emit(dpaudit::audit::train::execute_unet(&plan, &dev, &dev_name)?)?)
 }

@@ -514,7 +514,7 @@ impl Block {
 /// CSV of sweep rows: one row per grid point, per accountant `<a>_epsilon`, `<a>_kind`,
 /// `<a>_status` (and `<a>_mu` for gdp and clt).
 pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<String> {
-    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut w = crate::report::csv_out::Csv::new();
     let mut header: Vec<String> = [
         "sigma_min",
         "t_min",
@@ -543,8 +543,7 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
         }
         header.extend([format!("{n}_epsilon"), format!("{n}_kind"), format!("{n}_status")]);
     }
-    let csv_err = |e: csv::Error| Error::input(format!("csv: {e}"));
-    w.write_record(&header).map_err(csv_err)?;
+    w.row(&header)?;
     for r in rows {
         let mut rec = vec![
             r.sigma_min.map(num::debug).unwrap_or_default(),
@@ -580,10 +579,9 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
                     .unwrap_or_else(|| "no private steps".into()),
             );
         }
-        w.write_record(&rec).map_err(csv_err)?;
+        w.row(&rec)?;
     }
-    let bytes = w.into_inner().map_err(|e| Error::input(format!("csv: {e}")))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    w.into_string()
 }
 
 #[cfg(test)]

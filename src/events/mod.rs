@@ -604,6 +604,11 @@ impl EventFile {
             )
             .with_file(path));
         }
+        if let Some(d) = f.delta {
+            if !(d > 0.0 && d < 1.0) {
+                return Err(Error::field("delta", format!("{d} is not a δ: it must be in (0, 1)")).with_file(path));
+            }
+        }
         f.event.validate().map_err(|e| e.with_file(path))?;
         Ok(f)
     }

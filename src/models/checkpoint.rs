@@ -346,7 +346,7 @@ pub fn card_bytes(card: &Card) -> Result<Vec<u8>> {
 /// name and hash.
 pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
     let (dir, name) = stem_parts(stem)?;
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, &e))?;
+    crate::report::output::create_out_dir(&dir)?;
     let weights = weights_bytes(net)?;
     describe_weights(&name, &weights, net, card);
     let files = vec![

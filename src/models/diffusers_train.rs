@@ -319,6 +319,31 @@ pub struct UnetTrainPlan {
     pub force: bool,
     /// Rewrite `OUT/checkpoint/` every this many steps (None: no periodic checkpoints).
     pub checkpoint_every: Option<usize>,
+    /// Sign every released set with this key (`--sign-key`, [`crate::provenance`]).
+    pub sign_key: Option<ed25519_dalek::SigningKey>,
+}
+
+/// Every file a released folder may hold (what a signature must cover when present).
+pub const RELEASED: [&str; 7] = [
+    "config.json",
+    crate::models::diffusers::WEIGHTS,
+    SCHEDULER,
+    CARD,
+    TRAINING,
+    LEDGER,
+    CANARIES,
+];
+
+/// `files` with the signature of `key` added (the signature is part of the same set).
+fn signed(
+    mut files: Vec<(String, Vec<u8>)>,
+    key: Option<&ed25519_dalek::SigningKey>,
+) -> Result<Vec<(String, Vec<u8>)>> {
+    if let Some(k) = key {
+        let sig = crate::provenance::sign_set(&files, k)?;
+        files.push(sig);
+    }
+    Ok(files)
 }
 
 /// What a run wrote and spent.
@@ -664,6 +689,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     }
     let mut x0 = images.rows(&private_ix);
     // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
+    crate::limits::check_canaries(plan.canaries, dim)?;
     let canaries = (plan.canaries > 0).then(|| {
         let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
         Canaries::generate(plan.canaries, dim, &mut rng)
@@ -900,7 +926,8 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     let after = folder.eval(&model)?;
     let weights = model.safetensors_bytes()?;
     let (card, event, mut lines, files) = folder.files(&plan.out, plan.steps, &ledger, weights, after)?;
-    std::fs::create_dir_all(&plan.out).map_err(|e| Error::io(&plan.out, &e))?;
+    let files = signed(files, plan.sign_key.as_ref())?;
+    crate::report::output::create_out_dir(&plan.out)?;
     crate::report::output::commit_set(&plan.out, None, &files, plan.force)?;
     lines.push(format!(
         "denoising loss on the {} (fixed evaluation draws): {:.4} -> {after:.4}",
@@ -1177,7 +1204,8 @@ impl Folder<'_> {
             let after = self.eval(m)?;
             let dir = self.plan.out.join(CHECKPOINT_DIR);
             let (_, _, _, files) = self.files(&dir, done, ledger, weights, after)?;
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, &e))?;
+            let files = signed(files, self.plan.sign_key.as_ref())?;
+            crate::report::output::create_out_dir(&dir)?;
             crate::report::output::commit_set(&dir, None, &files, true)?;
             eprintln!(
                 "checkpoint after step {done}/{}: {} (resume with --init {} --steps {})",
@@ -1205,7 +1233,10 @@ mod tests {
     fn presets_build_with_their_parameter_counts() {
         for (name, _, _) in PRESETS {
             let (text, _) = config_text(name).unwrap();
-            Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+            let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();
+            // The count the size limit checks before building is the built model's.
+            let m = TrainUnet::random(&config, 0, &Device::Cpu).unwrap();
+            assert_eq!(config.parameter_count(), m.parameters() as f64, "{name}");
         }
         let (text, _) = config_text("ddpm-cifar10").unwrap();
         let config = Unet2dConfig::parse(&text, Path::new("config.json")).unwrap();

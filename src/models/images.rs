@@ -53,7 +53,10 @@ pub const MAX_IMAGES: usize = 1_000_000;
 pub const MAX_VALUES: usize = 1 << 30;
 
 fn check_size(path: &Path, n: usize, shape: [usize; 3]) -> Result<()> {
-    let per: usize = shape.iter().product();
+    let per: usize = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .unwrap_or(usize::MAX);
     if n == 0 || per == 0 {
         return Err(Error::input("no images").with_file(path));
     }
@@ -145,6 +148,11 @@ impl ImageSet {
 
     /// A `.npy` array (N, C, H, W) of float32 (as given) or uint8 (x/127.5 − 1).
     pub fn load_npy(path: &Path) -> Result<Self> {
+        // Sizes from the header before any data is read.
+        let h = super::npy::read_header(path)?;
+        if h.shape.len() == 4 {
+            check_size(path, h.shape[0], [h.shape[1], h.shape[2], h.shape[3]])?;
+        }
         let raw = crate::limits::read_file_capped(path, "file size", crate::limits::BINARY_INPUT_BYTE)?;
         let sha256 = sha256_hex(&raw);
         let a = super::npy::parse(&raw, path)?;

@@ -121,8 +121,59 @@ fn header_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
     Some(header[start..].trim_start())
 }
 
-/// Parses `.npy` bytes; `path` only names the file in errors.
-pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
+/// What a `.npy` header declares: enough to check sizes before the data is read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpyHeader {
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: NpyDtype,
+    /// Where the data starts.
+    pub data_start: usize,
+    /// The data's length in bytes (shape × element size).
+    pub data_len: usize,
+}
+
+/// The largest header a `.npy` file may declare (numpy writes under 1 KiB).
+const MAX_HEADER: usize = 1 << 20;
+
+/// Reads only the header of the `.npy` file `path` (at most [`MAX_HEADER`] bytes), and checks
+/// that the file's size is the header's plus the data its shape declares: sizes are checked from
+/// the header before any data is read.
+pub fn read_header(path: &Path) -> Result<NpyHeader> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let size = f.metadata().map_err(|e| Error::io(path, &e))?.len();
+    let mut head = Vec::new();
+    f.take(12 + MAX_HEADER as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io(path, &e))?;
+    let h = match parse_header(&head, path) {
+        Ok(h) => h,
+        Err(e) => {
+            // Not a .npy header: a file too large to read whole is refused for its size first
+            // (as every binary input is), else for its header.
+            crate::limits::check("file size", size as f64, crate::limits::BINARY_INPUT_BYTE)
+                .map_err(|e| e.with_file(path))?;
+            return Err(e);
+        }
+    };
+    let want = (h.data_start as u64).saturating_add(h.data_len as u64);
+    if size != want {
+        return Err(Error::input(format!(
+            "not a supported .npy file: shape {:?} of {} needs {} data bytes, the file has {}",
+            h.shape,
+            h.dtype.descr(),
+            h.data_len,
+            size.saturating_sub(h.data_start as u64)
+        ))
+        .with_file(path));
+    }
+    Ok(h)
+}
+
+/// Parses the header at the start of `bytes` (the whole file, or only its first bytes).
+fn parse_header(bytes: &[u8], path: &Path) -> Result<NpyHeader> {
     let bad = |m: String| Error::input(format!("not a supported .npy file: {m}")).with_file(path);
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err(bad("missing the \\x93NUMPY magic".into()));
@@ -141,6 +192,9 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
         }
         v => return Err(bad(format!("format version {v} (this reader knows 1, 2 and 3)"))),
     };
+    if hlen > MAX_HEADER {
+        return Err(bad(format!("header of {hlen} bytes (at most {MAX_HEADER})")));
+    }
     let hend = hstart
         .checked_add(hlen)
         .filter(|&e| e <= bytes.len())
@@ -180,6 +234,23 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .and_then(|n| n.checked_mul(dtype.size()))
         .ok_or_else(|| bad("shape overflows".into()))?;
+    Ok(NpyHeader {
+        shape,
+        dtype,
+        data_start: hend,
+        data_len: n,
+    })
+}
+
+/// Parses `.npy` bytes; `path` only names the file in errors.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
+    let bad = |m: String| Error::input(format!("not a supported .npy file: {m}")).with_file(path);
+    let NpyHeader {
+        shape,
+        dtype,
+        data_start: hend,
+        data_len: n,
+    } = parse_header(bytes, path)?;
     let body = &bytes[hend..];
     if body.len() != n {
         return Err(bad(format!(
@@ -198,6 +269,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyArray> {
 
 /// Reads a `.npy` file.
 pub fn read(path: &Path) -> Result<NpyArray> {
+    read_header(path)?;
     let bytes = crate::limits::read_file_capped(path, "file size", crate::limits::BINARY_INPUT_BYTE)?;
     parse(&bytes, path)
 }

@@ -218,6 +218,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         }
         None => Net::new(&model_cfg, public_seed, device)?,
     };
+    crate::limits::check_canaries(plan.canaries, PIXELS)?;
     let gradient = plan.canaries > 0 && plan.canary_kind == CanaryKind::Gradient;
     if gradient && plan.dp.is_none() {
         return Err(Error::field(
@@ -456,7 +457,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
     // Every output of the run is rendered first, then committed as one set (weights, ledger,
     // canaries, card: all appear at once, see `report::output::commit_set`).
     let (out_dir, stem_name) = checkpoint::stem_parts(&plan.out)?;
-    std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(&out_dir, &e))?;
+    crate::report::output::create_out_dir(&out_dir)?;
     let stem_file = |ext: &str| format!("{stem_name}.{ext}");
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     let weights = checkpoint::weights_bytes(&net)?;

@@ -135,6 +135,13 @@ pub struct Unet2dConfig {
     pub defaulted: Vec<String>,
 }
 
+/// The largest `layers_per_block` a config may have: the depth of the graph the forward and
+/// backward passes walk grows with it (10⁴ overflowed the stack while the parameter count was
+/// still inside its limit); diffusers' own models use 1 to 3.
+pub const MAX_LAYERS_PER_BLOCK: usize = 64;
+/// The largest number of blocks (`block_out_channels` entries) a config may have.
+pub const MAX_BLOCKS: usize = 16;
+
 fn cfg_err(path: &Path, key: &str, msg: impl Into<String>) -> Error {
     Error::field(key, msg).with_file(path)
 }
@@ -196,8 +203,22 @@ impl Unet2dConfig {
         let down_block_types = strings("down_block_types")?;
         let up_block_types = strings("up_block_types")?;
         let layers_per_block = uint("layers_per_block", req("layers_per_block")?)?;
+        if layers_per_block > MAX_LAYERS_PER_BLOCK {
+            return Err(cfg_err(
+                path,
+                "layers_per_block",
+                format!("{layers_per_block} is above the limit of {MAX_LAYERS_PER_BLOCK} (diffusers' own models use 1 to 3)"),
+            ));
+        }
         if block_out_channels.is_empty() {
             return Err(cfg_err(path, "block_out_channels", "must not be empty"));
+        }
+        if block_out_channels.len() > MAX_BLOCKS {
+            return Err(cfg_err(
+                path,
+                "block_out_channels",
+                format!("{} blocks is above the limit of {MAX_BLOCKS}", block_out_channels.len()),
+            ));
         }
         for (key, list) in [
             ("down_block_types", &down_block_types),
@@ -425,7 +446,108 @@ impl Unet2dConfig {
                 ));
             }
         }
+        // The model's size from the config, before anything is built or read (a deep or wide
+        // config is refused here, not by the allocator or the stack).
+        crate::limits::check(
+            "parameters (from config.json)",
+            c.parameter_count(),
+            crate::limits::TRAINED_PARAMETER,
+        )
+        .map_err(|e| e.with_file(path))?;
         Ok(c)
+    }
+
+    /// The number of parameters of the model this config describes, computed from the config
+    /// alone (the shapes [`Unet2dModel::new`] takes), in floating point so that no size
+    /// overflows: what the size limits check before anything is built or read.
+    pub fn parameter_count(&self) -> f64 {
+        let f = |x: usize| x as f64;
+        let c0 = f(self.block_out_channels[0]);
+        let temb = 4.0 * c0;
+        let conv = |cin: f64, cout: f64, k: f64| cin * cout * k * k + cout;
+        let linear = |cin: f64, cout: f64| cin * cout + cout;
+        let norm = |c: f64| 2.0 * c;
+        let resnet = |cin: f64, cout: f64| {
+            let shortcut = if cin != cout { conv(cin, cout, 1.0) } else { 0.0 };
+            norm(cin)
+                + conv(cin, cout, 3.0)
+                + linear(temb, if self.scale_shift { 2.0 * cout } else { cout })
+                + norm(cout)
+                + conv(cout, cout, 3.0)
+                + shortcut
+        };
+        let attention = |ch: usize, grouped: bool| {
+            let head_dim = self.attention_head_dim.unwrap_or(ch).max(1);
+            let inner = f((ch / head_dim).max(1) * head_dim);
+            let ch = f(ch);
+            (if grouped { norm(ch) } else { 0.0 }) + 3.0 * linear(ch, inner) + linear(inner, ch)
+        };
+        let (time_proj, tin) = match self.time_embedding {
+            TimeEmbedding::Positional { .. } => (0.0, c0),
+            TimeEmbedding::Fourier => (c0, 2.0 * c0),
+        };
+        let mut n = time_proj + linear(tin, temb) + linear(temb, temb) + conv(f(self.in_channels), c0, 3.0);
+        let blocks = self.block_out_channels.len();
+        let layers = f(self.layers_per_block);
+        let mut out_ch = self.block_out_channels[0];
+        for (i, ty) in self.down_block_types.iter().enumerate() {
+            let in_ch = out_ch;
+            out_ch = self.block_out_channels[i];
+            let attn = ty == "AttnDownBlock2D";
+            if self.layers_per_block > 0 {
+                n += resnet(f(in_ch), f(out_ch)) + (layers - 1.0) * resnet(f(out_ch), f(out_ch));
+                if attn {
+                    n += layers * attention(out_ch, true);
+                }
+            }
+            if i + 1 < blocks {
+                n += if attn && self.downsample_type == Resample::Resnet {
+                    resnet(f(out_ch), f(out_ch))
+                } else {
+                    conv(f(out_ch), f(out_ch), 3.0)
+                };
+            }
+        }
+        let last = self.block_out_channels[blocks - 1];
+        if self.mid_block {
+            n += 2.0 * resnet(f(last), f(last));
+            if self.add_attention {
+                n += attention(last, self.mid_attn_groups().is_some());
+            }
+        }
+        let rev: Vec<usize> = self.block_out_channels.iter().rev().copied().collect();
+        let mut out_ch = rev[0];
+        for (i, ty) in self.up_block_types.iter().enumerate() {
+            let prev = out_ch;
+            out_ch = rev[i];
+            let in_ch = rev[(i + 1).min(blocks - 1)];
+            let attn = ty == "AttnUpBlock2D";
+            let k = self.layers_per_block + 1;
+            // The first and the last layer differ; the layers between repeat the middle one.
+            let layer = |j: usize| {
+                let skip = if j == k - 1 { in_ch } else { out_ch };
+                let rin = if j == 0 { prev } else { out_ch };
+                resnet(f(rin + skip), f(out_ch))
+            };
+            n += layer(0);
+            if k > 1 {
+                n += layer(k - 1);
+            }
+            if k > 2 {
+                n += f(k - 2) * layer(1);
+            }
+            if attn {
+                n += f(k) * attention(out_ch, true);
+            }
+            if i + 1 < blocks {
+                n += if attn && self.upsample_type == Resample::Resnet {
+                    resnet(f(out_ch), f(out_ch))
+                } else {
+                    conv(f(out_ch), f(out_ch), 3.0)
+                };
+            }
+        }
+        n + norm(c0) + conv(c0, f(self.out_channels), 3.0)
     }
 
     /// Number of 2× downsamplings (every down block but the last).
@@ -1407,5 +1529,47 @@ mod gn_tests {
         let e: Vec<f32> = gn.m.forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         let worst = a.iter().zip(&e).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
         assert!(worst <= 1e-5, "largest difference {worst}");
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    /// The parameter count from the config alone (what the size limit checks before building)
+    /// is the loaded model's, on every fixture architecture (attention or not, Fourier time
+    /// embedding, ResNet resampling) and the shipped MNIST models.
+    #[test]
+    fn parameter_count_from_the_config_is_the_built_models() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for dir in [
+            "fixtures/diffusers/unet-28-c1-attn",
+            "fixtures/diffusers/unet-32-c3-noattn",
+            "fixtures/diffusers/unet-28-c1-fourier",
+            "fixtures/diffusers/unet-32-c3-attn",
+            "models/mnist-ddpm",
+        ] {
+            let ck = crate::models::diffusers::DiffusersCheckpoint::load(&root.join(dir), &Device::Cpu).unwrap();
+            assert_eq!(ck.model.config.parameter_count(), ck.model.parameters as f64, "{dir}");
+        }
+    }
+
+    /// A config over the parameter limit, or deeper than [`MAX_LAYERS_PER_BLOCK`], is refused
+    /// when parsed, naming the field; at the depth limit it parses.
+    #[test]
+    fn oversized_and_deep_configs_are_refused_when_parsed() {
+        let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("models/mnist-ddpm/config.json"))
+            .unwrap();
+        let with = |k: &str, v: &str| {
+            let mut j: serde_json::Value = serde_json::from_str(&base).unwrap();
+            j[k] = serde_json::from_str(v).unwrap();
+            j.to_string()
+        };
+        let p = Path::new("config.json");
+        Unet2dConfig::parse(&with("layers_per_block", "64"), p).unwrap();
+        let e = Unet2dConfig::parse(&with("layers_per_block", "65"), p).unwrap_err();
+        assert!(e.to_string().contains("layers_per_block"), "{e}");
+        let e = Unet2dConfig::parse(&with("block_out_channels", "[16384, 16384]"), p).unwrap_err();
+        assert!(e.to_string().contains("parameters (from config.json)"), "{e}");
     }
 }

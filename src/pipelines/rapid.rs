@@ -104,6 +104,12 @@ pub fn verify(c: &RapidClaim) -> Result<ClaimResult> {
                 "Δ = 2C/B (noise multiplier σ/2)",
                 format!("full batch (Theorem 1 ignores the Poisson sampling), T = {t}"),
             )
+            // The record in every batch: the run draws Poisson batches of B from N rows, which
+            // this event only over-approximates; its exact ε is an upper bound on the run's
+            // and its lower bounds say nothing about the run (they never decide `violated`).
+            .over_approximating(format!(
+                "the event puts the record in every one of the {t} batches; the run samples it with q = B/N = {q:.6e}"
+            ))
             .account(
                 DpEvent::repeat(DpEvent::gaussian(sigma / 2.0), t),
                 Neighbouring::ReplaceOne,

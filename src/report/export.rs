@@ -152,14 +152,13 @@ pub fn to_csv_files(report: &Report) -> Result<Vec<(String, Vec<u8>)>> {
 /// One table as a plain CSV (header row, then one row per table row; numbers in shortest
 /// round-trip form, non-finite as `inf`/`-inf`/`nan`).
 pub fn table_csv(t: &Table) -> Result<Vec<u8>> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    let err = |e: csv::Error| Error::input(format!("CSV for table `{}`: {e}", t.id));
-    w.write_record(t.columns.iter().map(|c| c.header())).map_err(err)?;
+    let mut w = super::csv_out::Csv::new();
+    let err = |e: Error| Error::input(format!("CSV for table `{}`: {}", t.id, e.message));
+    w.row(t.columns.iter().map(|c| c.header())).map_err(err)?;
     for row in &t.rows {
-        w.write_record(row.iter().map(csv_cell)).map_err(err)?;
+        w.row(row.iter().map(csv_cell)).map_err(err)?;
     }
-    w.into_inner()
-        .map_err(|e| Error::input(format!("CSV for table `{}`: {e}", t.id)))
+    w.into_bytes().map_err(err)
 }
 
 fn csv_tables(report: &Report) -> Result<Vec<(String, String, Vec<u8>)>> {
@@ -180,20 +179,14 @@ fn csv_cell(c: &Cell) -> String {
         Cell::Num(x) => num::non_finite_str(*x)
             .map(str::to_string)
             .unwrap_or_else(|| x.to_string()),
-        Cell::Text(t) => csv_text(t),
+        Cell::Text(t) => t.clone(),
         Cell::Empty => String::new(),
     }
 }
 
-/// A text cell for CSV: one that a spreadsheet would run as a formula (starting with `=`, `+`,
-/// `-`, `@`, a tab or a carriage return; text from input files such as a claim's author can)
-/// is prefixed with `'`, which spreadsheets show as text. Numbers are `Num` cells, never text.
+/// A text cell for CSV, as [`super::csv_out::field`] writes it (formula cells as text).
 pub fn csv_text(t: &str) -> String {
-    if t.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("'{t}")
-    } else {
-        t.to_string()
-    }
+    super::csv_out::field(t).into_owned()
 }
 
 /// The accountant results as a table (`report-results.csv`).

@@ -11,6 +11,7 @@
 
 pub mod build;
 pub mod conclusion;
+pub mod csv_out;
 pub mod export;
 pub mod junit;
 pub mod num;

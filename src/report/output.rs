@@ -56,6 +56,7 @@ impl OutputDir {
     /// Creates `dir` when missing, checks that it is a writable directory (by creating and
     /// removing a probe file). Call it before long work so a bad path fails fast.
     pub fn create(dir: &Path, force: bool) -> Result<Self> {
+        refuse_link(dir)?;
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
@@ -183,6 +184,34 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
+/// Refuses an output folder that is a symbolic link: a link at the place of a folder dpaudit
+/// writes into (`--out DIR`, `OUT/checkpoint`, a `train` stem's folder) would send every file,
+/// and with `--force` every replacement, to wherever it points; dpaudit writes through no link
+/// it did not create. Only the last component is checked (a link higher up is the user's
+/// layout).
+pub fn refuse_link(dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => Err(Error::new(
+            ErrorKind::Input,
+            format!(
+                "output folder `{}` is a symbolic link (to `{}`); dpaudit does not write through a link it did not create: remove it, or give the folder it points to",
+                dir.display(),
+                std::fs::read_link(dir).map(|t| t.display().to_string()).unwrap_or_default()
+            ),
+        )
+        .with_file(dir)),
+        _ => Ok(()),
+    }
+}
+
+/// Creates the output folder `dir` (and its parents) when missing; a symbolic link at `dir` is
+/// refused ([`refuse_link`]).
+pub fn create_out_dir(dir: &Path) -> Result<()> {
+    refuse_link(dir)?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
+    refuse_link(dir)
+}
+
 /// Checks, before any work, that the single file `path` can be written: its directory is
 /// created when missing, and an existing `path` is refused unless `overwrite`.
 pub fn check_file(path: &Path, overwrite: bool) -> Result<()> {
@@ -237,6 +266,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
     }
     match target_kind(path)? {
         Target::Special => return write_into_special(path, bytes),
+        Target::Fd(fd) => return write_into_fd(path, fd, bytes),
         Target::Regular if !force => return Err(exists_error(path)),
         _ => {}
     }
@@ -317,12 +347,81 @@ enum Target {
     Absent,
     /// A regular file (not an input of this command).
     Regular,
-    /// A character device or a pipe (`/dev/null`, `/dev/stdout`): written into, never replaced.
+    /// A character device or a pipe (`/dev/null`, `/dev/stdout` on a terminal): written into,
+    /// never replaced.
     Special,
+    /// One of the process's own open files by name (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`,
+    /// `/proc/self/fd/N`, or a link to one): written into that descriptor, never replaced, even
+    /// when it is a redirected regular file (renaming over `/dev/stdout` would replace the
+    /// system's link).
+    Fd(u32),
+}
+
+/// The descriptor `path` names when it is one of the process's own open files by name (see
+/// [`Target::Fd`]), following at most 8 symbolic links.
+fn fd_alias(path: &Path) -> Option<u32> {
+    let mut p = path.to_path_buf();
+    for _ in 0..8 {
+        let t = p.to_str()?;
+        let n = match t {
+            "/dev/stdin" => Some(0),
+            "/dev/stdout" => Some(1),
+            "/dev/stderr" => Some(2),
+            _ => t
+                .strip_prefix("/dev/fd/")
+                .or_else(|| t.strip_prefix("/proc/self/fd/"))
+                .and_then(|n| n.parse().ok()),
+        };
+        if n.is_some() {
+            return n;
+        }
+        let next = std::fs::read_link(&p).ok()?;
+        p = if next.is_absolute() {
+            next
+        } else {
+            parent_dir(&p).join(next)
+        };
+    }
+    None
+}
+
+/// Writes `bytes` into the open descriptor `fd` ([`Target::Fd`]): stdout and stderr through
+/// the process's own handles (at their current position), another descriptor by opening its
+/// name in place (no temporary file, no rename).
+fn write_into_fd(path: &Path, fd: u32, bytes: &[u8]) -> Result<()> {
+    let r = match fd {
+        1 => {
+            let mut o = std::io::stdout().lock();
+            o.write_all(bytes).and_then(|_| o.flush())
+        }
+        2 => {
+            let mut o = std::io::stderr().lock();
+            o.write_all(bytes).and_then(|_| o.flush())
+        }
+        _ => return write_into_special(path, bytes),
+    };
+    r.map_err(|e| write_error(path, &e))
 }
 
 /// Classifies an output path; refuses a directory, block device, socket, or an input file.
 fn target_kind(path: &Path) -> Result<Target> {
+    if let Some(fd) = fd_alias(path) {
+        return Ok(Target::Fd(fd));
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        // A link is never replaced: one to a device or pipe is written into, any other refused.
+        return match std::fs::metadata(path) {
+            Ok(m) if m.file_type().is_char_device() || m.file_type().is_fifo() => Ok(Target::Special),
+            _ => Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "output `{}` is a symbolic link (to `{}`); dpaudit never replaces a link nor writes through one it did not create: give the file it points to",
+                    path.display(),
+                    std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default()
+                ),
+            )),
+        };
+    }
     let m = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -478,6 +577,7 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
     for (name, _) in files {
         check_file_name(name)?;
     }
+    refuse_link(dir)?;
     if !dir.is_dir() {
         return Err(Error::new(
             ErrorKind::Io,
@@ -492,7 +592,7 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
             Target::Absent => {}
             Target::Regular if force => {}
             Target::Regular => return Err(exists_error(&p)),
-            Target::Special => {
+            Target::Special | Target::Fd(_) => {
                 return Err(Error::new(
                     ErrorKind::Io,
                     format!(

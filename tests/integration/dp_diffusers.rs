@@ -808,3 +808,127 @@ fn the_shipped_dp_mnist_model_carries_its_ledger_canaries_and_public_init() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_finite_limits(&mia_json(&m), "dpaudit-ledger.toml");
 }
+
+/// `mia --ledger` of another folder's ledger: the ledger names its release by SHA-256, and these
+/// weights are not it (the shipped DP folder's ledger given for the non-DP MNIST DDPM), so it is
+/// refused naming the flag, the ledger file and both hashes; before, the non-DP model was called
+/// differentially private (exit 0).
+#[test]
+fn mia_ledger_of_other_weights_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = quick_mia(
+        "models/mnist-ddpm",
+        tmp.path(),
+        &["--ledger", "models/mnist-dp-ddpm/dpaudit-ledger.toml"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("--ledger"), "{e}");
+    assert!(e.contains("models/mnist-dp-ddpm/dpaudit-ledger.toml"), "{e}");
+    assert!(e.contains("other weights"), "{e}");
+    assert!(!tmp.path().join("mia.json").exists());
+    // A ledger that names no release is the trainer's word, and the report says so.
+    let o = quick_mia(
+        "models/mnist-ddpm",
+        &tmp.path().join("stated"),
+        &["--ledger", "fixtures/events/dpsgd.toml"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = mia_json(&tmp.path().join("stated"));
+    let src = v["checkpoint_basis"]["source"].as_str().unwrap();
+    assert!(src.contains("the trainer's word"), "{src}");
+}
+
+/// The two part files of a sharded `mia` run on the shipped DP folder, in `dir`.
+fn dp_parts(dir: &Path) -> Vec<std::path::PathBuf> {
+    (0..2)
+        .map(|i| {
+            let spec = format!("{i}/2");
+            let o = dpaudit(&[
+                "mia",
+                "--checkpoint",
+                "models/mnist-dp-ddpm",
+                "--data",
+                MNIST,
+                "--split",
+                "fixtures/splits/mnist-dp.toml",
+                "--attack",
+                "loss",
+                "--timesteps",
+                "50",
+                "--max-examples",
+                "8",
+                "--bootstrap",
+                "20",
+                "--shard",
+                &spec,
+                "--out",
+                s(dir),
+                "--quiet",
+            ]);
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            dir.join(format!("mia-part-{i}-of-2.json"))
+        })
+        .collect()
+}
+
+/// `merge` derives every guarantee again: parts whose stated ε was scaled by 0.1 (both, so they
+/// still agree with each other) merge to the ledger's ε and limits, not the parts'; parts whose
+/// event was edited (σ × 10 in both) are refused naming the part and field. Before, the scaled
+/// parts gave a report with ε/10 and a lower ASR limit, exit 0.
+#[test]
+fn merge_derives_guarantees_from_the_ledger_not_the_parts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parts = dp_parts(&tmp.path().join("parts"));
+    let merge = |ps: &[std::path::PathBuf], out: &Path| {
+        let mut a = vec!["merge".to_string()];
+        a.extend(ps.iter().map(|p| p.display().to_string()));
+        a.extend(["--out".to_string(), s(out).to_string(), "--quiet".to_string()]);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        dpaudit(&a)
+    };
+    let o = merge(&parts, &tmp.path().join("true"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let truth = mia_json(&tmp.path().join("true"));
+    let edited = |name: &str, f: &dyn Fn(&mut serde_json::Value)| -> Vec<std::path::PathBuf> {
+        let d = tmp.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        parts
+            .iter()
+            .map(|p| {
+                let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+                f(&mut v);
+                let q = d.join(p.file_name().unwrap());
+                std::fs::write(&q, serde_json::to_string(&v).unwrap()).unwrap();
+                q
+            })
+            .collect()
+    };
+    let scaled = edited("scaled", &|v| {
+        for g in v["plan"]["diffusers"]["basis"]["guarantees"].as_array_mut().unwrap() {
+            let e = g["epsilon"].as_f64().unwrap();
+            g["epsilon"] = serde_json::json!(e * 0.1);
+        }
+    });
+    let o = merge(&scaled, &tmp.path().join("scaled-out"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let got = mia_json(&tmp.path().join("scaled-out"));
+    assert_eq!(
+        got["checkpoint_basis"]["guarantees"],
+        truth["checkpoint_basis"]["guarantees"]
+    );
+    assert_eq!(got["comparisons"], truth["comparisons"]);
+    let sigma = edited("sigma", &|v| {
+        let g = &mut v["plan"]["diffusers"]["basis"]["event"]["event"]["event"]["noise_multiplier"];
+        let x = g.as_f64().unwrap();
+        *g = serde_json::json!(x * 10.0);
+    });
+    let o = merge(&sigma, &tmp.path().join("sigma-out"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("plan.diffusers.basis.event") && e.contains("mia-part-0-of-2.json"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("sigma-out").join("mia.json").exists());
+}
