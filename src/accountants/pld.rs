@@ -30,7 +30,7 @@ use crate::numeric;
 use crate::numeric::dd::{self, Cdd, Dd};
 
 /// Unit round-off of f64.
-const U: f64 = f64::EPSILON / 2.0;
+pub(super) const U: f64 = f64::EPSILON / 2.0;
 /// Relative error allowed for one normal tail value Φ(z) or Φ̄(z) from
 /// [`numeric::normal_tail::upper_tail`] at an exact argument, plus the arithmetic around it:
 /// measured ≤ 3.43u against 50-digit mpmath on 10⁶ points of [0, 37) (a priori ≤ 9u with the
@@ -74,7 +74,7 @@ const HYBRID_MAX_WORK: usize = 1 << 25;
 /// interval is doubled until the window fits (a coarser grid is still a dominating
 /// discretisation, so only tightness changes; over a window this wide the composed loss has a
 /// standard deviation of tens of nats, and connect-the-dots adds at most h²/4 of variance per step).
-const REGRID_WIDTH: i64 = 1 << 21;
+pub(super) const REGRID_WIDTH: i64 = 1 << 21;
 
 /// The PLD accountant. Defaults follow dp_accounting's `PLDAccountant` (grid 1e-4, pessimistic).
 #[derive(Debug, Clone)]
@@ -165,10 +165,10 @@ impl Direction {
 
 /// A discrete PLD: P-mass `probs[k]` at privacy loss (lo + k)·h, plus mass at +∞.
 #[derive(Debug, Clone)]
-struct DiscretePld {
-    lo: i64,
-    probs: Vec<f64>,
-    inf_mass: f64,
+pub(super) struct DiscretePld {
+    pub(super) lo: i64,
+    pub(super) probs: Vec<f64>,
+    pub(super) inf_mass: f64,
 }
 
 impl DiscretePld {
@@ -181,7 +181,7 @@ impl DiscretePld {
 /// ([`numeric::normal_tail::upper_tail`], full relative accuracy), the larger one as 1 − the
 /// smaller.
 #[derive(Debug, Clone, Copy)]
-struct Tails {
+pub(super) struct Tails {
     z: f64,
     lower: f64,
     upper: f64,
@@ -190,7 +190,7 @@ struct Tails {
 }
 
 impl Tails {
-    fn at(z: f64) -> Tails {
+    pub(super) fn at(z: f64) -> Tails {
         if z == f64::NEG_INFINITY {
             return Tails {
                 z,
@@ -253,7 +253,7 @@ impl Tails {
 
 /// Standard normal mass of (a, b] with an absolute error bound, from the side where the tail
 /// values are small (so narrow intervals in either tail keep their relative accuracy).
-fn nmass(a: &Tails, b: &Tails) -> (f64, f64) {
+pub(super) fn nmass(a: &Tails, b: &Tails) -> (f64, f64) {
     // Both ends in the upper tail: difference of upper tails. Otherwise (both in the lower
     // tail, or a < 0 < b) the difference of lower tails. Each tail value carries its own
     // relative error bound (the directly computed small tail, or 1 − it).
@@ -268,7 +268,7 @@ fn nmass(a: &Tails, b: &Tails) -> (f64, f64) {
 
 /// ln(1 − q + q·e^y): the remove-direction privacy loss of Poisson(q) ∘ Gaussian at
 /// y = (2x − 1)/(2σ²) (Mironov, Talwar & Zhang 2019, §3; Koskela et al. 2020, §6.2).
-fn log_mix(q: f64, y: f64) -> f64 {
+pub(super) fn log_mix(q: f64, y: f64) -> f64 {
     if q >= 1.0 {
         return y;
     }
@@ -780,6 +780,73 @@ impl ComposedDirection {
             }
         }
         0.0
+    }
+}
+
+impl ComposedDirection {
+    /// Relative deflation of a lower-bound sum: the leaves' own rounding is already in their
+    /// (rounded-down) masses; this covers the composed masses' summation (≤ n·u relative over
+    /// n positive terms) and the factors 1 − e^{ε−ℓ} (a few u each).
+    fn lower_deflation(&self) -> f64 {
+        1.0 - 4.0 * U * (self.probs.len() as f64 + 16.0) - 1e-12
+    }
+
+    /// For a composition of **dominated** leaves (every leaf's mass a lower bound on a garbling
+    /// of the true pair, [`super::pld_lower`]): a certified lower bound on the true δ(ε),
+    /// Σ_{ℓ>ε} p̂(ℓ)(1 − e^{ε−ℓ}) deflated for summation round-off, minus everything the cyclic
+    /// composition may have added (the Chernoff bound on the mass outside the window, which is
+    /// what aliasing folds into it) and the certified FFT round-off (an L1 bound on |p̂ − p|).
+    /// Clamped at 0.
+    pub(super) fn delta_lower(&self, eps: f64) -> f64 {
+        let mut sum = 0.0;
+        for (k, &p) in self.probs.iter().enumerate().rev() {
+            let l = (self.lo + k as i64) as f64 * self.h;
+            if l <= eps {
+                break;
+            }
+            sum += p * -(eps - l).exp_m1();
+        }
+        (sum * self.lower_deflation() - self.window_tail_mass - self.roundoff).max(0.0)
+    }
+
+    /// The largest ε (found by the exact inverse of the piecewise form, then checked directly)
+    /// with [`Self::delta_lower`](ε) > `delta`: the true ε(δ) is at least it. `None` when even
+    /// ε = 0 is not certified.
+    pub(super) fn epsilon_lower(&self, delta: f64) -> Option<f64> {
+        if self.delta_lower(0.0) <= delta {
+            return None;
+        }
+        let target = (delta + self.window_tail_mass + self.roundoff) / self.lower_deflation();
+        let decay = (-self.h).exp();
+        let (mut a, mut b) = (0.0f64, 0.0f64);
+        let mut guess = 0.0;
+        for k in (0..self.probs.len()).rev() {
+            let p = self.probs[k];
+            a += p;
+            b = p + b * decay;
+            let lk = (self.lo + k as i64) as f64 * self.h;
+            let at_prev = a - decay * b;
+            if at_prev > target || k == 0 {
+                if b > 0.0 && a > target {
+                    guess = lk + ((a - target) / b).ln();
+                }
+                break;
+            }
+        }
+        // Step down until the direct evaluation certifies it (rounding of the closed form).
+        let mut step = 1e-12 * (1.0 + guess.abs());
+        let mut eps = guess - step;
+        for _ in 0..200 {
+            if eps <= 0.0 {
+                return Some(0.0);
+            }
+            if self.delta_lower(eps) > delta {
+                return Some(eps);
+            }
+            step *= 2.0;
+            eps = guess - step;
+        }
+        None
     }
 }
 
@@ -1334,16 +1401,16 @@ type Part = (DiscretePld, u64);
 
 /// The composition window [L, U] of [`compose`]: Chernoff bounds on the mass outside, and the
 /// width the window would need before the `max_points` cap.
-struct Window {
+pub(super) struct Window {
     lower: i64,
     upper: i64,
     window_tail_mass: f64,
-    uncapped_width: i64,
+    pub(super) uncapped_width: i64,
 }
 
 /// Composes discrete PLDs with counts (Fourier domain, one common cyclic grid). See the module
 /// doc and docs/pld.md for the bounds added to δ.
-fn compose(
+pub(super) fn compose(
     parts: &[(DiscretePld, u64)],
     dir: Direction,
     h: f64,
@@ -1386,7 +1453,7 @@ fn compose(
 
 /// The Chernoff window of a composition: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL),
 /// minimised over t, with at most `tau_window`/2 outside on each side (at most `max_points` wide).
-fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max_points: usize) -> Window {
+pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max_points: usize) -> Window {
     // Trivial support of the composition.
     let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * *c as i64).sum();
     let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * *c as i64).sum();
