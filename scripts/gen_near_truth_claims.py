@@ -10,9 +10,9 @@ The fixture's "truth" is the pessimistic value at 1e-5; its claims sit 0.5 % eit
 
 Usage: python3 scripts/gen_near_truth_claims.py > fixtures/reference/pld_near_truth.csv
 """
+import importlib.metadata
 import sys
 
-import dp_accounting
 from dp_accounting.pld import privacy_loss_distribution as pld
 
 SETTINGS = [(0.01, 1.0), (0.004, 1.1), (0.02, 0.8)]
@@ -31,10 +31,10 @@ def eps(q, sigma, steps, h, pessimistic):
     return p.self_compose(steps).get_epsilon_for_delta(DELTA)
 
 
-print(f"# dp_accounting {dp_accounting.__version__ if hasattr(dp_accounting, '__version__') else '0.6.0'}, delta {DELTA}")
-print("q,noise_multiplier,steps,delta,pess_1e-4,pess_1e-5,opt_1e-5")
+TOOL = "dp-accounting " + importlib.metadata.version("dp-accounting")
+print("tool,q,noise_multiplier,steps,delta,pess_1e-4,pess_1e-5,opt_1e-5")
 for q, s in SETTINGS:
     for t in STEPS:
         row = [eps(q, s, t, 1e-4, True), eps(q, s, t, 1e-5, True), eps(q, s, t, 1e-5, False)]
-        print(f"{q},{s},{t},{DELTA}," + ",".join(f"{v:.10f}" for v in row))
+        print(f"{TOOL},{q},{s},{t},{DELTA}," + ",".join(f"{v:.10f}" for v in row))
         sys.stdout.flush()

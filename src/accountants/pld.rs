@@ -54,7 +54,7 @@ static FFT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(
 
 /// Largest cost (directions × distinct leaves × transform length) of the double-word precise mode
 /// (≈ 0.1 µs per point and level: 2²³ points of length 2²⁰ take a few seconds).
-const PRECISE_BUDGET: usize = 1 << 23;
+pub(super) const PRECISE_BUDGET: usize = 1 << 23;
 
 /// Largest privacy loss (nats) one step's grid holds; P-mass above goes to +∞ (counted in δ).
 const MAX_STEP_LOSS: f64 = 200.0;
@@ -1401,6 +1401,7 @@ type Part = (DiscretePld, u64);
 
 /// The composition window [L, U] of [`compose`]: Chernoff bounds on the mass outside, and the
 /// width the window would need before the `max_points` cap.
+#[derive(Clone)]
 pub(super) struct Window {
     lower: i64,
     upper: i64,
