@@ -132,13 +132,17 @@ enum Leaf {
     /// Poisson(q) ∘ Gaussian(σ) under replace-one (q < 1), σ relative to the replace-one
     /// sensitivity: the symmetric pair (1−q)N(0,σ²) + qN(½,σ²) vs (1−q)N(0,σ²) + qN(−½,σ²).
     ReplaceGaussian { q: f64, sigma: f64 },
+    /// Poisson(q) ∘ Laplace(b) under add/remove (q = 1: the plain Laplace mechanism, any
+    /// relation), scale b per unit L1 sensitivity: the exact Laplace pair Lap(0, b) vs Lap(1, b)
+    /// (dp_accounting's `LaplacePrivacyLoss`), mixed as for the Gaussian.
+    Laplace { q: f64, b: f64 },
 }
 
 impl Leaf {
     /// True when the PLD is the same in both directions (only one needs computing).
     fn symmetric(self) -> bool {
         match self {
-            Leaf::SampledGaussian { q, .. } => q >= 1.0,
+            Leaf::SampledGaussian { q, .. } | Leaf::Laplace { q, .. } => q >= 1.0,
             Leaf::EpsilonDelta { .. } | Leaf::ReplaceGaussian { .. } => true,
         }
     }
@@ -683,6 +687,105 @@ fn epsilon_delta_pld(eps: f64, delta: f64, h: f64, max_points: usize) -> Discret
     }
 }
 
+/// The Laplace mechanism's PLD (scale b per unit sensitivity, Poisson rate q, q = 1 full batch)
+/// by pessimistic connect-the-dots (Doroshenko et al. 2022, Alg. 1), as dp_accounting's
+/// `LaplacePrivacyLoss` (Koskela, Jälkö, Prediger & Honkela 2021, §5 for the pair):
+/// with r(x) = (|x| − |x − 1|)/b ∈ [−1/b, 1/b] the likelihood ratio Lap(1, b)/Lap(0, b) is e^r,
+/// so the pairs are remove: P = (1−q)Lap(0) + qLap(1), Q = Lap(0), loss ln(1 − q + q e^r);
+/// add: the reverse, loss −ln(1 − q + q e^r). Two atoms: x ≤ 0 (r = −1/b; Lap(0)-mass ½,
+/// Lap(1)-mass ½e^{−1/b}) and x ≥ 1 (r = 1/b; the mirror), and a continuous part on (0, 1) with
+/// Lap(0)-mass ½e^{−x₁/b}(1 − e^{−(x₂−x₁)/b}) and Lap(1)-mass ½e^{−(1−x₂)/b}(1 − e^{−(x₂−x₁)/b})
+/// on (x₁, x₂]. Each loss interval (ε_i, ε_{i+1}] (and each atom, its loss rounded up) is split
+/// between its ends keeping its P- and Q-mass; the interval's P-mass and the upper share are
+/// rounded up by their error bounds, so every tail sum of the result is ≥ the exact
+/// connect-the-dots one (the argument of docs/pld.md, Soundness step 2). Losses beyond the
+/// grid cap fall back to the (ε, 0) pair of the pure-DP guarantee (sound, looser).
+fn laplace_pld(q: f64, b: f64, dir: Direction, h: f64, max_points: usize) -> DiscretePld {
+    let q = q.min(1.0);
+    let r_max = 1.0 / b;
+    let loss_r = |r: f64| match dir {
+        Direction::Remove => log_mix(q, r),
+        Direction::Add => -log_mix(q, r),
+    };
+    let (la, lb) = (loss_r(-r_max), loss_r(r_max));
+    let (l_lo, l_hi) = (la.min(lb), la.max(lb));
+    let lo = (l_lo / h).floor() as i64 - 1;
+    let hi = (l_hi / h).ceil() as i64 + 1;
+    if !(l_hi.is_finite() && l_lo.is_finite()) || l_hi > MAX_STEP_LOSS || (hi - lo) as usize + 1 > max_points {
+        let eps = if q >= 1.0 {
+            laplace_pure_epsilon(b)
+        } else {
+            amplified_epsilon(q, laplace_pure_epsilon(b))
+        };
+        return epsilon_delta_pld(eps, 0.0, h, max_points);
+    }
+    // Relative error bound of one Laplace mass: exp, expm1 and two products (a few u), plus the
+    // rounding of the arguments x/b (≈ u·x/b ≤ u/b relative in the value).
+    let rel = (32.0 + 4.0 * r_max) * U;
+    let one_m_eh = -(-h).exp_m1() * (1.0 - 4.0 * U);
+    let mut probs = vec![0.0; (hi - lo + 1) as usize];
+    // (P, Q) of Lap(0)/Lap(1) masses (A, B) in this direction.
+    let pq = |a: f64, bm: f64| -> (f64, f64) {
+        match dir {
+            Direction::Remove => ((1.0 - q) * a + q * bm, a),
+            Direction::Add => (a, (1.0 - q) * a + q * bm),
+        }
+    };
+    // One interval i with masses (P, Q): P rounded up, upper share rounded up and capped.
+    let mut put = |i: i64, p: f64, qm: f64, eps_i: f64| {
+        if p <= 0.0 {
+            return;
+        }
+        let p_up = p * (1.0 + rel + 4.0 * U);
+        let e = eps_i.exp();
+        let num = p - e * qm;
+        let err = (rel + 8.0 * U) * (p + e * qm);
+        let upper = (((num + err).max(0.0) / one_m_eh) * (1.0 + 4.0 * U)).min(p_up);
+        let k = (i - lo) as usize;
+        probs[k] += p_up - upper;
+        probs[k + 1] += upper;
+    };
+    // x of a loss value ε (clipped to [0, 1]); the loss is increasing in x for remove and
+    // decreasing for add.
+    let x_of = |eps: f64| -> f64 {
+        let r = match dir {
+            Direction::Remove => inv_log_mix(q, eps),
+            Direction::Add => inv_log_mix(q, -eps),
+        };
+        (0.5 * (1.0 + b * r)).clamp(0.0, 1.0)
+    };
+    for i in lo..hi {
+        let (e0, e1) = (i as f64 * h, (i + 1) as f64 * h);
+        let (xa, xb) = {
+            let (u0, u1) = (x_of(e0), x_of(e1));
+            (u0.min(u1), u0.max(u1))
+        };
+        if xb > xa {
+            let w = -(-(xb - xa) / b).exp_m1();
+            let a = 0.5 * (-xa / b).exp() * w;
+            let bm = 0.5 * (-(1.0 - xb) / b).exp() * w;
+            let (p, qm) = pq(a, bm);
+            put(i, p, qm, e0);
+        }
+    }
+    // The atoms, each at its loss rounded up, split over the interval holding it.
+    let far = (-r_max).exp();
+    for (r, a, bm) in [(-r_max, 0.5, 0.5 * far), (r_max, 0.5 * far, 0.5)] {
+        let (p, _) = pq(a, bm);
+        let l = loss_r(r);
+        let l = l + 1e-12 * (1.0 + l.abs());
+        let i = (l / h).ceil() as i64 - 1;
+        let e0 = i as f64 * h;
+        // Q-mass p·e^{−ℓ} with ℓ the rounded-up loss: the split's upper share only grows.
+        put(i, p, p * (-l).exp(), e0);
+    }
+    trim(DiscretePld {
+        lo,
+        probs,
+        inf_mass: 0.0,
+    })
+}
+
 /// Drops exact zeros at both ends.
 fn trim(mut d: DiscretePld) -> DiscretePld {
     let first = d.probs.iter().position(|&p| p > 0.0);
@@ -920,6 +1023,7 @@ fn leaf_pld(leaf: Leaf, dir: Direction, h: f64, tau: f64, max_points: usize, gri
         Leaf::SampledGaussian { q, sigma } => gaussian_pld(q, sigma, dir, h, tau, max_points, grid),
         Leaf::EpsilonDelta { epsilon, delta } => Ok(epsilon_delta_pld(epsilon, delta, h, max_points)),
         Leaf::ReplaceGaussian { q, sigma } => replace_one_pld(q, sigma, h, tau, max_points),
+        Leaf::Laplace { q, b } => Ok(laplace_pld(q, b, dir, h, max_points)),
     }
 }
 
@@ -1828,12 +1932,10 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
                 sigma: noise_multiplier,
             },
             (Sampling::Full, Mechanism::EpsilonDelta { epsilon, delta }) => Leaf::EpsilonDelta { epsilon, delta },
-            // A Laplace mechanism with scale b (per unit L1 sensitivity) is (1/b, 0)-DP, so the
-            // (1/b, 0) dominating pair (Kairouz, Oh & Viswanath 2015, Thm 2.1) dominates it: a
-            // sound upper bound, not the exact Laplace PLD.
-            (Sampling::Full, Mechanism::Laplace { noise_multiplier }) => Leaf::EpsilonDelta {
-                epsilon: laplace_pure_epsilon(noise_multiplier),
-                delta: 0.0,
+            // The exact Laplace pair (laplace_pld).
+            (Sampling::Full, Mechanism::Laplace { noise_multiplier }) => Leaf::Laplace {
+                q: 1.0,
+                b: noise_multiplier,
             },
             (Sampling::Poisson { q }, mech) => {
                 if neighbouring == Neighbouring::ReplaceOne {
@@ -1876,10 +1978,8 @@ fn leaves(components: &[Component], neighbouring: Neighbouring) -> Result<Vec<(L
                         epsilon: amplified_epsilon(q, epsilon),
                         delta: q * delta,
                     },
-                    Mechanism::Laplace { noise_multiplier } => Leaf::EpsilonDelta {
-                        epsilon: amplified_epsilon(q, laplace_pure_epsilon(noise_multiplier)),
-                        delta: 0.0,
-                    },
+                    // The exact subsampled Laplace pair (laplace_pld), as dp_accounting.
+                    Mechanism::Laplace { noise_multiplier } => Leaf::Laplace { q, b: noise_multiplier },
                 }
             }
             (Sampling::WithoutReplacement { n, m }, _) => {
@@ -1912,6 +2012,8 @@ fn inf_mass_floor(leaves: &[(Leaf, u64)]) -> f64 {
                     (1.0 - q) * numeric::ndtr_sf(x / sigma) + q * numeric::ndtr_sf((x - 0.5) / sigma)
                 }
                 Leaf::EpsilonDelta { delta, .. } => delta,
+                // Bounded losses (|ℓ| ≤ 1/b); nothing is sent to +∞ below the cap.
+                Leaf::Laplace { .. } => 0.0,
             };
             c as f64 * (-(iota * (1.0 - 1e-6)).min(1.0)).ln_1p()
         })

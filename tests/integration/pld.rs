@@ -906,3 +906,32 @@ proptest! {
         prop_assert!(lower >= exact * 0.999 - 2e-4, "{lower} vs {exact}");
     }
 }
+
+/// The exact Laplace PLD against dp_accounting 0.6.0's `LaplacePrivacyLoss` (pessimistic
+/// connect-the-dots, fixtures/reference/pld_laplace.csv, grid 1e-5): within 1.01× above it at
+/// our grid 1e-5, never below its finer value by more than its own grid error (both are upper
+/// bounds of the same curve; ours adds its certified slack), and far below the (1/b, 0) pair's
+/// value that the accountant used before.
+#[test]
+fn laplace_pld_is_within_1pct_of_dp_accounting() {
+    let acc = PldAccountant {
+        value_discretization_interval: 1e-5,
+        ..PldAccountant::default()
+    };
+    for row in read_csv("fixtures/reference/pld_laplace.csv") {
+        let (b, q, t, delta) = (f(&row, "b"), f(&row, "q"), f(&row, "steps") as u64, f(&row, "delta"));
+        let lap = DpEvent::Laplace { noise_multiplier: b };
+        let step = if q >= 1.0 { lap } else { DpEvent::poisson(q, lap) };
+        let ev = DpEvent::repeat(step, t);
+        let r = acc.epsilon(&ev, Neighbouring::AddRemove, delta).unwrap();
+        let reference = f(&row, "eps_1e-5");
+        let what = format!("b {b} q {q} T {t} δ {delta}");
+        assert_eq!(r.kind, BoundKind::UpperBound, "{what}");
+        assert!(r.epsilon <= 1.01 * reference, "{what}: {} vs {reference}", r.epsilon);
+        assert!(
+            r.epsilon >= reference * (1.0 - 1e-4),
+            "{what}: {} below {reference}",
+            r.epsilon
+        );
+    }
+}
