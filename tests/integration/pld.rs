@@ -935,3 +935,40 @@ fn laplace_pld_is_within_1pct_of_dp_accounting() {
         );
     }
 }
+
+/// Tiny ε: q = 1e-3, σ = 5, T = 100 at δ = 1e-5. dp_accounting 0.6.0 gives 0.0046549 at its
+/// default grid 1e-4 and converges to 0.0045541 (grids 1e-6 and 1e-7: 0.00455407, 0.00455409);
+/// RDP gives 0.0143. The PLD recomposes on a grid scaled to ε: within 1 % of the converged value
+/// (so within 1.05× of the smallest sound bound), never below the lower-bound PLD.
+#[test]
+fn tiny_epsilon_gets_a_grid_scaled_to_it() {
+    use dpaudit::accountants::pld_lower::epsilon_lower;
+    use dpaudit::accountants::sound::PairStep;
+    let ev = DpEvent::dpsgd(5.0, 1e-3, 100);
+    let r = PldAccountant::default()
+        .epsilon(&ev, Neighbouring::AddRemove, 1e-5)
+        .unwrap();
+    let rdp = AccountantKind::Rdp
+        .build()
+        .epsilon(&ev, Neighbouring::AddRemove, 1e-5)
+        .unwrap();
+    let lower = epsilon_lower(
+        &[PairStep {
+            p: 1e-3,
+            mu: 0.2,
+            count: 100,
+        }],
+        1e-5,
+        1e-6,
+    )
+    .unwrap()
+    .epsilon;
+    assert!(r.epsilon <= 1.01 * 0.0045541, "{r:?}");
+    assert!(r.epsilon <= 1.05 * rdp.epsilon.min(r.epsilon));
+    assert!(
+        r.epsilon >= lower && lower > 0.99 * 0.0045541,
+        "{} vs lower {lower}",
+        r.epsilon
+    );
+    assert!(r.diagnostics.iter().any(|d| d.code == "pld_grid_refined"), "{r:?}");
+}
