@@ -9,6 +9,7 @@ pub mod clt;
 pub mod convert;
 pub mod gdp;
 pub mod pld;
+pub mod pld_lower;
 pub mod rdp;
 pub mod sound;
 pub mod tilted;

@@ -575,6 +575,27 @@ pub fn lower_witnesses(event: &DpEvent, neighbouring: Neighbouring, delta: f64) 
             );
         }
     }
+    if let Some(l) = super::pld_lower::epsilon_lower(&steps, delta, 1e-4) {
+        let left_out = if l.left_out > 0 {
+            format!(
+                "; {} of {} distinct steps left out (μ > {} or beyond the {} leakiest), which only weakens it",
+                l.left_out,
+                l.left_out + l.used,
+                super::pld_lower::MAX_MU,
+                super::pld_lower::MAX_DISTINCT
+            )
+        } else {
+            String::new()
+        };
+        out.push(
+            Evidence::new("pld_lower", lower_round(l.epsilon), delta, BoundKind::LowerBound).with_note(format!(
+                "PLD on the optimistic side ({} direction, grid {}): each step garbled into loss bins whose \
+                 loss lies on the grid, masses rounded down, aliasing and round-off subtracted{left_out}",
+                l.direction.as_str(),
+                show(l.grid_interval)
+            )),
+        );
+    }
     if let Some(t) = super::tilted::composed_epsilon_lower(&steps, delta) {
         let left_out = if t.left_out > 0 {
             format!(
@@ -628,16 +649,36 @@ mod tests {
         assert!(t.epsilon > 158.0 && t.epsilon < 162.465, "{t:?}");
         assert!(
             w.iter()
-                .filter(|e| e.method != "tilted_tail")
+                .filter(|e| e.method != "tilted_tail" && e.method != "pld_lower")
                 .all(|e| e.epsilon < 100.0),
             "{w:?}"
         );
+        // The optimistic PLD is tighter still: within 0.1 % of the PLD upper bound 162.465.
+        let p = w.iter().find(|e| e.method == "pld_lower").expect("pld_lower witness");
+        assert!(p.epsilon > 0.999 * 162.465 && p.epsilon < 162.465, "{p:?}");
         let s = sound_epsilon(&ev, Neighbouring::AddRemove, 1e-5);
         let d = s.decide(100.0);
         assert_eq!(d.verdict, Verdict::Violated);
-        assert_eq!(d.evidence.unwrap().method, "tilted_tail");
+        assert_eq!(d.evidence.unwrap().method, "pld_lower");
         // And a claim above the PLD bound holds.
         assert_eq!(s.decide(170.0).verdict, Verdict::Holds);
+    }
+
+    /// q = 0.01, σ = 1, T = 1,000, δ = 1e-5: dp_accounting 0.6.0's pessimistic PLD at grid 1e-5
+    /// gives 1.8282367 (fixtures/reference/pld_near_truth.csv). Claims 0.5 % either side are
+    /// decided: below by the optimistic PLD (the tilted tail and the one-step witnesses do not
+    /// reach it), above by the PLD upper bound; the two bounds bracket the reference.
+    #[test]
+    fn claims_half_a_percent_from_the_truth_are_decided_at_1000_steps() {
+        let truth = 1.8282367367;
+        let ev = DpEvent::dpsgd(1.0, 0.01, 1000);
+        let s = sound_epsilon(&ev, Neighbouring::AddRemove, 1e-5);
+        let lo = s.lower.as_ref().unwrap();
+        assert_eq!(lo.method, "pld_lower", "{s:?}");
+        assert!(lo.epsilon <= truth && lo.epsilon > 0.995 * truth, "{lo:?}");
+        let d = s.decide(0.995 * truth);
+        assert_eq!(d.verdict, Verdict::Violated, "{d:?}");
+        assert_eq!(s.decide(1.005 * truth).verdict, Verdict::Holds);
     }
 
     #[test]

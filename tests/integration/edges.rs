@@ -581,10 +581,10 @@ fn dpagg_ti_claim_with_delta_above_the_rate_is_trivially_true() {
     assert_ne!(v["claims"][0]["verdict"], "holds", "{}", v["claims"][0]);
 }
 
-/// A `laplace` leaf in an event file: pld (dominated by its (1/b, 0)-DP pair) and rdp (Mironov
+/// A `laplace` leaf in an event file: pld (the exact Laplace PLD) and rdp (Mironov
 /// 2017 Prop. 6) give sound ε no larger than the pure composition k/b; gdp and clt refuse it
 /// with a reason naming the Laplace mechanism; a Poisson-subsampled Laplace is accounted by the
-/// pld (amplified pure DP) and refused by the rdp with its reason.
+/// pld (the exact subsampled Laplace PLD) and refused by the rdp with its reason.
 #[test]
 fn laplace_leaf_is_accounted_by_pld_and_rdp_and_refused_by_gdp_and_clt() {
     let dir = tempfile::tempdir().unwrap();
