@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The docs/attacks.md table of the DP MNIST diffusion model and its non-private twin: loss, SecMI
-# and PIA at t = 10, 50, 100, 200 on the first 1,000 members and 1,000 non-members of
+# and PIA at t = 10, 50, 100, 200 on a seeded random 1,000 members and 1,000 non-members of
 # fixtures/splits/mnist-dp.toml (AUC, TPR at 1 % and 0.1 % FPR, held-out ASR with its interval,
 # each beside the limit of the DP model's ledger), the one-run audit of the DP model's canaries
 # (ε lower bound against the accounted ε) and a sample grid of each model.
