@@ -206,24 +206,7 @@ pub fn audit_scores(scores: &AuditScores, delta: f64, alpha: f64) -> Result<Audi
             best = (e, t);
         }
     }
-    let threshold = best.1;
-    let (fp, fneg) = counts_at(&scores.test_out, &scores.test_in, threshold);
-    let (n0, n1) = (scores.test_out.len() as u64, scores.test_in.len() as u64);
-    let fpr_upper = cp_upper(fp, n0, alpha / 2.0);
-    let fnr_upper = cp_upper(fneg, n1, alpha / 2.0);
-    Ok(AuditOutcome {
-        threshold,
-        test_out: n0,
-        test_in: n1,
-        false_positives: fp,
-        false_negatives: fneg,
-        fpr_upper,
-        fnr_upper,
-        epsilon_point: epsilon_from_rates(fp as f64 / n0 as f64, fneg as f64 / n1 as f64, delta),
-        epsilon_lower: epsilon_from_rates(fpr_upper, fnr_upper, delta),
-        confidence: 1.0 - alpha,
-        delta,
-    })
+    audit_at(best.1, &scores.test_out, &scores.test_in, delta, alpha)
 }
 
 /// The bound of [`audit_scores`] at a threshold fixed in advance (every run measures).

@@ -115,16 +115,7 @@ impl Canaries {
                 return Err(bad(format!("expected {} values, got {}", dim + 2, v.len())));
             }
             c.ids.push(v[0].to_string());
-            c.included.push(match v[1] {
-                "1" => true,
-                "0" => false,
-                o => {
-                    return Err(bad(format!(
-                        "`included` must be 1 or 0, got {}",
-                        crate::error::token(o)
-                    )))
-                }
-            });
+            c.included.push(included_bit(v[1]).map_err(bad)?);
             for x in &v[2..] {
                 let f: f32 = x
                     .parse()
@@ -178,6 +169,15 @@ impl Canaries {
             .with_file(card_path));
         }
         Ok(c)
+    }
+}
+
+/// The `included` column of a canaries file: 1 or 0.
+fn included_bit(v: &str) -> std::result::Result<bool, String> {
+    match v {
+        "1" => Ok(true),
+        "0" => Ok(false),
+        o => Err(format!("`included` must be 1 or 0, got {}", crate::error::token(o))),
     }
 }
 
@@ -307,16 +307,7 @@ impl GradientCanaries {
             if v.len() != 4 {
                 return Err(bad(format!("expected 4 values, got {}", v.len())));
             }
-            let inc = match v[1] {
-                "1" => true,
-                "0" => false,
-                o => {
-                    return Err(bad(format!(
-                        "`included` must be 1 or 0, got {}",
-                        crate::error::token(o)
-                    )))
-                }
-            };
+            let inc = included_bit(v[1]).map_err(bad)?;
             let j: usize = v[3]
                 .parse()
                 .map_err(|_| bad(format!("`index` {} is not a count", crate::error::token(v[3]))))?;

@@ -57,6 +57,24 @@ fn plan(out: &std::path::Path, sigma: f64, q: f64, canaries: usize, defect: Opti
     }
 }
 
+/// `mia --audit one-run` on `card` (loss at t = 10 for the black-box part) with `more` flags.
+fn audit(card: &str, more: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "mia",
+        "--checkpoint",
+        card,
+        "--audit",
+        "one-run",
+        "--attack",
+        "loss",
+        "--timesteps",
+        "10",
+        "--quiet",
+    ];
+    args.extend_from_slice(more);
+    dpaudit(&args)
+}
+
 /// Trains (with `defect`) and audits through the binary; returns (exit code, report JSON).
 fn train_and_audit(
     name: &str,
@@ -69,20 +87,7 @@ fn train_and_audit(
     let stem = dir.path().join(name);
     run(&plan(&stem, sigma, q, m, defect, 11), &candle_core::Device::Cpu, "cpu").unwrap();
     let card = format!("{}.toml", stem.display());
-    let o = dpaudit(&[
-        "mia",
-        "--checkpoint",
-        &card,
-        "--audit",
-        "one-run",
-        "--attack",
-        "loss",
-        "--timesteps",
-        "10",
-        "--format",
-        "json",
-        "--quiet",
-    ]);
+    let o = audit(&card, &["--format", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&o)));
     (o.status.code().unwrap_or(-1), json, stdout(&o))
 }
