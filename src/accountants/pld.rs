@@ -2475,9 +2475,8 @@ impl Accountant for PldAccountant {
         Ok(replace_one_assumption(r, event, neighbouring))
     }
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
-        let r = self.delta_at(event, neighbouring, epsilon)?;
-        let r = self.refine_small_delta(r, epsilon, |acc| acc.delta_at(event, neighbouring, epsilon));
-        Ok(replace_one_assumption(r, event, neighbouring))
+        self.delta_at(event, neighbouring, epsilon)
+            .map(|r| replace_one_assumption(r, event, neighbouring))
     }
     fn epsilon_profile(
         &self,
@@ -2508,64 +2507,8 @@ impl Accountant for PldAccountant {
 const SMALL_EPSILON_INTERVALS: f64 = 1000.0;
 
 impl PldAccountant {
-    /// The grid for an ε below [`SMALL_EPSILON_INTERVALS`] intervals: h·2^{−k}, the first
-    /// power-of-two step of h at or below ε/2000 (at least 1e-12). On the ladder of powers of two
-    /// so that δ(ε) at the refined ε finds the grid ε(δ) used ([`Self::refine_small_delta`]).
-    fn fine_grid(&self, eps: f64) -> Option<f64> {
-        let h = self.value_discretization_interval;
-        if !(eps.is_finite() && eps > 0.0 && eps < SMALL_EPSILON_INTERVALS * h) {
-            return None;
-        }
-        let k_max = (h / 1e-12).log2().floor().max(1.0);
-        let k = (2000.0 * h / eps).log2().ceil().clamp(1.0, k_max);
-        Some(h * 2f64.powi(-(k as i32)))
-    }
-
-    /// δ(ε) for an ε below [`SMALL_EPSILON_INTERVALS`] grid intervals: also on the ladder grids
-    /// [`Self::fine_grid`](ε) × {1, 2, 4} (below h), the smallest certified δ kept. These include
-    /// the grid on which `epsilon` certified any refined ε(δ) (it picks its grid from the coarse ε,
-    /// at most a factor 4 above the refined one here), so δ(ε(δ)) ≤ δ holds across the refinement.
-    fn refine_small_delta(
-        &self,
-        r: AccountResult,
-        epsilon: f64,
-        again: impl Fn(&PldAccountant) -> Result<AccountResult>,
-    ) -> AccountResult {
-        let h = self.value_discretization_interval;
-        let Some(hf) = self.fine_grid(epsilon) else {
-            return r;
-        };
-        if r.accountant != AccountantKind::Pld || r.kind != BoundKind::UpperBound {
-            return r;
-        }
-        let coarse = r.delta;
-        let mut best = r;
-        for h2 in [hf, 2.0 * hf, 4.0 * hf] {
-            if h2 >= h {
-                continue;
-            }
-            let acc = PldAccountant {
-                value_discretization_interval: h2,
-                ..self.clone()
-            };
-            if let Ok(f) = again(&acc) {
-                if f.kind == BoundKind::UpperBound && f.accountant == AccountantKind::Pld && f.delta < best.delta {
-                    best = f;
-                }
-            }
-        }
-        if best.delta < coarse {
-            best = best.with_detail("coarse_grid_delta", coarse).with_diagnostic(
-                "pld_grid_refined",
-                format!("ε = {epsilon:e} is below {SMALL_EPSILON_INTERVALS} grid intervals of {h:e}: δ also computed on grids scaled to ε (the coarse grid gave {coarse:e})"),
-                false,
-            );
-        }
-        best
-    }
-
     /// When ε is below [`SMALL_EPSILON_INTERVALS`] grid intervals, composes again on the grid
-    /// [`Self::fine_grid`](ε) (≈ ε/2000 to ε/4000, at least 1e-12) and keeps the smaller of the two certified answers (both are
+    /// h' = ε/2000 (at least 1e-12) and keeps the smaller of the two certified answers (both are
     /// upper bounds: the grid only changes tightness). The result names the grid it used.
     fn refine_small_epsilon(
         &self,
@@ -2580,11 +2523,8 @@ impl PldAccountant {
         {
             return r;
         }
-        let Some(hf) = self.fine_grid(r.epsilon) else {
-            return r;
-        };
         let fine = PldAccountant {
-            value_discretization_interval: hf,
+            value_discretization_interval: (r.epsilon / 2000.0).max(1e-12),
             ..self.clone()
         };
         match again(&fine) {
