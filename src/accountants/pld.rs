@@ -2470,9 +2470,8 @@ impl Accountant for PldAccountant {
         leaves(&event.components()?, neighbouring).map(|_| ())
     }
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
-        let r = self.epsilon_at(event, neighbouring, delta)?;
-        let r = self.refine_small_epsilon(r, |acc| acc.epsilon_at(event, neighbouring, delta));
-        Ok(replace_one_assumption(r, event, neighbouring))
+        self.epsilon_at(event, neighbouring, delta)
+            .map(|r| replace_one_assumption(r, event, neighbouring))
     }
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         self.delta_at(event, neighbouring, epsilon)
@@ -2486,62 +2485,8 @@ impl Accountant for PldAccountant {
         grid: &[f64],
     ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
         let (head, rest) = self.profile_at(event, neighbouring, delta, grid);
-        // Each point refined as `epsilon` refines it at that δ alone (same rule, same value).
-        let note = |r: Result<AccountResult>, d: f64| {
-            r.map(|r| {
-                let r = self.refine_small_epsilon(r, |acc| acc.epsilon_at(event, neighbouring, d));
-                replace_one_assumption(r, event, neighbouring)
-            })
-        };
-        (
-            note(head, delta),
-            rest.into_iter().zip(grid).map(|(r, &d)| note(r, d)).collect(),
-        )
-    }
-}
-
-/// Below this many grid intervals of ε, [`PldAccountant::refine_small_epsilon`] recomputes on a
-/// grid scaled to ε: connect-the-dots adds up to ≈ h per step in the tails, which is most of an
-/// ε of a few grid intervals (q = 1e-3, σ = 5, T = 100: 0.004655 at h = 1e-4 against 0.004554 at
-/// 1e-6, dp_accounting 0.6.0).
-const SMALL_EPSILON_INTERVALS: f64 = 1000.0;
-
-impl PldAccountant {
-    /// When ε is below [`SMALL_EPSILON_INTERVALS`] grid intervals, composes again on the grid
-    /// h' = ε/2000 (at least 1e-12) and keeps the smaller of the two certified answers (both are
-    /// upper bounds: the grid only changes tightness). The result names the grid it used.
-    fn refine_small_epsilon(
-        &self,
-        r: AccountResult,
-        again: impl Fn(&PldAccountant) -> Result<AccountResult>,
-    ) -> AccountResult {
-        let h = self.value_discretization_interval;
-        if r.accountant != AccountantKind::Pld
-            || !(r.epsilon.is_finite() && r.epsilon > 0.0 && r.epsilon < SMALL_EPSILON_INTERVALS * h)
-            || r.kind != BoundKind::UpperBound
-            || r.details.contains_key("double_word_fft")
-        {
-            return r;
-        }
-        let fine = PldAccountant {
-            value_discretization_interval: (r.epsilon / 2000.0).max(1e-12),
-            ..self.clone()
-        };
-        match again(&fine) {
-            Ok(f) if f.kind == BoundKind::UpperBound && f.epsilon < r.epsilon && f.accountant == r.accountant => {
-                let fine_epsilon = f.epsilon;
-                f.with_detail("coarse_grid_epsilon", r.epsilon).with_diagnostic(
-                    "pld_grid_refined",
-                    format!(
-                        "ε = {:e} is below {SMALL_EPSILON_INTERVALS} grid intervals of {h:e}: recomposed on a grid \
-                         scaled to ε (the coarse grid gave {:e})",
-                        fine_epsilon, r.epsilon
-                    ),
-                    false,
-                )
-            }
-            _ => r,
-        }
+        let note = |r: Result<AccountResult>| r.map(|r| replace_one_assumption(r, event, neighbouring));
+        (note(head), rest.into_iter().map(note).collect())
     }
 }
 
