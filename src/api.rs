@@ -148,7 +148,7 @@ pub fn white_box_audit(
 ) -> Result<WhiteBoxVerdict> {
     crate::accountants::check_delta(delta)?;
     let m = included.len();
-    if m == 0 || observations.len() % m != 0 {
+    if m == 0 || !observations.len().is_multiple_of(m) {
         return Err(Error::field(
             "observations",
             format!("{} values are not whole steps of {m} canaries", observations.len()),

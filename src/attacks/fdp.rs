@@ -243,16 +243,16 @@ mod tests {
     }
 
     /// The pure-DP curve f_{ε,0} (randomised response): each guess is right with probability
-    /// at most p = e^ε/(1 + e^ε). Where the exact binomial tail says an outcome has probability
-    /// > 2β, the recursion must not reject it at β (validity), and it rejects outcomes that the
-    /// tail puts far below β (power).
+    /// at most p = e^ε/(1 + e^ε). Where the exact binomial tail gives an outcome a probability
+    /// above 2β, the recursion must not reject it at β (validity), and it rejects outcomes that
+    /// the tail puts far below β (power).
     #[test]
     fn pure_dp_curve_agrees_with_the_binomial_tail() {
         for eps in [0.0, 0.5, 1.0, 2.0] {
             let curve = Curve::Profile {
                 points: vec![(eps, 0.0)],
             };
-            let p: f64 = 1.0 / (1.0 + (-eps as f64).exp());
+            let p: f64 = 1.0 / (1.0 + (-eps).exp());
             for cg in [10u64, 50, 200] {
                 for c in 0..=cg {
                     let tail = binom_tail(cg, p, c);
