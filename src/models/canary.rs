@@ -186,27 +186,7 @@ fn included_bit(v: &str) -> std::result::Result<bool, String> {
 /// skips clipping lets the whole 2C through, which the audit sees.
 pub const GRADIENT_CANARY_NORM: f64 = 2.0;
 
-/// What kind of canary a training run inserts (`train --canary-kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CanaryKind {
-    /// Records with ±1 values (black-box: the audit attacks the released model).
-    #[default]
-    Input,
-    /// Dirac gradient canaries observed in every noisy update (white-box, all iterates; Nasr et
-    /// al. 2023, "Tight Auditing of Differentially Private Machine Learning", §4).
-    Gradient,
-}
-
-impl CanaryKind {
-    /// `input` / `gradient`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CanaryKind::Input => "input",
-            CanaryKind::Gradient => "gradient",
-        }
-    }
-}
+pub use super::checkpoint::CanaryKind;
 
 /// White-box gradient canaries (Nasr et al. 2023, Dirac canaries): canary i is a record whose
 /// per-sample gradient is [`GRADIENT_CANARY_NORM`]·C·e_{j_i}, one distinct parameter

@@ -143,6 +143,28 @@ pub struct DpInfo {
     pub rapid: Option<RapidInfo>,
 }
 
+/// What kind of canary a training run inserts (`train --canary-kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CanaryKind {
+    /// Records with ±1 values (black-box: the audit attacks the released model).
+    #[default]
+    Input,
+    /// Dirac gradient canaries observed in every noisy update (white-box, all iterates; Nasr et
+    /// al. 2023, "Tight Auditing of Differentially Private Machine Learning", §4).
+    Gradient,
+}
+
+impl CanaryKind {
+    /// `input` / `gradient`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CanaryKind::Input => "input",
+            CanaryKind::Gradient => "gradient",
+        }
+    }
+}
+
 /// Canaries of a one-run audit (`train --canaries m`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -155,7 +177,7 @@ pub struct CanaryInfo {
     pub count: usize,
     /// `gradient` for white-box gradient canaries (absent: input canaries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<super::canary::CanaryKind>,
+    pub kind: Option<CanaryKind>,
     /// White-box observations file ([steps, m] float32 `.npy`: every noisy update at every
     /// canary's coordinate, in units of C).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,7 +189,7 @@ pub struct CanaryInfo {
 
 impl CanaryInfo {
     /// The kind of canaries (input when the card says nothing).
-    pub fn kind(&self) -> super::canary::CanaryKind {
+    pub fn kind(&self) -> CanaryKind {
         self.kind.unwrap_or_default()
     }
 }
