@@ -220,6 +220,10 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
     };
     crate::limits::check_canaries(plan.canaries, PIXELS)?;
     let gradient = plan.canaries > 0 && plan.canary_kind == CanaryKind::Gradient;
+    if gradient {
+        // The white-box record: one float per canary and step, held until the set is written.
+        crate::limits::check_canaries(plan.canaries, plan.steps)?;
+    }
     if gradient && plan.dp.is_none() {
         return Err(Error::field(
             "--canary-kind",

@@ -172,18 +172,7 @@ fn text_report_names_the_white_box_estimators() {
     )
     .unwrap();
     let card = format!("{}.toml", stem.display());
-    let o = dpaudit(&[
-        "mia",
-        "--checkpoint",
-        &card,
-        "--audit",
-        "one-run",
-        "--attack",
-        "loss",
-        "--timesteps",
-        "10",
-        "--quiet",
-    ]);
+    let o = audit(&card, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let s = stdout(&o);
     for want in [
@@ -200,18 +189,7 @@ fn text_report_names_the_white_box_estimators() {
     let n = bytes.len();
     bytes[n - 1] ^= 1;
     std::fs::write(&obs, bytes).unwrap();
-    let o = dpaudit(&[
-        "mia",
-        "--checkpoint",
-        &card,
-        "--audit",
-        "one-run",
-        "--attack",
-        "loss",
-        "--timesteps",
-        "10",
-        "--quiet",
-    ]);
+    let o = audit(&card, &[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("canary-observations.npy"), "{}", stderr(&o));
     // Without --dp gradient canaries are refused with the flag named.
@@ -229,6 +207,23 @@ fn text_report_names_the_white_box_estimators() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--canary-kind"), "{}", stderr(&o));
+    // The observations (steps × canaries floats) are sized before any work: 10⁵ canaries over
+    // 10⁶ steps would be 400 GB.
+    let o = dpaudit(&[
+        "train",
+        "--dp",
+        "--steps",
+        "1000000",
+        "--canaries",
+        "100000",
+        "--canary-kind",
+        "gradient",
+        "--out",
+        dir.path().join("y").to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--canaries"), "{}", stderr(&o));
 }
 
 /// Validity by simulation (≥ 200 audits of ideal mechanisms with known ε, half of them
