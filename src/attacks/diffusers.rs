@@ -183,21 +183,10 @@ pub fn attacked_rows(
     max_examples: Option<usize>,
 ) -> Result<AttackedRows> {
     images.check_split(split, split_path)?;
-    if plan.table2.is_some() || !plan.cosine_steps.is_empty() {
-        return Err(Error::input(
-            "--table2 and --cosine are for dpaudit's own 8×8 checkpoints",
-        ));
-    }
     if plan.audit == Some(AuditKind::ManyRuns) {
         return Err(Error::field(
             "--audit",
             "many-runs reads a --scores file of independent trials; a diffusers folder supports one-run (train --unet … --canaries m)",
-        ));
-    }
-    if plan.attacks.contains(&AttackKind::Empirical) {
-        return Err(Error::field(
-            "--attack",
-            "the empirical attack is for 8×8 checkpoints; use loss, secmi or pia with a diffusers checkpoint",
         ));
     }
     let record_path = ck.dir.join("training.json");
@@ -223,8 +212,13 @@ pub fn attacked_rows(
             .with_file(&record_path));
         }
     }
+    // Input canaries are scored like records; gradient canaries are audited from the
+    // observations the trainer recorded ([`super::pipeline::white_box_audit_of`]), not scored.
+    let gradient = crate::models::diffusers_train::UnetCard::load(card_dir(ck))?
+        .and_then(|c| c.canaries)
+        .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient);
     let canaries = match plan.audit {
-        Some(AuditKind::OneRun) => {
+        Some(AuditKind::OneRun) if !gradient => {
             let dir = card_dir(ck);
             let (c, _) = card_canaries(dir)?;
             if c.dim != images.dim() {
@@ -298,6 +292,20 @@ fn card_canaries(dir: &Path) -> Result<(Canaries, std::path::PathBuf)> {
             ),
         )
     })?;
+    if card
+        .canaries
+        .as_ref()
+        .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient)
+    {
+        return Err(Error::field(
+            "--audit",
+            format!(
+                "{} holds gradient canaries: they are audited from the observations the trainer recorded (`mia --checkpoint {} --audit one-run`), not from a scores file",
+                dir.display(),
+                dir.display()
+            ),
+        ));
+    }
     Ok((card.canaries(dir)?, dir.join(crate::models::diffusers_train::CARD)))
 }
 
@@ -337,6 +345,13 @@ pub fn score_shard(
         .collect();
     let ids: Vec<String> = q_ix.iter().map(|i| i.to_string()).collect();
     let labels: Vec<bool> = split_pos.iter().map(|&p| p < m).collect();
+    // The empirical attack's denoiser is the sampler's: the empirical denoiser over the rows
+    // the model was trained on (the split's members), whichever shard scores.
+    let train_rows = if plan.attacks.contains(&AttackKind::Empirical) {
+        images.rows(&rows.members)
+    } else {
+        Vec::new()
+    };
     let base = all.len();
     let mut out = Vec::new();
     // Progress counts images: each (attack, step) unit of the bar becomes the images it scores.
@@ -363,7 +378,7 @@ pub fn score_shard(
                 b.set_message(format!("{} at t = {t}", kind.as_str()));
             }
             let t0 = std::time::Instant::now();
-            let s = mia::scores_keyed(kind, den, &[], &q_rows, &q_keys, t, &plan.score)?;
+            let s = mia::scores_keyed(kind, den, &train_rows, &q_rows, &q_keys, t, &plan.score)?;
             crate::timing::note(
                 format_args!("{} at t = {t}, {} records", kind.as_str(), q_keys.len()),
                 t0,
@@ -404,9 +419,8 @@ pub fn score_shard(
 }
 
 /// Runs the plan's attacks on `den` (a loaded diffusers checkpoint) with the split's members and
-/// non-members; `max_examples` keeps only the first that many of each (a reduced set for quick
-/// runs). The empirical attack, the many-runs audit and the Table-2/cosine extras are for 8×8
-/// checkpoints only. Without a stated mechanism (see [`run_with_basis`]) results have no
+/// non-members; `max_examples` keeps a seeded random subset of that many of each (a reduced set
+/// for quick runs). The many-runs audit reads a scores file of independent trials instead. Without a stated mechanism (see [`run_with_basis`]) results have no
 /// theoretical limit. Returns the report and every score record (for `--scores-out`; record ids
 /// are the data rows, canaries their ids).
 #[allow(clippy::too_many_arguments)]
@@ -458,10 +472,15 @@ pub fn run_with_basis(
         .map(|(_, r)| r)
         .collect();
     let t0 = std::time::Instant::now();
-    let report = assemble(
+    let mut report = assemble(
         ck, images, split, split_path, &rows, plan, device, &records, basis, start,
     )?;
     crate::timing::note("metrics and report", t0);
+    let (members, nonmembers) = (images.rows(&rows.members), images.rows(&rows.nonmembers));
+    let (cosine, table2) = super::pipeline::extras(den, &den.schedule, &members, &nonmembers, plan, bar)?;
+    report.cosine = cosine;
+    report.table2 = table2;
+    report.elapsed_s = start.elapsed().as_secs_f64();
     Ok((report, records))
 }
 
@@ -481,14 +500,38 @@ pub fn assemble(
     start: std::time::Instant,
 ) -> Result<MiaReport> {
     let name = ck.dir.display().to_string();
+    let card = crate::models::diffusers_train::UnetCard::load(card_dir(ck))?;
+    let white_box = match &card {
+        Some(c) => super::pipeline::white_box_audit_of(
+            c.canaries.as_ref(),
+            c.dp.as_ref(),
+            card_dir(ck),
+            &card_dir(ck).join(crate::models::diffusers_train::CARD),
+            plan,
+        )?,
+        None => None,
+    };
+    // With gradient canaries the one-run audit is the white-box one; the scores are black-box
+    // attacks on the split only.
+    let black_box_plan = MiaPlan {
+        audit: None,
+        ..plan.clone()
+    };
     let Evaluated {
         results,
         null_results,
-        one_run,
+        mut one_run,
         many_runs,
-        comparisons,
-    } = evaluate_scores(records, plan, basis, Some(&name))?;
-    let card = crate::models::diffusers_train::UnetCard::load(card_dir(ck))?;
+        mut comparisons,
+    } = evaluate_scores(
+        records,
+        if white_box.is_some() { &black_box_plan } else { plan },
+        basis,
+        Some(&name),
+    )?;
+    if let Some(wb) = &white_box {
+        one_run = Some(super::pipeline::white_box_comparisons(wb, basis, &mut comparisons));
+    }
     let record = rows.training.as_ref();
     let mut warnings = Vec::new();
     if let Some(c) = &card {
@@ -539,7 +582,7 @@ pub fn assemble(
         table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
         precision: None,
-        white_box: None,
+        white_box,
     })
 }
 
@@ -556,6 +599,7 @@ pub fn folder_sha256(unet_dir: &Path) -> Result<String> {
         dt::CARD,
         dt::LEDGER,
         dt::CANARIES,
+        dt::OBSERVATIONS,
         dt::TRAINING,
     ] {
         let p = unet_dir.join(name);

@@ -839,102 +839,12 @@ pub fn assemble(
         mut comparisons,
     } = evaluate_scores(records, eval_plan, ck_basis.as_ref(), Some(&ck_name))?;
     if let Some(wb) = &white_box {
-        let mech = format!(
-            "training run with {} gradient canaries ({} included), every noisy update observed",
-            wb.canaries, wb.included
-        );
-        let mut c = audit_comparison(
-            "one-run audit (white-box; Steinke, Nasr & Jagielski 2023, Thm 3.3)",
-            mech.clone(),
-            wb.steinke.epsilon_lower,
-            wb.steinke.confidence,
-            wb.delta,
-            ck_basis.as_ref(),
-            format!(
-                "likelihood-ratio scores of the ledger's mechanism over {} noisy updates; {} candidates, Bonferroni",
-                wb.steps, wb.steinke.candidates
-            ),
-        );
-        c.outcome = ledger_sentence(&c);
-        comparisons.push(c);
-        let mut c = audit_comparison(
-            "f-DP one-run audit (white-box; Mahloujifar, Melis & Chaudhuri 2025)",
-            mech,
-            wb.fdp.epsilon_lower,
-            wb.fdp.confidence,
-            wb.delta,
-            ck_basis.as_ref(),
-            format!(
-                "the same scores against the family {}; ε of the rejected member by its sound lower bound; {}",
-                wb.fdp.family,
-                if wb.fdp.ledger_rejected {
-                    "the ledger's own trade-off curve is rejected"
-                } else {
-                    "the ledger's own trade-off curve is not rejected"
-                }
-            ),
-        );
-        c.outcome = ledger_sentence(&c);
-        comparisons.push(c);
-        let t = &wb.trials;
-        let mut c = audit_comparison(
-            "independent-trials audit (white-box; canaries as trials, Clopper–Pearson)",
-            format!(
-                "training run with {} gradient canaries ({} included), every noisy update observed",
-                wb.canaries, wb.included
-            ),
-            t.epsilon_lower,
-            t.confidence,
-            wb.delta,
-            ck_basis.as_ref(),
-            format!(
-                "threshold {} chosen on half the canaries; on the other {} + {}: {} false positives, {} false negatives; assumes the canaries' observations are independent trials (distinct coordinates, independent noise)",
-                crate::numeric::format::sig6(t.threshold),
-                t.test_in,
-                t.test_out,
-                t.false_positives,
-                t.false_negatives
-            ),
-        );
-        c.outcome = ledger_sentence(&c);
-        comparisons.push(c);
-        let g = &wb.gaussian;
-        if g.kind == crate::accountants::BoundKind::LowerBound {
-            let mut c = audit_comparison(
-                "Gaussian-shift audit (white-box; GDP reading of the canary sums)",
-                format!(
-                    "training run with {} gradient canaries ({} included), every noisy update observed",
-                    wb.canaries, wb.included
-                ),
-                g.epsilon_lower,
-                g.confidence,
-                wb.delta,
-                ck_basis.as_ref(),
-                format!(
-                    "μ̂ = {}, lower confidence bound {}; exact for the full-batch Gaussian mechanism the ledger states (each canary's summed observation is N(μ, 1) in, N(0, 1) out)",
-                    crate::numeric::format::sig6(g.mu_hat),
-                    crate::numeric::format::sig6(g.mu_lower)
-                ),
-            );
-            c.outcome = ledger_sentence(&c);
-            comparisons.push(c);
-        }
-        let mut s = wb.steinke.clone();
-        s.threat_model = wb.threat_model.clone();
-        one_run = Some(s);
+        one_run = Some(white_box_comparisons(wb, ck_basis.as_ref(), &mut comparisons));
     }
     let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
     let members = data.rows(&member_ix);
     let nonmembers = data.rows(&nonmember_ix);
-    let cosine = if plan.cosine_steps.is_empty() {
-        Vec::new()
-    } else {
-        cosine_profile(ck, &members, &nonmembers, &plan.cosine_steps, plan.score.seed)?
-    };
-    let table2 = match &plan.table2 {
-        None => None,
-        Some(o) => Some(table2(ck, &members, &nonmembers, o, plan, bar)?),
-    };
+    let (cosine, table2) = extras(ck, &ck.schedule, &members, &nonmembers, plan, bar)?;
     let mut warnings = Vec::new();
     if ck.card.training.randomness != crate::models::checkpoint::RANDOMNESS_OS {
         warnings.push(format!("training randomness: {}", ck.card.training.randomness));
@@ -969,23 +879,135 @@ pub fn assemble(
     })
 }
 
+/// The comparisons of a white-box audit's four estimators with the ledger (`basis`), appended
+/// to `comparisons`; returns the Steinke et al. bound as the report's one-run audit, labelled
+/// with its threat model. Shared by every checkpoint kind.
+pub fn white_box_comparisons(
+    wb: &super::white_box::WhiteBoxAudit,
+    basis: Option<&Basis>,
+    comparisons: &mut Vec<Comparison>,
+) -> super::one_run::OneRunAudit {
+    let mech = format!(
+        "training run with {} gradient canaries ({} included), every noisy update observed",
+        wb.canaries, wb.included
+    );
+    let mut c = audit_comparison(
+        "one-run audit (white-box; Steinke, Nasr & Jagielski 2023, Thm 3.3)",
+        mech.clone(),
+        wb.steinke.epsilon_lower,
+        wb.steinke.confidence,
+        wb.delta,
+        basis,
+        format!(
+            "likelihood-ratio scores of the ledger's mechanism over {} noisy updates; {} candidates, Bonferroni",
+            wb.steps, wb.steinke.candidates
+        ),
+    );
+    c.outcome = ledger_sentence(&c);
+    comparisons.push(c);
+    let mut c = audit_comparison(
+        "f-DP one-run audit (white-box; Mahloujifar, Melis & Chaudhuri 2025)",
+        mech,
+        wb.fdp.epsilon_lower,
+        wb.fdp.confidence,
+        wb.delta,
+        basis,
+        format!(
+            "the same scores against the family {}; ε of the rejected member by its sound lower bound; {}",
+            wb.fdp.family,
+            if wb.fdp.ledger_rejected {
+                "the ledger's own trade-off curve is rejected"
+            } else {
+                "the ledger's own trade-off curve is not rejected"
+            }
+        ),
+    );
+    c.outcome = ledger_sentence(&c);
+    comparisons.push(c);
+    let t = &wb.trials;
+    let mut c = audit_comparison(
+        "independent-trials audit (white-box; canaries as trials, Clopper–Pearson)",
+        format!(
+            "training run with {} gradient canaries ({} included), every noisy update observed",
+            wb.canaries, wb.included
+        ),
+        t.epsilon_lower,
+        t.confidence,
+        wb.delta,
+        basis,
+        format!(
+            "threshold {} chosen on half the canaries; on the other {} + {}: {} false positives, {} false negatives; assumes the canaries' observations are independent trials (distinct coordinates, independent noise)",
+            crate::numeric::format::sig6(t.threshold),
+            t.test_in,
+            t.test_out,
+            t.false_positives,
+            t.false_negatives
+        ),
+    );
+    c.outcome = ledger_sentence(&c);
+    comparisons.push(c);
+    let g = &wb.gaussian;
+    if g.kind == crate::accountants::BoundKind::LowerBound {
+        let mut c = audit_comparison(
+            "Gaussian-shift audit (white-box; GDP reading of the canary sums)",
+            format!(
+                "training run with {} gradient canaries ({} included), every noisy update observed",
+                wb.canaries, wb.included
+            ),
+            g.epsilon_lower,
+            g.confidence,
+            wb.delta,
+            basis,
+            format!(
+                "μ̂ = {}, lower confidence bound {}; exact for the full-batch Gaussian mechanism the ledger states (each canary's summed observation is N(μ, 1) in, N(0, 1) out)",
+                crate::numeric::format::sig6(g.mu_hat),
+                crate::numeric::format::sig6(g.mu_lower)
+            ),
+        );
+        c.outcome = ledger_sentence(&c);
+        comparisons.push(c);
+    }
+    let mut s = wb.steinke.clone();
+    s.threat_model = wb.threat_model.clone();
+    s
+}
+
 /// The white-box audit of a checkpoint trained with gradient canaries (`--audit one-run`).
 pub fn white_box_audit(ck: &Checkpoint, plan: &MiaPlan) -> Result<Option<super::white_box::WhiteBoxAudit>> {
+    white_box_audit_of(
+        ck.card.canaries.as_ref(),
+        ck.card.dp.as_ref(),
+        ck.dir(),
+        &ck.card_path,
+        plan,
+    )
+}
+
+/// The white-box audit of any checkpoint whose card (at `card_path`, its files in `dir`) names
+/// gradient canaries (`canaries`) and the DP-SGD settings of its ledger (`dp`): the canaries
+/// file and the observations are checked against the card's SHA-256, count and shape, then
+/// audited ([`super::white_box::audit`]). `None` without gradient canaries or `--audit one-run`.
+pub fn white_box_audit_of(
+    canaries: Option<&crate::models::checkpoint::CanaryInfo>,
+    dp: Option<&DpInfo>,
+    dir: &std::path::Path,
+    card_path: &std::path::Path,
+    plan: &MiaPlan,
+) -> Result<Option<super::white_box::WhiteBoxAudit>> {
     use crate::models::canary::{CanaryKind, GradientCanaries};
-    let Some(info) = ck.card.canaries.as_ref().filter(|i| i.kind() == CanaryKind::Gradient) else {
+    let Some(info) = canaries.filter(|i| i.kind() == CanaryKind::Gradient) else {
         return Ok(None);
     };
     if plan.audit != Some(AuditKind::OneRun) {
         return Ok(None);
     }
-    let bad = |field: &str, m: String| Err(Error::field(field, m).with_file(&ck.card_path));
-    let Some(dp) = ck.card.dp.as_ref() else {
+    let bad = |field: &str, m: String| Err(Error::field(field, m).with_file(card_path));
+    let Some(dp) = dp else {
         return bad(
             "canaries.kind",
             "gradient canaries without a DP section: nothing to audit".into(),
         );
     };
-    let dir = ck.dir();
     let p = dir.join(&info.file);
     let sha = crate::models::data::sha256_file(&p)?;
     if sha != info.sha256 {
@@ -1101,20 +1123,44 @@ pub fn from_scores_basis(
     })
 }
 
+/// The Figure-1 cosine profile and the Table-2 comparison that `plan` asks for (none: empty, None),
+/// for any ε-prediction model `den` on the DDPM schedule `sched`, against the empirical denoiser
+/// over `members` (the trained-on rows, [n, dim]) with `nonmembers` as the held-out rows. One
+/// function for every checkpoint kind (dpaudit's 8×8 nets and diffusers UNets).
+pub fn extras(
+    den: &dyn Denoiser,
+    sched: &crate::models::Schedule,
+    members: &[f32],
+    nonmembers: &[f32],
+    plan: &MiaPlan,
+    bar: Option<&ProgressBar>,
+) -> Result<(Vec<CosinePoint>, Option<Table2>)> {
+    let cosine = if plan.cosine_steps.is_empty() {
+        Vec::new()
+    } else {
+        cosine_profile(den, members, nonmembers, &plan.cosine_steps, plan.score.seed)?
+    };
+    let table2 = match &plan.table2 {
+        None => None,
+        Some(o) => Some(table2(den, sched, members, nonmembers, o, plan, bar)?),
+    };
+    Ok((cosine, table2))
+}
+
 fn table2(
-    ck: &Checkpoint,
+    den: &dyn Denoiser,
+    sched: &crate::models::Schedule,
     members: &[f32],
     nonmembers: &[f32],
     o: &Table2Opts,
     plan: &MiaPlan,
     bar: Option<&ProgressBar>,
 ) -> Result<Table2> {
-    let sched = &ck.schedule;
-    let dim = ck.dim();
+    let dim = den.dim();
     let mut rows = Vec::new();
     let heldout = |kind: AttackKind, t: usize| -> Result<f64> {
-        let pos = mia::scores(kind, ck, members, members, t, &plan.score)?;
-        let neg = mia::scores(kind, ck, members, nonmembers, t, &plan.score)?;
+        let pos = mia::scores(kind, den, members, members, t, &plan.score)?;
+        let neg = mia::scores(kind, den, members, nonmembers, t, &plan.score)?;
         let h = HeldOut::split(&pos, &neg, plan.metric.seed)?;
         Ok(super::metrics::heldout_asr(&h)?.0)
     };
@@ -1123,7 +1169,7 @@ fn table2(
         if let Some(b) = bar {
             b.set_message(format!("table 2 at {label}"));
         }
-        let cos = cosine_profile(ck, members, nonmembers, &[t], plan.score.seed)?[0].cosine_mean;
+        let cos = cosine_profile(den, members, nonmembers, &[t], plan.score.seed)?[0].cosine_mean;
         let mus = theory::sampler_step_mus(sched, t, o.stride, members.len() / dim, o.clip, o.density);
         let mut th = Vec::new();
         for &p in &o.rates {

@@ -316,8 +316,10 @@ impl DiffusersRun {
     /// The plan, with the empirical attack dropped (warned) when it came from the defaults.
     fn plan(&self, a: &Args, den: &dpaudit::models::diffusers::DiffusersDenoiser<'_>) -> anyhow::Result<MiaPlan> {
         let mut p = plan(a, Some(&|s: &str| den.schedule.parse_timestep(s)))?;
-        if p.attacks.contains(&AttackKind::Empirical) {
-            eprintln!("warning: the empirical attack is for 8×8 checkpoints; skipped for this diffusers checkpoint");
+        if a.attack.is_empty() && p.attacks.contains(&AttackKind::Empirical) {
+            // It attacks the sampler's denoiser (every member against every query), not the
+            // UNet: asked for by name only.
+            eprintln!("note: the empirical attack is not a default for a diffusers checkpoint (ask for it with --attack empirical)");
             p.attacks.retain(|k| *k != AttackKind::Empirical);
         }
         Ok(p)

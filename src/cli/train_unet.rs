@@ -30,10 +30,11 @@ pub fn run(
         )
         .into());
     }
-    if a.canaries > 0 && matches!(a.canary_kind, crate::cli::train::CanaryKindArg::Gradient) {
+    let gradient = a.canaries > 0 && matches!(a.canary_kind, crate::cli::train::CanaryKindArg::Gradient);
+    if gradient && !a.dp {
         return Err(Error::field(
             "--canary-kind",
-            "gradient canaries (the white-box audit) are inserted by the 8×8 trainer (`train --dp` without --unet); a --unet run takes input canaries",
+            "gradient canaries are observed in DP-SGD's noisy updates: train with --dp (or use --canary-kind input)",
         )
         .into());
     }
@@ -55,7 +56,7 @@ pub fn run(
     // Existing outputs are refused before any work, and so is a symbolic link at an output
     // folder (it would send the set, with --force its replacements, elsewhere).
     dpaudit::report::output::refuse_link(&out)?;
-    for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
+    for f in diffusers_train::output_files(a.dp, a.canaries > 0, gradient) {
         dpaudit::report::output::check_file(&out.join(f), a.force)?;
     }
     if sign_key.is_some() {
@@ -66,7 +67,7 @@ pub fn run(
         Some(_) => {
             let dir = out.join(diffusers_train::CHECKPOINT_DIR);
             dpaudit::report::output::refuse_link(&dir)?;
-            for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
+            for f in diffusers_train::output_files(a.dp, a.canaries > 0, gradient) {
                 dpaudit::report::output::check_file(&dir.join(f), a.force)?;
             }
         }
@@ -99,6 +100,11 @@ pub fn run(
         t_min: a.t_min,
         t_max: a.t_max,
         canaries: a.canaries,
+        canary_kind: if gradient {
+            dpaudit::models::canary::CanaryKind::Gradient
+        } else {
+            dpaudit::models::canary::CanaryKind::Input
+        },
         seed: a.seed,
         dp: a.dp.then_some(UnetDpPlan {
             noise_multiplier: a.noise_multiplier,

@@ -33,7 +33,7 @@ use rand::{Rng, SeedableRng, TryRngCore};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::canary::Canaries;
+use super::canary::{Canaries, CanaryKind, GradientCanaries, WhiteBoxRecorder, GRADIENT_CANARY_NORM};
 use super::checkpoint::{CanaryInfo, DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
 use super::data::{indices_sha256, sha256_file, sha256_hex, Part};
 use super::diffusers::{read_weights, unet_dir, WEIGHTS};
@@ -58,6 +58,9 @@ pub const TRAINING: &str = "training.json";
 pub const SCHEDULER: &str = "scheduler_config.json";
 /// The canaries of a `--canaries m` run (contents and the secret inclusion bits).
 pub const CANARIES: &str = "canaries.csv";
+/// The white-box record of a `--canaries m --canary-kind gradient` run: every noisy update at
+/// every gradient canary's coordinate, [steps, m] float32 in units of C.
+pub const OBSERVATIONS: &str = "canary-observations.npy";
 
 /// Named architectures: (name, config.json text, description).
 pub const PRESETS: &[(&str, &str, &str)] = &[
@@ -307,6 +310,8 @@ pub struct UnetTrainPlan {
     pub t_max: Option<usize>,
     /// Canaries for a one-run audit (0: none).
     pub canaries: usize,
+    /// Input canaries (±1 images, black-box) or gradient canaries (white-box, DP only).
+    pub canary_kind: CanaryKind,
     /// `--seed` (None: the OS CSPRNG).
     pub seed: Option<u64>,
     /// DP-SGD.
@@ -324,7 +329,7 @@ pub struct UnetTrainPlan {
 }
 
 /// Every file a released folder may hold (what a signature must cover when present).
-pub const RELEASED: [&str; 7] = [
+pub const RELEASED: [&str; 8] = [
     "config.json",
     crate::models::diffusers::WEIGHTS,
     SCHEDULER,
@@ -332,6 +337,7 @@ pub const RELEASED: [&str; 7] = [
     TRAINING,
     LEDGER,
     CANARIES,
+    OBSERVATIONS,
 ];
 
 /// `files` with the signature of `key` added (the signature is part of the same set).
@@ -360,13 +366,16 @@ pub struct UnetTrainOutcome {
 }
 
 /// The files a run writes into its folder.
-pub fn output_files(dp: bool, canaries: bool) -> Vec<&'static str> {
+pub fn output_files(dp: bool, canaries: bool, gradient: bool) -> Vec<&'static str> {
     let mut v = vec!["config.json", WEIGHTS, SCHEDULER, CARD, TRAINING];
     if dp {
         v.push(LEDGER);
     }
     if canaries {
         v.push(CANARIES);
+        if gradient {
+            v.push(OBSERVATIONS);
+        }
     }
     v
 }
@@ -688,9 +697,38 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         return Err(Error::input(format!("the split has no {:?} rows", plan.on)).with_file(&plan.split));
     }
     let mut x0 = images.rows(&private_ix);
-    // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
+    let gradient = plan.canaries > 0 && plan.canary_kind == CanaryKind::Gradient;
+    // White-box gradient canaries (Nasr et al. 2023): distinct parameter coordinates, each
+    // included with probability ½ and then Poisson-sampled like every private row, so the
+    // ledger is unchanged; every noisy update is observed at their coordinates.
+    let mut recorder = if gradient {
+        if plan.dp.is_none() {
+            return Err(Error::field(
+                "--canary-kind",
+                "gradient canaries are observed in DP-SGD's noisy updates: train with --dp (or use --canary-kind input)",
+            ));
+        }
+        let shapes: Vec<(String, usize)> = model
+            .names()
+            .into_iter()
+            .zip(model.vars())
+            .map(|(n, v)| (n, v.as_tensor().elem_count()))
+            .collect();
+        crate::limits::check_canaries(plan.canaries, 1)?;
+        // The white-box record: one float per canary and step, held until the set is written.
+        crate::limits::check_canaries(plan.canaries, plan.steps)?;
+        let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0x6a7d_c4e1));
+        Some(WhiteBoxRecorder::new(GradientCanaries::generate(
+            plan.canaries,
+            &shapes,
+            &mut rng,
+        )?))
+    } else {
+        None
+    };
+    // Input canaries: random ±1 images, each included with probability ½ (secret unless seeded).
     crate::limits::check_canaries(plan.canaries, dim)?;
-    let canaries = (plan.canaries > 0).then(|| {
+    let canaries = (plan.canaries > 0 && !gradient).then(|| {
         let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
         Canaries::generate(plan.canaries, dim, &mut rng)
     });
@@ -724,10 +762,15 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         private_ix.len(),
         format!("{:?}", plan.on).to_lowercase(),
         plan.data.display(),
-        canaries
-            .as_ref()
-            .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
-            .unwrap_or_default()
+        match (&canaries, &recorder) {
+            (Some(c), _) => format!(" + {} canaries (of {})", n - private_ix.len(), c.len()),
+            (None, Some(wb)) => format!(
+                " + {} gradient canaries (of {}; white-box)",
+                wb.canaries.included.iter().filter(|&&b| b).count(),
+                wb.canaries.len()
+            ),
+            _ => String::new(),
+        }
     );
     let folder = Folder {
         plan,
@@ -857,8 +900,17 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                         sum.insert(name, (acc + p)?);
                     }
                 }
+                // Gradient canaries join the sum as clipped records (norm 2C clipped to C), each
+                // included one Poisson-sampled at q from the trainer's sampling stream.
+                if let Some(wb) = recorder.as_ref() {
+                    let scale = 1.0 / GRADIENT_CANARY_NORM.max(1.0);
+                    wb.inject(&mut sum, d.sample_rate, d.clip, scale, &mut rng)?;
+                }
                 // Gaussian noise σC on the sum, ÷ q·n, Adam.
                 let mut released = super::dp::release(&sum, d.noise_multiplier * d.clip, expected, &mut noise_rng)?;
+                if let Some(wb) = recorder.as_mut() {
+                    wb.observe(&released, expected / d.clip)?;
+                }
                 let mut store = GradStore::default();
                 for (name, v) in names.iter().zip(&vars) {
                     let g = released
@@ -871,7 +923,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 ledger.push(step_event.clone());
                 bar.inc(1);
                 log.step(step + 1);
-                folder.checkpoint(&model, &ema, step + 1, &ledger)?;
+                folder.checkpoint(&model, &ema, step + 1, &ledger, recorder.as_ref())?;
             }
         }
         None => {
@@ -910,7 +962,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                 total_batch += b;
                 bar.inc(1);
                 log.step(step + 1);
-                folder.checkpoint(&model, &ema, step + 1, &ledger)?;
+                folder.checkpoint(&model, &ema, step + 1, &ledger, None)?;
             }
         }
     }
@@ -925,7 +977,8 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     ema.apply(&model)?;
     let after = folder.eval(&model)?;
     let weights = model.safetensors_bytes()?;
-    let (card, event, mut lines, files) = folder.files(&plan.out, plan.steps, &ledger, weights, after)?;
+    let (card, event, mut lines, files) =
+        folder.files(&plan.out, plan.steps, &ledger, weights, after, recorder.as_ref())?;
     let files = signed(files, plan.sign_key.as_ref())?;
     crate::report::output::create_out_dir(&plan.out)?;
     crate::report::output::commit_set(&plan.out, None, &files, plan.force)?;
@@ -1010,6 +1063,7 @@ impl Folder<'_> {
         ledger: &EventBuilder,
         weights: Vec<u8>,
         after: f64,
+        white_box: Option<&WhiteBoxRecorder>,
     ) -> Result<(UnetCard, Option<DpEvent>, Vec<String>, Vec<(String, Vec<u8>)>)> {
         let plan = self.plan;
         let n = self.n;
@@ -1107,7 +1161,32 @@ impl Folder<'_> {
                 files.push((CANARIES.into(), bytes));
                 Some(info)
             }
-            None => None,
+            None => match white_box {
+                Some(wb) => {
+                    let bytes = wb.canaries.to_csv().into_bytes();
+                    let obs = wb.observations_npy();
+                    lines.push(format!(
+                        "{} gradient canaries ({} included) in {} and {} ({} noisy updates observed at every canary: the white-box audit's record); the inclusion bits are the audit's secret",
+                        wb.canaries.len(),
+                        wb.canaries.included.iter().filter(|&&b| b).count(),
+                        dir.join(CANARIES).display(),
+                        dir.join(OBSERVATIONS).display(),
+                        wb.steps
+                    ));
+                    let info = CanaryInfo {
+                        file: CANARIES.into(),
+                        sha256: sha256_hex(&bytes),
+                        count: wb.canaries.len(),
+                        kind: Some(CanaryKind::Gradient),
+                        observations: Some(OBSERVATIONS.into()),
+                        observations_sha256: Some(sha256_hex(&obs)),
+                    };
+                    files.push((CANARIES.into(), bytes));
+                    files.push((OBSERVATIONS.into(), obs));
+                    Some(info)
+                }
+                None => None,
+            },
         };
         let config_bytes = self.config_text.as_bytes().to_vec();
         let card = UnetCard {
@@ -1159,7 +1238,7 @@ impl Folder<'_> {
             "members_sha256": indices_sha256(self.private_ix),
             "data_sha256": self.images.sha256,
             "rows": self.private_ix.len(),
-            "canaries": self.canaries.map(|c| c.len()),
+            "canaries": self.canaries.map(|c| c.len()).or(white_box.map(|w| w.canaries.len())),
             "steps": steps,
             "command": plan.command,
             "dp": card.dp.as_ref().map(|d| serde_json::json!({
@@ -1187,7 +1266,14 @@ impl Folder<'_> {
     /// ran, so that a run stopped at any point leaves a ledger that covers every released
     /// weight file. Resume with `--init OUT/checkpoint --steps <the rest>` (the ledger is
     /// composed; Adam's moments and the EMA restart from the checkpoint's weights).
-    fn checkpoint(&self, m: &TrainUnet, ema: &Ema, done: usize, ledger: &EventBuilder) -> Result<()> {
+    fn checkpoint(
+        &self,
+        m: &TrainUnet,
+        ema: &Ema,
+        done: usize,
+        ledger: &EventBuilder,
+        white_box: Option<&WhiteBoxRecorder>,
+    ) -> Result<()> {
         if !matches!(self.plan.checkpoint_every, Some(k) if k > 0 && done.is_multiple_of(k) && done < self.plan.steps) {
             return Ok(());
         }
@@ -1203,7 +1289,7 @@ impl Folder<'_> {
             let weights = m.safetensors_bytes()?;
             let after = self.eval(m)?;
             let dir = self.plan.out.join(CHECKPOINT_DIR);
-            let (_, _, _, files) = self.files(&dir, done, ledger, weights, after)?;
+            let (_, _, _, files) = self.files(&dir, done, ledger, weights, after, white_box)?;
             let files = signed(files, self.plan.sign_key.as_ref())?;
             crate::report::output::create_out_dir(&dir)?;
             crate::report::output::commit_set(&dir, None, &files, true)?;

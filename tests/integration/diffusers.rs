@@ -862,3 +862,64 @@ fn alphas_cumprod_and_sd_timesteps_equal_diffusers() {
     }
     assert_eq!((n_ab, n_ts), (3000, 2));
 }
+
+/// `mia --table2 --cosine` on the shipped diffusers DDPM (seed 004's Table 2 and Figure 1 at
+/// 28 × 28): the same one chain as for dpaudit's own checkpoints, with the empirical denoiser
+/// over the attacked members. Four Table-2 rows (T, 3T/4, T/2, T/4), each with the theoretical ASR
+/// of the empirical-denoiser sampler at every rate and the numerical ASR of SecMI, the loss and
+/// the empirical attack; the cosine of the two denoising directions is near 1 at high noise
+/// (every denoiser predicts the data mean there) and far from 1 near the data.
+#[test]
+fn table2_and_cosine_run_on_the_mnist_diffusers_checkpoint() {
+    let out = tempfile::tempdir().unwrap();
+    let o = super::common::mnist_mia(&[
+        "--attack",
+        "loss",
+        "--timesteps",
+        "50",
+        "--max-examples",
+        "8",
+        "--secmi-k",
+        "100",
+        "--table2",
+        "--cosine",
+        "10,500",
+        "--bootstrap",
+        "50",
+        "--out",
+        out.path().to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("mia.json")).unwrap()).unwrap();
+    let rows = v["table2"]["rows"].as_array().unwrap();
+    let labels: Vec<&str> = rows.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["T", "3T/4", "T/2", "T/4"], "{}", v["table2"]);
+    for r in rows {
+        let th = r["theoretical_asr"].as_array().unwrap();
+        assert_eq!(th.len(), 4, "{r}");
+        for a in th {
+            let a = a.as_f64().unwrap();
+            assert!((0.5..=1.0).contains(&a), "{r}");
+        }
+        for k in ["asr_secmi", "asr_loss", "asr_empirical", "cosine"] {
+            assert!(r[k].as_f64().unwrap().is_finite(), "{k}: {r}");
+        }
+    }
+    // The sampler's per-step μ grows as sampling proceeds, so the theoretical ASR at p = 1 does.
+    let p1: Vec<f64> = rows.iter().map(|r| r["theoretical_asr"][0].as_f64().unwrap()).collect();
+    assert!(p1.windows(2).all(|w| w[0] <= w[1]), "{p1:?}");
+    let cos = v["cosine"].as_array().unwrap();
+    assert_eq!(cos.len(), 2, "{}", v["cosine"]);
+    let (near, far) = (
+        cos[0]["cosine_mean"].as_f64().unwrap(),
+        cos[1]["cosine_mean"].as_f64().unwrap(),
+    );
+    assert!(far > 0.95 && near < far, "cosine at t = 10: {near}, at t = 500: {far}");
+    assert!(
+        v["table2"]["note"].as_str().unwrap().contains("|D| = 8"),
+        "{}",
+        v["table2"]["note"]
+    );
+}

@@ -352,3 +352,131 @@ fn max_examples_draws_a_seeded_random_subset() {
     );
     assert!(report.contains("seeded random subset (seed 0)"), "{report}");
 }
+
+/// White-box gradient canaries in a diffusers UNet's DP-SGD (`train --unet … --dp --canaries m
+/// --canary-kind gradient`), all through the binary: the folder holds the canaries and the
+/// observations its card names, and `mia --checkpoint FOLDER --audit one-run` audits them on the
+/// same chain as the 8×8 models. The tiny UNet at full batch, σ 4, 20 steps (ledger ε = 4.98 at
+/// δ = 1e-5): every audit bound at most the ledger, the Gaussian-shift bound at least half of it,
+/// exit 0, the JSON labels the threat model. The same folder with one observation edited is
+/// refused (its SHA-256 is on the card).
+#[test]
+fn unet_dp_training_with_gradient_canaries_is_audited_white_box() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("wb");
+    let (data, split) = ("fixtures/data/mnist/mnist-10k.u8.gz", "fixtures/splits/mnist.toml");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--data",
+        data,
+        "--split",
+        split,
+        "--dp",
+        "--noise-multiplier",
+        "4",
+        "--clip",
+        "1",
+        "--sample-rate",
+        "1",
+        "--steps",
+        "20",
+        "--canaries",
+        "1000",
+        "--canary-kind",
+        "gradient",
+        "--seed",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for f in ["canaries.csv", "canary-observations.npy"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    let card = std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap();
+    assert!(
+        card.contains("kind = \"gradient\"") && card.contains("observations = \"canary-observations.npy\""),
+        "{card}"
+    );
+    let mia = |extra: &[&str]| {
+        let mut a = vec![
+            "mia",
+            "--checkpoint",
+            out.to_str().unwrap(),
+            "--data",
+            data,
+            "--split",
+            split,
+            "--audit",
+            "one-run",
+            "--attack",
+            "loss",
+            "--timesteps",
+            "50",
+            "--max-examples",
+            "8",
+            "--bootstrap",
+            "50",
+            "--format",
+            "json",
+            "--quiet",
+        ];
+        a.extend_from_slice(extra);
+        dpaudit(&a)
+    };
+    let o = mia(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = audit_verdicts(&json);
+    assert!(v.len() >= 4, "{v:?}");
+    let ledger = v[0].3;
+    assert!((ledger - 4.98331).abs() < 1e-3, "{v:?}");
+    for (src, status, eps, budget) in &v {
+        assert!(src.contains("white-box"), "{src}");
+        assert!(*eps <= *budget, "{src}: {eps} > {budget} on a correct run");
+        assert_eq!(status, "pass", "{src}");
+    }
+    let gauss = v
+        .iter()
+        .find(|x| x.0.contains("Gaussian-shift"))
+        .expect("Gaussian-shift audit");
+    assert!(gauss.2 >= 0.5 * ledger, "{gauss:?}");
+    let c = json["conclusion"].to_string();
+    assert!(
+        c.contains("consistent with its ledger") && c.contains("(white-box)"),
+        "{c}"
+    );
+    // Edit one observation: the card's SHA-256 no longer matches.
+    let p = out.join("canary-observations.npy");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0x40;
+    std::fs::write(&p, bytes).unwrap();
+    let o = mia(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("canary-observations.npy"), "{}", stderr(&o));
+    // Gradient canaries need DP-SGD.
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--data",
+        data,
+        "--split",
+        split,
+        "--steps",
+        "2",
+        "--canaries",
+        "10",
+        "--canary-kind",
+        "gradient",
+        "--out",
+        dir.path().join("x").to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--canary-kind"), "{}", stderr(&o));
+}
