@@ -215,8 +215,7 @@ pub fn attacked_rows(
     // Input canaries are scored like records; gradient canaries are audited from the
     // observations the trainer recorded ([`super::pipeline::white_box_audit_of`]), not scored.
     let gradient = crate::models::diffusers_train::UnetCard::load(card_dir(ck))?
-        .and_then(|c| c.canaries)
-        .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient);
+        .is_some_and(|c| c.input_canaries().is_none() && c.white_box_canaries().is_some());
     let canaries = match plan.audit {
         Some(AuditKind::OneRun) if !gradient => {
             let dir = card_dir(ck);
@@ -292,11 +291,7 @@ fn card_canaries(dir: &Path) -> Result<(Canaries, std::path::PathBuf)> {
             ),
         )
     })?;
-    if card
-        .canaries
-        .as_ref()
-        .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient)
-    {
+    if card.input_canaries().is_none() && card.white_box_canaries().is_some() {
         return Err(Error::field(
             "--audit",
             format!(
@@ -503,7 +498,7 @@ pub fn assemble(
     let card = crate::models::diffusers_train::UnetCard::load(card_dir(ck))?;
     let white_box = match &card {
         Some(c) => super::pipeline::white_box_audit_of(
-            c.canaries.as_ref(),
+            c.white_box_canaries(),
             c.dp.as_ref(),
             card_dir(ck),
             &card_dir(ck).join(crate::models::diffusers_train::CARD),
@@ -514,7 +509,7 @@ pub fn assemble(
     // With gradient canaries the one-run audit is the white-box one; the scores are black-box
     // attacks on the split only.
     let black_box_plan = MiaPlan {
-        audit: None,
+        audit: if rows.canaries.is_some() { plan.audit } else { None },
         ..plan.clone()
     };
     let Evaluated {
@@ -530,7 +525,13 @@ pub fn assemble(
         Some(&name),
     )?;
     if let Some(wb) = &white_box {
-        one_run = Some(super::pipeline::white_box_comparisons(wb, basis, &mut comparisons));
+        // The white-box bound is the report's one-run audit unless input canaries of the same
+        // run were audited black-box (then both are compared with the ledger, and the white-box
+        // record stays in `white_box`).
+        let s = super::pipeline::white_box_comparisons(wb, basis, &mut comparisons);
+        if one_run.is_none() {
+            one_run = Some(s);
+        }
     }
     let record = rows.training.as_ref();
     let mut warnings = Vec::new();
@@ -599,6 +600,7 @@ pub fn folder_sha256(unet_dir: &Path) -> Result<String> {
         dt::CARD,
         dt::LEDGER,
         dt::CANARIES,
+        dt::GRADIENT_CANARIES,
         dt::OBSERVATIONS,
         dt::TRAINING,
     ] {

@@ -155,7 +155,7 @@ pub fn audit(
     }
     let beta = 1.0 - confidence;
     let scores = lr_scores(obs, steps, m, mech);
-    let steinke = one_run::audit(
+    let mut steinke = one_run::audit(
         &[CanaryScores {
             attack: "white-box likelihood ratio".into(),
             t: steps,
@@ -174,6 +174,7 @@ pub fn audit(
         delta,
         1.0 - beta / 4.0,
     )?;
+    steinke.threat_model = "white-box".into();
     let cands = fdp::guesses(&scores, included, &fdp::candidate_ks(m));
     let fdp = family_audit(m as u64, &cands, mech, delta, beta / 4.0)?;
     let trials = independent_trials(&scores, included, mech, steps, delta, beta / 4.0)?;

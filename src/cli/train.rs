@@ -150,9 +150,15 @@ pub struct Args {
     /// What the canaries are: `input` (records of ±1 values, audited black-box from the
     /// released model) or `gradient` (with --dp: Dirac gradient canaries of norm 2C, clipped to
     /// C like any record, observed in every noisy update: the white-box audit; also writes
-    /// <out>.canary-observations.npy).
+    /// <out>.canary-observations.npy); `both` (with --unet --dp): m of each in the same run, so
+    /// the black-box and the white-box audit measure one training.
     #[arg(long, value_enum, default_value = "input")]
     pub canary_kind: CanaryKindArg,
+    /// With --canary-kind both: the number of gradient canaries (default: --canaries). Input
+    /// canaries are trained on like rows (they cost training time); gradient canaries cost
+    /// only their observations, so a run can afford many more of them.
+    #[arg(long)]
+    pub gradient_canaries: Option<usize>,
     #[arg(long, value_enum, default_value = "auto")]
     /// Device to train on (auto: CUDA when built with it and present, else CPU).
     pub device: DeviceChoice,
@@ -259,6 +265,13 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let Some(out) = a.out.clone().map(folder_or_stem) else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/digits-mlp/").into());
     };
+    if matches!(a.canary_kind, CanaryKindArg::Both) || a.gradient_canaries.is_some() {
+        return Err(Error::field(
+            "--canary-kind",
+            "both (input and gradient canaries in one run, --gradient-canaries) is for --unet; the 8×8 trainer takes input or gradient",
+        )
+        .into());
+    }
     let gradient = a.canaries > 0 && matches!(a.canary_kind, CanaryKindArg::Gradient);
     for p in stem_files(&out, a.dp, a.canaries > 0, gradient) {
         dpaudit::report::output::check_file(&p, a.force)?;
@@ -356,13 +369,15 @@ pub enum CanaryKindArg {
     Input,
     /// Dirac gradient canaries observed in every noisy update (white-box audit; needs --dp).
     Gradient,
+    /// m input and m gradient canaries in one run (--unet --dp).
+    Both,
 }
 
 impl From<CanaryKindArg> for dpaudit::models::canary::CanaryKind {
     fn from(k: CanaryKindArg) -> Self {
         match k {
             CanaryKindArg::Input => Self::Input,
-            CanaryKindArg::Gradient => Self::Gradient,
+            CanaryKindArg::Gradient | CanaryKindArg::Both => Self::Gradient,
         }
     }
 }

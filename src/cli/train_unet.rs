@@ -30,7 +30,20 @@ pub fn run(
         )
         .into());
     }
-    let gradient = a.canaries > 0 && matches!(a.canary_kind, crate::cli::train::CanaryKindArg::Gradient);
+    use crate::cli::train::CanaryKindArg;
+    let (input_canaries, gradient_canaries) = match a.canary_kind {
+        CanaryKindArg::Input => (a.canaries, 0),
+        CanaryKindArg::Gradient => (0, a.canaries),
+        CanaryKindArg::Both => (a.canaries, a.gradient_canaries.unwrap_or(a.canaries)),
+    };
+    if a.gradient_canaries.is_some() && !matches!(a.canary_kind, CanaryKindArg::Both) {
+        return Err(Error::field(
+            "--gradient-canaries",
+            "sets the gradient canaries of --canary-kind both (with one kind, --canaries is the count)",
+        )
+        .into());
+    }
+    let gradient = gradient_canaries > 0;
     if gradient && !a.dp {
         return Err(Error::field(
             "--canary-kind",
@@ -56,7 +69,7 @@ pub fn run(
     // Existing outputs are refused before any work, and so is a symbolic link at an output
     // folder (it would send the set, with --force its replacements, elsewhere).
     dpaudit::report::output::refuse_link(&out)?;
-    for f in diffusers_train::output_files(a.dp, a.canaries > 0, gradient) {
+    for f in diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient) {
         dpaudit::report::output::check_file(&out.join(f), a.force)?;
     }
     if sign_key.is_some() {
@@ -67,7 +80,7 @@ pub fn run(
         Some(_) => {
             let dir = out.join(diffusers_train::CHECKPOINT_DIR);
             dpaudit::report::output::refuse_link(&dir)?;
-            for f in diffusers_train::output_files(a.dp, a.canaries > 0, gradient) {
+            for f in diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient) {
                 dpaudit::report::output::check_file(&dir.join(f), a.force)?;
             }
         }
@@ -99,12 +112,8 @@ pub fn run(
         ema: a.ema,
         t_min: a.t_min,
         t_max: a.t_max,
-        canaries: a.canaries,
-        canary_kind: if gradient {
-            dpaudit::models::canary::CanaryKind::Gradient
-        } else {
-            dpaudit::models::canary::CanaryKind::Input
-        },
+        canaries: input_canaries,
+        gradient_canaries,
         seed: a.seed,
         dp: a.dp.then_some(UnetDpPlan {
             noise_multiplier: a.noise_multiplier,

@@ -58,6 +58,9 @@ pub const TRAINING: &str = "training.json";
 pub const SCHEDULER: &str = "scheduler_config.json";
 /// The canaries of a `--canaries m` run (contents and the secret inclusion bits).
 pub const CANARIES: &str = "canaries.csv";
+/// The gradient canaries of a `--canary-kind both` run (beside the input canaries in
+/// [`CANARIES`]; alone, gradient canaries are written to [`CANARIES`]).
+pub const GRADIENT_CANARIES: &str = "gradient-canaries.csv";
 /// The white-box record of a `--canaries m --canary-kind gradient` run: every noisy update at
 /// every gradient canary's coordinate, [steps, m] float32 in units of C.
 pub const OBSERVATIONS: &str = "canary-observations.npy";
@@ -232,9 +235,12 @@ pub struct UnetCard {
     /// DP-SGD settings and the ε spent (DP runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dp: Option<DpInfo>,
-    /// The canaries file of a `--canaries m` run.
+    /// The canaries file of a `--canaries m` run (input canaries, or gradient canaries alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canaries: Option<CanaryInfo>,
+    /// The gradient canaries of a `--canary-kind both` run (beside the input canaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_canaries: Option<CanaryInfo>,
 }
 
 impl UnetCard {
@@ -250,9 +256,22 @@ impl UnetCard {
             .map_err(|e| Error::input(format!("not a dpaudit card: {}", e.message())).with_file(&p))
     }
 
+    /// The white-box gradient canaries (with their observations) the card names, if any.
+    pub fn white_box_canaries(&self) -> Option<&CanaryInfo> {
+        self.gradient_canaries
+            .as_ref()
+            .or(self.canaries.as_ref())
+            .filter(|i| i.kind() == CanaryKind::Gradient)
+    }
+
+    /// The input canaries (scored black-box) the card names, if any.
+    pub fn input_canaries(&self) -> Option<&CanaryInfo> {
+        self.canaries.as_ref().filter(|i| i.kind() == CanaryKind::Input)
+    }
+
     /// The canaries of the folder `dir` whose card this is (hash and count checked).
     pub fn canaries(&self, dir: &Path) -> Result<Canaries> {
-        let info = self.canaries.as_ref().ok_or_else(|| {
+        let info = self.input_canaries().ok_or_else(|| {
             Error::input("this folder was trained without canaries (train --unet … --canaries m for --audit one-run)")
                 .with_file(dir.join(CARD))
         })?;
@@ -308,10 +327,11 @@ pub struct UnetTrainPlan {
     pub t_min: usize,
     /// Highest step trained (default T − 1).
     pub t_max: Option<usize>,
-    /// Canaries for a one-run audit (0: none).
+    /// Input canaries (±1 images, audited black-box) for a one-run audit (0: none).
     pub canaries: usize,
-    /// Input canaries (±1 images, black-box) or gradient canaries (white-box, DP only).
-    pub canary_kind: CanaryKind,
+    /// Gradient canaries (white-box, DP only; 0: none). With input canaries too, both audits
+    /// measure the same training.
+    pub gradient_canaries: usize,
     /// `--seed` (None: the OS CSPRNG).
     pub seed: Option<u64>,
     /// DP-SGD.
@@ -329,7 +349,7 @@ pub struct UnetTrainPlan {
 }
 
 /// Every file a released folder may hold (what a signature must cover when present).
-pub const RELEASED: [&str; 8] = [
+pub const RELEASED: [&str; 9] = [
     "config.json",
     crate::models::diffusers::WEIGHTS,
     SCHEDULER,
@@ -337,6 +357,7 @@ pub const RELEASED: [&str; 8] = [
     TRAINING,
     LEDGER,
     CANARIES,
+    GRADIENT_CANARIES,
     OBSERVATIONS,
 ];
 
@@ -366,16 +387,19 @@ pub struct UnetTrainOutcome {
 }
 
 /// The files a run writes into its folder.
-pub fn output_files(dp: bool, canaries: bool, gradient: bool) -> Vec<&'static str> {
+pub fn output_files(dp: bool, canaries: bool, gradient: bool, both: bool) -> Vec<&'static str> {
     let mut v = vec!["config.json", WEIGHTS, SCHEDULER, CARD, TRAINING];
     if dp {
         v.push(LEDGER);
     }
-    if canaries {
+    if canaries || gradient {
         v.push(CANARIES);
-        if gradient {
-            v.push(OBSERVATIONS);
-        }
+    }
+    if gradient {
+        v.push(OBSERVATIONS);
+    }
+    if both {
+        v.push(GRADIENT_CANARIES);
     }
     v
 }
@@ -586,6 +610,7 @@ fn public_only(dir: &Path, images: &ImageSet, split: &SplitManifest, split_path:
         && d.rows_sha256 == indices_sha256(&split.public)
         && card.training.init.is_none()
         && card.canaries.is_none()
+        && card.gradient_canaries.is_none()
         && card.dp.is_none();
     Ok(ok.then(|| {
         format!(
@@ -697,7 +722,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         return Err(Error::input(format!("the split has no {:?} rows", plan.on)).with_file(&plan.split));
     }
     let mut x0 = images.rows(&private_ix);
-    let gradient = plan.canaries > 0 && plan.canary_kind == CanaryKind::Gradient;
+    let gradient = plan.gradient_canaries > 0;
     // White-box gradient canaries (Nasr et al. 2023): distinct parameter coordinates, each
     // included with probability ½ and then Poisson-sampled like every private row, so the
     // ledger is unchanged; every noisy update is observed at their coordinates.
@@ -714,12 +739,12 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             .zip(model.vars())
             .map(|(n, v)| (n, v.as_tensor().elem_count()))
             .collect();
-        crate::limits::check_canaries(plan.canaries, 1)?;
+        crate::limits::check_canaries(plan.gradient_canaries, 1)?;
         // The white-box record: one float per canary and step, held until the set is written.
-        crate::limits::check_canaries(plan.canaries, plan.steps)?;
+        crate::limits::check_canaries(plan.gradient_canaries, plan.steps)?;
         let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0x6a7d_c4e1));
         Some(WhiteBoxRecorder::new(GradientCanaries::generate(
-            plan.canaries,
+            plan.gradient_canaries,
             &shapes,
             &mut rng,
         )?))
@@ -728,7 +753,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     };
     // Input canaries: random ±1 images, each included with probability ½ (secret unless seeded).
     crate::limits::check_canaries(plan.canaries, dim)?;
-    let canaries = (plan.canaries > 0 && !gradient).then(|| {
+    let canaries = (plan.canaries > 0).then(|| {
         let mut rng = super::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
         Canaries::generate(plan.canaries, dim, &mut rng)
     });
@@ -762,15 +787,18 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         private_ix.len(),
         format!("{:?}", plan.on).to_lowercase(),
         plan.data.display(),
-        match (&canaries, &recorder) {
-            (Some(c), _) => format!(" + {} canaries (of {})", n - private_ix.len(), c.len()),
-            (None, Some(wb)) => format!(
-                " + {} gradient canaries (of {}; white-box)",
-                wb.canaries.included.iter().filter(|&&b| b).count(),
-                wb.canaries.len()
-            ),
-            _ => String::new(),
-        }
+        canaries
+            .as_ref()
+            .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
+            .unwrap_or_default()
+            + &recorder
+                .as_ref()
+                .map(|wb| format!(
+                    " + {} gradient canaries (of {}; white-box)",
+                    wb.canaries.included.iter().filter(|&&b| b).count(),
+                    wb.canaries.len()
+                ))
+                .unwrap_or_default()
     );
     let folder = Folder {
         plan,
@@ -1161,32 +1189,43 @@ impl Folder<'_> {
                 files.push((CANARIES.into(), bytes));
                 Some(info)
             }
-            None => match white_box {
-                Some(wb) => {
-                    let bytes = wb.canaries.to_csv().into_bytes();
-                    let obs = wb.observations_npy();
-                    lines.push(format!(
-                        "{} gradient canaries ({} included) in {} and {} ({} noisy updates observed at every canary: the white-box audit's record); the inclusion bits are the audit's secret",
-                        wb.canaries.len(),
-                        wb.canaries.included.iter().filter(|&&b| b).count(),
-                        dir.join(CANARIES).display(),
-                        dir.join(OBSERVATIONS).display(),
-                        wb.steps
-                    ));
-                    let info = CanaryInfo {
-                        file: CANARIES.into(),
-                        sha256: sha256_hex(&bytes),
-                        count: wb.canaries.len(),
-                        kind: Some(CanaryKind::Gradient),
-                        observations: Some(OBSERVATIONS.into()),
-                        observations_sha256: Some(sha256_hex(&obs)),
-                    };
-                    files.push((CANARIES.into(), bytes));
-                    files.push((OBSERVATIONS.into(), obs));
-                    Some(info)
-                }
-                None => None,
-            },
+            None => None,
+        };
+        // Gradient canaries: in CANARIES alone, in GRADIENT_CANARIES beside input canaries.
+        let gradient_info = match white_box {
+            Some(wb) => {
+                let name = if canary_info.is_some() {
+                    GRADIENT_CANARIES
+                } else {
+                    CANARIES
+                };
+                let bytes = wb.canaries.to_csv().into_bytes();
+                let obs = wb.observations_npy();
+                lines.push(format!(
+                    "{} gradient canaries ({} included) in {} and {} ({} noisy updates observed at every canary: the white-box audit's record); the inclusion bits are the audit's secret",
+                    wb.canaries.len(),
+                    wb.canaries.included.iter().filter(|&&b| b).count(),
+                    dir.join(name).display(),
+                    dir.join(OBSERVATIONS).display(),
+                    wb.steps
+                ));
+                let info = CanaryInfo {
+                    file: name.into(),
+                    sha256: sha256_hex(&bytes),
+                    count: wb.canaries.len(),
+                    kind: Some(CanaryKind::Gradient),
+                    observations: Some(OBSERVATIONS.into()),
+                    observations_sha256: Some(sha256_hex(&obs)),
+                };
+                files.push((name.into(), bytes));
+                files.push((OBSERVATIONS.into(), obs));
+                Some(info)
+            }
+            None => None,
+        };
+        let (canary_info, gradient_info) = match canary_info {
+            Some(i) => (Some(i), gradient_info),
+            None => (gradient_info, None),
         };
         let config_bytes = self.config_text.as_bytes().to_vec();
         let card = UnetCard {
@@ -1231,6 +1270,7 @@ impl Folder<'_> {
             },
             dp: dp_info,
             canaries: canary_info,
+            gradient_canaries: gradient_info,
         };
         let record = serde_json::json!({
             "trained_on": format!("{:?}", plan.on).to_lowercase(),

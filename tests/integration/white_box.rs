@@ -480,3 +480,80 @@ fn unet_dp_training_with_gradient_canaries_is_audited_white_box() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--canary-kind"), "{}", stderr(&o));
 }
+
+/// `--canary-kind both` (with --unet --dp): m input and m gradient canaries in the same run, so
+/// the black-box and the white-box one-run audits measure one training. The card names both
+/// files; `mia --audit one-run` reports the black-box audit as the one-run audit and every
+/// white-box estimator beside it, each compared with the same ledger.
+#[test]
+fn unet_run_with_both_canary_kinds_is_audited_black_box_and_white_box() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("both");
+    let (data, split) = ("fixtures/data/mnist/mnist-10k.u8.gz", "fixtures/splits/mnist.toml");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--data",
+        data,
+        "--split",
+        split,
+        "--dp",
+        "--noise-multiplier",
+        "4",
+        "--clip",
+        "1",
+        "--sample-rate",
+        "0.5",
+        "--steps",
+        "4",
+        "--canaries",
+        "40",
+        "--canary-kind",
+        "both",
+        "--seed",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let card = std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap();
+    assert!(
+        card.contains("[canaries]") && card.contains("[gradient_canaries]"),
+        "{card}"
+    );
+    assert!(card.contains("file = \"gradient-canaries.csv\""), "{card}");
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        out.to_str().unwrap(),
+        "--data",
+        data,
+        "--split",
+        split,
+        "--audit",
+        "one-run",
+        "--attack",
+        "loss",
+        "--timesteps",
+        "50",
+        "--max-examples",
+        "8",
+        "--bootstrap",
+        "50",
+        "--format",
+        "json",
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = audit_verdicts(&json);
+    let black: Vec<_> = v.iter().filter(|x| x.0.contains("black-box")).collect();
+    let white: Vec<_> = v.iter().filter(|x| x.0.contains("white-box")).collect();
+    assert_eq!(black.len(), 1, "{v:?}");
+    assert!(white.len() >= 3, "{v:?}");
+    for (src, status, eps, budget) in &v {
+        assert!(*eps <= *budget && status == "pass", "{src}: {eps} vs {budget}");
+    }
+}
