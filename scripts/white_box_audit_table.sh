@@ -2,10 +2,11 @@
 # The docs/attacks.md table of white-box one-run audits: correct DP-SGD trainings of the 8×8 MLP
 # (hidden 256, depth 3; 312,896 parameters) on the 400 digits members, full batch (q = 1),
 # T = 16 steps, C = 1, σ calibrated for ε ∈ {2, 4, 8} at δ = 1e-5, 5 seeds each, with 100,000
-# gradient canaries; each run is audited by `mia --audit one-run` (white-box: Steinke et al.,
-# the f-DP test, independent trials, Gaussian shift). Beside each, a black-box twin (the same
-# settings and seed with 1,000 input canaries, audited from the released model by the loss and
-# PIA attacks). Prints one Markdown row per run; OUT keeps every report.
+# gradient canaries and 1,000 input canaries in the same run (`--canary-kind both`); each run is
+# audited once by `mia --audit one-run`: white-box (Steinke et al., the f-DP test, independent
+# trials, Gaussian shift on the gradient canaries' observations) and black-box (the input
+# canaries, attacked on the released model by the loss and PIA attacks). Prints one Markdown row
+# per run; OUT keeps every report.
 #
 #   scripts/white_box_audit_table.sh DPAUDIT OUT
 set -euo pipefail
@@ -14,23 +15,23 @@ BIN=$1; OUT=$2
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 common=(train --hidden 256 --depth 3 --lr 1e-3 --ema 0 --device cpu --quiet --dp --sample-rate 1 --clip 1 --steps 16 --force)
-echo "| accounted ε | seed | Gaussian shift (lower bound) | independent trials | Steinke et al. (white-box) | f-DP test | black-box one-run (input canaries, twin run) |"
+echo "| accounted ε | seed | Gaussian shift (lower bound) | independent trials | Steinke et al. (white-box) | f-DP test | black-box one-run (input canaries, same run) |"
 echo "|---|---|---|---|---|---|---|"
 for eps in 2 4 8; do
   sigma=$("$BIN" calibrate --target-epsilon "$eps" --sample-rate 1 --steps 16 --delta 1e-5 | tail -1 | awk '{print $3}')
   for seed in 1 2 3 4 5; do
-    wb="$OUT/wb-e$eps-s$seed"; bb="$OUT/bb-e$eps-s$seed"
-    "$BIN" "${common[@]}" --noise-multiplier "$sigma" --seed "$seed" --canaries 100000 --canary-kind gradient --out "$wb" >/dev/null
-    "$BIN" mia --checkpoint "$wb.toml" --audit one-run --attack loss --timesteps 10 --format json --quiet > "$wb.mia.json" || true
-    "$BIN" "${common[@]}" --noise-multiplier "$sigma" --seed "$seed" --canaries 1000 --out "$bb" >/dev/null
-    "$BIN" mia --checkpoint "$bb.toml" --audit one-run --attack loss,pia --timesteps 10,50,100 --format json --quiet > "$bb.mia.json" || true
-    python3 - "$eps" "$seed" "$wb.mia.json" "$bb.mia.json" <<'PY'
+    run="$OUT/e$eps-s$seed"
+    "$BIN" "${common[@]}" --noise-multiplier "$sigma" --seed "$seed" --canaries 1000 --canary-kind both \
+      --gradient-canaries 100000 --out "$run" >/dev/null
+    "$BIN" mia --checkpoint "$run.toml" --audit one-run --attack loss,pia --timesteps 10,50,100 --format json --quiet > "$run.mia.json" || true
+    python3 - "$eps" "$seed" "$run.mia.json" <<'PY'
 import json, sys
-eps, seed, wb, bb = sys.argv[1:]
-def bounds(path):
-    r = json.load(open(path))
-    return {v["source"].split(" (")[0]: v["epsilon"] for v in r["verdicts"] if "audit" in (v.get("source") or "")}
-w, b = bounds(wb), bounds(bb)
+eps, seed, path = sys.argv[1:]
+r = json.load(open(path))
+def bounds(model):
+    return {v["source"].split(" (")[0]: v["epsilon"] for v in r["verdicts"]
+            if "audit" in (v.get("source") or "") and model in v["source"]}
+w, b = bounds("white-box"), bounds("black-box")
 f = lambda x: "–" if x is None else f"{x:.3f}"
 print(f"| {eps} | {seed} | {f(w.get('Gaussian-shift audit'))} | {f(w.get('independent-trials audit'))} | "
       f"{f(w.get('one-run audit'))} | {f(w.get('f-DP one-run audit'))} | {f(b.get('one-run audit'))} |")

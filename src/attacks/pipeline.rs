@@ -460,11 +460,7 @@ pub fn score_checkpoint_shard(
     let labels: Vec<bool> = split_pos.iter().map(|&p| p < member_ix.len()).collect();
     // Input canaries are attacked like records; gradient canaries are audited from their
     // observations ([`white_box_audit`]), not scored.
-    let gradient = ck
-        .card
-        .canaries
-        .as_ref()
-        .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient);
+    let gradient = ck.card.white_box_canaries().is_some() && ck.card.input_canaries().is_none();
     let canaries = match plan.audit {
         Some(AuditKind::OneRun) if !gradient => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
         _ => None,
@@ -822,7 +818,9 @@ pub fn assemble(
     let ck_name = ck.card_path.display().to_string();
     let white_box = white_box_audit(ck, plan)?;
     let black_box_plan;
-    let eval_plan = if white_box.is_some() {
+    // With input canaries of the same run (`--canary-kind both`) the black-box one-run audit
+    // runs too; with gradient canaries alone the one-run audit is the white-box one.
+    let eval_plan = if white_box.is_some() && ck.card.input_canaries().is_none() {
         black_box_plan = MiaPlan {
             audit: None,
             ..plan.clone()
@@ -839,7 +837,10 @@ pub fn assemble(
         mut comparisons,
     } = evaluate_scores(records, eval_plan, ck_basis.as_ref(), Some(&ck_name))?;
     if let Some(wb) = &white_box {
-        one_run = Some(white_box_comparisons(wb, ck_basis.as_ref(), &mut comparisons));
+        let s = white_box_comparisons(wb, ck_basis.as_ref(), &mut comparisons);
+        if one_run.is_none() {
+            one_run = Some(s);
+        }
     }
     let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
     let members = data.rows(&member_ix);
@@ -975,7 +976,7 @@ pub fn white_box_comparisons(
 /// The white-box audit of a checkpoint trained with gradient canaries (`--audit one-run`).
 pub fn white_box_audit(ck: &Checkpoint, plan: &MiaPlan) -> Result<Option<super::white_box::WhiteBoxAudit>> {
     white_box_audit_of(
-        ck.card.canaries.as_ref(),
+        ck.card.white_box_canaries(),
         ck.card.dp.as_ref(),
         ck.dir(),
         &ck.card_path,

@@ -271,11 +271,7 @@ impl Merged {
     ) -> Result<()> {
         let (member_ix, nonmember_ix) = super::pipeline::split_rows(ck, data, split)?;
         let all: Vec<usize> = member_ix.iter().chain(&nonmember_ix).copied().collect();
-        let gradient = ck
-            .card
-            .canaries
-            .as_ref()
-            .is_some_and(|i| i.kind() == crate::models::canary::CanaryKind::Gradient);
+        let gradient = ck.card.white_box_canaries().is_some() && ck.card.input_canaries().is_none();
         let canaries = match self.plan.audit {
             Some(AuditKind::OneRun) if !gradient => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
             _ => None,

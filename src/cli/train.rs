@@ -265,15 +265,21 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let Some(out) = a.out.clone().map(folder_or_stem) else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/digits-mlp/").into());
     };
-    if matches!(a.canary_kind, CanaryKindArg::Both) || a.gradient_canaries.is_some() {
+    if a.gradient_canaries.is_some() && !matches!(a.canary_kind, CanaryKindArg::Both) {
         return Err(Error::field(
-            "--canary-kind",
-            "both (input and gradient canaries in one run, --gradient-canaries) is for --unet; the 8×8 trainer takes input or gradient",
+            "--gradient-canaries",
+            "sets the gradient canaries of --canary-kind both (with one kind, --canaries is the count)",
         )
         .into());
     }
-    let gradient = a.canaries > 0 && matches!(a.canary_kind, CanaryKindArg::Gradient);
-    for p in stem_files(&out, a.dp, a.canaries > 0, gradient) {
+    let both = a.canaries > 0 && matches!(a.canary_kind, CanaryKindArg::Both);
+    let gradient_canaries = if both {
+        a.gradient_canaries.unwrap_or(a.canaries)
+    } else {
+        0
+    };
+    let gradient = a.canaries > 0 && matches!(a.canary_kind, CanaryKindArg::Gradient | CanaryKindArg::Both);
+    for p in stem_files(&out, a.dp, a.canaries > 0, gradient, both) {
         dpaudit::report::output::check_file(&p, a.force)?;
     }
     if a.rapid && !a.dp {
@@ -309,6 +315,7 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         seed: a.seed,
         canaries: a.canaries,
         canary_kind: a.canary_kind.into(),
+        gradient_canaries,
         defect: None,
         dp: a.dp.then_some(DpPlan {
             noise_multiplier: a.noise_multiplier,
@@ -346,7 +353,7 @@ fn folder_or_stem(p: PathBuf) -> PathBuf {
 }
 
 /// The files a training run writes for `--out STEM`.
-fn stem_files(stem: &Path, dp: bool, canaries: bool, gradient: bool) -> Vec<PathBuf> {
+fn stem_files(stem: &Path, dp: bool, canaries: bool, gradient: bool, both: bool) -> Vec<PathBuf> {
     let mut exts = vec!["safetensors", "toml"];
     if dp {
         exts.push("ledger.toml");
@@ -356,6 +363,9 @@ fn stem_files(stem: &Path, dp: bool, canaries: bool, gradient: bool) -> Vec<Path
     }
     if gradient {
         exts.push("canary-observations.npy");
+    }
+    if both {
+        exts.push("gradient-canaries.csv");
     }
     exts.iter()
         .map(|ext| PathBuf::from(format!("{}.{ext}", stem.display())))
@@ -377,7 +387,9 @@ impl From<CanaryKindArg> for dpaudit::models::canary::CanaryKind {
     fn from(k: CanaryKindArg) -> Self {
         match k {
             CanaryKindArg::Input => Self::Input,
-            CanaryKindArg::Gradient | CanaryKindArg::Both => Self::Gradient,
+            CanaryKindArg::Gradient => Self::Gradient,
+            // Both: the input canaries' kind; the gradient ones are counted apart.
+            CanaryKindArg::Both => Self::Input,
         }
     }
 }

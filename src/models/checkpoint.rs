@@ -217,9 +217,27 @@ pub struct Card {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// DP-SGD settings (DP runs only).
     pub dp: Option<DpInfo>,
-    /// Canaries of a one-run audit.
+    /// Canaries of a one-run audit (input canaries, or gradient canaries alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canaries: Option<CanaryInfo>,
+    /// The gradient canaries of a `--canary-kind both` run (beside the input canaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_canaries: Option<CanaryInfo>,
+}
+
+impl Card {
+    /// The white-box gradient canaries (with their observations) the card names, if any.
+    pub fn white_box_canaries(&self) -> Option<&CanaryInfo> {
+        self.gradient_canaries
+            .as_ref()
+            .or(self.canaries.as_ref())
+            .filter(|i| i.kind() == CanaryKind::Gradient)
+    }
+
+    /// The input canaries (scored black-box) the card names, if any.
+    pub fn input_canaries(&self) -> Option<&CanaryInfo> {
+        self.canaries.as_ref().filter(|i| i.kind() == CanaryKind::Input)
+    }
 }
 
 /// The card schema written by this dpaudit (1 is still read).

@@ -92,6 +92,9 @@ pub struct TrainPlan {
     pub canaries: usize,
     /// Input canaries (black-box) or gradient canaries (white-box, DP only).
     pub canary_kind: CanaryKind,
+    /// With input canaries (`canary_kind` input): this many gradient canaries too, in the same
+    /// run (`--canary-kind both`; 0: none).
+    pub gradient_canaries: usize,
     /// A defect to train with (tests of the audit only; never a user flag).
     #[doc(hidden)]
     pub defect: Option<Defect>,
@@ -219,10 +222,15 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         None => Net::new(&model_cfg, public_seed, device)?,
     };
     crate::limits::check_canaries(plan.canaries, PIXELS)?;
-    let gradient = plan.canaries > 0 && plan.canary_kind == CanaryKind::Gradient;
+    let (input_m, gradient_m) = match plan.canary_kind {
+        CanaryKind::Gradient => (0, plan.canaries),
+        CanaryKind::Input => (plan.canaries, plan.gradient_canaries),
+    };
+    let gradient = gradient_m > 0;
     if gradient {
+        crate::limits::check_canaries(gradient_m, 1)?;
         // The white-box record: one float per canary and step, held until the set is written.
-        crate::limits::check_canaries(plan.canaries, plan.steps)?;
+        crate::limits::check_canaries(gradient_m, plan.steps)?;
     }
     if gradient && plan.dp.is_none() {
         return Err(Error::field(
@@ -241,7 +249,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             .collect();
         let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0x67ad_c4a7));
         Some(WhiteBoxRecorder::new(GradientCanaries::generate(
-            plan.canaries,
+            gradient_m,
             &shapes,
             &mut rng,
         )?))
@@ -249,9 +257,9 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         None
     };
     // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
-    let canaries = (plan.canaries > 0 && !gradient).then(|| {
+    let canaries = (input_m > 0).then(|| {
         let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
-        Canaries::generate(plan.canaries, PIXELS, &mut rng)
+        Canaries::generate(input_m, PIXELS, &mut rng)
     });
     let mut x0 = data.rows(&private_ix);
     if let Some(c) = &canaries {
@@ -488,33 +496,44 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             files.push((name, bytes));
             Some(info)
         }
-        None => match &recorder {
-            Some(wb) => {
-                let name = stem_file("canaries.csv");
-                let bytes = wb.canaries.to_csv().into_bytes();
-                let obs_name = stem_file("canary-observations.npy");
-                let obs = wb.observations_npy();
-                lines.push(format!(
-                    "wrote {} ({} gradient canaries; the inclusion bits are the audit's secret) and {} ({} noisy updates observed at every canary: the white-box audit's record)",
-                    out_dir.join(&name).display(),
-                    wb.canaries.len(),
-                    out_dir.join(&obs_name).display(),
-                    wb.steps
-                ));
-                let info = CanaryInfo {
-                    file: name.clone(),
-                    sha256: crate::report::sha256_hex(&bytes),
-                    count: wb.canaries.len(),
-                    kind: Some(CanaryKind::Gradient),
-                    observations: Some(obs_name.clone()),
-                    observations_sha256: Some(crate::report::sha256_hex(&obs)),
-                };
-                files.push((name, bytes));
-                files.push((obs_name, obs));
-                Some(info)
-            }
-            None => None,
-        },
+        None => None,
+    };
+    // Gradient canaries: `<stem>.canaries.csv` alone, `<stem>.gradient-canaries.csv` beside
+    // input canaries.
+    let gradient_info = match &recorder {
+        Some(wb) => {
+            let name = stem_file(if canary_info.is_some() {
+                "gradient-canaries.csv"
+            } else {
+                "canaries.csv"
+            });
+            let bytes = wb.canaries.to_csv().into_bytes();
+            let obs_name = stem_file("canary-observations.npy");
+            let obs = wb.observations_npy();
+            lines.push(format!(
+                "wrote {} ({} gradient canaries; the inclusion bits are the audit's secret) and {} ({} noisy updates observed at every canary: the white-box audit's record)",
+                out_dir.join(&name).display(),
+                wb.canaries.len(),
+                out_dir.join(&obs_name).display(),
+                wb.steps
+            ));
+            let info = CanaryInfo {
+                file: name.clone(),
+                sha256: crate::report::sha256_hex(&bytes),
+                count: wb.canaries.len(),
+                kind: Some(CanaryKind::Gradient),
+                observations: Some(obs_name.clone()),
+                observations_sha256: Some(crate::report::sha256_hex(&obs)),
+            };
+            files.push((name, bytes));
+            files.push((obs_name, obs));
+            Some(info)
+        }
+        None => None,
+    };
+    let (canary_info, gradient_info) = match canary_info {
+        Some(i) => (Some(i), gradient_info),
+        None => (gradient_info, None),
     };
     let randomness = if plan.seed.is_some() {
         RANDOMNESS_SEEDED
@@ -586,6 +605,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         },
         dp: dp_info,
         canaries: canary_info,
+        gradient_canaries: gradient_info,
     };
     checkpoint::describe_weights(&stem_name, &weights, &net, &mut card);
     let card_name = stem_file("toml");

@@ -42,6 +42,7 @@ fn plan(out: &std::path::Path, sigma: f64, q: f64, canaries: usize, defect: Opti
         seed: Some(seed),
         canaries,
         canary_kind: CanaryKind::Gradient,
+        gradient_canaries: 0,
         defect,
         dp: Some(DpPlan {
             noise_multiplier: sigma,
