@@ -76,6 +76,24 @@ const HYBRID_MAX_WORK: usize = 1 << 25;
 /// standard deviation of tens of nats, and connect-the-dots adds at most h²/4 of variance per step).
 pub(super) const REGRID_WIDTH: i64 = 1 << 21;
 
+/// A composition window narrower than half this many grid points at the requested grid interval
+/// is composed again on a grid h/2^k, k chosen so that the window becomes about this wide (the
+/// grid adapts to the ε scale: issue 47, item 3). Connect-the-dots overstates ε by about one grid
+/// interval over the whole composition (and each step's loss spread below h is smeared over a
+/// whole interval), which is most of an ε of a few intervals: q = 1e-3, σ = 5, T = 100, δ = 1e-5
+/// gave 0.0046549 at h = 1e-4 against 0.0045541 converged (dp_accounting 0.6.0). The grids
+/// h/2^k contain the grid h, so the connect-the-dots pair on the coarse grid is a garbling of the
+/// one on the fine grid (each coarse split is a mean-preserving spread of the fine one in e^{−ℓ});
+/// refining only tightens, and every soundness step of docs/pld.md holds on any grid.
+const REFINE_WIDTH: i64 = 1 << 14;
+
+/// Finest grid interval the refinement of [`REFINE_WIDTH`] goes to (nats).
+const MIN_GRID_INTERVAL: f64 = 1e-15;
+
+/// Most grid points, summed over a direction's distinct leaves, that a refinement may create
+/// (≈ 65 ns each to discretise: about 0.3 s of one core at the limit).
+const REFINE_POINTS: usize = 1 << 22;
+
 /// The PLD accountant. Defaults follow dp_accounting's `PLDAccountant` (grid 1e-4, pessimistic).
 #[derive(Debug, Clone)]
 pub struct PldAccountant {
@@ -289,7 +307,8 @@ fn inv_log_mix(q: f64, eps: f64) -> f64 {
         return eps;
     }
     if eps > 0.0 {
-        eps + (-(1.0 - q) * (-eps).exp()).ln_1p() - q.ln()
+        // As in `gaussian_pld`'s x_b: non-negative terms only, accurate for tiny ε and q.
+        eps + ((1.0 - q) * -(-eps).exp_m1() / q).ln_1p()
     } else {
         let t = eps.exp_m1() / q;
         if t <= -1.0 {
@@ -426,7 +445,6 @@ fn gaussian_pld(
     let (i_lo, n) = gaussian_range(q, sigma, dir, h, tau, max_points)?;
     let s2 = sigma * sigma;
     let q = q.min(1.0);
-    let ln_q = q.ln();
     // x_b(ε_i): for Remove the loss exceeds ε_i iff x > x_b, for Add iff x < x_b; x_b = σ²·y + ½
     // with y = `inv_log_mix`(q, ±ε_i), its exponentials taken from the shared table.
     let x_bound = |i: i64| -> f64 {
@@ -437,15 +455,19 @@ fn gaussian_pld(
             };
             return s2 * e + 0.5;
         }
-        let [exp_p, expm1_p, exp_n, expm1_n] = grid.at(i);
+        let [_, expm1_p, _, expm1_n] = grid.at(i);
         let eps = i as f64 * h;
-        // (e, e^{−e}, e^e − 1) for e = ±ε_i.
-        let (e, exp_neg_e, expm1_e) = match dir {
-            Direction::Remove => (eps, exp_n, expm1_p),
-            Direction::Add => (-eps, exp_p, expm1_n),
+        // (e, e^{−e} − 1, e^e − 1) for e = ±ε_i.
+        let (e, expm1_neg_e, expm1_e) = match dir {
+            Direction::Remove => (eps, expm1_n, expm1_p),
+            Direction::Add => (-eps, expm1_p, expm1_n),
         };
         let y = if e > 0.0 {
-            e + (-(1.0 - q) * exp_neg_e).ln_1p() - ln_q
+            // y = ln((e^e − 1 + q)/q) = e + ln(1 + (1 − q)(1 − e^{−e})/q) (Mironov, Talwar &
+            // Zhang 2019, §3, solved for y): a sum of non-negative terms, so y keeps its relative
+            // accuracy for tiny e and q, where the form e + ln(1 − (1 − q)e^{−e}) − ln q cancels
+            // (relative error u/(q + e) in its last logarithm; a refined grid meets such e).
+            e + ((1.0 - q) * -expm1_neg_e / q).ln_1p()
         } else {
             let t = expm1_e / q;
             if t <= -1.0 {
@@ -2114,17 +2136,33 @@ impl PldAccountant {
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
             // The requested grid interval, doubled while the composition window would be wider
             // than REGRID_WIDTH points (see there).
+            // Or halved (by powers of two) while the window would be narrower than REFINE_WIDTH/2
+            // points, within REFINE_POINTS leaf points and MIN_GRID_INTERVAL (never after a
+            // doubling, so the two rules cannot alternate).
             let mut h = h;
+            let mut coarsened = false;
+            let mut refinements = 0;
             loop {
                 let (parts, window) = self.discretise_direction(&merged, dir, h, tau_step, tau_window)?;
                 match &window {
                     Some(w) if w.uncapped_width > REGRID_WIDTH => {
                         let factor = (w.uncapped_width as f64 / REGRID_WIDTH as f64).log2().ceil().max(1.0);
                         h *= 2f64.powi(factor as i32);
+                        coarsened = true;
                         if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
                             eprintln!("pld timing: window {} points, grid interval → {h}", w.uncapped_width);
                         }
                         continue;
+                    }
+                    Some(w) if !coarsened && refinements < 8 && 2 * w.uncapped_width <= REFINE_WIDTH => {
+                        if let Some(k) = self.refinement(&parts, w.uncapped_width, h) {
+                            h /= 2f64.powi(k);
+                            refinements += 1;
+                            if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+                                eprintln!("pld timing: window {} points, grid interval → {h}", w.uncapped_width);
+                            }
+                            continue;
+                        }
                     }
                     _ => {}
                 }
@@ -2140,11 +2178,30 @@ impl PldAccountant {
         } else {
             dirs.iter().map(|&d| one_direction(d)).collect::<Result<Vec<_>>>()?
         };
-        let h_used = directions.iter().map(|d| d.h).fold(h, f64::max);
+        // The coarsest grid any direction used (a direction may have refined or coarsened it).
+        let h_used = directions.iter().map(|d| d.h).reduce(f64::max).unwrap_or(h);
         Ok(ComposedPld {
             directions,
             value_discretization_interval: h_used,
         })
+    }
+
+    /// How many halvings of the grid interval h ([`REFINE_WIDTH`]) a composition whose window is
+    /// `width` points wide gets: enough to bring it to about REFINE_WIDTH points, at most what
+    /// keeps the leaves' points within [`REFINE_POINTS`] (and each leaf within half of
+    /// `max_grid_points`, so refining never truncates a leaf) and h at or above
+    /// [`MIN_GRID_INTERVAL`]; `None` for none.
+    fn refinement(&self, parts: &[Part], width: i64, h: f64) -> Option<i32> {
+        // A leaf of n points spans at most n + 1 intervals, so about 2^k·(n + 1) points after k halvings.
+        let points: usize = parts.iter().map(|(d, _)| d.probs.len() + 1).sum();
+        let widest = parts.iter().map(|(d, _)| d.probs.len() + 1).max().unwrap_or(1);
+        let budget = REFINE_POINTS.min(self.max_grid_points / 2);
+        let by_width = (REFINE_WIDTH as f64 / width.max(1) as f64).log2().floor();
+        let by_points = (REFINE_POINTS as f64 / points.max(1) as f64).log2().floor();
+        let by_leaf = (budget as f64 / widest as f64).log2().floor();
+        let by_floor = (h / MIN_GRID_INTERVAL).log2().floor();
+        let k = by_width.min(by_points).min(by_leaf).min(by_floor);
+        (k >= 1.0).then_some(k as i32)
     }
 
     /// Every leaf's PLD in one direction on the grid i·h, and the Chernoff window of their
