@@ -52,6 +52,9 @@ CASES = [
 
 
 def main():
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
     out = sys.argv[1] if len(sys.argv) > 1 else "fixtures/reference/pld_tiny_epsilon.csv"
     with open(out, "w", newline="") as f:
         w = csv.writer(f)

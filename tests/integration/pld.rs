@@ -1047,3 +1047,64 @@ proptest! {
         }
     }
 }
+
+/// More than 4,096 distinct steps (issue 47, item 5): the leaves are grouped on a ladder that
+/// rounds each σ down and each q up (a dominating step), so 10⁴ distinct steps whose μ differ by
+/// at most 1e-4 relative get a PLD bound between the uniform compositions at the smallest and
+/// (rounded) largest step, named by the `pld_leaves_grouped` diagnostic.
+#[test]
+fn ten_thousand_distinct_steps_are_grouped_soundly() {
+    let (q, n) = (0.01, 10_000u64);
+    let sigma = |i: u64| 1.0 / (1.0 + i as f64 * 1e-8);
+    let mut b = dpaudit::events::EventBuilder::new();
+    for i in 0..n {
+        b.push(DpEvent::dpsgd(sigma(i), q, 1));
+    }
+    let ev = b.build();
+    let r = PldAccountant::default()
+        .epsilon(&ev, Neighbouring::AddRemove, 1e-5)
+        .unwrap();
+    assert_eq!(r.accountant, AccountantKind::Pld, "{r:?}");
+    assert!(r.diagnostics.iter().any(|d| d.code == "pld_leaves_grouped"), "{r:?}");
+    let ladder = r.details["leaf_ladder_ratio"];
+    assert!(ladder > 0.0 && ladder <= 1e-4, "{ladder}");
+    let uniform = |s: f64, q: f64| {
+        eps(
+            &[PldStep {
+                q,
+                noise_multiplier: s,
+                count: n,
+            }],
+            1e-5,
+        )
+    };
+    let low = uniform(sigma(0), q);
+    let high = uniform(sigma(n) / (1.0 + ladder).powi(2), q * (1.0 + ladder));
+    assert!(low <= r.epsilon && r.epsilon <= high, "{low} ≤ {} ≤ {high}", r.epsilon);
+    assert!(high <= low * 1.01, "{low} vs {high}");
+}
+
+/// 10⁵ distinct steps (a sampler with 10⁵ levels, μ log-spaced over two decades, p = 0.001):
+/// a finite PLD bound, above the leakiest step's exact ε and below RDP.
+#[test]
+fn a_hundred_thousand_distinct_steps_get_a_pld_bound() {
+    let n = 100_000usize;
+    let steps: Vec<PldStep> = (0..n)
+        .map(|i| PldStep::gdp(1e-2 * 10f64.powf(2.0 * i as f64 / n as f64), 1e-3, 1))
+        .collect();
+    let t = std::time::Instant::now();
+    let e = eps(&steps, 1e-5);
+    let took = t.elapsed();
+    let one = single_step_eps(1e-3, 1.0, 1e-5);
+    let mut b = dpaudit::events::EventBuilder::new();
+    for s in &steps {
+        b.push(DpEvent::dpsgd(s.noise_multiplier, s.q, s.count));
+    }
+    let rdp = AccountantKind::Rdp
+        .build()
+        .epsilon(&b.build(), Neighbouring::AddRemove, 1e-5)
+        .unwrap()
+        .epsilon;
+    assert!(e.is_finite() && e >= one && e <= rdp, "ε = {e} (one step {one}, RDP {rdp})");
+    assert!(took.as_secs_f64() < 60.0, "{took:?}");
+}
