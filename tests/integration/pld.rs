@@ -1105,6 +1105,9 @@ fn a_hundred_thousand_distinct_steps_get_a_pld_bound() {
         .epsilon(&b.build(), Neighbouring::AddRemove, 1e-5)
         .unwrap()
         .epsilon;
-    assert!(e.is_finite() && e >= one && e <= rdp, "ε = {e} (one step {one}, RDP {rdp})");
+    assert!(
+        e.is_finite() && e >= one && e <= rdp,
+        "ε = {e} (one step {one}, RDP {rdp})"
+    );
     assert!(took.as_secs_f64() < 60.0, "{took:?}");
 }
