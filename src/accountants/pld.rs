@@ -76,6 +76,24 @@ const HYBRID_MAX_WORK: usize = 1 << 25;
 /// standard deviation of tens of nats, and connect-the-dots adds at most h²/4 of variance per step).
 pub(super) const REGRID_WIDTH: i64 = 1 << 21;
 
+/// A composition window narrower than half this many grid points at the requested grid interval
+/// is composed again on a grid h/2^k, k chosen so that the window becomes about this wide (the
+/// grid adapts to the ε scale: issue 47, item 3). Connect-the-dots overstates ε by about one grid
+/// interval over the whole composition (and each step's loss spread below h is smeared over a
+/// whole interval), which is most of an ε of a few intervals: q = 1e-3, σ = 5, T = 100, δ = 1e-5
+/// gave 0.0046549 at h = 1e-4 against 0.0045541 converged (dp_accounting 0.6.0). The grids
+/// h/2^k contain the grid h, so the connect-the-dots pair on the coarse grid is a garbling of the
+/// one on the fine grid (each coarse split is a mean-preserving spread of the fine one in e^{−ℓ});
+/// refining only tightens, and every soundness step of docs/pld.md holds on any grid.
+const REFINE_WIDTH: i64 = 1 << 14;
+
+/// Finest grid interval the refinement of [`REFINE_WIDTH`] goes to (nats).
+const MIN_GRID_INTERVAL: f64 = 1e-15;
+
+/// Most grid points, summed over a direction's distinct leaves, that a refinement may create
+/// (≈ 65 ns each to discretise: about 0.3 s of one core at the limit).
+const REFINE_POINTS: usize = 1 << 22;
+
 /// The PLD accountant. Defaults follow dp_accounting's `PLDAccountant` (grid 1e-4, pessimistic).
 #[derive(Debug, Clone)]
 pub struct PldAccountant {
@@ -139,6 +157,16 @@ enum Leaf {
 }
 
 impl Leaf {
+    /// The variant and the bit patterns of its parameters: equal keys, equal leaves.
+    fn key(&self) -> (u8, u64, u64) {
+        match *self {
+            Leaf::SampledGaussian { q, sigma } => (0, q.to_bits(), sigma.to_bits()),
+            Leaf::EpsilonDelta { epsilon, delta } => (1, epsilon.to_bits(), delta.to_bits()),
+            Leaf::ReplaceGaussian { q, sigma } => (2, q.to_bits(), sigma.to_bits()),
+            Leaf::Laplace { q, b } => (3, q.to_bits(), b.to_bits()),
+        }
+    }
+
     /// True when the PLD is the same in both directions (only one needs computing).
     fn symmetric(self) -> bool {
         match self {
@@ -289,7 +317,8 @@ fn inv_log_mix(q: f64, eps: f64) -> f64 {
         return eps;
     }
     if eps > 0.0 {
-        eps + (-(1.0 - q) * (-eps).exp()).ln_1p() - q.ln()
+        // As in `gaussian_pld`'s x_b: non-negative terms only, accurate for tiny ε and q.
+        eps + ((1.0 - q) * -(-eps).exp_m1() / q).ln_1p()
     } else {
         let t = eps.exp_m1() / q;
         if t <= -1.0 {
@@ -426,7 +455,6 @@ fn gaussian_pld(
     let (i_lo, n) = gaussian_range(q, sigma, dir, h, tau, max_points)?;
     let s2 = sigma * sigma;
     let q = q.min(1.0);
-    let ln_q = q.ln();
     // x_b(ε_i): for Remove the loss exceeds ε_i iff x > x_b, for Add iff x < x_b; x_b = σ²·y + ½
     // with y = `inv_log_mix`(q, ±ε_i), its exponentials taken from the shared table.
     let x_bound = |i: i64| -> f64 {
@@ -437,15 +465,19 @@ fn gaussian_pld(
             };
             return s2 * e + 0.5;
         }
-        let [exp_p, expm1_p, exp_n, expm1_n] = grid.at(i);
+        let [_, expm1_p, _, expm1_n] = grid.at(i);
         let eps = i as f64 * h;
-        // (e, e^{−e}, e^e − 1) for e = ±ε_i.
-        let (e, exp_neg_e, expm1_e) = match dir {
-            Direction::Remove => (eps, exp_n, expm1_p),
-            Direction::Add => (-eps, exp_p, expm1_n),
+        // (e, e^{−e} − 1, e^e − 1) for e = ±ε_i.
+        let (e, expm1_neg_e, expm1_e) = match dir {
+            Direction::Remove => (eps, expm1_n, expm1_p),
+            Direction::Add => (-eps, expm1_p, expm1_n),
         };
         let y = if e > 0.0 {
-            e + (-(1.0 - q) * exp_neg_e).ln_1p() - ln_q
+            // y = ln((e^e − 1 + q)/q) = e + ln(1 + (1 − q)(1 − e^{−e})/q) (Mironov, Talwar &
+            // Zhang 2019, §3, solved for y): a sum of non-negative terms, so y keeps its relative
+            // accuracy for tiny e and q, where the form e + ln(1 − (1 − q)e^{−e}) − ln q cancels
+            // (relative error u/(q + e) in its last logarithm; a refined grid meets such e).
+            e + ((1.0 - q) * -expm1_neg_e / q).ln_1p()
         } else {
             let t = expm1_e / q;
             if t <= -1.0 {
@@ -960,6 +992,9 @@ pub struct ComposedPld {
     pub directions: Vec<ComposedDirection>,
     /// Grid interval of the privacy-loss discretisation (nats).
     pub value_discretization_interval: f64,
+    /// Ratio r of the ladder the leaves were grouped on (0: not grouped): every Gaussian leaf's
+    /// σ was rounded down and its q up to a power of 1 + r ([`group_leaves`]).
+    pub leaf_ladder: f64,
 }
 
 impl ComposedPld {
@@ -997,6 +1032,18 @@ impl ComposedPld {
             .with_detail("fft_roundoff_bound", self.max_of(|d| d.roundoff))
             .with_detail("grid_points", self.max_of(|d| d.grid_points() as f64))
             .with_detail("fft_len", self.max_of(|d| d.fft_len as f64));
+        if self.leaf_ladder > 0.0 {
+            r = r.with_detail("leaf_ladder_ratio", self.leaf_ladder).with_diagnostic(
+                "pld_leaves_grouped",
+                format!(
+                    "more than {GROUP_ABOVE} distinct steps: each Gaussian step's noise multiplier was rounded \
+                     down and its sampling rate up to a power of 1 + {:.3e} (a step that dominates it), so \
+                     steps on one rung compose as one (sound; looser by about that ratio at most)",
+                    self.leaf_ladder
+                ),
+                false,
+            );
+        }
         if let Some(delta) = delta_target {
             let floor = self.delta_floor();
             if floor >= delta {
@@ -2021,6 +2068,98 @@ fn inf_mass_floor(leaves: &[(Leaf, u64)]) -> f64 {
     (-log_keep.exp_m1() * (1.0 - 1e-9)).max(0.0)
 }
 
+/// Above this many distinct leaves the composition groups them ([`group_leaves`]); at or below
+/// it every leaf is composed as given (1,000 distinct leaves take ≈ 4 s of CPU).
+const GROUP_ABOVE: usize = 4096;
+
+/// At most this many distinct leaves after grouping ([`group_leaves`]).
+const GROUP_TARGET: usize = 1024;
+
+/// Equal leaves merged (counts added, zero counts dropped) in one pass over a hash map keyed by
+/// the leaves' bit patterns, first-seen order kept. A total count beyond 2⁶⁴ − 1 is refused: a
+/// saturated count would under-count the composition and understate ε.
+fn merge_leaves(leaves: impl Iterator<Item = (Leaf, u64)>) -> Result<Vec<(Leaf, u64)>> {
+    let mut index: std::collections::HashMap<(u8, u64, u64), usize> = std::collections::HashMap::new();
+    let mut merged: Vec<(Leaf, u64)> = Vec::new();
+    for (l, c) in leaves {
+        if c == 0 {
+            continue;
+        }
+        match index.entry(l.key()) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let m = &mut merged[*e.get()];
+                m.1 = m.1.checked_add(c).ok_or_else(|| {
+                    Error::field(
+                        "count",
+                        "the total count of one repeated step exceeds 2⁶⁴ − 1; no composition is certified",
+                    )
+                })?;
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(merged.len());
+                merged.push((l, c));
+            }
+        }
+    }
+    Ok(merged)
+}
+
+/// x rounded up to the ladder {(1 + r)^k : k ∈ ℤ} (the result is ≥ x, also after rounding).
+fn ladder_up(x: f64, r: f64) -> f64 {
+    let step = r.ln_1p();
+    let mut y = ((x.ln() / step).ceil() * step).exp();
+    while y < x {
+        y *= 1.0 + r;
+    }
+    y
+}
+
+/// x rounded down to the ladder {(1 + r)^k : k ∈ ℤ} (the result is ≤ x, also after rounding).
+fn ladder_down(x: f64, r: f64) -> f64 {
+    let step = r.ln_1p();
+    let mut y = ((x.ln() / step).floor() * step).exp();
+    while y > x {
+        y /= 1.0 + r;
+    }
+    y
+}
+
+/// Leaves grouped so that at most [`GROUP_TARGET`] distinct ones remain (issue 47, item 5): every
+/// Poisson-subsampled Gaussian leaf (add/remove or replace-one) gets σ rounded *down* and q rounded
+/// *up* to the ladder of powers of 1 + r, with r = 1e-4 doubled until the leaves fit. The rounded
+/// leaf dominates the original one (Blackwell): adding independent N(0, σ² − σ'²) noise to both
+/// outputs of the σ' pair gives the σ pair, and replacing the σ'-mixture's draw, with probability
+/// 1 − q/q', by a fresh draw of the "absent" component N(0, σ²) gives the q mixture from the q'
+/// one (the same map turns either side of either pair into the corresponding side), so a
+/// composition of rounded leaves dominates the original composition (Dong, Roth & Su 2022, Lemma
+/// 3.3 / Prop. 3.4): only tightness is lost, at most about a factor 1 + r on each step's μ and q.
+/// Other leaves are kept as they are. Returns the grouped leaves and r; refuses (the limit of
+/// distinct leaves names it) when even r = 1 leaves too many.
+fn group_leaves(merged: &[(Leaf, u64)]) -> Result<(Vec<(Leaf, u64)>, f64)> {
+    let mut r = 1e-4;
+    loop {
+        let rounded = merged.iter().map(|&(l, c)| {
+            let l = match l {
+                Leaf::SampledGaussian { q, sigma } => Leaf::SampledGaussian {
+                    q: ladder_up(q, r).min(1.0),
+                    sigma: ladder_down(sigma, r),
+                },
+                Leaf::ReplaceGaussian { q, sigma } => Leaf::ReplaceGaussian {
+                    q: ladder_up(q, r).min(1.0),
+                    sigma: ladder_down(sigma, r),
+                },
+                other => other,
+            };
+            (l, c)
+        });
+        let grouped = merge_leaves(rounded)?;
+        if grouped.len() <= GROUP_TARGET || r >= 1.0 {
+            return Ok((grouped, r));
+        }
+        r *= 2.0;
+    }
+}
+
 impl PldAccountant {
     fn check(&self) -> Result<()> {
         let h = self.value_discretization_interval;
@@ -2050,29 +2189,17 @@ impl PldAccountant {
     /// [`Self::compose_leaves`], the Fourier product on double words when `precise`.
     fn compose_leaves_with(&self, leaves: &[(Leaf, u64)], precise: bool) -> Result<ComposedPld> {
         self.check()?;
-        // Each distinct leaf is discretised and kept until the composition: bounded before any
-        // grid is built (and before the quadratic merge below).
-        crate::limits::check_count("distinct PLD leaves", leaves.len() as u64, crate::limits::PLD_LEAF)?;
-        let h = self.value_discretization_interval;
-        // Merge equal leaves; drop zero counts.
-        let mut merged: Vec<(Leaf, u64)> = Vec::new();
-        for &(l, c) in leaves {
-            if c == 0 {
-                continue;
-            }
-            if let Some(m) = merged.iter_mut().find(|(x, _)| *x == l) {
-                // A count that does not fit is refused: a saturated count would under-count the
-                // composition and understate ε.
-                m.1 = m.1.checked_add(c).ok_or_else(|| {
-                    Error::field(
-                        "count",
-                        "the total count of one repeated step exceeds 2⁶⁴ − 1; no composition is certified",
-                    )
-                })?;
-            } else {
-                merged.push((l, c));
-            }
+        // Merge equal leaves (drop zero counts), then, past GROUP_ABOVE distinct leaves, group
+        // them on a ladder that rounds each one up to a leaf dominating it (`group_leaves`).
+        let mut merged = merge_leaves(leaves.iter().copied())?;
+        let mut ladder = 0.0;
+        if merged.len() > GROUP_ABOVE {
+            (merged, ladder) = group_leaves(&merged)?;
         }
+        // Each distinct leaf is discretised and kept until the composition: bounded before any
+        // grid is built.
+        crate::limits::check_count("distinct PLD leaves", merged.len() as u64, crate::limits::PLD_LEAF)?;
+        let h = self.value_discretization_interval;
         let total: f64 = merged.iter().map(|(_, c)| *c as f64).sum::<f64>().max(1.0);
         // Every construction carries at least this +∞ mass; when it is 1 up to 1e-9, δ(ε) = 1 for
         // every ε is reported without building grids (sound; it gives away at most 1e-9 of δ, and
@@ -2100,6 +2227,7 @@ impl PldAccountant {
                     .map(|&d| blatant(d))
                     .collect(),
                 value_discretization_interval: h,
+                leaf_ladder: ladder,
             });
         }
         // Budget: half to per-step upper tails (→ ∞-mass), a quarter to each window tail.
@@ -2114,17 +2242,33 @@ impl PldAccountant {
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
             // The requested grid interval, doubled while the composition window would be wider
             // than REGRID_WIDTH points (see there).
+            // Or halved (by powers of two) while the window would be narrower than REFINE_WIDTH/2
+            // points, within REFINE_POINTS leaf points and MIN_GRID_INTERVAL (never after a
+            // doubling, so the two rules cannot alternate).
             let mut h = h;
+            let mut coarsened = false;
+            let mut refinements = 0;
             loop {
                 let (parts, window) = self.discretise_direction(&merged, dir, h, tau_step, tau_window)?;
                 match &window {
                     Some(w) if w.uncapped_width > REGRID_WIDTH => {
                         let factor = (w.uncapped_width as f64 / REGRID_WIDTH as f64).log2().ceil().max(1.0);
                         h *= 2f64.powi(factor as i32);
+                        coarsened = true;
                         if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
                             eprintln!("pld timing: window {} points, grid interval → {h}", w.uncapped_width);
                         }
                         continue;
+                    }
+                    Some(w) if !coarsened && refinements < 8 && 2 * w.uncapped_width <= REFINE_WIDTH => {
+                        if let Some(k) = self.refinement(&parts, w.uncapped_width, h) {
+                            h /= 2f64.powi(k);
+                            refinements += 1;
+                            if std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+                                eprintln!("pld timing: window {} points, grid interval → {h}", w.uncapped_width);
+                            }
+                            continue;
+                        }
                     }
                     _ => {}
                 }
@@ -2140,11 +2284,31 @@ impl PldAccountant {
         } else {
             dirs.iter().map(|&d| one_direction(d)).collect::<Result<Vec<_>>>()?
         };
-        let h_used = directions.iter().map(|d| d.h).fold(h, f64::max);
+        // The coarsest grid any direction used (a direction may have refined or coarsened it).
+        let h_used = directions.iter().map(|d| d.h).reduce(f64::max).unwrap_or(h);
         Ok(ComposedPld {
             directions,
             value_discretization_interval: h_used,
+            leaf_ladder: ladder,
         })
+    }
+
+    /// How many halvings of the grid interval h ([`REFINE_WIDTH`]) a composition whose window is
+    /// `width` points wide gets: enough to bring it to about REFINE_WIDTH points, at most what
+    /// keeps the leaves' points within [`REFINE_POINTS`] (and each leaf within half of
+    /// `max_grid_points`, so refining never truncates a leaf) and h at or above
+    /// [`MIN_GRID_INTERVAL`]; `None` for none.
+    fn refinement(&self, parts: &[Part], width: i64, h: f64) -> Option<i32> {
+        // A leaf of n points spans at most n + 1 intervals, so about 2^k·(n + 1) points after k halvings.
+        let points: usize = parts.iter().map(|(d, _)| d.probs.len() + 1).sum();
+        let widest = parts.iter().map(|(d, _)| d.probs.len() + 1).max().unwrap_or(1);
+        let budget = REFINE_POINTS.min(self.max_grid_points / 2);
+        let by_width = (REFINE_WIDTH as f64 / width.max(1) as f64).log2().floor();
+        let by_points = (REFINE_POINTS as f64 / points.max(1) as f64).log2().floor();
+        let by_leaf = (budget as f64 / widest as f64).log2().floor();
+        let by_floor = (h / MIN_GRID_INTERVAL).log2().floor();
+        let k = by_width.min(by_points).min(by_leaf).min(by_floor);
+        (k >= 1.0).then_some(k as i32)
     }
 
     /// Every leaf's PLD in one direction on the grid i·h, and the Chernoff window of their
@@ -2207,13 +2371,12 @@ impl PldAccountant {
     /// used for the estimate.
     fn compose_precise(&self, leaves: &[(Leaf, u64)], delta: f64, first: &ComposedPld) -> Result<Option<ComposedPld>> {
         let distinct = {
-            let mut v: Vec<Leaf> = Vec::new();
-            for &(l, c) in leaves {
-                if c > 0 && !v.contains(&l) {
-                    v.push(l);
-                }
+            let merged = merge_leaves(leaves.iter().copied())?;
+            if merged.len() > GROUP_ABOVE {
+                group_leaves(&merged)?.0.len()
+            } else {
+                merged.len()
             }
-            v.len()
         };
         let width = first.directions.iter().map(|d| d.grid_points()).max().unwrap_or(0);
         // The window widens a little with the smaller truncation budget.

@@ -163,9 +163,13 @@ fn clt_edm_reference_rows() {
                 .epsilon
                 .unwrap_or_else(|| panic!("row {i}: no PLD ε: {}", pld.status));
             assert_eq!(pld.kind, Some(BoundKind::UpperBound), "row {i}");
+            // dp_accounting's grid-1e-4 value is an upper bound that the refined grid may beat
+            // at tiny ε (docs/pld.md, "Tiny ε"): the floor is the certified lower-bound PLD.
+            let steps: Vec<(f64, f64, u64)> = mus.iter().map(|&m| (p, m, 1)).collect();
+            let floor = super::common::certified_floor(&steps, 1e-5, e);
             assert!(
-                e >= pld_ref && e <= pld_ref * 1.01,
-                "row {i}: pld ε {e} vs exact {pld_ref}"
+                e >= floor && e <= pld_ref * 1.01,
+                "row {i}: pld ε {e} vs dp_accounting {pld_ref}, certified floor {floor}"
             );
             checked_pld += 1;
         }

@@ -117,8 +117,11 @@ fn opacus_flags_reproduce_the_mnist_and_cifar10_rows() {
         };
         let (pld, rdp) = (eps("pld"), eps("rdp"));
         let low = f(r, "eps_prv_low");
+        // Within 1 % of dp_accounting's grid-1e-4 value, or below it where the grid was refined
+        // for a small ε (docs/pld.md, "Tiny ε"); never below PRV's lower bound.
+        let dpacc = f(r, "eps_dpacc_pld");
         assert!(
-            pld >= low && rel(pld, f(r, "eps_dpacc_pld")) < 1e-2,
+            pld >= low && pld <= 1.01 * dpacc && (rel(pld, dpacc) < 1e-2 || pld < 0.2),
             "{what}: pld {pld}"
         );
         // Our RDP optimises the order continuously: never above Opacus' RDP, never below PRV's

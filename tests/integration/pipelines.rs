@@ -142,7 +142,12 @@ fn rapid_scenarios_show_both_analyses() {
         );
         let pld = analysis(c, "poisson_add_remove", "pld").unwrap();
         let ref_pld = f(&row, "eps_dpacc_pld");
-        assert!(rel(pld, ref_pld) < 2e-3, "{pld} vs {ref_pld}");
+        // Within 0.2 % above dp_accounting's grid-1e-4 value; below it by more only where the
+        // grid was refined for a small ε (docs/pld.md, "Tiny ε"), never below PRV's lower bound.
+        assert!(
+            pld <= ref_pld * (1.0 + 2e-3) && (rel(pld, ref_pld) < 2e-3 || pld < 0.2) && pld >= f(&row, "eps_prv_low"),
+            "{pld} vs {ref_pld}"
+        );
         // The paper's numbers come from the Poisson analysis (§5): it decides the verdict.
         let best = pld.min(rdp);
         if best <= 1.0 {
