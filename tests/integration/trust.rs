@@ -655,3 +655,73 @@ fn merge_names_the_part_of_a_bad_record() {
     assert!(stderr(&o).contains("mia-part-1-of-2.json"), "{}", stderr(&o));
     assert!(stderr(&o).contains("999999"), "{}", stderr(&o));
 }
+
+/// Diffusion-sampling verdicts rest on the paper's per-step Gaussian model (each step exactly
+/// μ_t-GDP, its worst-case pair attained at every x_t), which is not shown for the clipped
+/// empirical denoiser: every `violated` says so in the verdicts table, the claims table and the
+/// JSON, and the conclusion counts the FAIL verdicts that are about that model (before, the
+/// conclusion read "89 FAIL" with no model named); `dpaudit report` derives the same conclusion.
+#[test]
+fn diffusion_sampling_verdicts_name_their_model_in_the_conclusion() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v");
+    let o = dpaudit(&[
+        "verify",
+        "fixtures/claims/diffusion-sampling.toml",
+        "--out",
+        s(&out),
+        "-q",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = std::fs::read_to_string(out.join("report.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let model = "under the per-step Gaussian model of §3";
+    let fails: Vec<&serde_json::Value> = v["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["status"] == "fail")
+        .collect();
+    assert!(fails.len() > 50, "{}", fails.len());
+    for f in &fails {
+        assert!(f["message"].as_str().unwrap().contains(model), "{f}");
+    }
+    let claims = v["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "claims")
+        .unwrap();
+    let cols: Vec<&str> = claims["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    let (iv, id) = (
+        cols.iter().position(|c| *c == "verdict").unwrap(),
+        cols.iter().position(|c| *c == "detail").unwrap(),
+    );
+    for r in claims["rows"].as_array().unwrap() {
+        if r[iv] == "violated" {
+            assert!(r[id].as_str().unwrap().contains(model), "{r}");
+        }
+    }
+    let verdict = v["conclusion"]["verdict"].as_str().unwrap();
+    assert!(
+        verdict.contains(&format!(
+            "{} of the FAIL verdicts are verdicts about a stated model, not shown for the real mechanism: verdicts {model}",
+            fails.len()
+        )),
+        "{verdict}"
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("verdicts about a stated model"), "the Markdown conclusion");
+    // The conclusion is derived from the report's content: `report` accepts it as it is.
+    let o = dpaudit(&["report", s(&out.join("report.json")), "--format", "md"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A verify report without such a check says nothing of a model.
+    let o = dpaudit(&["verify", "fixtures/claims/dp-rdm.toml", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(!v["conclusion"]["verdict"].as_str().unwrap().contains("stated model"));
+}
