@@ -725,3 +725,61 @@ fn diffusion_sampling_verdicts_name_their_model_in_the_conclusion() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(!v["conclusion"]["verdict"].as_str().unwrap().contains("stated model"));
 }
+
+/// DPAgg-TI on embeddings of ±1e308 (whose squared norms overflow): the rows are normalised
+/// with scaling, so the release equals the release on the same rows at ±1 with the same seed
+/// (an overflowing norm would make them zero vectors and change every output).
+#[test]
+fn dpagg_ti_normalises_rows_of_1e308() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut big = String::new();
+    let mut one = String::new();
+    for i in 0..40u32 {
+        let row: Vec<i32> = (0..16u32)
+            .map(|j| if (i * 7 + j * 3) % 5 < 2 { -1 } else { 1 })
+            .collect();
+        let fmt = |scale: &str| {
+            row.iter()
+                .map(|v| format!("{}{scale}", if *v < 0 { "-" } else { "" }))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        big.push_str(&(fmt("1e308") + "\n"));
+        one.push_str(&(fmt("1") + "\n"));
+    }
+    let mut outs = Vec::new();
+    for (name, body) in [("big", big), ("one", one)] {
+        std::fs::write(dir.path().join(format!("{name}.csv")), body).unwrap();
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!("schema_version = 1\nembeddings = \"{name}.csv\"\nm = 16\nepsilon = 1.0\nsigma_rule = \"classic\"\nreleases = 2\n"),
+        )
+        .unwrap();
+        let out = dir.path().join(format!("out-{name}"));
+        let o = dpaudit(&["run", "dpagg-ti", s(&cfg), "--seed", "7", "--out", s(&out), "-q"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        outs.push(std::fs::read_to_string(out.join("outputs.csv")).unwrap());
+    }
+    assert_eq!(outs[0], outs[1]);
+}
+
+/// `analyze` of a full-batch sampler with 10⁵ levels: the critical window's suffix sums and the
+/// CSV's window lookup were O(n²) (≈ 10 s of CPU); now linear-logarithmic.
+#[test]
+fn analyze_of_a_hundred_thousand_levels_is_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(super::common::root().join("fixtures/samplers/edm-cifar10-paper.toml"))
+        .unwrap()
+        .replace("levels = 50", "levels = 100000");
+    let cfg = dir.path().join("l5.toml");
+    std::fs::write(&cfg, text).unwrap();
+    // The CSV (every step with its window row) on stdout: the report files of --out are
+    // ≈ 270 MB at this size, whose writing is linear but not what this test times.
+    let start = std::time::Instant::now();
+    let o = dpaudit(&["analyze", s(&cfg), "--format", "csv", "-q"]);
+    let took = start.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(took < std::time::Duration::from_secs(6), "{took:?}");
+    assert_eq!(stdout(&o).lines().count(), 100_001);
+}
