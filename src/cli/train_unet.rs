@@ -17,7 +17,7 @@ const MNIST_SPLIT: &str = "fixtures/splits/mnist.toml";
 /// Runs `train --unet`; `outputs` are the prepared `--format` outputs of `train`.
 pub fn run(
     a: Args,
-    unet: &str,
+    unet: &std::ffi::OsStr,
     outputs: crate::cli::common::Outputs,
 ) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     if a.rapid {
@@ -86,7 +86,7 @@ pub fn run(
         data,
         split,
         on: a.on.into(),
-        unet: unet.to_string(),
+        unet: unet.to_os_string(),
         init: a.init.clone(),
         out,
         timesteps: a.timesteps,

@@ -726,6 +726,97 @@ fn diffusion_sampling_verdicts_name_their_model_in_the_conclusion() {
     assert!(!v["conclusion"]["verdict"].as_str().unwrap().contains("stated model"));
 }
 
+/// A negative number given to a flag that takes a number reaches the flag's validator, which
+/// names the flag (before: clap's "unexpected argument '-1' found", naming none).
+#[test]
+fn negative_numbers_are_refused_naming_their_flag() {
+    for (args, flag) in [
+        (vec!["train", "--steps", "-1"], "--steps"),
+        (vec!["train", "--unet", "tiny", "--batch-size", "-3"], "--batch-size"),
+        (
+            vec![
+                "sweep",
+                "fixtures/samplers/edm-cifar10-paper.toml",
+                "--sigma-min",
+                "0.002..5",
+                "--points",
+                "-1",
+            ],
+            "--points",
+        ),
+        (
+            vec!["mia", "--checkpoint", "models/digits-mlp.toml", "--timesteps", "-5"],
+            "--timesteps",
+        ),
+        (
+            vec!["mia", "--checkpoint", "models/digits-mlp.toml", "--bootstrap", "-2"],
+            "--bootstrap",
+        ),
+    ] {
+        let o = dpaudit(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("unexpected argument"), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(flag), "{args:?}: {}", stderr(&o));
+    }
+}
+
+/// `train --unet` takes a config path that is not UTF-8 (an `OsString`, as every other path
+/// flag; before, clap refused "invalid UTF-8 was detected").
+#[test]
+fn train_unet_takes_a_non_utf8_config_path() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"cfg-\xff"));
+    std::fs::create_dir_all(&odd).unwrap();
+    std::fs::copy(
+        super::common::root().join("fixtures/diffusers/unet-28-c1-attn/config.json"),
+        odd.join("config.json"),
+    )
+    .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+        .arg("train")
+        .arg("--unet")
+        .arg(&odd)
+        .args(["--steps", "1", "--seed", "1", "--quiet", "--out"])
+        .arg(dir.path().join(std::ffi::OsStr::from_bytes(b"out-\xfe")))
+        .current_dir(super::common::root())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"out-\xfe"))
+        .join("diffusion_pytorch_model.safetensors")
+        .is_file());
+}
+
+/// A config whose `in_channels` disagrees with the images is blamed on the config (its file
+/// and field), with the data file as the reason (before: the data file was named as the error).
+#[test]
+fn a_config_in_channels_mismatch_names_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    let src = super::common::root().join("fixtures/diffusers/unet-28-c1-attn/config.json");
+    let mut j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    j["in_channels"] = serde_json::json!(3);
+    j["out_channels"] = serde_json::json!(3);
+    std::fs::write(&cfg, j.to_string()).unwrap();
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        s(&cfg),
+        "--steps",
+        "1",
+        "--quiet",
+        "--out",
+        s(&dir.path().join("o")),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(&format!("{}: field `in_channels`", cfg.display())), "{e}");
+    assert!(e.contains("mnist-10k.u8.gz have 1 channel"), "{e}");
+}
+
 /// DPAgg-TI on embeddings of ±1e308 (whose squared norms overflow): the rows are normalised
 /// with scaling, so the release equals the release on the same rows at ±1 with the same seed
 /// (an overflowing norm would make them zero vectors and change every output).
