@@ -66,8 +66,11 @@ pub fn run(
         Some(_) => {
             let dir = out.join(diffusers_train::CHECKPOINT_DIR);
             dpaudit::report::output::refuse_link(&dir)?;
-            for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
-                dpaudit::report::output::check_file(&dir.join(f), a.force)?;
+            // The folder itself appears only with the first checkpoint, whole (one rename).
+            if dir.is_dir() {
+                for f in diffusers_train::output_files(a.dp, a.canaries > 0) {
+                    dpaudit::report::output::check_file(&dir.join(f), a.force)?;
+                }
             }
         }
         None => {}

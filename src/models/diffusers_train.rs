@@ -1222,8 +1222,9 @@ impl Folder<'_> {
             let dir = self.plan.out.join(CHECKPOINT_DIR);
             let (_, _, _, files) = self.files(&dir, done, ledger, weights, after)?;
             let files = signed(files, self.plan.sign_key.as_ref())?;
-            crate::report::output::create_out_dir(&dir)?;
-            crate::report::output::commit_set(&dir, None, &files, true)?;
+            // One rename of the whole folder: the previous checkpoint stays whole until this
+            // one is complete, and no reader sees a mix of the two.
+            crate::report::output::commit_folder(&dir, &files)?;
             eprintln!(
                 "checkpoint after step {done}/{}: {} (resume with --init {} --steps {})",
                 self.plan.steps,

@@ -874,3 +874,108 @@ fn analyze_of_a_hundred_thousand_levels_is_fast() {
     assert!(took < std::time::Duration::from_secs(6), "{took:?}");
     assert_eq!(stdout(&o).lines().count(), 100_001);
 }
+
+/// A folder as a tool that is not dpaudit sees it: every visible file is named in the
+/// manifest with its SHA-256, and every name in the manifest is there with that hash.
+fn whole_set(dir: &Path) -> Result<(), String> {
+    use sha2::Digest as _;
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(".dpaudit-manifest.json")).map_err(|e| format!("manifest: {e}"))?,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut named = std::collections::BTreeSet::new();
+    for f in m["files"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        named.insert(name.to_string());
+        let bytes = std::fs::read(dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        let h: String = sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if h != f["sha256"].as_str().unwrap() {
+            return Err(format!("{name} is not the file of its set"));
+        }
+    }
+    let present: std::collections::BTreeSet<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    if present != named {
+        return Err(format!("files {present:?} against the manifest's {named:?}"));
+    }
+    Ok(())
+}
+
+/// `--checkpoint-every 1` killed at every commit step (`DPAUDIT_FAULT_AT`, as a kill): the
+/// folder `OUT/checkpoint` is, at every moment, one whole checkpoint that a tool reading the
+/// files directly sees as a set, and once a checkpoint was written a later kill never loses
+/// it (its steps only grow). Before, each member was renamed in turn into the folder, so a
+/// kill between two renames left a mix of two checkpoints there (refused by dpaudit, but read
+/// as it is by other tools) and the earlier good checkpoint was gone.
+#[test]
+fn a_killed_checkpoint_commit_leaves_the_previous_checkpoint_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut last_steps = 0;
+    for n in 1..=6 {
+        let out = dir.path().join(format!("run-{n}"));
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpaudit"))
+            .args([
+                "train",
+                "--unet",
+                "tiny",
+                "--dp",
+                "--noise-multiplier",
+                "1",
+                "--sample-rate",
+                "0.05",
+            ])
+            .args([
+                "--steps",
+                "4",
+                "--checkpoint-every",
+                "1",
+                "--seed",
+                "3",
+                "--quiet",
+                "--out",
+                s(&out),
+            ])
+            .env("DPAUDIT_FAULT_AT", n.to_string())
+            .current_dir(super::common::root())
+            .output()
+            .unwrap();
+        let ck = out.join("checkpoint");
+        if o.status.code() == Some(0) {
+            // The fault came after the last commit: the run finished.
+            whole_set(&ck).unwrap();
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(134), "n = {n}: {}", stderr(&o));
+        if n == 1 {
+            assert!(!ck.exists(), "killed before the first checkpoint was in place");
+            continue;
+        }
+        whole_set(&ck).unwrap_or_else(|e| panic!("n = {n}: {e}"));
+        let card = std::fs::read_to_string(ck.join("dpaudit-card.toml")).unwrap();
+        let steps: usize = card
+            .lines()
+            .find_map(|l| l.strip_prefix("steps = "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Commits 1–3 are the checkpoints after steps 1–3; later ones are the final folder's.
+        assert_eq!(
+            steps,
+            (n - 1).min(3),
+            "n = {n}: the checkpoint of the last completed commit"
+        );
+        assert!(steps >= last_steps);
+        last_steps = steps;
+        // dpaudit reads it too.
+        let o = dpaudit(&["model", "info", s(&ck)]);
+        assert_eq!(o.status.code(), Some(0), "n = {n}: {}", stderr(&o));
+    }
+    assert_eq!(last_steps, 3);
+}
