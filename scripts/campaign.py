@@ -150,18 +150,23 @@ def _(d):
     return a, r, ok, got(r, f"{holds} hold")
 
 
-@case("degenerate", "account: 2^65 GDP steps (nested counts)", "exit 2, or ε above the 2^64-step ε")
+@case("degenerate", "account: 2^65 GDP steps (nested counts)",
+      "2^65 refused naming event.event.count and 2^64 − 1 (never saturated); 3·2^62 accounted, ε ≈ 3× that of 2^62")
 def _(d):
-    inner = ('[event]\ntype = "self_composed"\ncount = 2\n[event.event]\ntype = "self_composed"\n'
-             'count = 18446744073709551615\n[event.event.event]\ntype = "gaussian"\nnoise_multiplier = 1.0\n')
-    p = write(d, "ev.toml", event_toml(inner))
-    a = ["account", "--event", p, "--accountant", "gdp"]
+    # TOML integers stop at 2^63 − 1, so 2^65 steps are 8 × 2^62; 3 × 2^62 is below 2^64 − 1.
+    def ev(outer):
+        return event_toml(f'[event]\ntype = "self_composed"\ncount = {outer}\n[event.event]\ntype = "self_composed"\n'
+                          'count = 4611686018427387904\n[event.event.event]\ntype = "gaussian"\nnoise_multiplier = 1.0\n')
+    a = ["account", "--event", write(d, "ev8.toml", ev(8)), "--accountant", "gdp"]
     r = run(a, cwd=d)
-    q = write(d, "ev1.toml", event_toml(inner.replace("count = 2\n", "count = 1\n", 1)))
-    r1 = run(["account", "--event", q, "--accountant", "gdp"], cwd=d)
-    e2, e1 = eps_from(r.out, "gdp"), eps_from(r1.out, "gdp")
-    ok = not crashed(r) and (r.code == 2 or (e2 is not None and e2 != e1))
-    return a, r, ok, got(r, f"ε(2^65) = {e2}, ε(2^64) = {e1}")
+    r3 = run(["account", "--event", write(d, "ev3.toml", ev(3)), "--accountant", "gdp"], cwd=d)
+    r1 = run(["account", "--event", write(d, "ev1.toml", ev(1)), "--accountant", "gdp"], cwd=d)
+    e3, e1 = eps_from(r3.out, "gdp"), eps_from(r1.out, "gdp")
+    # GDP with μ = √T: ε ≈ μ²/2 for huge μ, so three times the steps give about three times ε.
+    ratio = float(e3) / float(e1) if e3 and e1 else None
+    refused = r.code == 2 and "event.event.count" in r.err and "2^64 − 1" in r.err
+    ok = not crashed(r) and refused and ratio is not None and 2.9 < ratio < 3.1
+    return a, r, ok, got(r, f"ε(3·2^62) / ε(2^62) = {ratio}")
 
 
 @case("degenerate", "run dp-rdm with σ = 1e-160", "exit 2, ε spent = ∞, or no query answered")
@@ -214,16 +219,42 @@ def _(d):
     return a, r, r.code == 0, got(r)
 
 
-@case("edges", "DDIM trailing/linspace timesteps equal diffusers' set_timesteps (ties half to even)",
-      "fixture table from diffusers, tested in CI")
-def _(d):
-    # dpaudit prints noise levels, not timestep indices, so the comparison lives in the test
-    # suite (a fixture table generated from diffusers); here: is such a table shipped?
-    tables = [p for p in (ROOT / "fixtures").rglob("*timesteps*") if p.suffix in (".csv", ".json", ".toml")]
-    a = ["(test suite)", "fixtures/**/*timesteps*"]
-    r = Result(0, "", "", 0)
-    ok = bool(tables) or None
-    return a, r, ok, f"{len(tables)} timestep tables shipped" if tables else "skipped: no diffusers timestep table yet"
+def ddpm_levels(timesteps, T=1000, b0=1e-4, b1=0.02):
+    """Noise levels t = √((1 − ᾱ_k)/ᾱ_k) at diffusers timesteps k (β linear, computed here)."""
+    abar, acc = [], 1.0
+    for i in range(T):
+        acc *= 1.0 - (b0 + i * (b1 - b0) / (T - 1))
+        abar.append(acc)
+    return [((1.0 - abar[k]) / abar[k]) ** 0.5 for k in timesteps]
+
+
+for spacing in ["trailing", "linspace"]:
+
+    def _f(d, spacing=spacing):
+        # A row with ties of diffusers' own set_timesteps (fixtures/reference, diffusers 0.42.1).
+        rows = [l.split(",") for l in (ROOT / "fixtures/reference/diffusers_timesteps.csv").read_text().splitlines()
+                if not l.startswith(("#", "T,"))]
+        row = next(r for r in rows if r[0] == "1000" and r[1] == spacing and r[2] == "0" and int(r[5]) > 0
+                   and r[9] and int(r[4]) == int(r[3]) and 8 <= int(r[3]) <= 40
+                   and all(0 <= int(k) < 1000 for k in r[9].split()))
+        steps, want = int(row[3]), ddpm_levels([int(k) for k in row[9].split()])
+        src = fixture("fixtures/samplers/ddpm-linear-ddim50.toml").replace('spacing = "leading"', f'spacing = "{spacing}"')
+        src = src.replace("levels = 50", f"levels = {steps}").replace("stop_at = 0.05\n", "")
+        a = ["analyze", write(d, "s.toml", src), "--format", "json"]
+        r = run(a, cwd=d)
+        try:
+            t = next(t for t in json.loads(r.out)["tables"] if t["id"] == "steps")
+            names = [c["name"] for c in t["columns"]]
+            # The steps go from each level to the next: every t_from, then the last t_to.
+            have = [x[names.index("t_from")] for x in t["rows"]] + [t["rows"][-1][names.index("t_to")]]
+        except (ValueError, KeyError, StopIteration, IndexError):
+            have = []
+        worst = max((abs(h - w) / w for h, w in zip(have, want)), default=None)
+        ok = r.code == 0 and len(have) == len(want) and worst is not None and worst < 1e-5
+        return a, r, ok, got(r, f"{steps} steps, {len(have)} levels, largest relative difference {worst}")
+
+    case("edges", f"DDIM {spacing} timesteps equal diffusers' set_timesteps (ties half to even)",
+         "analyze's noise levels = the levels at diffusers' timesteps")(_f)
 
 
 # ------------------------------------------------------------------------------------------
@@ -292,21 +323,49 @@ def _(d):
     return a, r, r.code in (0, 2) and kept, got(r, "node kept" if kept else "node REPLACED by a regular file")
 
 
-@case("outputs", "SIGKILL during `run dpagg-ti --force`: no debris, next run succeeds", "no .dpaudit-tmp-*")
+def torn(out):
+    """Whether the set in `out` mixes two runs: a visible file not the one its manifest names."""
+    import hashlib
+    m = out / ".dpaudit-manifest.json"
+    if not m.exists():
+        return False
+    for f in json.loads(m.read_text())["files"]:
+        p = out / f["name"]
+        if p.exists() and hashlib.sha256(p.read_bytes()).hexdigest() != f["sha256"]:
+            return True
+    return False
+
+
+@case("outputs", "SIGKILL during `run dpagg-ti --force`: a torn set is refused, no debris, next run succeeds",
+      "every torn set refused by dpaudit (exit 2); no .dpaudit-tmp-*")
 def _(d):
     src = fixture("fixtures/runs/dpagg-ti-digits.toml").replace('"../embeddings/', f'"{ROOT}/fixtures/embeddings/')
     p = write(d, "run.toml", src)
     out = Path(d) / "o"
     a = ["run", "dpagg-ti", p, "--out", out, "--force"]
     cmd = [str(BIN), *map(str, a)]
-    for delay in (0.02, 0.05, 0.1, 0.2):
-        pr = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
-        pr.send_signal(signal.SIGKILL)
-        pr.wait()
+    n_torn, accepted = 0, []
+    run(a, cwd=d)
+    # Kills timed at random, and injected just before each rename of the set's commit (a kill
+    # between two renames is where a torn set can appear).
+    attempts = [("kill", x) for x in (0.02, 0.05, 0.1, 0.2)] + [("fault", n) for n in range(1, 9)]
+    for how, x in attempts:
+        if how == "kill":
+            pr = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(x)
+            pr.send_signal(signal.SIGKILL)
+            pr.wait()
+        else:
+            run(a, cwd=d, env={"DPAUDIT_FAULT_AT": str(x)})
+        if torn(out):
+            n_torn += 1
+            rr = run(["report", out / "report.json", "--format", "md"], cwd=d)
+            if rr.code != 2:
+                accepted.append(f"{how} {x}")
     r = run(a, cwd=d)
     debris = [x.name for x in out.glob(".dpaudit-tmp-*")] if out.exists() else []
-    return a, r, r.code == 0 and not debris, got(r, f"debris {debris}" if debris else "no debris")
+    ok = r.code == 0 and not debris and not accepted and not torn(out) and n_torn > 0
+    return a, r, ok, got(r, f"{n_torn} torn sets, accepted: {accepted or 'none'}; " + (f"debris {debris}" if debris else "no debris"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -620,10 +679,168 @@ def _(d):
 @case("trust", "verify rapid-scenarios: theorem_1", "no `violated` under theorem_1 (upper bounds only)")
 def _(d):
     a = ["verify", "fixtures/claims/rapid-scenarios.toml", "--format", "csv"]
-    r = run(a)
+    r = run(a, timeout=600)
     rows = [l for l in r.out.splitlines() if ",theorem_1," in l]
     ok = bool(rows) and not any("violated" in l.split(",")[-1] or ",lower_bound," in l for l in rows)
     return a, r, ok, got(r, f"{len(rows)} theorem_1 rows")
+
+
+class _Cpu:
+    def __init__(self, result, secs):
+        self.result, self.secs = result, secs
+
+
+def cpu_of(f):
+    """Runs `f` (one dpaudit run) and measures its CPU time (user + system of the children), so a
+    loaded machine does not fail a timing case."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = f()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return _Cpu(r, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+
+
+@case("trust", "verify diffusion-sampling: the model named", "every violated and the conclusion name the per-step Gaussian model")
+def _(d):
+    a = ["verify", "fixtures/claims/diffusion-sampling.toml", "--format", "json"]
+    r = run(a, timeout=900)
+    try:
+        j = json.loads(r.out)
+    except ValueError:
+        j = {}
+    fails = [v for v in j.get("verdicts", []) if v["status"] == "fail"]
+    model = "under the per-step Gaussian model of §3"
+    labelled = all(model in v["message"] for v in fails)
+    concl = j.get("conclusion", {}).get("verdict", "")
+    ok = r.code == 1 and fails and labelled and f"{len(fails)} of the FAIL verdicts are verdicts about a stated model" in concl
+    return a, r, ok, got(r, f"{len(fails)} violated, all labelled: {labelled}")
+
+
+@case("trust", "gzip bomb of MNIST records (800 MB of zeros), DPAUDIT_MAX_MEMORY=256M", "exit 2 at the image limit, < 700 MB address space")
+def _(d):
+    import gzip
+    p = Path(d) / "bomb.u8.gz"
+    with gzip.open(p, "wb", compresslevel=1) as f:
+        z = bytes(1 << 20)
+        for _ in range(800):
+            f.write(z)
+    a = ["mia", "--checkpoint", "models/mnist-ddpm", "--data", p, "--split", "fixtures/splits/mnist.toml", "-q"]
+    r = run(a, env={"DPAUDIT_MAX_MEMORY": "256M"}, prefix="ulimit -v 716800;")
+    ok = r.code == 2 and "images (pixel values)" in r.err and "decompressed" in r.err and "limit" in r.err
+    return a, r, ok, got(r)
+
+
+for args, flag in [(["train", "--steps", "-1"], "--steps"),
+                   (["mia", "--checkpoint", "models/digits-mlp.toml", "--timesteps", "-5"], "--timesteps"),
+                   (["sweep", "fixtures/samplers/edm-cifar10-paper.toml", "--sigma-min", "0.002..5", "--points", "-1"], "--points")]:
+
+    def _f(d, args=args, flag=flag):
+        r = run(args)
+        return args, r, r.code == 2 and flag in r.err and "unexpected argument" not in r.err, got(r)
+
+    case("trust", f"a negative number for {flag}", f"exit 2 naming {flag} (not clap's 'unexpected argument')")(_f)
+
+
+@case("trust", "train --unet with a non-UTF-8 config path", "exit 0, the folder written")
+def _(d):
+    odd = Path(os.fsdecode(os.fsencode(d) + b"/cfg-\xff"))
+    odd.mkdir()
+    (odd / "config.json").write_bytes((ROOT / "fixtures/diffusers/unet-28-c1-attn/config.json").read_bytes())
+    out = Path(d) / "out"
+    a = ["train", "--unet", odd, "--steps", "1", "--seed", "1", "-q", "--out", out]
+    r = run(a, timeout=300)
+    return a, r, r.code == 0 and (out / "diffusion_pytorch_model.safetensors").is_file(), got(r)
+
+
+@case("trust", "train --unet with a config whose in_channels is 3 on MNIST", "exit 2 naming config.json and in_channels")
+def _(d):
+    cfg = json.loads((ROOT / "fixtures/diffusers/unet-28-c1-attn/config.json").read_text())
+    cfg["in_channels"] = cfg["out_channels"] = 3
+    p = write(d, "config.json", json.dumps(cfg))
+    a = ["train", "--unet", p, "--steps", "1", "-q", "--out", Path(d) / "o"]
+    r = run(a)
+    return a, r, r.code == 2 and "config.json: field `in_channels`" in r.err, got(r)
+
+
+@case("trust", "model eval on a NaN pixel", "exit 2 naming the element")
+def _(d):
+    import struct
+    def npy(path, descr, shape, data):
+        h = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+        h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+        Path(path).write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + data)
+    x, t = Path(d) / "x.npy", Path(d) / "t.npy"
+    vals = [0.0] * 784
+    vals[100] = float("nan")
+    npy(x, "<f4", "(1, 1, 28, 28)", struct.pack("<784f", *vals))
+    npy(t, "<i8", "(1,)", struct.pack("<q", 10))
+    a = ["model", "eval", "--checkpoint", "models/mnist-ddpm", "--input", x, "--timesteps", t, "--out", Path(d) / "y.npy"]
+    r = run(a)
+    return a, r, r.code == 2 and "NaN" in r.err, got(r)
+
+
+@case("trust", "mia --ledger with δ = 1", "exit 2 naming delta (as account does)")
+def _(d):
+    p = write(d, "l.toml", event_toml('[event]\ntype = "gaussian"\nnoise_multiplier = 1.0\n', delta="1.0"))
+    a = ["mia", "--checkpoint", "models/mnist-ddpm", *MNIST, "--split", "fixtures/splits/mnist.toml", "--ledger", p,
+         "--attack", "loss", "--timesteps", "50", "--max-examples", "4", "-q"]
+    r = run(a)
+    r2 = run(["account", "--event", p])
+    return a, r, r.code == 2 and "delta" in r.err and r2.code == 2, got(r)
+
+
+@case("trust", "run dpagg-ti on embeddings of ±1e308", "exit 0, the release of the same rows at ±1")
+def _(d):
+    outs = []
+    for name, scale in [("big", "1e308"), ("one", "1")]:
+        rows = "".join(",".join(("-" if (i * 7 + j * 3) % 5 < 2 else "") + scale for j in range(16)) + "\n" for i in range(40))
+        write(d, f"{name}.csv", rows)
+        p = write(d, f"{name}.toml", f'schema_version = 1\nembeddings = "{name}.csv"\nm = 16\nepsilon = 1.0\n'
+                  'sigma_rule = "classic"\nreleases = 2\n')
+        a = ["run", "dpagg-ti", p, "--seed", "7", "--out", Path(d) / f"o-{name}", "-q"]
+        r = run(a, cwd=d)
+        f = Path(d) / f"o-{name}" / "outputs.csv"
+        outs.append(f.read_text() if f.exists() else None)
+    return a, r, r.code == 0 and outs[0] is not None and outs[0] == outs[1], got(r, "same release" if outs[0] == outs[1] else "releases differ")
+
+
+@case("trust", "analyze a full-batch sampler with 10⁵ levels", "exit 0 in a few seconds (was O(n²): ≈ 10 s)")
+def _(d):
+    p = write(d, "s.toml", fixture("fixtures/samplers/edm-cifar10-paper.toml").replace("levels = 50", "levels = 100000"))
+    a = ["analyze", p, "-q"]
+    cpu = cpu_of(lambda: run(a, cwd=d))
+    r = cpu.result
+    return a, r, r.code == 0 and cpu.secs < 5, got(r, f"{cpu.secs:.1f} s of CPU, {r.secs:.1f} s wall")
+
+
+@case("trust", "calibrate --solve-for steps at σ = 10⁶", "exit 0 in about a second")
+def _(d):
+    a = ["calibrate", "--solve-for", "steps", "--noise-multiplier", "1e6", "--target-epsilon", "1", "--delta", "1e-5"]
+    cpu = cpu_of(lambda: run(a))
+    r = cpu.result
+    return a, r, r.code == 0 and cpu.secs < 2, got(r, f"{cpu.secs:.1f} s of CPU, {r.secs:.1f} s wall")
+
+
+@case("trust", "train --unet --checkpoint-every 1 killed at each commit", "OUT/checkpoint always one whole checkpoint")
+def _(d):
+    import hashlib
+    bad = []
+    for n in range(1, 6):
+        out = Path(d) / f"r{n}"
+        a = ["train", "--unet", "tiny", "--dp", "--noise-multiplier", "1", "--sample-rate", "0.05", "--steps", "4",
+             "--checkpoint-every", "1", "--seed", "3", "-q", "--out", out]
+        r = run(a, env={"DPAUDIT_FAULT_AT": str(n)}, timeout=300)
+        ck = out / "checkpoint"
+        if not ck.exists():
+            if n > 1:
+                bad.append(f"{n}: no checkpoint")
+            continue
+        m = json.loads((ck / ".dpaudit-manifest.json").read_text())
+        names = {f["name"] for f in m["files"]}
+        if {x.name for x in ck.iterdir() if not x.name.startswith(".")} != names or any(
+                hashlib.sha256((ck / f["name"]).read_bytes()).hexdigest() != f["sha256"] for f in m["files"]):
+            bad.append(f"{n}: mixed")
+    return a, r, not bad, got(r, f"bad: {bad or 'none'}")
 
 
 # ------------------------------------------------------------------------------------------

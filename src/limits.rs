@@ -400,13 +400,10 @@ pub fn check_product(field: &str, factors: &[u64], per_unit: Cost) -> Result<()>
 /// Reads at most the bytes the memory cap allows for a (possibly decompressed) text stream,
 /// so a small gzip file that inflates to gigabytes is refused before it is held in memory.
 /// `path` names the file in errors.
-pub fn read_text_capped(mut reader: impl Read, path: &Path) -> Result<String> {
+pub fn read_text_capped(reader: impl Read, path: &Path) -> Result<String> {
     let cap = memory_cap()?;
     let max_bytes = (cap / DECOMPRESSED_BYTE.bytes).floor() as u64;
-    let mut buf = Vec::new();
-    let mut limited = (&mut reader).take(max_bytes.saturating_add(1));
-    limited.read_to_end(&mut buf).map_err(|e| Error::io(path, &e))?;
-    if buf.len() as u64 > max_bytes {
+    let Some(buf) = read_at_most(reader, max_bytes, 0).map_err(|e| Error::io(path, &e))? else {
         return Err(Error::input(format!(
             "the data is larger than {} once decompressed (the limit for a memory cap of {}; \
              raise it with {MEMORY_ENV}=<bytes, e.g. 16G>)",
@@ -414,8 +411,38 @@ pub fn read_text_capped(mut reader: impl Read, path: &Path) -> Result<String> {
             human_bytes(cap)
         ))
         .with_file(path));
-    }
+    };
     String::from_utf8(buf).map_err(|_| Error::input("not UTF-8 text").with_file(path))
+}
+
+/// Reads a stream (e.g. a decompressor) to its end, counting what it yields: `None` as soon as
+/// it has yielded more than `max_bytes`, having held at most `max_bytes` plus one read buffer.
+/// The buffer grows geometrically but never past `max_bytes` (`read_to_end` doubles it, so a
+/// stream just over half a limit could reserve twice its size); `hint` (e.g. a gzip trailer's
+/// declared size) sizes it once, and is only a hint: the stream decides the length.
+pub fn read_at_most(mut reader: impl Read, max_bytes: u64, hint: u64) -> std::io::Result<Option<Vec<u8>>> {
+    const CHUNK: usize = 1 << 16;
+    let max = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+    let mut buf: Vec<u8> = Vec::with_capacity(usize::try_from(hint).unwrap_or(0).min(max));
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Ok(Some(buf));
+        }
+        if n > max - buf.len() {
+            return Ok(None);
+        }
+        if buf.capacity() - buf.len() < n {
+            let want = buf.capacity().saturating_mul(2).max(buf.len() + n).max(CHUNK).min(max);
+            buf.reserve_exact(want - buf.len());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
 }
 
 #[cfg(test)]
@@ -451,6 +478,20 @@ mod tests {
         assert!(e.to_string().contains("more than 1048576 bytes were read"), "{e}");
         let e = with_caps(1e6, 8.0 * (1 << 20) as f64, || hash_file_capped(zero, "file size")).unwrap_err();
         assert!(e.to_string().contains("more than 1048576 bytes were read"), "{e}");
+    }
+
+    #[test]
+    fn streams_are_cut_at_the_limit_without_reserving_past_it() {
+        let data = vec![1u8; 300_000];
+        let got = read_at_most(&data[..], 300_000, 0).unwrap().unwrap();
+        assert_eq!(got.len(), 300_000);
+        assert!(got.capacity() <= 300_000, "{}", got.capacity());
+        assert!(read_at_most(&data[..], 299_999, 0).unwrap().is_none());
+        // A hint above the limit reserves only the limit.
+        let got = read_at_most(&data[..10], 100, u64::MAX).unwrap().unwrap();
+        assert_eq!((got.len(), got.capacity()), (10, 100));
+        // An endless stream stops at the limit.
+        assert!(read_at_most(std::io::repeat(0), 1 << 20, 0).unwrap().is_none());
     }
 
     #[test]

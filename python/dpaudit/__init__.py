@@ -70,11 +70,16 @@ class InputError(ValueError):
         return self.message
 
 
+_TOO_DEEP = "the input is nested too deeply (deeper than Python's recursion limit); an event tree this deep is not a DP event dpaudit can account"
+
+
 def _call(op: str, request: Mapping[str, Any]) -> Any:
     try:
         text = json.dumps(request, allow_nan=True)
     except (TypeError, ValueError) as e:
         raise InputError(f"request is not JSON-serialisable: {e}") from None
+    except RecursionError:
+        raise InputError(_TOO_DEEP) from None
     try:
         answer = _native.call(op, text)
     except ValueError as e:
@@ -202,7 +207,11 @@ class DpEvent:
         dp_accounting's named-tuple form (``class_name`` keys, nested as dicts)."""
         if "class_name" in d:
             return cls.from_dp_accounting(d)
-        ans = _call("from_value", {"value": _plain(d), "name": name})
+        try:
+            value = _plain(d)
+        except RecursionError:
+            raise InputError(_TOO_DEEP) from None
+        ans = _call("from_value", {"value": value, "name": name})
         return cls._trusted(ans["event"], ans["neighbouring"], None if ans["delta"] is None else _f(ans["delta"]))
 
     @classmethod
@@ -212,6 +221,8 @@ class DpEvent:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise InputError(f"not JSON: {e}") from None
+        except RecursionError:
+            raise InputError(_TOO_DEEP) from None
         if not isinstance(d, dict):
             raise InputError("an event in JSON must be an object")
         return cls.from_dict(d, name="<json>")
@@ -222,7 +233,11 @@ class DpEvent:
         Gaussian, Laplace, PoissonSampled, SampledWithoutReplacement, SelfComposed, Composed,
         EpsilonDelta and NoOp events. Others have no dpaudit equivalent and raise
         :class:`InputError` naming the sub-event's path."""
-        return cls(_from_dp_accounting(event, "event"))
+        try:
+            tree = _from_dp_accounting(event, "event")
+        except RecursionError:
+            raise InputError(_TOO_DEEP) from None
+        return cls(tree)
 
     # Forms ---------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:

@@ -434,7 +434,14 @@ fn dispatch(op: &str, request: &str) -> Res<String> {
     let req = v
         .as_object()
         .ok_or_else(|| Error::input("request must be a JSON object"))?;
-    let out = match op {
+    // A report records the call, not the Python process's whole command line.
+    let command = format!("python: dpaudit.{}", if op.len() <= 64 { op } else { "call" });
+    let out = dpaudit::report::with_command(&command, || dispatch_op(op, req))?;
+    serde_json::to_string(&out).map_err(|e| Error::input(format!("answer could not be serialised: {e}")))
+}
+
+fn dispatch_op(op: &str, req: &Map<String, Value>) -> Res<Value> {
+    Ok(match op {
         "from_value" => op_from_value(req)?,
         "load" => op_load(req)?,
         "validate" => op_validate(req)?,
@@ -444,8 +451,7 @@ fn dispatch(op: &str, request: &str) -> Res<String> {
         "analyze" => op_analyze(req)?,
         "white_box_audit" => op_white_box_audit(req)?,
         _ => return Err(Error::input(format!("unknown operation `{op}`"))),
-    };
-    serde_json::to_string(&out).map_err(|e| Error::input(format!("answer could not be serialised: {e}")))
+    })
 }
 
 /// `call(op, request)`: the GIL is released while dpaudit computes.

@@ -110,13 +110,31 @@ pub fn install_broken_pipe_hook() {
     }));
 }
 
+/// Every option that takes a value accepts a negative number as that value (`--steps -1`,
+/// `--timesteps -5`), in every subcommand: the number then reaches the flag's own validator,
+/// which refuses it naming the flag (before, clap answered "unexpected argument '-1' found",
+/// naming no flag). Anything else that starts with `-` is still an option.
+fn numbers_may_be_negative(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if a.get_action().takes_values() {
+            a.allow_negative_numbers(true)
+        } else {
+            a
+        }
+    })
+    .mut_subcommands(numbers_may_be_negative)
+}
+
 /// Parses `args` and runs the command; returns the process exit code. Never panics on input.
 pub fn main_with_args<I, T>(args: I) -> i32
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let parsed = numbers_may_be_negative(<Cli as clap::CommandFactory>::command())
+        .try_get_matches_from(args)
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             // `--help` and `--version` are answers (stdout); anything else is a usage error.

@@ -204,7 +204,7 @@ pub struct Args {
     /// MNIST; --batch-size is the DP per-sample-gradient chunk of candle's batched pass (CUDA, and
     /// architectures the CPU pass does not cover); --init takes a diffusers folder.
     #[arg(long, value_name = "CONFIG|PRESET")]
-    pub unet: Option<String>,
+    pub unet: Option<std::ffi::OsString>,
 }
 
 /// Runs `dpaudit train`.

@@ -17,7 +17,7 @@ const MNIST_SPLIT: &str = "fixtures/splits/mnist.toml";
 /// Runs `train --unet`; `outputs` are the prepared `--format` outputs of `train`.
 pub fn run(
     a: Args,
-    unet: &str,
+    unet: &std::ffi::OsStr,
     outputs: crate::cli::common::Outputs,
 ) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     if a.rapid {
@@ -80,8 +80,11 @@ pub fn run(
         Some(_) => {
             let dir = out.join(diffusers_train::CHECKPOINT_DIR);
             dpaudit::report::output::refuse_link(&dir)?;
-            for f in diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient) {
-                dpaudit::report::output::check_file(&dir.join(f), a.force)?;
+            // The folder itself appears only with the first checkpoint, whole (one rename).
+            if dir.is_dir() {
+                for f in diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient) {
+                    dpaudit::report::output::check_file(&dir.join(f), a.force)?;
+                }
             }
         }
         None => {}
@@ -100,7 +103,7 @@ pub fn run(
         data,
         split,
         on: a.on.into(),
-        unet: unet.to_string(),
+        unet: unet.to_os_string(),
         init: a.init.clone(),
         out,
         timesteps: a.timesteps,

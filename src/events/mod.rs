@@ -425,7 +425,7 @@ fn overflow(path: &Path<'_>) -> Error {
     Error::field(
         format!("{path}.count"),
         format!(
-            "the number of times this sub-event runs exceeds {} (2^64 − 1), the largest count dpaudit accounts;              it is refused rather than rounded down",
+            "the number of times this sub-event runs exceeds {} (2^64 − 1), the largest count dpaudit accounts; it is refused rather than rounded down",
             u64::MAX
         ),
     )

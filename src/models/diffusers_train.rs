@@ -158,8 +158,9 @@ const DDPM_CIFAR10: &str = r#"{
 const MNIST_DDPM: &str = include_str!("../../models/mnist-ddpm/config.json");
 
 /// The config.json text of a preset name, or of the file at that path.
-pub fn config_text(spec: &str) -> Result<(String, String)> {
-    if let Some((name, text, _)) = PRESETS.iter().find(|(n, _, _)| *n == spec) {
+pub fn config_text(spec: impl AsRef<std::ffi::OsStr>) -> Result<(String, String)> {
+    let spec = spec.as_ref();
+    if let Some((name, text, _)) = PRESETS.iter().find(|(n, _, _)| spec.to_str() == Some(*n)) {
         return Ok((text.to_string(), format!("preset `{name}`")));
     }
     let p = Path::new(spec);
@@ -173,7 +174,8 @@ pub fn config_text(spec: &str) -> Result<(String, String)> {
         return Err(Error::field(
             "--unet",
             format!(
-                "`{spec}` is neither a preset ({}) nor a config.json file",
+                "`{}` is neither a preset ({}) nor a config.json file",
+                spec.to_string_lossy(),
                 names.join(", ")
             ),
         ));
@@ -303,8 +305,9 @@ pub struct UnetTrainPlan {
     pub split: PathBuf,
     /// Part trained on (the private rows).
     pub on: Part,
-    /// `--unet`: a preset name or a config.json path (ignored with `init`: its config wins).
-    pub unet: String,
+    /// `--unet`: a preset name or a config.json path, as the OS gave it (need not be UTF-8;
+    /// ignored with `init`: its config wins).
+    pub unet: std::ffi::OsString,
     /// Start from this diffusers folder's weights.
     pub init: Option<PathBuf>,
     /// Output folder.
@@ -647,7 +650,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         .unwrap_or_else(|| rand::rngs::OsRng.try_next_u64().unwrap_or(0));
     // The model: the init folder's config and weights, or the preset / config file, initialised.
     let mut init_ledger: Option<(DpEvent, PathBuf)> = None;
-    let (config_text, config_source, model) = match &plan.init {
+    let (config_text, config_source, config_file, model) = match &plan.init {
         Some(dir) => {
             let udir = unet_dir(dir).ok_or_else(|| {
                 Error::field(
@@ -685,7 +688,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
                     }
                 }
             }
-            (text, format!("--init {}", udir.display()), m)
+            (text, format!("--init {}", udir.display()), Some(cpath), m)
         }
         None => {
             let (text, source) = config_text(&plan.unet)?;
@@ -696,17 +699,31 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             });
             let config = Unet2dConfig::parse(&text, &path)?;
             let m = TrainUnet::random(&config, public_seed, device)?;
-            (text, source, m)
+            let file = (!source.starts_with("preset")).then_some(path);
+            (text, source, file, m)
         }
     };
     let config = model.config.clone();
     let [c, h, w] = images.shape;
     if c != config.in_channels || config.out_channels != c {
-        return Err(Error::input(format!(
-            "images have {c} channels; the UNet maps {} to {} channels",
-            config.in_channels, config.out_channels
-        ))
-        .with_file(&plan.data));
+        // The config is what disagrees with the data it is asked to train on: the error names
+        // the config file and its field (a preset: --unet), and the data file as the reason.
+        let field = if c != config.in_channels {
+            "in_channels"
+        } else {
+            "out_channels"
+        };
+        let message = format!(
+            "the UNet maps {} to {} channels, but the images of {} have {c} channel{}",
+            config.in_channels,
+            config.out_channels,
+            plan.data.display(),
+            if c == 1 { "" } else { "s" }
+        );
+        return Err(match config_file {
+            Some(f) => Error::field(field, message).with_file(&f),
+            None => Error::field("--unet", format!("{config_source}: {message}")),
+        });
     }
     let f = 1usize << config.downsamplings();
     if h % f != 0 || w % f != 0 {
@@ -1331,8 +1348,9 @@ impl Folder<'_> {
             let dir = self.plan.out.join(CHECKPOINT_DIR);
             let (_, _, _, files) = self.files(&dir, done, ledger, weights, after, white_box)?;
             let files = signed(files, self.plan.sign_key.as_ref())?;
-            crate::report::output::create_out_dir(&dir)?;
-            crate::report::output::commit_set(&dir, None, &files, true)?;
+            // One rename of the whole folder: the previous checkpoint stays whole until this
+            // one is complete, and no reader sees a mix of the two.
+            crate::report::output::commit_folder(&dir, &files)?;
             eprintln!(
                 "checkpoint after step {done}/{}: {} (resume with --init {} --steps {})",
                 self.plan.steps,

@@ -10,7 +10,6 @@
 //! A split is the same [`SplitManifest`] TOML as for the digits (row indices, hashed lists, the
 //! data file's SHA-256); for a PNG folder the hash covers every file name and its bytes.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -108,15 +107,33 @@ impl ImageSet {
             // trailer cannot reserve more than the stream could hold; it is a hint only (the
             // stream decides the length).
             let hint = raw.len().checked_sub(4).map_or(0, |i| {
-                u32::from_le_bytes([raw[i], raw[i + 1], raw[i + 2], raw[i + 3]]) as usize
+                u32::from_le_bytes([raw[i], raw[i + 1], raw[i + 2], raw[i + 3]]) as u64
             });
-            let cap = (MAX_IMAGES * 785 + 1).min(raw.len().saturating_mul(1032));
-            let mut v = Vec::with_capacity(hint.min(cap));
-            flate2::read::GzDecoder::new(&raw[..])
-                .take((MAX_IMAGES * 785) as u64 + 1)
-                .read_to_end(&mut v)
+            let hint = hint.min((raw.len() as u64).saturating_mul(1032));
+            // The decompressed stream is counted as it is read and cut off at the most records
+            // the caps allow (the image-set limit, `IMAGE_VALUE` per pixel value): a gzip bomb
+            // is refused having held at most that much, never its whole inflated size (before,
+            // a bomb was read up to 785 MB whatever the memory cap, and refused after).
+            let rec = (1 + MNIST_SIDE * MNIST_SIDE) as u64;
+            let per = (MNIST_SIDE * MNIST_SIDE) as f64;
+            let by_caps = (crate::limits::memory_cap()? / crate::limits::IMAGE_VALUE.bytes)
+                .min(crate::limits::work_cap()? / crate::limits::IMAGE_VALUE.work)
+                / per;
+            let max_records = (by_caps.floor() as u64).min(MAX_IMAGES as u64);
+            let max_bytes = max_records * rec;
+            let read = crate::limits::read_at_most(flate2::read::GzDecoder::new(&raw[..]), max_bytes, hint)
                 .map_err(|e| Error::input(format!("not gzip-compressed: {e}")).with_file(path))?;
-            v
+            read.ok_or_else(|| {
+                Error::field(
+                    "images (pixel values)",
+                    format!(
+                        "more than {max_bytes} bytes once decompressed, i.e. more than {max_records} images of \
+                         1×{MNIST_SIDE}×{MNIST_SIDE}: above the limit of {max_records} (read up to the limit \
+                         and stopped; raise the caps with DPAUDIT_MAX_MEMORY=<bytes, e.g. 16G>)"
+                    ),
+                )
+                .with_file(path)
+            })?
         } else {
             raw
         };

@@ -66,6 +66,11 @@ pub fn full_batch_mu(c: &DiffusionSamplingClaim) -> f64 {
     (c.samples.get() as f64 * s).sqrt()
 }
 
+/// The model every diffusion-sampling verdict is about, stated on every claim by the check
+/// `per_step_gaussian_model` (a check named `*_model` states the model a claim's verdicts are
+/// about: the report's conclusion names it beside the verdicts it applies to).
+const MODEL_CHECK_MESSAGE: &str = "verdicts under the per-step Gaussian model of §3 (each step exactly μ_t-GDP, its worst-case pair attained at every x_t); a lower-bound witness is not shown attainable by the clipped empirical denoiser itself";
+
 /// Verifies one claim: reproduces the paper's number under the documented interpretation and
 /// judges the claimed ε with sound accounting.
 pub fn verify(c: &DiffusionSamplingClaim) -> Result<ClaimResult> {
@@ -219,7 +224,7 @@ pub fn verify(c: &DiffusionSamplingClaim) -> Result<ClaimResult> {
             match r.verdict {
                 sound::Verdict::Holds => "a sound upper bound supports it".to_string(),
                 sound::Verdict::Violated => format!(
-                    "it is violated: {}",
+                    "it is violated under the per-step Gaussian model of §3: {}",
                     r.evidence.as_ref().map_or(String::new(), |e| e.note.clone())
                 ),
                 sound::Verdict::NotDemonstrated => "no sound analysis supports it (nor refutes it)".to_string(),
@@ -235,11 +240,8 @@ pub fn verify(c: &DiffusionSamplingClaim) -> Result<ClaimResult> {
     // visits. For the clipped empirical denoiser that attainment is not proven (a far record's
     // contribution vanishes at small t), so the real sampler's ε may be below a witness: a
     // `violated` is labelled as a verdict about that model, in the reason and as a check.
-    r.checks.push(Check::new(
-        "per_step_gaussian_model",
-        true,
-        "verdicts under the per-step Gaussian model of §3 (each step exactly μ_t-GDP, its worst-case pair attained at          every x_t); a lower-bound witness is not shown attainable by the clipped empirical denoiser itself",
-    ));
+    r.checks
+        .push(Check::new("per_step_gaussian_model", true, MODEL_CHECK_MESSAGE));
     if r.verdict == crate::accountants::sound::Verdict::Violated {
         r.reason = format!(
             "{} (a verdict under the per-step Gaussian model of §3: the witness's worst-case pair is not shown attainable by the real sampler)",

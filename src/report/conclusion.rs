@@ -192,6 +192,51 @@ fn audit_sentence(r: &Report) -> Option<String> {
     ))
 }
 
+/// The models that verdicts rest on: every row of the `checks` table whose check is named
+/// `*_model` states the model its claim's verdicts are about (e.g. `per_step_gaussian_model`:
+/// the per-step Gaussian model of a diffusion sampler, whose worst-case pair is not shown
+/// attainable by the real mechanism). One sentence per stated model, naming how many of the
+/// report's FAIL verdicts rest on it (a lower bound of the model, not of the mechanism), so a
+/// conclusion never reads as a verdict about the real mechanism where it is one about a stated
+/// abstraction.
+fn model_sentence(r: &Report) -> Option<String> {
+    let t = r.tables.iter().find(|t| t.id == "checks")?;
+    let (claims, checks, messages) = (column(t, "claim")?, column(t, "check")?, column(t, "message")?);
+    let mut models: Vec<(String, Vec<String>)> = Vec::new();
+    for ((c, k), m) in claims.iter().zip(&checks).zip(&messages) {
+        if !cell_text(k).ends_with("_model") {
+            continue;
+        }
+        let (c, m) = (cell_text(c), cell_text(m));
+        match models.iter_mut().find(|(x, _)| *x == m) {
+            Some((_, v)) => v.push(c),
+            None => models.push((m, vec![c])),
+        }
+    }
+    let mut out = Vec::new();
+    for (model, claims) in models {
+        let about = |v: &super::Verdict| {
+            claims
+                .iter()
+                .any(|c| v.subject == *c || v.subject.starts_with(&format!("{c} (")))
+        };
+        let fail = r
+            .verdicts
+            .iter()
+            .filter(|v| v.status == Status::Fail && about(v))
+            .count();
+        if fail == 0 {
+            continue;
+        }
+        out.push(format!(
+            "{fail} of the FAIL verdicts {} about a stated model, not shown for the real mechanism: {}.",
+            if fail == 1 { "is a verdict" } else { "are verdicts" },
+            model.trim_end_matches('.')
+        ));
+    }
+    (!out.is_empty()).then(|| out.join(" "))
+}
+
 /// Derives the conclusion from a report's content: every sentence is computed from the
 /// report's own results, verdicts and tables.
 pub fn derive(r: &Report) -> Conclusion {
@@ -239,6 +284,10 @@ pub fn derive(r: &Report) -> Conclusion {
                 n(Status::Inconclusive)
             )
         }
+    };
+    let verdict = match model_sentence(r) {
+        Some(m) => format!("{verdict} {m}"),
+        None => verdict,
     };
     let verdict = match audit_sentence(r) {
         Some(a) => format!("{verdict} {a}"),

@@ -553,9 +553,27 @@ impl Report {
     }
 }
 
+thread_local! {
+    /// The command an embedding names for the call running on this thread ([`with_command`]).
+    static EMBEDDED_COMMAND: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `command` as what [`command_line`] answers on this thread: an embedding (the
+/// Python package) names its call, e.g. `python: dpaudit.account`, instead of its process's
+/// arguments (a `python -c` program would otherwise be recorded whole as the report's command).
+pub fn with_command<R>(command: &str, f: impl FnOnce() -> R) -> R {
+    let previous = EMBEDDED_COMMAND.with(|c| c.replace(Some(command.to_string())));
+    let r = f();
+    EMBEDDED_COMMAND.with(|c| *c.borrow_mut() = previous);
+    r
+}
+
 /// The current command line, shell-quoted, with the program name shown as `dpaudit` (for
-/// [`Report::command`]).
+/// [`Report::command`]); inside [`with_command`], the command the embedding named.
 pub fn command_line() -> String {
+    if let Some(c) = EMBEDDED_COMMAND.with(|c| c.borrow().clone()) {
+        return c;
+    }
     let mut parts = vec!["dpaudit".to_string()];
     parts.extend(std::env::args_os().skip(1).map(|a| shell_quote(&a.to_string_lossy())));
     parts.join(" ")

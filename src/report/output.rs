@@ -656,6 +656,146 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
     Ok(out)
 }
 
+/// Prefix of the staging folder of a whole-folder commit ([`commit_folder`]), beside the folder.
+const FOLDER_STAGING_PREFIX: &str = ".dpaudit-tmp-folder-";
+
+/// Commits `files` as the whole content of the folder `dir` (a folder dpaudit owns entirely,
+/// such as `OUT/checkpoint/`), by one rename of a folder: every file and the manifest are
+/// written and synced in a staging folder beside `dir`, which then takes `dir`'s place in one
+/// step — `rename` when `dir` is absent, an atomic exchange (`renameat2(RENAME_EXCHANGE)`)
+/// when it exists, after which the old folder is removed. So any reader, dpaudit or not, sees
+/// either the whole old folder or the whole new one at `dir`, never a mix, and the old folder
+/// is replaced only once its successor is complete (a kill while the successor is staged
+/// leaves the old one as it was). Where the exchange is unavailable (another OS or a file
+/// system without it) the old folder is first renamed aside (`dir` is then briefly absent,
+/// never mixed). Writers are serialised by a lock file beside `dir`; staging folders left by
+/// a killed writer are removed by the next commit.
+pub fn commit_folder(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+    for (name, _) in files {
+        check_file_name(name)?;
+    }
+    refuse_link(dir)?;
+    let parent = parent_dir(dir);
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::new(ErrorKind::Io, format!("`{}` has no folder name", dir.display())))?;
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, &e))?;
+    let _lock = SetLock::acquire(parent.join(format!(".{name}.dpaudit-lock")), true)?;
+    let prefix = format!("{FOLDER_STAGING_PREFIX}{name}-");
+    if let Ok(entries) = std::fs::read_dir(parent) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&prefix) && e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!("cannot replace `{}`: it is not a directory", dir.display()),
+        ));
+    }
+    // Mode 0777 less the umask, as a folder made by create_dir_all (a tempdir is 0700).
+    let staging = tempfile::Builder::new()
+        .prefix(&prefix)
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .tempdir_in(parent)
+        .map_err(|e| not_writable(parent, &e))?;
+    let mut entries = Vec::with_capacity(files.len());
+    for (name, bytes) in files {
+        let p = dir.join(name);
+        let written = std::fs::File::create(staging.path().join(name)).and_then(|mut f| {
+            if injected_failure(&p) {
+                f.write_all(&bytes[..bytes.len() / 2])?;
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            f.write_all(bytes)?;
+            f.sync_all()
+        });
+        written.map_err(|e| write_error(&p, &e))?;
+        entries.push(ManifestEntry {
+            name: name.clone(),
+            sha256: super::sha256_hex(bytes),
+            bytes: bytes.len() as u64,
+        });
+    }
+    let manifest = Manifest {
+        dpaudit_manifest: 1,
+        files: entries,
+    };
+    let mname = manifest_name(None);
+    let mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::input(format!("manifest: {e}")))?;
+    std::fs::File::create(staging.path().join(&mname))
+        .and_then(|mut f| {
+            f.write_all(&mbytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| write_error(&dir.join(&mname), &e))?;
+    sync_dir(staging.path());
+    // The one step that changes what readers see.
+    commit_step();
+    let staged = staging.keep();
+    let swapped = if dir.exists() {
+        match exchange(&staged, dir) {
+            Ok(()) => true,
+            Err(_) => {
+                // No atomic exchange here: the old folder aside, then the new one in place.
+                let aside = tempfile::Builder::new()
+                    .prefix(&prefix)
+                    .tempdir_in(parent)
+                    .map_err(|e| not_writable(parent, &e))?
+                    .keep();
+                std::fs::rename(dir, &aside).map_err(|e| write_error(dir, &e))?;
+                std::fs::rename(&staged, dir).map_err(|e| write_error(dir, &e))?;
+                let _ = std::fs::remove_dir_all(&aside);
+                false
+            }
+        }
+    } else {
+        std::fs::rename(&staged, dir).map_err(|e| write_error(dir, &e))?;
+        false
+    };
+    sync_dir(parent);
+    if swapped {
+        // `staged` now holds the old folder.
+        let _ = std::fs::remove_dir_all(&staged);
+    }
+    Ok(files.iter().map(|(n, _)| dir.join(n)).collect())
+}
+
+/// Atomically exchanges the folders `a` and `b` (Linux `renameat2(RENAME_EXCHANGE)`).
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let ca = std::ffi::CString::new(a.as_os_str().as_bytes())?;
+    let cb = std::ffi::CString::new(b.as_os_str().as_bytes())?;
+    // SAFETY: both arguments are NUL-terminated paths that live across the call; renameat2
+    // reads them and touches no other memory of this process.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// No atomic exchange on this OS: the caller renames the old folder aside instead.
+#[cfg(not(target_os = "linux"))]
+fn exchange(_a: &Path, _b: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+}
+
 /// Set once stdout turned out to be a closed pipe: later output is dropped.
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 

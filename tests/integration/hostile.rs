@@ -18,8 +18,13 @@ const ULIMIT_KB: u64 = 3 * 1024 * 1024;
 /// Runs dpaudit under `ulimit -v` (Linux `sh`), from the repository root, with a time limit;
 /// extra environment variables in `env`.
 fn limited(args: &[&str], env: &[(&str, &str)], limit: Duration) -> (Output, Duration) {
+    limited_to(ULIMIT_KB, args, env, limit)
+}
+
+/// [`limited`] under a virtual-memory limit of `kb` KiB.
+fn limited_to(kb: u64, args: &[&str], env: &[(&str, &str)], limit: Duration) -> (Output, Duration) {
     let exe = env!("CARGO_BIN_EXE_dpaudit");
-    let mut script = format!("ulimit -v {ULIMIT_KB}; exec '{exe}'");
+    let mut script = format!("ulimit -v {kb}; exec '{exe}'");
     for a in args {
         script.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
     }
@@ -148,6 +153,45 @@ fn gzip_that_inflates_past_the_cap_is_refused_naming_the_file() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("bomb.csv.gz") && err.contains("decompressed"), "{err}");
     assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+/// A gzip bomb of MNIST records (800 MB of zeros in under a megabyte) is counted as it
+/// inflates and refused at the image-set limit the memory cap allows, having held no more
+/// than that: under a 256 MiB cap it runs in a 700 MiB address space. Before, it was
+/// inflated up to 785 MB whatever the cap (an allocation abort under that limit, 1.37 GB peak
+/// in the campaign) and then refused as "not a whole number of records".
+#[test]
+fn an_mnist_gzip_bomb_is_refused_at_the_limit_before_it_is_inflated() {
+    let d = tempfile::tempdir().unwrap();
+    let gz = d.path().join("bomb.u8.gz");
+    let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+    let chunk = vec![0u8; 1 << 20];
+    for _ in 0..800 {
+        enc.write_all(&chunk).unwrap();
+    }
+    enc.finish().unwrap();
+    let gz_s = gz.to_str().unwrap();
+    let args = [
+        "mia",
+        "--checkpoint",
+        "models/mnist-ddpm",
+        "--data",
+        gz_s,
+        "--split",
+        "fixtures/splits/mnist.toml",
+        "--quiet",
+    ];
+    let (out, took) = limited_to(700 * 1024, &args, &[("DPAUDIT_MAX_MEMORY", "256M")], SECS_60);
+    assert_refused(&out, took, "images (pixel values)");
+    let err = stderr(&out);
+    assert!(err.contains("bomb.u8.gz") && err.contains("decompressed"), "{err}");
+    // 256 MiB / 9 B per value / 784 values = 38,043 images.
+    assert!(err.contains("above the limit of 38043"), "{err}");
+    // At the default cap (4 GiB: 477,218,588 values, 608,697 images) the bomb is refused in a
+    // 1 GiB address space.
+    let (out, took) = limited_to(1024 * 1024, &args, &[], SECS_60);
+    assert_refused(&out, took, "images (pixel values)");
+    assert!(stderr(&out).contains("above the limit of 608697"), "{}", stderr(&out));
 }
 
 /// A sparse file of `len` bytes (no disk used): a size a user's file system can claim.

@@ -85,3 +85,34 @@ def test_bad_sampler_config_names_file_and_field(tmp_path):
         dpaudit.analyze(bad)
     assert str(e.value) == p.stderr.strip().removeprefix("error: ")
     assert "bogus_key" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": ' * 100_000 + "1" + "}" * 100_000,
+        '{"type": "composed", "events": [' * 50_000 + "]}" * 50_000,
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=["objects", "events", "arrays"],
+)
+def test_deeply_nested_json_is_an_input_error_not_a_recursion_error(text):
+    # Before: json.loads (or the conversion after it) raised RecursionError.
+    with pytest.raises(dpaudit.InputError):
+        dpaudit.DpEvent.from_json(text)
+
+
+def test_deeply_nested_dicts_are_an_input_error():
+    d = {"type": "gaussian", "noise_multiplier": 1.0}
+    for _ in range(50_000):
+        d = {"type": "composed", "events": [d]}
+    with pytest.raises(dpaudit.InputError):
+        dpaudit.DpEvent.from_dict(d)
+
+
+def test_a_report_made_from_python_records_the_call_not_the_program():
+    # Before: the report's command was the whole `python -c` program (sys.argv of the process).
+    rep = dpaudit.account(dpaudit.DpEvent.gaussian(1.0), delta=1e-5, accountants="gdp").report
+    assert rep["command"] == "python: dpaudit.account"
+    rep = dpaudit.check(dpaudit.DpEvent.gaussian(1.0), max_epsilon=10.0, delta=1e-5).accounting.report
+    assert rep["command"] == "python: dpaudit.check"
