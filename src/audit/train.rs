@@ -8,7 +8,7 @@ use crate::events::{DpEvent, Neighbouring};
 use crate::models::checkpoint::Card;
 use crate::models::diffusers_train::{UnetTrainOutcome, UnetTrainPlan};
 use crate::report::export::fmt_num;
-use crate::report::{self, num, Conclusion, Report};
+use crate::report::{self, Conclusion, Report};
 
 /// Runs `train` on `device` (named `device_name` in the card): trains, writes the checkpoint,
 /// card and ledger, and returns the report with the training log as its terminal text.
@@ -38,28 +38,28 @@ pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result
             r.event = Some(ev.clone());
             r.delta = Some(dp.delta);
             r.assumptions.neighbouring = Some(Neighbouring::AddRemove);
-            r.assumptions.sampling = Some(format!("Poisson, q = {}", num::fmt(dp.sample_rate)));
-            r.fact("noise multiplier σ", num::fmt(dp.noise_multiplier))
-                .fact("clip norm C", num::fmt(dp.clip))
+            r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
+            r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
+                .fact("clip norm C", fmt_num(dp.clip))
                 .fact("ledger", dp.ledger.clone());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
                 (Some(e), Some(acc)) => format!(
                     "ε = {} at δ = {} ({acc}, upper bound); ",
-                    num::fmt(e),
-                    num::fmt(dp.delta)
+                    fmt_num(e),
+                    fmt_num(dp.delta)
                 ),
                 _ => String::new(),
             };
             format!(
                 "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event: account it \
 with `dpaudit account --event {} --delta {}` for every accountant.",
-                num::fmt(dp.noise_multiplier),
-                num::fmt(dp.clip),
-                num::fmt(dp.sample_rate),
+                fmt_num(dp.noise_multiplier),
+                fmt_num(dp.clip),
+                fmt_num(dp.sample_rate),
                 dp.steps,
                 dp.ledger,
                 dp.ledger,
-                num::fmt(dp.delta)
+                fmt_num(dp.delta)
             )
         }
         _ => "None: trained without differential privacy.".into(),
@@ -105,9 +105,9 @@ pub fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
             r.event = Some(ev.clone());
             r.delta = Some(dp.delta);
             r.assumptions.neighbouring = Some(Neighbouring::AddRemove);
-            r.assumptions.sampling = Some(format!("Poisson, q = {}", num::fmt(dp.sample_rate)));
-            r.fact("noise multiplier σ", num::fmt(dp.noise_multiplier))
-                .fact("clip norm C", num::fmt(dp.clip))
+            r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
+            r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
+                .fact("clip norm C", fmt_num(dp.clip))
                 .fact(
                     "ledger",
                     o.dir.join(crate::models::diffusers_train::LEDGER).display().to_string(),
@@ -115,16 +115,16 @@ pub fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
                 (Some(e), Some(acc)) => format!(
                     "ε = {} at δ = {} ({acc}, upper bound); ",
-                    num::fmt(e),
-                    num::fmt(dp.delta)
+                    fmt_num(e),
+                    fmt_num(dp.delta)
                 ),
                 _ => String::new(),
             };
             format!(
                 "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event.",
-                num::fmt(dp.noise_multiplier),
-                num::fmt(dp.clip),
-                num::fmt(dp.sample_rate),
+                fmt_num(dp.noise_multiplier),
+                fmt_num(dp.clip),
+                fmt_num(dp.sample_rate),
                 dp.steps,
                 o.dir.join(crate::models::diffusers_train::LEDGER).display()
             )
@@ -157,7 +157,7 @@ fn training_facts(
     r.fact("parameters", parameters.to_string())
         .fact("trained on", format!("{} rows of {}", data.rows, data.file))
         .fact("optimiser steps", training.steps.to_string())
-        .fact("learning rate", num::fmt(training.lr))
+        .fact("learning rate", fmt_num(training.lr))
         .fact("device", training.device.clone())
         .fact("randomness", training.randomness.clone());
     if let (Some(b), Some(a)) = (training.eval_loss_before, training.eval_loss_after) {

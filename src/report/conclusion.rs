@@ -181,34 +181,37 @@ fn measured_sentence(r: &Report) -> Option<String> {
     let names = column(t, "attack")?;
     let steps = column(t, "t")?;
     let auc = |i| num_at(t, "AUC", i).unwrap_or(f64::NAN);
-    let best = (0..t.rows.len()).max_by(|&a, &b| auc(a).total_cmp(&auc(b)))?;
-    let (a, lo, hi) = (
-        auc(best),
-        num_at(t, "AUC lo", best)?,
-        num_at(t, "AUC hi", best)?,
-    );
-    let (tpr1, tpr01) = (
-        num_at(t, "TPR@1%FPR", best)?,
-        num_at(t, "TPR@0.1%FPR", best)?,
-    );
-    let meaning = if tpr01 >= IDENTIFIABLE_TPR {
-        format!(
-            "members identifiable: at 0.1 % false positives the attack flags {} % of the members",
-            fmt_num((tpr01 * 1000.0).round() / 10.0)
-        )
-    } else if lo > 0.5 {
-        format!(
-            "membership leaks: the AUC interval lies above chance (0.5), though at 0.1 % false positives the attack flags only {} % of the members",
-            fmt_num((tpr01 * 1000.0).round() / 10.0)
-        )
-    } else {
-        "no membership signal distinguishable from chance at this sample size: the AUC interval includes 0.5".to_string()
-    };
-    Some(format!(
-        "Measured: the strongest attack, {} at t = {}, has AUC {a:.2} [{lo:.2}, {hi:.2}], TPR {tpr1:.2} at 1 % FPR and {tpr01:.2} at 0.1 % FPR: {meaning}.",
-        cell_text(names[best]),
-        cell_text(steps[best]),
-    ))
+    let mut parts = Vec::new();
+    for (on_checkpoint, target) in [(true, "the checkpoint"), (false, "the empirical-denoiser sampler")] {
+        let Some(best) = (0..t.rows.len())
+            .filter(|&i| attacks_checkpoint(&cell_text(names[i])) == on_checkpoint)
+            .max_by(|&a, &b| auc(a).total_cmp(&auc(b)))
+        else {
+            continue;
+        };
+        let (a, lo, hi) = (auc(best), num_at(t, "AUC lo", best)?, num_at(t, "AUC hi", best)?);
+        let (tpr1, tpr01) = (num_at(t, "TPR@1%FPR", best)?, num_at(t, "TPR@0.1%FPR", best)?);
+        let pct = |x: f64| fmt_num((x * 1000.0).round() / 10.0);
+        let meaning = if tpr01 >= IDENTIFIABLE_TPR {
+            format!(
+                "members identifiable: at 0.1 % false positives the attack flags {} % of the members",
+                pct(tpr01)
+            )
+        } else if lo > 0.5 {
+            format!(
+                "membership leaks: the AUC interval lies above chance (0.5), though at 0.1 % false positives the attack flags only {} % of the members",
+                pct(tpr01)
+            )
+        } else {
+            "no membership signal distinguishable from chance at this sample size: the AUC interval includes 0.5".to_string()
+        };
+        parts.push(format!(
+            "Measured on {target}: the strongest attack, {} at t = {}, has AUC {a:.2} [{lo:.2}, {hi:.2}], TPR {tpr1:.2} at 1 % FPR and {tpr01:.2} at 0.1 % FPR: {meaning}.",
+            cell_text(names[best]),
+            cell_text(steps[best]),
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join(" "))
 }
 
 /// The attacker line of a membership-inference report: the limits its comparisons use (the
@@ -324,7 +327,7 @@ pub fn derive(r: &Report) -> Conclusion {
         None => verdict,
     };
     let verdict = match measured_sentence(r) {
-        Some(m) => format!("{m} {verdict}"),
+        Some(m) => format!("{verdict} {m}"),
         None => verdict,
     };
     let mut estimates: Vec<String> = r
