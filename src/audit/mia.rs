@@ -483,7 +483,14 @@ fn add_inputs(r: &mut Report, m: &MiaReport) {
         ("scores", "", m.scores_file.as_deref().unwrap_or("")),
     ] {
         if !p.is_empty() {
-            files.push((role, if field.is_empty() { PathBuf::from(p) } else { resolve(field, p) }));
+            files.push((
+                role,
+                if field.is_empty() {
+                    PathBuf::from(p)
+                } else {
+                    resolve(field, p)
+                },
+            ));
         }
     }
     for (role, p) in files {

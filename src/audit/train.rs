@@ -43,11 +43,9 @@ pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result
                 .fact("clip norm C", fmt_num(dp.clip))
                 .fact("ledger", dp.ledger.clone());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => format!(
-                    "ε = {} at δ = {} ({acc}, upper bound); ",
-                    fmt_num(e),
-                    fmt_num(dp.delta)
-                ),
+                (Some(e), Some(acc)) => {
+                    format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))
+                }
                 _ => String::new(),
             };
             format!(
@@ -113,11 +111,9 @@ pub fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
                     o.dir.join(crate::models::diffusers_train::LEDGER).display().to_string(),
                 );
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => format!(
-                    "ε = {} at δ = {} ({acc}, upper bound); ",
-                    fmt_num(e),
-                    fmt_num(dp.delta)
-                ),
+                (Some(e), Some(acc)) => {
+                    format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))
+                }
                 _ => String::new(),
             };
             format!(

@@ -675,7 +675,10 @@ pub fn clt_validity(mus: &[f64], p: f64, samples: u64, delta: f64, clt_eps: Opti
              δ ≥ 1−(1−p)^{{S·k}} = {limit:.4e} for every finite ε in the limit"
         );
         if let (Some(l), Some(e)) = (lb, clt_eps) {
-            msg.push_str(&format!("; at the CLT's ε = {} the true δ is at least {l:.4e}", crate::numeric::format::fmt_num(e)));
+            msg.push_str(&format!(
+                "; at the CLT's ε = {} the true δ is at least {l:.4e}",
+                crate::numeric::format::fmt_num(e)
+            ));
         }
         if severe {
             msg.push_str(&format!(

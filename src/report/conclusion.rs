@@ -203,7 +203,8 @@ fn measured_sentence(r: &Report) -> Option<String> {
                 pct(tpr01)
             )
         } else {
-            "no membership signal distinguishable from chance at this sample size: the AUC interval includes 0.5".to_string()
+            "no membership signal distinguishable from chance at this sample size: the AUC interval includes 0.5"
+                .to_string()
         };
         parts.push(format!(
             "Measured on {target}: the strongest attack, {} at t = {}, has AUC {a:.2} [{lo:.2}, {hi:.2}], TPR {tpr1:.2} at 1 % FPR and {tpr01:.2} at 0.1 % FPR: {meaning}.",
@@ -220,8 +221,8 @@ fn measured_sentence(r: &Report) -> Option<String> {
 fn attack_limits_line(r: &Report) -> Option<String> {
     let t = r.tables.iter().find(|t| t.id == "attacks")?;
     let names = column(t, "attack")?;
-    let i = (0..t.rows.len())
-        .find(|&i| attacks_checkpoint(&cell_text(names[i])) && num_at(t, "ASR limit", i).is_some())?;
+    let i =
+        (0..t.rows.len()).find(|&i| attacks_checkpoint(&cell_text(names[i])) && num_at(t, "ASR limit", i).is_some())?;
     Some(format!(
         "What it allows an attacker (the limit every comparison below uses): membership accuracy ≤ {}, TPR at 1 % FPR ≤ {}.",
         fmt_num(num_at(t, "ASR limit", i)?),

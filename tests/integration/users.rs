@@ -48,7 +48,10 @@ fn mia_conclusion_names_the_result_and_the_inputs_identify_the_checkpoint() {
     let rep: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap()).unwrap();
     let verdict = rep["conclusion"]["verdict"].as_str().unwrap();
-    assert!(verdict.contains("AUC 1.00") && verdict.contains("members identifiable"), "{verdict}");
+    assert!(
+        verdict.contains("AUC 1.00") && verdict.contains("members identifiable"),
+        "{verdict}"
+    );
     let guarantee = rep["conclusion"]["guarantee"].as_str().unwrap();
     assert!(!guarantee.contains("computes no privacy guarantee"), "{guarantee}");
     for f in ["report.md", "report.html"] {
@@ -73,7 +76,12 @@ fn mia_conclusion_names_the_result_and_the_inputs_identify_the_checkpoint() {
     for role in ["scheduler", "data", "split"] {
         assert_eq!(sha(role).len(), 64, "{role}");
     }
-    let o = dpaudit(&["report", dir.path().join("report.json").to_str().unwrap(), "--format", "md"]);
+    let o = dpaudit(&[
+        "report",
+        dir.path().join("report.json").to_str().unwrap(),
+        "--format",
+        "md",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
@@ -140,7 +148,10 @@ fn mia_on_a_dp_folder_uses_its_card_and_says_when_the_audit_lacks_power() {
         .unwrap();
     let guarantee = rep["conclusion"]["guarantee"].as_str().unwrap();
     let shown = dpaudit::report::export::fmt_num(limit);
-    assert!(guarantee.contains(&format!("membership accuracy ≤ {shown}")), "{guarantee} / {limit}");
+    assert!(
+        guarantee.contains(&format!("membership accuracy ≤ {shown}")),
+        "{guarantee} / {limit}"
+    );
 }
 
 /// The five scheduler configs diffusers 0.42.1 saves with Stable Diffusion v1.5's schedule
@@ -184,9 +195,11 @@ fn stable_diffusion_scheduler_configs_each_get_an_answer_or_a_reasoned_refusal()
             "{f}: {e}"
         );
     }
-    assert!(std::fs::read_to_string(root().join("fixtures/samplers/diffusers/sd15-dpmsolver-scheduler_config.json"))
-        .unwrap()
-        .contains("-Infinity"));
+    assert!(
+        std::fs::read_to_string(root().join("fixtures/samplers/diffusers/sd15-dpmsolver-scheduler_config.json"))
+            .unwrap()
+            .contains("-Infinity")
+    );
 }
 
 /// A pipeline folder (unet/, scheduler/ holding SD v1.5's PNDM config) is read through its
@@ -240,7 +253,10 @@ fn check_a_diffusers_folder_by_its_ledger_and_model_info_states_dp() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let dp = stdout(&o).lines().find(|l| l.starts_with("DP: ")).map(str::to_string);
     let dp = dp.unwrap_or_else(|| panic!("{}", stdout(&o)));
-    assert!(dp.contains("noise multiplier 1.72") && dp.contains("ε = 7.94666"), "{dp}");
+    assert!(
+        dp.contains("noise multiplier 1.72") && dp.contains("ε = 7.94666"),
+        "{dp}"
+    );
     let o = dpaudit(&["model", "info", "models/mnist-ddpm"]);
     assert!(stdout(&o).contains("DP: not recorded"), "{}", stdout(&o));
 }
@@ -302,15 +318,17 @@ fn long_numbers(text: &str) -> Vec<String> {
 /// with more than six significant digits (full precision lives in the JSON numbers and CSV).
 #[test]
 fn shipped_report_sentences_use_six_significant_digits() {
-    assert_eq!(long_numbers("q = 0.0010666666666666667, 2.000000 and 0.813754, 1e-5, 50000, sha 5ab8b1e509a0"), [
-        "0.0010666666666666667",
-        "2.000000"
-    ]);
+    assert_eq!(
+        long_numbers("q = 0.0010666666666666667, 2.000000 and 0.813754, 1e-5, 50000, sha 5ab8b1e509a0"),
+        ["0.0010666666666666667", "2.000000"]
+    );
     let mut seen = 0;
     let mut bad = Vec::new();
     for entry in std::fs::read_dir(root().join("reports")).unwrap() {
         let p = entry.unwrap().path().join("report.json");
-        let Ok(text) = std::fs::read_to_string(&p) else { continue };
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
         seen += 1;
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
         let mut sentences: Vec<String> = Vec::new();
