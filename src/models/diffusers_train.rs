@@ -806,18 +806,20 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         (plan.t_min, t_max),
         eval_seed,
     )?;
-    eprintln!(
-        "model: {}, {} parameters; training on {} {} rows of {}{}",
-        config.describe(),
-        model.parameters(),
-        private_ix.len(),
-        format!("{:?}", plan.on).to_lowercase(),
-        plan.data.display(),
-        canaries
-            .as_ref()
-            .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
-            .unwrap_or_default()
-    );
+    if !plan.quiet {
+        eprintln!(
+            "model: {}, {} parameters; training on {} {} rows of {}{}",
+            config.describe(),
+            model.parameters(),
+            private_ix.len(),
+            format!("{:?}", plan.on).to_lowercase(),
+            plan.data.display(),
+            canaries
+                .as_ref()
+                .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
+                .unwrap_or_default()
+        );
+    }
     let folder = Folder {
         plan,
         images: &images,
@@ -1004,7 +1006,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         }
     }
     bar.finish_and_clear();
-    if let Some(d) = &plan.dp {
+    if let Some(d) = plan.dp.as_ref().filter(|_| !plan.quiet) {
         eprintln!(
             "mean Poisson batch: {:.1} (expected {:.1})",
             total_batch as f64 / plan.steps as f64,

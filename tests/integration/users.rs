@@ -357,3 +357,42 @@ fn shipped_report_sentences_use_six_significant_digits() {
     assert!(seen >= 4, "reports/ holds {seen} reports");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// `train` speaks Opacus: --batch-size under --dp is the expected batch (q = B/N), --epochs
+/// gives ⌈E/q⌉ steps, --target-epsilon calibrates σ (ε ≤ target in the card); -q prints nothing
+/// on stderr. --epochs with --steps, and an expected batch of 0, are refused.
+#[test]
+fn train_takes_epochs_expected_batch_and_target_epsilon() {
+    let t = tempfile::tempdir().unwrap();
+    let out = format!("{}/", t.path().join("m").display());
+    let o = dpaudit(&[
+        "train",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "64",
+        "--dp",
+        "--target-epsilon",
+        "3",
+        "-q",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "-q must be quiet");
+    assert!(stdout(&o).contains("--delta 1e-5"), "{}", stdout(&o));
+    let card: toml::Table = toml::from_str(&std::fs::read_to_string(t.path().join("m/m.toml")).unwrap()).unwrap();
+    let dp = card["dp"].as_table().unwrap();
+    // 400 members in fixtures/splits/digits.toml: q = 64/400, steps = ⌈2/0.16⌉ = 13.
+    assert_eq!(dp["sample_rate"].as_float(), Some(0.16));
+    assert_eq!(dp["steps"].as_integer(), Some(13));
+    let eps = dp["epsilon"].as_float().unwrap();
+    assert!(eps <= 3.0 && eps > 2.9, "ε = {eps}");
+    for bad in [
+        vec!["train", "--epochs", "2", "--steps", "5", "--out", &out],
+        vec!["train", "--dp", "--batch-size", "0", "--out", &out],
+    ] {
+        let o = dpaudit(&bad);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+    }
+}
