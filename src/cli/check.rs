@@ -64,7 +64,7 @@ pub struct Args {
     #[command(flatten)]
     pub run: super::account::TrainingRunArgs,
     /// The ε budget (nats). Checked against the smallest sound ε.
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", allow_negative_numbers = true)]
     pub max_epsilon: f64,
     /// δ at which ε is computed (overrides the file's `delta`).
     #[arg(long, value_name = "D")]

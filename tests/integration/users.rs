@@ -249,6 +249,14 @@ fn check_a_diffusers_folder_by_its_ledger_and_model_info_states_dp() {
         "{}",
         stderr(&o)
     );
+    // A negative budget is the value's error (exit 2 naming the flag), not clap's "use -- -1".
+    let o = dpaudit(&["check", "models/mnist-dp-ddpm", "--max-epsilon", "-1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("`--max-epsilon`: must be a finite number ≥ 0"),
+        "{}",
+        stderr(&o)
+    );
     let o = dpaudit(&["model", "info", "models/mnist-dp-ddpm"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let dp = stdout(&o).lines().find(|l| l.starts_with("DP: ")).map(str::to_string);
