@@ -404,3 +404,25 @@ fn train_takes_epochs_expected_batch_and_target_epsilon() {
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
     }
 }
+
+/// A `[[dp_sgd]]` claim in Opacus' own names (`max_grad_norm`, `target_delta`) is read like
+/// `clip` and `delta` (it was an unknown-key error, exit 2).
+#[test]
+fn dp_sgd_claims_accept_opacus_names() {
+    let t = tempfile::tempdir().unwrap();
+    let f = t.path().join("opacus.toml");
+    std::fs::write(
+        &f,
+        "schema_version = 1\n\n[[dp_sgd]]\nid = \"opacus-names\"\nsource = \"illustration\"\ndataset_size = 100000\n\
+         batch_size = 1000\nsteps = 100\nsampling = \"poisson\"\nnoise_multiplier = 1.0\nmax_grad_norm = 1.0\n\
+         epsilon = 2.0\ntarget_delta = 1e-5\n",
+    )
+    .unwrap();
+    let o = dpaudit(&["verify", f.to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("δ = 1e-5") && stdout(&o).contains("holds"),
+        "{}",
+        stdout(&o)
+    );
+}
