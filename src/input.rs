@@ -236,3 +236,84 @@ pub fn verify_member(path: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// Parses JSON as Python's `json` module reads it, as diffusers writes its configs
+/// (`json.dumps` with its default `allow_nan=True`): the bare literals `NaN`, `Infinity` and
+/// `-Infinity` outside strings are values. serde_json has no non-finite number, so each such
+/// value becomes the string `"NaN"`, `"Infinity"` or `"-Infinity"`: a reader that needs the
+/// number sees a string and says so; every other key reads as before. Line numbers in errors
+/// are unchanged (the text only gains two quote characters per literal, on its line).
+pub fn parse_python_json(text: &str) -> serde_json::Result<serde_json::Value> {
+    match serde_json::from_str(text) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let quoted = quote_python_literals(text);
+            if quoted == text {
+                return Err(e);
+            }
+            serde_json::from_str(&quoted)
+        }
+    }
+}
+
+/// [`parse_python_json`]'s rewrite: `NaN`, `Infinity`, `-Infinity` outside strings, between
+/// JSON delimiters, become strings.
+fn quote_python_literals(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 16);
+    let (mut i, mut start, mut in_str) = (0usize, 0usize, false);
+    let boundary = |c: Option<&u8>| c.is_none_or(|c| !(c.is_ascii_alphanumeric() || *c == b'_' || *c == b'.'));
+    while i < b.len() {
+        let c = b[i];
+        if in_str {
+            if c == b'\\' {
+                i += 2;
+                continue;
+            }
+            if c == b'"' {
+                in_str = false;
+            }
+            i += 1;
+            continue;
+        }
+        if c == b'"' {
+            in_str = true;
+            i += 1;
+            continue;
+        }
+        let before = if i == 0 { None } else { b.get(i - 1) };
+        let lit = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|l| b[i..].starts_with(l.as_bytes()) && boundary(before) && boundary(b.get(i + l.len())));
+        match lit {
+            Some(l) => {
+                out.push_str(&text[start..i]);
+                out.push('"');
+                out.push_str(l);
+                out.push('"');
+                i += l.len();
+                start = i;
+            }
+            None => i += 1,
+        }
+    }
+    out.push_str(&text[start..]);
+    out
+}
+
+#[cfg(test)]
+mod python_json_tests {
+    use super::parse_python_json;
+
+    #[test]
+    fn reads_python_literals_outside_strings_only() {
+        let v = parse_python_json(r#"{"a": -Infinity, "b": [NaN, Infinity], "c": "NaN -Infinity", "d": 1.5}"#).unwrap();
+        assert_eq!(v["a"], "-Infinity");
+        assert_eq!(v["b"][0], "NaN");
+        assert_eq!(v["b"][1], "Infinity");
+        assert_eq!(v["c"], "NaN -Infinity");
+        assert_eq!(v["d"], 1.5);
+        assert!(parse_python_json(r#"{"a": Infinityx}"#).is_err());
+        assert!(parse_python_json(r#"{"a": nan}"#).is_err());
+    }
+}

@@ -27,6 +27,7 @@ mod integration {
     mod sweeps;
     mod transactions;
     mod trust;
+    mod users;
     mod verdicts;
     mod white_box;
 }

@@ -157,6 +157,11 @@ pub struct OneRunAudit {
     pub candidates: usize,
     /// The largest candidate bound: ε lower bound at confidence 1 − β.
     pub epsilon_lower: f64,
+    /// The audit's power: the largest ε lower bound any candidate could have given (every guess
+    /// correct, at the same β/N). An accounted ε at or above it cannot be shown violated by this
+    /// audit, whatever the training did.
+    #[serde(default)]
+    pub epsilon_max: f64,
     /// The candidate that gave it.
     pub best: Option<OneRunCandidate>,
     /// Every candidate.
@@ -235,6 +240,13 @@ pub fn audit(pairs: &[CanaryScores], ks: &[usize], delta: f64, confidence: f64) 
         .iter()
         .max_by(|a, b| a.epsilon_lower.total_cmp(&b.epsilon_lower))
         .cloned();
+    let epsilon_max = ks
+        .iter()
+        .map(|&k| {
+            let r = (k.min(m) + k.min(m - k.min(m))) as u64;
+            epsilon_lower(m as u64, r, r, delta, beta)
+        })
+        .fold(0.0, f64::max);
     Ok(OneRunAudit {
         threat_model: black_box(),
         canaries: m,
@@ -243,6 +255,7 @@ pub fn audit(pairs: &[CanaryScores], ks: &[usize], delta: f64, confidence: f64) 
         confidence,
         candidates: n,
         epsilon_lower: best.as_ref().map_or(0.0, |b| b.epsilon_lower),
+        epsilon_max,
         best,
         all,
     })

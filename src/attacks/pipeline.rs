@@ -667,6 +667,7 @@ pub fn evaluate_scores(
                 format!("{} candidates (attack, t, k), Bonferroni", a.candidates),
             );
             c.outcome = ledger_sentence(&c);
+            without_power(&mut c, a.epsilon_max, m);
             comparisons.push(c);
             one = Some(a);
         }
@@ -766,6 +767,22 @@ fn ledger_sentence(c: &Comparison) -> String {
         (true, _) => format!("{}: the training does not deliver its ledger", c.outcome),
         (false, Some(_)) => format!("{}: the training is consistent with its ledger", c.outcome),
         (false, None) => c.outcome.clone(),
+    }
+}
+
+/// An audit that could not have shown ε above `power` (every guess correct) says nothing about
+/// an accounted ε at or above it: its outcome is `not demonstrated`, not `consistent`.
+fn without_power(c: &mut Comparison, power: f64, canaries: usize) {
+    let f = crate::report::export::fmt_num;
+    if let (false, Some(limit)) = (c.violation, c.limit) {
+        if power <= limit {
+            c.outcome = format!(
+                "not demonstrated: this audit could not have shown ε above {} ({canaries} canaries, every guess correct), below the accounted ε {}; its lower bound {} neither confirms nor contradicts the ledger",
+                f(round4_down(power)),
+                f(limit),
+                f(round4_down(c.epsilon_lower.unwrap_or(0.0)))
+            );
+        }
     }
 }
 

@@ -32,6 +32,16 @@ pub struct Plan {
 /// it and returns the report, the terminal table, `analyze.csv` (the main table) and
 /// `analyze.json` (every step, window row and accountant line).
 pub fn execute(plan: &Plan) -> Result<super::Outcome> {
+    let folder;
+    let plan = if plan.config.is_dir() {
+        folder = Plan {
+            config: scheduler_in_folder(&plan.config)?,
+            ..plan.clone()
+        };
+        &folder
+    } else {
+        plan
+    };
     let mut cfg = if SamplerConfig::is_scheduler_json(&plan.config) {
         let mut flags = plan.scheduler.clone();
         flags.delta = plan.delta;
@@ -511,4 +521,21 @@ pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::
         r.plots.push(plot::per_step_mu(&x, &y, "step (generation order)", ""));
     }
     Ok(r)
+}
+
+/// The scheduler config of a diffusers folder given to `analyze`: a UNet folder's
+/// `scheduler_config.json`, or a pipeline folder's `scheduler/scheduler_config.json`.
+fn scheduler_in_folder(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    [
+        dir.join("scheduler_config.json"),
+        dir.join("scheduler").join("scheduler_config.json"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or_else(|| {
+        crate::Error::input(
+            "a folder without scheduler_config.json or scheduler/scheduler_config.json: give a diffusers UNet or pipeline folder, a scheduler_config.json or a sampler TOML",
+        )
+        .with_file(dir)
+    })
 }

@@ -231,7 +231,7 @@ pub fn sampler_report(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCa
             "{} = {} gives a sound ε = {} ({}) under: {}. {}",
             param.as_str(),
             num::fmt(c.sound.meets.value),
-            num::fmt(sound),
+            fmt_num(sound),
             c.sound.meets.line.accountant.as_str(),
             report::conclusion::under(&rep),
             report::conclusion::scale(sound, cfg.delta)

@@ -22,7 +22,16 @@ pub fn outcome(m: &MiaReport, command: &str) -> crate::Result<super::Outcome> {
     } else {
         super::outcome::Status::Violated
     };
-    Ok(super::Outcome::new(rep, crate::attacks::render::text(m))
+    let mut text = crate::attacks::render::text(m);
+    if let Some(c) = &rep.conclusion {
+        // The terminal summary ends with the report's own conclusion: the measured result, the
+        // guarantee with what it allows an attacker, the verdict.
+        text.push_str(&format!(
+            "\n  conclusion:\n    guarantee: {}\n    verdict: {}\n",
+            c.guarantee, c.verdict
+        ));
+    }
+    Ok(super::Outcome::new(rep, text)
         .with_table("mia.csv", crate::attacks::render::csv(m)?.into_bytes())
         .with_file("mia.json", detail)
         .with_status(status))
@@ -40,19 +49,7 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
     r.seed = Some(m.seed);
     r.event = m.checkpoint_basis.as_ref().and_then(|b| b.event.clone());
     r.delta = Some(m.delta);
-    for (role, p) in [
-        (
-            "checkpoint",
-            m.target.as_ref().map(|t| t.checkpoint.as_str()).unwrap_or(""),
-        ),
-        ("data", m.data.as_str()),
-        ("split", m.split.as_str()),
-        ("scores", m.scores_file.as_deref().unwrap_or("")),
-    ] {
-        if !p.is_empty() {
-            let _ = r.add_input(role, std::path::Path::new(p));
-        }
-    }
+    add_inputs(&mut r, m);
     r.assumptions.neighbouring = m
         .checkpoint_basis
         .as_ref()
@@ -135,6 +132,8 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
             subject: format!("accounted ε of the {} against the {}", c.mechanism, c.what),
             status: if c.violation {
                 crate::report::Status::Fail
+            } else if c.outcome.starts_with("not demonstrated") {
+                crate::report::Status::Inconclusive
             } else {
                 crate::report::Status::Pass
             },
@@ -450,6 +449,59 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
         r.plots.push(roc_loglog(id, name, target, attacks, gs, limited));
     }
     r
+}
+
+/// What the report audited, by content hash: a diffusers folder's files as `model info` lists
+/// them (config, weights, scheduler, card, ledger), or the checkpoint card; the data, split and
+/// scores files. A card's data and split paths are relative to the card (or the folder): they
+/// resolve from there when they do not from the working directory. A file that cannot be read
+/// is a warning naming it, never silently left out.
+fn add_inputs(r: &mut Report, m: &MiaReport) {
+    use std::path::PathBuf;
+    let ck = m.target.as_ref().map(|t| PathBuf::from(&t.checkpoint));
+    // A card's paths are relative to the card's folder (older cards: to the working directory),
+    // read as the checkpoint loader reads them; a diffusers folder's data and split are the
+    // paths the run was given.
+    let card = ck.as_ref().filter(|c| c.is_file());
+    let resolve = |field: &str, p: &str| -> PathBuf {
+        match card {
+            Some(c) => crate::models::checkpoint::resolve_card_path(c, field, p).unwrap_or_else(|_| PathBuf::from(p)),
+            None => PathBuf::from(p),
+        }
+    };
+    let mut files: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(c) = &ck {
+        if c.is_dir() {
+            files.extend(crate::models::diffusers_train::folder_files(c));
+        } else {
+            files.push(("checkpoint", c.clone()));
+        }
+    }
+    for (role, field, p) in [
+        ("data", "data.file", m.data.as_str()),
+        ("split", "data.split", m.split.as_str()),
+        ("scores", "", m.scores_file.as_deref().unwrap_or("")),
+    ] {
+        if !p.is_empty() {
+            files.push((
+                role,
+                if field.is_empty() {
+                    PathBuf::from(p)
+                } else {
+                    resolve(field, p)
+                },
+            ));
+        }
+    }
+    for (role, p) in files {
+        if let Err(e) = r.add_input(role, &p) {
+            r.warn(
+                "input_not_hashed",
+                format!("the {role} file {} could not be hashed ({e})", p.display()),
+                true,
+            );
+        }
+    }
 }
 
 /// The ROC on log-log axes (TPR against FPR), how membership inference papers read an attack at

@@ -128,7 +128,7 @@ pub fn run_dpagg(a: &Options) -> Result<Outcome> {
         seed_text(seed),
         run.released,
         run.refused,
-        run.epsilon_spent
+        crate::numeric::format::fmt_num(run.epsilon_spent)
     );
     let rows = run.outputs.clone();
     let rep = RunRecord {

@@ -8,7 +8,7 @@ use crate::events::{DpEvent, Neighbouring};
 use crate::models::checkpoint::Card;
 use crate::models::diffusers_train::{UnetTrainOutcome, UnetTrainPlan};
 use crate::report::export::fmt_num;
-use crate::report::{self, num, Conclusion, Report};
+use crate::report::{self, Conclusion, Report};
 
 /// Runs `train` on `device` (named `device_name` in the card): trains, writes the checkpoint,
 /// card and ledger, and returns the report with the training log as its terminal text.
@@ -38,28 +38,26 @@ pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result
             r.event = Some(ev.clone());
             r.delta = Some(dp.delta);
             r.assumptions.neighbouring = Some(Neighbouring::AddRemove);
-            r.assumptions.sampling = Some(format!("Poisson, q = {}", num::fmt(dp.sample_rate)));
-            r.fact("noise multiplier σ", num::fmt(dp.noise_multiplier))
-                .fact("clip norm C", num::fmt(dp.clip))
+            r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
+            r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
+                .fact("clip norm C", fmt_num(dp.clip))
                 .fact("ledger", dp.ledger.clone());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => format!(
-                    "ε = {} at δ = {} ({acc}, upper bound); ",
-                    num::fmt(e),
-                    num::fmt(dp.delta)
-                ),
+                (Some(e), Some(acc)) => {
+                    format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))
+                }
                 _ => String::new(),
             };
             format!(
                 "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event: account it \
 with `dpaudit account --event {} --delta {}` for every accountant.",
-                num::fmt(dp.noise_multiplier),
-                num::fmt(dp.clip),
-                num::fmt(dp.sample_rate),
+                fmt_num(dp.noise_multiplier),
+                fmt_num(dp.clip),
+                fmt_num(dp.sample_rate),
                 dp.steps,
                 dp.ledger,
                 dp.ledger,
-                num::fmt(dp.delta)
+                fmt_num(dp.delta)
             )
         }
         _ => "None: trained without differential privacy.".into(),
@@ -105,26 +103,24 @@ pub fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
             r.event = Some(ev.clone());
             r.delta = Some(dp.delta);
             r.assumptions.neighbouring = Some(Neighbouring::AddRemove);
-            r.assumptions.sampling = Some(format!("Poisson, q = {}", num::fmt(dp.sample_rate)));
-            r.fact("noise multiplier σ", num::fmt(dp.noise_multiplier))
-                .fact("clip norm C", num::fmt(dp.clip))
+            r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
+            r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
+                .fact("clip norm C", fmt_num(dp.clip))
                 .fact(
                     "ledger",
                     o.dir.join(crate::models::diffusers_train::LEDGER).display().to_string(),
                 );
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => format!(
-                    "ε = {} at δ = {} ({acc}, upper bound); ",
-                    num::fmt(e),
-                    num::fmt(dp.delta)
-                ),
+                (Some(e), Some(acc)) => {
+                    format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))
+                }
                 _ => String::new(),
             };
             format!(
                 "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event.",
-                num::fmt(dp.noise_multiplier),
-                num::fmt(dp.clip),
-                num::fmt(dp.sample_rate),
+                fmt_num(dp.noise_multiplier),
+                fmt_num(dp.clip),
+                fmt_num(dp.sample_rate),
                 dp.steps,
                 o.dir.join(crate::models::diffusers_train::LEDGER).display()
             )
@@ -157,7 +153,7 @@ fn training_facts(
     r.fact("parameters", parameters.to_string())
         .fact("trained on", format!("{} rows of {}", data.rows, data.file))
         .fact("optimiser steps", training.steps.to_string())
-        .fact("learning rate", num::fmt(training.lr))
+        .fact("learning rate", fmt_num(training.lr))
         .fact("device", training.device.clone())
         .fact("randomness", training.randomness.clone());
     if let (Some(b), Some(a)) = (training.eval_loss_before, training.eval_loss_after) {
@@ -165,4 +161,111 @@ fn training_facts(
         r.fact(format!("denoising loss before ({on})"), fmt_num(b))
             .fact(format!("denoising loss after ({on})"), fmt_num(a));
     }
+}
+
+/// Opacus' way of stating a DP-SGD training: the expected batch size (`--batch-size`, so
+/// q = B / N), epochs (`--epochs`, so steps = ⌈E / q⌉) and a target ε (`--target-epsilon`, σ
+/// calibrated by the one calibration search, PLD first, landing on the safe side).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpacusFlags {
+    /// Expected batch size B under Poisson sampling.
+    pub batch_size: Option<usize>,
+    /// Epochs E.
+    pub epochs: Option<f64>,
+    /// Target ε at the run's δ.
+    pub target_epsilon: Option<f64>,
+}
+
+/// What the Opacus flags resolve to: the sampling rate, steps and noise multiplier, with one
+/// line per derived value saying how it was derived.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpacusResolved {
+    /// q.
+    pub sample_rate: f64,
+    /// Steps.
+    pub steps: usize,
+    /// σ.
+    pub noise_multiplier: f64,
+    /// How each derived value was found.
+    pub lines: Vec<String>,
+}
+
+/// Resolves [`OpacusFlags`] against `rows` private training rows, with `sample_rate`, `steps`
+/// and `noise_multiplier` the values given otherwise (or their defaults). Errors name the flag.
+pub fn resolve_opacus(
+    flags: OpacusFlags,
+    rows: usize,
+    sample_rate: f64,
+    steps: usize,
+    noise_multiplier: f64,
+    delta: f64,
+) -> Result<OpacusResolved> {
+    use crate::accountants::calibrate::{calibrate_dpsgd_any, DpSgd, SolveFor};
+    use crate::error::Error;
+    let mut lines = Vec::new();
+    let mut q = sample_rate;
+    if let Some(b) = flags.batch_size {
+        if b == 0 || b > rows {
+            return Err(Error::field(
+                "--batch-size",
+                format!("the expected batch must be in 1..={rows} (the private training rows)"),
+            ));
+        }
+        q = b as f64 / rows as f64;
+        lines.push(format!(
+            "sample rate q = B/N = {b}/{rows} = {} (--batch-size is the expected batch under Poisson sampling, as in Opacus)",
+            fmt_num(q)
+        ));
+    }
+    let mut n = steps;
+    if let Some(e) = flags.epochs {
+        if !(e.is_finite() && e > 0.0) {
+            return Err(Error::field("--epochs", format!("must be a positive number, got {e}")));
+        }
+        let s = (e / q).ceil();
+        crate::limits::check_count("--epochs", s as u64, crate::limits::TRAIN_STEP)?;
+        n = (s as usize).max(1);
+        lines.push(format!("steps = ⌈E/q⌉ = ⌈{}/{}⌉ = {n}", fmt_num(e), fmt_num(q)));
+    }
+    let mut sigma = noise_multiplier;
+    if let Some(t) = flags.target_epsilon {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(Error::field(
+                "--target-epsilon",
+                format!("must be a positive number, got {t}"),
+            ));
+        }
+        let fixed = DpSgd {
+            noise_multiplier: 1.0,
+            sample_rate: q,
+            steps: n as u64,
+        };
+        let (c, why) = calibrate_dpsgd_any(
+            crate::accountants::AccountantKind::Pld,
+            Neighbouring::AddRemove,
+            delta,
+            t,
+            fixed,
+            SolveFor::NoiseMultiplier,
+        )
+        .map_err(|e| e.with_field("--target-epsilon"))?;
+        sigma = c.value;
+        lines.push(format!(
+            "noise multiplier σ = {} calibrated for ε ≤ {} at δ = {} (q = {}, {n} steps): ε = {} ({}, {}){}",
+            fmt_num(sigma),
+            fmt_num(t),
+            fmt_num(delta),
+            fmt_num(q),
+            fmt_num(c.result.epsilon),
+            c.result.accountant.as_str(),
+            c.result.kind.as_str(),
+            why.map_or(String::new(), |w| format!("; {w}"))
+        ));
+    }
+    Ok(OpacusResolved {
+        sample_rate: q,
+        steps: n,
+        noise_multiplier: sigma,
+        lines,
+    })
 }

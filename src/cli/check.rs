@@ -64,7 +64,7 @@ pub struct Args {
     #[command(flatten)]
     pub run: super::account::TrainingRunArgs,
     /// The ε budget (nats). Checked against the smallest sound ε.
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", allow_negative_numbers = true)]
     pub max_epsilon: f64,
     /// δ at which ε is computed (overrides the file's `delta`).
     #[arg(long, value_name = "D")]
@@ -136,7 +136,18 @@ pub fn run(args: Args) -> anyhow::Result<Answer> {
     // Output locations first: existing reports are refused before any work.
     let out = args.output.prepare(Format::Text, &[])?;
     let flags = flag_pipeline(&args)?;
-    let mut sources: Vec<Source> = args.configs.iter().cloned().map(Source::File).collect();
+    // A diffusers folder is checked by its DP ledger.
+    let mut sources: Vec<Source> = args
+        .configs
+        .iter()
+        .map(|p| {
+            if p.is_dir() {
+                dpaudit::models::diffusers_train::folder_ledger(p).map(Source::File)
+            } else {
+                Ok(Source::File(p.clone()))
+            }
+        })
+        .collect::<Result<_>>()?;
     sources.extend(flags);
     if sources.len() > 1 {
         let plan = plan(&args, &out, sources, started)?;

@@ -267,14 +267,31 @@ impl DiffusersRun {
         let ck = DiffusersCheckpoint::load(dir, dev)?;
         dpaudit::timing::note("load checkpoint", t0);
         dpaudit::timing::within_summary();
+        // Without --data/--split: the data and split the folder's card records.
+        let card = match (&a.data, &a.split) {
+            (Some(_), Some(_)) => None,
+            _ => dpaudit::models::diffusers_train::card_data(ck.config_path.parent().unwrap_or(dir))?,
+        };
         let data_path = a
             .data
             .clone()
-            .ok_or_else(|| Error::field("--data", "required with a diffusers checkpoint"))?;
+            .or_else(|| card.as_ref().map(|c| c.0.clone()))
+            .ok_or_else(|| {
+                Error::field(
+                "--data",
+                "required with a diffusers checkpoint that has no dpaudit card (dpaudit-card.toml) recording its data",
+            )
+            })?;
         let split_path = a
             .split
             .clone()
-            .ok_or_else(|| Error::field("--split", "required with a diffusers checkpoint"))?;
+            .or_else(|| card.as_ref().map(|c| c.1.clone()))
+            .ok_or_else(|| {
+                Error::field(
+                "--split",
+                "required with a diffusers checkpoint that has no dpaudit card (dpaudit-card.toml) recording its split",
+            )
+            })?;
         let t0 = std::time::Instant::now();
         let images = ImageSet::load(&data_path)?;
         let split = SplitManifest::load(&split_path)?;

@@ -103,9 +103,25 @@ pub struct Args {
     /// Optimiser steps (DP: iterations of Algorithm 2).
     #[arg(long, default_value_t = 20000)]
     pub steps: usize,
-    /// Batch size (non-DP; DP batches are Poisson samples at --sample-rate).
-    #[arg(long, default_value_t = 128)]
+    /// Batch size (default 128). With --dp it is the expected batch under Poisson sampling, as
+    /// in Opacus: q = B / N for N private training rows (instead of --sample-rate).
+    #[arg(long = "batch-size", value_name = "B")]
+    pub batch: Option<usize>,
+    /// The batch the trainer uses (resolved from --batch-size, or with --unet --dp from
+    /// --max-physical-batch-size).
+    #[arg(skip = 128usize)]
     pub batch_size: usize,
+    /// With --unet --dp: the per-sample-gradient chunk of candle's batched pass (memory only; it
+    /// does not change what is trained or accounted), Opacus' max_physical_batch_size. Default 128.
+    #[arg(long, value_name = "B")]
+    pub max_physical_batch_size: Option<usize>,
+    /// Epochs E instead of --steps: with --dp steps = ⌈E / q⌉, else ⌈E · N / B⌉.
+    #[arg(long, conflicts_with = "steps")]
+    pub epochs: Option<f64>,
+    /// With --dp: calibrate the noise multiplier so that the run's ε at --delta is at most this
+    /// (the calibration search of `dpaudit calibrate`, PLD first), instead of --noise-multiplier.
+    #[arg(long, requires = "dp", conflicts_with = "noise_multiplier")]
+    pub target_epsilon: Option<f64>,
     #[arg(long, default_value_t = 1e-3)]
     /// Learning rate (Adam).
     pub lr: f64,
@@ -175,8 +191,11 @@ pub struct Args {
     /// Per-sample gradient norm bound C.
     #[arg(long, default_value_t = 1.0)]
     pub clip: f64,
-    /// Poisson sampling rate q.
-    #[arg(long, default_value_t = 0.16)]
+    /// Poisson sampling rate q (default 0.16, or B / N from --batch-size).
+    #[arg(long = "sample-rate", value_name = "Q")]
+    pub sample_rate_flag: Option<f64>,
+    /// The sampling rate the trainer uses (resolved from --sample-rate or --batch-size).
+    #[arg(skip = 0.16f64)]
     pub sample_rate: f64,
     /// δ of the ledger and of the ε the card records.
     #[arg(long, default_value_t = 1e-5)]
@@ -208,7 +227,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit train`.
-pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     // Output locations are checked (and existing files refused) before any work.
     let outputs = crate::cli::common::OutputArgs {
         format: a.format,
@@ -244,6 +263,7 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         )?;
         return Ok(dpaudit::audit::outcome::Status::Ok);
     }
+    opacus(&mut a)?;
     if let Some(unet) = a.unet.clone() {
         return crate::cli::train_unet::run(a, &unet, outputs);
     }
@@ -334,6 +354,69 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         force: a.force,
     };
     Ok(outputs.emit(dpaudit::audit::train::execute(&plan, &dev, &dev_name)?)?)
+}
+
+/// Opacus' flags (--batch-size as the expected batch under --dp, --epochs, --target-epsilon)
+/// resolved into q, steps and σ ([`dpaudit::audit::train::resolve_opacus`]); the derivation is
+/// noted on stderr unless -q.
+fn opacus(a: &mut Args) -> dpaudit::error::Result<()> {
+    use dpaudit::audit::train::{resolve_opacus, OpacusFlags};
+    let unet = a.unet.is_some();
+    if a.max_physical_batch_size.is_some() && !unet {
+        return Err(Error::field(
+            "--max-physical-batch-size",
+            "only with --unet (the per-sample-gradient chunk of its batched pass)",
+        ));
+    }
+    // --unet: --batch-size stays the batch of its passes (the memory chunk under --dp), which
+    // --max-physical-batch-size names explicitly.
+    a.batch_size = if unet {
+        a.max_physical_batch_size.or(a.batch).unwrap_or(128)
+    } else {
+        a.batch.unwrap_or(128)
+    };
+    a.sample_rate = a.sample_rate_flag.unwrap_or(0.16);
+    // Opacus' meaning: under --dp without --sample-rate, --batch-size is the expected batch.
+    let expected_batch = a.batch.filter(|_| a.dp && !unet && a.sample_rate_flag.is_none());
+    if a.epochs.is_none() && a.target_epsilon.is_none() && expected_batch.is_none() {
+        return Ok(());
+    }
+    if unet && !a.dp && a.epochs.is_some() {
+        return Err(Error::field(
+            "--epochs",
+            "with --unet give --steps (or --dp with --sample-rate)",
+        ));
+    }
+    // N: the private training rows (the trained-on part of the split).
+    let rows = if a.dp && expected_batch.is_none() {
+        usize::MAX
+    } else {
+        SplitManifest::load(&a.split)?.part(a.on.into()).len()
+    };
+    if !a.dp {
+        let e = a.epochs.expect("checked above");
+        if !(e.is_finite() && e > 0.0) {
+            return Err(Error::field("--epochs", format!("must be a positive number, got {e}")));
+        }
+        a.steps = ((e * rows as f64 / a.batch_size.max(1) as f64).ceil() as usize).max(1);
+        dpaudit::limits::check_count("--epochs", a.steps as u64, dpaudit::limits::TRAIN_STEP)?;
+        return Ok(());
+    }
+    let flags = OpacusFlags {
+        batch_size: expected_batch,
+        epochs: a.epochs,
+        target_epsilon: a.target_epsilon,
+    };
+    let r = resolve_opacus(flags, rows, a.sample_rate, a.steps, a.noise_multiplier, a.delta)?;
+    if !a.quiet {
+        for l in &r.lines {
+            dpaudit::report::progress::note(l);
+        }
+    }
+    a.sample_rate = r.sample_rate;
+    a.steps = r.steps;
+    a.noise_multiplier = r.noise_multiplier;
+    Ok(())
 }
 
 /// `--out`: a folder (an existing one, or a path ending in `/`) receives `<folder>/<name>.toml`,

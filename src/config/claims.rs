@@ -289,11 +289,12 @@ pub struct DpSgdClaim {
     #[serde(default)]
     pub noise_multiplier: Option<Positive>,
     /// Clipping norm C (does not change ε: the noise scales with it).
-    #[serde(default)]
+    #[serde(default, alias = "max_grad_norm")]
     pub clip: Option<Positive>,
     /// Claimed ε.
     pub epsilon: Epsilon,
     /// Claimed δ.
+    #[serde(alias = "target_delta")]
     pub delta: Delta,
     /// Free text.
     #[serde(default)]

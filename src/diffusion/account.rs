@@ -675,7 +675,10 @@ pub fn clt_validity(mus: &[f64], p: f64, samples: u64, delta: f64, clt_eps: Opti
              δ ≥ 1−(1−p)^{{S·k}} = {limit:.4e} for every finite ε in the limit"
         );
         if let (Some(l), Some(e)) = (lb, clt_eps) {
-            msg.push_str(&format!("; at the CLT's ε = {e:.6} the true δ is at least {l:.4e}"));
+            msg.push_str(&format!(
+                "; at the CLT's ε = {} the true δ is at least {l:.4e}",
+                crate::numeric::format::fmt_num(e)
+            ));
         }
         if severe {
             msg.push_str(&format!(
@@ -859,6 +862,17 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
             severe: false,
         });
     }
+    if cfg.sampler == Some(super::sampler::SamplerKind::Ddim) {
+        warnings.push(Diagnostic {
+            code: "ddim_eta".into(),
+            message: "DDIM's η is an argument of each sampling call, not part of the config: these numbers describe η = 1 \
+                      (the ancestral step); with η < 1 less noise is added and μ grows like 1/η, and with η = 0 (the default \
+                      of diffusers' DDIMPipeline and StableDiffusionPipeline) every step is deterministic and has no finite \
+                      per-step μ, so no guarantee here applies"
+                .into(),
+            severe: true,
+        });
+    }
     if mus.is_empty() {
         warnings.push(Diagnostic {
             code: "no_private_steps".into(),
@@ -892,9 +906,9 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
             message: format!(
                 "μ_t uses |D| = {} as in the paper's §4 accounting and its reference tables: that is the sensitivity of a step \
                  that divides the subsampled sum by |D|. A step that divides by the random subsample size |S| ≈ p|D| (the paper's \
-                 M_SubGauss, and dpaudit's own sampler) has sensitivity ≈ 2C/(p|D|): every μ_t would be ≈ 1/p = {:.6} times larger",
+                 M_SubGauss, and dpaudit's own sampler) has sensitivity ≈ 2C/(p|D|): every μ_t would be ≈ 1/p = {} times larger",
                 plan.dataset_size,
-                1.0 / p
+                crate::numeric::format::fmt_num(1.0 / p)
             ),
             severe: false,
         });

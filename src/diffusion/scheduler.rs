@@ -93,6 +93,8 @@ pub struct SchedulerConfig {
     pub steps_offset: usize,
     /// `rescale_betas_zero_snr`.
     pub rescale_betas_zero_snr: bool,
+    /// `algorithm_type` of a DPM-Solver config (named in its refusal).
+    pub algorithm: Option<String>,
 }
 
 fn err(path: &Path, key: &str, msg: impl Into<String>) -> Error {
@@ -108,7 +110,7 @@ impl SchedulerConfig {
 
     /// Parses the text of a `scheduler_config.json`; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let v: Value = serde_json::from_str(text).map_err(|e| {
+        let v: Value = crate::input::parse_python_json(text).map_err(|e| {
             Error::input(format!("not valid JSON: {e}"))
                 .with_file(path)
                 .with_line(e.line())
@@ -116,13 +118,16 @@ impl SchedulerConfig {
         let o = v
             .as_object()
             .ok_or_else(|| Error::input("scheduler_config.json must be a JSON object").with_file(path))?;
+        // Every scheduler class carries the training schedule (β over num_train_timesteps) that
+        // attacks need; which classes the sampler analysis covers is decided in
+        // [`Self::sampler_support`].
         let class_name = match o.get("_class_name").and_then(Value::as_str) {
-            Some(c @ ("DDPMScheduler" | "DDIMScheduler")) => c.to_string(),
+            Some(c) if c.ends_with("Scheduler") => c.to_string(),
             Some(c) => {
                 return Err(err(
                     path,
                     "_class_name",
-                    format!("`{c}` is not supported (DDPMScheduler, DDIMScheduler)"),
+                    format!("`{c}` is not a diffusers scheduler class (expected e.g. DDPMScheduler or DDIMScheduler)"),
                 ))
             }
             None => {
@@ -259,6 +264,7 @@ impl SchedulerConfig {
             timestep_spacing,
             steps_offset: steps_offset as usize,
             rescale_betas_zero_snr: flag("rescale_betas_zero_snr", false)?,
+            algorithm: o.get("algorithm_type").and_then(Value::as_str).map(str::to_string),
         })
     }
 
@@ -312,11 +318,42 @@ impl SchedulerConfig {
         betas
     }
 
+    /// Whether the sampler analysis covers this scheduler class: DDPMScheduler (ancestral) and
+    /// DDIMScheduler (analysed as η = 1) are; every other class is refused with the reason and
+    /// the way out. The per-step analysis needs fresh Gaussian noise in each step (a Gaussian
+    /// mechanism per step); a deterministic ODE sampler adds none after the initial noise, so it
+    /// has no finite per-step μ.
+    pub fn sampler_support(&self, path: &Path) -> Result<()> {
+        let c = self.class_name.as_str();
+        let ode = "each step is a deterministic update of the probability-flow ODE that adds no fresh noise, so no step is a Gaussian mechanism and no finite per-step μ exists (only the initial noise x_T is random, and the analysis does not cover a privacy argument resting on it alone)";
+        let way_out = "Way out: if the pipeline can sample ancestrally, set `_class_name` to \"DDPMScheduler\" (same β schedule; the sampler analysed is DDPM's ancestral step, which adds noise every step) or use a DDIMScheduler config (analysed as η = 1); `mia` attacks on the UNet need only the β schedule and accept this file as it is";
+        let reason = match c {
+            "DDPMScheduler" | "DDIMScheduler" => return Ok(()),
+            "EulerDiscreteScheduler" => format!(
+                "the Euler sampler with its default s_churn = 0 (diffusers adds noise only when s_churn > 0 is passed to each step call, which the config does not record): {ode}"
+            ),
+            "DPMSolverMultistepScheduler" | "DPMSolverSinglestepScheduler" | "DEISMultistepScheduler" | "UniPCMultistepScheduler" => format!(
+                "a multistep exponential-integrator ODE solver ({}): {ode}; its SDE variants reuse earlier denoiser outputs in each step, outside the one-step form the per-step formula assumes",
+                self.algorithm.as_deref().unwrap_or("its algorithm_type")
+            ),
+            "PNDMScheduler" | "LMSDiscreteScheduler" | "HeunDiscreteScheduler" | "KDPM2DiscreteScheduler" => format!(
+                "a deterministic (pseudo) linear-multistep or Runge–Kutta ODE sampler: {ode}"
+            ),
+            _ => "the per-step analysis covers ancestral samplers only (DDPMScheduler, DDIMScheduler as η = 1); this class's step is not analysed".to_string(),
+        };
+        Err(err(
+            path,
+            "_class_name",
+            format!("`{c}` is not analysed: {reason}. {way_out}."),
+        ))
+    }
+
     /// dpaudit's sampler schedule for sampling with `levels` inference steps (default: all T),
     /// with the scheduler's `timestep_spacing` and `steps_offset` (timesteps exactly as diffusers'
     /// `set_timesteps`, see [`crate::diffusion::schedule::diffusers_timesteps`]).
     /// Supported: linear, `scaled_linear` and `squaredcos_cap_v2` β.
     pub fn to_sampler_schedule(&self, levels: Option<usize>, path: &Path) -> Result<SamplerSchedule> {
+        self.sampler_support(path)?;
         if self.rescale_betas_zero_snr {
             return Err(err(
                 path,
@@ -388,8 +425,9 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field.as_deref(), Some("beta_schedule"));
-        let e =
-            SchedulerConfig::parse(r#"{"_class_name": "EulerDiscreteScheduler"}"#, Path::new("s.json")).unwrap_err();
-        assert!(e.to_string().contains("not supported"), "{e}");
+        let sc = SchedulerConfig::parse(r#"{"_class_name": "EulerDiscreteScheduler"}"#, Path::new("s.json")).unwrap();
+        let e = sc.to_sampler_schedule(None, Path::new("s.json")).unwrap_err();
+        assert!(e.to_string().contains("no finite per-step μ"), "{e}");
+        assert!(SchedulerConfig::parse(r#"{"_class_name": "Euler"}"#, Path::new("s.json")).is_err());
     }
 }

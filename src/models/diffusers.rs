@@ -61,7 +61,9 @@ pub struct DiffusersCheckpoint {
     device: Device,
 }
 
-fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
+/// The scheduler config of a UNet folder: beside the UNet, beside the folder given, or in a
+/// pipeline's `scheduler/`.
+pub fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
     [
         unet_dir.join("scheduler_config.json"),
         dir.join("scheduler_config.json"),

@@ -65,6 +65,95 @@ pub const GRADIENT_CANARIES: &str = "gradient-canaries.csv";
 /// every gradient canary's coordinate, [steps, m] float32 in units of C.
 pub const OBSERVATIONS: &str = "canary-observations.npy";
 
+/// The files that identify what a diffusers folder holds, with their roles (`config`, `weights`,
+/// `scheduler`, `card`, `ledger`), those that exist: what `model info` hashes and every report
+/// on the folder lists among its inputs. A pipeline folder's are its `unet/` and `scheduler/`.
+pub fn folder_files(dir: &Path) -> Vec<(&'static str, PathBuf)> {
+    let Some(u) = unet_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v = vec![("config", u.join("config.json")), ("weights", u.join(WEIGHTS))];
+    if let Some(s) = super::diffusers::find_scheduler(&u, dir) {
+        v.push(("scheduler", s));
+    }
+    for (role, name) in [("card", CARD), ("ledger", LEDGER)] {
+        if let Some(p) = [u.join(name), dir.join(name)].into_iter().find(|p| p.is_file()) {
+            v.push((role, p));
+        }
+    }
+    v.retain(|(_, p)| p.is_file());
+    v
+}
+
+/// The DP ledger of a diffusers folder (`dpaudit-ledger.toml` beside the UNet, or in the folder
+/// given), the event file `check` and `account --event` read for it. A folder without one is an
+/// error that says why (trained without DP, or outside dpaudit) and names the folder.
+pub fn folder_ledger(dir: &Path) -> Result<PathBuf> {
+    let u = unet_dir(dir).unwrap_or_else(|| dir.to_path_buf());
+    [u.join(LEDGER), dir.join(LEDGER)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::input(format!(
+                "a folder: dpaudit reads a diffusers folder's DP ledger ({LEDGER}), and there is none in it (a model trained without DP, or outside dpaudit, has no ledger; give an event file or a sampler config instead)"
+            ))
+            .with_file(dir)
+        })
+}
+
+/// The data file and split manifest a folder's card records (paths relative to the card, as
+/// [`super::checkpoint::resolve_card_path`] reads them, shown without `dir/../`), each checked
+/// against the SHA-256 the card records; `None` when the folder has no card. What `mia` uses when
+/// `--data` and `--split` are not given.
+pub fn card_data(unet_dir: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
+    let Some(card) = UnetCard::load(unet_dir)? else {
+        return Ok(None);
+    };
+    let card_path = unet_dir.join(CARD);
+    let mut out = Vec::new();
+    for (field, value, sha) in [
+        ("data.file", &card.data.file, &card.data.sha256),
+        ("data.split", &card.data.split, &card.data.split_sha256),
+    ] {
+        let p = lexical(&super::checkpoint::resolve_card_path(&card_path, field, value)?);
+        let got = sha256_file(&p)?;
+        if &got != sha {
+            return Err(Error::field(
+                field,
+                format!(
+                    "{} has SHA-256 {got}, the card records {sha}: not the file this folder was trained with",
+                    p.display()
+                ),
+            )
+            .with_file(&card_path));
+        }
+        out.push(p);
+    }
+    let split = out.pop().expect("two paths");
+    Ok(Some((out.pop().expect("two paths"), split)))
+}
+
+/// `p` with `name/..` pairs removed (lexically: a path the user can read, the same file unless a
+/// symbolic link is crossed, which the SHA-256 check above catches).
+fn lexical(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out: Vec<Component> = Vec::new();
+    for c in p.components() {
+        match (c, out.last()) {
+            (Component::CurDir, _) => {}
+            (Component::ParentDir, Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            _ => out.push(c),
+        }
+    }
+    if out.is_empty() {
+        PathBuf::from(".")
+    } else {
+        out.iter().collect()
+    }
+}
+
 /// Named architectures: (name, config.json text, description).
 pub const PRESETS: &[(&str, &str, &str)] = &[
     (
@@ -797,26 +886,28 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         (plan.t_min, t_max),
         eval_seed,
     )?;
-    eprintln!(
-        "model: {}, {} parameters; training on {} {} rows of {}{}",
-        config.describe(),
-        model.parameters(),
-        private_ix.len(),
-        format!("{:?}", plan.on).to_lowercase(),
-        plan.data.display(),
-        canaries
-            .as_ref()
-            .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
-            .unwrap_or_default()
-            + &recorder
+    if !plan.quiet {
+        eprintln!(
+            "model: {}, {} parameters; training on {} {} rows of {}{}",
+            config.describe(),
+            model.parameters(),
+            private_ix.len(),
+            format!("{:?}", plan.on).to_lowercase(),
+            plan.data.display(),
+            canaries
                 .as_ref()
-                .map(|wb| format!(
-                    " + {} gradient canaries (of {}; white-box)",
-                    wb.canaries.included.iter().filter(|&&b| b).count(),
-                    wb.canaries.len()
-                ))
+                .map(|c| format!(" + {} canaries (of {})", n - private_ix.len(), c.len()))
                 .unwrap_or_default()
-    );
+                + &recorder
+                    .as_ref()
+                    .map(|wb| format!(
+                        " + {} gradient canaries (of {}; white-box)",
+                        wb.canaries.included.iter().filter(|&&b| b).count(),
+                        wb.canaries.len()
+                    ))
+                    .unwrap_or_default()
+        );
+    }
     let folder = Folder {
         plan,
         images: &images,
@@ -1012,7 +1103,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         }
     }
     bar.finish_and_clear();
-    if let Some(d) = &plan.dp {
+    if let Some(d) = plan.dp.as_ref().filter(|_| !plan.quiet) {
         eprintln!(
             "mean Poisson batch: {:.1} (expected {:.1})",
             total_batch as f64 / plan.steps as f64,

@@ -267,17 +267,19 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
     }
     let n_private = x0.len() / PIXELS;
     let t_max = plan.t_max.unwrap_or(schedule.len() - 1);
-    eprintln!(
-        "model: {}, {} parameters; training on {} {} rows{}",
-        format!("{:?}", model_cfg.arch).to_lowercase(),
-        net.params.count(),
-        private_ix.len(),
-        format!("{:?}", plan.on).to_lowercase(),
-        canaries
-            .as_ref()
-            .map(|c| format!(" + {} canaries (of {})", n_private - private_ix.len(), c.len()))
-            .unwrap_or_default()
-    );
+    if !plan.quiet {
+        eprintln!(
+            "model: {}, {} parameters; training on {} {} rows{}",
+            format!("{:?}", model_cfg.arch).to_lowercase(),
+            net.params.count(),
+            private_ix.len(),
+            format!("{:?}", plan.on).to_lowercase(),
+            canaries
+                .as_ref()
+                .map(|c| format!(" + {} canaries (of {})", n_private - private_ix.len(), c.len()))
+                .unwrap_or_default()
+        );
+    }
 
     let mut dp_info = None;
     let mut ledger = None;
@@ -428,11 +430,13 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                 ),
                 None => "ε spent: no sound accountant supports this ledger".to_string(),
             });
-            eprintln!(
-                "mean Poisson batch: {:.1} (expected {:.1})",
-                run.mean_batch,
-                d.sample_rate * n_private as f64
-            );
+            if !plan.quiet {
+                eprintln!(
+                    "mean Poisson batch: {:.1} (expected {:.1})",
+                    run.mean_batch,
+                    d.sample_rate * n_private as f64
+                );
+            }
             ledger = Some((ledger_path, event));
             (
                 run.eval,
@@ -565,7 +569,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             "wrote {} — account it with: dpaudit account --event {} --delta {}",
             p.display(),
             p.display(),
-            d.delta
+            crate::numeric::format::fmt_num(d.delta)
         ));
         ledger_lines.push(ev.ledger());
         ledger_path = Some(p);

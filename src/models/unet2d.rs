@@ -149,7 +149,7 @@ fn cfg_err(path: &Path, key: &str, msg: impl Into<String>) -> Error {
 impl Unet2dConfig {
     /// Parses a `config.json` (its text); `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let v: Value = serde_json::from_str(text).map_err(|e| {
+        let v: Value = crate::input::parse_python_json(text).map_err(|e| {
             Error::input(format!("not valid JSON: {e}"))
                 .with_file(path)
                 .with_line(e.line())

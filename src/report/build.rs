@@ -139,7 +139,7 @@ pub fn describe_sampling(comps: &[Component]) -> String {
     for c in comps {
         let s = match c.sampling {
             Sampling::Full => "full batch".to_string(),
-            Sampling::Poisson { q } => format!("Poisson, q = {q}"),
+            Sampling::Poisson { q } => format!("Poisson, q = {}", crate::numeric::format::fmt_num(q)),
             Sampling::WithoutReplacement { n, m } => format!("without replacement, {m} of {n}"),
         };
         if !parts.contains(&s) {

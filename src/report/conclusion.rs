@@ -153,6 +153,83 @@ fn table_estimates(r: &Report) -> Vec<String> {
     out
 }
 
+/// The attacks table's number in column `name` of row `i`.
+fn num_at(t: &Table, name: &str, i: usize) -> Option<f64> {
+    let j = t.columns.iter().position(|c| c.name == name)?;
+    match t.rows.get(i)?.get(j)? {
+        Cell::Num(x) => Some(*x),
+        Cell::Int(x) => Some(*x as f64),
+        _ => None,
+    }
+}
+
+/// Whether an attack of the attacks table attacks the trained checkpoint (every attack but the
+/// one on the empirical-denoiser sampler).
+fn attacks_checkpoint(name: &str) -> bool {
+    name != "empirical"
+}
+
+/// TPR at 0.1 % FPR from which the conclusion calls members identifiable.
+pub const IDENTIFIABLE_TPR: f64 = 0.9;
+
+/// The measured result of a membership-inference report, from its attacks table: the strongest
+/// attack (largest AUC) with its interval and TPR at low FPR, and what that means: members
+/// identifiable (TPR at 0.1 % FPR ≥ 0.9), a signal above chance (AUC interval above 0.5), or
+/// none distinguishable from chance.
+fn measured_sentence(r: &Report) -> Option<String> {
+    let t = r.tables.iter().find(|t| t.id == "attacks")?;
+    let names = column(t, "attack")?;
+    let steps = column(t, "t")?;
+    let auc = |i| num_at(t, "AUC", i).unwrap_or(f64::NAN);
+    let mut parts = Vec::new();
+    for (on_checkpoint, target) in [(true, "the checkpoint"), (false, "the empirical-denoiser sampler")] {
+        let Some(best) = (0..t.rows.len())
+            .filter(|&i| attacks_checkpoint(&cell_text(names[i])) == on_checkpoint)
+            .max_by(|&a, &b| auc(a).total_cmp(&auc(b)))
+        else {
+            continue;
+        };
+        let (a, lo, hi) = (auc(best), num_at(t, "AUC lo", best)?, num_at(t, "AUC hi", best)?);
+        let (tpr1, tpr01) = (num_at(t, "TPR@1%FPR", best)?, num_at(t, "TPR@0.1%FPR", best)?);
+        let pct = |x: f64| fmt_num((x * 1000.0).round() / 10.0);
+        let meaning = if tpr01 >= IDENTIFIABLE_TPR {
+            format!(
+                "members identifiable: at 0.1 % false positives the attack flags {} % of the members",
+                pct(tpr01)
+            )
+        } else if lo > 0.5 {
+            format!(
+                "membership leaks: the AUC interval lies above chance (0.5), though at 0.1 % false positives the attack flags only {} % of the members",
+                pct(tpr01)
+            )
+        } else {
+            "no membership signal distinguishable from chance at this sample size: the AUC interval includes 0.5"
+                .to_string()
+        };
+        parts.push(format!(
+            "Measured on {target}: the strongest attack, {} at t = {}, has AUC {a:.2} [{lo:.2}, {hi:.2}], TPR {tpr1:.2} at 1 % FPR and {tpr01:.2} at 0.1 % FPR: {meaning}.",
+            cell_text(names[best]),
+            cell_text(steps[best]),
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+/// The attacker line of a membership-inference report: the limits its comparisons use (the
+/// attacks table's `ASR limit` and `TPR@1% limit` of the checkpoint's attacks), so that the
+/// Guarantee and every comparison state one limit.
+fn attack_limits_line(r: &Report) -> Option<String> {
+    let t = r.tables.iter().find(|t| t.id == "attacks")?;
+    let names = column(t, "attack")?;
+    let i =
+        (0..t.rows.len()).find(|&i| attacks_checkpoint(&cell_text(names[i])) && num_at(t, "ASR limit", i).is_some())?;
+    Some(format!(
+        "What it allows an attacker (the limit every comparison below uses): membership accuracy ≤ {}, TPR at 1 % FPR ≤ {}.",
+        fmt_num(num_at(t, "ASR limit", i)?),
+        fmt_num(num_at(t, "TPR@1% limit", i)?)
+    ))
+}
+
 /// The audits' sentence: each audit's ε lower bound with its threat model (white-box: every
 /// noisy update seen; black-box: the released model only) against the accounted ε, and one
 /// sentence on whether the training is consistent with its ledger.
@@ -181,11 +258,14 @@ fn audit_sentence(r: &Report) -> Option<String> {
         .collect();
     let ledger = first.budget.map_or(String::new(), |b| format!(" {}", fmt_num(b)));
     let fail = audits.iter().any(|v| v.status == Status::Fail);
+    let weak = audits.iter().all(|v| v.status == Status::Inconclusive);
     Some(format!(
         "Audits: {}, against the accounted ε{ledger}. {}",
         parts.join("; "),
         if fail {
             "The training does not deliver its ledger: an audit's lower bound exceeds the accounted ε."
+        } else if weak {
+            "Not demonstrated either way: no audit here could have shown an ε as large as the accounted one, so none tests the ledger."
         } else {
             "The training is consistent with its ledger: no audit's lower bound exceeds the accounted ε."
         }
@@ -255,8 +335,11 @@ pub fn derive(r: &Report) -> Conclusion {
             under(r),
             kind_words(s.kind),
             s.accountant.as_str(),
-            scale(s.epsilon, s.delta)
+            attack_limits_line(r).unwrap_or_else(|| scale(s.epsilon, s.delta))
         ),
+        None if r.audit == "mia" && r.tables.iter().any(|t| t.id == "attacks") => {
+            "No privacy guarantee applies to the attacked model: the report holds no accounted ε for it, so no limit bounds the attacks.".into()
+        }
         None if r.event.is_some() => {
             "No guarantee was shown: no sound accountant (exact value or upper bound) could account this event.".into()
         }
@@ -291,6 +374,10 @@ pub fn derive(r: &Report) -> Conclusion {
     };
     let verdict = match audit_sentence(r) {
         Some(a) => format!("{verdict} {a}"),
+        None => verdict,
+    };
+    let verdict = match measured_sentence(r) {
+        Some(m) => format!("{verdict} {m}"),
         None => verdict,
     };
     let mut estimates: Vec<String> = r
