@@ -82,7 +82,9 @@ pub fn run(
             dpaudit::report::output::refuse_link(&dir)?;
             // The folder itself appears only with the first checkpoint, whole (one rename).
             if dir.is_dir() {
-                for f in diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient) {
+                for f in
+                    diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient)
+                {
                     dpaudit::report::output::check_file(&dir.join(f), a.force)?;
                 }
             }

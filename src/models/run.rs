@@ -249,9 +249,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             .collect();
         let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0x67ad_c4a7));
         Some(WhiteBoxRecorder::new(GradientCanaries::generate(
-            gradient_m,
-            &shapes,
-            &mut rng,
+            gradient_m, &shapes, &mut rng,
         )?))
     } else {
         None
