@@ -555,6 +555,14 @@ fn unet_run_with_both_canary_kinds_is_audited_black_box_and_white_box() {
     assert_eq!(black.len(), 1, "{v:?}");
     assert!(white.len() >= 3, "{v:?}");
     for (src, status, eps, budget) in &v {
-        assert!(*eps <= *budget && status == "pass", "{src}: {eps} vs {budget}");
+        assert!(*eps <= *budget, "{src}: {eps} vs {budget}");
+        // 40 input canaries cannot show ε = 3.34 even with every guess right: that audit is
+        // `inconclusive` (not demonstrated), never `fail`; the white-box ones pass.
+        let ok: &[&str] = if src.contains("black-box") {
+            &["pass", "inconclusive"]
+        } else {
+            &["pass"]
+        };
+        assert!(ok.contains(&status.as_str()), "{src}: {status}");
     }
 }
