@@ -17,11 +17,13 @@ use crate::report::num::fmt_num;
 use crate::report::rederive::{cell_num, cell_str, close, refuse, same_verdict};
 use crate::report::{Report, Status, Table};
 
-/// Checks `rep` (see the module docs): the report model's rules, then the commands'.
+/// Checks `rep` (see the module docs): the mia tables' cells first (the facts the sentences
+/// are derived from, so a forged cell is named as such, not as the sentence it contradicts),
+/// then the report model's rules, then the budget verdicts.
 pub fn check(rep: &Report) -> Result<()> {
+    check_mia_tables(rep)?;
     crate::report::rederive::check(rep)?;
-    check_budget_verdicts(rep)?;
-    check_mia_tables(rep)
+    check_budget_verdicts(rep)
 }
 
 /// Each budget verdict (no `source`, a budget; not `verify`'s claims) derived again.
