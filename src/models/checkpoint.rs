@@ -225,13 +225,21 @@ pub struct Card {
     pub gradient_canaries: Option<CanaryInfo>,
 }
 
+/// The white-box gradient canaries a card names (its `gradient_canaries`, or its `canaries` when
+/// those are gradient canaries alone), if any. Shared by the 8×8 and the diffusers cards.
+pub fn white_box_canaries<'a>(
+    canaries: Option<&'a CanaryInfo>,
+    gradient_canaries: Option<&'a CanaryInfo>,
+) -> Option<&'a CanaryInfo> {
+    gradient_canaries
+        .or(canaries)
+        .filter(|i| i.kind() == CanaryKind::Gradient)
+}
+
 impl Card {
     /// The white-box gradient canaries (with their observations) the card names, if any.
     pub fn white_box_canaries(&self) -> Option<&CanaryInfo> {
-        self.gradient_canaries
-            .as_ref()
-            .or(self.canaries.as_ref())
-            .filter(|i| i.kind() == CanaryKind::Gradient)
+        white_box_canaries(self.canaries.as_ref(), self.gradient_canaries.as_ref())
     }
 
     /// The input canaries (scored black-box) the card names, if any.

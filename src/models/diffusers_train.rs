@@ -349,10 +349,7 @@ impl UnetCard {
 
     /// The white-box gradient canaries (with their observations) the card names, if any.
     pub fn white_box_canaries(&self) -> Option<&CanaryInfo> {
-        self.gradient_canaries
-            .as_ref()
-            .or(self.canaries.as_ref())
-            .filter(|i| i.kind() == CanaryKind::Gradient)
+        super::checkpoint::white_box_canaries(self.canaries.as_ref(), self.gradient_canaries.as_ref())
     }
 
     /// The input canaries (scored black-box) the card names, if any.

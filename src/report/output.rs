@@ -607,11 +607,33 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
         .prefix(&format!("{STAGING_PREFIX}{}-", stem.unwrap_or("")))
         .tempdir_in(dir)
         .map_err(|e| not_writable(dir, &e))?;
+    let mname = manifest_name(stem);
+    let staged_manifest = stage_files(staging.path(), dir, files, &mname)?;
+    sync_dir(staging.path());
+    // From here the set changes: first the manifest (the old set stops reading as valid), then
+    // the members (the new set reads as valid once the last is in place).
+    commit_step();
+    std::fs::rename(&staged_manifest, dir.join(&mname)).map_err(|e| write_error(&dir.join(&mname), &e))?;
+    let mut out = Vec::with_capacity(files.len());
+    for (name, _) in files {
+        let p = dir.join(name);
+        commit_step();
+        std::fs::rename(staging.path().join(name), &p).map_err(|e| write_error(&p, &e))?;
+        out.push(p);
+    }
+    sync_dir(dir);
+    drop(staging);
+    Ok(out)
+}
+
+/// Writes and syncs `files` and their manifest (named `mname`) into the staging folder
+/// `staging` of a commit into `dir` (errors name the final path in `dir`); returns the staged
+/// manifest's path. Shared by [`commit_set`] and [`commit_folder`].
+fn stage_files(staging: &Path, dir: &Path, files: &[(String, Vec<u8>)], mname: &str) -> Result<PathBuf> {
     let mut entries = Vec::with_capacity(files.len());
     for (name, bytes) in files {
         let p = dir.join(name);
-        let staged = staging.path().join(name);
-        let written = std::fs::File::create(&staged).and_then(|mut f| {
+        let written = std::fs::File::create(staging.join(name)).and_then(|mut f| {
             if injected_failure(&p) {
                 f.write_all(&bytes[..bytes.len() / 2])?;
                 return Err(std::io::Error::from_raw_os_error(28));
@@ -630,30 +652,15 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
         dpaudit_manifest: 1,
         files: entries,
     };
-    let mname = manifest_name(stem);
     let mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::input(format!("manifest: {e}")))?;
-    let staged_manifest = staging.path().join(&mname);
+    let staged_manifest = staging.join(mname);
     std::fs::File::create(&staged_manifest)
         .and_then(|mut f| {
             f.write_all(&mbytes)?;
             f.sync_all()
         })
-        .map_err(|e| write_error(&dir.join(&mname), &e))?;
-    sync_dir(staging.path());
-    // From here the set changes: first the manifest (the old set stops reading as valid), then
-    // the members (the new set reads as valid once the last is in place).
-    commit_step();
-    std::fs::rename(&staged_manifest, dir.join(&mname)).map_err(|e| write_error(&dir.join(&mname), &e))?;
-    let mut out = Vec::with_capacity(files.len());
-    for (name, _) in files {
-        let p = dir.join(name);
-        commit_step();
-        std::fs::rename(staging.path().join(name), &p).map_err(|e| write_error(&p, &e))?;
-        out.push(p);
-    }
-    sync_dir(dir);
-    drop(staging);
-    Ok(out)
+        .map_err(|e| write_error(&dir.join(mname), &e))?;
+    Ok(staged_manifest)
 }
 
 /// Prefix of the staging folder of a whole-folder commit ([`commit_folder`]), beside the folder.
@@ -703,36 +710,7 @@ pub fn commit_folder(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<Path
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777))
         .tempdir_in(parent)
         .map_err(|e| not_writable(parent, &e))?;
-    let mut entries = Vec::with_capacity(files.len());
-    for (name, bytes) in files {
-        let p = dir.join(name);
-        let written = std::fs::File::create(staging.path().join(name)).and_then(|mut f| {
-            if injected_failure(&p) {
-                f.write_all(&bytes[..bytes.len() / 2])?;
-                return Err(std::io::Error::from_raw_os_error(28));
-            }
-            f.write_all(bytes)?;
-            f.sync_all()
-        });
-        written.map_err(|e| write_error(&p, &e))?;
-        entries.push(ManifestEntry {
-            name: name.clone(),
-            sha256: super::sha256_hex(bytes),
-            bytes: bytes.len() as u64,
-        });
-    }
-    let manifest = Manifest {
-        dpaudit_manifest: 1,
-        files: entries,
-    };
-    let mname = manifest_name(None);
-    let mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::input(format!("manifest: {e}")))?;
-    std::fs::File::create(staging.path().join(&mname))
-        .and_then(|mut f| {
-            f.write_all(&mbytes)?;
-            f.sync_all()
-        })
-        .map_err(|e| write_error(&dir.join(&mname), &e))?;
+    stage_files(staging.path(), dir, files, &manifest_name(None))?;
     sync_dir(staging.path());
     // The one step that changes what readers see.
     commit_step();
