@@ -5,7 +5,7 @@
 //! `src/models/diffusers_train.rs` runs per chunk and step.
 //!
 //! * `dpsgd_step_mnist_b32`: the whole step as `train --unet` runs it on the CPU (the
-//!   hand-written per-sample pass of `unet2d_grad_cpu`, clipping and sum included); throughput
+//!   hand-written per-sample pass of `unet2d::grad_cpu`, clipping and sum included); throughput
 //!   in per-sample gradients;
 //! * `cpu_pass_clipped_sum_mnist_b32`: the hand-written pass alone (gradients, norms, clipped sum);
 //! * `per_sample_grads_mnist_b32`: candle's batched backward pass alone (CUDA's path and the
@@ -23,9 +23,9 @@ use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dpaudit::models::unet2d::grad_cpu::CpuGrad;
+use dpaudit::models::unet2d::train::{clip_and_sum, TrainUnet};
 use dpaudit::models::unet2d::Unet2dConfig;
-use dpaudit::models::unet2d_grad_cpu::CpuGrad;
-use dpaudit::models::unet2d_train::{clip_and_sum, TrainUnet};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -233,7 +233,7 @@ fn all_finite(v: &[f32], p: &std::path::Path) -> anyhow::Result<()> {
 
 /// `model grads`: per-sample gradients of a diffusers UNet on one batch.
 fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
-    use dpaudit::models::unet2d_train::{clip_and_sum, per_sample_norms, TrainUnet};
+    use dpaudit::models::unet2d::train::{clip_and_sum, per_sample_norms, TrainUnet};
     for f in ["norms.npy", "clipped_sum.safetensors"] {
         dpaudit::report::output::check_file(&g.out.join(f), g.force).map_err(|e| e.with_field("--out"))?;
     }
@@ -272,7 +272,7 @@ fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         );
     }
     if g.hand_written {
-        use dpaudit::models::unet2d_grad_cpu::{unsupported, CpuGrad};
+        use dpaudit::models::unet2d::grad_cpu::{unsupported, CpuGrad};
         if let Some(why) = unsupported(&config) {
             return Err(
                 Error::field("--hand-written", format!("the hand-written pass does not cover {why}"))

@@ -120,7 +120,7 @@ pub struct DpInfo {
     /// δ of the accounted guarantee.
     pub delta: f64,
     /// Per-sample gradient method: `ghost` (one pass, the MLP), `batched` (candle, one pass),
-    /// `hand-written` (the CPU pass of one sample at a time, `unet2d_grad_cpu`) or `loop`.
+    /// `hand-written` (the CPU pass of one sample at a time, `unet2d::grad_cpu`) or `loop`.
     pub per_sample: String,
     /// Ledger file (an `events::EventFile`) next to the card: this run's event, composed after
     /// the `--init` checkpoint's ledger when it has one.

@@ -351,6 +351,14 @@ impl DiffusersCheckpoint {
             s.push_str(&format!("sample_size: {h}×{w}\n"));
         }
         s.push_str(&format!("parameters: {}\n", self.model.parameters));
+        let ex: Vec<String> = super::unet2d::executors(c)
+            .into_iter()
+            .map(|(name, why)| match why {
+                None => format!("{name} yes"),
+                Some(w) => format!("{name} no: {w}"),
+            })
+            .collect();
+        s.push_str(&format!("executors: {}\n", ex.join("; ")));
         let dts: Vec<String> = self.stored_dtypes.iter().map(|(k, v)| format!("{k} × {v}")).collect();
         s.push_str(&format!("stored dtypes: {}\n", dts.join(", ")));
         s.push_str(&format!("config.json sha256: {}\n", self.config_sha256));

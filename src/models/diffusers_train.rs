@@ -10,8 +10,8 @@
 //! gradient, clips it by Opacus' factor min(1, C/(‖g‖ + 10⁻⁶)), adds N(0, σ²C² I) to the sum and
 //! divides by the expected batch size q·n ([`super::dp::release`]), then takes an Adam step. On
 //! the CPU the per-sample gradients come from the hand-written pass of one sample at a time
-//! ([`super::unet2d_grad_cpu`], samples in parallel); on CUDA, with `--per-sample loop` and for
-//! architectures that pass does not cover, from candle's batched pass ([`super::unet2d_train`])
+//! ([`super::unet2d::grad_cpu`], samples in parallel); on CUDA, with `--per-sample loop` and for
+//! architectures that pass does not cover, from candle's batched pass ([`super::unet2d::train`])
 //! in chunks of `--batch-size` rows (memory only, like Opacus' `BatchMemoryManager`; the
 //! released update is the same). The non-private path takes the gradient of the mean loss from
 //! the same two sources. Each step is one `PoissonSampled { q, Gaussian { σ } }` event
@@ -40,9 +40,9 @@ use super::diffusers::{read_weights, unet_dir, WEIGHTS};
 use super::images::ImageSet;
 use super::scheduler::SchedulerConfig;
 use super::train::{noisy, normals};
+use super::unet2d::grad_cpu::{unsupported, CpuGrad};
+use super::unet2d::train::{clip_and_sum, TrainUnet};
 use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
-use super::unet2d_grad_cpu::{unsupported, CpuGrad};
-use super::unet2d_train::{clip_and_sum, TrainUnet};
 use super::{Schedule, SplitManifest};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
@@ -950,7 +950,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
     );
     let shape4 = |k: usize| (k, c, h, w);
     // The gradient path, decided once: the hand-written pass on the CPU for the architectures
-    // it covers ([`unet2d_grad_cpu`]), else candle's batched pass (CUDA, `--per-sample loop`,
+    // it covers ([`super::unet2d::grad_cpu`]), else candle's batched pass (CUDA, `--per-sample loop`,
     // other blocks).
     let mut cpu_grad = if device.is_cpu() && !plan.dp.is_some_and(|d| d.per_sample_loop) {
         match unsupported(&config) {

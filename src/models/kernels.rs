@@ -2,7 +2,7 @@
 //! single-precision GEMM on the `gemm` crate (the matrix-multiply engine candle's CPU backend
 //! uses; runtime AVX2/FMA/AVX-512 dispatch), a branch-free `exp` that vectorises, SiLU, the
 //! softmax, attention for small head dimensions, the Winograd F(4×4, 3×3) transforms and the
-//! direct 3 × 3 convolution; and for the per-sample gradient pass ([`super::unet2d_grad_cpu`])
+//! direct 3 × 3 convolution; and for the per-sample gradient pass ([`super::unet2d::grad_cpu`])
 //! the direct convolution's adjoint kernel ([`Direct3x3::adjoint`]), its column matrix
 //! ([`conv3x3_columns`]), the group-norm, SiLU and softmax gradients, and attention of small heads
 //! forward and backward ([`attn_train_forward`], [`attn_train_backward`]).

@@ -12,12 +12,13 @@
 //! * [`run`]: a whole `dpaudit train` run as one library call (plan → checkpoint, card, ledger).
 //! * [`checkpoint`]: safetensors weights plus a TOML card (data and split hashes, seed, command).
 //! * [`device`]: `--device auto|cpu|cuda`.
-//! * [`diffusers`], [`unet2d`], [`scheduler`]: HuggingFace diffusers `UNet2DModel` checkpoints
-//!   and `scheduler_config.json` files (any image size and channel count).
-//! * [`unet2d_train`], [`diffusers_train`]: the diffusers UNet trained in candle, with per-sample
-//!   gradients in one batched pass, and `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
-//! * [`unet2d_grad_cpu`]: the same gradients on the CPU by a hand-written forward and backward
-//!   pass of one sample at a time (what `train --unet` runs on the CPU).
+//! * [`unet2d`]: the diffusers `UNet2DModel` — its config, the typed graph every executor walks
+//!   (the only producer of diffusers tensor names), its weights, and the executors: candle
+//!   inference, the CPU forward, the CUDA forward, the candle trainer with batched per-sample
+//!   gradients and the hand-written CPU per-sample gradients.
+//! * [`diffusers`], [`scheduler`]: HuggingFace diffusers checkpoint folders and
+//!   `scheduler_config.json` files (any image size and channel count).
+//! * [`diffusers_train`]: `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
 //! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
@@ -48,8 +49,6 @@ pub mod schedule;
 pub use crate::diffusion::scheduler;
 pub mod train;
 pub mod unet2d;
-pub mod unet2d_grad_cpu;
-pub mod unet2d_train;
 
 pub use checkpoint::{Card, Checkpoint};
 pub use data::{Dataset, SplitManifest};

@@ -20,7 +20,7 @@
 //! * convolution y = W·col(x) + b: ∂W = ∂y·col(x)ᵀ, ∂b = Σ_pixels ∂y, ∂x = col⁻¹(Wᵀ·∂y) (the
 //!   column matrix is rebuilt from the kept input rather than stored). A 3 × 3, stride-1
 //!   convolution narrower than `DIRECT_MAX_CHANNELS` (128) runs directly on a CPU with AVX2 + FMA
-//!   ([`super::kernels::conv3x3`]): y by the packed kernel, ∂x as the same convolution of ∂y
+//!   ([`crate::models::kernels::conv3x3`]): y by the packed kernel, ∂x as the same convolution of ∂y
 //!   with the adjoint kernel (W rotated by 180°, its channel axes swapped), col(x) copied from
 //!   the convolution's zero-guarded planes;
 //! * group norm y = γ x̂ + β, x̂ = (x − μ)·r with the saved μ, r = 1/√(σ² + ε) per group
@@ -29,7 +29,7 @@
 //! * attention O = V Pᵀ, P = softmax(scale·QᵀK) per head (Vaswani et al. 2017, Eq. 1):
 //!   ∂V = ∂O P, ∂S = P ⊙ (∂P − rowsum(∂P ⊙ P)) with ∂P = ∂Oᵀ V, ∂Q = scale·K ∂Sᵀ,
 //!   ∂K = scale·Q ∂S. As GEMMs, or for head dimensions ≤ 16 in the AVX-512 form fused in
-//!   registers ([`super::kernels::attn_train_forward`], its backward taking rowsum(∂P ⊙ P) as
+//!   registers ([`crate::models::kernels::attn_train_forward`], its backward taking rowsum(∂P ⊙ P) as
 //!   Σ_d ∂O·O).
 //!
 //! The loss is [`TrainUnet::per_sample_loss`]'s: the mean over pixels of (ε_θ(x_t, t) − ε)².
@@ -43,15 +43,16 @@ use std::sync::Mutex;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use super::kernels::{
+use super::graph::{AttnSpec, ConvSpec, Graph, LinearSpec, NormSpec, Op, ResnetSpec, Updown};
+use super::im2col_plane;
+use super::train::{clip_factor, TrainUnet};
+use super::{Act, Unet2dConfig, Unsupported};
+use crate::error::{Error, Result};
+use crate::models::kernels::{
     affine, attn_train_available, attn_train_backward, attn_train_forward, attn_train_probs, conv3x3_columns,
     conv3x3_on, conv3x3_scratch, norm_act_grad, norm_input_grad, sgemm, silu_grad, softmax_grad_rows, softmax_rows,
     sq_dev, sum, Direct3x3, Isa, Mat, TrainHead,
 };
-use super::unet2d::im2col_plane;
-use super::unet2d::{Act, Resample, TimeEmbedding, Unet2dConfig};
-use super::unet2d_train::{clip_factor, TrainUnet};
-use crate::error::{Error, Result};
 
 /// Buffer index.
 type B = usize;
@@ -83,8 +84,9 @@ struct ConvOp {
     direct: Option<usize>,
 }
 
+/// A primitive op of the compiled pass (one forward and one backward function per kind).
 #[derive(Clone, Copy, Debug)]
-enum Op {
+enum Op2 {
     Conv(ConvOp),
     /// Group norm of x [c, hw] (γ at `g`, β at `b`), then SiLU when `silu`; μ and r per group
     /// saved at `stats`.
@@ -146,7 +148,7 @@ enum Op {
 
 /// The compiled network for one image size.
 struct Plan {
-    ops: Vec<Op>,
+    ops: Vec<Op2>,
     /// Length of each buffer.
     lens: Vec<usize>,
     /// Buffers whose gradient is needed (everything but the image and the time features).
@@ -169,7 +171,7 @@ struct Plan {
 }
 
 struct Builder<'a> {
-    ops: Vec<Op>,
+    ops: Vec<Op2>,
     shapes: Vec<(usize, usize, usize)>,
     params: &'a HashMap<String, (usize, Vec<usize>)>,
     used: Vec<String>,
@@ -203,13 +205,18 @@ impl Builder<'_> {
         Ok(*off)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn conv(&mut self, p: &str, x: B, cout: usize, k: usize, stride: usize, pad_lo: usize, pad_hi: usize) -> Result<B> {
+    fn conv(&mut self, s: &ConvSpec, x: B) -> Result<B> {
         let (cin, h, wd) = self.shapes[x];
-        let w = self.param(&format!("{p}.weight"), &[cout, cin, k, k])?;
-        let b = self.param(&format!("{p}.bias"), &[cout])?;
-        let ho = (h + pad_lo + pad_hi - k) / stride + 1;
-        let wo = (wd + pad_lo + pad_hi - k) / stride + 1;
+        let (cout, k, stride, pad_lo, pad_hi) = (s.cout, s.k, s.stride, s.pad, s.pad_hi);
+        if cin != s.cin {
+            return Err(Error::model(format!(
+                "CPU gradient pass: `{}` takes {} channels, wired to {cin}",
+                s.name, s.cin
+            )));
+        }
+        let w = self.param(&s.weight(), &s.weight_shape())?;
+        let b = self.param(&s.bias(), &[cout])?;
+        let (ho, wo) = s.out_hw(h, wd);
         let y = self.buf(cout, ho, wo);
         self.max_w = self.max_w.max(cout * cin * k * k);
         if k > 1 || stride > 1 || pad_lo > 0 {
@@ -223,7 +230,7 @@ impl Builder<'_> {
                     .max(conv3x3_scratch(cin, h, wd).max(conv3x3_scratch(cout, h, wd)));
                 self.direct.len() - 1
             });
-        self.ops.push(Op::Conv(ConvOp {
+        self.ops.push(Op2::Conv(ConvOp {
             w,
             b,
             cin,
@@ -243,13 +250,14 @@ impl Builder<'_> {
     }
 
     /// A linear layer on each token of x [in, tokens] (a 1 × 1 convolution).
-    fn linear(&mut self, p: &str, x: B, out: usize) -> Result<B> {
+    fn linear(&mut self, s: &LinearSpec, x: B) -> Result<B> {
         let (cin, h, wd) = self.shapes[x];
-        let w = self.param(&format!("{p}.weight"), &[out, cin])?;
-        let b = self.param(&format!("{p}.bias"), &[out])?;
+        let out = s.cout;
+        let w = self.param(&s.weight(), &[out, cin])?;
+        let b = self.param(&s.bias(), &[out])?;
         let y = self.buf(out, h, wd);
         self.max_w = self.max_w.max(out * cin);
-        self.ops.push(Op::Conv(ConvOp {
+        self.ops.push(Op2::Conv(ConvOp {
             w,
             b,
             cin,
@@ -268,17 +276,19 @@ impl Builder<'_> {
         Ok(y)
     }
 
-    fn norm(&mut self, p: &str, x: B, groups: usize, silu: bool) -> Result<B> {
+    fn norm(&mut self, s: &NormSpec, x: B, silu: bool) -> Result<B> {
         let (c, h, w) = self.shapes[x];
+        let groups = s.groups;
         if groups == 0 || c % groups != 0 {
             return Err(Error::model(format!(
-                "`{p}`: {groups} groups do not divide {c} channels"
+                "`{}`: {groups} groups do not divide {c} channels",
+                s.name
             )));
         }
-        let g = self.param(&format!("{p}.weight"), &[c])?;
-        let b = self.param(&format!("{p}.bias"), &[c])?;
+        let g = self.param(&s.weight(), &[c])?;
+        let b = self.param(&s.bias(), &[c])?;
         let y = self.buf(c, h, w);
-        self.ops.push(Op::Norm {
+        self.ops.push(Op2::Norm {
             g,
             b,
             groups,
@@ -296,14 +306,14 @@ impl Builder<'_> {
     fn silu(&mut self, x: B) -> B {
         let (c, h, w) = self.shapes[x];
         let y = self.buf(c, h, w);
-        self.ops.push(Op::Silu { x, y });
+        self.ops.push(Op2::Silu { x, y });
         y
     }
 
     fn add(&mut self, a: B, b: B, scale: f64) -> B {
         let (c, h, w) = self.shapes[a];
         let y = self.buf(c, h, w);
-        self.ops.push(Op::Add {
+        self.ops.push(Op2::Add {
             a,
             b,
             y,
@@ -312,43 +322,44 @@ impl Builder<'_> {
         y
     }
 
-    fn resnet(&mut self, p: &str, x: B, aemb: B, cout: usize, output_scale: f64, groups: usize) -> Result<B> {
-        let (cin, h, w) = self.shapes[x];
-        let h1 = self.norm(&format!("{p}.norm1"), x, groups, true)?;
-        let h2 = self.conv(&format!("{p}.conv1"), h1, cout, 3, 1, 1, 1)?;
-        let t = self.linear(&format!("{p}.time_emb_proj"), aemb, cout)?;
+    /// A ResNet block of the covered kind (SiLU, `default` conditioning, no resampling:
+    /// [`unsupported`]).
+    fn resnet(&mut self, s: &ResnetSpec, x: B, aemb: B) -> Result<B> {
+        let (_, h, w) = self.shapes[x];
+        let cout = s.cout();
+        let h1 = self.norm(&s.norm1, x, true)?;
+        let h2 = self.conv(&s.conv1, h1)?;
+        let t = self.linear(&s.time_emb_proj, aemb)?;
         let h3 = self.buf(cout, h, w);
-        self.ops.push(Op::AddBcast {
+        self.ops.push(Op2::AddBcast {
             x: h2,
             v: t,
             y: h3,
             hw: h * w,
         });
-        let h4 = self.norm(&format!("{p}.norm2"), h3, groups, true)?;
-        let h5 = self.conv(&format!("{p}.conv2"), h4, cout, 3, 1, 1, 1)?;
-        let sc = if cin != cout {
-            self.conv(&format!("{p}.conv_shortcut"), x, cout, 1, 1, 0, 0)?
-        } else {
-            x
-        };
-        Ok(self.add(sc, h5, output_scale))
-    }
-
-    fn attn(&mut self, p: &str, x: B, groups: Option<usize>, head_dim: Option<usize>, rescale: f64) -> Result<B> {
-        let (c, h, w) = self.shapes[x];
-        let l = h * w;
-        let d = head_dim.unwrap_or(c);
-        let heads = (c / d).max(1);
-        let inner = heads * d;
-        let hs = match groups {
-            Some(g) => self.norm(&format!("{p}.group_norm"), x, g, false)?,
+        let h4 = self.norm(&s.norm2, h3, true)?;
+        let h5 = self.conv(&s.conv2, h4)?;
+        let sc = match &s.shortcut {
+            Some(c) => self.conv(c, x)?,
             None => x,
         };
-        let q = self.linear(&format!("{p}.to_q"), hs, inner)?;
-        let k = self.linear(&format!("{p}.to_k"), hs, inner)?;
-        let v = self.linear(&format!("{p}.to_v"), hs, inner)?;
+        Ok(self.add(sc, h5, s.output_scale))
+    }
+
+    fn attn(&mut self, s: &AttnSpec, x: B) -> Result<B> {
+        let (_, h, w) = self.shapes[x];
+        let l = h * w;
+        let (d, heads) = (s.head_dim, s.heads);
+        let inner = heads * d;
+        let hs = match &s.norm {
+            Some(n) => self.norm(n, x, false)?,
+            None => x,
+        };
+        let q = self.linear(&s.q, hs)?;
+        let k = self.linear(&s.k, hs)?;
+        let v = self.linear(&s.v, hs)?;
         let o = self.buf(inner, h, w);
-        self.ops.push(Op::Attn {
+        self.ops.push(Op2::Attn {
             q,
             k,
             v,
@@ -360,42 +371,39 @@ impl Builder<'_> {
         });
         self.probs += heads * attn_train_probs(l);
         self.max_ll = self.max_ll.max(l * l);
-        let out = self.linear(&format!("{p}.to_out.0"), o, c)?;
-        Ok(self.add(out, x, rescale))
+        let out = self.linear(&s.out, o)?;
+        Ok(self.add(out, x, s.rescale))
     }
 }
 
 /// Why the hand-written pass does not cover `config` (None: it does).
-pub fn unsupported(config: &Unet2dConfig) -> Option<String> {
-    if config.act != Act::Silu {
-        return Some(format!("activation {:?} (only SiLU)", config.act));
-    }
-    if !matches!(config.time_embedding, TimeEmbedding::Positional { .. }) {
-        return Some("a Fourier time embedding (only positional)".into());
-    }
-    if config.scale_shift {
-        return Some("`scale_shift` time conditioning (only `default`)".into());
-    }
-    let attn_down = config.down_block_types.iter().any(|t| t == "AttnDownBlock2D");
-    let attn_up = config.up_block_types.iter().any(|t| t == "AttnUpBlock2D");
-    if (attn_down && config.downsample_type == Resample::Resnet)
-        || (attn_up && config.upsample_type == Resample::Resnet)
-    {
-        return Some("ResNet down/upsampling (only convolutional)".into());
-    }
-    for t in config.down_block_types.iter().chain(&config.up_block_types) {
-        if !matches!(
-            t.as_str(),
-            "DownBlock2D" | "AttnDownBlock2D" | "UpBlock2D" | "AttnUpBlock2D"
-        ) {
-            return Some(format!("block type {t}"));
+pub fn unsupported(config: &Unet2dConfig) -> Option<Unsupported> {
+    coverage(&Graph::new(config))
+}
+
+/// [`unsupported`] of a graph: every ResNet block with SiLU, `default` time conditioning and no
+/// resampling inside, and a positional time embedding.
+pub fn coverage(g: &Graph) -> Option<Unsupported> {
+    for op in &g.ops {
+        match op {
+            Op::Time(t) if t.fourier.is_some() => return Some(Unsupported::FourierTime),
+            Op::Resnet(r) if r.act != Act::Silu => return Some(Unsupported::Activation(r.act)),
+            Op::Resnet(r) if r.scale_shift => return Some(Unsupported::ScaleShift),
+            Op::Resnet(r) if r.updown != Updown::None => return Some(Unsupported::ResnetResampling),
+            _ => {}
         }
     }
     None
 }
 
+/// The graph's ops compiled for one image size: each op expands into this pass's primitive ops
+/// (whose backward functions [`backward`] holds, one per kind).
 fn compile(config: &Unet2dConfig, params: &HashMap<String, (usize, Vec<usize>)>, h: usize, w: usize) -> Result<Plan> {
     let cfg = config;
+    let graph = Graph::new(cfg);
+    if let Some(why) = coverage(&graph) {
+        return Err(Error::model(format!("the hand-written CPU pass does not cover {why}")));
+    }
     let mut b = Builder {
         ops: Vec::new(),
         shapes: Vec::new(),
@@ -410,84 +418,60 @@ fn compile(config: &Unet2dConfig, params: &HashMap<String, (usize, Vec<usize>)>,
         max_pad: 0,
     };
     let input = b.buf(cfg.in_channels, h, w);
-    let c0 = cfg.block_out_channels[0];
-    let tf_width = super::unet2d::time_features(cfg, None, &[1.0]).len();
-    let tfeat = b.buf(tf_width, 1, 1);
-    let temb = 4 * c0;
-    let e1 = b.linear("time_embedding.linear_1", tfeat, temb)?;
-    let e1a = b.silu(e1);
-    let emb = b.linear("time_embedding.linear_2", e1a, temb)?;
+    let tfeat = b.buf(graph.time().features, 1, 1);
+    let mut hcur = input;
     // act(emb), shared by every ResNet block's time projection.
-    let aemb = b.silu(emb);
-    let groups = cfg.norm_num_groups;
-    let mut hcur = b.conv("conv_in", input, c0, 3, 1, 1, 1)?;
-    let mut skips = vec![hcur];
-    let n = cfg.block_out_channels.len();
-    let hd = cfg.attention_head_dim;
-    for (i, ty) in cfg.down_block_types.iter().enumerate() {
-        let out_ch = cfg.block_out_channels[i];
-        let attn = ty == "AttnDownBlock2D";
-        let p = format!("down_blocks.{i}");
-        for j in 0..cfg.layers_per_block {
-            hcur = b.resnet(&format!("{p}.resnets.{j}"), hcur, aemb, out_ch, 1.0, groups)?;
-            if attn {
-                hcur = b.attn(&format!("{p}.attentions.{j}"), hcur, Some(groups), hd, 1.0)?;
+    let mut aemb = None;
+    let mut skips = Vec::new();
+    for op in &graph.ops {
+        match op {
+            Op::Time(t) => {
+                let e1 = b.linear(&t.linear_1, tfeat)?;
+                let e1a = b.silu(e1);
+                let emb = b.linear(&t.linear_2, e1a)?;
+                aemb = Some(b.silu(emb));
             }
-            skips.push(hcur);
-        }
-        if i + 1 < n {
-            let dp = format!("{p}.downsamplers.0.conv");
-            hcur = if cfg.downsample_padding == 0 {
-                b.conv(&dp, hcur, out_ch, 3, 2, 0, 1)?
-            } else {
-                let pd = cfg.downsample_padding;
-                b.conv(&dp, hcur, out_ch, 3, 2, pd, pd)?
-            };
-            skips.push(hcur);
-        }
-    }
-    if cfg.mid_block {
-        let last = cfg.block_out_channels[n - 1];
-        let s = cfg.mid_block_scale_factor;
-        hcur = b.resnet("mid_block.resnets.0", hcur, aemb, last, s, groups)?;
-        if cfg.add_attention {
-            hcur = b.attn("mid_block.attentions.0", hcur, cfg.mid_attn_groups(), hd, s)?;
-        }
-        hcur = b.resnet("mid_block.resnets.1", hcur, aemb, last, s, groups)?;
-    }
-    let rev: Vec<usize> = cfg.block_out_channels.iter().rev().copied().collect();
-    for (i, ty) in cfg.up_block_types.iter().enumerate() {
-        let out_ch = rev[i];
-        let attn = ty == "AttnUpBlock2D";
-        let p = format!("up_blocks.{i}");
-        for j in 0..cfg.layers_per_block + 1 {
-            let s = skips
-                .pop()
-                .ok_or_else(|| Error::model("UNet skip connections exhausted (config inconsistent)"))?;
-            let (ca, hh, ww) = b.shapes[hcur];
-            let cs = b.shapes[s].0;
-            let y = b.buf(ca + cs, hh, ww);
-            b.ops.push(Op::Concat { a: hcur, b: s, y });
-            hcur = b.resnet(&format!("{p}.resnets.{j}"), y, aemb, out_ch, 1.0, groups)?;
-            if attn {
-                hcur = b.attn(&format!("{p}.attentions.{j}"), hcur, Some(groups), hd, 1.0)?;
+            Op::Conv(c) => hcur = b.conv(c, hcur)?,
+            Op::Resnet(r) => {
+                let a = aemb.ok_or_else(|| Error::model("UNet graph: a ResNet block before the time embedding"))?;
+                hcur = b.resnet(r, hcur, a)?;
+            }
+            Op::Attention(a) => hcur = b.attn(a, hcur)?,
+            Op::Upsample => {
+                let (c, hh, ww) = b.shapes[hcur];
+                let y = b.buf(c, 2 * hh, 2 * ww);
+                b.ops.push(Op2::Up2 {
+                    x: hcur,
+                    y,
+                    c,
+                    h: hh,
+                    w: ww,
+                });
+                hcur = y;
+            }
+            Op::SkipPush => skips.push(hcur),
+            Op::SkipPopConcat => {
+                let s = skips
+                    .pop()
+                    .ok_or_else(|| Error::model("UNet skip connections exhausted (config inconsistent)"))?;
+                let (ca, hh, ww) = b.shapes[hcur];
+                let cs = b.shapes[s].0;
+                let y = b.buf(ca + cs, hh, ww);
+                b.ops.push(Op2::Concat { a: hcur, b: s, y });
+                hcur = y;
+            }
+            Op::NormAct(n, a) => {
+                if *a != Act::Silu {
+                    return Err(Error::model(format!(
+                        "the hand-written CPU pass does not cover {}",
+                        Unsupported::Activation(*a)
+                    )));
+                }
+                hcur = b.norm(n, hcur, true)?;
             }
         }
-        if i + 1 < n {
-            let (c, hh, ww) = b.shapes[hcur];
-            let y = b.buf(c, 2 * hh, 2 * ww);
-            b.ops.push(Op::Up2 {
-                x: hcur,
-                y,
-                c,
-                h: hh,
-                w: ww,
-            });
-            hcur = b.conv(&format!("{p}.upsamplers.0.conv"), y, out_ch, 3, 1, 1, 1)?;
-        }
     }
-    let hn = b.norm("conv_norm_out", hcur, groups, true)?;
-    let output = b.conv("conv_out", hn, cfg.out_channels, 3, 1, 1, 1)?;
+    let output = hcur;
     let mut unused: Vec<&String> = params.keys().filter(|k| !b.used.contains(k)).collect();
     unused.sort();
     if let Some(u) = unused.first() {
@@ -593,7 +577,7 @@ struct Net<'a> {
 }
 
 /// The form of the narrow 3 × 3, stride-1 convolutions on this CPU: the direct convolution
-/// ([`super::kernels::conv3x3`]; forward, input gradient through the adjoint kernel, the weight
+/// ([`crate::models::kernels::conv3x3`]; forward, input gradient through the adjoint kernel, the weight
 /// gradient's column matrix copied from its padded planes) where it has the AVX-512 or
 /// AVX2 + FMA tiles, as the inference pass; im2col + GEMM on a CPU with neither.
 pub fn default_direct() -> Option<Isa> {
@@ -604,7 +588,7 @@ pub fn default_direct() -> Option<Isa> {
 }
 
 /// Whether an attention head of dimension `d` runs fused in AVX-512 registers
-/// ([`super::kernels::attn_train_forward`] and its backward) rather than as GEMMs: in the AVX-512
+/// ([`crate::models::kernels::attn_train_forward`] and its backward) rather than as GEMMs: in the AVX-512
 /// form of the pass, for head dimensions up to 16 (models/mnist-ddpm's 8).
 fn fused_attention(net: Net<'_>, d: usize) -> bool {
     matches!(net.direct, Some((Isa::Avx512, _))) && attn_train_available(d)
@@ -628,9 +612,6 @@ impl CpuGrad {
     /// [`CpuGrad::new`] with the 3 × 3 convolutions on the direct tiles of `direct` (None:
     /// im2col + GEMM), for comparisons.
     pub fn with_direct(model: &TrainUnet, shape: [usize; 3], direct: Option<Isa>) -> Result<Self> {
-        if let Some(why) = unsupported(&model.config) {
-            return Err(Error::model(format!("the hand-written CPU pass does not cover {why}")));
-        }
         let mut layout = Vec::new();
         let mut map = HashMap::new();
         let mut off = 0;
@@ -850,7 +831,7 @@ fn gradient(config: &Unet2dConfig, plan: &Plan, net: Net<'_>, w: &mut Work, x: &
         } else {
             inp.copy_from_slice(x);
         }
-        let tf = super::unet2d::time_features(config, None, &[t]);
+        let tf = super::time_features(config, None, &[t]);
         w.act[plan.tfeat].copy_from_slice(&tf);
     }
     for op in &plan.ops {
@@ -967,10 +948,10 @@ fn col2im(c: &ConvOp, dcol: &[f32], dx: &mut [f32]) {
     }
 }
 
-fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
+fn forward(op: &Op2, net: Net<'_>, w: &mut Work, norm_eps: f64) {
     let params = net.params;
     match *op {
-        Op::Conv(c) => {
+        Op2::Conv(c) => {
             let mut y = std::mem::take(&mut w.act[c.y]);
             let x = &w.act[c.x];
             let hwo = c.ho * c.wo;
@@ -1011,7 +992,7 @@ fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
             }
             w.act[c.y] = y;
         }
-        Op::Norm {
+        Op2::Norm {
             g,
             b,
             groups,
@@ -1048,12 +1029,12 @@ fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
             }
             w.act[y] = out;
         }
-        Op::Silu { x, y } => {
+        Op2::Silu { x, y } => {
             let mut out = std::mem::take(&mut w.act[y]);
             affine(&mut out, &w.act[x], 1.0, 0.0, true);
             w.act[y] = out;
         }
-        Op::AddBcast { x, v, y, hw } => {
+        Op2::AddBcast { x, v, y, hw } => {
             let mut out = std::mem::take(&mut w.act[y]);
             let (xs, vs) = (&w.act[x], &w.act[v]);
             for ((o, i), &vv) in out.chunks_exact_mut(hw).zip(xs.chunks_exact(hw)).zip(vs) {
@@ -1063,7 +1044,7 @@ fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
             }
             w.act[y] = out;
         }
-        Op::Add { a, b, y, scale } => {
+        Op2::Add { a, b, y, scale } => {
             let mut out = std::mem::take(&mut w.act[y]);
             let (aa, bb) = (&w.act[a], &w.act[b]);
             if scale == 1.0 {
@@ -1077,14 +1058,14 @@ fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
             }
             w.act[y] = out;
         }
-        Op::Concat { a, b, y } => {
+        Op2::Concat { a, b, y } => {
             let mut out = std::mem::take(&mut w.act[y]);
             let na = w.act[a].len();
             out[..na].copy_from_slice(&w.act[a]);
             out[na..].copy_from_slice(&w.act[b]);
             w.act[y] = out;
         }
-        Op::Up2 { x, y, c, h, w: wd } => {
+        Op2::Up2 { x, y, c, h, w: wd } => {
             let mut out = std::mem::take(&mut w.act[y]);
             let xs = &w.act[x];
             for p in 0..c {
@@ -1099,7 +1080,7 @@ fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
             }
             w.act[y] = out;
         }
-        Op::Attn {
+        Op2::Attn {
             q,
             k,
             v,
@@ -1141,10 +1122,10 @@ fn forward(op: &Op, net: Net<'_>, w: &mut Work, norm_eps: f64) {
     }
 }
 
-fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
+fn backward(op: &Op2, net: Net<'_>, w: &mut Work, needs: &[bool]) {
     let params = net.params;
     match *op {
-        Op::Conv(c) => {
+        Op2::Conv(c) => {
             let dy = std::mem::take(&mut w.grad[c.y]);
             let hwo = c.ho * c.wo;
             let kk = c.cin * c.k * c.k;
@@ -1207,7 +1188,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             }
             w.grad[c.y] = dy;
         }
-        Op::Norm {
+        Op2::Norm {
             g,
             b,
             groups,
@@ -1264,7 +1245,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             w.grad[x] = dx;
             w.grad[y] = dy;
         }
-        Op::Silu { x, y } => {
+        Op2::Silu { x, y } => {
             if !needs[x] {
                 return;
             }
@@ -1272,7 +1253,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             silu_grad(&mut w.grad[x], &dy, &w.act[x]);
             w.grad[y] = dy;
         }
-        Op::AddBcast { x, v, y, hw } => {
+        Op2::AddBcast { x, v, y, hw } => {
             let dy = std::mem::take(&mut w.grad[y]);
             for (d, &g) in w.grad[x].iter_mut().zip(&dy) {
                 *d += g;
@@ -1282,7 +1263,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             }
             w.grad[y] = dy;
         }
-        Op::Add { a, b, y, scale } => {
+        Op2::Add { a, b, y, scale } => {
             let dy = std::mem::take(&mut w.grad[y]);
             for i in [a, b] {
                 if needs[i] {
@@ -1293,7 +1274,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             }
             w.grad[y] = dy;
         }
-        Op::Concat { a, b, y } => {
+        Op2::Concat { a, b, y } => {
             let dy = std::mem::take(&mut w.grad[y]);
             let na = w.act[a].len();
             for (d, &g) in w.grad[a].iter_mut().zip(&dy[..na]) {
@@ -1304,7 +1285,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             }
             w.grad[y] = dy;
         }
-        Op::Up2 { x, y, c, h, w: wd } => {
+        Op2::Up2 { x, y, c, h, w: wd } => {
             let dy = std::mem::take(&mut w.grad[y]);
             let dx = &mut w.grad[x];
             for p in 0..c {
@@ -1319,7 +1300,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
             }
             w.grad[y] = dy;
         }
-        Op::Attn {
+        Op2::Attn {
             q,
             k,
             v,
@@ -1405,7 +1386,7 @@ fn backward(op: &Op, net: Net<'_>, w: &mut Work, needs: &[bool]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::unet2d_train::{clip_and_sum, per_sample_norms};
+    use crate::models::unet2d::train::{clip_and_sum, per_sample_norms};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use rand_distr::StandardNormal;
@@ -1608,16 +1589,16 @@ mod tests {
                 r[3] * 1e3
             );
         }
-        let kind = |op: &Op| -> String {
+        let kind = |op: &Op2| -> String {
             match op {
-                Op::Conv(c) => format!("conv k{} s{} {}→{} {}x{}", c.k, c.stride, c.cin, c.cout, c.ho, c.wo),
-                Op::Norm { silu, .. } => format!("norm silu={silu}"),
-                Op::Silu { .. } => "silu".into(),
-                Op::AddBcast { .. } => "addbcast".into(),
-                Op::Add { .. } => "add".into(),
-                Op::Concat { .. } => "concat".into(),
-                Op::Up2 { .. } => "up2".into(),
-                Op::Attn { l, heads, .. } => format!("attn l{l} h{heads}"),
+                Op2::Conv(c) => format!("conv k{} s{} {}→{} {}x{}", c.k, c.stride, c.cin, c.cout, c.ho, c.wo),
+                Op2::Norm { silu, .. } => format!("norm silu={silu}"),
+                Op2::Silu { .. } => "silu".into(),
+                Op2::AddBcast { .. } => "addbcast".into(),
+                Op2::Add { .. } => "add".into(),
+                Op2::Concat { .. } => "concat".into(),
+                Op2::Up2 { .. } => "up2".into(),
+                Op2::Attn { l, heads, .. } => format!("attn l{l} h{heads}"),
             }
         };
         for (form, g) in forms.iter().zip(&passes) {
@@ -1666,7 +1647,7 @@ mod tests {
             "up_block_types": ["AttnUpBlock2D", "UpBlock2D"], "layers_per_block": 1,
             "norm_num_groups": 4, "act_fn": "mish"}"#;
         let config = Unet2dConfig::parse(odd, Path::new("config.json")).unwrap();
-        assert!(unsupported(&config).unwrap().contains("Mish"));
+        assert!(unsupported(&config).unwrap().to_string().contains("Mish"));
         let m = TrainUnet::random(&config, 1, &Device::Cpu).unwrap();
         assert!(CpuGrad::new(&m, [1, 8, 8]).is_err());
     }

@@ -2,7 +2,7 @@
 //! parameter from one batched backward pass (the approach of Opacus' grad samplers, Yousefpour
 //! et al. 2021, "Opacus: user-friendly differential privacy library in PyTorch", §3).
 //!
-//! The forward mirrors [`super::unet2d::Unet2dModel::forward_candle`] (same wiring, same diffusers
+//! The forward mirrors [`super::Unet2dModel::forward_candle`] (same wiring, same diffusers
 //! tensor names; attention projections under the current `to_q/to_k/to_v/to_out.0` names), but
 //! every parameter is a candle [`Var`] and every layer can be *recorded*: the layer's input (for
 //! a group norm, its normalised input x̂) is kept and a zero "probe" variable is added to its
@@ -29,7 +29,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use super::unet2d::{Act, Resample, TimeEmbedding, Unet2dConfig};
+use super::graph::{AttnSpec, ConvSpec, Graph, Init, LinearSpec, NormSpec, Op, ResnetSpec, Updown};
+use super::{Act, TimeEmbedding, Unet2dConfig};
 use crate::error::{Error, Result};
 
 /// Where parameters come from while the model is built.
@@ -41,15 +42,6 @@ enum Source {
 }
 
 #[derive(Clone, Copy)]
-enum Init {
-    /// U(−1/√fan_in, 1/√fan_in): PyTorch's default for `Linear` and `Conv2d` weights
-    /// (kaiming_uniform with a = √5) and biases.
-    Uniform(usize),
-    Ones,
-    Zeros,
-}
-
-#[derive(Clone, Copy)]
 enum LayerKind {
     Linear,
     Conv,
@@ -58,7 +50,8 @@ enum LayerKind {
 
 struct Layer {
     kind: LayerKind,
-    prefix: String,
+    /// The names of the layer's weight and bias.
+    names: [String; 2],
     /// Linear: the input [B, …, in]; conv: the unfolded input [B, C·k², H_out·W_out]; norm: x̂
     /// [B, C, H, W].
     input: Tensor,
@@ -81,6 +74,8 @@ struct Params {
 pub struct TrainUnet {
     /// The architecture.
     pub config: Unet2dConfig,
+    /// The graph the forward walks.
+    pub graph: Graph,
     params: RefCell<Params>,
     fourier_w: Option<Vec<f32>>,
     device: Device,
@@ -140,13 +135,6 @@ fn unfold(x: &Tensor, k: usize, stride: usize, pad: usize) -> Result<Tensor> {
     Ok(Tensor::stack(&cols, 2)?.reshape((b, c * k * k, ho * wo))?)
 }
 
-#[derive(Clone, Copy, PartialEq)]
-enum Updown {
-    None,
-    Down,
-    Up,
-}
-
 impl TrainUnet {
     /// A model with PyTorch's default initialisation (uniform ±1/√fan_in for convolutions and
     /// linear layers, γ = 1 and β = 0 for group norms; the fixed Fourier weights N(0, 16²)),
@@ -170,22 +158,32 @@ impl TrainUnet {
     ) -> Result<Self> {
         let mut map = HashMap::with_capacity(tensors.len());
         for (k, v) in tensors {
-            let k = k
-                .replace(".query.", ".to_q.")
-                .replace(".key.", ".to_k.")
-                .replace(".value.", ".to_v.")
-                .replace(".proj_attn.", ".to_out.0.");
-            map.insert(k, v.to_dtype(DType::F32)?.to_device(device)?);
+            map.insert(
+                super::graph::current_name(&k),
+                v.to_dtype(DType::F32)?.to_device(device)?,
+            );
         }
-        let fourier_w = match config.time_embedding {
-            TimeEmbedding::Fourier => {
-                let w = map.remove("time_proj.weight").ok_or_else(|| {
-                    Error::input("tensor `time_proj.weight` is missing (a Fourier time embedding needs it)")
-                        .with_file(file)
+        let fourier_w = match &Graph::new(config).time().fourier {
+            Some(p) => {
+                let w = map.remove(&p.name).ok_or_else(|| {
+                    Error::input(format!(
+                        "tensor `{}` is missing (a Fourier time embedding needs it)",
+                        p.name
+                    ))
+                    .with_file(file)
                 })?;
+                if w.dims() != p.shape.as_slice() {
+                    return Err(Error::input(format!(
+                        "tensor `{}` has shape {:?}, the config's architecture needs {:?} (shape mismatch)",
+                        p.name,
+                        w.dims(),
+                        p.shape
+                    ))
+                    .with_file(file));
+                }
                 Some(w.flatten_all()?.to_vec1::<f32>()?)
             }
-            TimeEmbedding::Positional { .. } => None,
+            None => None,
         };
         Self::build(config, Source::Weights(map, file.to_path_buf()), fourier_w, device)
     }
@@ -193,6 +191,7 @@ impl TrainUnet {
     fn build(config: &Unet2dConfig, source: Source, fourier_w: Option<Vec<f32>>, device: &Device) -> Result<Self> {
         let m = TrainUnet {
             config: config.clone(),
+            graph: Graph::new(config),
             params: RefCell::new(Params::default()),
             fourier_w,
             device: device.clone(),
@@ -247,8 +246,8 @@ impl TrainUnet {
             .iter()
             .map(|(k, v)| (k.clone(), v.as_tensor().detach()))
             .collect();
-        if let Some(w) = &self.fourier_w {
-            out.insert("time_proj.weight".into(), Tensor::from_slice(w, w.len(), &self.device)?);
+        if let (Some(w), Some(p)) = (&self.fourier_w, &self.graph.time().fourier) {
+            out.insert(p.name.clone(), Tensor::from_slice(w, w.len(), &self.device)?);
         }
         Ok(out)
     }
@@ -289,6 +288,9 @@ impl TrainUnet {
                     }
                     Init::Ones => vec![1.0; n],
                     Init::Zeros => vec![0.0; n],
+                    Init::FourierFixed => {
+                        return Err(Error::model(format!("`{name}` is fixed, not a parameter")));
+                    }
                 };
                 Tensor::from_vec(v, shape, &self.device)?
             }
@@ -322,7 +324,7 @@ impl TrainUnet {
         &self,
         rec: Option<&Recorder>,
         kind: LayerKind,
-        prefix: &str,
+        names: [String; 2],
         input: &Tensor,
         y: Tensor,
     ) -> Result<Tensor> {
@@ -333,7 +335,7 @@ impl TrainUnet {
                 let y = (y + probe.as_tensor())?;
                 r.layers.borrow_mut().push(Layer {
                     kind,
-                    prefix: prefix.to_string(),
+                    names,
                     input: input.detach(),
                     probe,
                 });
@@ -342,34 +344,46 @@ impl TrainUnet {
         }
     }
 
-    fn linear(&self, p: &str, x: &Tensor, out: usize, rec: Option<&Recorder>) -> Result<Tensor> {
+    fn linear(&self, s: &LinearSpec, x: &Tensor, rec: Option<&Recorder>) -> Result<Tensor> {
         let dims = x.dims().to_vec();
-        let inn = *dims.last().ok_or_else(|| Error::model("linear layer on a scalar"))?;
-        let w = self.param(&format!("{p}.weight"), &[out, inn], Init::Uniform(inn))?;
-        let b = self.param(&format!("{p}.bias"), &[out], Init::Uniform(inn))?;
+        let (inn, out) = (s.cin, s.cout);
+        if dims.last() != Some(&inn) {
+            return Err(Error::model(format!("`{}` takes {inn} features, got {dims:?}", s.name)));
+        }
+        let w = self.param(&s.weight(), &[out, inn], Init::Uniform(inn))?;
+        let b = self.param(&s.bias(), &[out], Init::Uniform(inn))?;
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let y = x.reshape((rows, inn))?.matmul(&w.t()?)?.broadcast_add(&b)?;
         let mut oshape = dims;
         *oshape.last_mut().expect("non-empty") = out;
         let y = y.reshape(oshape)?;
-        self.record(rec, LayerKind::Linear, p, x, y)
+        self.record(rec, LayerKind::Linear, [s.weight(), s.bias()], x, y)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn conv(
-        &self,
-        p: &str,
-        x: &Tensor,
-        cout: usize,
-        k: usize,
-        stride: usize,
-        pad: usize,
-        rec: Option<&Recorder>,
-    ) -> Result<Tensor> {
-        let cin = x.dim(1)?;
+    /// A convolution; extra right/bottom zero padding (`pad_hi` > `pad`) is applied to the input
+    /// first.
+    fn conv(&self, s: &ConvSpec, x: &Tensor, rec: Option<&Recorder>) -> Result<Tensor> {
+        let extra = s.pad_hi - s.pad;
+        let padded;
+        let x = if extra > 0 {
+            padded = x
+                .pad_with_zeros(D::Minus1, 0, extra)?
+                .pad_with_zeros(D::Minus2, 0, extra)?;
+            &padded
+        } else {
+            x
+        };
+        let (cin, cout, k, stride, pad) = (s.cin, s.cout, s.k, s.stride, s.pad);
+        if x.dim(1)? != cin {
+            return Err(Error::model(format!(
+                "`{}` takes {cin} channels, got {}",
+                s.name,
+                x.dim(1)?
+            )));
+        }
         let fan = cin * k * k;
-        let w = self.param(&format!("{p}.weight"), &[cout, cin, k, k], Init::Uniform(fan))?;
-        let b_ = self.param(&format!("{p}.bias"), &[cout], Init::Uniform(fan))?;
+        let w = self.param(&s.weight(), &s.weight_shape(), Init::Uniform(fan))?;
+        let b_ = self.param(&s.bias(), &[cout], Init::Uniform(fan))?;
         // The convolution as im2col × weights: its backward is two GEMMs and the unfold's
         // copies (candle's CPU conv backward goes through a slow transposed convolution), and
         // the unfolded input is what the per-sample weight gradient needs.
@@ -386,47 +400,36 @@ impl TrainUnet {
             .broadcast_matmul(&unf)?
             .reshape((b, cout, ho, wo))?
             .broadcast_add(&b_.reshape((1, cout, 1, 1))?)?;
-        self.record(rec, LayerKind::Conv, p, &unf, y)
+        self.record(rec, LayerKind::Conv, [s.weight(), s.bias()], &unf, y)
     }
 
-    fn gn(&self, p: &str, x: &Tensor, groups: usize, rec: Option<&Recorder>) -> Result<Tensor> {
+    fn gn(&self, s: &NormSpec, x: &Tensor, rec: Option<&Recorder>) -> Result<Tensor> {
         let (b, c, h, w) = x.dims4()?;
-        if groups == 0 || c % groups != 0 {
+        let groups = s.groups;
+        if groups == 0 || c % groups != 0 || c != s.ch {
             return Err(Error::model(format!(
-                "`{p}`: {groups} groups do not divide {c} channels"
+                "`{}`: {groups} groups do not divide {c} channels",
+                s.name
             )));
         }
-        let wt = self.param(&format!("{p}.weight"), &[c], Init::Ones)?;
-        let bias = self.param(&format!("{p}.bias"), &[c], Init::Zeros)?;
+        let wt = self.param(&s.weight(), &[c], Init::Ones)?;
+        let bias = self.param(&s.bias(), &[c], Init::Zeros)?;
         let xg = x.reshape((b, groups, (c / groups) * h * w))?;
         let mean = xg.mean_keepdim(2)?;
         let xc = xg.broadcast_sub(&mean)?;
         let var = xc.sqr()?.mean_keepdim(2)?;
-        let xhat = xc
-            .broadcast_div(&(var + self.config.norm_eps)?.sqrt()?)?
-            .reshape((b, c, h, w))?;
+        let xhat = xc.broadcast_div(&(var + s.eps)?.sqrt()?)?.reshape((b, c, h, w))?;
         let y = xhat
             .broadcast_mul(&wt.reshape((1, c, 1, 1))?)?
             .broadcast_add(&bias.reshape((1, c, 1, 1))?)?;
-        self.record(rec, LayerKind::Norm, p, &xhat, y)
+        self.record(rec, LayerKind::Norm, [s.weight(), s.bias()], &xhat, y)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn resnet(
-        &self,
-        p: &str,
-        x: &Tensor,
-        temb: &Tensor,
-        cout: usize,
-        output_scale: f64,
-        updown: Updown,
-        rec: Option<&Recorder>,
-    ) -> Result<Tensor> {
-        let c = &self.config;
-        let cin = x.dim(1)?;
+    fn resnet(&self, s: &ResnetSpec, x: &Tensor, temb: &Tensor, rec: Option<&Recorder>) -> Result<Tensor> {
+        let cout = s.cout();
         let mut input = x.clone();
-        let mut h = act(c.act, &self.gn(&format!("{p}.norm1"), x, c.norm_num_groups, rec)?)?;
-        match updown {
+        let mut h = act(s.act, &self.gn(&s.norm1, x, rec)?)?;
+        match s.updown {
             Updown::None => {}
             Updown::Down => {
                 input = input.avg_pool2d(2)?;
@@ -437,61 +440,55 @@ impl TrainUnet {
                 h = up2(&h)?;
             }
         }
-        let h = self.conv(&format!("{p}.conv1"), &h, cout, 3, 1, 1, rec)?;
-        let tch = if c.scale_shift { 2 * cout } else { cout };
+        let h = self.conv(&s.conv1, &h, rec)?;
         let t = self
-            .linear(&format!("{p}.time_emb_proj"), &act(c.act, temb)?, tch, rec)?
+            .linear(&s.time_emb_proj, &act(s.act, temb)?, rec)?
             .unsqueeze(2)?
             .unsqueeze(3)?;
-        let h = if c.scale_shift {
+        let h = if s.scale_shift {
             let scale = t.narrow(1, 0, cout)?;
             let shift = t.narrow(1, cout, cout)?;
-            self.gn(&format!("{p}.norm2"), &h, c.norm_num_groups, rec)?
+            self.gn(&s.norm2, &h, rec)?
                 .broadcast_mul(&(scale + 1.0)?)?
                 .broadcast_add(&shift)?
         } else {
-            self.gn(&format!("{p}.norm2"), &h.broadcast_add(&t)?, c.norm_num_groups, rec)?
+            self.gn(&s.norm2, &h.broadcast_add(&t)?, rec)?
         };
-        let h = self.conv(&format!("{p}.conv2"), &act(c.act, &h)?, cout, 3, 1, 1, rec)?;
-        let input = if cin != cout {
-            self.conv(&format!("{p}.conv_shortcut"), &input, cout, 1, 1, 0, rec)?
-        } else {
-            input
+        let h = self.conv(&s.conv2, &act(s.act, &h)?, rec)?;
+        let input = match &s.shortcut {
+            Some(sc) => self.conv(sc, &input, rec)?,
+            None => input,
         };
         let out = (input + h)?;
-        Ok(if output_scale != 1.0 {
-            (out / output_scale)?
+        Ok(if s.output_scale != 1.0 {
+            (out / s.output_scale)?
         } else {
             out
         })
     }
 
-    fn attn(&self, p: &str, x: &Tensor, groups: Option<usize>, rescale: f64, rec: Option<&Recorder>) -> Result<Tensor> {
+    fn attn(&self, s: &AttnSpec, x: &Tensor, rec: Option<&Recorder>) -> Result<Tensor> {
         let (b, c, h, w) = x.dims4()?;
         let l = h * w;
-        let head_dim = self.config.attention_head_dim.unwrap_or(c);
-        let heads = (c / head_dim).max(1);
+        let (heads, head_dim) = (s.heads, s.head_dim);
         let inner = heads * head_dim;
-        let hs = match groups {
-            Some(g) => self.gn(&format!("{p}.group_norm"), x, g, rec)?,
+        let hs = match &s.norm {
+            Some(n) => self.gn(n, x, rec)?,
             None => x.clone(),
         };
         let hs = hs.reshape((b, c, l))?.transpose(1, 2)?.contiguous()?;
         let split =
             |t: Tensor| -> Result<Tensor> { Ok(t.reshape((b, l, heads, head_dim))?.transpose(1, 2)?.contiguous()?) };
-        let q = split(self.linear(&format!("{p}.to_q"), &hs, inner, rec)?)?;
-        let k = split(self.linear(&format!("{p}.to_k"), &hs, inner, rec)?)?;
-        let v = split(self.linear(&format!("{p}.to_v"), &hs, inner, rec)?)?;
+        let q = split(self.linear(&s.q, &hs, rec)?)?;
+        let k = split(self.linear(&s.k, &hs, rec)?)?;
+        let v = split(self.linear(&s.v, &hs, rec)?)?;
         let scale = 1.0 / (head_dim as f64).sqrt();
         let att = (q.matmul(&k.transpose(2, 3)?.contiguous()?)? * scale)?;
         let att = candle_nn::ops::softmax(&att, D::Minus1)?;
         let o = att.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((b, l, inner))?;
-        let o = self
-            .linear(&format!("{p}.to_out.0"), &o, c, rec)?
-            .transpose(1, 2)?
-            .reshape((b, c, h, w))?;
+        let o = self.linear(&s.out, &o, rec)?.transpose(1, 2)?.reshape((b, c, h, w))?;
         let o = (o + x)?;
-        Ok(if rescale != 1.0 { (o / rescale)? } else { o })
+        Ok(if s.rescale != 1.0 { (o / s.rescale)? } else { o })
     }
 
     /// The model output for a batch `x` (B, C, H, W) at timesteps `t` (one per row), with a
@@ -532,86 +529,45 @@ impl TrainUnet {
         } else {
             x
         };
-        let c0 = cfg.block_out_channels[0];
-        let temb = 4 * c0;
-        let tf = super::unet2d::time_features(cfg, self.fourier_w.as_deref(), t);
-        let width = tf.len() / b.max(1);
-        let tf = Tensor::from_vec(tf, (b, width), dev)?;
-        let emb = self.linear(
-            "time_embedding.linear_2",
-            &candle_nn::ops::silu(&self.linear("time_embedding.linear_1", &tf, temb, rec)?)?,
-            temb,
-            rec,
-        )?;
-        let groups = cfg.norm_num_groups;
-        let mut hcur = self.conv("conv_in", &x, c0, 3, 1, 1, rec)?;
-        let mut skips = vec![hcur.clone()];
-        let n = cfg.block_out_channels.len();
-        for (i, ty) in cfg.down_block_types.iter().enumerate() {
-            let out_ch = cfg.block_out_channels[i];
-            let attn = ty == "AttnDownBlock2D";
-            let p = format!("down_blocks.{i}");
-            for j in 0..cfg.layers_per_block {
-                hcur = self.resnet(&format!("{p}.resnets.{j}"), &hcur, &emb, out_ch, 1.0, Updown::None, rec)?;
-                if attn {
-                    hcur = self.attn(&format!("{p}.attentions.{j}"), &hcur, Some(groups), 1.0, rec)?;
+        let mut hcur = x;
+        let mut emb: Option<Tensor> = None;
+        let mut skips: Vec<Tensor> = Vec::new();
+        let emb_of = |e: &Option<Tensor>| -> Result<Tensor> {
+            e.clone()
+                .ok_or_else(|| Error::model("UNet graph: a ResNet block before the time embedding"))
+        };
+        for op in &self.graph.ops {
+            match op {
+                Op::Time(ts) => {
+                    let tf = super::time_features(cfg, self.fourier_w.as_deref(), t);
+                    let width = tf.len() / b.max(1);
+                    let tf = Tensor::from_vec(tf, (b, width), dev)?;
+                    emb = Some(self.linear(
+                        &ts.linear_2,
+                        &candle_nn::ops::silu(&self.linear(&ts.linear_1, &tf, rec)?)?,
+                        rec,
+                    )?);
                 }
-                skips.push(hcur.clone());
-            }
-            if i + 1 < n {
-                let dp = format!("{p}.downsamplers.0");
-                hcur = if attn && cfg.downsample_type == Resample::Resnet {
-                    self.resnet(&dp, &hcur, &emb, out_ch, 1.0, Updown::Down, rec)?
-                } else if cfg.downsample_padding == 0 {
-                    let padded = hcur.pad_with_zeros(D::Minus1, 0, 1)?.pad_with_zeros(D::Minus2, 0, 1)?;
-                    self.conv(&format!("{dp}.conv"), &padded, out_ch, 3, 2, 0, rec)?
-                } else {
-                    self.conv(&format!("{dp}.conv"), &hcur, out_ch, 3, 2, cfg.downsample_padding, rec)?
-                };
-                skips.push(hcur.clone());
-            }
-        }
-        if cfg.mid_block {
-            let last = cfg.block_out_channels[n - 1];
-            let s = cfg.mid_block_scale_factor;
-            hcur = self.resnet("mid_block.resnets.0", &hcur, &emb, last, s, Updown::None, rec)?;
-            if cfg.add_attention {
-                hcur = self.attn("mid_block.attentions.0", &hcur, cfg.mid_attn_groups(), s, rec)?;
-            }
-            hcur = self.resnet("mid_block.resnets.1", &hcur, &emb, last, s, Updown::None, rec)?;
-        }
-        let rev: Vec<usize> = cfg.block_out_channels.iter().rev().copied().collect();
-        for (i, ty) in cfg.up_block_types.iter().enumerate() {
-            let out_ch = rev[i];
-            let attn = ty == "AttnUpBlock2D";
-            let p = format!("up_blocks.{i}");
-            for j in 0..cfg.layers_per_block + 1 {
-                let s = skips
-                    .pop()
-                    .ok_or_else(|| Error::model("UNet skip connections exhausted (config inconsistent)"))?;
-                hcur = Tensor::cat(&[&hcur, &s], 1)?;
-                hcur = self.resnet(&format!("{p}.resnets.{j}"), &hcur, &emb, out_ch, 1.0, Updown::None, rec)?;
-                if attn {
-                    hcur = self.attn(&format!("{p}.attentions.{j}"), &hcur, Some(groups), 1.0, rec)?;
+                Op::Conv(c) => hcur = self.conv(c, &hcur, rec)?,
+                Op::Resnet(r) => hcur = self.resnet(r, &hcur, &emb_of(&emb)?, rec)?,
+                Op::Attention(a) => hcur = self.attn(a, &hcur, rec)?,
+                Op::Upsample => hcur = up2(&hcur)?,
+                Op::SkipPush => skips.push(hcur.clone()),
+                Op::SkipPopConcat => {
+                    let s = skips
+                        .pop()
+                        .ok_or_else(|| Error::model("UNet skip connections exhausted (config inconsistent)"))?;
+                    hcur = Tensor::cat(&[&hcur, &s], 1)?;
                 }
-            }
-            if i + 1 < n {
-                let upp = format!("{p}.upsamplers.0");
-                hcur = if attn && cfg.upsample_type == Resample::Resnet {
-                    self.resnet(&upp, &hcur, &emb, out_ch, 1.0, Updown::Up, rec)?
-                } else {
-                    self.conv(&format!("{upp}.conv"), &up2(&hcur)?, out_ch, 3, 1, 1, rec)?
-                };
+                Op::NormAct(n, a) => hcur = act(*a, &self.gn(n, &hcur, rec)?)?,
             }
         }
-        let hn = candle_nn::ops::silu(&self.gn("conv_norm_out", &hcur, groups, rec)?)?;
-        let out = self.conv("conv_out", &hn, cfg.out_channels, 3, 1, 1, rec)?;
         if fourier {
             let tt: Vec<f32> = t.iter().map(|&v| v as f32).collect();
             let tt = Tensor::from_vec(tt, (b, 1, 1, 1), dev)?;
-            return Ok(out.broadcast_div(&tt)?);
+            return Ok(hcur.broadcast_div(&tt)?);
         }
-        Ok(out)
+        Ok(hcur)
     }
 
     /// Per-sample losses Lᵢ = mean over pixels of (ε_θ(x_tᵢ, tᵢ) − εᵢ)² (a [B] tensor with a
@@ -662,8 +618,8 @@ impl TrainUnet {
                 }
                 LayerKind::Norm => ((&l.input * &g)?.sum((2, 3))?, g.sum((2, 3))?),
             };
-            add(format!("{}.weight", l.prefix), gw)?;
-            add(format!("{}.bias", l.prefix), gb)?;
+            add(l.names[0].clone(), gw)?;
+            add(l.names[1].clone(), gb)?;
         }
         let p = self.params.borrow();
         p.names
@@ -908,8 +864,8 @@ mod tests {
         for json in [TINY, ODD] {
             let config = cfg(json);
             let m = TrainUnet::random(&config, 5, &Device::Cpu).unwrap();
-            let store = super::super::unet2d::WeightStore::new(m.tensors().unwrap(), Path::new("w.safetensors"));
-            let inf = super::super::unet2d::Unet2dModel::new(&config, &store).unwrap();
+            let store = super::super::WeightStore::new(m.tensors().unwrap(), Path::new("w.safetensors"));
+            let inf = super::super::Unet2dModel::new(&config, &store).unwrap();
             assert_eq!(
                 inf.parameters,
                 m.parameters() + m.fourier_w.as_ref().map_or(0, Vec::len)

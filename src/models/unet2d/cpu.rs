@@ -49,7 +49,9 @@ use super::super::kernels::{
     affine, attend_small, conv3x3, conv3x3_scratch, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino4_input,
     wino4_output, wino4_scratch, wino4_weights, zeroed_huge, Direct3x3, Head, Isa, Mat, SMALL_HEAD_MAX,
 };
-use super::{Act, AttnBlock, Down, Gn, ResnetBlock, Unet2dModel, Up, Updown};
+use super::candle::{AttnBlock, Gn, Node, ResnetBlock};
+use super::graph::Updown;
+use super::{Act, Unet2dModel};
 use crate::error::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::{Conv2d, Linear};
@@ -951,43 +953,29 @@ impl Attn {
     }
 }
 
-enum CDown {
+/// One op of the graph laid out for this forward.
+enum CNode {
+    /// The time embedding's two linear layers.
+    Time(Lin, Lin),
     Conv(Conv),
     Res(Box<Res>),
+    Attn(Box<Attn>),
+    Upsample,
+    SkipPush,
+    SkipPopConcat,
+    NormAct(Norm, Act),
 }
 
-enum CUp {
-    Conv(Conv),
-    Res(Box<Res>),
-}
-
-struct CBlock {
-    res: Vec<Res>,
-    attn: Vec<Attn>,
-}
-
-impl CBlock {
-    fn new(r: &[ResnetBlock], a: &[AttnBlock], wm: Forms) -> Result<Self> {
-        Ok(CBlock {
-            res: r.iter().map(|r| Res::new(r, wm)).collect::<Result<_>>()?,
-            attn: a.iter().map(Attn::new).collect::<Result<_>>()?,
-        })
-    }
-}
-
-/// The model's weights on the host, laid out for the CPU forward.
+/// The model's weights on the host, laid out for the CPU forward: the graph's ops in order.
 pub(super) struct CpuUnet {
-    lin1: Lin,
-    lin2: Lin,
-    conv_in: Conv,
-    down: Vec<(CBlock, Option<CDown>)>,
-    mid: Option<(Res, Option<Attn>, Res)>,
-    up: Vec<(CBlock, Option<CUp>)>,
-    norm_out: Norm,
-    conv_out: Conv,
+    nodes: Vec<CNode>,
+    /// The ResNet blocks' activation, applied to the time embedding once for all of them.
     act: Act,
     in_ch: usize,
     out_ch: usize,
+    /// Width of the time features and of `conv_in`'s output.
+    tin: usize,
+    c0: usize,
     /// [`CHUNK_BUDGET`] or [`CACHED_CHUNK_BUDGET`], by the model's size.
     chunk_budget: usize,
 }
@@ -999,60 +987,46 @@ impl CpuUnet {
 
     /// [`CpuUnet::new`] with the convolution forms `wm`.
     fn build(m: &Unet2dModel, wm: Forms) -> Result<Self> {
-        // Blocks built in parallel (the Winograd weight transforms are most of the work).
-        let down = || -> Result<Vec<_>> {
-            m.down
-                .par_iter()
-                .map(|d| {
-                    let dn = match &d.down {
-                        None => None,
-                        Some(Down::Conv(c, pad)) => Some(CDown::Conv(Conv::new(c, usize::from(*pad == 0), wm)?)),
-                        Some(Down::Resnet(r)) => Some(CDown::Res(Box::new(Res::new(r, wm)?))),
-                    };
-                    Ok((CBlock::new(&d.block.resnets, &d.block.attentions, wm)?, dn))
+        // Ops built in parallel (the Winograd weight transforms are most of the work).
+        let nodes: Vec<CNode> = m
+            .nodes
+            .par_iter()
+            .map(|n| {
+                Ok(match n {
+                    Node::Time(l1, l2) => CNode::Time(Lin::new(l1)?, Lin::new(l2)?),
+                    Node::Conv(c, extra) => CNode::Conv(Conv::new(c, *extra, wm)?),
+                    Node::Resnet(r) => CNode::Res(Box::new(Res::new(r, wm)?)),
+                    Node::Attention(a) => CNode::Attn(Box::new(Attn::new(a)?)),
+                    Node::Upsample => CNode::Upsample,
+                    Node::SkipPush => CNode::SkipPush,
+                    Node::SkipPopConcat => CNode::SkipPopConcat,
+                    Node::NormAct(n, a) => CNode::NormAct(Norm::new(n)?, *a),
                 })
-                .collect()
-        };
-        let up = || -> Result<Vec<_>> {
-            m.up.par_iter()
-                .map(|u| {
-                    let upm = match &u.up {
-                        None => None,
-                        Some(Up::Conv(c)) => Some(CUp::Conv(Conv::new(c, 0, wm)?)),
-                        Some(Up::Resnet(r)) => Some(CUp::Res(Box::new(Res::new(r, wm)?))),
-                    };
-                    Ok((CBlock::new(&u.block.resnets, &u.block.attentions, wm)?, upm))
-                })
-                .collect()
-        };
-        let mid = || -> Result<_> {
-            Ok(match &m.mid {
-                None => None,
-                Some(mb) => Some((
-                    Res::new(&mb.first, wm)?,
-                    mb.attention.as_ref().map(Attn::new).transpose()?,
-                    Res::new(&mb.second, wm)?,
-                )),
             })
+            .collect::<Result<_>>()?;
+        let tin = match nodes.first() {
+            Some(CNode::Time(l1, _)) => l1.cin,
+            _ => {
+                return Err(Error::model(
+                    "CPU UNet forward: the graph does not start with the time embedding",
+                ))
+            }
         };
-        let ((down, up), mid) = rayon::join(|| rayon::join(down, up), mid);
-        let (down, up, mid) = (down?, up?, mid?);
+        let c0 = m.config.block_out_channels[0];
         Ok(CpuUnet {
-            lin1: Lin::new(&m.time_linear_1)?,
-            lin2: Lin::new(&m.time_linear_2)?,
-            conv_in: Conv::new(&m.conv_in, 0, wm)?,
-            down,
-            mid,
-            up,
-            norm_out: Norm::new(&m.norm_out)?,
-            conv_out: Conv::new(&m.conv_out, 0, wm)?,
             act: m
-                .down
-                .first()
-                .and_then(|d| d.block.resnets.first())
-                .map_or(Act::Silu, |r| r.act),
+                .nodes
+                .iter()
+                .find_map(|n| match n {
+                    Node::Resnet(r) => Some(r.act),
+                    _ => None,
+                })
+                .unwrap_or(Act::Silu),
+            nodes,
             in_ch: m.config.in_channels,
             out_ch: m.config.out_channels,
+            tin,
+            c0,
             chunk_budget: if m.parameters <= CACHED_WEIGHTS {
                 CACHED_CHUNK_BUDGET
             } else {
@@ -1073,8 +1047,8 @@ impl CpuUnet {
     ) -> Vec<f32> {
         let [b, c, h, w] = shape;
         let hw = h * w;
-        let tin = self.lin1.cin;
-        let widest = self.conv_in.cout * hw;
+        let tin = self.tin;
+        let widest = self.c0 * hw;
         let threads = rayon::current_num_threads().max(1);
         // At most the budget's images a task, in a number of tasks that is a multiple of the
         // threads (so that they finish together), as even as the batch allows.
@@ -1123,107 +1097,70 @@ impl CpuUnet {
         out
     }
 
+    /// The graph's ops in order on one chunk of images.
     fn chunk(&self, ctx: &mut Ctx, x: Feat, tf: &[f32]) -> Feat {
         debug_assert_eq!(x.c, self.in_ch);
         let nb = ctx.nb;
-        let mut e1 = self.lin1.rows(tf, nb);
-        silu_inplace(&mut e1);
-        let mut emb = self.lin2.rows(&e1, nb);
-        // Every ResNet block applies its activation to the embedding before its projection.
-        act_inplace(self.act, &mut emb);
-        let emb = emb;
-        let mut hcur = ctx.conv(&self.conv_in, &x, None, None);
-        ctx.give(x.d);
-        let mut skips: Vec<Feat> = vec![ctx.copy(&hcur)];
-        for (blk, dn) in &self.down {
-            for (j, r) in blk.res.iter().enumerate() {
-                hcur = r.forward(ctx, hcur, &emb);
-                if let Some(a) = blk.attn.get(j) {
-                    hcur = a.forward(ctx, hcur);
+        let mut emb: Vec<f32> = Vec::new();
+        let mut hcur = x;
+        let mut skips: Vec<Feat> = Vec::new();
+        for node in &self.nodes {
+            hcur = match node {
+                CNode::Time(lin1, lin2) => {
+                    let mut e1 = lin1.rows(tf, nb);
+                    silu_inplace(&mut e1);
+                    emb = lin2.rows(&e1, nb);
+                    // Every ResNet block applies its activation to the embedding before its
+                    // projection.
+                    act_inplace(self.act, &mut emb);
+                    hcur
                 }
-                skips.push(ctx.copy(&hcur));
-            }
-            if let Some(dn) = dn {
-                hcur = match dn {
-                    CDown::Conv(cv) => {
-                        let y = ctx.conv(cv, &hcur, None, None);
-                        ctx.give(hcur.d);
-                        y
+                CNode::Conv(cv) => {
+                    let y = ctx.conv(cv, &hcur, None, None);
+                    ctx.give(hcur.d);
+                    y
+                }
+                CNode::Res(r) => r.forward(ctx, hcur, &emb),
+                CNode::Attn(a) => a.forward(ctx, hcur),
+                CNode::Upsample => {
+                    let up = upsample2(ctx, &hcur);
+                    ctx.give(hcur.d);
+                    up
+                }
+                CNode::SkipPush => {
+                    skips.push(ctx.copy(&hcur));
+                    hcur
+                }
+                CNode::SkipPopConcat => {
+                    let s = skips
+                        .pop()
+                        .expect("skip connections balance (Graph::skips_balance, checked at build)");
+                    // Channel concat: the skip's planes appended after the current ones.
+                    let need = hcur.d.len() + s.d.len();
+                    let mut d = hcur.d;
+                    if d.capacity() < need {
+                        let mut wider = ctx.take_empty(need);
+                        wider.extend_from_slice(&d);
+                        ctx.give(std::mem::replace(&mut d, wider));
                     }
-                    CDown::Res(r) => r.forward(ctx, hcur, &emb),
-                };
-                skips.push(ctx.copy(&hcur));
-            }
-        }
-        if let Some((r1, a, r2)) = &self.mid {
-            hcur = r1.forward(ctx, hcur, &emb);
-            if let Some(a) = a {
-                hcur = a.forward(ctx, hcur);
-            }
-            hcur = r2.forward(ctx, hcur, &emb);
-        }
-        for (blk, upm) in &self.up {
-            for (j, r) in blk.res.iter().enumerate() {
-                let s = skips
-                    .pop()
-                    .expect("skip connections match the down path (checked at build)");
-                // Channel concat: the skip's planes appended after the current ones.
-                let need = hcur.d.len() + s.d.len();
-                let mut d = hcur.d;
-                if d.capacity() < need {
-                    let mut wider = ctx.take_empty(need);
-                    wider.extend_from_slice(&d);
-                    ctx.give(std::mem::replace(&mut d, wider));
-                }
-                d.extend_from_slice(&s.d);
-                ctx.give(s.d);
-                hcur = Feat {
-                    d,
-                    c: hcur.c + s.c,
-                    h: hcur.h,
-                    w: hcur.w,
-                };
-                hcur = r.forward(ctx, hcur, &emb);
-                if let Some(a) = blk.attn.get(j) {
-                    hcur = a.forward(ctx, hcur);
-                }
-            }
-            if let Some(u) = upm {
-                hcur = match u {
-                    CUp::Conv(cv) => {
-                        let up = upsample2(ctx, &hcur);
-                        ctx.give(hcur.d);
-                        let y = ctx.conv(cv, &up, None, None);
-                        ctx.give(up.d);
-                        y
+                    d.extend_from_slice(&s.d);
+                    ctx.give(s.d);
+                    Feat {
+                        d,
+                        c: hcur.c + s.c,
+                        h: hcur.h,
+                        w: hcur.w,
                     }
-                    CUp::Res(r) => r.forward(ctx, hcur, &emb),
-                };
-            }
+                }
+                CNode::NormAct(n, a) => {
+                    let d = norm_act(ctx, n, &hcur, None, Some(*a));
+                    ctx.give(hcur.d);
+                    Feat { d, ..hcur }
+                }
+            };
         }
-        let d = norm_act(ctx, &self.norm_out, &hcur, None, Some(Act::Silu));
-        ctx.give(hcur.d);
-        let x = Feat { d, ..hcur };
-        let y = ctx.conv(&self.conv_out, &x, None, None);
-        ctx.give(x.d);
-        y
+        hcur
     }
-}
-
-/// Whether every skip connection is consumed exactly: the up path takes `layers + 1` per block.
-pub(super) fn check_skips(m: &Unet2dModel) -> Result<()> {
-    let pushed = 1 + m
-        .down
-        .iter()
-        .map(|d| d.block.resnets.len() + usize::from(d.down.is_some()))
-        .sum::<usize>();
-    let popped: usize = m.up.iter().map(|u| u.block.resnets.len()).sum();
-    if pushed != popped {
-        return Err(Error::model(format!(
-            "UNet skip connections: {pushed} stored, {popped} used (config inconsistent)"
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

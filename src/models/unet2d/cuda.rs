@@ -14,7 +14,7 @@
 //! It covers the architectures the attacks meet in practice: SiLU activation, sinusoidal time
 //! embedding, `default` or `scale_shift` time conditioning, convolutional down/upsampling (any
 //! padding), attention with any number of heads. Others (Mish/GELU/ReLU, Fourier embedding,
-//! ResNet resampling) and `--precision bf16` use candle's kernels ([`supported`]).
+//! ResNet resampling) and `--precision bf16` use candle's kernels ([`super::cuda_unsupported`], a typed reason `dpaudit model info` prints).
 //! `DPAUDIT_UNET_CUDA=candle` forces candle's path (for comparisons).
 #![allow(unsafe_code)]
 
@@ -31,7 +31,9 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfi
 use cudarc::nvrtc::Ptx;
 
 use super::super::cudnn_conv::{CudnnConv2d, Math};
-use super::{Act, AttnBlock, Down, Gn, ResnetBlock, TimeEmbedding, Unet2dModel, Up, Updown};
+use super::candle::{AttnBlock, Gn, Node, ResnetBlock};
+use super::graph::Updown;
+use super::{Unet2dModel, Unsupported};
 use crate::error::{Error, Result};
 
 /// The kernels, compiled to PTX by build.rs (nvcc) from `unet2d_cuda.cu`.
@@ -39,15 +41,6 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/unet2d_cuda.ptx"));
 
 fn derr<E: std::fmt::Debug>(e: E) -> Error {
     Error::model(format!("CUDA UNet forward: {e:?}"))
-}
-
-/// Whether this forward covers `m`'s architecture.
-pub(super) fn supported(m: &Unet2dModel) -> bool {
-    let c = &m.config;
-    c.act == Act::Silu
-        && matches!(c.time_embedding, TimeEmbedding::Positional { .. })
-        && m.down.iter().all(|d| !matches!(d.down, Some(Down::Resnet(_))))
-        && m.up.iter().all(|u| !matches!(u.up, Some(Up::Resnet(_))))
 }
 
 /// `DPAUDIT_UNET_CUDA=candle` turns this forward off.
@@ -287,7 +280,7 @@ struct Buf {
 
 impl CudaUnet {
     pub(super) fn new(m: &Unet2dModel) -> Result<Self> {
-        let dev = match m.conv_in.weight().device() {
+        let dev = match &m.device {
             Device::Cuda(d) => d.clone(),
             _ => return Err(Error::model("CUDA UNet forward: the weights are not on a GPU")),
         };
@@ -322,57 +315,59 @@ impl CudaUnet {
         if st != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(derr(st));
         }
-        let mut steps = vec![Step::Push];
-        for d in &m.down {
-            for (j, r) in d.block.resnets.iter().enumerate() {
-                steps.push(Step::Res(Box::new(res(r)?)));
-                if let Some(a) = d.block.attentions.get(j) {
-                    steps.push(Step::Attn(Box::new(attn(a)?)));
+        // The graph's ops in order: the time embedding, `conv_in`, the steps between them and
+        // the output norm, `conv_out` (an upsampling conv is the op after `Upsample`).
+        let (mut time, mut conv_in, mut norm_out, mut conv_out) = (None, None, None, None);
+        let mut steps = Vec::new();
+        let mut upsample = false;
+        for node in &m.nodes {
+            match node {
+                Node::Time(l1, l2) => time = Some((lin(l1)?, lin(l2)?)),
+                Node::Conv(c, extra) if conv_in.is_none() => {
+                    debug_assert_eq!(*extra, 0);
+                    conv_in = Some(conv(c)?);
                 }
-                steps.push(Step::Push);
-            }
-            match &d.down {
-                Some(Down::Conv(c, pad)) => {
+                Node::Conv(c, _) if norm_out.is_some() => conv_out = Some(conv(c)?),
+                Node::Conv(c, _) if upsample => {
+                    upsample = false;
+                    steps.push(Step::Up(conv(c)?));
+                }
+                Node::Conv(c, extra) => {
                     let mut c = conv(c)?;
-                    c.pad = *pad;
+                    // Padding 0 here means "pad right and bottom by one first" (Step::Down).
+                    if *extra > 0 {
+                        c.pad = 0;
+                    }
                     steps.push(Step::Down(c));
-                    steps.push(Step::Push);
                 }
-                Some(Down::Resnet(_)) => return Err(Error::model("CUDA UNet forward: ResNet downsampling")),
-                None => {}
-            }
-        }
-        if let Some(mid) = &m.mid {
-            steps.push(Step::Res(Box::new(res(&mid.first)?)));
-            if let Some(a) = &mid.attention {
-                steps.push(Step::Attn(Box::new(attn(a)?)));
-            }
-            steps.push(Step::Res(Box::new(res(&mid.second)?)));
-        }
-        for u in &m.up {
-            for (j, r) in u.block.resnets.iter().enumerate() {
-                debug_assert_eq!(r.updown, Updown::None);
-                steps.push(Step::Pop);
-                steps.push(Step::Res(Box::new(res(r)?)));
-                if let Some(a) = u.block.attentions.get(j) {
-                    steps.push(Step::Attn(Box::new(attn(a)?)));
+                Node::Resnet(r) if r.updown != Updown::None => {
+                    return Err(Error::model(format!(
+                        "CUDA UNet forward: {}",
+                        Unsupported::ResnetResampling
+                    )))
                 }
-            }
-            match &u.up {
-                Some(Up::Conv(c)) => steps.push(Step::Up(conv(c)?)),
-                Some(Up::Resnet(_)) => return Err(Error::model("CUDA UNet forward: ResNet upsampling")),
-                None => {}
+                Node::Resnet(r) => steps.push(Step::Res(Box::new(res(r)?))),
+                Node::Attention(a) => steps.push(Step::Attn(Box::new(attn(a)?))),
+                Node::Upsample => upsample = true,
+                Node::SkipPush => steps.push(Step::Push),
+                Node::SkipPopConcat => steps.push(Step::Pop),
+                Node::NormAct(n, _) => norm_out = Some(norm(n)?),
             }
         }
-        let conv_in = conv(&m.conv_in)?;
-        let conv_out = conv(&m.conv_out)?;
+        let missing = || Error::model("CUDA UNet forward: the graph lacks an op it needs");
+        let (t1, t2) = time.ok_or_else(missing)?;
+        let (conv_in, conv_out, norm_out) = (
+            conv_in.ok_or_else(missing)?,
+            conv_out.ok_or_else(missing)?,
+            norm_out.ok_or_else(missing)?,
+        );
         let unet = CudaUnet {
-            t1: lin(&m.time_linear_1)?,
-            t2: lin(&m.time_linear_2)?,
+            t1,
+            t2,
             conv_in,
             conv_out,
             steps,
-            norm_out: norm(&m.norm_out)?,
+            norm_out,
             center: m.config.center_input_sample,
             in_channels: m.config.in_channels,
             out_channels: m.config.out_channels,
