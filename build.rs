@@ -1,5 +1,5 @@
 //! With the `cudnn` feature, compiles the CUDA UNet forward's kernels
-//! (`src/models/unet2d_cuda.cu`) to PTX with nvcc (`NVCC` or `nvcc` on `PATH`) for
+//! (`src/models/unet2d/cuda/kernels.cu`) to PTX with nvcc (`NVCC` or `nvcc` on `PATH`) for
 //! `CUDA_COMPUTE_CAP` (default 90); without it, does nothing.
 use std::env;
 use std::path::PathBuf;
@@ -7,7 +7,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/models/unet2d_cuda.cu");
+    println!("cargo:rerun-if-changed=src/models/unet2d/cuda/kernels.cu");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=NVCC");
     if env::var_os("CARGO_FEATURE_CUDNN").is_none() {
@@ -21,14 +21,14 @@ fn main() {
             "--ptx",
             "-O3",
             &format!("-arch=compute_{cap}"),
-            "src/models/unet2d_cuda.cu",
+            "src/models/unet2d/cuda/kernels.cu",
             "-o",
         ])
         .arg(&out)
         .status();
     match status {
         Ok(s) if s.success() => {}
-        Ok(s) => panic!("{nvcc} failed on src/models/unet2d_cuda.cu ({s})"),
+        Ok(s) => panic!("{nvcc} failed on src/models/unet2d/cuda/kernels.cu ({s})"),
         Err(e) => panic!("cannot run {nvcc} (needed by the `cudnn` feature): {e}"),
     }
 }

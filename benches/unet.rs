@@ -1,4 +1,4 @@
-//! The diffusers UNet forward on the CPU (`Unet2dModel::forward_host`, src/models/unet2d_cpu.rs)
+//! The diffusers UNet forward on the CPU (`Unet2dModel::forward_host`, src/models/unet2d/cpu/forward.rs)
 //! against candle's kernels on the same model (`forward_candle`), at the thread count rayon is
 //! given (`RAYON_NUM_THREADS`):
 //!
@@ -124,7 +124,7 @@ fn bench(c: &mut Criterion) {
 /// The direct 3 × 3 convolution against im2col + GEMM on the same data (channel-major
 /// [c][image][y][x], as the CPU forward keeps its feature maps).
 fn conv3x3(c: &mut Criterion, rng: &mut ChaCha8Rng) {
-    use dpaudit::models::kernels::{conv3x3, conv3x3_on, conv3x3_scratch, sgemm, Direct3x3, Isa, Mat};
+    use dpaudit::models::unet2d::cpu::kernels::{conv3x3, conv3x3_on, conv3x3_scratch, sgemm, Direct3x3, Isa, Mat};
     let (cin, cout, nb, h, w) = (32, 32, 10, 14, 14);
     let hw = h * w;
     let x: Vec<f32> = (0..cin * nb * hw).map(|_| rng.random_range(-1.0f32..1.0)).collect();

@@ -25,7 +25,7 @@
 # FIXED=1 adds --fixed-cost. "heuristic" compares CIFAR SecMI/PIA at PRECS_HEUR (default fp32)
 # with DPAUDIT_CUDNN_ALGO=heuristic, "find" at PRECS_FIND (default tf32) with
 # DPAUDIT_CUDNN_ALGO=find: the other side of the default (fp32 measures its algorithms once per
-# machine into the record, tf32 and bf16 take cuDNN's heuristic; src/models/algo_record.rs);
+# machine into the record, tf32 and bf16 take cuDNN's heuristic; src/models/unet2d/cuda/algo_record.rs);
 # "graph" compares MNIST SecMI/PIA with DPAUDIT_CUDA_GRAPH=1 (the forward replayed from CUDA
 # graphs).
 set -u
@@ -86,7 +86,7 @@ done
 [ -f "$C/mnist-dp.toml" ] && cp "$C/mnist-dp.toml" fixtures/splits/mnist-dp.toml
 PHASES=" ${PHASES:-eval tests auto compare dpsgd train} "
 # cuDNN's algorithm choices per shape are recorded here and reused by later runs
-# (src/models/algo_record.rs); the record comes back with the results.
+# (src/models/unet2d/cuda/algo_record.rs); the record comes back with the results.
 export DPAUDIT_CUDNN_RECORD=${DPAUDIT_CUDNN_RECORD:-$O/cudnn-algorithms.tsv}
 has() { [[ "$PHASES" == *" $1 "* ]]; }
 if has eval; then

@@ -38,8 +38,10 @@
 //! assert!(pld.epsilon <= rdp.epsilon);
 //! ```
 
-// `deny`, not `forbid`: the one exception is the bounds-checked GEMM call in
-// `models::kernels::sgemm` (see its SAFETY comment); nothing else may use `unsafe`.
+// `deny`, not `forbid`: `unsafe` is allowed only in the UNet's kernel folders,
+// `models/unet2d/cpu/` (SIMD kernels) and `models/unet2d/cuda/` (CUDA, cuDNN, cuBLAS), plus two
+// system calls outside them (`models::device`'s CUDA memory-pool set-up and
+// `report::output`'s `renameat2`); every block states its invariant in a `// SAFETY:` comment.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -612,7 +612,7 @@ fn eval_loss(
     let xt = noisy(schedule, rows, &t, &eps);
     let mut total = 0.0;
     if m.device().is_cpu() {
-        // On the CPU through the inference UNet's batch-parallel forward (`unet2d_cpu.rs`), built
+        // On the CPU through the inference UNet's batch-parallel forward (`unet2d/cpu/forward.rs`), built
         // from the current weights: the same function as candle's forward of `m` (equal to 1e-5,
         // `saved_weights_load_into_the_inference_unet_with_equal_outputs`) at a fraction of its
         // time, which a short run otherwise spends mostly here.

@@ -23,15 +23,14 @@
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
 //! * [`precision`]: `--precision fp32|tf32|bf16` of the UNet forward on a GPU (cuDNN
-//!   convolutions with an explicit math type in `cudnn_conv`, feature `cudnn`).
-//! * [`algo_record`]: the per-machine record of cuDNN's convolution algorithm choices.
-//! * [`kernels`]: the CPU GEMM, exp and SiLU kernels of the diffusers UNet's CPU forward.
+//!   convolutions with an explicit math type in `unet2d::cuda::cudnn_conv`, feature `cudnn`).
+//!
+//! The CPU kernels (`unet2d/cpu/kernels.rs`) and the CUDA code (`unet2d/cuda/`: the forward, its
+//! `.cu`, cuDNN and the algorithm record) live under [`unet2d`]; `unsafe` appears only there
+//! (and in [`device`]'s CUDA memory-pool set-up).
 
-pub mod algo_record;
 pub mod canary;
 pub mod checkpoint;
-#[cfg(feature = "cudnn")]
-pub mod cudnn_conv;
 pub mod data;
 pub mod device;
 pub mod diffusers;
@@ -39,10 +38,11 @@ pub mod diffusers_train;
 pub mod dp;
 pub mod eps;
 pub mod images;
-pub mod kernels;
 pub mod net;
 pub mod npy;
-pub mod precision;
+/// `--precision` lives with the UNet it applies to; re-exported here for its callers outside
+/// `models/`.
+pub use unet2d::precision;
 pub mod run;
 pub mod schedule;
 /// diffusers `scheduler_config.json` files are read in [`crate::diffusion::scheduler`].

@@ -69,7 +69,7 @@ fn cudnn_gpu() -> bool {
 }
 
 /// With `--features cudnn` and a GPU: `model eval --device cuda` through the CUDA UNet forward
-/// (src/models/unet2d_cuda.rs) reproduces every diffusers fixture within the same tolerances,
+/// (src/models/unet2d/cuda.rs) reproduces every diffusers fixture within the same tolerances,
 /// and agrees with candle's kernels (`DPAUDIT_UNET_CUDA=candle`) and with its own GEMM attention
 /// (`DPAUDIT_UNET_ATTENTION=gemm`, against the one-kernel attention) to 1e-4. Skipped otherwise.
 #[test]

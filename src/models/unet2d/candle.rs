@@ -13,10 +13,10 @@ use super::config::{Act, TimeEmbedding, Unet2dConfig};
 #[cfg(feature = "cudnn")]
 use super::cuda;
 use super::graph::{AttnSpec, ConvSpec, Graph, LinearSpec, NormSpec, Op, ResnetSpec, Updown};
+use super::precision::{self, conv2d, linear};
 use super::weights::WeightStore;
 use super::{cpu, Unsupported};
 use crate::error::{Error, Result};
-use crate::models::precision::{self, conv2d, linear};
 
 impl Act {
     fn apply(self, x: &Tensor) -> Result<Tensor> {
@@ -420,8 +420,8 @@ impl Unet2dModel {
     }
 
     /// The model output for a batch `x` (B, C, H, W) at timesteps `t` (one per row): on the CPU
-    /// through the batch-parallel forward of `cpu.rs`; on a GPU at fp32 or tf32 through
-    /// `cuda.rs` (feature `cudnn`) where it covers the architecture; otherwise through
+    /// through the batch-parallel forward of `cpu/forward.rs`; on a GPU at fp32 or tf32 through
+    /// `cuda/forward.rs` (feature `cudnn`) where it covers the architecture; otherwise through
     /// candle's kernels.
     pub fn forward(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
         if !crate::timing::forwards() {
@@ -454,8 +454,8 @@ impl Unet2dModel {
         #[cfg(feature = "cudnn")]
         if let Some(cu) = &self.cuda {
             let math = match precision::current() {
-                precision::Precision::Fp32 => Some(crate::models::cudnn_conv::Math::Fp32),
-                precision::Precision::Tf32 => Some(crate::models::cudnn_conv::Math::Tf32),
+                precision::Precision::Fp32 => Some(super::cuda::cudnn_conv::Math::Fp32),
+                precision::Precision::Tf32 => Some(super::cuda::cudnn_conv::Math::Tf32),
                 precision::Precision::Bf16 => None,
             };
             if let (true, Some(math), false) = (x.device().is_cuda(), math, cuda::disabled()) {

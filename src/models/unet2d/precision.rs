@@ -101,13 +101,13 @@ pub fn conv2d(c: &Conv2d, x: &Tensor) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cudnn")]
     if x.device().is_cuda() {
         let cfg = c.config();
-        let op = super::cudnn_conv::CudnnConv2d {
+        let op = super::cuda::cudnn_conv::CudnnConv2d {
             padding: cfg.padding,
             stride: cfg.stride,
             precision: match current() {
-                Precision::Fp32 => super::cudnn_conv::Math::Fp32,
-                Precision::Tf32 => super::cudnn_conv::Math::Tf32,
-                Precision::Bf16 => super::cudnn_conv::Math::Bf16,
+                Precision::Fp32 => super::cuda::cudnn_conv::Math::Fp32,
+                Precision::Tf32 => super::cuda::cudnn_conv::Math::Tf32,
+                Precision::Bf16 => super::cuda::cudnn_conv::Math::Bf16,
             },
         };
         let y = x

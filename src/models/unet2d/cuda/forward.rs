@@ -5,7 +5,7 @@
 //!   `--precision`), their biases and the residual additions folded into cuDNN's
 //!   `y = α·conv + β·y` (the output buffer is first filled with bias + residual);
 //! * group norm, the time-embedding addition or `scale_shift`, and SiLU in one kernel per
-//!   (image, group) (`unet2d_cuda.cu`, `group_norm`);
+//!   (image, group) (`kernels.cu`, `group_norm`);
 //! * attention as three strided-batched cuBLAS GEMMs on the NCHW layout (q/k/v in one GEMM with
 //!   stacked weights, qᵀk, v·pᵀ) and a row softmax, the output projection accumulating onto the
 //!   residual; no transposes;
@@ -14,7 +14,7 @@
 //! It covers the architectures the attacks meet in practice: SiLU activation, sinusoidal time
 //! embedding, `default` or `scale_shift` time conditioning, convolutional down/upsampling (any
 //! padding), attention with any number of heads. Others (Mish/GELU/ReLU, Fourier embedding,
-//! ResNet resampling) and `--precision bf16` use candle's kernels ([`super::cuda_unsupported`], a typed reason `dpaudit model info` prints).
+//! ResNet resampling) and `--precision bf16` use candle's kernels ([`super::super::cuda_unsupported`], a typed reason `dpaudit model info` prints).
 //! `DPAUDIT_UNET_CUDA=candle` forces candle's path (for comparisons).
 #![allow(unsafe_code)]
 
@@ -30,13 +30,13 @@ use cudarc::cublas::{sys as blas, CudaBlas};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::super::cudnn_conv::{CudnnConv2d, Math};
-use super::candle::{AttnBlock, Gn, Node, ResnetBlock};
-use super::graph::Updown;
-use super::{Unet2dModel, Unsupported};
+use super::super::candle::{AttnBlock, Gn, Node, ResnetBlock};
+use super::super::graph::Updown;
+use super::super::{Unet2dModel, Unsupported};
+use super::cudnn_conv::{CudnnConv2d, Math};
 use crate::error::{Error, Result};
 
-/// The kernels, compiled to PTX by build.rs (nvcc) from `unet2d_cuda.cu`.
+/// The kernels, compiled to PTX by build.rs (nvcc) from `kernels.cu`.
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/unet2d_cuda.ptx"));
 
 fn derr<E: std::fmt::Debug>(e: E) -> Error {
@@ -44,7 +44,7 @@ fn derr<E: std::fmt::Debug>(e: E) -> Error {
 }
 
 /// `DPAUDIT_UNET_CUDA=candle` turns this forward off.
-pub(super) fn disabled() -> bool {
+pub(in super::super) fn disabled() -> bool {
     std::env::var("DPAUDIT_UNET_CUDA").is_ok_and(|v| v == "candle")
 }
 
@@ -244,7 +244,7 @@ fn gemm_attention() -> bool {
 
 /// The UNet laid out for this forward: weights on the GPU (q/k/v stacked, biases combined),
 /// the layers as a flat list of steps.
-pub(super) struct CudaUnet {
+pub(in super::super) struct CudaUnet {
     dev: CudaDevice,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
@@ -279,7 +279,7 @@ struct Buf {
 }
 
 impl CudaUnet {
-    pub(super) fn new(m: &Unet2dModel) -> Result<Self> {
+    pub(in super::super) fn new(m: &Unet2dModel) -> Result<Self> {
         let dev = match &m.device {
             Device::Cuda(d) => d.clone(),
             _ => return Err(Error::model("CUDA UNet forward: the weights are not on a GPU")),
@@ -308,7 +308,7 @@ impl CudaUnet {
             ],
         };
         // Library start-up (cuDNN's sub-libraries, cuBLAS) belongs to loading the model.
-        super::super::cudnn_conv::handle(&dev)?;
+        super::cudnn_conv::handle(&dev)?;
         let blas = CudaBlas::new(stream.clone()).map_err(derr)?;
         // SAFETY: a valid handle; no TF32 unless a call asks for it through its compute type.
         let st = unsafe { blas::cublasSetMathMode(*blas.handle(), blas::cublasMath_t::CUBLAS_DEFAULT_MATH) };
@@ -845,7 +845,7 @@ impl CudaUnet {
 
     /// The model output for x (B, C, H, W) on this GPU; `tf` are the time features before the
     /// embedding MLP, [B, width] row-major. Shape checks are the caller's.
-    pub(super) fn forward(&self, x: &Tensor, tf: &[f32], math: Math) -> Result<Tensor> {
+    pub(in super::super) fn forward(&self, x: &Tensor, tf: &[f32], math: Math) -> Result<Tensor> {
         let (b, c, h0, w0) = x.dims4()?;
         if c != self.in_channels {
             return Err(Error::model(
@@ -1102,7 +1102,7 @@ struct Graph {
 }
 
 /// The attacks' arithmetic on device-resident batches (`attacks::mia`), in this module's
-/// kernels (`unet2d_cuda.cu`: the host's rounding, no fused multiply-add), so that an attack on
+/// kernels (`kernels.cu`: the host's rounding, no fused multiply-add), so that an attack on
 /// a GPU loads none of candle's kernel modules and keeps no f64 copies of its batch.
 impl CudaUnet {
     /// A contiguous f32 tensor on this GPU with its address and element count.
@@ -1124,7 +1124,7 @@ impl CudaUnet {
     }
 
     /// √ᾱ·x₀ + √(1 − ᾱ)·ε with the two factors `sa`, `sb` given in f32.
-    pub(super) fn noisy(&self, x0: &Tensor, e: &Tensor, sa: f32, sb: f32) -> Result<Tensor> {
+    pub(in super::super) fn noisy(&self, x0: &Tensor, e: &Tensor, sa: f32, sb: f32) -> Result<Tensor> {
         let ((_x, xp, n), (_e, ep, ne)) = (self.input(x0)?, self.input(e)?);
         if n != ne {
             return Err(Error::model("CUDA attack kernels: x₀ and ε differ in size"));
@@ -1140,7 +1140,7 @@ impl CudaUnet {
 
     /// The DDIM step's arithmetic given ε: f32((x − sn·ε)/ss·ts + tn·ε) in f64, `c` = (ss, sn,
     /// ts, tn).
-    pub(super) fn ddim(&self, x: &Tensor, e: &Tensor, c: [f64; 4]) -> Result<Tensor> {
+    pub(in super::super) fn ddim(&self, x: &Tensor, e: &Tensor, c: [f64; 4]) -> Result<Tensor> {
         let ((_x, xp, n), (_e, ep, ne)) = (self.input(x)?, self.input(e)?);
         if n != ne {
             return Err(Error::model("CUDA attack kernels: x and ε differ in size"));
@@ -1163,7 +1163,7 @@ impl CudaUnet {
     }
 
     /// Mean over each row of |a − b|^p (f64), copied to the host; `a`, `b` of shape [rows, dim].
-    pub(super) fn row_lp(&self, a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
+    pub(in super::super) fn row_lp(&self, a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
         let (rows, dim) = a.dims2()?;
         if b.dims2()? != (rows, dim) {
             return Err(Error::model("CUDA attack kernels: the two batches differ in shape"));
@@ -1197,7 +1197,7 @@ impl CudaUnet {
 
     /// The rows `skip..` of each part, one after another, in one new [Σ rows, d] tensor (device
     /// copies, no kernel).
-    pub(super) fn gather(&self, parts: &[(Tensor, usize)], d: usize) -> Result<Tensor> {
+    pub(in super::super) fn gather(&self, parts: &[(Tensor, usize)], d: usize) -> Result<Tensor> {
         let n: usize = parts
             .iter()
             .map(|(t, skip)| t.dim(0).unwrap_or(0).saturating_sub(*skip))

@@ -20,7 +20,7 @@
 //! * convolution y = W·col(x) + b: ∂W = ∂y·col(x)ᵀ, ∂b = Σ_pixels ∂y, ∂x = col⁻¹(Wᵀ·∂y) (the
 //!   column matrix is rebuilt from the kept input rather than stored). A 3 × 3, stride-1
 //!   convolution narrower than `DIRECT_MAX_CHANNELS` (128) runs directly on a CPU with AVX2 + FMA
-//!   ([`crate::models::kernels::conv3x3`]): y by the packed kernel, ∂x as the same convolution of ∂y
+//!   ([`super::kernels::conv3x3`]): y by the packed kernel, ∂x as the same convolution of ∂y
 //!   with the adjoint kernel (W rotated by 180°, its channel axes swapped), col(x) copied from
 //!   the convolution's zero-guarded planes;
 //! * group norm y = γ x̂ + β, x̂ = (x − μ)·r with the saved μ, r = 1/√(σ² + ε) per group
@@ -29,7 +29,7 @@
 //! * attention O = V Pᵀ, P = softmax(scale·QᵀK) per head (Vaswani et al. 2017, Eq. 1):
 //!   ∂V = ∂O P, ∂S = P ⊙ (∂P − rowsum(∂P ⊙ P)) with ∂P = ∂Oᵀ V, ∂Q = scale·K ∂Sᵀ,
 //!   ∂K = scale·Q ∂S. As GEMMs, or for head dimensions ≤ 16 in the AVX-512 form fused in
-//!   registers ([`crate::models::kernels::attn_train_forward`], its backward taking rowsum(∂P ⊙ P) as
+//!   registers ([`super::kernels::attn_train_forward`], its backward taking rowsum(∂P ⊙ P) as
 //!   Σ_d ∂O·O).
 //!
 //! The loss is [`TrainUnet::per_sample_loss`]'s: the mean over pixels of (ε_θ(x_t, t) − ε)².
@@ -43,16 +43,16 @@ use std::sync::Mutex;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use super::graph::{AttnSpec, ConvSpec, Graph, LinearSpec, NormSpec, Op, ResnetSpec, Updown};
+use super::super::graph::{AttnSpec, ConvSpec, Graph, LinearSpec, NormSpec, Op, ResnetSpec, Updown};
+use super::super::train::{clip_factor, TrainUnet};
+use super::super::{Act, Unet2dConfig, Unsupported};
 use super::im2col_plane;
-use super::train::{clip_factor, TrainUnet};
-use super::{Act, Unet2dConfig, Unsupported};
-use crate::error::{Error, Result};
-use crate::models::kernels::{
+use super::kernels::{
     affine, attn_train_available, attn_train_backward, attn_train_forward, attn_train_probs, conv3x3_columns,
     conv3x3_on, conv3x3_scratch, norm_act_grad, norm_input_grad, sgemm, silu_grad, softmax_grad_rows, softmax_rows,
     sq_dev, sum, Direct3x3, Isa, Mat, TrainHead,
 };
+use crate::error::{Error, Result};
 
 /// Buffer index.
 type B = usize;
@@ -577,7 +577,7 @@ struct Net<'a> {
 }
 
 /// The form of the narrow 3 × 3, stride-1 convolutions on this CPU: the direct convolution
-/// ([`crate::models::kernels::conv3x3`]; forward, input gradient through the adjoint kernel, the weight
+/// ([`super::kernels::conv3x3`]; forward, input gradient through the adjoint kernel, the weight
 /// gradient's column matrix copied from its padded planes) where it has the AVX-512 or
 /// AVX2 + FMA tiles, as the inference pass; im2col + GEMM on a CPU with neither.
 pub fn default_direct() -> Option<Isa> {
@@ -588,7 +588,7 @@ pub fn default_direct() -> Option<Isa> {
 }
 
 /// Whether an attention head of dimension `d` runs fused in AVX-512 registers
-/// ([`crate::models::kernels::attn_train_forward`] and its backward) rather than as GEMMs: in the AVX-512
+/// ([`super::kernels::attn_train_forward`] and its backward) rather than as GEMMs: in the AVX-512
 /// form of the pass, for head dimensions up to 16 (models/mnist-ddpm's 8).
 fn fused_attention(net: Net<'_>, d: usize) -> bool {
     matches!(net.direct, Some((Isa::Avx512, _))) && attn_train_available(d)
@@ -831,7 +831,7 @@ fn gradient(config: &Unet2dConfig, plan: &Plan, net: Net<'_>, w: &mut Work, x: &
         } else {
             inp.copy_from_slice(x);
         }
-        let tf = super::time_features(config, None, &[t]);
+        let tf = super::super::time_features(config, None, &[t]);
         w.act[plan.tfeat].copy_from_slice(&tf);
     }
     for op in &plan.ops {

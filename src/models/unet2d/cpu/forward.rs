@@ -15,7 +15,7 @@
 //! * **Direct 3 × 3 convolutions** for the "same" convolutions narrower than Winograd takes
 //!   (all of models/mnist-ddpm's): per image, the input planes are copied once into three
 //!   zero-guarded copies, and a vector tile keeps 8 output channels × 48 pixels in registers over
-//!   all cin · 9 taps ([`super::super::kernels::conv3x3`]); no column matrix is written, nor
+//!   all cin · 9 taps ([`super::kernels::conv3x3`]); no column matrix is written, nor
 //!   packed by a GEMM. On models/mnist-ddpm (1 thread) this took 14–21 % off whole PIA and SecMI
 //!   runs, against im2col + GEMM.
 //! * **im2col by shifted planes** for the other convolutions (strided, and all of them on a CPU
@@ -30,9 +30,9 @@
 //! * **Fused epilogues**: the bias (plus the time embedding, for `default` time conditioning) is
 //!   the GEMM's initial value; the residual (or its 1×1 shortcut) is the second convolution's
 //!   initial value; group norm, the scale/shift of `scale_shift` conditioning and the activation
-//!   are one affine-plus-activation pass per channel; [`super::super::kernels::exp`] vectorises.
+//!   are one affine-plus-activation pass per channel; [`super::kernels::exp`] vectorises.
 //! * **Attention** per (image, head) on strided views of the projected q/k/v: for head dimensions
-//!   ≤ 16 one vectorised kernel over blocks of queries ([`super::super::kernels::attend_small`]:
+//!   ≤ 16 one vectorised kernel over blocks of queries ([`super::kernels::attend_small`]:
 //!   no L × L matrix at all), for wider heads two GEMMs with one L × L score matrix per task.
 //! * **Buffers kept per thread** across forwards (feature maps, column matrix, kernel scratch), and
 //!   tasks sized so that their feature maps stay in L2 when the weights stay in cache
@@ -45,13 +45,13 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use super::super::kernels::{
+use super::super::candle::{AttnBlock, Gn, Node, ResnetBlock};
+use super::super::graph::Updown;
+use super::super::{Act, Unet2dModel};
+use super::kernels::{
     affine, attend_small, conv3x3, conv3x3_scratch, exp, exp_rows, sgemm, silu_inplace, sq_dev, sum, wino4_input,
     wino4_output, wino4_scratch, wino4_weights, zeroed_huge, Direct3x3, Head, Isa, Mat, SMALL_HEAD_MAX,
 };
-use super::candle::{AttnBlock, Gn, Node, ResnetBlock};
-use super::graph::Updown;
-use super::{Act, Unet2dModel};
 use crate::error::{Error, Result};
 use candle_core::Tensor;
 use candle_nn::{Conv2d, Linear};
@@ -967,7 +967,7 @@ enum CNode {
 }
 
 /// The model's weights on the host, laid out for the CPU forward: the graph's ops in order.
-pub(super) struct CpuUnet {
+pub(in super::super) struct CpuUnet {
     nodes: Vec<CNode>,
     /// The ResNet blocks' activation, applied to the time embedding once for all of them.
     act: Act,
@@ -981,7 +981,7 @@ pub(super) struct CpuUnet {
 }
 
 impl CpuUnet {
-    pub(super) fn new(m: &Unet2dModel) -> Result<Self> {
+    pub(in super::super) fn new(m: &Unet2dModel) -> Result<Self> {
         Self::build(m, Forms::default_for_this_cpu())
     }
 
@@ -1037,7 +1037,7 @@ impl CpuUnet {
 
     /// The forward of a batch `x` (B, C, H, W) row-major, with the time features `tf` ([B, tin],
     /// from [`Unet2dModel`]'s embedding); `fourier_t` divides the output by t per image.
-    pub(super) fn forward(
+    pub(in super::super) fn forward(
         &self,
         x: &[f32],
         shape: [usize; 4],
@@ -1242,9 +1242,11 @@ mod tests {
             // every one as im2col + GEMM (the default build runs them directly where the CPU has
             // the direct convolution's vector tiles).
             let tf = ck.model.time_features_host(&t).unwrap();
-            let fourier: Option<Vec<f32>> =
-                matches!(ck.model.config.time_embedding, super::super::TimeEmbedding::Fourier)
-                    .then(|| t.iter().map(|&v| v as f32).collect());
+            let fourier: Option<Vec<f32>> = matches!(
+                ck.model.config.time_embedding,
+                super::super::super::TimeEmbedding::Fourier
+            )
+            .then(|| t.iter().map(|&v| v as f32).collect());
             for (form, forms) in [
                 (
                     "Winograd",
