@@ -13,7 +13,6 @@ pub mod audit;
 /// Canary records are inserted by training: [`crate::models::canary`].
 pub use crate::models::canary;
 pub mod denoiser;
-pub mod diffusers;
 pub mod empirical;
 pub mod fdp;
 pub mod mechanism;
@@ -25,5 +24,6 @@ pub mod render;
 pub mod scores;
 pub mod shard;
 pub mod shard_spec;
+pub mod subject;
 pub mod theory;
 pub mod white_box;

@@ -18,7 +18,6 @@
 //!   gradients in one batched pass, and `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
 //! * [`unet2d_grad_cpu`]: the same gradients on the CPU by a hand-written forward and backward
 //!   pass of one sample at a time (what `train --unet` runs on the CPU).
-//! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
 //! * [`precision`]: `--precision fp32|tf32|bf16` of the UNet forward on a GPU (cuDNN
@@ -36,7 +35,6 @@ pub mod device;
 pub mod diffusers;
 pub mod diffusers_train;
 pub mod dp;
-pub mod eps;
 pub mod images;
 pub mod kernels;
 pub mod net;
