@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod mia;
 pub mod one_run;
 pub mod pipeline;
+pub mod plan;
 pub mod render;
 pub mod scores;
 pub mod shard;

@@ -10,11 +10,10 @@
 use std::path::{Path, PathBuf};
 
 use super::denoiser::Denoiser;
-use super::pipeline::{checkpoint_basis, split_rows, AuditKind, Basis, MiaPlan, TargetInfo};
+use super::plan::{card_target, checkpoint_basis, split_rows, AuditKind, Basis, MiaPlan, TargetInfo, WhiteBoxSource};
 use super::scores::{ScoreRecord, ScoreSet};
 use crate::error::{Error, Result};
 use crate::models::canary::Canaries;
-use crate::models::checkpoint::{CanaryInfo, DpInfo};
 use crate::models::data::indices_sha256;
 use crate::models::diffusers::{DiffusersCheckpoint, DiffusersDenoiser};
 use crate::models::images::ImageSet;
@@ -60,9 +59,6 @@ pub enum Keying {
     /// By position within its own list: member i and non-member i share a stream (diffusers).
     ListPosition,
 }
-
-/// Key of a canary's noise stream: above every data row index.
-pub const CANARY_KEY_BASE: u64 = 1 << 48;
 
 /// The records a run attacks, in the unsharded run's order: the members, then the non-members
 /// (each list cut to `--max-examples` for a diffusers folder), then (one-run audits) the input
@@ -162,19 +158,6 @@ impl AttackedRows {
     }
 }
 
-/// Where a card's gradient (white-box) canaries and DP settings are.
-#[derive(Debug, Clone)]
-pub struct WhiteBoxSource {
-    /// The card's gradient canaries.
-    pub canaries: CanaryInfo,
-    /// Its DP-SGD settings.
-    pub dp: Option<DpInfo>,
-    /// The folder its files are in.
-    pub dir: PathBuf,
-    /// The card.
-    pub card_path: PathBuf,
-}
-
 /// Everything the one attack chain needs about the attacked model.
 pub struct Subject {
     /// The model.
@@ -249,7 +232,7 @@ impl Subject {
     pub fn card(ck: Checkpoint, data: Dataset, split: SplitManifest, plan: &MiaPlan) -> Result<Subject> {
         let (members, nonmembers) = split_rows(&ck, &data, &split)?;
         // Input canaries are attacked like records; gradient canaries are audited from their
-        // observations ([`super::pipeline::white_box_audit`]), not scored.
+        // observations ([`super::pipeline::white_box_audit_of`]), not scored.
         let gradient = ck.card.white_box_canaries().is_some() && ck.card.input_canaries().is_none();
         let canaries = match plan.audit {
             Some(AuditKind::OneRun) if !gradient => Some(Canaries::of_checkpoint(&ck)?),
@@ -435,22 +418,6 @@ impl Subject {
             data: Data::Images(images),
             split,
         })
-    }
-}
-
-/// What the report says about a dpaudit checkpoint card.
-pub fn card_target(ck: &Checkpoint) -> TargetInfo {
-    let c = &ck.card;
-    TargetInfo {
-        checkpoint: ck.card_path.display().to_string(),
-        arch: format!("{:?}", c.model.arch).to_lowercase(),
-        parameters: c.parameters,
-        trained_on: format!("{:?}", c.data.trained_on).to_lowercase(),
-        train_rows: c.data.rows,
-        steps: c.training.steps,
-        command: c.training.command.clone(),
-        randomness: c.training.randomness.clone(),
-        dp: c.dp.clone(),
     }
 }
 

@@ -5,9 +5,7 @@ use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs, Outputs};
 use crate::cli::values::{AttackKind as AttackArg, AuditKind, DeviceChoice};
-use dpaudit::attacks::mia::ScoreOpts;
-use dpaudit::attacks::pipeline::MiaReport;
-use dpaudit::attacks::scores::ScoreRecord;
+use dpaudit::audit::mia::plan::{MiaReport, ScoreOpts, ScoreRecord};
 use dpaudit::audit::mia::{self, MiaRun};
 use dpaudit::audit::outcome::Status;
 

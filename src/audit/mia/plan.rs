@@ -8,9 +8,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::attacks::mechanism::OpacusSpec;
-use crate::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
-use crate::attacks::pipeline::{self, AuditKind, Basis, MiaPlan, MiaReport, PrecisionNote, Table2Opts};
-use crate::attacks::scores::{self, ScoreRecord};
+pub use crate::attacks::mia::ScoreOpts;
+use crate::attacks::mia::{AttackKind, MetricOpts};
+pub use crate::attacks::pipeline::MiaReport;
+use crate::attacks::pipeline::{self, AuditKind, Basis, MiaPlan, PrecisionNote, Table2Opts};
+use crate::attacks::scores;
+pub use crate::attacks::scores::ScoreRecord;
 use crate::attacks::shard::{DiffusersPart, MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
 use crate::attacks::subject::{self, Subject};
 use crate::error::{Error, Result};
@@ -93,6 +96,9 @@ pub struct Request {
     pub trust_keys: Vec<PathBuf>,
 }
 
+/// Parses a step spec (`10`, `T/4`) against a schedule.
+pub type ParseT<'a> = &'a dyn Fn(&str) -> Result<usize>;
+
 /// What [`execute`] produced.
 pub enum MiaRun {
     /// The report, for the shared output writer (`--format`, `--out`).
@@ -143,7 +149,7 @@ impl Request {
     }
 
     /// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
-    pub fn plan(&self, parse_t: Option<&dyn Fn(&str) -> Result<usize>>) -> Result<MiaPlan> {
+    pub fn plan(&self, parse_t: Option<ParseT<'_>>) -> Result<MiaPlan> {
         let steps = |v: &[String]| -> Result<Vec<usize>> {
             match parse_t {
                 Some(f) => v.iter().map(|s| f(s)).collect(),
