@@ -38,7 +38,6 @@ fn bench(c: &mut Criterion) {
         bootstrap: 200,
         level: 0.95,
         delta: 1e-5,
-        alpha: 0.05,
         seed: 0,
     };
     c.bench_function("evaluate_10000x200", |b| {

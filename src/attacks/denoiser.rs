@@ -3,12 +3,14 @@
 //!
 //! Attacks (`mia`, `empirical`, the audits) only call [`Denoiser`], so any model that predicts
 //! ε for a batch of flattened inputs plugs in: dpaudit's own small nets ([`NetDenoiser`]), a
-//! loaded checkpoint, or another model family (a diffusers UNet) implementing the trait.
+//! loaded 8×8 checkpoint, or a diffusers UNet ([`DiffusersDenoiser`]). It is the one
+//! ε-prediction trait of the crate.
 
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::models::diffusers::DiffusersDenoiser;
 use crate::models::{Checkpoint, Net, Schedule};
 
 /// A batched ε-prediction denoiser with its noise schedule.
@@ -120,6 +122,54 @@ impl Denoiser for Checkpoint {
     }
     fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
         self.net.predict(x, t)
+    }
+}
+
+/// A diffusers `UNet2DModel` (ε-, v- or x₀-prediction, converted to ε), on the host or, on a GPU,
+/// through its device-resident interface.
+impl Denoiser for DiffusersDenoiser<'_> {
+    fn dim(&self) -> usize {
+        DiffusersDenoiser::sample_shape(self).iter().product()
+    }
+    fn alpha_bars(&self) -> &[f64] {
+        &self.schedule.alpha_bars
+    }
+    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
+        DiffusersDenoiser::predict_eps(self, x, t)
+    }
+    fn on_device(&self) -> Option<&dyn DeviceEps> {
+        (!self.device().is_cpu()).then_some(self as &dyn DeviceEps)
+    }
+}
+
+impl DeviceEps for DiffusersDenoiser<'_> {
+    fn device(&self) -> &candle_core::Device {
+        DiffusersDenoiser::device(self)
+    }
+    fn predict_eps_tensor(&self, x: &candle_core::Tensor, t: usize) -> Result<candle_core::Tensor> {
+        DiffusersDenoiser::predict_eps_tensor(self, x, t)
+    }
+    // Through the CUDA forward's kernels where the model has them (one launch each, none of
+    // candle's modules), else candle's operations.
+    fn noisy_tensor(&self, x0: &Tensor, eps: &Tensor, abar: f64) -> Result<Tensor> {
+        let (sa, sb) = noisy_factors(abar);
+        match self.model().fused_noisy(x0, eps, sa, sb)? {
+            Some(t) => Ok(t),
+            None => candle_noisy(x0, eps, abar),
+        }
+    }
+    fn ddim_tensor(&self, x: &Tensor, eps: &Tensor, abar_s: f64, abar_t: f64) -> Result<Tensor> {
+        let c = ddim_coefficients(abar_s, abar_t);
+        match self.model().fused_ddim(x, eps, c)? {
+            Some(t) => Ok(t),
+            None => candle_ddim(x, eps, abar_s, abar_t),
+        }
+    }
+    fn row_lp_tensor(&self, a: &Tensor, b: &Tensor, p: f64) -> Result<Vec<f64>> {
+        match self.model().fused_row_lp(a, b, p)? {
+            Some(v) => Ok(v),
+            None => candle_row_lp(a, b, p),
+        }
     }
 }
 

@@ -429,8 +429,6 @@ pub struct MetricOpts {
     pub level: f64,
     /// δ of the accounted guarantees and of the audits.
     pub delta: f64,
-    /// Audit confidence 1 − α.
-    pub alpha: f64,
     /// Seed of the held-out split and the bootstrap.
     pub seed: u64,
 }

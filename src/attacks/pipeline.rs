@@ -22,153 +22,17 @@ use super::audit::{audit_scores, AuditOutcome, AuditScores};
 use super::denoiser::Denoiser;
 use super::empirical::{cosine_profile, CosinePoint};
 use super::metrics::HeldOut;
-use super::mia::{self, AttackKind, AttackResult, MetricOpts, ScoreOpts, Target};
+use super::mia::{self, AttackKind, AttackResult, Target};
 use super::one_run::{self, CanaryScores, OneRunAudit};
+use super::plan::CANARY_KEY_BASE;
+pub use super::plan::{
+    basis_of_event, checkpoint_basis, sampler_basis, split_rows, AuditKind, Basis, MiaPlan, Table2Opts, TargetInfo,
+};
 use super::scores::{self, PairScores, ScoreRecord, ScoreSet};
+use super::subject::Subject;
 use super::theory::{self, Guarantee};
 use crate::error::{Error, Result};
-use crate::events::{DpEvent, EventFile, Neighbouring};
-use crate::models::checkpoint::DpInfo;
-use crate::models::{Checkpoint, Dataset, SplitManifest};
-
-/// Settings of the Table-2-style comparison.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Table2Opts {
-    /// Stopping steps, as written ("T", "3T/4", …).
-    pub steps: Vec<String>,
-    /// Subsampling rates p of the empirical-denoiser sampler.
-    pub rates: Vec<f64>,
-    /// Sampler stride (DDPM steps per sampler step).
-    pub stride: usize,
-    /// Clipping norm C of the sampler mechanism.
-    pub clip: f64,
-    /// Constant density p_t of the sampler mechanism.
-    pub density: f64,
-}
-
-impl Default for Table2Opts {
-    fn default() -> Self {
-        Table2Opts {
-            steps: vec!["T".into(), "3T/4".into(), "T/2".into(), "T/4".into()],
-            rates: vec![1.0, 0.5, 0.01, 0.005],
-            stride: 10,
-            clip: 1.0,
-            density: 1.0,
-        }
-    }
-}
-
-/// Which audit with a valid ε lower bound to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AuditKind {
-    /// Steinke, Nasr & Jagielski 2023: the canaries of one training run (`train --canaries m`).
-    OneRun,
-    /// Independent trials (one model per trial, e.g. K trainings with a target record in or
-    /// out), from a scores file: held-out threshold, Clopper–Pearson.
-    ManyRuns,
-}
-
-/// The guarantee an attack is compared with, and where it comes from.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Basis {
-    /// What the guarantee covers, e.g. "training ledger models/x.ledger.toml".
-    pub source: String,
-    /// Sound guarantees (empty: none applies).
-    pub guarantees: Vec<Guarantee>,
-    /// Accountants that could not give a sound bound, with the reason.
-    pub skipped: Vec<String>,
-    /// The accounted event.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<DpEvent>,
-    /// The neighbouring relation the guarantees hold under.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub neighbouring: Option<Neighbouring>,
-}
-
-impl Basis {
-    /// The tightest sound ε upper bound with its accountant.
-    pub fn epsilon(&self) -> Option<(f64, String)> {
-        theory::tightest(&self.guarantees, |g| g.epsilon)
-    }
-    /// One line: "pld ε = 1.08 at δ = 1e-5 (upper_bound) from <source>".
-    pub fn describe(&self) -> String {
-        match theory::tightest(&self.guarantees, |g| g.epsilon) {
-            None => format!("no sound guarantee ({})", self.source),
-            Some((e, src)) => {
-                let g = self.guarantees.iter().find(|g| g.source == src).expect("present");
-                format!(
-                    "{src} ε = {} at δ = {} ({}) from {}",
-                    crate::report::export::fmt_num(e),
-                    crate::report::export::fmt_num(g.delta),
-                    g.kind.as_str(),
-                    self.source
-                )
-            }
-        }
-    }
-}
-
-/// The guarantees of an event under `neighbouring` at `delta`.
-pub fn basis_of_event(source: String, event: DpEvent, neighbouring: Neighbouring, delta: f64) -> Basis {
-    let (guarantees, skipped) = theory::guarantees_for(&event, neighbouring, delta);
-    Basis {
-        source,
-        guarantees,
-        skipped,
-        event: Some(event),
-        neighbouring: Some(neighbouring),
-    }
-}
-
-/// The training ledger of a checkpoint (None for a non-DP checkpoint).
-pub fn checkpoint_basis(ck: &Checkpoint, delta: f64) -> Result<Option<Basis>> {
-    let Some(dp) = &ck.card.dp else { return Ok(None) };
-    let p = ck.dir().join(&dp.ledger);
-    let f = EventFile::load(&p)?;
-    Ok(Some(basis_of_event(
-        format!("training ledger {}", p.display()),
-        f.event,
-        f.neighbouring,
-        delta,
-    )))
-}
-
-/// The accounting of an empirical-denoiser sampler configuration (diffusion-sampling-privacy
-/// §3), for the `empirical` attack.
-pub fn sampler_basis(path: &std::path::Path, delta: f64) -> Result<Basis> {
-    let cfg = crate::config::sampler::SamplerConfig::load(path)?;
-    let acc = crate::diffusion::account::sampler_accounting(&cfg).map_err(|e| e.with_file(path))?;
-    Ok(basis_of_event(
-        format!("sampler accounting of {}", path.display()),
-        acc.event,
-        acc.neighbouring,
-        delta,
-    ))
-}
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct MiaPlan {
-    /// Attacks.
-    pub attacks: Vec<AttackKind>,
-    /// Steps.
-    pub timesteps: Vec<usize>,
-    /// Attack knobs.
-    pub score: ScoreOpts,
-    /// Metric knobs.
-    pub metric: MetricOpts,
-    /// Also run every attack with labels shuffled at random.
-    pub null_test: bool,
-    /// The Table-2-style comparison.
-    pub table2: Option<Table2Opts>,
-    /// Steps of the Figure-1 cosine profile (empty: none).
-    pub cosine_steps: Vec<usize>,
-    /// The audit to run.
-    pub audit: Option<AuditKind>,
-    /// The sampler's accounting, for the empirical attack (None: no comparison for it).
-    pub sampler: Option<Basis>,
-}
+use crate::models::Checkpoint;
 
 /// One row of the Table-2-style comparison.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -202,32 +66,6 @@ pub struct Table2 {
     pub rows: Vec<Table2Row>,
     /// How the theoretical column was computed.
     pub note: String,
-}
-
-/// Summary of the attacked checkpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TargetInfo {
-    /// Card path.
-    pub checkpoint: String,
-    /// Architecture.
-    pub arch: String,
-    /// Parameter count.
-    pub parameters: usize,
-    /// Part of the split trained on.
-    pub trained_on: String,
-    /// Rows trained on (without canaries).
-    pub train_rows: usize,
-    /// Optimiser steps.
-    pub steps: usize,
-    /// The training command.
-    pub command: String,
-    /// How training randomness was drawn (a seeded run is not private against whoever knows the
-    /// seed).
-    pub randomness: String,
-    /// DP parameters.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    /// DP-SGD settings, for DP checkpoints.
-    pub dp: Option<DpInfo>,
 }
 
 /// One comparison of a measured number with the guarantee of the mechanism it measures.
@@ -382,121 +220,94 @@ impl PrecisionNote {
     }
 }
 
-/// The member / non-member rows of a split for a checkpoint: checks the split is the one the
-/// model was trained on; non-members exclude the canaries.
-pub fn split_rows(ck: &Checkpoint, data: &Dataset, split: &SplitManifest) -> Result<(Vec<usize>, Vec<usize>)> {
-    split.check_data(data)?;
-    let trained_on = ck.card.data.trained_on;
-    let member_ix = split.part(trained_on);
-    if crate::models::data::indices_sha256(member_ix) != ck.card.data.rows_sha256 {
-        return Err(Error::input(format!(
-            "the split's `{}` list does not hash to the card's data.rows_sha256: this is not the split the model was trained on",
-            format!("{trained_on:?}").to_lowercase()
-        ))
-        .with_file(&ck.card_path));
-    }
-    if trained_on == crate::models::data::Part::Nonmembers {
-        return Err(Error::input(
-            "the model was trained on the non-members; nothing to attack",
-        ));
-    }
-    Ok((member_ix.to_vec(), split.nonmembers.clone()))
-}
-
-fn target_info(ck: &Checkpoint) -> TargetInfo {
-    let c = &ck.card;
-    TargetInfo {
-        checkpoint: ck.card_path.display().to_string(),
-        arch: format!("{:?}", c.model.arch).to_lowercase(),
-        parameters: c.parameters,
-        trained_on: format!("{:?}", c.data.trained_on).to_lowercase(),
-        train_rows: c.data.rows,
-        steps: c.training.steps,
-        command: c.training.command.clone(),
-        randomness: c.training.randomness.clone(),
-        dp: c.dp.clone(),
-    }
-}
-
-/// Scores of a checkpoint: (split records, canary records). Progress counts (attack, t) pairs.
-pub fn score_checkpoint(
-    ck: &Checkpoint,
-    data: &Dataset,
-    split: &SplitManifest,
-    plan: &MiaPlan,
-    bar: Option<&ProgressBar>,
-) -> Result<Vec<ScoreRecord>> {
-    Ok(score_checkpoint_shard(ck, data, split, plan, bar, None)?
-        .into_iter()
-        .map(|(_, r)| r)
-        .collect())
-}
-
-/// Key of a canary's noise stream: above every data row index.
-const CANARY_KEY_BASE: u64 = 1 << 48;
-
-/// [`score_checkpoint`] restricted to one shard: the records at positions p with
-/// p mod n = i of the unsharded run's record list (split rows: members then non-members, then
-/// canaries), each with its position, so [`super::shard::merge`] can restore the unsharded
-/// order. Every record's noise is keyed by its data row (or canary) index, so its score is the
-/// same whichever shard computes it.
-pub fn score_checkpoint_shard(
-    ck: &Checkpoint,
-    data: &Dataset,
-    split: &SplitManifest,
+/// Scores of `subject`'s records at positions p with p mod n = i (`shard` i/n; all without one),
+/// each with its position in the unsharded run's record list (members, non-members, then input
+/// canaries), so [`super::shard::merge`] can restore the unsharded order. Every record's noise
+/// is keyed as [`super::subject::Keying`] says and the model treats the rows of a batch
+/// independently, so a record's score is the same whichever shard computes it. Progress counts
+/// images (each (attack, step) unit of the bar becomes the images it scores). One function for
+/// every checkpoint kind.
+pub fn score(
+    subject: &Subject,
+    den: &dyn Denoiser,
     plan: &MiaPlan,
     bar: Option<&ProgressBar>,
     shard: Option<super::shard_spec::ShardSpec>,
 ) -> Result<Vec<(usize, ScoreRecord)>> {
-    let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
-    let members = data.rows(&member_ix);
+    let rows = &subject.rows;
     let mine = |p: usize| shard.is_none_or(|s| s.owns(p));
-    let split_pos: Vec<usize> = (0..member_ix.len() + nonmember_ix.len()).filter(|&p| mine(p)).collect();
-    let all_ix: Vec<usize> = member_ix.iter().chain(&nonmember_ix).copied().collect();
-    let q_ix: Vec<usize> = split_pos.iter().map(|&p| all_ix[p]).collect();
-    let q_rows = data.rows(&q_ix);
-    let q_keys: Vec<u64> = q_ix.iter().map(|&i| i as u64).collect();
+    let all = rows.split_rows();
+    let split_pos: Vec<usize> = (0..all.len()).filter(|&p| mine(p)).collect();
+    let q_ix: Vec<usize> = split_pos.iter().map(|&p| all[p]).collect();
+    let q_rows = subject.data.rows(&q_ix);
+    let q_keys: Vec<u64> = split_pos.iter().map(|&p| rows.key(p)).collect();
     let ids: Vec<String> = q_ix.iter().map(|i| i.to_string()).collect();
-    let labels: Vec<bool> = split_pos.iter().map(|&p| p < member_ix.len()).collect();
-    // Input canaries are attacked like records; gradient canaries are audited from their
-    // observations ([`white_box_audit`]), not scored.
-    let gradient = ck.card.white_box_canaries().is_some() && ck.card.input_canaries().is_none();
-    let canaries = match plan.audit {
-        Some(AuditKind::OneRun) if !gradient => Some(crate::models::canary::Canaries::of_checkpoint(ck)?),
-        _ => None,
+    let labels: Vec<bool> = split_pos.iter().map(|&p| p < rows.members.len()).collect();
+    // The empirical attack's denoiser is the sampler's: the empirical denoiser over the rows
+    // the model was trained on (the members), whichever shard scores.
+    let train_rows = if plan.attacks.contains(&AttackKind::Empirical) {
+        subject.data.rows(&rows.members)
+    } else {
+        Vec::new()
     };
-    let base = all_ix.len();
-    let mut out = Vec::new();
-    // Progress counts images: each (attack, step) unit of the bar becomes the images it scores.
-    let per_unit = q_ix.len() as u64;
+    let base = all.len();
+    let canary_pos: Vec<usize> = rows
+        .canaries
+        .as_ref()
+        .map_or(Vec::new(), |c| (0..c.len()).filter(|&j| mine(base + j)).collect());
+    let per_unit = |kind: AttackKind| {
+        (split_pos.len()
+            + if kind.target() == Target::Checkpoint {
+                canary_pos.len()
+            } else {
+                0
+            }) as u64
+    };
     if let Some(b) = bar {
-        let units = (plan.attacks.len() * plan.timesteps.len()) as u64;
-        b.inc_length(units * per_unit.saturating_sub(1));
+        let extra: u64 =
+            plan.attacks.iter().map(|&k| per_unit(k).saturating_sub(1)).sum::<u64>() * plan.timesteps.len() as u64;
+        b.inc_length(extra);
     }
+    let mut out = Vec::new();
     for &kind in &plan.attacks {
         for &t in &plan.timesteps {
             if let Some(b) = bar {
                 b.set_message(format!("{} at t = {t}", kind.as_str()));
             }
-            let s = mia::scores_keyed(kind, ck, &members, &q_rows, &q_keys, t, &plan.score)?;
-            let recs = scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s);
-            out.extend(split_pos.iter().copied().zip(recs));
-            if let (Some(c), Target::Checkpoint) = (&canaries, kind.target()) {
-                let dim = ck.dim();
-                let pos: Vec<usize> = (0..c.ids.len()).filter(|&j| mine(base + j)).collect();
-                let rows: Vec<f32> = pos
+            let t0 = std::time::Instant::now();
+            let s = mia::scores_keyed(kind, den, &train_rows, &q_rows, &q_keys, t, &plan.score)?;
+            crate::timing::note(
+                format_args!("{} at t = {t}, {} records", kind.as_str(), q_keys.len()),
+                t0,
+            );
+            crate::timing::kernel_summary();
+            crate::timing::within_summary();
+            out.extend(
+                split_pos
                     .iter()
-                    .flat_map(|&j| c.rows[j * dim..(j + 1) * dim].iter().copied())
+                    .copied()
+                    .zip(scores::records(kind, t, ScoreSet::Split, &ids, &labels, &s)),
+            );
+            if let (Some(c), Target::Checkpoint) = (&rows.canaries, kind.target()) {
+                let crow: Vec<f32> = canary_pos
+                    .iter()
+                    .flat_map(|&j| c.rows[j * c.dim..(j + 1) * c.dim].iter().copied())
                     .collect();
-                let keys: Vec<u64> = pos.iter().map(|&j| CANARY_KEY_BASE + j as u64).collect();
-                let cids: Vec<String> = pos.iter().map(|&j| c.ids[j].clone()).collect();
-                let inc: Vec<bool> = pos.iter().map(|&j| c.included[j]).collect();
-                let s = mia::scores_keyed(kind, ck, &members, &rows, &keys, t, &plan.score)?;
-                let recs = scores::records(kind, t, ScoreSet::Canary, &cids, &inc, &s);
-                out.extend(pos.iter().map(|&j| base + j).zip(recs));
+                let keys: Vec<u64> = canary_pos.iter().map(|&j| CANARY_KEY_BASE + j as u64).collect();
+                let cids: Vec<String> = canary_pos.iter().map(|&j| c.ids[j].clone()).collect();
+                let inc: Vec<bool> = canary_pos.iter().map(|&j| c.included[j]).collect();
+                let s = mia::scores_keyed(kind, den, &[], &crow, &keys, t, &plan.score)?;
+                out.extend(canary_pos.iter().map(|&j| base + j).zip(scores::records(
+                    kind,
+                    t,
+                    ScoreSet::Canary,
+                    &cids,
+                    &inc,
+                    &s,
+                )));
             }
             if let Some(b) = bar {
-                b.inc(per_unit);
+                b.inc(per_unit(kind).max(1));
             }
         }
     }
@@ -651,12 +462,7 @@ pub fn evaluate_scores(
                 ));
             }
             let m = pairs[0].included.len();
-            let a = one_run::audit(
-                &pairs,
-                &one_run::default_ks(m),
-                plan.metric.delta,
-                1.0 - plan.metric.alpha,
-            )?;
+            let a = one_run::audit(&pairs, &one_run::default_ks(m), plan.metric.delta, 1.0 - plan.beta)?;
             let mut c = audit_comparison(
                 "one-run audit (black-box; Steinke, Nasr & Jagielski 2023, Thm 3.3)",
                 format!("training run with {m} canaries ({} included)", a.included),
@@ -677,7 +483,7 @@ pub fn evaluate_scores(
                 .filter(|p| p.attack.target() == Target::Checkpoint)
                 .cloned()
                 .collect();
-            let a = many_runs(&pairs, plan.metric.delta, 1.0 - plan.metric.alpha, plan.metric.seed)?;
+            let a = many_runs(&pairs, plan.metric.delta, 1.0 - plan.beta, plan.metric.seed)?;
             comparisons.push(audit_comparison(
                 "many-runs audit (black-box; independent trials, Clopper–Pearson)",
                 "independently trained models, one trial per row".to_string(),
@@ -791,60 +597,86 @@ fn round4_down(x: f64) -> f64 {
     (x * 1e4).floor() / 1e4
 }
 
-/// Runs the plan on a checkpoint. `bar` counts (attack, step) pairs plus Table-2 rows.
-/// Returns the report and every score record (for `--scores-out`).
+/// Runs `plan` on `subject` (a checkpoint of any kind): refuses a bootstrap the limits cannot
+/// afford before any attack runs, scores every record ([`score`]), assembles the report
+/// ([`assemble`]) and adds the Figure-1 cosine profile and the Table-2 comparison ([`extras`]).
+/// `bar` counts images per (attack, step) plus Table-2 rows. Returns the report and every score
+/// record (for `--scores-out`; record ids are the data rows, canaries their ids).
 pub fn run(
-    ck: &Checkpoint,
-    data: &Dataset,
-    split: &SplitManifest,
+    subject: &Subject,
     plan: &MiaPlan,
     device: &str,
     bar: Option<&ProgressBar>,
 ) -> Result<(MiaReport, Vec<ScoreRecord>)> {
     let start = std::time::Instant::now();
-    // Refuse a bootstrap the limits cannot afford before any attack runs (the same check as
-    // in metrics::bootstrap, which would otherwise only fire after the scoring).
-    {
-        let (m_ix, n_ix) = split_rows(ck, data, split)?;
-        let scores = (m_ix.len() + n_ix.len()) as f64;
-        crate::limits::check(
-            "--bootstrap",
-            plan.metric.bootstrap as f64,
-            crate::limits::Cost::new(8.0, crate::limits::BOOTSTRAP_SCORE.work * scores.max(1.0)),
-        )?;
-    }
-    let records = score_checkpoint(ck, data, split, plan, bar)?;
-    let report = assemble(ck, data, split, plan, device, &records, bar, start)?;
+    let scored = subject.rows.split_rows().len() as f64;
+    crate::limits::check(
+        "--bootstrap",
+        plan.metric.bootstrap as f64,
+        crate::limits::Cost::new(8.0, crate::limits::BOOTSTRAP_SCORE.work * scored.max(1.0)),
+    )?;
+    let eps = subject.eps()?;
+    let records: Vec<ScoreRecord> = score(subject, eps.denoiser(), plan, bar, None)?
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
+    let t0 = std::time::Instant::now();
+    let mut report = assemble(subject, plan, device, &records, start)?;
+    crate::timing::note("metrics and report", t0);
+    let members = subject.data.rows(&subject.rows.members);
+    let nonmembers = subject.data.rows(&subject.rows.nonmembers);
+    let (cosine, table2) = extras(eps.denoiser(), eps.schedule(), &members, &nonmembers, plan, bar)?;
+    report.cosine = cosine;
+    report.table2 = table2;
+    report.elapsed_s = start.elapsed().as_secs_f64();
     Ok((report, records))
 }
 
-/// The report of a checkpoint's scored `records` (from [`score_checkpoint`], or merged shards):
-/// metrics, audits, comparisons with the ledger, and the Table-2 / cosine extras of `plan`.
-#[allow(clippy::too_many_arguments)]
+/// (β of the black-box one-run audit, β of the white-box audit) when `both` run on the canaries
+/// of one training (`--canary-kind both`): β/2 each, so by the union bound (Bonferroni) the
+/// family of every audit verdict of the report holds at confidence 1 − β; with one audit, β.
+pub fn audit_betas(beta: f64, both: bool) -> (f64, f64) {
+    if both {
+        (beta / 2.0, beta / 2.0)
+    } else {
+        (beta, beta)
+    }
+}
+
+/// The report of `subject`'s scored `records` (from [`score`] without a shard, or merged
+/// shards): metrics, the black-box audits, the white-box audit of gradient canaries, and the
+/// comparisons with the checkpoint's guarantee. The same for every checkpoint kind.
 pub fn assemble(
-    ck: &Checkpoint,
-    data: &Dataset,
-    split: &SplitManifest,
+    subject: &Subject,
     plan: &MiaPlan,
     device: &str,
     records: &[ScoreRecord],
-    bar: Option<&ProgressBar>,
     start: std::time::Instant,
 ) -> Result<MiaReport> {
-    let ck_basis = checkpoint_basis(ck, plan.metric.delta)?;
-    let ck_name = ck.card_path.display().to_string();
-    let white_box = white_box_audit(ck, plan)?;
-    let black_box_plan;
+    let basis = subject.basis.as_ref();
+    let name = subject.target.checkpoint.clone();
+    let gradient = subject
+        .white_box
+        .as_ref()
+        .filter(|w| w.canaries.kind() == crate::models::canary::CanaryKind::Gradient);
+    let one_run = plan.audit == Some(AuditKind::OneRun);
     // With input canaries of the same run (`--canary-kind both`) the black-box one-run audit
-    // runs too; with gradient canaries alone the one-run audit is the white-box one.
-    let eval_plan = if white_box.is_some() && ck.card.input_canaries().is_none() {
-        black_box_plan = MiaPlan {
-            audit: None,
-            ..plan.clone()
-        };
-        &black_box_plan
-    } else {
-        plan
+    // runs too, and the two share the family's β; with gradient canaries alone the one-run
+    // audit is the white-box one.
+    let both = one_run && gradient.is_some() && subject.rows.canaries.is_some();
+    let (bb_beta, wb_beta) = audit_betas(plan.beta, both);
+    let white_box = match gradient {
+        Some(w) if one_run => Some(white_box_audit_of(w, plan.metric.delta, wb_beta)?),
+        _ => None,
+    };
+    let eval_plan = MiaPlan {
+        audit: if white_box.is_some() && subject.rows.canaries.is_none() {
+            None
+        } else {
+            plan.audit
+        },
+        beta: bb_beta,
+        ..plan.clone()
     };
     let Evaluated {
         results,
@@ -852,36 +684,35 @@ pub fn assemble(
         mut one_run,
         many_runs,
         mut comparisons,
-    } = evaluate_scores(records, eval_plan, ck_basis.as_ref(), Some(&ck_name))?;
+    } = evaluate_scores(records, &eval_plan, basis, Some(&name))?;
     if let Some(wb) = &white_box {
-        let s = white_box_comparisons(wb, ck_basis.as_ref(), &mut comparisons);
+        // The white-box bound is the report's one-run audit unless input canaries of the same
+        // run were audited black-box (then both are compared with the ledger, and the white-box
+        // record stays in `white_box`).
+        let s = white_box_comparisons(wb, basis, &mut comparisons);
         if one_run.is_none() {
             one_run = Some(s);
         }
     }
-    let (member_ix, nonmember_ix) = split_rows(ck, data, split)?;
-    let members = data.rows(&member_ix);
-    let nonmembers = data.rows(&nonmember_ix);
-    let (cosine, table2) = extras(ck, &ck.schedule, &members, &nonmembers, plan, bar)?;
-    let mut warnings = Vec::new();
-    if ck.card.training.randomness != crate::models::checkpoint::RANDOMNESS_OS {
-        warnings.push(format!("training randomness: {}", ck.card.training.randomness));
+    let mut warnings = subject.warnings.clone();
+    if both {
+        warnings.push(format!(
+            "two one-run audits of one training (input and gradient canaries): each at confidence 1 − β/2 = {}, so every audit verdict holds together at {}",
+            crate::report::export::fmt_num(1.0 - plan.beta / 2.0),
+            crate::report::export::fmt_num(1.0 - plan.beta)
+        ));
     }
-    if let Some(b) = &ck_basis {
-        warnings.extend(b.skipped.iter().map(|s| format!("accountant not used: {s}")));
-    }
-    let c = &ck.card;
     Ok(MiaReport {
         schema: "dpaudit.mia/2".into(),
-        target: Some(target_info(ck)),
+        target: Some(subject.target.clone()),
         scores_file: None,
-        split: c.data.split.clone(),
-        data: c.data.file.clone(),
+        split: subject.split_label.clone(),
+        data: subject.data_label.clone(),
         device: device.to_string(),
         seed: plan.score.seed,
         delta: plan.metric.delta,
-        confidence: 1.0 - plan.metric.alpha,
-        checkpoint_basis: ck_basis,
+        confidence: 1.0 - plan.beta,
+        checkpoint_basis: subject.basis.clone(),
         sampler_basis: plan.sampler.clone(),
         results,
         null_results,
@@ -889,8 +720,8 @@ pub fn assemble(
         many_runs,
         comparisons,
         warnings,
-        cosine,
-        table2,
+        cosine: Vec::new(),
+        table2: None,
         elapsed_s: start.elapsed().as_secs_f64(),
         precision: None,
         white_box,
@@ -990,35 +821,17 @@ pub fn white_box_comparisons(
     s
 }
 
-/// The white-box audit of a checkpoint trained with gradient canaries (`--audit one-run`).
-pub fn white_box_audit(ck: &Checkpoint, plan: &MiaPlan) -> Result<Option<super::white_box::WhiteBoxAudit>> {
-    white_box_audit_of(
-        ck.card.white_box_canaries(),
-        ck.card.dp.as_ref(),
-        ck.dir(),
-        &ck.card_path,
-        plan,
-    )
-}
-
-/// The white-box audit of any checkpoint whose card (at `card_path`, its files in `dir`) names
-/// gradient canaries (`canaries`) and the DP-SGD settings of its ledger (`dp`): the canaries
-/// file and the observations are checked against the card's SHA-256, count and shape, then
-/// audited ([`super::white_box::audit`]). `None` without gradient canaries or `--audit one-run`.
+/// The white-box audit of a checkpoint whose card names gradient canaries (`w`) and the DP-SGD
+/// settings of its ledger: the canaries file and the observations are checked against the
+/// card's SHA-256, count and shape, then audited ([`super::white_box::audit`]) at family-wise
+/// confidence 1 − `beta`.
 pub fn white_box_audit_of(
-    canaries: Option<&crate::models::checkpoint::CanaryInfo>,
-    dp: Option<&DpInfo>,
-    dir: &std::path::Path,
-    card_path: &std::path::Path,
-    plan: &MiaPlan,
-) -> Result<Option<super::white_box::WhiteBoxAudit>> {
-    use crate::models::canary::{CanaryKind, GradientCanaries};
-    let Some(info) = canaries.filter(|i| i.kind() == CanaryKind::Gradient) else {
-        return Ok(None);
-    };
-    if plan.audit != Some(AuditKind::OneRun) {
-        return Ok(None);
-    }
+    w: &super::plan::WhiteBoxSource,
+    delta: f64,
+    beta: f64,
+) -> Result<super::white_box::WhiteBoxAudit> {
+    use crate::models::canary::GradientCanaries;
+    let (info, dp, dir, card_path) = (&w.canaries, w.dp.as_ref(), &w.dir, &w.card_path);
     let bad = |field: &str, m: String| Err(Error::field(field, m).with_file(card_path));
     let Some(dp) = dp else {
         return bad(
@@ -1073,15 +886,7 @@ pub fn white_box_audit_of(
         sample_rate: dp.sample_rate,
         steps: dp.steps,
     };
-    super::white_box::audit(
-        &values,
-        arr.shape[0],
-        &c.included,
-        &mech,
-        plan.metric.delta,
-        1.0 - plan.metric.alpha,
-    )
-    .map(Some)
+    super::white_box::audit(&values, arr.shape[0], &c.included, &mech, delta, 1.0 - beta)
 }
 
 /// The report from a scores file; the checkpoint (optional) supplies the training ledger.
@@ -1092,7 +897,7 @@ pub fn from_scores(records: &[ScoreRecord], file: &str, ck: Option<&Checkpoint>,
     };
     let name = ck.map(|c| c.card_path.display().to_string());
     let mut r = from_scores_basis(records, file, ck_basis, name, plan)?;
-    r.target = ck.map(target_info);
+    r.target = ck.map(super::plan::card_target);
     r.split = ck.map(|c| c.card.data.split.clone()).unwrap_or_default();
     r.data = ck.map(|c| c.card.data.file.clone()).unwrap_or_default();
     Ok(r)
@@ -1124,7 +929,7 @@ pub fn from_scores_basis(
         device: "none (scores from a file)".into(),
         seed: plan.score.seed,
         delta: plan.metric.delta,
-        confidence: 1.0 - plan.metric.alpha,
+        confidence: 1.0 - plan.beta,
         checkpoint_basis: ck_basis,
         sampler_basis: plan.sampler.clone(),
         results,
@@ -1219,6 +1024,56 @@ fn table2(
             plan.metric.delta
         ),
     })
+}
+
+/// The largest change of the scores in `records` (computed at the current precision) when the
+/// first `sample` members and the first `sample` non-members are scored again in fp32 with the
+/// same attacks, steps and noise (a record's noise depends only on its position, so the sample's
+/// records get the same draws). Returns (records compared, largest absolute change, largest
+/// relative change). Restores the current precision.
+pub fn fp32_score_change(
+    subject: &Subject,
+    den: &dyn Denoiser,
+    plan: &MiaPlan,
+    records: &[ScoreRecord],
+    sample: usize,
+) -> Result<(usize, f64, f64)> {
+    use crate::models::precision::{self, Precision};
+    let (split, images) = (&subject.split, &subject.data);
+    let member_ix: Vec<usize> = split.members.iter().take(sample).copied().collect();
+    let nonmember_ix: Vec<usize> = split.nonmembers.iter().take(sample).copied().collect();
+    let (members, nonmembers) = (images.rows(&member_ix), images.rows(&nonmember_ix));
+    let ids: Vec<String> = member_ix.iter().chain(&nonmember_ix).map(|i| i.to_string()).collect();
+    let mut have = std::collections::HashMap::new();
+    for r in records.iter().filter(|r| r.set == ScoreSet::Split) {
+        have.insert((r.attack, r.t, r.record_id.clone()), r.score);
+    }
+    let before = precision::current();
+    precision::set(Precision::Fp32);
+    let rescored = (|| -> Result<Vec<(AttackKind, usize, Vec<f64>)>> {
+        let mut out = Vec::new();
+        for &kind in &plan.attacks {
+            for &t in &plan.timesteps {
+                let mut s = mia::scores(kind, den, &[], &members, t, &plan.score)?;
+                s.extend(mia::scores(kind, den, &[], &nonmembers, t, &plan.score)?);
+                out.push((kind, t, s));
+            }
+        }
+        Ok(out)
+    })();
+    precision::set(before);
+    let (mut n, mut abs, mut rel) = (0usize, 0f64, 0f64);
+    for (kind, t, s) in rescored? {
+        for (id, fp32) in ids.iter().zip(s) {
+            if let Some(&got) = have.get(&(kind, t, id.clone())) {
+                let d = (got - fp32).abs();
+                abs = abs.max(d);
+                rel = rel.max(d / fp32.abs().max(f64::MIN_POSITIVE));
+                n += 1;
+            }
+        }
+    }
+    Ok((n, abs, rel))
 }
 
 impl MiaReport {

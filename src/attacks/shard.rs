@@ -58,10 +58,10 @@ impl PartInputs {
 }
 
 /// SHA-256 of a part's checkpoint: of the card file, or for a diffusers UNet folder of its files
-/// ([`super::diffusers::folder_sha256`]).
+/// ([`super::subject::folder_sha256`]).
 pub fn input_sha256(checkpoint: &Path) -> Result<String> {
     if checkpoint.is_dir() {
-        super::diffusers::folder_sha256(checkpoint)
+        super::subject::folder_sha256(checkpoint)
     } else {
         sha256_file(checkpoint)
     }
@@ -94,7 +94,7 @@ pub struct PartPlan {
     pub level: f64,
     /// δ of the guarantees and audits.
     pub delta: f64,
-    /// Audit α.
+    /// The audits' β (the plan's `beta`; named `alpha` in part files).
     pub alpha: f64,
     /// Seed of the held-out split and bootstrap.
     pub metric_seed: u64,
@@ -131,7 +131,7 @@ impl PartPlan {
             bootstrap: plan.metric.bootstrap,
             level: plan.metric.level,
             delta: plan.metric.delta,
-            alpha: plan.metric.alpha,
+            alpha: plan.beta,
             metric_seed: plan.metric.seed,
             null_test: plan.null_test,
             audit: plan.audit,
@@ -150,7 +150,6 @@ impl PartPlan {
                 bootstrap: self.bootstrap,
                 level: self.level,
                 delta: self.delta,
-                alpha: self.alpha,
                 seed: self.metric_seed,
             },
             null_test: self.null_test,
@@ -158,6 +157,7 @@ impl PartPlan {
             cosine_steps: Vec::new(),
             audit: self.audit,
             sampler: self.sampler.clone(),
+            beta: self.alpha,
         }
     }
 }

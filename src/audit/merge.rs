@@ -68,16 +68,8 @@ pub fn execute(plan: &Plan) -> Result<Merged> {
     let split = SplitManifest::load(&split_path)?;
     merged.check_records(&ck, &data, &split)?;
     let mia_plan = merged.plan.to_plan();
-    let report = pipeline::assemble(
-        &ck,
-        &data,
-        &split,
-        &mia_plan,
-        "merged shards",
-        &merged.records,
-        None,
-        plan.started,
-    )?;
+    let subject = crate::attacks::subject::Subject::card(ck, data, split, &mia_plan)?;
+    let report = pipeline::assemble(&subject, &mia_plan, "merged shards", &merged.records, plan.started)?;
     crate::report::progress::note(&format!(
         "merged {} parts, {} records",
         parts.len(),
@@ -142,20 +134,21 @@ fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPa
     let images = crate::models::images::ImageSet::load(&data_path)?;
     let split = SplitManifest::load(&split_path)?;
     let mia_plan = merged.plan.to_plan();
-    let rows = crate::attacks::diffusers::attacked_rows(&ck, &images, &split, &split_path, &mia_plan, d.max_examples)?;
-    rows.check_records(&merged.records, &merged.positions, &mia_plan)?;
-    let report = crate::attacks::diffusers::assemble(
-        &ck,
-        &images,
-        &split,
+    // The batch size does not enter the report: nothing is scored again.
+    let subject = crate::attacks::subject::Subject::diffusers(
+        ck,
+        64,
+        images,
+        split,
         &split_path,
-        &rows,
         &mia_plan,
-        "merged shards",
-        &merged.records,
-        basis.as_ref(),
-        plan.started,
+        d.max_examples,
+        basis,
     )?;
+    subject
+        .rows
+        .check_records(&merged.records, &merged.positions, &mia_plan)?;
+    let report = pipeline::assemble(&subject, &mia_plan, "merged shards", &merged.records, plan.started)?;
     crate::report::progress::note(&format!("merged {n_parts} parts, {} records", merged.records.len()));
     Ok(Merged {
         report,

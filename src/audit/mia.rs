@@ -2,6 +2,9 @@
 //! cosine profile, the Table-2 comparison, the comparisons of each measured number with the
 //! guarantee of the mechanism it attacks, and one ROC plot per attacked mechanism.
 
+pub mod plan;
+pub use plan::{execute, finish, MiaRun, Request};
+
 use crate::accountants::{AccountResult, AccountantKind, BoundKind};
 use crate::attacks::mia::{AttackKind, AttackResult, Target};
 use crate::attacks::pipeline::{MiaReport, Table2Row};

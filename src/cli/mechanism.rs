@@ -50,14 +50,4 @@ impl MechanismArgs {
             epochs: self.epochs,
         }
     }
-
-    /// True when nothing was stated.
-    pub fn is_empty(&self) -> bool {
-        self.ledger.is_none() && self.spec().is_empty()
-    }
-
-    /// The trusted public keys (`--trust-key`).
-    pub fn trusted(&self) -> anyhow::Result<Vec<dpaudit::provenance::VerifyingKey>> {
-        Ok(dpaudit::provenance::load_trusted(&self.trust_key)?)
-    }
 }

@@ -1,50 +1,16 @@
-//! `dpaudit mia`: arguments → [`MiaPlan`] → [`pipeline::run`] (or [`pipeline::from_scores`]) →
-//! output and exit code. Scoring, comparisons and the violation decision live in the library.
+//! `dpaudit mia`: flags → [`mia::Request`] → [`mia::execute`] (the plan, the input path and the
+//! one attack chain, in `audit::mia`) → the shared output writer and the exit code.
 
 use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs, Outputs};
 use crate::cli::values::{AttackKind as AttackArg, AuditKind, DeviceChoice};
-use dpaudit::attacks::mia::{AttackKind, MetricOpts, ScoreOpts};
-use dpaudit::attacks::pipeline::{self, MiaPlan, Table2Opts};
-use dpaudit::attacks::shard::{MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
-use dpaudit::attacks::{render, scores};
+use dpaudit::audit::mia::plan::{MiaReport, ScoreOpts, ScoreRecord};
+use dpaudit::audit::mia::{self, MiaRun};
 use dpaudit::audit::outcome::Status;
-use dpaudit::error::Error;
-use dpaudit::models::{device, Checkpoint, Dataset, SplitManifest};
 
-const EXAMPLES: &str = "\
-Examples:
-  # All attacks on the shipped non-DP checkpoint, at steps 10, 50, 100 and T/4:
-  dpaudit mia --checkpoint models/digits-mlp.toml
-
-  # The DP (RAPID) checkpoint: each attack beside the limit of the mechanism it attacks (the
-  # checkpoint's training ledger), plus the null test (labels shuffled at random):
-  dpaudit mia --checkpoint models/digits-rapid.toml --null-test --format json > mia.json
-
-  # A valid ε lower bound from one training run with canaries (train --canaries 200 first):
-  dpaudit mia --checkpoint x.toml --audit one-run --attack loss,pia --timesteps 10,50,100
-
-  # Scores out, and metrics recomputed from scores (from dpaudit or any other tool):
-  dpaudit mia --checkpoint models/digits-mlp.toml --scores-out scores.csv
-  dpaudit mia --scores scores.csv --checkpoint models/digits-mlp.toml
-
-  # A diffusers folder trained elsewhere (e.g. with Opacus): state the mechanism, and every
-  # attack is compared with its limit (a folder `train --unet --dp` wrote uses its own ledger):
-  dpaudit mia --checkpoint models/mnist-ddpm --data fixtures/data/mnist/mnist-10k.u8.gz \
-      --split fixtures/splits/mnist.toml --noise-multiplier 1.1 --train-batch-size 32 \
-      --dataset-size 128 --epochs 50
-
-  # Table-2-style comparison (diffusion-sampling-privacy §6.4):
-  dpaudit mia --checkpoint models/digits-mlp.toml --table2 --attack loss --timesteps 10
-
-Formats: text (default), csv (one row per attack and step), json, md and html (the shared report:
-tables, the ROC against the limit of the attacked mechanism). --out DIR writes the report in every
-format plus mia.json (the detailed record) and mia.csv. --roc-out writes every ROC point with the
-TPR limit of the attacked mechanism.
-
-Exit codes: 0 ok; 1 an audit's ε lower bound (one-run or many-runs) exceeds the accounted ε of
-the same mechanism; 2 bad input. A single model's ASR never decides the exit code.";
+/// The examples, formats and exit codes of `mia --help`.
+const EXAMPLES: &str = include_str!("mia_examples.txt");
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
@@ -153,69 +119,20 @@ pub struct Args {
     pub mechanism: crate::cli::mechanism::MechanismArgs,
 }
 
-/// Parses a step spec (`10`, `T/4`) against a schedule.
-pub(crate) type ParseT<'a> = &'a dyn Fn(&str) -> dpaudit::Result<usize>;
-
-/// `--attack` when not given.
-const DEFAULT_ATTACKS: [AttackArg; 4] = [AttackArg::Loss, AttackArg::Secmi, AttackArg::Pia, AttackArg::Empirical];
-/// `--timesteps` when not given.
-const DEFAULT_TIMESTEPS: [&str; 4] = ["10", "50", "100", "T/4"];
-
-impl Args {
-    /// The attacks asked for (the default set when `--attack` is not given).
-    fn attacks(&self) -> Vec<AttackArg> {
-        if self.attack.is_empty() {
-            DEFAULT_ATTACKS.to_vec()
-        } else {
-            self.attack.clone()
-        }
-    }
-
-    /// The step specs asked for (the default set when `--timesteps` is not given).
-    fn timestep_specs(&self) -> Vec<String> {
-        if self.timesteps.is_empty() {
-            DEFAULT_TIMESTEPS.iter().map(|s| s.to_string()).collect()
-        } else {
-            self.timesteps.clone()
-        }
-    }
-}
-
-/// The plan; `parse_t` reads steps (None with --scores: the steps come from the file).
-pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaPlan> {
-    let steps = |v: &[String]| -> dpaudit::Result<Vec<usize>> {
-        match parse_t {
-            Some(f) => v.iter().map(|s| f(s)).collect(),
-            None => Ok(Vec::new()),
-        }
-    };
-    if !(a.confidence > 0.0 && a.confidence < 1.0) {
-        return Err(Error::field("--confidence", "must be in (0, 1)").into());
-    }
-    if !(a.delta > 0.0 && a.delta < 1.0) {
-        return Err(Error::field("--delta", "must be in (0, 1)").into());
-    }
-    if !(a.empirical_rate > 0.0 && a.empirical_rate <= 1.0) {
-        return Err(Error::field("--empirical-sample-rate", "must be in (0, 1]").into());
-    }
-    if a.table2_rates.iter().any(|p| !(*p > 0.0 && *p <= 1.0)) {
-        return Err(Error::field("--table2-rates", "rates must be in (0, 1]").into());
-    }
-    if !(a.pia_norm >= 1.0 && a.pia_norm.is_finite()) {
-        return Err(Error::field("--pia-norm", "must be a finite p ≥ 1").into());
-    }
-    if parse_t.is_some() {
-        // Every draw is a model evaluation on every attacked record at every attacked step.
-        let per_draw = dpaudit::limits::MIA_DRAW.work * a.timestep_specs().len().max(1) as f64;
-        dpaudit::limits::check_count(
-            "--noise-draws",
-            a.noise_draws as u64,
-            dpaudit::limits::Cost::new(0.0, per_draw),
-        )?;
-    }
-    Ok(MiaPlan {
-        attacks: a.attacks().into_iter().map(Into::into).collect(),
-        timesteps: steps(&a.timestep_specs())?,
+/// The request the flags state.
+fn request(a: Args) -> mia::Request {
+    let opacus = a.mechanism.spec();
+    mia::Request {
+        checkpoint: a.checkpoint,
+        scores: a.scores,
+        scores_out: a.scores_out,
+        roc_out: a.roc_out,
+        audit: a.audit.map(Into::into),
+        sampler: a.sampler,
+        data: a.data,
+        split: a.split,
+        attacks: a.attack.into_iter().map(Into::into).collect(),
+        timesteps: a.timesteps,
         score: ScoreOpts {
             noise_draws: a.noise_draws,
             secmi_k: a.secmi_k,
@@ -223,419 +140,59 @@ pub(crate) fn plan(a: &Args, parse_t: Option<ParseT<'_>>) -> anyhow::Result<MiaP
             empirical_rate: a.empirical_rate,
             seed: a.seed,
         },
-        metric: MetricOpts {
-            bootstrap: a.bootstrap,
-            level: a.confidence,
-            delta: a.delta,
-            alpha: 1.0 - a.confidence,
-            seed: a.seed,
-        },
+        bootstrap: a.bootstrap,
+        confidence: a.confidence,
+        delta: a.delta,
         null_test: a.null_test,
-        table2: a.table2.then(|| Table2Opts {
-            rates: a.table2_rates.clone(),
-            ..Default::default()
-        }),
-        cosine_steps: steps(&a.cosine)?,
-        audit: a.audit.map(Into::into),
-        sampler: match &a.sampler {
-            Some(p) => Some(pipeline::sampler_basis(p, a.delta)?),
-            None => None,
-        },
-    })
-}
-
-/// A loaded diffusers folder with its data, split, plan and stated or recorded mechanism.
-struct DiffusersRun {
-    ck: dpaudit::models::diffusers::DiffusersCheckpoint,
-    images: dpaudit::models::images::ImageSet,
-    split: SplitManifest,
-    data_path: PathBuf,
-    split_path: PathBuf,
-    basis: Option<pipeline::Basis>,
-}
-
-impl DiffusersRun {
-    fn load(a: &Args, dir: &std::path::Path, dev: &candle_core::Device) -> anyhow::Result<Self> {
-        use dpaudit::models::{diffusers::DiffusersCheckpoint, images::ImageSet};
-        if a.batch_size == Some(0) || a.max_examples == Some(0) {
-            return Err(Error::field("--batch-size", "--batch-size and --max-examples must be ≥ 1").into());
-        }
-        let prec: dpaudit::models::precision::Precision = a.precision.into();
-        dpaudit::models::precision::check_device(prec, dev)?;
-        dpaudit::models::precision::set(prec);
-        let t0 = std::time::Instant::now();
-        let ck = DiffusersCheckpoint::load(dir, dev)?;
-        dpaudit::timing::note("load checkpoint", t0);
-        dpaudit::timing::within_summary();
-        // Without --data/--split: the data and split the folder's card records.
-        let card = match (&a.data, &a.split) {
-            (Some(_), Some(_)) => None,
-            _ => dpaudit::models::diffusers_train::card_data(ck.config_path.parent().unwrap_or(dir))?,
-        };
-        let data_path = a
-            .data
-            .clone()
-            .or_else(|| card.as_ref().map(|c| c.0.clone()))
-            .ok_or_else(|| {
-                Error::field(
-                "--data",
-                "required with a diffusers checkpoint that has no dpaudit card (dpaudit-card.toml) recording its data",
-            )
-            })?;
-        let split_path = a
-            .split
-            .clone()
-            .or_else(|| card.as_ref().map(|c| c.1.clone()))
-            .ok_or_else(|| {
-                Error::field(
-                "--split",
-                "required with a diffusers checkpoint that has no dpaudit card (dpaudit-card.toml) recording its split",
-            )
-            })?;
-        let t0 = std::time::Instant::now();
-        let images = ImageSet::load(&data_path)?;
-        let split = SplitManifest::load(&split_path)?;
-        dpaudit::timing::note("load data and split", t0);
-        let basis = dpaudit::attacks::mechanism::diffusers_basis(
-            ck.config_path.parent().unwrap_or(dir),
-            a.mechanism.ledger.as_deref(),
-            &a.mechanism.spec(),
-            a.delta,
-            &a.mechanism.trusted()?,
-        )?;
-        Ok(DiffusersRun {
-            ck,
-            images,
-            split,
-            data_path,
-            split_path,
-            basis,
-        })
+        table2_rates: a.table2.then_some(a.table2_rates),
+        cosine: a.cosine,
+        shard: a.shard,
+        out_dir: a.output.out.clone(),
+        force: a.output.force,
+        quiet: a.output.quiet,
+        verbose: a.output.verbose,
+        device: a.device.into(),
+        max_examples: a.max_examples,
+        batch_size: a.batch_size,
+        precision: a.precision.into(),
+        ledger: a.mechanism.ledger,
+        opacus,
+        trust_keys: a.mechanism.trust_key,
     }
-
-    /// The batched denoiser: `--batch-size`, else on a GPU the largest power of two that fits half
-    /// its free memory (announced), else 64. Returns it with the batch and whether it was fitted.
-    fn denoiser(&self, a: &Args) -> anyhow::Result<(dpaudit::models::diffusers::DiffusersDenoiser<'_>, usize, bool)> {
-        let fitted = match a.batch_size {
-            Some(_) => None,
-            None => self.ck.fit_batch(self.images.shape, a.precision.into()),
-        };
-        let batch = a.batch_size.or(fitted.map(|f| f.0)).unwrap_or(64);
-        if let Some((b, free)) = fitted {
-            dpaudit::report::progress::note(&format!(
-                "batch: {b} images per forward (fits half of the GPU's {:.1} GiB free)",
-                free as f64 / (1u64 << 30) as f64
-            ));
-        }
-        Ok((self.ck.denoiser(self.images.shape, batch)?, batch, fitted.is_some()))
-    }
-
-    /// The plan, with the empirical attack dropped (warned) when it came from the defaults.
-    fn plan(&self, a: &Args, den: &dpaudit::models::diffusers::DiffusersDenoiser<'_>) -> anyhow::Result<MiaPlan> {
-        let mut p = plan(a, Some(&|s: &str| den.schedule.parse_timestep(s)))?;
-        if a.attack.is_empty() && p.attacks.contains(&AttackKind::Empirical) {
-            // It attacks the sampler's denoiser (every member against every query), not the
-            // UNet: asked for by name only.
-            eprintln!("note: the empirical attack is not a default for a diffusers checkpoint (ask for it with --attack empirical)");
-            p.attacks.retain(|k| *k != AttackKind::Empirical);
-        }
-        Ok(p)
-    }
-}
-
-/// A diffusers checkpoint folder: images and split from flags, scores through the batched UNet.
-fn run_diffusers(
-    a: &Args,
-    dir: &std::path::Path,
-    dev: &candle_core::Device,
-    dev_name: &str,
-) -> anyhow::Result<(pipeline::MiaReport, Vec<scores::ScoreRecord>)> {
-    let r = DiffusersRun::load(a, dir, dev)?;
-    let (den, batch, batch_fitted) = r.denoiser(a)?;
-    let p = r.plan(a, &den)?;
-    dpaudit::report::progress::note(&format!("device: {dev_name}"));
-    let bar = dpaudit::report::progress::bar((p.attacks.len() * p.timesteps.len()) as u64, a.output.quiet, "mia");
-    let (mut report, records) = dpaudit::attacks::diffusers::run_with_basis(
-        &r.ck,
-        &den,
-        &r.images,
-        &r.split,
-        &r.split_path,
-        &p,
-        a.max_examples,
-        dev_name,
-        Some(&bar),
-        r.basis.as_ref(),
-    )?;
-    bar.finish_and_clear();
-    if !dev.is_cpu() {
-        let mut note = pipeline::PrecisionNote {
-            precision: a.precision.into(),
-            batch,
-            batch_fitted,
-            sample: 0,
-            max_abs_score_change: None,
-            max_rel_score_change: None,
-        };
-        if dpaudit::models::precision::Precision::from(a.precision) != dpaudit::models::precision::Precision::Fp32 {
-            // 16 members and 16 non-members (fewer with --max-examples) again in fp32.
-            let sample = a.max_examples.unwrap_or(usize::MAX).min(16);
-            let (n, abs, rel) =
-                dpaudit::attacks::diffusers::fp32_score_change(&den, &r.images, &r.split, &p, &records, sample)?;
-            note.sample = n;
-            note.max_abs_score_change = Some(abs);
-            note.max_rel_score_change = Some(rel);
-        }
-        report.precision = Some(note);
-    }
-    Ok((report, records))
 }
 
 /// Runs `dpaudit mia`.
 pub fn run(a: Args) -> anyhow::Result<Status> {
-    let diffusers_folder = a
-        .checkpoint
-        .as_deref()
-        .is_some_and(|p| dpaudit::models::diffusers::unet_dir(p).is_some());
-    if !a.mechanism.is_empty() && !diffusers_folder {
-        return Err(Error::field(
-            "--ledger",
-            "--ledger and the Opacus-style flags state the mechanism of a diffusers checkpoint (a dpaudit checkpoint's card names its own ledger)",
-        )
-        .into());
-    }
-    if let Some(spec) = &a.shard {
-        return run_shard(&a, spec);
-    }
-    if a.scores.is_some() {
-        for (given, flag) in [
-            (!a.attack.is_empty(), "--attack"),
-            (!a.timesteps.is_empty(), "--timesteps"),
-        ] {
-            if given {
-                return Err(Error::field(
-                    flag,
-                    "not with --scores: the scores file fixes the attacks and timesteps (its `attack` and `t` columns)",
-                )
-                .into());
-            }
-        }
-    }
-    // Output locations are checked (and existing files refused) before the long run.
-    let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
-    for p in a.roc_out.iter().chain(&a.scores_out) {
-        dpaudit::report::output::check_file(p, out.force)?;
-    }
-    let t0 = std::time::Instant::now();
-    let dev = device::select(a.device.into())?;
-    dpaudit::timing::note("open device", t0);
-    let dev_name = device::describe(&dev);
-    // A diffusers folder (config.json + safetensors + scheduler_config.json) takes its own path.
-    let diffusers = a
-        .checkpoint
-        .as_deref()
-        .filter(|p| dpaudit::models::diffusers::unet_dir(p).is_some());
-    let ck = match diffusers {
+    let output = a.output.clone();
+    let req = request(a);
+    req.check()?;
+    // Output locations are checked (and existing files refused) before the long run; a shard
+    // writes only its part file.
+    let out = match req.shard {
+        None => Some(output.prepare(Format::Text, &["mia.json", "mia.csv"])?),
         Some(_) => None,
-        None => a.checkpoint.as_ref().map(|p| Checkpoint::load(p, &dev)).transpose()?,
     };
-    let (report, records) = match &a.scores {
-        None if diffusers.is_some() => run_diffusers(&a, diffusers.unwrap(), &dev, &dev_name)?,
-        Some(path) => {
-            let file = scores::ScoresFile::load(path)?;
-            let plan = plan(&a, None)?;
-            if plan.audit == Some(dpaudit::attacks::pipeline::AuditKind::OneRun) {
-                // The canary rows must be the training run's canaries, as the card records them
-                // (the same canaries `mia --checkpoint … --audit one-run` scores itself).
-                let want = match (diffusers, ck.as_ref()) {
-                    (Some(dir), _) => {
-                        let (c, card) = dpaudit::attacks::diffusers::folder_canaries(dir)?;
-                        Some((c, format!("the canaries file of {}", card.display())))
-                    }
-                    (None, Some(ck)) => Some((
-                        dpaudit::models::canary::Canaries::of_checkpoint(ck)?,
-                        format!("the canaries file of {}", ck.card_path.display()),
-                    )),
-                    (None, None) => None,
-                };
-                file.check_canaries(want.as_ref().map(|(c, s)| (c, s.as_str())))?;
-            }
-            let recs = file.records;
-            let r = match diffusers {
-                // A diffusers folder supplies its ledger (or the stated mechanism) to compare with.
-                Some(dir) => {
-                    let basis = dpaudit::attacks::mechanism::diffusers_basis(
-                        &dpaudit::models::diffusers::unet_dir(dir).unwrap_or_else(|| dir.to_path_buf()),
-                        a.mechanism.ledger.as_deref(),
-                        &a.mechanism.spec(),
-                        a.delta,
-                        &a.mechanism.trusted()?,
-                    )?;
-                    pipeline::from_scores_basis(
-                        &recs,
-                        &path.display().to_string(),
-                        basis,
-                        Some(dir.display().to_string()),
-                        &plan,
-                    )?
-                }
-                None => pipeline::from_scores(&recs, &path.display().to_string(), ck.as_ref(), &plan)?,
-            };
-            (r, recs)
-        }
-        None => {
-            let ck = ck.as_ref().expect("clap requires --checkpoint without --scores");
-            dpaudit::report::progress::note(&format!("device: {dev_name}"));
-            let plan = plan(&a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
-            let data = Dataset::load(&match &a.data {
-                Some(p) => p.clone(),
-                None => ck.data_file()?,
-            })?;
-            let split = SplitManifest::load(&match &a.split {
-                Some(p) => p.clone(),
-                None => ck.split_file()?,
-            })?;
-            let total =
-                (plan.attacks.len() * plan.timesteps.len() + plan.table2.as_ref().map_or(0, |t| t.steps.len())) as u64;
-            let bar = dpaudit::report::progress::bar(total, a.output.quiet, "mia");
-            let out = pipeline::run(ck, &data, &split, &plan, &dev_name, Some(&bar))?;
-            bar.finish_and_clear();
-            out
-        }
-    };
-    emit(&report, &records, &out, a.roc_out.as_ref(), a.scores_out.as_ref())
+    match (mia::execute(&req)?, out) {
+        (MiaRun::Report(o), Some(out)) => Ok(out.emit(*o)?),
+        _ => Ok(Status::Ok),
+    }
 }
 
 /// Writes `report` (stdout in `--format`, `--out DIR`, and the ROC / score files asked for) and
 /// returns its status (violated when a comparison fails); shared by `mia` and `merge`.
 pub(crate) fn emit(
-    report: &pipeline::MiaReport,
-    records: &[scores::ScoreRecord],
+    report: &MiaReport,
+    records: &[ScoreRecord],
     out: &Outputs,
     roc_out: Option<&PathBuf>,
     scores_out: Option<&PathBuf>,
 ) -> anyhow::Result<Status> {
-    let status = out.emit(dpaudit::audit::mia::outcome(report, &dpaudit::report::command_line())?)?;
-    if let Some(p) = roc_out {
-        dpaudit::report::output::write_atomic(p, render::roc_csv(report)?.as_bytes(), out.force)?;
-        dpaudit::report::progress::note(&format!("wrote {}", p.display()));
-    }
-    if let Some(p) = scores_out {
-        dpaudit::report::output::write_atomic(p, scores::to_csv(records)?.as_bytes(), out.force)?;
-        dpaudit::report::progress::note(&format!("wrote {}", p.display()));
-    }
-    let violations = report.violations();
-    for c in &violations {
-        eprintln!("{}: {} ({}; basis: {})", c.what, c.outcome, c.measured, c.basis);
-    }
-    Ok(status)
-}
-
-/// `mia --shard i/n`: scores one shard and writes its part file into `--out DIR`.
-fn run_shard(a: &Args, spec: &str) -> anyhow::Result<Status> {
-    let spec: ShardSpec = spec.parse()?;
-    if a.scores.is_some() {
-        return Err(Error::field(
-            "--shard",
-            "shards score a checkpoint; merge parts with `dpaudit merge`, not --scores",
-        )
-        .into());
-    }
-    for (given, flag) in [
-        (a.roc_out.is_some(), "--roc-out"),
-        (a.scores_out.is_some(), "--scores-out"),
-    ] {
-        if given {
-            return Err(Error::field(flag, "not with --shard: give it to `dpaudit merge`").into());
-        }
-    }
-    let card = a
-        .checkpoint
-        .as_ref()
-        .ok_or_else(|| Error::field("--checkpoint", "required with --shard"))?;
-    let dir = a
-        .output
-        .out
-        .as_ref()
-        .ok_or_else(|| Error::field("--out", "--shard needs --out DIR (the part file is written there)"))?;
-    dpaudit::report::progress::set_verbosity(a.output.quiet, a.output.verbose);
-    dpaudit::report::output::create_out_dir(dir)?;
-    let path = dir.join(spec.file_name());
-    dpaudit::report::output::check_file(&path, a.output.force)?;
-    let dev = device::select(a.device.into())?;
-    dpaudit::report::progress::note(&format!(
-        "device: {}   shard {}/{}",
-        device::describe(&dev),
-        spec.index,
-        spec.count
-    ));
-    if let Some(udir) = dpaudit::models::diffusers::unet_dir(card) {
-        return shard_diffusers(a, spec, &udir, &dev, &path);
-    }
-    let ck = Checkpoint::load(card, &dev)?;
-    let plan = plan(a, Some(&|s: &str| ck.schedule.parse_timestep(s)))?;
-    let part_plan = PartPlan::of(&plan)?;
-    let data_path = match &a.data {
-        Some(p) => p.clone(),
-        None => ck.data_file()?,
-    };
-    let split_path = match &a.split {
-        Some(p) => p.clone(),
-        None => ck.split_file()?,
-    };
-    let data = Dataset::load(&data_path)?;
-    let split = SplitManifest::load(&split_path)?;
-    let inputs = PartInputs::of(&ck.card_path, &data_path, &split_path)?;
-    let total = (plan.attacks.len() * plan.timesteps.len()) as u64;
-    let bar = dpaudit::report::progress::bar(total, a.output.quiet, "mia shard");
-    let recs = pipeline::score_checkpoint_shard(&ck, &data, &split, &plan, Some(&bar), Some(spec))?;
-    bar.finish_and_clear();
-    let part = MiaPart {
-        schema: PART_SCHEMA.into(),
-        shard: spec,
-        inputs,
-        plan: part_plan,
-        records: recs.iter().map(|(p, r)| PartRecord::new(*p, r)).collect(),
-    };
-    let text = serde_json::to_string(&part)? + "\n";
-    dpaudit::report::output::write_atomic(&path, text.as_bytes(), a.output.force)?;
-    dpaudit::report::progress::note(&format!("wrote {} ({} records)", path.display(), part.records.len()));
-    Ok(Status::Ok)
-}
-
-/// `mia --shard i/n` on a diffusers folder: the records of one shard of the unsharded run, with
-/// the folder's content hash, `--max-examples` and the mechanism in the part file.
-fn shard_diffusers(
-    a: &Args,
-    spec: ShardSpec,
-    udir: &std::path::Path,
-    dev: &candle_core::Device,
-    path: &std::path::Path,
-) -> anyhow::Result<Status> {
-    let r = DiffusersRun::load(a, udir, dev)?;
-    let (den, _, _) = r.denoiser(a)?;
-    let plan = r.plan(a, &den)?;
-    let mut part_plan = PartPlan::of(&plan)?;
-    part_plan.diffusers = Some(dpaudit::attacks::shard::DiffusersPart {
-        max_examples: a.max_examples,
-        basis: r.basis.clone(),
-    });
-    let rows =
-        dpaudit::attacks::diffusers::attacked_rows(&r.ck, &r.images, &r.split, &r.split_path, &plan, a.max_examples)?;
-    let inputs = PartInputs::of(udir, &r.data_path, &r.split_path)?;
-    let total = (plan.attacks.len() * plan.timesteps.len()) as u64;
-    let bar = dpaudit::report::progress::bar(total, a.output.quiet, "mia shard");
-    let recs = dpaudit::attacks::diffusers::score_shard(&den, &r.images, &rows, &plan, Some(&bar), Some(spec))?;
-    bar.finish_and_clear();
-    let part = MiaPart {
-        schema: PART_SCHEMA.into(),
-        shard: spec,
-        inputs,
-        plan: part_plan,
-        records: recs.iter().map(|(p, r)| PartRecord::new(*p, r)).collect(),
-    };
-    let text = serde_json::to_string(&part)? + "\n";
-    dpaudit::report::output::write_atomic(path, text.as_bytes(), a.output.force)?;
-    dpaudit::report::progress::note(&format!("wrote {} ({} records)", path.display(), part.records.len()));
-    Ok(Status::Ok)
+    let o = mia::finish(
+        report,
+        records,
+        roc_out.map(|p| p.as_path()),
+        scores_out.map(|p| p.as_path()),
+        out.force,
+    )?;
+    Ok(out.emit(o)?)
 }

@@ -1,12 +1,10 @@
-//! `dpaudit model eval|info`: run a diffusers checkpoint on a batch (to check against PyTorch
-//! that it was loaded right) and describe it.
+//! `dpaudit model eval|info|grads|keygen`: flags → the requests of [`dpaudit::audit::model`]
+//! (run a diffusers checkpoint on a batch to check against PyTorch that it was loaded right,
+//! describe it, its per-sample gradients) and key pairs for signed provenance.
 
 use std::path::PathBuf;
 
 use crate::cli::values::DeviceChoice;
-use dpaudit::error::Error;
-use dpaudit::models::diffusers::DiffusersCheckpoint;
-use dpaudit::models::{device, npy};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -137,188 +135,35 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
             Ok(out.emit(dpaudit::audit::model::info(&i.checkpoint)?)?)
         }
         Sub::Eval(e) => {
-            if e.batch == 0 {
-                return Err(Error::field("--batch", "must be ≥ 1").into());
-            }
-            dpaudit::report::output::check_file(&e.out, e.force).map_err(|err| err.with_field("--out"))?;
-            let dev = device::select(e.device.into())?;
-            let prec = e.precision.into();
-            dpaudit::models::precision::check_device(prec, &dev)?;
-            dpaudit::models::precision::set(prec);
-            let ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
-            let x = npy::read(&e.input)?;
-            let xs = x.to_f32().ok_or_else(|| {
-                Error::input(format!("element type {} (expected float32 <f4)", x.dtype.descr())).with_file(&e.input)
+            let note = dpaudit::audit::model::eval(&dpaudit::audit::model::EvalRequest {
+                checkpoint: e.checkpoint,
+                input: e.input,
+                timesteps: e.timesteps,
+                out: e.out,
+                force: e.force,
+                batch: e.batch,
+                device: e.device.into(),
+                precision: e.precision.into(),
             })?;
-            if x.shape.len() != 4 {
-                return Err(Error::input(format!("shape {:?}, expected (B, C, H, W)", x.shape))
-                    .with_file(&e.input)
-                    .into());
-            }
-            all_finite(&xs, &e.input)?;
-            let t = npy::read(&e.timesteps)?;
-            let ts: Vec<f64> = match (t.to_i64(), t.to_f32()) {
-                (Some(v), _) => {
-                    if let Some(bad) = v.iter().find(|&&s| s < 0) {
-                        return Err(Error::input(format!("negative timestep {bad}"))
-                            .with_file(&e.timesteps)
-                            .into());
-                    }
-                    v.iter().map(|&s| s as f64).collect()
-                }
-                (None, Some(v)) => {
-                    all_finite(&v, &e.timesteps)?;
-                    v.iter().map(|&s| s as f64).collect()
-                }
-                _ => {
-                    return Err(
-                        Error::input(format!("element type {} (expected int64 <i8)", t.dtype.descr()))
-                            .with_file(&e.timesteps)
-                            .into(),
-                    )
-                }
-            };
-            if t.shape != [x.shape[0]] {
-                return Err(Error::input(format!(
-                    "shape {:?}, expected ({},) — one timestep per input image",
-                    t.shape, x.shape[0]
-                ))
-                .with_file(&e.timesteps)
-                .into());
-            }
-            let shape = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
-            let y = ck
-                .eval(&xs, shape, &ts, e.batch)
-                .map_err(|err| err.with_file(&e.input))?;
-            let out_shape = [shape[0], ck.model.config.out_channels, shape[2], shape[3]];
-            dpaudit::report::output::write_atomic(&e.out, &npy::encode_f32(&out_shape, &y), e.force)?;
-            eprintln!(
-                "wrote {} ({}×{}×{}×{} float32)",
-                e.out.display(),
-                out_shape[0],
-                out_shape[1],
-                out_shape[2],
-                out_shape[3]
-            );
+            eprintln!("{note}");
             Ok(dpaudit::audit::outcome::Status::Ok)
         }
     }
 }
 
-fn f32_batch(p: &std::path::Path) -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
-    let x = npy::read(p)?;
-    let v = x
-        .to_f32()
-        .ok_or_else(|| Error::input(format!("element type {} (expected float32 <f4)", x.dtype.descr())).with_file(p))?;
-    if x.shape.len() != 4 {
-        return Err(Error::input(format!("shape {:?}, expected (B, C, H, W)", x.shape))
-            .with_file(p)
-            .into());
-    }
-    all_finite(&v, p)?;
-    Ok((x.shape.clone(), v))
-}
-
-/// Refuses a batch with a NaN or infinite value, naming the file and the first such element.
-fn all_finite(v: &[f32], p: &std::path::Path) -> anyhow::Result<()> {
-    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-        return Err(
-            Error::input(format!("element {i} is {}: a model input must be finite", v[i]))
-                .with_file(p)
-                .into(),
-        );
-    }
-    Ok(())
-}
-
 /// `model grads`: per-sample gradients of a diffusers UNet on one batch.
 fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
-    use dpaudit::models::unet2d::train::{clip_and_sum, per_sample_norms, TrainUnet};
-    for f in ["norms.npy", "clipped_sum.safetensors"] {
-        dpaudit::report::output::check_file(&g.out.join(f), g.force).map_err(|e| e.with_field("--out"))?;
-    }
-    if let Some(c) = g.clip {
-        if !(c > 0.0 && c.is_finite()) {
-            return Err(Error::field("--clip", "must be a finite number > 0").into());
-        }
-    }
-    let dev = candle_core::Device::Cpu;
-    let dir = dpaudit::models::diffusers::unet_dir(&g.checkpoint).ok_or_else(|| {
-        Error::input("not a diffusers checkpoint (no config.json, nor unet/config.json)").with_file(&g.checkpoint)
+    let note = dpaudit::audit::model::grads(&dpaudit::audit::model::GradsRequest {
+        checkpoint: g.checkpoint,
+        input: g.input,
+        timesteps: g.timesteps,
+        noise: g.noise,
+        clip: g.clip,
+        out: g.out,
+        per_sample_loop: g.per_sample_loop,
+        hand_written: g.hand_written,
+        force: g.force,
     })?;
-    let cpath = dir.join("config.json");
-    let config = dpaudit::models::unet2d::Unet2dConfig::parse(&dpaudit::input::read_to_string(&cpath)?, &cpath)?;
-    let wpath = dir.join(dpaudit::models::diffusers::WEIGHTS);
-    let (tensors, _, _) = dpaudit::models::diffusers::read_weights(&wpath, &dev)?;
-    let model = TrainUnet::from_tensors(&config, tensors, &wpath, &dev)?;
-    let (shape, x) = f32_batch(&g.input)?;
-    let (eshape, e) = f32_batch(&g.noise)?;
-    if eshape != shape {
-        return Err(Error::input(format!("shape {eshape:?}, the input has {shape:?}"))
-            .with_file(&g.noise)
-            .into());
-    }
-    let t = npy::read(&g.timesteps)?;
-    let ts: Vec<f64> = t
-        .to_i64()
-        .map(|v| v.iter().map(|&s| s as f64).collect())
-        .or_else(|| t.to_f32().map(|v| v.iter().map(|&s| s as f64).collect()))
-        .ok_or_else(|| Error::input("expected int64 or float32 timesteps").with_file(&g.timesteps))?;
-    if ts.len() != shape[0] || ts.iter().any(|&s| s < 0.0) {
-        return Err(
-            Error::input(format!("expected {} timesteps ≥ 0, one per input image", shape[0]))
-                .with_file(&g.timesteps)
-                .into(),
-        );
-    }
-    if g.hand_written {
-        use dpaudit::models::unet2d::grad_cpu::{unsupported, CpuGrad};
-        if let Some(why) = unsupported(&config) {
-            return Err(
-                Error::field("--hand-written", format!("the hand-written pass does not cover {why}"))
-                    .with_file(&cpath)
-                    .into(),
-            );
-        }
-        let mut pass = CpuGrad::new(&model, [shape[1], shape[2], shape[3]]).map_err(|err| err.with_file(&g.input))?;
-        let r = pass.clipped_sum(&x, &ts, &e, g.clip, 1.0)?;
-        std::fs::create_dir_all(&g.out).map_err(|err| Error::io(&g.out, &err))?;
-        let nf: Vec<f32> = r.norms.iter().map(|&v| v as f32).collect();
-        dpaudit::report::output::write_atomic(&g.out.join("norms.npy"), &npy::encode_f32(&[nf.len()], &nf), g.force)?;
-        if g.clip.is_some() {
-            let sum = pass.to_tensors(&r.sum, &dev)?;
-            let p = g.out.join("clipped_sum.safetensors");
-            candle_core::safetensors::save(&sum, &p).map_err(|err| Error::model(err.to_string()))?;
-        }
-        eprintln!(
-            "wrote per-sample gradient norms of {} samples to {} (hand-written CPU pass)",
-            nf.len(),
-            g.out.display()
-        );
-        return Ok(dpaudit::audit::outcome::Status::Ok);
-    }
-    let dims = (shape[0], shape[1], shape[2], shape[3]);
-    let xt = candle_core::Tensor::from_vec(x, dims, &dev)?;
-    let et = candle_core::Tensor::from_vec(e, dims, &dev)?;
-    let per = if g.per_sample_loop {
-        model.per_sample_grads_loop(&xt, &ts, &et)
-    } else {
-        model.per_sample_grads(&xt, &ts, &et)
-    }
-    .map_err(|err| err.with_file(&g.input))?;
-    let norms = per_sample_norms(&per)?;
-    std::fs::create_dir_all(&g.out).map_err(|err| Error::io(&g.out, &err))?;
-    let nf: Vec<f32> = norms.iter().map(|&v| v as f32).collect();
-    dpaudit::report::output::write_atomic(&g.out.join("norms.npy"), &npy::encode_f32(&[nf.len()], &nf), g.force)?;
-    if let Some(c) = g.clip {
-        let (sum, _) = clip_and_sum(&per, c)?;
-        let p = g.out.join("clipped_sum.safetensors");
-        candle_core::safetensors::save(&sum, &p).map_err(|err| Error::model(err.to_string()))?;
-    }
-    eprintln!(
-        "wrote per-sample gradient norms of {} samples to {}",
-        norms.len(),
-        g.out.display()
-    );
+    eprintln!("{note}");
     Ok(dpaudit::audit::outcome::Status::Ok)
 }

@@ -16,7 +16,6 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 
 use super::data::{sha256_hex, sha256_hex_of};
-use super::eps::EpsPredictor;
 use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
 use super::Schedule;
 use crate::diffusion::scheduler::{PredictionType, SchedulerConfig};
@@ -526,12 +525,16 @@ impl DiffusersDenoiser<'_> {
     }
 }
 
-impl EpsPredictor for DiffusersDenoiser<'_> {
-    fn sample_shape(&self) -> [usize; 3] {
+impl DiffusersDenoiser<'_> {
+    /// (C, H, W) of one image.
+    pub fn sample_shape(&self) -> [usize; 3] {
         self.shape
     }
 
-    fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
+    /// ε̂(x_t, t) on the host for `x` holding `t.len()` flat rows of C·H·W values, one step per
+    /// row (batched by `batch`); v- and x₀-predictions are converted to ε (the attacks'
+    /// `Denoiser` trait calls this).
+    pub fn predict_eps(&self, x: &[f32], t: &[usize]) -> Result<Vec<f32>> {
         let [c, h, w] = self.shape;
         let d = c * h * w;
         if let Some(&bad) = t.iter().find(|&&s| s >= self.schedule.len()) {

@@ -19,7 +19,6 @@
 //! * [`diffusers`], [`scheduler`]: HuggingFace diffusers checkpoint folders and
 //!   `scheduler_config.json` files (any image size and channel count).
 //! * [`diffusers_train`]: `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
-//! * [`eps`]: the batched ε-prediction interface attacks use ([`eps::EpsPredictor`]).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
 //! * [`precision`]: `--precision fp32|tf32|bf16` of the UNet forward on a GPU (cuDNN
@@ -36,7 +35,6 @@ pub mod device;
 pub mod diffusers;
 pub mod diffusers_train;
 pub mod dp;
-pub mod eps;
 pub mod images;
 pub mod net;
 pub mod npy;

@@ -566,3 +566,91 @@ fn unet_run_with_both_canary_kinds_is_audited_black_box_and_white_box() {
         assert!(ok.contains(&status.as_str()), "{src}: {status}");
     }
 }
+
+/// `--canary-kind both`: the black-box and the white-box one-run audits of one training share
+/// the family's β (Bonferroni, β/2 each), so every audit verdict of the report holds together at
+/// the asked confidence 1 − β, not 1 − 2β. The bootstrap intervals keep the asked level.
+#[test]
+fn both_canary_kinds_split_beta_between_the_black_box_and_white_box_audits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("both");
+    let (data, split) = ("fixtures/data/mnist/mnist-10k.u8.gz", "fixtures/splits/mnist.toml");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--data",
+        data,
+        "--split",
+        split,
+        "--dp",
+        "--noise-multiplier",
+        "4",
+        "--clip",
+        "1",
+        "--sample-rate",
+        "0.5",
+        "--steps",
+        "4",
+        "--canaries",
+        "40",
+        "--canary-kind",
+        "both",
+        "--seed",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = dpaudit(&[
+        "mia",
+        "--checkpoint",
+        out.to_str().unwrap(),
+        "--data",
+        data,
+        "--split",
+        split,
+        "--audit",
+        "one-run",
+        "--attack",
+        "loss",
+        "--timesteps",
+        "50",
+        "--max-examples",
+        "8",
+        "--bootstrap",
+        "50",
+        "--confidence",
+        "0.9",
+        "--out",
+        dir.path().join("report").to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let detail = std::fs::read_to_string(dir.path().join("report").join("mia.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&detail).unwrap();
+    let (black, white) = (
+        json["one_run"]["confidence"].as_f64().unwrap(),
+        json["white_box"]["confidence"].as_f64().unwrap(),
+    );
+    assert!(
+        (black - 0.95).abs() < 1e-12,
+        "black-box audit at {black}, want 1 − 0.1/2"
+    );
+    assert!(
+        (white - 0.95).abs() < 1e-12,
+        "white-box audit at {white}, want 1 − 0.1/2"
+    );
+    // The union bound over the two: the family's β is the asked 0.1.
+    assert!(((1.0 - black) + (1.0 - white) - 0.1).abs() < 1e-12);
+    assert!(
+        json["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("1 − β/2")),
+        "the report states the split: {}",
+        json["warnings"]
+    );
+}
