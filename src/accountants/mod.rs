@@ -48,7 +48,7 @@ impl BoundKind {
     pub fn is_lower(self) -> bool {
         matches!(self, BoundKind::Exact | BoundKind::LowerBound)
     }
-    /// The name used in output (`exact`, `upper_bound`, `estimate`).
+    /// The name used in machine-readable output (`exact`, `upper_bound`, `estimate`).
     pub fn as_str(self) -> &'static str {
         match self {
             BoundKind::Exact => "exact",
@@ -57,6 +57,57 @@ impl BoundKind {
             BoundKind::LowerBound => "lower_bound",
             BoundKind::DataDependent => "data_dependent",
         }
+    }
+
+    // Every wording of a kind lives here; nothing else in the crate spells one out. Shipped
+    // reports and golden files are re-derived byte for byte, so each phrasing is kept as it was.
+
+    /// The kind in words (`exact`, `upper bound`, `estimate`, …; also its `Display`): verdict
+    /// messages, plot legends and table labels.
+    pub fn describe(self) -> &'static str {
+        match self {
+            BoundKind::Exact => "exact",
+            BoundKind::UpperBound => "upper bound",
+            BoundKind::Estimate => "estimate",
+            BoundKind::LowerBound => "lower bound",
+            BoundKind::DataDependent => "data dependent",
+        }
+    }
+
+    /// [`Self::describe`] with the caveat a reader needs beside a number that is not a DP
+    /// guarantee (report tables: `estimate (not a guarantee)`).
+    pub fn with_caveat(self) -> &'static str {
+        match self {
+            BoundKind::Estimate => "estimate (not a guarantee)",
+            BoundKind::DataDependent => "data-dependent: not a DP guarantee",
+            other => other.describe(),
+        }
+    }
+
+    /// [`Self::with_caveat`] for a terminal, where a number that is not a guarantee shouts
+    /// (`ESTIMATE (not a guarantee)`).
+    pub fn shouted(self) -> &'static str {
+        match self {
+            BoundKind::Estimate => "ESTIMATE (not a guarantee)",
+            other => other.with_caveat(),
+        }
+    }
+
+    /// The kind as a noun phrase for sentences (`an upper bound`, `an estimate`).
+    pub fn noun_phrase(self) -> &'static str {
+        match self {
+            BoundKind::Exact => "an exact value",
+            BoundKind::UpperBound => "an upper bound",
+            BoundKind::Estimate => "an estimate",
+            BoundKind::LowerBound => "a lower bound",
+            BoundKind::DataDependent => "a data-dependent number (not a DP guarantee)",
+        }
+    }
+}
+
+impl std::fmt::Display for BoundKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
     }
 }
 

@@ -12,6 +12,10 @@ use crate::report::plot::{self, LineStyle, Series};
 use crate::report::progress::Progress;
 use crate::report::{self, num, Cell, Column, Conclusion, Report, Table};
 
+/// The points of one axis from a range `a..b` (`n` points, log-spaced with `log`): how a plan's
+/// axis is built from `--sigma-min A..B --points N [--log]`.
+pub use crate::diffusion::sweep::grid;
+
 /// A validated `sweep` request.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -263,13 +267,8 @@ fn groups<'a>(rows: &'a [SweepRow], axes: &[&str]) -> Vec<(String, Vec<&'a Sweep
 
 /// The sound line of `row` with the smallest ε (an exact value or upper bound), if any.
 fn best_sound(row: &SweepRow) -> Option<(AccountantKind, BoundKind, f64)> {
-    row.accountants
-        .iter()
-        .filter_map(|l| match (l.kind, l.epsilon) {
-            (Some(k), Some(e)) if k.is_sound() && !e.is_nan() => Some((l.accountant, k, e)),
-            _ => None,
-        })
-        .min_by(|a, b| a.2.total_cmp(&b.2))
+    crate::accountants::sound::tightest_by(row.accountants.iter(), |l| Some((l.epsilon?, l.kind?)))
+        .and_then(|l| Some((l.accountant, l.kind?, l.epsilon?)))
 }
 
 /// Which x values of one line meet the budget, as words: `σ_min ≥ 0.0811`, `p ≤ 0.1`, every /
