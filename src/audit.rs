@@ -180,7 +180,7 @@ fn resolve_delta(flag: Option<f64>, file: Option<f64>, source: &Source) -> Resul
 
 /// The input-level warnings of a sampler config, exactly as `analyze` lists them (its analysis
 /// with no accountant: defaulted privacy fields, subsample normalisation, data-dependent density).
-pub fn sampler_warnings(cfg: &crate::config::sampler::SamplerConfig) -> Vec<crate::accountants::Diagnostic> {
+pub(crate) fn sampler_warnings(cfg: &crate::config::sampler::SamplerConfig) -> Vec<crate::accountants::Diagnostic> {
     crate::diffusion::account::analyze(cfg, &[])
         .map(|a| a.warnings)
         .unwrap_or_default()
@@ -210,7 +210,7 @@ pub struct Input {
 /// Relabels the report's exact values as upper bounds, with a warning saying why: the event
 /// accounted over-approximates the mechanism, so its exact ε is only an upper bound on the
 /// mechanism's (and no number of it is a lower bound).
-pub fn mark_over_approximation(report: &mut Report, why: &str) {
+pub(crate) fn mark_over_approximation(report: &mut Report, why: &str) {
     let mut any = false;
     for r in &mut report.results {
         if r.kind == crate::accountants::BoundKind::Exact {
@@ -274,13 +274,13 @@ pub fn load(source: &Source) -> Result<Input> {
 
 /// Reads `path`, tells an event file from a sampler config by its keys, and returns the event
 /// to account. Errors name the file (and line/field where known).
-pub fn load_file(path: &Path) -> Result<Input> {
+pub(crate) fn load_file(path: &Path) -> Result<Input> {
     load_file_with(path, false)
 }
 
 /// [`load_file`], also printing (on stderr) the sampler settings that were left at their
 /// defaults when `warn_defaults` (what `check` does, so that a CI log shows them).
-pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
+pub(crate) fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
     let src = crate::input::read_to_string(path)?;
     let table: toml::Table = toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))?;
     if table.contains_key("event") {
@@ -376,7 +376,7 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
 
 /// The verdict [`budget_verdict`] adds, computed from the report's results alone (what
 /// `dpaudit report` derives again from a report read back).
-pub fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict {
+pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict {
     use crate::report::Status;
     let delta = report.delta;
     match report.sound_epsilon() {

@@ -26,7 +26,7 @@ pub struct AccountOptions {
 /// Runs each accountant on `event` at `delta` and records results (or why an accountant was
 /// skipped), the event, the assumptions and, with `opts.curves`, tables and plots. `tick` is
 /// called after each unit of work (for progress bars).
-pub fn account_event(
+pub(crate) fn account_event(
     report: &mut Report,
     event: &DpEvent,
     neighbouring: Neighbouring,
@@ -100,7 +100,7 @@ pub fn account_event(
 /// Runs each accountant for δ at `epsilon` (the `--epsilon` question) and records results,
 /// skipped accountants, the event and the assumptions. [`Report::delta`] stays empty: each
 /// result carries its own δ.
-pub fn account_delta(
+pub(crate) fn account_delta(
     report: &mut Report,
     event: &DpEvent,
     neighbouring: Neighbouring,
@@ -135,7 +135,7 @@ pub fn account_delta(
 }
 
 /// One line describing how the components are sampled.
-pub fn describe_sampling(comps: &[Component]) -> String {
+pub(crate) fn describe_sampling(comps: &[Component]) -> String {
     let mut parts: Vec<String> = Vec::new();
     for c in comps {
         let s = match c.sampling {
@@ -155,7 +155,7 @@ pub fn describe_sampling(comps: &[Component]) -> String {
 }
 
 /// The flattened components as a table.
-pub fn components_table(comps: &[Component]) -> Table {
+pub(crate) fn components_table(comps: &[Component]) -> Table {
     let rows = comps
         .iter()
         .enumerate()
@@ -235,7 +235,7 @@ pub fn trajectory(event: &DpEvent) -> Option<Vec<f64>> {
 
 /// Adds the per-step table and the per-step/cumulative plots for a full-batch trajectory:
 /// cumulative μ = sqrt(Σ μ_i²) (Dong, Roth & Su 2022, Cor. 3.3) and the exact ε at `delta`.
-pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()> {
+pub(crate) fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()> {
     let mut cum_mu = Vec::with_capacity(mu.len());
     let mut cum_eps = Vec::with_capacity(mu.len());
     let mut sum_sq = 0.0f64;

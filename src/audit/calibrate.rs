@@ -51,7 +51,7 @@ pub fn calibrate(plan: &Plan) -> Result<(Calibration, Report)> {
 }
 
 /// The value as a user types it (steps as an integer).
-pub fn value_text(solve_for: SolveFor, value: f64) -> String {
+pub(crate) fn value_text(solve_for: SolveFor, value: f64) -> String {
     match solve_for {
         SolveFor::Steps => format!("{}", value as u64),
         _ => num::fmt(value),
@@ -59,7 +59,7 @@ pub fn value_text(solve_for: SolveFor, value: f64) -> String {
 }
 
 /// The report of a finished calibration.
-pub fn to_report(plan: &Plan, c: &Calibration) -> Report {
+pub(crate) fn to_report(plan: &Plan, c: &Calibration) -> Report {
     let mut r = Report::new(
         format!(
             "Calibration: {} for ε ≤ {}",
@@ -197,7 +197,7 @@ pub fn text(plan: &Plan, c: &Calibration) -> String {
 
 /// The report of a sampler calibration (`calibrate --sampler`): the value of the solved setting
 /// that meets the target with a sound ε, the CLT's answer beside it, and the typed answer.
-pub fn sampler_report(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCalibration) -> Result<Report> {
+pub(crate) fn sampler_report(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCalibration) -> Result<Report> {
     let param = c.param;
     let mut rep = Report::new(
         format!("Calibration: {} of {}", param.as_str(), path.display()),

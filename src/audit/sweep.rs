@@ -211,7 +211,7 @@ fn distinct_values(rows: &[SweepRow], axis: &str) -> usize {
 /// The axes the user swept (given more than one value), in grid order: the first is the plot's
 /// x axis (σ_min when given: the axis of `--points`), the others tell the lines apart. σ_min is
 /// the `sigma_min` column on an EDM schedule and `t_min` (the level reached) on the others.
-pub fn grid_axes(spec: &SweepSpec, rows: &[SweepRow]) -> Vec<&'static str> {
+pub(crate) fn grid_axes(spec: &SweepSpec, rows: &[SweepRow]) -> Vec<&'static str> {
     let sigma = if rows.first().is_some_and(|r| r.sigma_min.is_some()) {
         "sigma_min"
     } else {
@@ -376,7 +376,7 @@ fn budget_region(rows: &[SweepRow], axes: &[&str], b: f64) -> String {
 }
 
 /// Builds the report of a sweep.
-pub fn to_report(
+pub(crate) fn to_report(
     rows: &[SweepRow],
     accountants: &[AccountantKind],
     axes: &[&str],

@@ -10,7 +10,7 @@ use crate::report::{Report, Status, Verdict};
 
 /// `text` wrapped at spaces to `width` characters; continuation lines are indented four
 /// spaces more than the first. A word longer than the width is cut.
-pub fn wrap(text: &str, width: usize) -> Vec<String> {
+pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
     if text.chars().count() <= width {
         // Fits: kept as is (aligned columns keep their spaces).
         return vec![text.to_string()];
@@ -67,7 +67,7 @@ pub fn first_line(text: &str, width: usize) -> String {
 }
 
 /// How a kind reads in a terminal (estimates shout: they are never guarantees).
-pub fn kind_words(k: BoundKind) -> String {
+pub(crate) fn kind_words(k: BoundKind) -> String {
     k.shouted().to_string()
 }
 
@@ -160,7 +160,7 @@ fn restate_assumptions(s: &mut String, h: &crate::accountants::AccountResult) {
 }
 
 /// `check`: one verdict line, coloured on a terminal unless `NO_COLOR`.
-pub fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool) -> String {
+pub(crate) fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool) -> String {
     let (word, tone) = match v.status {
         Status::Pass => ("PASS", Tone::Good),
         Status::Fail => ("FAIL", Tone::Bad),
@@ -184,7 +184,7 @@ pub fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool)
 
 /// `account --format csv`: one row per accountant (`status` ok or unsupported with the
 /// reason), numbers in shortest round-trip form; `headline` marks the smallest sound ε (or δ).
-pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
+pub(crate) fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
     use crate::report::num;
     let mut w = crate::report::csv_out::Csv::new();
     w.row([

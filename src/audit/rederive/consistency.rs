@@ -169,7 +169,7 @@ fn check_verdicts(rep: &Report) -> Result<()> {
 }
 
 /// The first field in which `v` differs from the verdict derived again (numbers to 1e-9).
-pub fn same_verdict(
+pub(crate) fn same_verdict(
     v: &crate::report::Verdict,
     again: &crate::report::Verdict,
 ) -> std::result::Result<(), &'static str> {
@@ -342,7 +342,7 @@ fn check_conclusion(rep: &Report) -> Result<()> {
 }
 
 /// A number cell's value (integers too).
-pub fn cell_num(c: &Cell) -> Option<f64> {
+pub(crate) fn cell_num(c: &Cell) -> Option<f64> {
     match c {
         Cell::Num(x) => Some(*x),
         Cell::Int(i) => Some(*i as f64),
@@ -351,7 +351,7 @@ pub fn cell_num(c: &Cell) -> Option<f64> {
 }
 
 /// A cell as text.
-pub fn cell_str(c: &Cell) -> String {
+pub(crate) fn cell_str(c: &Cell) -> String {
     match c {
         Cell::Text(t) => t.clone(),
         Cell::Int(i) => i.to_string(),
