@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::accountants::calibrate::{calibrate_dpsgd_any, Calibration, DpSgd, SolveFor};
+use crate::accountants::calibrate::{DpSgd, SolveFor};
 use crate::accountants::AccountantKind;
 use crate::audit::{self, Input, Plan, Question, Source};
 use crate::diffusion::account::Analysis;
@@ -43,7 +43,8 @@ pub fn sampler_from_toml(src: &str) -> Result<SamplerConfig> {
 }
 
 /// `dpaudit account` on an event: ε at `delta` (or δ at `epsilon` when given) by each of
-/// `accountants`; accountants that cannot handle the event are listed in `skipped`.
+/// `accountants` (the CLI's `audit::account::execute`); accountants that cannot handle the event
+/// are listed in `skipped`, and an event no accountant supports is the CLI's error.
 pub fn account(
     event: &DpEvent,
     neighbouring: Neighbouring,
@@ -62,59 +63,98 @@ pub fn account(
         (Some(e), None) => Question::Delta { epsilon: e },
         (None, d) => Question::Epsilon { delta: d },
     };
-    run(event, neighbouring, question, accountants, None)
-}
-
-/// `dpaudit check` on an event: the smallest sound ε at `delta` against `max_epsilon`; the
-/// verdict is the report's first entry of `verdicts`.
-pub fn check(
-    event: &DpEvent,
-    neighbouring: Neighbouring,
-    delta: f64,
-    max_epsilon: f64,
-    accountants: &[AccountantKind],
-) -> Result<Report> {
-    crate::accountants::check_delta(delta)?;
-    crate::accountants::check_epsilon(max_epsilon).map_err(|e| Error::field("max_epsilon", e.message))?;
-    run(
-        event,
-        neighbouring,
-        Question::Epsilon { delta: Some(delta) },
-        accountants,
-        Some(max_epsilon),
-    )
-}
-
-fn run(
-    event: &DpEvent,
-    neighbouring: Neighbouring,
-    question: Question,
-    accountants: &[AccountantKind],
-    budget: Option<f64>,
-) -> Result<Report> {
     if accountants.is_empty() {
         return Err(Error::field("accountants", "no accountant given"));
     }
-    let plan = Plan {
-        command: if budget.is_some() { "check" } else { "account" },
-        source: Source::Event {
-            event: event.clone(),
-            role: "python",
-            over_approximates: None,
+    let plan = audit::account::Plan {
+        audit: Plan {
+            command: "account",
+            source: Source::Event {
+                event: event.clone(),
+                role: "python",
+                over_approximates: None,
+            },
+            neighbouring: Some(neighbouring),
+            question,
+            accountants: accountants.to_vec(),
+            curves: false,
         },
-        neighbouring: Some(neighbouring),
-        question,
-        accountants: accountants.to_vec(),
-        budget,
-        curves: false,
+        derived: None,
     };
-    audit::audit(&plan, &Progress::new(None, true, "account"))
+    Ok(audit::account::execute(&plan, &Progress::new(None, true, "account"))?.report)
 }
 
-/// `dpaudit calibrate` for DP-SGD: the noise multiplier, sampling rate or number of steps
-/// (`solve_for`; the other two from `fixed`) whose ε at `delta` is at most `target`, by
-/// `primary` (falling back to another sound accountant when `primary` certifies no value in
-/// range, with the reason).
+/// What `check` accounts: an event file or sampler config read exactly as the CLI reads it
+/// (its δ, neighbouring relation and input warnings), or an event.
+#[derive(Debug, Clone)]
+pub enum CheckInput<'a> {
+    /// A path, as `dpaudit check PATH` (a diffusers folder is checked by its ledger).
+    File(&'a Path),
+    /// An event under a neighbouring relation.
+    Event(&'a DpEvent, Neighbouring),
+}
+
+/// `dpaudit check`: the smallest sound ε at δ (`delta`, else the file's) against `max_epsilon`,
+/// by the CLI's one budget chain (`audit::check::execute`); the verdict is the report's first
+/// entry of `verdicts`. Where the CLI exits 2 (bad input, or no sound accountant applies, so
+/// the budget cannot be checked) this returns the same error.
+pub fn check(
+    input: CheckInput<'_>,
+    delta: Option<f64>,
+    max_epsilon: f64,
+    accountants: &[AccountantKind],
+) -> Result<Report> {
+    if let Some(d) = delta {
+        crate::accountants::check_delta(d)?;
+    }
+    crate::accountants::check_epsilon(max_epsilon).map_err(|e| Error::field("max_epsilon", e.message))?;
+    if accountants.is_empty() {
+        return Err(Error::field("accountants", "no accountant given"));
+    }
+    let source = match input {
+        CheckInput::File(p) => audit::check::Source::File(p.to_path_buf()),
+        CheckInput::Event(event, neighbouring) => {
+            event.validate()?;
+            audit::check::Source::Event {
+                input: Input {
+                    event: event.clone(),
+                    neighbouring,
+                    delta: None,
+                    role: "python",
+                    step_convention: None,
+                    warnings: Vec::new(),
+                    over_approximates: None,
+                },
+                name: "python".into(),
+            }
+        }
+    };
+    let plan = audit::check::Plan {
+        sources: vec![source],
+        delta,
+        budget: max_epsilon,
+        accountants: accountants.to_vec(),
+        junit: false,
+        curves: false,
+        quiet: true,
+        color: false,
+        started: std::time::Instant::now(),
+    };
+    match audit::check::execute(&plan)? {
+        audit::check::Checked::One {
+            unanswered: Some(e), ..
+        } => Err(e),
+        audit::check::Checked::One { outcome, .. } => Ok(outcome.report),
+        audit::check::Checked::Many { .. } => Err(Error::input("one input gives one report")),
+    }
+}
+
+/// `dpaudit calibrate` for DP-SGD (the CLI's `audit::calibrate::execute`): the noise
+/// multiplier, sampling rate or number of steps (`solve_for`; the other two from `fixed`) whose
+/// ε at `delta` is at most `target`, by `primary` (falling back to another sound accountant
+/// when `primary` certifies no value in range, with the reason as a warning). The report holds
+/// the answer (`answers`), the accountant's result and the same warnings as the CLI's (a CLT
+/// estimate, a fallback accountant).
 pub fn calibrate(
     primary: AccountantKind,
     neighbouring: Neighbouring,
@@ -122,10 +162,21 @@ pub fn calibrate(
     target: f64,
     fixed: DpSgd,
     solve_for: SolveFor,
-) -> Result<(Calibration, Option<String>)> {
+) -> Result<Report> {
     crate::accountants::check_delta(delta)?;
     crate::accountants::check_epsilon(target).map_err(|e| Error::field("target_epsilon", e.message))?;
-    calibrate_dpsgd_any(primary, neighbouring, delta, target, fixed, solve_for)
+    let request = audit::calibrate::DpSgdRequest {
+        plan: audit::calibrate::Plan {
+            accountant: primary,
+            fixed,
+            solve_for,
+            target,
+            delta,
+            neighbouring,
+        },
+        derived: None,
+    };
+    Ok(audit::calibrate::execute(&request, &Progress::new(None, true, "calibrate"))?.report)
 }
 
 /// `dpaudit analyze` on a sampler configuration (`path` names it in messages and in the
@@ -136,62 +187,16 @@ pub fn analyze(cfg: &SamplerConfig, path: &Path, accountants: &[AccountantKind])
 
 /// The white-box audit of a DP-SGD run whose noisy updates were observed at `included.len()`
 /// gradient canaries (`observations`: [steps, m] row-major, each in units of the clip bound:
-/// B·U_t[j]/C), against the ledger (σ, q, steps) at δ: the same estimators and the same verdict
-/// rule as `mia --audit one-run` on a checkpoint trained with gradient canaries (violated when
-/// the largest lower bound exceeds the ledger's smallest sound ε). Used by `dpaudit.opacus`.
+/// B·U_t[j]/C), against the ledger (σ, q, steps) at δ, by [`audit::white_box::audit`]: the same
+/// estimators and the same verdict rule as `mia --audit one-run` on a checkpoint trained with
+/// gradient canaries. Used by `dpaudit.opacus`.
 pub fn white_box_audit(
     observations: &[f32],
     included: &[bool],
     mechanism: crate::attacks::white_box::LedgerMechanism,
     delta: f64,
     confidence: f64,
-) -> Result<WhiteBoxVerdict> {
+) -> Result<audit::white_box::WhiteBoxVerdict> {
     crate::accountants::check_delta(delta)?;
-    let m = included.len();
-    if m == 0 || !observations.len().is_multiple_of(m) {
-        return Err(Error::field(
-            "observations",
-            format!("{} values are not whole steps of {m} canaries", observations.len()),
-        ));
-    }
-    let steps = observations.len() / m;
-    if steps as u64 != mechanism.steps {
-        return Err(Error::field(
-            "steps",
-            format!(
-                "the ledger says {} steps, the observations hold {steps}",
-                mechanism.steps
-            ),
-        ));
-    }
-    let audit = crate::attacks::white_box::audit(observations, steps, included, &mechanism, delta, confidence)?;
-    let event = mechanism.event(mechanism.noise_multiplier);
-    let sound = crate::accountants::sound::sound_epsilon(&event, Neighbouring::AddRemove, delta);
-    let ledger = sound.upper.as_ref().map(|u| (u.epsilon, u.source().to_string()));
-    let violated = ledger.as_ref().is_some_and(|(e, _)| audit.epsilon_lower > *e);
-    Ok(WhiteBoxVerdict {
-        verdict: if violated {
-            "violated".into()
-        } else if ledger.is_some() {
-            "consistent".into()
-        } else {
-            "no_guarantee".into()
-        },
-        ledger_epsilon: ledger.as_ref().map(|l| l.0),
-        ledger_accountant: ledger.map(|l| l.1),
-        audit,
-    })
-}
-
-/// [`white_box_audit`]'s answer.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct WhiteBoxVerdict {
-    /// `violated` (a lower bound above the ledger's ε), `consistent`, or `no_guarantee`.
-    pub verdict: String,
-    /// The ledger's smallest sound ε at δ.
-    pub ledger_epsilon: Option<f64>,
-    /// The accountant and kind that gives it.
-    pub ledger_accountant: Option<String>,
-    /// Every estimator's result (threat model: white-box).
-    pub audit: crate::attacks::white_box::WhiteBoxAudit,
+    audit::white_box::audit(observations, included, mechanism, delta, confidence)
 }

@@ -6,7 +6,8 @@
 //!                                                                     estimate)              csv, json)
 //! ```
 //!
-//! [`audit`] is the whole chain for `account` and `check`; the other commands run the same
+//! [`audit`] is the whole chain for `account`, and [`check::run`] the one budget chain (`check`,
+//! from the CLI and from Python alike); the other commands run the same
 //! stages through their own stage modules and build the same [`Report`]: [`analyze`]
 //! (diffusion sampling), [`calibrate`], [`sweep`], [`run`] (mechanisms on data) and the
 //! verify/mia/train stages in `pipelines`, `attacks` and `models`. Every command's report opens
@@ -15,6 +16,7 @@
 //! exit code in one place.
 
 pub mod account;
+pub mod accounting;
 pub mod analyze;
 pub mod calibrate;
 pub mod check;
@@ -28,15 +30,16 @@ pub mod sweep;
 pub mod text;
 pub mod train;
 pub mod verify;
+pub mod white_box;
 
 use std::path::{Path, PathBuf};
 
 use crate::accountants::AccountantKind;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
-use crate::report::build::{self, AccountOptions};
 use crate::report::progress::Progress;
 use crate::report::{self, Report, Verdict};
+use accounting::AccountOptions;
 
 pub use outcome::Outcome;
 
@@ -80,10 +83,10 @@ pub enum Question {
     },
 }
 
-/// A validated audit plan (built by `account` and `check` from their flags).
+/// A validated accounting plan (built by `account` from its flags, and by the Python `account`).
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The command name recorded in the report (`account`, `check`).
+    /// The command name recorded in the report (`account`).
     pub command: &'static str,
     /// The input.
     pub source: Source,
@@ -93,13 +96,12 @@ pub struct Plan {
     pub question: Question,
     /// Accountants to run.
     pub accountants: Vec<AccountantKind>,
-    /// An ε budget to judge (`check --max-epsilon`).
-    pub budget: Option<f64>,
     /// Tables and plots besides the headline numbers.
     pub curves: bool,
 }
 
-/// The whole chain: input → events → accountants → sound ε and verdict → Report.
+/// The accounting chain: input → events → accountants → Report (a budget is judged by
+/// [`check::run`], the one budget chain).
 pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
     // 1. Input: the file (hashed into the report) or the flags.
     let input = load(&plan.source)?;
@@ -122,7 +124,7 @@ pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
         Question::Epsilon { delta } => {
             let delta = resolve_delta(delta, input.delta, &plan.source)?;
             let opts = AccountOptions { curves: plan.curves };
-            build::account_event(
+            accounting::account_event(
                 &mut rep,
                 &input.event,
                 neighbouring,
@@ -133,31 +135,21 @@ pub fn audit(plan: &Plan, progress: &Progress) -> Result<Report> {
             )?;
         }
         Question::Delta { epsilon } => {
-            build::account_delta(&mut rep, &input.event, neighbouring, epsilon, &plan.accountants, tick)?
+            accounting::account_delta(&mut rep, &input.event, neighbouring, epsilon, &plan.accountants, tick)?
         }
     }
     if let Some(why) = &input.over_approximates {
         mark_over_approximation(&mut rep, why);
     }
-    // 4–5. Sound ε (exact or upper bound, never an estimate) against the budget: the verdict.
-    if let Some(budget) = plan.budget {
-        let subject = match &plan.source {
-            Source::File(p) => format!("ε budget for {}", p.display()),
-            _ => "ε budget".to_string(),
-        };
-        budget_verdict(&mut rep, &subject, budget);
-    }
-    // 6. Report: opens with the plain-language conclusion.
+    // 4. Report: opens with the plain-language conclusion.
     rep.conclude();
     Ok(rep)
 }
 
 fn title(plan: &Plan) -> String {
-    match (&plan.source, plan.budget.is_some()) {
-        (Source::File(p), true) => format!("Privacy budget check: {}", p.display()),
-        (Source::File(p), false) => format!("Privacy accounting: {}", p.display()),
-        (_, true) => "Privacy budget check: DP-SGD-style event".into(),
-        (_, false) => "Privacy accounting: DP-SGD-style event".into(),
+    match &plan.source {
+        Source::File(p) => format!("Privacy accounting: {}", p.display()),
+        _ => "Privacy accounting: DP-SGD-style event".into(),
     }
 }
 
@@ -188,7 +180,7 @@ fn resolve_delta(flag: Option<f64>, file: Option<f64>, source: &Source) -> Resul
 
 /// The input-level warnings of a sampler config, exactly as `analyze` lists them (its analysis
 /// with no accountant: defaulted privacy fields, subsample normalisation, data-dependent density).
-pub fn sampler_warnings(cfg: &crate::config::sampler::SamplerConfig) -> Vec<crate::accountants::Diagnostic> {
+pub(crate) fn sampler_warnings(cfg: &crate::config::sampler::SamplerConfig) -> Vec<crate::accountants::Diagnostic> {
     crate::diffusion::account::analyze(cfg, &[])
         .map(|a| a.warnings)
         .unwrap_or_default()
@@ -218,7 +210,7 @@ pub struct Input {
 /// Relabels the report's exact values as upper bounds, with a warning saying why: the event
 /// accounted over-approximates the mechanism, so its exact ε is only an upper bound on the
 /// mechanism's (and no number of it is a lower bound).
-pub fn mark_over_approximation(report: &mut Report, why: &str) {
+pub(crate) fn mark_over_approximation(report: &mut Report, why: &str) {
     let mut any = false;
     for r in &mut report.results {
         if r.kind == crate::accountants::BoundKind::Exact {
@@ -282,13 +274,13 @@ pub fn load(source: &Source) -> Result<Input> {
 
 /// Reads `path`, tells an event file from a sampler config by its keys, and returns the event
 /// to account. Errors name the file (and line/field where known).
-pub fn load_file(path: &Path) -> Result<Input> {
+pub(crate) fn load_file(path: &Path) -> Result<Input> {
     load_file_with(path, false)
 }
 
 /// [`load_file`], also printing (on stderr) the sampler settings that were left at their
 /// defaults when `warn_defaults` (what `check` does, so that a CI log shows them).
-pub fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
+pub(crate) fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> {
     let src = crate::input::read_to_string(path)?;
     let table: toml::Table = toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))?;
     if table.contains_key("event") {
@@ -384,7 +376,7 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
 
 /// The verdict [`budget_verdict`] adds, computed from the report's results alone (what
 /// `dpaudit report` derives again from a report read back).
-pub fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict {
+pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict {
     use crate::report::Status;
     let delta = report.delta;
     match report.sound_epsilon() {
@@ -405,7 +397,7 @@ pub fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict
                     "sound ε = {} ({} {}) {} budget {}",
                     crate::report::export::fmt_num(r.epsilon),
                     r.accountant.as_str(),
-                    r.kind.as_str().replace('_', " "),
+                    r.kind.describe(),
                     if pass { "≤" } else { ">" },
                     crate::report::export::fmt_num(budget)
                 ),
@@ -429,7 +421,7 @@ pub fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::build::{account_event, AccountOptions};
+    use crate::audit::accounting::{account_event, AccountOptions};
     use crate::report::Status;
 
     #[test]

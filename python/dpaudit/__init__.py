@@ -437,8 +437,9 @@ class Accounting:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A budget verdict. ``status``: ``pass`` (a sound ε is within the budget), ``fail`` (the
-    smallest sound ε exceeds it) or ``inconclusive`` (no sound number). The evidence: the sound
+    """A budget verdict. ``status``: ``pass`` (a sound ε is within the budget) or ``fail`` (the
+    smallest sound ε exceeds it); with no sound number, :func:`check` raises :class:`InputError`
+    as ``dpaudit check`` exits 2. The evidence: the sound
     ε, its accountant and kind, δ and the margin budget − ε."""
 
     status: str
@@ -471,7 +472,8 @@ class Check:
 @dataclass(frozen=True)
 class Calibration:
     """``calibrate``'s answer: the calibrated value (on the safe side), the accountant's result
-    at it, the calibrated event, and a note when another sound accountant had to answer."""
+    at it, the calibrated event, a note when another sound accountant had to answer, and the
+    warnings and report of ``dpaudit calibrate`` (a CLT estimate is warned about there and here)."""
 
     solve_for: str
     value: float
@@ -479,6 +481,8 @@ class Calibration:
     event: DpEvent
     evaluations: int
     note: Optional[str]
+    warnings: List[Dict[str, Any]] = field(default_factory=list)
+    report: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -535,23 +539,26 @@ def check(
     accountants: Union[str, Sequence[str]] = "all",
     neighbouring: Optional[str] = None,
 ) -> Check:
-    """The smallest sound ε at ``delta`` against the budget ``max_epsilon``, as
-    ``dpaudit check`` (an estimate never decides)."""
+    """The smallest sound ε at ``delta`` against the budget ``max_epsilon``, by the same chain
+    as ``dpaudit check`` (an estimate never decides). A path is read as the CLI reads it (its δ,
+    neighbouring relation and input warnings). Where the CLI exits 2 (no sound accountant
+    applies, so the budget cannot be checked) this raises :class:`InputError` with its message."""
     ev = _as_event(event)
     if delta is None:
         delta = ev.delta
     if delta is None:
         raise InputError("field `delta`: no δ given: pass delta or set `delta` in the file", field="delta")
-    rep = _call(
-        "check",
-        {
-            "event": ev._tree,
-            "neighbouring": neighbouring or ev.neighbouring,
-            "delta": _num(delta),
-            "max_epsilon": _num(max_epsilon),
-            "accountants": _accountants(accountants),
-        },
-    )
+    req: Dict[str, Any] = {
+        "delta": _num(delta),
+        "max_epsilon": _num(max_epsilon),
+        "accountants": _accountants(accountants),
+    }
+    if isinstance(event, (str, os.PathLike)) and neighbouring is None:
+        req["path"] = os.fspath(event)
+    else:
+        req["event"] = ev._tree
+        req["neighbouring"] = neighbouring or ev.neighbouring
+    rep = _call("check", req)
     v = rep["verdicts"][0]
     opt = lambda k: None if v.get(k) is None else _f(v[k])  # noqa: E731
     verdict = Verdict(
@@ -609,6 +616,8 @@ def calibrate(
         event=DpEvent._trusted(ans["event"], neighbouring, delta),
         evaluations=int(ans["evaluations"]),
         note=ans.get("note"),
+        warnings=list(ans.get("warnings", [])),
+        report=dict(ans.get("report", {})),
     )
 
 

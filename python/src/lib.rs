@@ -243,14 +243,23 @@ fn op_account(req: &Map<String, Value>) -> Res<Value> {
 }
 
 fn op_check(req: &Map<String, Value>) -> Res<Value> {
-    let ev = event(req)?;
-    let rep = api::check(
-        &ev,
-        neighbouring(req)?,
-        required(f64_of(req, "delta")?, "delta")?,
-        required(f64_of(req, "max_epsilon")?, "max_epsilon")?,
-        &accountants(req)?,
-    )?;
+    let budget = required(f64_of(req, "max_epsilon")?, "max_epsilon")?;
+    let delta = f64_of(req, "delta")?;
+    let accountants = accountants(req)?;
+    // A path is read by the CLI's loader (its δ, neighbouring relation and input warnings).
+    let rep = match str_of(req, "path")? {
+        Some(p) => api::check(api::CheckInput::File(Path::new(p)), delta, budget, &accountants)?,
+        None => {
+            let ev = event(req)?;
+            let delta = required(delta, "delta")?;
+            api::check(
+                api::CheckInput::Event(&ev, neighbouring(req)?),
+                Some(delta),
+                budget,
+                &accountants,
+            )?
+        }
+    };
     report_json(&rep)
 }
 
@@ -328,7 +337,7 @@ fn op_calibrate(req: &Map<String, Value>) -> Res<Value> {
         None => AccountantKind::Pld,
         Some(s) => s.parse().map_err(|e: Error| Error::field("accountant", e.message))?,
     };
-    let (c, note) = api::calibrate(
+    let rep = api::calibrate(
         primary,
         neighbouring(req)?,
         required(f64_of(req, "delta")?, "delta")?,
@@ -336,17 +345,42 @@ fn op_calibrate(req: &Map<String, Value>) -> Res<Value> {
         fixed,
         solve_for,
     )?;
+    // Everything from the CLI's report: the answer, the accountant's result at it, the event,
+    // the evaluations and the warnings (a CLT estimate, a fallback accountant).
+    let result = rep
+        .results
+        .first()
+        .ok_or_else(|| Error::input("calibrate's report holds no result"))?;
+    let event = rep
+        .event
+        .as_ref()
+        .ok_or_else(|| Error::input("calibrate's report holds no event"))?;
+    let key = match solve_for {
+        SolveFor::NoiseMultiplier => "noise_multiplier",
+        SolveFor::SampleRate => "sample_rate",
+        SolveFor::Steps => "steps",
+    };
+    let value = rep.answers.get(key).copied().unwrap_or(f64::NAN);
+    let evaluations: u64 = rep
+        .summary
+        .iter()
+        .find(|f| f.name == "accountant evaluations")
+        .and_then(|f| f.value.parse().ok())
+        .unwrap_or(0);
+    let note = rep
+        .warnings
+        .iter()
+        .find(|w| w.code == "calibration_fallback_accountant")
+        .map(|w| w.message.clone());
     Ok(json!({
-        "solve_for": match c.solve_for {
-            SolveFor::NoiseMultiplier => "noise_multiplier",
-            SolveFor::SampleRate => "sample_rate",
-            SolveFor::Steps => "steps",
-        },
-        "value": num(c.value),
-        "result": result_json(&c.result),
-        "event": event_json(&c.event)?,
-        "evaluations": c.evaluations,
+        "solve_for": key,
+        "value": num(value),
+        "result": result_json(result),
+        "event": event_json(event)?,
+        "evaluations": evaluations,
         "note": note,
+        "warnings": rep.warnings,
+        "report": report_json(&rep)?,
     }))
 }
 
@@ -425,7 +459,14 @@ fn op_white_box_audit(req: &Map<String, Value>) -> Res<Value> {
     let delta = required(f64_of(req, "delta")?, "delta")?;
     let confidence = f64_of(req, "confidence")?.unwrap_or(0.95);
     let v = api::white_box_audit(&obs, &included, mech, delta, confidence)?;
-    serde_json::to_value(&v).map_err(|e| Error::input(e.to_string()))
+    let mut out = serde_json::to_value(&v).map_err(|e| Error::input(e.to_string()))?;
+    // The Python API's words for the audit verdict's status.
+    out["verdict"] = json!(match v.status {
+        dpaudit::report::Status::Fail => "violated",
+        dpaudit::report::Status::Pass => "consistent",
+        dpaudit::report::Status::Inconclusive => "no_guarantee",
+    });
+    Ok(out)
 }
 
 /// Runs one request (`op` and its JSON arguments) and returns the JSON answer.

@@ -20,12 +20,12 @@ use crate::events::{DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
 
 /// ASR ≤ Φ(μ/2) for μ-GDP.
-pub fn asr_limit_gdp(mu: f64) -> f64 {
+pub(crate) fn asr_limit_gdp(mu: f64) -> f64 {
     numeric::ndtr(mu / 2.0)
 }
 
 /// TPR ≤ Φ(Φ⁻¹(FPR) + μ) = 1 − G_μ(FPR) for μ-GDP.
-pub fn tpr_limit_gdp(mu: f64, fpr: f64) -> f64 {
+pub(crate) fn tpr_limit_gdp(mu: f64, fpr: f64) -> f64 {
     1.0 - gdp::tradeoff(mu, fpr)
 }
 
@@ -46,7 +46,7 @@ pub struct Guarantee {
 
 impl Guarantee {
     /// Upper limit on the attack success rate: (e^ε + δ)/(1 + e^ε), or Φ(μ/2) when μ is known and smaller.
-    pub fn asr_limit(&self) -> f64 {
+    pub(crate) fn asr_limit(&self) -> f64 {
         let a = asr_limit_eps_delta(self.epsilon, self.delta);
         match self.mu {
             Some(mu) => a.min(asr_limit_gdp(mu)),
@@ -130,7 +130,7 @@ pub fn tightest<F: Fn(&Guarantee) -> f64>(gs: &[Guarantee], f: F) -> Option<(f64
 
 /// Theoretical ASR of the sampler stopped at `stop` when each step sees a Poisson subsample at
 /// rate `p` (p = 1: exact GDP, Φ(μ/2)); `None` when no sound accountant supports the event yet.
-pub fn sampler_asr(mus: &[f64], p: f64, delta: f64) -> Result<Option<(f64, String)>> {
+pub(crate) fn sampler_asr(mus: &[f64], p: f64, delta: f64) -> Result<Option<(f64, String)>> {
     if p >= 1.0 {
         let mu = mus.iter().map(|m| m * m).sum::<f64>().sqrt();
         return Ok(Some((asr_limit_gdp(mu), "gdp".into())));

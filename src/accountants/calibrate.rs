@@ -132,7 +132,7 @@ pub fn calibrate_dpsgd(
 /// with the accountant that certified it. The second element says why the fallback ran. Every
 /// accountant's answer is a sound bound, so the value found meets the target whichever
 /// certified it; an estimate (clt) is never a fallback.
-pub fn calibrate_dpsgd_any(
+pub(crate) fn calibrate_dpsgd_any(
     primary: super::AccountantKind,
     neighbouring: Neighbouring,
     delta: f64,

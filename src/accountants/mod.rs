@@ -45,10 +45,10 @@ impl BoundKind {
         matches!(self, BoundKind::Exact | BoundKind::UpperBound)
     }
     /// True when this number is a sound *lower* bound (exact or lower bound).
-    pub fn is_lower(self) -> bool {
+    pub(crate) fn is_lower(self) -> bool {
         matches!(self, BoundKind::Exact | BoundKind::LowerBound)
     }
-    /// The name used in output (`exact`, `upper_bound`, `estimate`).
+    /// The name used in machine-readable output (`exact`, `upper_bound`, `estimate`).
     pub fn as_str(self) -> &'static str {
         match self {
             BoundKind::Exact => "exact",
@@ -57,6 +57,57 @@ impl BoundKind {
             BoundKind::LowerBound => "lower_bound",
             BoundKind::DataDependent => "data_dependent",
         }
+    }
+
+    // Every wording of a kind lives here; nothing else in the crate spells one out. Shipped
+    // reports and golden files are re-derived byte for byte, so each phrasing is kept as it was.
+
+    /// The kind in words (`exact`, `upper bound`, `estimate`, …; also its `Display`): verdict
+    /// messages, plot legends and table labels.
+    pub fn describe(self) -> &'static str {
+        match self {
+            BoundKind::Exact => "exact",
+            BoundKind::UpperBound => "upper bound",
+            BoundKind::Estimate => "estimate",
+            BoundKind::LowerBound => "lower bound",
+            BoundKind::DataDependent => "data dependent",
+        }
+    }
+
+    /// [`Self::describe`] with the caveat a reader needs beside a number that is not a DP
+    /// guarantee (report tables: `estimate (not a guarantee)`).
+    pub(crate) fn with_caveat(self) -> &'static str {
+        match self {
+            BoundKind::Estimate => "estimate (not a guarantee)",
+            BoundKind::DataDependent => "data-dependent: not a DP guarantee",
+            other => other.describe(),
+        }
+    }
+
+    /// [`Self::with_caveat`] for a terminal, where a number that is not a guarantee shouts
+    /// (`ESTIMATE (not a guarantee)`).
+    pub(crate) fn shouted(self) -> &'static str {
+        match self {
+            BoundKind::Estimate => "ESTIMATE (not a guarantee)",
+            other => other.with_caveat(),
+        }
+    }
+
+    /// The kind as a noun phrase for sentences (`an upper bound`, `an estimate`).
+    pub(crate) fn noun_phrase(self) -> &'static str {
+        match self {
+            BoundKind::Exact => "an exact value",
+            BoundKind::UpperBound => "an upper bound",
+            BoundKind::Estimate => "an estimate",
+            BoundKind::LowerBound => "a lower bound",
+            BoundKind::DataDependent => "a data-dependent number (not a DP guarantee)",
+        }
+    }
+}
+
+impl std::fmt::Display for BoundKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
     }
 }
 
@@ -167,17 +218,17 @@ impl AccountResult {
         }
     }
     /// Names the mechanism the number is about.
-    pub fn for_mechanism(mut self, mechanism: &str) -> Self {
+    pub(crate) fn for_mechanism(mut self, mechanism: &str) -> Self {
         self.mechanism = Some(mechanism.to_string());
         self
     }
     /// Adds a named number to `details`.
-    pub fn with_detail(mut self, key: &str, value: f64) -> Self {
+    pub(crate) fn with_detail(mut self, key: &str, value: f64) -> Self {
         self.details.insert(key.to_string(), value);
         self
     }
     /// Adds a diagnostic with its code, message and severity.
-    pub fn with_diagnostic(mut self, code: &str, message: impl Into<String>, severe: bool) -> Self {
+    pub(crate) fn with_diagnostic(mut self, code: &str, message: impl Into<String>, severe: bool) -> Self {
         self.diagnostics.push(Diagnostic {
             code: code.into(),
             message: message.into(),
@@ -231,7 +282,7 @@ pub fn check_delta(delta: f64) -> Result<()> {
 }
 
 /// Validates an ε given by a user.
-pub fn check_epsilon(epsilon: f64) -> Result<()> {
+pub(crate) fn check_epsilon(epsilon: f64) -> Result<()> {
     if !(epsilon >= 0.0 && epsilon.is_finite()) {
         return Err(Error::field(
             "epsilon",
@@ -268,7 +319,7 @@ pub const MIN_CERTIFIED_NOISE_MULTIPLIER: f64 = 1e-100;
 /// The path and value of the smallest Gaussian noise multiplier in `event` that lies in
 /// (0, [`MIN_CERTIFIED_NOISE_MULTIPLIER`]); `None` when every σ is certified (σ ≤ 0, NaN and ∞ are
 /// left to validation).
-pub fn uncertified_noise(event: &DpEvent) -> Option<(String, f64)> {
+pub(crate) fn uncertified_noise(event: &DpEvent) -> Option<(String, f64)> {
     fn walk(e: &DpEvent, path: &mut String, best: &mut Option<(String, f64)>) {
         match e {
             DpEvent::Gaussian { noise_multiplier: s } | DpEvent::Laplace { noise_multiplier: s } => {
@@ -325,19 +376,19 @@ fn uncertified_result(kind: AccountantKind, at: (String, f64), epsilon: f64, del
 
 /// ε = ∞ at `delta` when `event` holds a noise multiplier below the certified range (see
 /// [`MIN_CERTIFIED_NOISE_MULTIPLIER`]); every accountant answers through this first.
-pub fn uncertified_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<AccountResult> {
+pub(crate) fn uncertified_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<AccountResult> {
     uncertified_noise(event).map(|at| uncertified_result(kind, at, f64::INFINITY, delta))
 }
 
 /// δ = 1 at `epsilon` when `event` holds a noise multiplier below the certified range.
-pub fn uncertified_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
+pub(crate) fn uncertified_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
     uncertified_noise(event).map(|at| uncertified_result(kind, at, epsilon, 1.0))
 }
 
 /// Why an accountant does not apply, in users' words: without the accountant's own name in
 /// front (reports show it beside the reason) and without the position of the sub-event in the
 /// event tree (`event.events[2].event: `), which means nothing for an event built from flags.
-pub fn plain_reason(kind: AccountantKind, message: &str) -> String {
+pub(crate) fn plain_reason(kind: AccountantKind, message: &str) -> String {
     let mut m = message.trim();
     let prefix = format!("{}: ", kind.as_str());
     if let Some(rest) = m.strip_prefix(&prefix) {

@@ -77,7 +77,7 @@ impl Evidence {
     }
     /// Evidence from an accountant's result, labelled with the accountant that actually
     /// computed it (a PLD that fell back to RDP is labelled `rdp`).
-    pub fn from_result(r: &AccountResult) -> Self {
+    pub(crate) fn from_result(r: &AccountResult) -> Self {
         let mut e = Evidence::new(r.accountant.as_str(), r.epsilon, r.delta, r.kind);
         e.accountant = Some(r.accountant);
         if let Some(d) = r.diagnostics.iter().find(|d| d.code == "pld_fallback_rdp") {
@@ -88,22 +88,22 @@ impl Evidence {
         e
     }
     /// Sets the note.
-    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+    pub(crate) fn with_note(mut self, note: impl Into<String>) -> Self {
         self.note = note.into();
         self
     }
     /// Sets the accountant.
-    pub fn with_accountant(mut self, kind: AccountantKind) -> Self {
+    pub(crate) fn with_accountant(mut self, kind: AccountantKind) -> Self {
         self.accountant = Some(kind);
         self
     }
     /// True when this is a sound upper bound on ε (exact or upper bound, not NaN).
-    pub fn is_upper(&self) -> bool {
-        matches!(self.kind, BoundKind::Exact | BoundKind::UpperBound) && !self.epsilon.is_nan()
+    pub(crate) fn is_upper(&self) -> bool {
+        self.kind.is_sound() && !self.epsilon.is_nan()
     }
     /// True when this is a sound lower bound on ε (exact or lower bound, not NaN).
-    pub fn is_lower(&self) -> bool {
-        matches!(self.kind, BoundKind::Exact | BoundKind::LowerBound) && !self.epsilon.is_nan()
+    pub(crate) fn is_lower(&self) -> bool {
+        self.kind.is_lower() && !self.epsilon.is_nan()
     }
     /// "ε = 1.23 (pld, upper_bound)" for messages.
     pub fn describe(&self) -> String {
@@ -323,12 +323,14 @@ pub fn tightest_by<T, F: Fn(&T) -> Option<(f64, BoundKind)>>(
 }
 
 /// The smallest sound ε among accountant results ([`tightest_by`] on ε).
-pub fn tightest_upper<'a, I: IntoIterator<Item = &'a AccountResult>>(results: I) -> Option<&'a AccountResult> {
+pub(crate) fn tightest_upper<'a, I: IntoIterator<Item = &'a AccountResult>>(results: I) -> Option<&'a AccountResult> {
     tightest_by(results, |r| Some((r.epsilon, r.kind)))
 }
 
 /// The smallest sound δ among accountant results (a δ(ε) query; [`tightest_by`] on δ).
-pub fn tightest_upper_delta<'a, I: IntoIterator<Item = &'a AccountResult>>(results: I) -> Option<&'a AccountResult> {
+pub(crate) fn tightest_upper_delta<'a, I: IntoIterator<Item = &'a AccountResult>>(
+    results: I,
+) -> Option<&'a AccountResult> {
     tightest_by(results, |r| Some((r.delta, r.kind)))
 }
 
@@ -368,7 +370,7 @@ pub fn sound_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f64) ->
 }
 
 /// Adds the CLT estimate of `event` to `s` (shown, never deciding), when the CLT applies.
-pub fn add_clt_estimate(s: &mut SoundEpsilon, event: &DpEvent) {
+pub(crate) fn add_clt_estimate(s: &mut SoundEpsilon, event: &DpEvent) {
     let acc = AccountantKind::Clt.build();
     match acc
         .supports(event, s.neighbouring)
@@ -493,7 +495,7 @@ pub fn delta_floor(steps: &[PairStep], epsilon: f64) -> f64 {
 
 /// The largest ε certified by the threshold test at `delta`: max over a of
 /// ln(P(E) − δ) − ln Q(E), lowered for rounding; `None` when P(E) ≤ δ for every a.
-pub fn threshold_epsilon_lower(steps: &[PairStep], delta: f64) -> Option<f64> {
+pub(crate) fn threshold_epsilon_lower(steps: &[PairStep], delta: f64) -> Option<f64> {
     let mut best: Option<f64> = None;
     for a in offsets(steps) {
         let (ln_p, ln_q) = threshold_test(steps, a);
@@ -510,7 +512,7 @@ pub fn threshold_epsilon_lower(steps: &[PairStep], delta: f64) -> Option<f64> {
 
 /// The largest ε with the exact δ of one step's worst-case pair above `delta` (that step's
 /// privacy loss alone already costs that much); `None` when it is 0.
-pub fn single_pair_epsilon_lower(step: PairStep, delta: f64) -> Option<f64> {
+pub(crate) fn single_pair_epsilon_lower(step: PairStep, delta: f64) -> Option<f64> {
     let z = 1.0 / step.mu;
     let d = |e: f64| crate::accountants::pld::single_step_delta_exact(step.p.min(1.0), z, e);
     if d(0.0) <= delta {

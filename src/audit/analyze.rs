@@ -134,7 +134,7 @@ const TAIL_ROWS: usize = 12;
 /// [`TEXT_WIDTH`] columns and 80 lines: long lines are wrapped, a long step table shows its
 /// first and last steps; `verbose` (`-v`) adds every step, the t and Δt columns and the event
 /// tree.
-pub fn render_text(a: &Analysis, verbose: bool) -> String {
+pub(crate) fn render_text(a: &Analysis, verbose: bool) -> String {
     let mut s = String::new();
     let line = |s: &mut String, text: String| {
         for l in super::text::wrap(&text, TEXT_WIDTH) {
@@ -310,7 +310,7 @@ fn window_rows(a: &Analysis) -> std::collections::HashMap<usize, &crate::diffusi
 }
 
 /// CSV: one row per step, with the convention on every row.
-pub fn render_csv(a: &Analysis) -> Result<String> {
+pub(crate) fn render_csv(a: &Analysis) -> Result<String> {
     use crate::report::num::debug as fmt;
     let mut w = crate::report::csv_out::Csv::new();
     w.row([
@@ -358,7 +358,12 @@ pub fn render_csv(a: &Analysis) -> Result<String> {
 }
 
 /// Fills the shared [`Report`] model (Markdown/HTML exporters) from an analysis.
-pub fn build_report(a: &Analysis, cfg: &SamplerConfig, config_path: &std::path::Path, command: &str) -> Result<Report> {
+pub(crate) fn build_report(
+    a: &Analysis,
+    cfg: &SamplerConfig,
+    config_path: &std::path::Path,
+    command: &str,
+) -> Result<Report> {
     use crate::accountants::AccountResult;
     use crate::config::sampler::DensityConfig;
     let mut r = Report::new(format!("Diffusion sampling analysis: {}", a.name), command).for_command("analyze");

@@ -51,7 +51,7 @@ pub fn calibrate(plan: &Plan) -> Result<(Calibration, Report)> {
 }
 
 /// The value as a user types it (steps as an integer).
-pub fn value_text(solve_for: SolveFor, value: f64) -> String {
+pub(crate) fn value_text(solve_for: SolveFor, value: f64) -> String {
     match solve_for {
         SolveFor::Steps => format!("{}", value as u64),
         _ => num::fmt(value),
@@ -59,7 +59,7 @@ pub fn value_text(solve_for: SolveFor, value: f64) -> String {
 }
 
 /// The report of a finished calibration.
-pub fn to_report(plan: &Plan, c: &Calibration) -> Report {
+pub(crate) fn to_report(plan: &Plan, c: &Calibration) -> Report {
     let mut r = Report::new(
         format!(
             "Calibration: {} for ε ≤ {}",
@@ -72,7 +72,11 @@ pub fn to_report(plan: &Plan, c: &Calibration) -> Report {
     r.event = Some(c.event.clone());
     r.delta = Some(plan.delta);
     r.assumptions.neighbouring = Some(plan.neighbouring);
-    r.assumptions.sampling = c.event.components().ok().map(|c| report::build::describe_sampling(&c));
+    r.assumptions.sampling = c
+        .event
+        .components()
+        .ok()
+        .map(|c| super::accounting::describe_sampling(&c));
     r.results.push(c.result.clone());
     // The answer as typed numbers: the whole calibrated run, and the ε it gives.
     let mut run = plan.fixed;
@@ -149,7 +153,7 @@ value may not meet the target; use --accountant pld or rdp for a sound answer",
                 fmt_num(c.result.epsilon),
                 num::fmt(plan.delta),
                 plan.accountant.as_str(),
-                c.result.kind.as_str().replace('_', " "),
+                c.result.kind.describe(),
                 report::conclusion::under(&r),
                 report::conclusion::scale(c.result.epsilon, plan.delta)
             )
@@ -183,10 +187,7 @@ pub fn text(plan: &Plan, c: &Calibration) -> String {
         num::fmt(plan.target),
         num::fmt(plan.delta),
         plan.accountant.as_str(),
-        match c.result.kind {
-            BoundKind::Estimate => "ESTIMATE, not a guarantee".to_string(),
-            k => k.as_str().replace('_', " "),
-        }
+        c.result.kind.shouted()
     );
     if c.result.kind == BoundKind::Estimate {
         s.push_str("WARNING: the clt accountant gives an ESTIMATE, not a guarantee; use --accountant pld or rdp\n");
@@ -196,7 +197,7 @@ pub fn text(plan: &Plan, c: &Calibration) -> String {
 
 /// The report of a sampler calibration (`calibrate --sampler`): the value of the solved setting
 /// that meets the target with a sound ε, the CLT's answer beside it, and the typed answer.
-pub fn sampler_report(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCalibration) -> Result<Report> {
+pub(crate) fn sampler_report(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerCalibration) -> Result<Report> {
     let param = c.param;
     let mut rep = Report::new(
         format!("Calibration: {} of {}", param.as_str(), path.display()),
@@ -357,13 +358,7 @@ pub fn execute(request: &DpSgdRequest, progress: &Progress) -> Result<super::Out
             solve_for.as_str(),
             crate::report::num::sig6(out.epsilon),
             kind.as_str(),
-            match out.kind {
-                BoundKind::Estimate => "ESTIMATE, not a guarantee",
-                BoundKind::UpperBound => "upper bound",
-                BoundKind::Exact => "exact",
-                BoundKind::LowerBound => "lower bound",
-                BoundKind::DataDependent => "data-dependent: not a DP guarantee",
-            }
+            out.kind.shouted()
         );
         for w in out.warnings {
             let _ = writeln!(text, "WARNING: {w}");

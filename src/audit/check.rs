@@ -6,11 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::accounting::{self, AccountOptions};
 use crate::accountants::AccountantKind;
 use crate::audit::outcome::Status as Answer;
 use crate::audit::{Input, Outcome};
 use crate::error::{Error, Result};
-use crate::report::build::{self, AccountOptions};
 use crate::report::{self, junit, progress, Report, Status, Verdict};
 
 /// Name of the flag-given pipeline in outputs and JUnit.
@@ -28,14 +28,31 @@ pub enum Source {
         /// How steps and q were derived (empty when given directly).
         derivation: Vec<String>,
     },
+    /// An event given by a program that embeds dpaudit (`api::check`), under `name`.
+    Event {
+        /// The validated event, its neighbouring relation and δ.
+        input: Input,
+        /// The name shown in the verdict line and report title.
+        name: String,
+    },
 }
 
 impl Source {
+    /// The source to account: a diffusers training folder is checked by its DP ledger
+    /// (`ledger.json` beside the weights); everything else as given.
+    pub fn resolved(&self) -> Result<Source> {
+        match self {
+            Source::File(p) if p.is_dir() => crate::models::diffusers_train::folder_ledger(p).map(Source::File),
+            other => Ok(other.clone()),
+        }
+    }
+
     /// The name shown in verdict lines and JUnit test cases.
     pub fn name(&self) -> String {
         match self {
             Source::File(p) => p.display().to_string(),
             Source::Flags { .. } => FLAGS_NAME.to_string(),
+            Source::Event { name, .. } => name.clone(),
         }
     }
 }
@@ -101,6 +118,11 @@ pub fn error_junit(plan_name: &str, error: &str, started: Instant) -> String {
 /// Runs `dpaudit check`: one input gives its report (with conclusion), several give one verdict
 /// line each.
 pub fn execute(plan: &Plan) -> Result<Checked> {
+    let sources = plan.sources.iter().map(Source::resolved).collect::<Result<Vec<_>>>()?;
+    let plan = &Plan {
+        sources,
+        ..plan.clone()
+    };
     if plan.sources.len() > 1 {
         return Ok(execute_many(plan));
     }
@@ -195,6 +217,7 @@ fn check_source(plan: &Plan, source: &Source, curves: bool, quiet: bool) -> Resu
             (Some(p.as_path()), super::load_file_with(p, true)?, &[][..])
         }
         Source::Flags { input, derivation } => (None, input.clone(), derivation.as_slice()),
+        Source::Event { input, .. } => (None, input.clone(), &[][..]),
     };
     let one = One {
         name,
@@ -278,7 +301,7 @@ pub fn run(plan: &One<'_>, input: &Input, derivation: &[String]) -> Result<(Repo
     }
     let work = plan.accountants.len() as u64 * if plan.curves { 2 } else { 1 };
     let pb = progress::bar(work, plan.quiet, "check");
-    build::account_event(
+    accounting::account_event(
         &mut rep,
         &input.event,
         input.neighbouring,

@@ -22,7 +22,7 @@ pub enum Status {
 impl Status {
     /// The status of one budget or claim verdict: pass is ok, fail is violated, inconclusive is
     /// not demonstrated.
-    pub fn of_verdict(s: report::Status) -> Status {
+    pub(crate) fn of_verdict(s: report::Status) -> Status {
         match s {
             report::Status::Pass => Status::Ok,
             report::Status::Fail => Status::Violated,
@@ -65,7 +65,7 @@ impl Outcome {
     }
 
     /// Sets the main table (`--format csv`, and `name` in `--out DIR`).
-    pub fn with_table(mut self, name: &str, csv: Vec<u8>) -> Outcome {
+    pub(crate) fn with_table(mut self, name: &str, csv: Vec<u8>) -> Outcome {
         self.table = Some((name.to_string(), csv));
         self
     }
@@ -77,7 +77,7 @@ impl Outcome {
     }
 
     /// Sets the status.
-    pub fn with_status(mut self, status: Status) -> Outcome {
+    pub(crate) fn with_status(mut self, status: Status) -> Outcome {
         self.status = status;
         self
     }

@@ -1,5 +1,5 @@
 //! What `dpaudit report` derives again with the commands' own rules, after
-//! [`crate::report::rederive::check`] (which knows only the report model):
+//! [`consistency::check`] (which knows only the report model):
 //!
 //! * a budget verdict (`dpaudit check`) is derived again from the results and its budget
 //!   ([`super::budget_verdict_of`]), every field and its message;
@@ -10,19 +10,21 @@
 //!   one-run verdict rests on the one-run table's largest lower bound. The measurements
 //!   themselves (scores, AUC, counts) need the scores: `mia --scores` derives them again.
 
+pub mod consistency;
+
 use crate::attacks::mia::{AttackKind, Target};
 use crate::attacks::theory::Guarantee;
 use crate::error::Result;
 use crate::report::num::fmt_num;
-use crate::report::rederive::{cell_num, cell_str, close, refuse, same_verdict};
 use crate::report::{Report, Status, Table};
+use consistency::{cell_num, cell_str, close, refuse, same_verdict};
 
 /// Checks `rep` (see the module docs): the mia tables' cells first (the facts the sentences
 /// are derived from, so a forged cell is named as such, not as the sentence it contradicts),
 /// then the report model's rules, then the budget verdicts.
 pub fn check(rep: &Report) -> Result<()> {
     check_mia_tables(rep)?;
-    crate::report::rederive::check(rep)?;
+    consistency::check(rep)?;
     check_budget_verdicts(rep)
 }
 

@@ -78,7 +78,7 @@ struct RunRecord<R: Serialize> {
 }
 
 /// Runs DPAgg-TI.
-pub fn run_dpagg(a: &Options) -> Result<Outcome> {
+pub(crate) fn run_dpagg(a: &Options) -> Result<Outcome> {
     let (cfg, mut mech) = DpaggTiConfig::load(&a.config)?;
     if a.inject_fault != Fault::None {
         let raw = crate::pipelines::embeddings::Embeddings::load_csv(
@@ -144,7 +144,7 @@ pub fn run_dpagg(a: &Options) -> Result<Outcome> {
 }
 
 /// Runs DP-RDM.
-pub fn run_rdm(a: &Options) -> Result<Outcome> {
+pub(crate) fn run_rdm(a: &Options) -> Result<Outcome> {
     let (cfg, mech, queries) = DpRdmConfig::load(&a.config)?;
     if a.inject_fault != Fault::None {
         return Err(Error::field("--inject-fault", "only DPAgg-TI has injectable faults"));

@@ -12,6 +12,10 @@ use crate::report::plot::{self, LineStyle, Series};
 use crate::report::progress::Progress;
 use crate::report::{self, num, Cell, Column, Conclusion, Report, Table};
 
+/// The points of one axis from a range `a..b` (`n` points, log-spaced with `log`): how a plan's
+/// axis is built from `--sigma-min A..B --points N [--log]`.
+pub use crate::diffusion::sweep::grid;
+
 /// A validated `sweep` request.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -207,7 +211,7 @@ fn distinct_values(rows: &[SweepRow], axis: &str) -> usize {
 /// The axes the user swept (given more than one value), in grid order: the first is the plot's
 /// x axis (σ_min when given: the axis of `--points`), the others tell the lines apart. σ_min is
 /// the `sigma_min` column on an EDM schedule and `t_min` (the level reached) on the others.
-pub fn grid_axes(spec: &SweepSpec, rows: &[SweepRow]) -> Vec<&'static str> {
+pub(crate) fn grid_axes(spec: &SweepSpec, rows: &[SweepRow]) -> Vec<&'static str> {
     let sigma = if rows.first().is_some_and(|r| r.sigma_min.is_some()) {
         "sigma_min"
     } else {
@@ -263,13 +267,8 @@ fn groups<'a>(rows: &'a [SweepRow], axes: &[&str]) -> Vec<(String, Vec<&'a Sweep
 
 /// The sound line of `row` with the smallest ε (an exact value or upper bound), if any.
 fn best_sound(row: &SweepRow) -> Option<(AccountantKind, BoundKind, f64)> {
-    row.accountants
-        .iter()
-        .filter_map(|l| match (l.kind, l.epsilon) {
-            (Some(k), Some(e)) if k.is_sound() && !e.is_nan() => Some((l.accountant, k, e)),
-            _ => None,
-        })
-        .min_by(|a, b| a.2.total_cmp(&b.2))
+    crate::accountants::sound::tightest_by(row.accountants.iter(), |l| Some((l.epsilon?, l.kind?)))
+        .and_then(|l| Some((l.accountant, l.kind?, l.epsilon?)))
 }
 
 /// Which x values of one line meet the budget, as words: `σ_min ≥ 0.0811`, `p ≤ 0.1`, every /
@@ -377,7 +376,7 @@ fn budget_region(rows: &[SweepRow], axes: &[&str], b: f64) -> String {
 }
 
 /// Builds the report of a sweep.
-pub fn to_report(
+pub(crate) fn to_report(
     rows: &[SweepRow],
     accountants: &[AccountantKind],
     axes: &[&str],

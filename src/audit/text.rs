@@ -10,7 +10,7 @@ use crate::report::{Report, Status, Verdict};
 
 /// `text` wrapped at spaces to `width` characters; continuation lines are indented four
 /// spaces more than the first. A word longer than the width is cut.
-pub fn wrap(text: &str, width: usize) -> Vec<String> {
+pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
     if text.chars().count() <= width {
         // Fits: kept as is (aligned columns keep their spaces).
         return vec![text.to_string()];
@@ -67,10 +67,17 @@ pub fn first_line(text: &str, width: usize) -> String {
 }
 
 /// How a kind reads in a terminal (estimates shout: they are never guarantees).
-pub fn kind_words(k: BoundKind) -> String {
-    match k {
-        BoundKind::Estimate => "ESTIMATE (not a guarantee)".to_string(),
-        other => other.as_str().replace('_', " "),
+pub(crate) fn kind_words(k: BoundKind) -> String {
+    k.shouted().to_string()
+}
+
+/// The headline: the smallest sound ε (`by_eps`) or δ among the results.
+fn headline(r: &Report, by_eps: bool) -> Option<&crate::accountants::AccountResult> {
+    use crate::accountants::sound::{tightest_upper, tightest_upper_delta};
+    if by_eps {
+        tightest_upper(&r.results)
+    } else {
+        tightest_upper_delta(&r.results)
     }
 }
 
@@ -115,12 +122,7 @@ pub fn account(r: &Report) -> String {
     for k in &r.skipped {
         let _ = writeln!(s, "  {:<4} unsupported: {}", k.accountant.as_str(), k.reason);
     }
-    let sound = r.results.iter().filter(|a| a.kind.is_sound());
-    let head = if by_eps {
-        sound.min_by(|a, b| a.epsilon.total_cmp(&b.epsilon))
-    } else {
-        sound.min_by(|a, b| a.delta.total_cmp(&b.delta))
-    };
+    let head = headline(r, by_eps);
     match head {
         Some(h) if by_eps => {
             let _ = writeln!(
@@ -158,7 +160,7 @@ fn restate_assumptions(s: &mut String, h: &crate::accountants::AccountResult) {
 }
 
 /// `check`: one verdict line, coloured on a terminal unless `NO_COLOR`.
-pub fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool) -> String {
+pub(crate) fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool) -> String {
     let (word, tone) = match v.status {
         Status::Pass => ("PASS", Tone::Good),
         Status::Fail => ("FAIL", Tone::Bad),
@@ -170,7 +172,7 @@ pub fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool)
             "{word} {subject}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}\n",
             fmt_num(eps),
             v.accountant.map(|a| a.as_str()).unwrap_or("?"),
-            v.bound.map(|b| b.as_str().replace('_', " ")).unwrap_or_default(),
+            v.bound.map(|b| b.describe().to_string()).unwrap_or_default(),
             if v.status == Status::Pass { "≤" } else { ">" },
             fmt_num(v.budget.unwrap_or(f64::NAN)),
             fmt_num(delta.or(v.delta).unwrap_or(f64::NAN)),
@@ -182,7 +184,7 @@ pub fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool)
 
 /// `account --format csv`: one row per accountant (`status` ok or unsupported with the
 /// reason), numbers in shortest round-trip form; `headline` marks the smallest sound ε (or δ).
-pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
+pub(crate) fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
     use crate::report::num;
     let mut w = crate::report::csv_out::Csv::new();
     w.row([
@@ -196,18 +198,7 @@ pub fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
         "reason",
     ])?;
     let by_eps = r.delta.is_some();
-    let head = r
-        .results
-        .iter()
-        .filter(|a| a.kind.is_sound())
-        .min_by(|a, b| {
-            if by_eps {
-                a.epsilon.total_cmp(&b.epsilon)
-            } else {
-                a.delta.total_cmp(&b.delta)
-            }
-        })
-        .map(|a| a.accountant);
+    let head = headline(r, by_eps).map(|a| a.accountant);
     for a in &r.results {
         w.row([
             a.accountant.as_str().to_string(),

@@ -91,7 +91,7 @@ pub fn execute_unet(plan: &UnetTrainPlan, device: &candle_core::Device, device_n
 }
 
 /// The shared report of a `train --unet` run.
-pub fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
+pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
     let card = &o.card;
     let mut r = Report::new(format!("Training: {}", o.dir.display()), report::command_line()).for_command("train");
     r.seed = card.training.seed;

@@ -106,7 +106,7 @@ pub fn run(paths: &[PathBuf], progress: &Progress) -> Result<(VerifyOutput, Repo
 /// Fills the shared report model: one verdict per claim (PASS holds, FAIL violated,
 /// INCONCLUSIVE holds only under some interpretations or undecided), warnings for failed
 /// validity checks and findings, and tables of claims, analyses, checks and calibrations.
-pub fn to_report(out: &VerifyOutput) -> Result<Report> {
+pub(crate) fn to_report(out: &VerifyOutput) -> Result<Report> {
     let mut r = Report::new(
         format!("dpaudit verify: {}", out.files.join(", ")),
         report::command_line(),

@@ -236,7 +236,6 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
         neighbouring: args.neighbouring.map(Neighbouring::from),
         question,
         accountants,
-        budget: None,
         curves,
     })
 }

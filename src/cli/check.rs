@@ -136,18 +136,8 @@ pub fn run(args: Args) -> anyhow::Result<Answer> {
     // Output locations first: existing reports are refused before any work.
     let out = args.output.prepare(Format::Text, &[])?;
     let flags = flag_pipeline(&args)?;
-    // A diffusers folder is checked by its DP ledger.
-    let mut sources: Vec<Source> = args
-        .configs
-        .iter()
-        .map(|p| {
-            if p.is_dir() {
-                dpaudit::models::diffusers_train::folder_ledger(p).map(Source::File)
-            } else {
-                Ok(Source::File(p.clone()))
-            }
-        })
-        .collect::<Result<_>>()?;
+    // A diffusers folder is checked by its DP ledger (resolved by `audit::check`).
+    let mut sources: Vec<Source> = args.configs.iter().cloned().map(Source::File).collect();
     sources.extend(flags);
     if sources.len() > 1 {
         let plan = plan(&args, &out, sources, started)?;

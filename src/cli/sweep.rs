@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use dpaudit::audit::outcome::Status;
-use dpaudit::diffusion::sweep::{self, SweepSpec};
+use dpaudit::audit::sweep::grid;
+use dpaudit::diffusion::sweep::SweepSpec;
 use dpaudit::error::{Error, Result};
 use dpaudit::report::progress::Progress;
 
@@ -123,7 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<Status> {
     let sigma_min = match &args.sigma_min {
         Some(r) if r.contains("..") => {
             let (a, b) = parse_range(r)?;
-            sweep::grid(a, b, args.points, args.log)?
+            grid(a, b, args.points, args.log)?
         }
         Some(_) => list("--sigma-min", &args.sigma_min)?,
         None => Vec::new(),

@@ -22,13 +22,7 @@ pub struct Conclusion {
 }
 
 fn kind_words(k: BoundKind) -> &'static str {
-    match k {
-        BoundKind::Exact => "an exact value",
-        BoundKind::UpperBound => "an upper bound",
-        BoundKind::Estimate => "an estimate",
-        BoundKind::LowerBound => "a lower bound",
-        BoundKind::DataDependent => "a data-dependent number (not a DP guarantee)",
-    }
+    k.noun_phrase()
 }
 
 /// What the report's guarantee rests on, for the "under: …" clause: the neighbouring relation,

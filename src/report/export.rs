@@ -313,13 +313,7 @@ fn cell_text(c: &Cell) -> String {
 }
 
 fn kind_label(k: BoundKind) -> &'static str {
-    match k {
-        BoundKind::Exact => "exact",
-        BoundKind::UpperBound => "upper bound",
-        BoundKind::Estimate => "estimate (not a guarantee)",
-        BoundKind::LowerBound => "lower bound",
-        BoundKind::DataDependent => "data-dependent: not a DP guarantee",
-    }
+    k.with_caveat()
 }
 
 /// Markdown-escapes a table cell (input-derived text as in [`md_text`], and `|`).

@@ -9,7 +9,6 @@
 //!
 //! See `docs/reports.md` for how a command fills the model.
 
-pub mod build;
 pub mod conclusion;
 pub mod csv_out;
 pub mod export;
@@ -18,7 +17,6 @@ pub mod num;
 pub mod output;
 pub mod plot;
 pub mod progress;
-pub mod rederive;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

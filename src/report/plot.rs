@@ -225,7 +225,7 @@ impl Series {
     /// A series from an accountant: named `pld (upper bound)` etc., dashed if an estimate.
     pub fn for_accountant(acc: AccountantKind, kind: BoundKind, x: Vec<f64>, y: Vec<f64>) -> Self {
         Series {
-            name: format!("{} ({})", acc.as_str(), kind.as_str().replace('_', " ")),
+            name: format!("{} ({})", acc.as_str(), kind.describe()),
             style: LineStyle::for_bound(kind),
             bound: Some(kind),
             markers: false,

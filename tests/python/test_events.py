@@ -148,9 +148,10 @@ def test_check_verdict_and_evidence_match_the_cli():
 
 
 def test_check_never_decides_on_an_estimate():
-    # CLT only: an estimate is not evidence, so no verdict either way.
-    v = dpaudit.check(dpaudit.DpEvent.dpsgd(1.1, 0.004, 14062), max_epsilon=100.0, delta=1e-5, accountants="clt").verdict
-    assert v.status == "inconclusive" and not v.holds and v.epsilon is None
+    # CLT only: an estimate is not evidence, so the budget cannot be checked; as the CLI exits 2
+    # (test_same_as_cli.py), Python raises instead of returning a verdict.
+    with pytest.raises(dpaudit.InputError, match="no sound accountant could account this pipeline"):
+        dpaudit.check(dpaudit.DpEvent.dpsgd(1.1, 0.004, 14062), max_epsilon=100.0, delta=1e-5, accountants="clt")
 
 
 def test_calibrate_matches_the_cli():

@@ -1,13 +1,14 @@
-//! Filling a [`Report`] from an accounted event: results of several accountants, the
-//! components table, the per-step trajectory (when the event is a sequence of full-batch
-//! Gaussian steps), ε-versus-δ and trade-off plots, Used by `check`, and by any command that
-//! accounts a [`DpEvent`] (the budget verdict is decided in `audit`).
+//! Running the accountants on an event and filling a [`Report`] with what they answer: results
+//! of several accountants, the components table, the per-step trajectory (when the event is a
+//! sequence of full-batch Gaussian steps), ε-versus-δ and trade-off plots. Used by `account`
+//! and `check` (the budget verdict is decided in [`super::check`]); `report/` only models and
+//! exports what this computes.
 
-use super::plot::{self, Series};
-use super::{Cell, Column, Report, Skipped, Table};
 use crate::accountants::{gdp, AccountResult, Accountant, AccountantKind, BoundKind};
 use crate::error::Result;
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
+use crate::report::plot::{self, Series};
+use crate::report::{Cell, Column, Report, Skipped, Table};
 
 /// δ values at which ε(δ) is evaluated for the ε-versus-δ and trade-off plots.
 pub const DELTA_GRID: [f64; 12] = [0.5, 0.2, 0.1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10];
@@ -25,7 +26,7 @@ pub struct AccountOptions {
 /// Runs each accountant on `event` at `delta` and records results (or why an accountant was
 /// skipped), the event, the assumptions and, with `opts.curves`, tables and plots. `tick` is
 /// called after each unit of work (for progress bars).
-pub fn account_event(
+pub(crate) fn account_event(
     report: &mut Report,
     event: &DpEvent,
     neighbouring: Neighbouring,
@@ -78,7 +79,7 @@ pub fn account_event(
             format!(
                 "the {} result (ε = {}) is an estimate, not a guarantee; budgets are checked against sound bounds only",
                 clt.accountant.as_str(),
-                super::export::fmt_num(clt.epsilon)
+                crate::report::export::fmt_num(clt.epsilon)
             ),
             false,
         );
@@ -99,7 +100,7 @@ pub fn account_event(
 /// Runs each accountant for δ at `epsilon` (the `--epsilon` question) and records results,
 /// skipped accountants, the event and the assumptions. [`Report::delta`] stays empty: each
 /// result carries its own δ.
-pub fn account_delta(
+pub(crate) fn account_delta(
     report: &mut Report,
     event: &DpEvent,
     neighbouring: Neighbouring,
@@ -129,12 +130,12 @@ pub fn account_delta(
             }),
         }
     }
-    report.fact("question", format!("δ at ε = {}", super::num::fmt(epsilon)));
+    report.fact("question", format!("δ at ε = {}", crate::report::num::fmt(epsilon)));
     Ok(())
 }
 
 /// One line describing how the components are sampled.
-pub fn describe_sampling(comps: &[Component]) -> String {
+pub(crate) fn describe_sampling(comps: &[Component]) -> String {
     let mut parts: Vec<String> = Vec::new();
     for c in comps {
         let s = match c.sampling {
@@ -154,7 +155,7 @@ pub fn describe_sampling(comps: &[Component]) -> String {
 }
 
 /// The flattened components as a table.
-pub fn components_table(comps: &[Component]) -> Table {
+pub(crate) fn components_table(comps: &[Component]) -> Table {
     let rows = comps
         .iter()
         .enumerate()
@@ -234,7 +235,7 @@ pub fn trajectory(event: &DpEvent) -> Option<Vec<f64>> {
 
 /// Adds the per-step table and the per-step/cumulative plots for a full-batch trajectory:
 /// cumulative μ = sqrt(Σ μ_i²) (Dong, Roth & Su 2022, Cor. 3.3) and the exact ε at `delta`.
-pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()> {
+pub(crate) fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()> {
     let mut cum_mu = Vec::with_capacity(mu.len());
     let mut cum_eps = Vec::with_capacity(mu.len());
     let mut sum_sq = 0.0f64;
@@ -267,7 +268,7 @@ pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()>
             .collect(),
         note: Some(format!(
             "Cumulative ε is the exact GDP ε at δ = {} of the steps so far.",
-            super::export::fmt_num(delta)
+            crate::report::export::fmt_num(delta)
         )),
     });
     report
@@ -278,7 +279,7 @@ pub fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Result<()>
         vec![
             Series::new("cumulative μ (GDP)", vec![], cum_mu),
             Series::new(
-                format!("cumulative ε at δ = {} (exact)", super::export::fmt_num(delta)),
+                format!("cumulative ε at δ = {} (exact)", crate::report::export::fmt_num(delta)),
                 vec![],
                 cum_eps,
             ),
@@ -319,11 +320,11 @@ fn add_profile_plots(
         let Some(kind) = kind else { continue };
         let headline: Option<&AccountResult> = report.results.iter().find(|r| r.accountant == acc.kind());
         let mu = headline.and_then(|r| r.details.get("mu").copied());
-        let name = format!("{} ({})", acc.kind().as_str(), kind.as_str().replace('_', " "));
+        let name = format!("{} ({})", acc.kind().as_str(), kind.describe());
         match (acc.kind(), mu) {
             (AccountantKind::Gdp | AccountantKind::Clt, Some(mu)) if mu.is_finite() => {
                 trade_series.push(plot::gdp_tradeoff_series(
-                    &format!("{name}, μ = {}", super::export::fmt_num(mu)),
+                    &format!("{name}, μ = {}", crate::report::export::fmt_num(mu)),
                     mu,
                     kind,
                 ));
@@ -349,7 +350,7 @@ fn add_profile_plots(
         if !xs.is_empty() && !eps_series.is_empty() {
             eps_series.push(
                 Series::new(
-                    format!("results at the δ in use, {}", super::export::fmt_num(d)),
+                    format!("results at the δ in use, {}", crate::report::export::fmt_num(d)),
                     xs,
                     ys,
                 )

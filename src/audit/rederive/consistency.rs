@@ -31,10 +31,10 @@
 //!   sentence; for the others its verdict sentence must agree with the verdicts (no `PASS` beside
 //!   a failed verdict, no `FAIL` when every verdict passed, in any letter case).
 
-use super::{Cell, Report, Status, Table};
 use crate::accountants::{AccountantKind, BoundKind};
 use crate::error::{Error, Result};
 use crate::events::DpEvent;
+use crate::report::{Cell, Report, Status, Table};
 
 /// The error for a report that contradicts itself at `field`.
 pub fn refuse(field: String, msg: String) -> Error {
@@ -169,7 +169,10 @@ fn check_verdicts(rep: &Report) -> Result<()> {
 }
 
 /// The first field in which `v` differs from the verdict derived again (numbers to 1e-9).
-pub fn same_verdict(v: &super::Verdict, again: &super::Verdict) -> std::result::Result<(), &'static str> {
+pub(crate) fn same_verdict(
+    v: &crate::report::Verdict,
+    again: &crate::report::Verdict,
+) -> std::result::Result<(), &'static str> {
     let num = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(x), Some(y)) => close(x, y, 1e-9),
         (None, None) => true,
@@ -292,7 +295,7 @@ fn check_results(rep: &Report) -> Result<()> {
     Ok(())
 }
 
-/// Commands whose conclusion is not [`super::conclusion::derive`] of the report (they write their
+/// Commands whose conclusion is not [`crate::report::conclusion::derive`] of the report (they write their
 /// own from what they computed).
 const OWN_CONCLUSION: [&str; 4] = ["sweep", "train", "run", "calibrate"];
 
@@ -301,7 +304,7 @@ fn check_conclusion(rep: &Report) -> Result<()> {
         return Ok(());
     };
     if !OWN_CONCLUSION.contains(&rep.audit.as_str()) {
-        let again = super::conclusion::derive(rep);
+        let again = crate::report::conclusion::derive(rep);
         for (name, stored, derived) in [
             ("audited", &c.audited, &again.audited),
             ("guarantee", &c.guarantee, &again.guarantee),
@@ -339,7 +342,7 @@ fn check_conclusion(rep: &Report) -> Result<()> {
 }
 
 /// A number cell's value (integers too).
-pub fn cell_num(c: &Cell) -> Option<f64> {
+pub(crate) fn cell_num(c: &Cell) -> Option<f64> {
     match c {
         Cell::Num(x) => Some(*x),
         Cell::Int(i) => Some(*i as f64),
@@ -348,7 +351,7 @@ pub fn cell_num(c: &Cell) -> Option<f64> {
 }
 
 /// A cell as text.
-pub fn cell_str(c: &Cell) -> String {
+pub(crate) fn cell_str(c: &Cell) -> String {
     match c {
         Cell::Text(t) => t.clone(),
         Cell::Int(i) => i.to_string(),
