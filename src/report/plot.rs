@@ -1079,7 +1079,7 @@ mod tests {
         let x = (1e-3, 1.0, Scale::Log);
         let y = (1e-3, 1.0, Scale::Log);
         let diagonal = vec![(1e-3, 1e-3), (1.0, 1.0)];
-        let hits = corner_hits(&[diagonal.clone()], x, y);
+        let hits = corner_hits(std::slice::from_ref(&diagonal), x, y);
         assert_eq!(hits[2], 0, "lower right is clear of the diagonal: {hits:?}");
         let floor: Vec<Vec<(f64, f64)>> = [0.1, 0.2, 0.5].iter().map(|&f| vec![(f, 1e-3)]).collect();
         let mut ink = vec![diagonal];
