@@ -177,10 +177,10 @@ def _(d):
     a = ["run", "dp-rdm", p, "--out", Path(d) / "out"]
     r = run(a, cwd=d)
     led = Path(d) / "out" / "ledger.toml"
-    spent = re.search(r"epsilon spent \(\w+\) = (\S+)", led.read_text()) if led.exists() else None
+    spent = re.search(r"epsilon of this run = (\S+)", led.read_text()) if led.exists() else None
     none = bool(led.exists() and re.search(r"answered = 0,", led.read_text()))
     ok = not crashed(r) and (r.code == 2 or none or bool(spent and spent.group(1).startswith(("inf", "∞"))))
-    return a, r, ok, got(r, f"ledger: epsilon spent = {spent.group(1) if spent else '?'}" + (", 0 answered" if none else ""))
+    return a, r, ok, got(r, f"ledger: epsilon of this run = {spent.group(1) if spent else '?'}" + (", 0 answered" if none else ""))
 
 
 @case("degenerate", "train --dp --noise-multiplier 1e-160 (card ε)", "exit 2, or ε = ∞ in the card")

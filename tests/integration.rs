@@ -18,6 +18,7 @@ mod integration {
     mod gdp;
     mod hostile;
     mod inputs;
+    mod limits_table;
     mod outputs;
     mod pipelines;
     mod pld;

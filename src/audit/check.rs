@@ -136,7 +136,11 @@ pub fn execute(plan: &Plan) -> Result<Checked> {
     let (mut rep, verdict, delta) = check_source(plan, source, plan.curves, plan.quiet)?;
     rep.audit = "check".into();
     rep.conclude();
-    let line = super::text::verdict_line(&name, &verdict, Some(delta), plan.color);
+    let mut line = super::text::verdict_line(&name, &verdict, Some(delta), plan.color);
+    // The scale of the sound ε the verdict rests on: what it allows a membership attacker.
+    if let Some(s) = rep.sound_epsilon() {
+        line.push_str(&format!("  {}\n", crate::report::conclusion::scale(s.epsilon, s.delta)));
+    }
     let plain_line = super::text::verdict_line(&name, &verdict, Some(delta), false);
     let junit = plan
         .junit

@@ -118,17 +118,17 @@ pub(crate) fn run_dpagg(a: &Options) -> Result<Outcome> {
     let failed = sens.as_ref().is_some_and(|s| !s.ok) || dist.as_ref().is_some_and(|d| d.violation);
     let header = format!(
         "dpaudit run dpagg-ti {}\nrandomness: {}\nn = {}, m = {}, sigma = {}, noise_multiplier = {} (sensitivity 2/m), seed = {}\n\
-         released = {}, refused = {}, epsilon charged (gdp, no amplification) = {}",
+         released = {}, refused = {}{}",
         a.config.display(),
         run.randomness,
         run.n,
         run.m,
-        run.sigma,
-        run.noise_multiplier,
+        num::fmt_num(run.sigma),
+        num::fmt_num(run.noise_multiplier),
         seed_text(seed),
         run.released,
         run.refused,
-        crate::numeric::format::fmt_num(run.epsilon_spent)
+        budget_text(cfg.budget_epsilon.map(|e| e.get()), "gdp, each release as an unsampled Gaussian"),
     );
     let rows = run.outputs.clone();
     let rep = RunRecord {
@@ -161,21 +161,19 @@ pub(crate) fn run_rdm(a: &Options) -> Result<Outcome> {
     let failed = sens.as_ref().is_some_and(|s| !s.ok);
     let header = format!(
         "dpaudit run dp-rdm {}\nrandomness: {}\nn = {}, k = {}, q = {}, sigma = {}, lambda = {}, noise_multiplier = {} (Theorem 3.1, 2/k), seed = {}\n\
-         answered = {}, refused = {}, epsilon spent ({}) = {} of budget {}",
+         answered = {}, refused = {}{}",
         a.config.display(),
         run.randomness,
         run.n,
         run.k,
-        run.q,
-        run.sigma,
-        run.lambda,
-        run.noise_multiplier,
+        num::fmt_num(run.q),
+        num::fmt_num(run.sigma),
+        num::fmt_num(run.lambda),
+        num::fmt_num(run.noise_multiplier),
         seed_text(seed),
         run.answered,
         run.refused,
-        accountant.as_str(),
-        run.epsilon_spent,
-        run.budget_epsilon
+        budget_text(Some(run.budget_epsilon), accountant.as_str()),
     );
     let rows: Vec<Vec<f64>> = run.answers.iter().map(|x| x.z.clone()).collect();
     let rep = RunRecord {
@@ -188,6 +186,33 @@ pub(crate) fn run_rdm(a: &Options) -> Result<Outcome> {
         seed,
     };
     finish(a, "dp-rdm", &rep, &rows, &budget.event_file(), &header, failed)
+}
+
+/// The budget line of a run's header: what the budget is and how releases are charged to it
+/// (the charge is an upper bound of the run's ε, which the ledger line states).
+fn budget_text(budget: Option<f64>, charged_by: &str) -> String {
+    match budget {
+        Some(b) => format!(
+            ", budget ε = {} (releases past it refused; charged by {charged_by}, never below the run's ε)",
+            num::fmt_num(b)
+        ),
+        None => String::new(),
+    }
+}
+
+/// The run's one ε: the smallest sound ε of its ledger at the ledger's δ over every accountant,
+/// exactly what `dpaudit account --event ledger.toml` reports (the report's results).
+fn run_epsilon_line(r: &Report) -> String {
+    match r.sound_epsilon() {
+        Some(res) => format!(
+            "epsilon of this run = {} at delta = {} ({}, {}: the ledger's event, as `dpaudit account --event ledger.toml` gives it)",
+            num::fmt_num(res.epsilon),
+            num::fmt_num(res.delta),
+            res.accountant.as_str(),
+            res.kind.as_str()
+        ),
+        None => "epsilon of this run: no accountant gives a sound bound for its ledger".into(),
+    }
 }
 
 fn seed_text(seed: Option<u64>) -> String {
@@ -231,11 +256,29 @@ fn finish<R: Serialize>(
     failed: bool,
 ) -> Result<Outcome> {
     let outputs = outputs_csv(rows);
+    // One ε for the run, in the text, the ledger's header, run.json and the report alike.
+    let mut report = to_report(a, mechanism, rec, ledger, header, failed)?;
+    let eps_line = run_epsilon_line(&report);
+    report.fact("run", eps_line.clone());
+    let header = format!("{header}\n{eps_line}");
     // The ledger and run.json name the hash of the release they describe (checked by readers).
     let released = crate::report::output::released_line("outputs.csv", &outputs);
     let ledger_bytes = ledger_toml(ledger, &format!("{header}\n{released}"))?;
     let mut value = serde_json::to_value(rec).map_err(|e| Error::input(format!("run record: {e}")))?;
     if let Some(o) = value.as_object_mut() {
+        if let Some(res) = report.sound_epsilon() {
+            o.insert("epsilon".into(), res.epsilon.into());
+            o.insert("delta".into(), res.delta.into());
+            o.insert("epsilon_accountant".into(), res.accountant.as_str().into());
+        }
+        // The budget's own charge (an upper bound of `epsilon`, used only to refuse releases).
+        if let Some(spent) = o
+            .get_mut("run")
+            .and_then(|r| r.as_object_mut())
+            .and_then(|r| r.remove("epsilon_spent"))
+        {
+            o["run"]["budget_charge"] = spent;
+        }
         o.insert("outputs_sha256".into(), report::sha256_hex(&outputs).into());
         o.insert("ledger_sha256".into(), report::sha256_hex(&ledger_bytes).into());
     }
@@ -262,7 +305,7 @@ fn finish<R: Serialize>(
         let o = &d.outcome;
         let _ = writeln!(
             s,
-            "distinguishing audit: {} runs per side, FP {}/{} FN {}/{}, ε_lower = {} ({}% confidence) vs accounted ε_upper = {} → {}",
+            "distinguishing audit of one release: {} runs per side, FP {}/{} FN {}/{}, ε_lower = {} ({}% confidence) vs the accounted ε of one release = {} → {}",
             d.runs_per_side,
             o.false_positives,
             o.test_out,
@@ -275,7 +318,6 @@ fn finish<R: Serialize>(
         );
     }
     let _ = writeln!(s, "ledger:\n{}", ledger.event.ledger());
-    let report = to_report(a, mechanism, rec, ledger, header, failed)?;
     let status = if failed { Status::Violated } else { Status::Ok };
     Ok(Outcome {
         report,
@@ -307,18 +349,18 @@ fn to_report<R: Serialize>(
     for line in header.lines().skip(1) {
         r.fact("run", line.to_string());
     }
-    // One ε for the run: the ledger's, as `dpaudit account --event ledger.toml` gives it.
+    // One ε for the run: the ledger's by every accountant at the ledger's δ, exactly as
+    // `dpaudit account --event ledger.toml` gives it (the smallest sound one is the run's ε).
     if let Some(delta) = ledger.delta {
-        match crate::accountants::AccountantKind::Gdp
-            .build()
-            .epsilon(&ledger.event, ledger.neighbouring, delta)
-        {
-            Ok(res) => r.results.push(res),
-            Err(e) => r.skipped.push(report::Skipped {
-                accountant: crate::accountants::AccountantKind::Gdp,
-                reason: e.to_string(),
-            }),
-        }
+        crate::report::build::account_event(
+            &mut r,
+            &ledger.event,
+            ledger.neighbouring,
+            delta,
+            &AccountantKind::ALL,
+            crate::report::build::AccountOptions { curves: false },
+            &mut |_| {},
+        )?;
     }
     let mut audits = Table {
         id: "audits".into(),

@@ -56,7 +56,9 @@ pub enum DpEvent {
     },
     /// Each record is included independently with probability `q`, then `event` runs.
     PoissonSampled {
-        /// Inclusion probability in (0, 1].
+        /// Inclusion probability in (0, 1]. Also read as `sample_rate` (Opacus' name) and
+        /// `sampling_probability` (dp_accounting's).
+        #[serde(alias = "sample_rate", alias = "sampling_probability")]
         q: f64,
         /// What runs on the sample.
         event: Box<DpEvent>,
@@ -675,6 +677,13 @@ noise_multiplier = 1.1
         let f: EventFile = toml::from_str(&bad).unwrap();
         let e = f.event.validate().unwrap_err();
         assert_eq!(e.field.as_deref(), Some("event.event.q"));
+        // Opacus' and dp_accounting's names of the sampling probability read as `q`.
+        for name in ["sample_rate", "sampling_probability"] {
+            let f: EventFile = toml::from_str(&src.replace("q = 0.01", &format!("{name} = 0.01"))).unwrap();
+            assert_eq!(f.event, DpEvent::dpsgd(1.1, 0.01, 100), "{name}");
+        }
+        let twice = src.replace("q = 0.01", "q = 0.01\nsample_rate = 0.02");
+        assert!(toml::from_str::<EventFile>(&twice).is_err(), "two names of one field");
     }
 
     #[test]

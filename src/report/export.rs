@@ -733,12 +733,33 @@ max-width:1240px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}\
 h1{font-size:1.7em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}\
 table{border-collapse:collapse;margin:.6em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}\
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
-.wide{overflow-x:auto;max-width:100%}.nw{white-space:nowrap}td.long{min-width:30em}\
+.wide{overflow-x:auto;max-width:100%}.nw{white-space:nowrap}td.long{min-width:16em;overflow-wrap:anywhere}\
+p.shared{font-size:.92em;color:#333}\
 .pass{color:#fff;background:#1a7f37;font-weight:bold}.fail{color:#fff;background:#cf222e;font-weight:bold}\
 .inconclusive{color:#000;background:#f0c000;font-weight:bold}.estimate{font-style:italic;color:#8a4b00}\
 .severe{color:#cf222e;font-weight:bold}pre{background:#f6f8fa;padding:.8em;overflow:auto}\
 figure{margin:1em 0}.conclusion{background:#f6f8fa;border-left:4px solid #0969da;padding:.2em 1em}\
 .conclusion dt{font-weight:bold;margin-top:.4em}.conclusion dd{margin-left:1em}figcaption{color:#555;font-size:.9em}code{font-size:.9em}.meta{color:#555}";
+
+/// Columns of `t` that hold the same long text (over 40 characters) in every one of two or
+/// more rows: the HTML page states such a text once, under the table, instead of repeating it
+/// in every row (and widening the table past the page). JSON, CSV and Markdown keep the column.
+fn shared_columns(t: &Table) -> Vec<usize> {
+    if t.rows.len() < 2 {
+        return Vec::new();
+    }
+    (0..t.columns.len())
+        .filter(|&i| {
+            let first = match t.rows[0].get(i) {
+                Some(Cell::Text(x)) if x.chars().count() > 40 => x,
+                _ => return false,
+            };
+            t.rows
+                .iter()
+                .all(|r| matches!(r.get(i), Some(Cell::Text(x)) if x == first))
+        })
+        .collect()
+}
 
 /// Makes an SVG from plotters safe to inline: drops the XML prolog and the namespace attribute
 /// (an HTML5 parser does not need it, and the page must contain no URLs at all).
@@ -916,13 +937,16 @@ pub fn to_html(r: &Report) -> Result<String> {
             "<h2>{}</h2>\n<div class=\"wide\">\n<table>\n<tr>",
             text_html(&t.title)
         );
-        for c in &t.columns {
-            let _ = write!(s, "<th>{}</th>", esc(&c.header()));
+        let shared = shared_columns(t);
+        for (i, c) in t.columns.iter().enumerate() {
+            if !shared.contains(&i) {
+                let _ = write!(s, "<th>{}</th>", esc(&c.header()));
+            }
         }
         let _ = writeln!(s, "</tr>");
         for row in &t.rows {
             let _ = write!(s, "<tr>");
-            for c in row {
+            for (_, c) in row.iter().enumerate().filter(|(i, _)| !shared.contains(i)) {
                 let cls = match c {
                     Cell::Int(_) | Cell::Num(_) => " class=\"num\"",
                     // A long text in a wide table keeps a readable width (the table scrolls).
@@ -934,6 +958,14 @@ pub fn to_html(r: &Report) -> Result<String> {
             let _ = writeln!(s, "</tr>");
         }
         let _ = writeln!(s, "</table>\n</div>");
+        for &i in &shared {
+            let _ = writeln!(
+                s,
+                "<p class=\"shared\"><strong>{}</strong> (the same for every row): {}</p>",
+                esc(&t.columns[i].header()),
+                text_html(&cell_text(&t.rows[0][i]))
+            );
+        }
         if let Some(n) = &t.note {
             let _ = writeln!(s, "<p>{}</p>", text_html(n));
         }
@@ -1015,6 +1047,39 @@ mod tests {
         let h = to_html(&r).unwrap();
         assert!(!h.contains('`') && !h.contains("**"), "{h}");
         assert!(h.contains("<code>a.toml</code>") && h.contains("<span class=\"nw\">1e-5</span>"));
+    }
+
+    #[test]
+    fn html_states_a_long_text_shared_by_every_row_once() {
+        let basis = "GDP of the ledger's event, no amplification credit, at the ledger's δ".to_string();
+        let mut r = Report::new("t", "dpaudit x");
+        r.tables.push(Table {
+            id: "cmp".into(),
+            title: "Comparisons".into(),
+            columns: vec![
+                super::super::Column::new("what"),
+                super::super::Column::new("basis"),
+                super::super::Column::new("outcome"),
+            ],
+            rows: (0..3)
+                .map(|i| {
+                    vec![
+                        Cell::from(format!("row {i}")),
+                        Cell::from(basis.as_str()),
+                        Cell::from("below the limit"),
+                    ]
+                })
+                .collect(),
+            note: None,
+        });
+        let h = to_html(&r).unwrap();
+        assert_eq!(h.matches("no amplification credit").count(), 1, "{h}");
+        assert!(h.contains("<strong>basis</strong> (the same for every row)"), "{h}");
+        assert!(!h.contains("<th>basis</th>") && h.contains("<th>outcome</th>"), "{h}");
+        // One row, or rows that differ: the column stays.
+        r.tables[0].rows[1][1] = Cell::from("RDP of the ledger's event at the ledger's δ, with amplification");
+        let h = to_html(&r).unwrap();
+        assert!(h.contains("<th>basis</th>"), "{h}");
     }
 
     #[test]

@@ -18,6 +18,12 @@
 //!   the whole set against the manifest, so a set that a kill left half renamed (new ledger
 //!   beside old outputs) is refused (exit 2), never read as valid. Staging folders left by a
 //!   killed run are removed by the next commit of the same set and never count as outputs.
+//! * Readers that are not dpaudit (a script reading `outputs.csv`) never see two runs mixed
+//!   either: an `--out DIR` that holds only dpaudit's set (and `train --unet`'s `checkpoint/`)
+//!   is committed by one exchange of the whole folder ([`swap_set`]: the old set stays whole
+//!   until the new one is), and a folder shared with other files or a `train` stem set moves
+//!   every old member aside before the first new one is renamed in (a kill leaves part of the
+//!   new set, never old files beside new ones).
 //! * Writers of one set are serialised by a lock file (`.dpaudit-lock`,
 //!   `.<stem>.dpaudit-lock`): without `--force` a second writer is refused while the first
 //!   holds it; with `--force` it waits, then replaces the whole set.
@@ -544,7 +550,15 @@ impl SetLock {
 
 impl Drop for SetLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Remove the path only while it still names our file: after a whole-folder commit
+        // ([`swap_set`]) the path is in the new folder, where another writer may hold its own.
+        let mine = self.file.metadata().ok();
+        let now = std::fs::symlink_metadata(&self.path).ok();
+        if let (Some(a), Some(b)) = (mine, now) {
+            if a.dev() == b.dev() && a.ino() == b.ino() {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
         let _ = self.file.unlock();
     }
 }
@@ -603,17 +617,37 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
             }
         }
     }
+    let mname = manifest_name(stem);
+    let old = old_members(dir, &mname, files, force);
+    if stem.is_none() {
+        if let Some(out) = swap_set(dir, files, &mname, &old)? {
+            return Ok(out);
+        }
+    }
     let staging = tempfile::Builder::new()
         .prefix(&format!("{STAGING_PREFIX}{}-", stem.unwrap_or("")))
         .tempdir_in(dir)
         .map_err(|e| not_writable(dir, &e))?;
-    let mname = manifest_name(stem);
     let staged_manifest = stage_files(staging.path(), dir, files, &mname)?;
     sync_dir(staging.path());
     // From here the set changes: first the manifest (the old set stops reading as valid), then
-    // the members (the new set reads as valid once the last is in place).
+    // every member of the old set is moved aside (so no path shows an old file beside a new
+    // one, to any reader), then the new members (the new set reads as valid once the last is
+    // in place). A kill in between leaves a part of the new set, never a mix of two runs.
     commit_step();
     std::fs::rename(&staged_manifest, dir.join(&mname)).map_err(|e| write_error(&dir.join(&mname), &e))?;
+    if !old.is_empty() {
+        let aside = staging.path().join(".replaced");
+        std::fs::create_dir(&aside).map_err(|e| not_writable(dir, &e))?;
+        for name in &old {
+            commit_step();
+            match std::fs::rename(dir.join(name), aside.join(name)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(write_error(&dir.join(name), &e)),
+            }
+        }
+    }
     let mut out = Vec::with_capacity(files.len());
     for (name, _) in files {
         let p = dir.join(name);
@@ -624,6 +658,135 @@ pub fn commit_set(dir: &Path, stem: Option<&str>, files: &[(String, Vec<u8>)], f
     sync_dir(dir);
     drop(staging);
     Ok(out)
+}
+
+/// The members of the set now in `dir` that a commit of `files` replaces: every name of
+/// `files` that exists as a regular file, and with `force` every regular file the set's
+/// current manifest (`mname`) names (names that are not plain file names are ignored).
+fn old_members(dir: &Path, mname: &str, files: &[(String, Vec<u8>)], force: bool) -> Vec<String> {
+    let mut names: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+    if let Some(m) = std::fs::read(dir.join(mname))
+        .ok()
+        .filter(|_| force)
+        .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
+    {
+        for e in m.files {
+            if check_file_name(&e.name).is_ok() && e.name != mname && !names.contains(&e.name) {
+                names.push(e.name);
+            }
+        }
+    }
+    names.retain(|n| std::fs::symlink_metadata(dir.join(n)).is_ok_and(|m| m.file_type().is_file()));
+    names
+}
+
+/// Subfolders of an `--out DIR` that dpaudit itself writes there (`train --unet`'s periodic
+/// checkpoint, see [`commit_folder`]) and that a whole-folder commit carries over.
+const OWNED_SUBFOLDERS: [&str; 1] = ["checkpoint"];
+
+/// Prefix of the staging folder of a whole-folder set commit ([`swap_set`]), beside the folder.
+const SWAP_STAGING_PREFIX: &str = ".dpaudit-tmp-outset-";
+
+/// Commits the `--out DIR` set `files` by one exchange of the whole folder, when `dir` holds
+/// nothing but dpaudit's own files: this set's members old and new (`old`), its manifest, lock
+/// files, staging debris and the folders of [`OWNED_SUBFOLDERS`] (carried over as hard links,
+/// the files are never rewritten in place). The new folder is staged beside `dir` and takes
+/// its place in one `renameat2(RENAME_EXCHANGE)`, so any reader, dpaudit or not, sees the whole
+/// old set or the whole new one, and the old set stays in place until the new one is complete.
+/// Returns None (nothing changed) when `dir` holds anything else — a folder the user shares
+/// with other files keeps them, and is committed file by file by [`commit_set`] — or when the
+/// parent folder cannot take the staging folder or the exchange is unavailable.
+fn swap_set(dir: &Path, files: &[(String, Vec<u8>)], mname: &str, old: &[String]) -> Result<Option<Vec<PathBuf>>> {
+    let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Ok(None);
+    };
+    if name == "." || name == ".." {
+        return Ok(None);
+    }
+    let mut carry: Vec<String> = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, &e))?;
+    for e in entries {
+        let e = e.map_err(|e| Error::io(dir, &e))?;
+        let n = e.file_name().to_string_lossy().into_owned();
+        let ours = files.iter().any(|(f, _)| *f == n)
+            || old.contains(&n)
+            || n == mname
+            || n == lock_name(None)
+            || n.starts_with(".dpaudit-probe-")
+            || n.starts_with(&format!("{STAGING_PREFIX}-"))
+            || OWNED_SUBFOLDERS
+                .iter()
+                .any(|c| n.starts_with(&format!("{FOLDER_STAGING_PREFIX}{c}-")));
+        if ours {
+            continue;
+        }
+        if OWNED_SUBFOLDERS.contains(&n.as_str()) && e.file_type().is_ok_and(|t| t.is_dir()) {
+            carry.push(n);
+            continue;
+        }
+        // The lock of an owned subfolder: stale (a killed writer's) unless someone holds it.
+        let stale_lock = OWNED_SUBFOLDERS.iter().any(|c| n == format!(".{c}.dpaudit-lock"))
+            && std::fs::File::open(e.path()).is_ok_and(|f| f.try_lock().is_ok());
+        if stale_lock {
+            continue;
+        }
+        return Ok(None);
+    }
+    let parent = parent_dir(dir);
+    // Staging folders of this folder's set left by a killed writer (we hold the set's lock).
+    let prefix = format!("{SWAP_STAGING_PREFIX}{name}-");
+    if let Ok(entries) = std::fs::read_dir(parent) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&prefix) && e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let Ok(staging) = tempfile::Builder::new().prefix(&prefix).tempdir_in(parent) else {
+        return Ok(None);
+    };
+    if let Ok(m) = std::fs::metadata(dir) {
+        let _ = std::fs::set_permissions(staging.path(), m.permissions());
+    }
+    stage_files(staging.path(), dir, files, mname)?;
+    for c in &carry {
+        if link_tree(&dir.join(c), &staging.path().join(c)).is_err() {
+            return Ok(None);
+        }
+    }
+    sync_dir(staging.path());
+    // The one step that changes what readers see.
+    commit_step();
+    if exchange(staging.path(), dir).is_err() {
+        return Ok(None);
+    }
+    sync_dir(parent);
+    // `staging` now holds the old folder (and the lock file we hold), removed on drop.
+    drop(staging);
+    Ok(Some(files.iter().map(|(n, _)| dir.join(n)).collect()))
+}
+
+/// Recreates the folder `from` at `to` with hard links of its files (and copies of its
+/// symbolic links); anything else (a device, a socket) is an error.
+fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let t = e.file_type()?;
+        let dst = to.join(e.file_name());
+        if t.is_dir() {
+            link_tree(&e.path(), &dst)?;
+        } else if t.is_file() {
+            std::fs::hard_link(e.path(), &dst)?;
+        } else if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &dst)?;
+        } else {
+            return Err(std::io::Error::from(std::io::ErrorKind::Unsupported));
+        }
+    }
+    Ok(())
 }
 
 /// Writes and syncs `files` and their manifest (named `mname`) into the staging folder

@@ -803,9 +803,30 @@ where
             ));
         }
     }
+    // Where the legend may not go: the lines and every marker, the ▼ of exact zeros on the
+    // floor of a log axis included (single points).
+    let mut ink = pts.clone();
+    if let Some(floor) = zero {
+        for s in plot.series.iter().filter(|s| s.style != LineStyle::Dotted) {
+            for (&x, &y) in s.x.iter().zip(&s.y) {
+                if y == 0.0 && x.is_finite() {
+                    ink.push(vec![(x, floor)]);
+                }
+            }
+        }
+    }
+    let hits = corner_hits(&ink, (x0, x1, xs), (y0, y1, ys));
     let legend = match plot.legend {
-        LegendPosition::Auto => emptiest_corner(&pts, (x0, x1, xs), (y0, y1, ys)),
-        l => l,
+        LegendPosition::Auto => emptiest(&hits),
+        // The asked corner unless lines or markers run through it and another is clearer.
+        l => {
+            let asked = CORNERS.iter().position(|&c| c == l).unwrap_or(0);
+            if hits[asked] > 0 && hits.iter().any(|&h| h < hits[asked]) {
+                emptiest(&hits)
+            } else {
+                l
+            }
+        }
     };
     match (xs, ys) {
         (Scale::Linear, Scale::Linear) => draw_in(root, plot, &drawn, legend, x0..x1, y0..y1),
@@ -815,9 +836,22 @@ where
     }
 }
 
-/// The corner of the plot area that the drawn lines cross least (ties: upper right, upper
-/// left, lower right, lower left), judged on the lines sampled densely in plot coordinates.
-fn emptiest_corner(pts: &[Vec<(f64, f64)>], x: (f64, f64, Scale), y: (f64, f64, Scale)) -> LegendPosition {
+/// The legend corners, in the order ties are broken.
+const CORNERS: [LegendPosition; 4] = [
+    LegendPosition::UpperRight,
+    LegendPosition::UpperLeft,
+    LegendPosition::LowerRight,
+    LegendPosition::LowerLeft,
+];
+
+/// The corner with the fewest hits ([`corner_hits`]; ties: the order of [`CORNERS`]).
+fn emptiest(hits: &[usize; 4]) -> LegendPosition {
+    CORNERS[(0..4).min_by_key(|&k| hits[k]).unwrap_or(0)]
+}
+
+/// How often the drawn lines (sampled densely in plot coordinates) and single points fall in
+/// each corner of the plot area a legend takes, in the order of [`CORNERS`].
+fn corner_hits(pts: &[Vec<(f64, f64)>], x: (f64, f64, Scale), y: (f64, f64, Scale)) -> [usize; 4] {
     let norm = |v: f64, (lo, hi, sc): (f64, f64, Scale)| match sc {
         Scale::Linear => (v - lo) / (hi - lo),
         Scale::Log => (v.ln() - lo.ln()) / (hi.ln() - lo.ln()),
@@ -850,8 +884,7 @@ fn emptiest_corner(pts: &[Vec<(f64, f64)>], x: (f64, f64, Scale), y: (f64, f64, 
             }
         }
     }
-    let best = (0..4).min_by_key(|&k| hits[k]).unwrap_or(0);
-    corners[best].0
+    hits
 }
 
 fn tick(v: &f64) -> String {
@@ -1038,6 +1071,23 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ▼ of exact zeros on a log axis are ink too: a corner they fill is not "empty",
+    /// so a legend asked for there moves (issue 49: the ROC legend sat on the markers).
+    #[test]
+    fn markers_on_the_floor_keep_the_legend_away() {
+        let x = (1e-3, 1.0, Scale::Log);
+        let y = (1e-3, 1.0, Scale::Log);
+        let diagonal = vec![(1e-3, 1e-3), (1.0, 1.0)];
+        let hits = corner_hits(std::slice::from_ref(&diagonal), x, y);
+        assert_eq!(hits[2], 0, "lower right is clear of the diagonal: {hits:?}");
+        let floor: Vec<Vec<(f64, f64)>> = [0.1, 0.2, 0.5].iter().map(|&f| vec![(f, 1e-3)]).collect();
+        let mut ink = vec![diagonal];
+        ink.extend(floor);
+        let hits = corner_hits(&ink, x, y);
+        assert_eq!(hits[2], 3, "{hits:?}");
+        assert_ne!(emptiest(&hits), LegendPosition::LowerRight);
+    }
 
     #[test]
     fn profile_tradeoff_of_gdp_profile_stays_below_gdp_curve() {

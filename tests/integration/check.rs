@@ -26,13 +26,23 @@ fn json_report(args: &[&str]) -> (i32, serde_json::Value) {
 }
 
 #[test]
-fn within_budget_exits_0_with_one_verdict_line() {
+fn within_budget_exits_0_with_one_verdict_line_and_its_attacker_line() {
     let o = dpaudit(&["check", EDM, "--max-epsilon", "8"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
-    assert_eq!(out.lines().count(), 1, "{out}");
+    assert_eq!(out.lines().count(), 2, "{out}");
     assert!(out.starts_with("PASS "), "{out}");
     assert!(out.contains("sound ε = 3.23818 (gdp exact)"), "{out}");
+    // The scale of that ε (issue 49): what it allows a membership attacker, at its δ.
+    let attacker = out.lines().nth(1).unwrap();
+    let shown: f64 = attacker
+        .strip_prefix("  What it allows an attacker: membership accuracy ≤ ")
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("{out}"))
+        .parse()
+        .unwrap();
+    let asr = dpaudit::accountants::tradeoff::asr_limit_eps_delta(3.23818, 1e-5);
+    assert!((shown - asr).abs() < 1e-5, "{shown} vs {asr}");
 }
 
 #[test]

@@ -529,7 +529,70 @@ fn dpagg_ti_run_ledger_and_budget() {
         .build()
         .epsilon(&ledger.event, ledger.neighbouring, delta)
         .unwrap();
-    assert!(rdp.epsilon <= run["run"]["epsilon_spent"].as_f64().unwrap() + 1e-9);
+    assert!(rdp.epsilon <= run["run"]["budget_charge"].as_f64().unwrap() + 1e-9);
+    // The run's one ε is the ledger's (only RDP accounts sampling without replacement).
+    assert_eq!(run["epsilon"].as_f64(), Some(rdp.epsilon));
+}
+
+/// Issue 49: one ε for one run — the text, the ledger's header, run.json and the report all
+/// state the number `dpaudit account --event ledger.toml` gives as its headline, at its δ.
+#[test]
+fn a_run_states_one_epsilon_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o");
+    let o = dpaudit(&[
+        "run",
+        "dpagg-ti",
+        "fixtures/runs/dpagg-ti-digits.toml",
+        "--seed",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+        "--format",
+        "text",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let acc = dpaudit(&[
+        "account",
+        "--event",
+        out.join("ledger.toml").to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(acc.status.code(), Some(0), "{}", stderr(&acc));
+    let acc: Value = serde_json::from_slice(&acc.stdout).unwrap();
+    let sound: Vec<(f64, f64)> = acc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| matches!(r["kind"].as_str(), Some("exact" | "upper_bound")))
+        .map(|r| (r["epsilon"].as_f64().unwrap(), r["delta"].as_f64().unwrap()))
+        .collect();
+    let (eps, delta) = sound
+        .iter()
+        .copied()
+        .fold((f64::INFINITY, 0.0), |a, b| if b.0 < a.0 { b } else { a });
+    assert!(eps.is_finite(), "{acc}");
+    let line = format!(
+        "epsilon of this run = {} at delta = {}",
+        dpaudit::report::num::fmt_num(eps),
+        dpaudit::report::num::fmt_num(delta)
+    );
+    let text = stdout(&o);
+    assert!(text.contains(&line), "text: {text}");
+    assert!(!text.contains("epsilon charged"), "a second ε in the text: {text}");
+    let ledger = std::fs::read_to_string(out.join("ledger.toml")).unwrap();
+    assert!(ledger.contains(&format!("# {line}")), "ledger: {ledger}");
+    let run: Value = serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["epsilon"].as_f64(), Some(eps));
+    assert_eq!(run["delta"].as_f64(), Some(delta));
+    let rep: Value = serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let guarantee = rep["conclusion"]["guarantee"].as_str().unwrap();
+    assert!(
+        guarantee.contains(&format!("ε = {}", dpaudit::report::num::fmt_num(eps))),
+        "{guarantee}"
+    );
+    assert!(!guarantee.contains("No guarantee"), "{guarantee}");
 }
 
 /// DP-RDM: queries are charged before they are answered; the first query that would take the
