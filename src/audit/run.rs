@@ -352,13 +352,13 @@ fn to_report<R: Serialize>(
     // One ε for the run: the ledger's by every accountant at the ledger's δ, exactly as
     // `dpaudit account --event ledger.toml` gives it (the smallest sound one is the run's ε).
     if let Some(delta) = ledger.delta {
-        crate::report::build::account_event(
+        crate::audit::accounting::account_event(
             &mut r,
             &ledger.event,
             ledger.neighbouring,
             delta,
             &AccountantKind::ALL,
-            crate::report::build::AccountOptions { curves: false },
+            crate::audit::accounting::AccountOptions { curves: false },
             &mut |_| {},
         )?;
     }
