@@ -2394,10 +2394,12 @@ impl PldAccountant {
             match &window {
                 Some(w) if !coarsened && w.uncapped_width > STAGE_WIDTH => {
                     if let Some(plan) = stage_plan(merged, w.uncapped_width) {
-                        // Only where it pays: the block's window (its Chernoff window, from the
-                        // leaves already discretised) plus the second stage's must be at most
-                        // half the one-stage window. Where the leaves' own supports are most of
-                        // the window (e.g. 10⁴ steps), the block is nearly as wide as the whole.
+                        // Only where it pays: the staged transforms (the block's window, its
+                        // Chernoff window from the leaves already discretised, and the second
+                        // stage's) must cost at most half the one-stage ones. Where the leaves'
+                        // own supports are most of the window (e.g. 10⁴ steps), the block is nearly
+                        // as wide as the whole; where the counts leave remainders (50 distinct
+                        // leaves × 10⁴), the second stage has as many leaves as the first.
                         let block: Vec<Part> = parts
                             .iter()
                             .filter(|(_, c)| c / plan.blocks > 0)
@@ -2405,7 +2407,12 @@ impl PldAccountant {
                             .collect();
                         let inner =
                             chernoff_window(&block, tau_window / (2.0 * plan.blocks as f64), self.max_grid_points);
-                        if 2 * (inner.uncapped_width + w.uncapped_width / plan.factor) <= w.uncapped_width {
+                        // Transforms cost ≈ leaves × window points: the block's leaves on its
+                        // window, and the remaining leaves plus the block on the second stage's.
+                        let rest = parts.iter().filter(|(_, c)| c % plan.blocks > 0).count() as i64;
+                        let staged =
+                            block.len() as i64 * inner.uncapped_width + (rest + 1) * (w.uncapped_width / plan.factor);
+                        if 2 * staged <= parts.len() as i64 * w.uncapped_width {
                             return self.compose_staged(merged, dir, h, tau_step, tau_window, precise, plan);
                         }
                     }
