@@ -67,6 +67,12 @@ pub fn sweep(
         budget,
         csv.as_bytes(),
     )?;
+    if let Some(note) = unselected_rdp_note(cfg, spec, &rows, &axes, budget)? {
+        if let Some(c) = rep.conclusion.as_mut() {
+            c.verdict.push(' ');
+            c.verdict.push_str(&note);
+        }
+    }
     if !repeated.is_empty() {
         let shown: Vec<String> = repeated.iter().map(|&v| num::fmt_num(v)).collect();
         rep.warn(
@@ -263,6 +269,72 @@ fn groups<'a>(rows: &'a [SweepRow], axes: &[&str]) -> Vec<(String, Vec<&'a Sweep
         }
     }
     groups
+}
+
+/// Where RDP was not among the accountants run: RDP at every grid point (cheap), and a sentence
+/// naming it where its sound bound is smaller than the best one run at some point (and, with a
+/// budget, the region it alone would give when that differs), so that a sweep's answer never
+/// silently rests on a looser bound than a sound accountant gives (issue 47, item 3). `None` where
+/// RDP was run or changes nothing.
+fn unselected_rdp_note(
+    cfg: &SamplerConfig,
+    spec: &SweepSpec,
+    rows: &[SweepRow],
+    axes: &[&str],
+    budget: Option<f64>,
+) -> Result<Option<String>> {
+    if spec.accountants.contains(&AccountantKind::Rdp) || rows.is_empty() {
+        return Ok(None);
+    }
+    let rdp_spec = SweepSpec {
+        accountants: vec![AccountantKind::Rdp],
+        ..spec.clone()
+    };
+    let (rdp_rows, _) = distinct_stops(sweep::run(cfg, &rdp_spec, &|| {})?);
+    let same_point = |a: &SweepRow, b: &SweepRow| {
+        a.t_min.to_bits() == b.t_min.to_bits()
+            && a.subsample_rate.to_bits() == b.subsample_rate.to_bits()
+            && a.samples == b.samples
+            && a.clip_norm.to_bits() == b.clip_norm.to_bits()
+            && a.private_steps == b.private_steps
+    };
+    if rdp_rows.len() != rows.len() || rows.iter().zip(&rdp_rows).any(|(a, b)| !same_point(a, b)) {
+        return Ok(None);
+    }
+    let smaller = rows
+        .iter()
+        .zip(&rdp_rows)
+        .filter(|(r, q)| match (best_sound(q), best_sound(r)) {
+            (Some(x), Some(y)) => x.2 < y.2,
+            (Some(_), None) => true,
+            _ => false,
+        })
+        .count();
+    if smaller == 0 {
+        return Ok(None);
+    }
+    let run: Vec<&str> = spec.accountants.iter().map(|a| a.as_str()).collect();
+    let mut note = format!(
+        "The rdp accountant, not among those run ({}), gives a smaller sound ε at {smaller} of {} grid points",
+        run.join(", "),
+        rows.len()
+    );
+    if let Some(b) = budget {
+        let mine = budget_region(rows, axes, b);
+        let theirs = budget_region(&rdp_rows, axes, b);
+        // The region without the count of grid points that follows it.
+        let region = |v: &str| {
+            let head = &v[..v.find(" grid points").unwrap_or(v.len())];
+            head[..head.rfind(" (").unwrap_or(head.len())].to_string()
+        };
+        if region(&mine) != region(&theirs) {
+            let t = region(&theirs);
+            let t = t.strip_prefix("On the grid, ").unwrap_or(&t);
+            note.push_str(&format!(", and by rdp alone {t}"));
+        }
+    }
+    note.push_str(&format!(" (add it: --accountant {},rdp).", run.join(",")));
+    Ok(Some(note))
 }
 
 /// The sound line of `row` with the smallest ε (an exact value or upper bound), if any.

@@ -290,3 +290,74 @@ fn sigma_min_on_a_ddpm_schedule_sweeps_the_levels_reached_once_each() {
         rep["conclusion"]["verdict"]
     );
 }
+
+/// Issue 47, item 3: with the default accountants (gdp, clt) a subsampled sampler's gdp column is
+/// the full-batch bound; RDP's sound bound is smaller, so the verdict names rdp, the number of grid
+/// points where it is smaller (counted here from a sweep that runs rdp), and the region of a budget
+/// by rdp alone, which is the region that sweep states.
+#[test]
+fn default_accountants_name_rdp_where_its_sound_bound_is_smaller() {
+    let base = [
+        "fixtures/samplers/edm-cifar10-subsampled.toml",
+        "--sigma-min",
+        "0.002..1",
+        "--points",
+        "5",
+        "--log",
+    ];
+    // The sweep with rdp run: its table gives rdp's and gdp's ε at each point.
+    let with_rdp = |budget: &str| {
+        let mut a = base.to_vec();
+        a.extend(["--accountant", "gdp,clt,rdp", "--max-epsilon", budget]);
+        sweep_out(&a).0
+    };
+    let rep = with_rdp("1");
+    let rows = table(&rep, "sweep");
+    let eps = |r: &std::collections::HashMap<String, Value>, a: &str| {
+        matches!(r[&format!("{a}_kind")].as_str(), Some("exact" | "upper_bound"))
+            .then(|| r[&format!("{a}_epsilon")].as_f64())
+            .flatten()
+    };
+    let smaller = rows
+        .iter()
+        .filter(|r| match (eps(r, "rdp"), eps(r, "gdp")) {
+            (Some(x), Some(y)) => x < y,
+            (Some(_), None) => true,
+            _ => false,
+        })
+        .count();
+    assert!(smaller > 0, "rdp should be smaller somewhere: {rows:?}");
+    assert!(
+        !rep["conclusion"]["verdict"]
+            .as_str()
+            .unwrap()
+            .contains("not among those run"),
+        "rdp was run"
+    );
+    // A budget between rdp's and gdp's ε at the middle point: the two regions differ there.
+    let mid = &rows[rows.len() / 2];
+    let (r_mid, g_mid) = (eps(mid, "rdp").unwrap(), eps(mid, "gdp").unwrap());
+    assert!(r_mid < g_mid, "{r_mid} vs {g_mid}");
+    let budget = format!("{}", (r_mid * g_mid).sqrt());
+    let mut a = base.to_vec();
+    a.extend(["--max-epsilon", budget.as_str()]);
+    let verdict = sweep_out(&a).0["conclusion"]["verdict"].as_str().unwrap().to_string();
+    let want = format!(
+        "The rdp accountant, not among those run (gdp, clt), gives a smaller sound ε at {smaller} of {} grid points",
+        rows.len()
+    );
+    assert!(verdict.contains(&want), "{verdict}\nwants: {want}");
+    assert!(verdict.ends_with("(add it: --accountant gdp,clt,rdp)."), "{verdict}");
+    if smaller == rows.len() {
+        let theirs = with_rdp(&budget)["conclusion"]["verdict"].as_str().unwrap().to_string();
+        let head = &theirs[..theirs.find(" grid points").unwrap()];
+        let region = head[..head.rfind(" (").unwrap()]
+            .strip_prefix("On the grid, ")
+            .unwrap()
+            .to_string();
+        assert!(
+            verdict.contains(&format!(", and by rdp alone {region} (add it")),
+            "{verdict}\nvs the sweep with rdp: {theirs}"
+        );
+    }
+}
