@@ -445,10 +445,11 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
     if !audits.rows.is_empty() {
         r.tables.push(audits);
     }
+    let derived = crate::report::conclusion::derive(&r);
     r.conclusion = Some(Conclusion {
         audited: format!("A run of the {mechanism} mechanism on the data of `{}`.", a.config.display()),
         guarantee: match r.sound_epsilon() {
-            Some(_) => crate::report::conclusion::derive(&r).guarantee,
+            Some(_) => derived.guarantee,
             None => "No guarantee was shown: the ledger (ledger.toml) could not be accounted.".into(),
         },
         verdict: if rec.sensitivity.is_none() && rec.distinguishing.is_none() {
@@ -458,7 +459,11 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
         } else {
             "PASS: the audits found nothing beyond the claimed sensitivity and accounted ε.".into()
         },
-        estimates: "Audit numbers are measurements on random trials (the ε lower bound holds with the stated confidence), not guarantees.".into(),
+        // The ledger's estimates (CLT) listed as the other reports list them, then the audits'.
+        estimates: format!(
+            "{} Audit numbers are measurements on random trials (the ε lower bound holds with the stated confidence), not guarantees.",
+            derived.estimates
+        ),
     });
     Ok(r)
 }

@@ -357,10 +357,16 @@ fn every_command_on_every_shipped_input_concludes_what_its_tables_say() {
         let v = report_json(&["run", mech, cfg, "--out", out.to_str().unwrap(), "--audit"]);
         check_conclusion(&format!("run {cfg}"), &v);
         check_rendered(&format!("run {cfg}"), &v);
-        // One ε for the run: the ledger's (gdp; a subsampled ledger, as dp-rdm's, is skipped
-        // with its reason instead).
-        let n = v["results"].as_array().unwrap().len() + v["skipped"].as_array().unwrap().len();
-        assert_eq!(n, 1, "run {cfg}: {} {}", v["results"], v["skipped"]);
+        // One ε for the run: the ledger's, accounted at the ledger's one δ by every accountant
+        // as `account --event ledger.toml` does (an accountant that does not apply is skipped
+        // with its reason); pipelines::a_run_states_one_epsilon_everywhere checks the headline.
+        let results = v["results"].as_array().unwrap();
+        assert!(
+            !results.is_empty() || !v["skipped"].as_array().unwrap().is_empty(),
+            "run {cfg}"
+        );
+        let deltas: std::collections::BTreeSet<String> = results.iter().map(|r| r["delta"].to_string()).collect();
+        assert!(deltas.len() <= 1, "run {cfg}: results at several δ: {deltas:?}");
         ran += 1;
     }
     let v = report_json(&[
@@ -774,12 +780,7 @@ const CLI_MAX_BRANCHES: usize = 20;
 /// (calls, branches): they may not grow. `mia` and `model` are being moved into `audit/` (the
 /// attack chain), `train`/`train_unet` with the one training orchestrator; remove an entry when
 /// its file meets the limits (the test says when).
-const CLI_OVER_LIMIT: &[(&str, usize, usize)] = &[
-    ("cli/mia.rs", 34, 40),
-    ("cli/model.rs", 16, 19),
-    ("cli/train.rs", 6, 26),
-    ("cli/train_unet.rs", 7, 13),
-];
+const CLI_OVER_LIMIT: &[(&str, usize, usize)] = &[("cli/train.rs", 6, 26), ("cli/train_unet.rs", 7, 13)];
 /// Domain layers a CLI file must never call into (it may name their types to build a plan).
 const DOMAIN: &[&str] = &[
     "accountants::",
@@ -790,13 +791,7 @@ const DOMAIN: &[&str] = &[
     "provenance::",
 ];
 /// CLI files still calling a domain layer (see [`CLI_OVER_LIMIT`]).
-const CLI_DOMAIN_CALLERS: &[&str] = &[
-    "cli/mia.rs",
-    "cli/model.rs",
-    "cli/train.rs",
-    "cli/train_unet.rs",
-    "cli/mechanism.rs",
-];
+const CLI_DOMAIN_CALLERS: &[&str] = &["cli/model.rs", "cli/train.rs", "cli/train_unet.rs"];
 
 /// Running an accountant: building one, calling the `Accountant` trait, the sound-ε search, a
 /// calibration or a GDP conversion. Only the domain (`accountants/`, `diffusion/`,
@@ -825,9 +820,10 @@ const ENV_READERS: &[&str] = &[
     "report/progress.rs", // NO_COLOR, DPAUDIT_PROGRESS_INTERVAL
     "report/output.rs",   // fault injection of the transaction tests
     "accountants/pld.rs", // DPAUDIT_PLD_TIMING
-    "models/algo_record.rs",
-    "models/cudnn_conv.rs",
-    "models/unet2d_cuda.rs",
+    // DPAUDIT_CUDNN_ALGO/RECORD, DPAUDIT_CUDA_GRAPH, DPAUDIT_UNET_CUDA: GPU diagnostics
+    "models/unet2d/cuda/algo_record.rs",
+    "models/unet2d/cuda/cudnn_conv.rs",
+    "models/unet2d/cuda/forward.rs",
 ];
 
 /// Public command-plan types outside `audit/` (a plan belongs to the application layer): the
@@ -837,7 +833,9 @@ const PLANS_OUTSIDE_AUDIT: &[&str] = &[
     "diffusion/account.rs",
     "models/diffusers_train.rs",
     "models/run.rs",
-    "attacks/pipeline.rs",
+    // The MIA plan sits below both the loaded subject and the chain (no module cycle);
+    // `audit/mia/plan.rs` makes every decision that fills it.
+    "attacks/plan.rs",
     "attacks/shard.rs",
 ];
 
