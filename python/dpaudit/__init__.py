@@ -116,6 +116,7 @@ _DP_ACCOUNTING = {
     "ComposedDpEvent",
     "EpsilonDeltaDpEvent",
     "NoOpDpEvent",
+    "NonPrivateDpEvent",
 }
 
 
@@ -231,7 +232,8 @@ class DpEvent:
     def from_dp_accounting(cls, event: Any) -> "DpEvent":
         """Converts a dp_accounting ``DpEvent`` (or its named tuple, or that as a dict):
         Gaussian, Laplace, PoissonSampled, SampledWithoutReplacement, SelfComposed, Composed,
-        EpsilonDelta and NoOp events. Others have no dpaudit equivalent and raise
+        EpsilonDelta, NoOp and NonPrivate events (a non-private part makes ε = ∞ at every
+        δ < 1, as dp_accounting answers). Others have no dpaudit equivalent and raise
         :class:`InputError` naming the sub-event's path."""
         try:
             tree = _from_dp_accounting(event, "event")
@@ -306,6 +308,8 @@ def _from_dp_accounting(ev: Any, path: str) -> Dict[str, Any]:
         return {"type": "epsilon_delta", "epsilon": _num(need("epsilon")), "delta": _num(need("delta"))}
     if name == "NoOpDpEvent":
         return {"type": "no_op"}
+    if name == "NonPrivateDpEvent":
+        return {"type": "non_private"}
     if name == "PoissonSampledDpEvent":
         return {
             "type": "poisson_sampled",

@@ -197,6 +197,13 @@ pub fn calibrate(
             format!("target ε must be finite and > 0, got {target}"),
         ));
     }
+    // ε = ∞ whatever the parameter when the event holds a non-private part: no search.
+    if let Some(path) = make(1.0).non_private_path() {
+        return Err(Error::unsupported(format!(
+            "nothing to calibrate: {path} is non-private (no guarantee), so ε = ∞ at δ = {delta} for every {}",
+            solve_for.as_str()
+        )));
+    }
     let mut evals = 0usize;
     let mut last_kind = None;
     let mut eps_at = |x: f64| -> Result<AccountResult> {
@@ -457,6 +464,24 @@ mod tests {
             let e2 = acc.epsilon(&f2.event(), Neighbouring::AddRemove, 1e-5).unwrap().epsilon;
             assert!(e2 > target, "{target}: not tight, {e2}");
         }
+    }
+
+    #[test]
+    fn a_non_private_event_has_nothing_to_calibrate() {
+        let make = |s: f64| DpEvent::Composed {
+            events: vec![DpEvent::gaussian(s), DpEvent::NonPrivate],
+        };
+        let e = calibrate(
+            &GdpAccountant,
+            Neighbouring::AddRemove,
+            1e-5,
+            8.0,
+            SolveFor::NoiseMultiplier,
+            &make,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("nothing to calibrate"), "{e}");
+        assert!(e.to_string().contains("event.events[1] is non-private"), "{e}");
     }
 
     #[test]

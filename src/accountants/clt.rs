@@ -709,11 +709,17 @@ impl Accountant for CltAccountant {
         AccountantKind::Clt
     }
     fn supports(&self, event: &DpEvent, neighbouring: Neighbouring) -> Result<()> {
+        if event.non_private_path().is_some() {
+            return Ok(());
+        }
         parts(event, neighbouring).map(|_| ())
     }
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
         event.validate()?;
+        if let Some(r) = super::non_private_epsilon(AccountantKind::Clt, event, delta) {
+            return Ok(r);
+        }
         if let Some(r) = super::uncertified_epsilon(AccountantKind::Clt, event, delta) {
             return Ok(r);
         }
@@ -724,6 +730,9 @@ impl Accountant for CltAccountant {
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         event.validate()?;
+        if let Some(r) = super::non_private_delta(AccountantKind::Clt, event, epsilon) {
+            return Ok(r);
+        }
         if let Some(r) = super::uncertified_delta(AccountantKind::Clt, event, epsilon) {
             return Ok(r);
         }

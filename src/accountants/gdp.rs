@@ -142,10 +142,16 @@ impl Accountant for GdpAccountant {
         AccountantKind::Gdp
     }
     fn supports(&self, event: &DpEvent, _neighbouring: Neighbouring) -> Result<()> {
+        if event.non_private_path().is_some() {
+            return Ok(());
+        }
         composed_mu(event).map(|_| ())
     }
     fn epsilon(&self, event: &DpEvent, _neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
+        if let Some(r) = super::non_private_epsilon(AccountantKind::Gdp, event, delta) {
+            return Ok(r);
+        }
         let mu = composed_mu(event)?;
         if let Some(r) = super::uncertified_epsilon(AccountantKind::Gdp, event, delta) {
             return Ok(r);
@@ -155,6 +161,9 @@ impl Accountant for GdpAccountant {
     }
     fn delta(&self, event: &DpEvent, _neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
+        if let Some(r) = super::non_private_delta(AccountantKind::Gdp, event, epsilon) {
+            return Ok(r);
+        }
         let mu = composed_mu(event)?;
         if let Some(r) = super::uncertified_delta(AccountantKind::Gdp, event, epsilon) {
             return Ok(r);

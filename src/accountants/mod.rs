@@ -343,7 +343,7 @@ pub(crate) fn uncertified_noise(event: &DpEvent) -> Option<(String, f64)> {
                     path.truncate(len);
                 }
             }
-            DpEvent::NoOp | DpEvent::EpsilonDelta { .. } => {}
+            DpEvent::NoOp | DpEvent::NonPrivate | DpEvent::EpsilonDelta { .. } => {}
         }
     }
     let mut best = None;
@@ -385,6 +385,30 @@ pub(crate) fn uncertified_delta(kind: AccountantKind, event: &DpEvent, epsilon: 
     uncertified_noise(event).map(|at| uncertified_result(kind, at, epsilon, 1.0))
 }
 
+fn non_private_result(kind: AccountantKind, path: String, epsilon: f64, delta: f64) -> AccountResult {
+    AccountResult::new(kind, epsilon, delta, BoundKind::Exact).with_diagnostic(
+        "non_private",
+        format!("{path} is non-private (no guarantee): no finite ε holds at any δ < 1, ε = ∞"),
+        true,
+    )
+}
+
+/// ε = ∞ at `delta` when `event` contains a [`DpEvent::NonPrivate`] anywhere (composed,
+/// repeated or sampled: sampling with q > 0 keeps it non-private). Exact, hence sound. Every
+/// accountant asks this before anything else, `supports` included.
+pub(crate) fn non_private_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<AccountResult> {
+    event
+        .non_private_path()
+        .map(|p| non_private_result(kind, p, f64::INFINITY, delta))
+}
+
+/// δ = 1 at every finite `epsilon` when `event` contains a [`DpEvent::NonPrivate`].
+pub(crate) fn non_private_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
+    event
+        .non_private_path()
+        .map(|p| non_private_result(kind, p, epsilon, 1.0))
+}
+
 /// Why an accountant does not apply, in users' words: without the accountant's own name in
 /// front (reports show it beside the reason) and without the position of the sub-event in the
 /// event tree (`event.events[2].event: `), which means nothing for an event built from flags.
@@ -404,6 +428,68 @@ pub(crate) fn plain_reason(kind: AccountantKind, message: &str) -> String {
         }
     }
     m.to_string()
+}
+
+#[cfg(test)]
+mod non_private_tests {
+    use super::*;
+
+    /// A non-private part anywhere (Poisson-sampled with q > 0, repeated, composed with a
+    /// Gaussian) gives ε = ∞ at every δ < 1 and δ = 1 at every finite ε, from every accountant.
+    #[test]
+    fn non_private_inside_poisson_sampling_is_still_infinite() {
+        let events = [
+            DpEvent::NonPrivate,
+            DpEvent::poisson(1e-6, DpEvent::NonPrivate),
+            DpEvent::Composed {
+                events: vec![
+                    DpEvent::dpsgd(1.1, 0.01, 100),
+                    DpEvent::repeat(DpEvent::poisson(0.001, DpEvent::NonPrivate), 3),
+                ],
+            },
+            DpEvent::SampledWithoutReplacement {
+                n: 1000,
+                m: 1,
+                event: Box::new(DpEvent::NonPrivate),
+            },
+        ];
+        for ev in &events {
+            ev.validate().unwrap();
+            assert!(ev.non_private_path().is_some(), "{ev:?}");
+            for nb in [Neighbouring::AddRemove, Neighbouring::ReplaceOne] {
+                for k in AccountantKind::ALL {
+                    let acc = k.build();
+                    acc.supports(ev, nb).unwrap_or_else(|e| panic!("{k:?} {ev:?}: {e}"));
+                    for d in [1e-10, 1e-5, 0.5] {
+                        let r = acc.epsilon(ev, nb, d).unwrap();
+                        assert_eq!(r.epsilon, f64::INFINITY, "{k:?} {ev:?}");
+                        assert!(r.kind.is_sound());
+                        assert!(r.diagnostics.iter().any(|x| x.code == "non_private"));
+                    }
+                    let (head, grid) = acc.epsilon_profile(ev, nb, 1e-5, &[1e-3, 1e-7]);
+                    assert_eq!(head.unwrap().epsilon, f64::INFINITY);
+                    assert!(grid.into_iter().all(|r| r.unwrap().epsilon == f64::INFINITY));
+                    for e in [0.0, 1.0, 100.0] {
+                        assert_eq!(acc.delta(ev, nb, e).unwrap().delta, 1.0, "{k:?} {ev:?}");
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            events[2].non_private_path().as_deref(),
+            Some("event.events[1].event.event")
+        );
+        assert!(DpEvent::dpsgd(1.1, 0.01, 100).non_private_path().is_none());
+    }
+
+    #[test]
+    fn non_private_reads_and_writes_as_non_private() {
+        let ev: DpEvent = serde_json::from_str(r#"{"type": "non_private"}"#).unwrap();
+        assert_eq!(ev, DpEvent::NonPrivate);
+        assert_eq!(ev.type_name(), "non_private");
+        assert_eq!(serde_json::to_string(&ev).unwrap(), r#"{"type":"non_private"}"#);
+        assert_eq!(ev.ledger(), "non-private (no guarantee)\n");
+    }
 }
 
 #[cfg(test)]

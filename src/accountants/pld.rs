@@ -2631,6 +2631,15 @@ impl PldAccountant {
     ) -> Result<Vec<Result<AccountResult>>> {
         self.check()?;
         event.validate()?;
+        if super::non_private_epsilon(AccountantKind::Pld, event, 0.5).is_some() {
+            return Ok(deltas
+                .iter()
+                .map(|&(d, _)| {
+                    check_delta(d)?;
+                    Ok(super::non_private_epsilon(AccountantKind::Pld, event, d).expect("non-private event"))
+                })
+                .collect());
+        }
         let ls = leaves(&event.components()?, neighbouring)?;
         // Degenerate-input guard: noise below the certified range is ε = ∞ (accountants::mod).
         if super::uncertified_epsilon(AccountantKind::Pld, event, 0.5).is_some() {
@@ -2855,6 +2864,9 @@ impl Accountant for PldAccountant {
     fn supports(&self, event: &DpEvent, neighbouring: Neighbouring) -> Result<()> {
         self.check()?;
         event.validate()?;
+        if event.non_private_path().is_some() {
+            return Ok(());
+        }
         leaves(&event.components()?, neighbouring).map(|_| ())
     }
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
@@ -2940,6 +2952,9 @@ impl PldAccountant {
     fn delta_at(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         event.validate()?;
+        if let Some(r) = super::non_private_delta(AccountantKind::Pld, event, epsilon) {
+            return Ok(r);
+        }
         let ls = leaves(&event.components()?, neighbouring)?;
         // Degenerate-input guard: noise below the certified range is δ = 1 (accountants::mod).
         if let Some(r) = super::uncertified_delta(AccountantKind::Pld, event, epsilon) {

@@ -719,6 +719,10 @@ pub fn rdp_components(event: &DpEvent, neighbouring: Neighbouring) -> Result<Vec
 fn check_tree(ev: &DpEvent, nb: Neighbouring, path: &str) -> Result<()> {
     match ev {
         DpEvent::NoOp | DpEvent::Gaussian { .. } | DpEvent::Laplace { .. } => Ok(()),
+        // Answered ε = ∞ before the tree is checked (`accountants::non_private_epsilon`).
+        DpEvent::NonPrivate => Err(Error::unsupported(format!(
+            "rdp: {path} is non-private (no guarantee): no RDP curve, ε = ∞"
+        ))),
         DpEvent::EpsilonDelta { epsilon, delta } => Err(Error::unsupported(format!(
             "rdp: {path} is an (ε = {epsilon}, δ = {delta})-DP event; an (ε, δ) guarantee has no RDP curve \
              (use the pld accountant, or describe the mechanism itself)"
@@ -1072,12 +1076,18 @@ impl Accountant for RdpAccountant {
     }
 
     fn supports(&self, event: &DpEvent, neighbouring: Neighbouring) -> Result<()> {
+        if event.non_private_path().is_some() {
+            return Ok(());
+        }
         rdp_components(event, neighbouring).map(|_| ())
     }
 
     fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
         check_delta(delta)?;
         event.validate()?;
+        if let Some(r) = super::non_private_epsilon(AccountantKind::Rdp, event, delta) {
+            return Ok(r);
+        }
         let comps = rdp_components(event, neighbouring)?;
         if let Some(r) = super::uncertified_epsilon(AccountantKind::Rdp, event, delta) {
             return Ok(r);
@@ -1096,6 +1106,19 @@ impl Accountant for RdpAccountant {
         delta: f64,
         grid: &[f64],
     ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+        if let (Ok(()), Some(r)) = (
+            check_delta(delta).and_then(|_| event.validate()),
+            super::non_private_epsilon(AccountantKind::Rdp, event, delta),
+        ) {
+            let rest = grid
+                .iter()
+                .map(|&d| {
+                    check_delta(d)?;
+                    Ok(super::non_private_epsilon(AccountantKind::Rdp, event, d).expect("non-private event"))
+                })
+                .collect();
+            return (Ok(r), rest);
+        }
         let comps = match check_delta(delta)
             .and_then(|_| event.validate())
             .and_then(|_| rdp_components(event, neighbouring))
@@ -1141,6 +1164,9 @@ impl Accountant for RdpAccountant {
     fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
         check_epsilon(epsilon)?;
         event.validate()?;
+        if let Some(r) = super::non_private_delta(AccountantKind::Rdp, event, epsilon) {
+            return Ok(r);
+        }
         let comps = rdp_components(event, neighbouring)?;
         if let Some(r) = super::uncertified_delta(AccountantKind::Rdp, event, epsilon) {
             return Ok(r);

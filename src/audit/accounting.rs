@@ -13,6 +13,9 @@ use crate::report::{Cell, Column, Report, Skipped, Table};
 /// δ values at which ε(δ) is evaluated for the ε-versus-δ and trade-off plots.
 pub const DELTA_GRID: [f64; 12] = [0.5, 0.2, 0.1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10];
 
+/// The sampling assumption of an event that holds a non-private part (no sampling amplifies it).
+const NON_PRIVATE_SAMPLING: &str = "irrelevant: the event holds a non-private part (no guarantee)";
+
 /// Longest step sequence drawn as a per-step trajectory.
 pub const MAX_TRAJECTORY_STEPS: usize = 100_000;
 
@@ -44,6 +47,7 @@ pub(crate) fn account_event(
     let comps = event.components().ok();
     report.assumptions.sampling = Some(match &comps {
         Some(c) => describe_sampling(c),
+        None if event.non_private_path().is_some() => NON_PRIVATE_SAMPLING.into(),
         None => "not a supported shape (see the skipped accountants)".into(),
     });
 
@@ -114,6 +118,7 @@ pub(crate) fn account_delta(
     report.assumptions.neighbouring = Some(neighbouring);
     report.assumptions.sampling = Some(match event.components() {
         Ok(c) => describe_sampling(&c),
+        Err(_) if event.non_private_path().is_some() => NON_PRIVATE_SAMPLING.into(),
         Err(_) => "not a supported shape (see the skipped accountants)".into(),
     });
     for &k in kinds {

@@ -167,9 +167,19 @@ pub(crate) fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color
         Status::Inconclusive => ("INCONCLUSIVE", Tone::Unsure),
     };
     let word = paint(word, tone, color);
+    // The reason an ε is infinite (a non-private event), as the verdict's message states it.
+    let why = match v.epsilon {
+        Some(e) if e.is_infinite() => v.message.split_once(" — ").map(|(_, w)| w).unwrap_or(""),
+        _ => "",
+    };
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" — {why}")
+    };
     match (v.status, v.epsilon, v.margin) {
         (Status::Pass | Status::Fail, Some(eps), Some(margin)) => format!(
-            "{word} {subject}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}\n",
+            "{word} {subject}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}{why}\n",
             fmt_num(eps),
             v.accountant.map(|a| a.as_str()).unwrap_or("?"),
             v.bound.map(|b| b.describe().to_string()).unwrap_or_default(),

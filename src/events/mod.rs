@@ -36,6 +36,9 @@ impl fmt::Display for Neighbouring {
 pub enum DpEvent {
     /// Nothing that touches private data.
     NoOp,
+    /// A mechanism with no privacy guarantee (dp_accounting's `NonPrivateDpEvent`): every
+    /// accountant answers ε = ∞ (δ = 1) for any event that contains it.
+    NonPrivate,
     /// Gaussian mechanism with noise std = `noise_multiplier` × L2 sensitivity.
     /// A μ-GDP step is `Gaussian { noise_multiplier: 1/μ }`.
     Gaussian {
@@ -180,6 +183,7 @@ impl DpEvent {
     pub fn type_name(&self) -> &'static str {
         match self {
             DpEvent::NoOp => "no_op",
+            DpEvent::NonPrivate => "non_private",
             DpEvent::Gaussian { .. } => "gaussian",
             DpEvent::EpsilonDelta { .. } => "epsilon_delta",
             DpEvent::Laplace { .. } => "laplace",
@@ -205,7 +209,11 @@ impl DpEvent {
     /// Number of nodes of the tree (this one included).
     pub fn node_count(&self) -> u64 {
         match self {
-            DpEvent::NoOp | DpEvent::Gaussian { .. } | DpEvent::Laplace { .. } | DpEvent::EpsilonDelta { .. } => 1,
+            DpEvent::NoOp
+            | DpEvent::NonPrivate
+            | DpEvent::Gaussian { .. }
+            | DpEvent::Laplace { .. }
+            | DpEvent::EpsilonDelta { .. } => 1,
             DpEvent::PoissonSampled { event, .. }
             | DpEvent::SampledWithoutReplacement { event, .. }
             | DpEvent::SelfComposed { event, .. } => 1 + event.node_count(),
@@ -216,7 +224,7 @@ impl DpEvent {
     fn validate_at(&self, path: &Path<'_>) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::field(format!("{path}.{field}"), msg));
         match self {
-            DpEvent::NoOp => Ok(()),
+            DpEvent::NoOp | DpEvent::NonPrivate => Ok(()),
             DpEvent::Gaussian { noise_multiplier: s } => {
                 if !(s.is_finite() && *s > 0.0) {
                     return bad("noise_multiplier", format!("must be a finite number > 0, got {s}"));
@@ -299,6 +307,11 @@ impl DpEvent {
         };
         match self {
             DpEvent::NoOp => Ok(()),
+            // No component can stand for it: accountants answer ε = ∞ before flattening
+            // (`accountants::non_private_epsilon`); any other caller is refused here.
+            DpEvent::NonPrivate => Err(Error::unsupported(format!(
+                "{path}: a non-private event (no guarantee) has no finite privacy accounting: ε = ∞"
+            ))),
             DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } | DpEvent::Laplace { .. } => match leaf(self) {
                 Some(m) => acc.push(Sampling::Full, m, mult, path),
                 None => Ok(()),
@@ -340,6 +353,44 @@ impl DpEvent {
         }
     }
 
+    /// The path (`event.events[1].event`) of the first [`DpEvent::NonPrivate`] in the tree, if
+    /// any: such an event has no guarantee, whatever wraps it (Poisson sampling with q > 0 of a
+    /// non-private mechanism is still non-private).
+    pub fn non_private_path(&self) -> Option<String> {
+        fn walk(e: &DpEvent, path: &mut String) -> bool {
+            match e {
+                DpEvent::NonPrivate => true,
+                DpEvent::PoissonSampled { event, .. }
+                | DpEvent::SampledWithoutReplacement { event, .. }
+                | DpEvent::SelfComposed { event, .. } => {
+                    let len = path.len();
+                    path.push_str(".event");
+                    if walk(event, path) {
+                        return true;
+                    }
+                    path.truncate(len);
+                    false
+                }
+                DpEvent::Composed { events } => {
+                    for (i, ev) in events.iter().enumerate() {
+                        let len = path.len();
+                        path.push_str(&format!(".events[{i}]"));
+                        if walk(ev, path) {
+                            return true;
+                        }
+                        path.truncate(len);
+                    }
+                    false
+                }
+                DpEvent::NoOp | DpEvent::Gaussian { .. } | DpEvent::EpsilonDelta { .. } | DpEvent::Laplace { .. } => {
+                    false
+                }
+            }
+        }
+        let mut path = "event".to_string();
+        walk(self, &mut path).then_some(path)
+    }
+
     /// Builds a tree back from components (used by builders and ledgers).
     pub fn from_components(components: &[Component]) -> DpEvent {
         let mut b = EventBuilder::new();
@@ -376,6 +427,7 @@ impl DpEvent {
         let pad = "  ".repeat(depth);
         match self {
             DpEvent::NoOp => s.push_str(&format!("{pad}no-op\n")),
+            DpEvent::NonPrivate => s.push_str(&format!("{pad}non-private (no guarantee)\n")),
             DpEvent::Gaussian { noise_multiplier } => s.push_str(&format!(
                 "{pad}Gaussian(noise_multiplier = {}, μ = {})\n",
                 sig6(*noise_multiplier),

@@ -465,3 +465,67 @@ fn help_shows_worked_examples() {
         assert!(s.contains("Example") && s.contains(&format!("dpaudit {cmd} ")), "{s}");
     }
 }
+
+/// dp_accounting's `NonPrivateDpEvent`: an event file with a `non_private` part composed with a
+/// Gaussian is accounted ε = ∞ by every accountant (JSON writes it as "inf", as every non-finite
+/// number), `check` fails any finite budget naming the non-private part.
+#[test]
+fn non_private_event_is_infinite_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("non_private.toml");
+    std::fs::write(
+        &path,
+        "schema_version = 1\ndelta = 1e-5\n[event]\ntype = \"composed\"\n\
+         [[event.events]]\ntype = \"gaussian\"\nnoise_multiplier = 1.0\n\
+         [[event.events]]\ntype = \"non_private\"\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let v = json(&["account", "--event", p, "--format", "json"]);
+    for acc in ["gdp", "clt", "rdp", "pld"] {
+        let r = result(&v, acc).unwrap_or_else(|| panic!("{acc} missing: {v}"));
+        assert_eq!(r["epsilon"], "inf", "{acc}: {r}");
+        assert_eq!(r["diagnostics"][0]["code"], "non_private", "{acc}: {r}");
+    }
+    assert!(v["skipped"].as_array().unwrap().is_empty(), "{v}");
+    let guarantee = v["conclusion"]["guarantee"].as_str().unwrap();
+    assert!(guarantee.contains("no differential-privacy guarantee"), "{guarantee}");
+    assert!(guarantee.contains("event.events[1] is non-private"), "{guarantee}");
+
+    let text = dpaudit(&["account", "--event", p]);
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    let out = stdout(&text);
+    assert!(out.contains("non-private (no guarantee)"), "{out}");
+    for acc in ["gdp", "clt", "rdp", "pld"] {
+        assert!(out.contains(&format!("  {acc}  ε = ∞ ")), "{acc}: {out}");
+    }
+    assert!(out.contains("Headline (smallest sound ε): ε = ∞"), "{out}");
+    assert!(!out.contains("NaN"), "{out}");
+
+    for format in ["md", "html", "csv"] {
+        let o = dpaudit(&["account", "--event", p, "--format", format]);
+        assert_eq!(o.status.code(), Some(0), "{format}: {}", stderr(&o));
+        assert!(!stdout(&o).contains("NaN"), "{format}");
+    }
+
+    // δ at a finite ε is 1 from every accountant.
+    let d = json(&["account", "--event", p, "--epsilon", "1", "--format", "json"]);
+    for acc in ["gdp", "clt", "rdp", "pld"] {
+        assert_eq!(result(&d, acc).unwrap()["delta"], 1.0, "{acc}: {d}");
+    }
+
+    let check = dpaudit(&["check", p, "--max-epsilon", "8"]);
+    assert_eq!(check.status.code(), Some(1), "{}", stderr(&check));
+    let out = stdout(&check);
+    assert!(out.starts_with("FAIL"), "{out}");
+    assert!(out.contains("event.events[1] is non-private (no guarantee)"), "{out}");
+    let check = dpaudit(&["check", p, "--max-epsilon", "8", "--format", "json"]);
+    assert_eq!(check.status.code(), Some(1), "{}", stderr(&check));
+    let v: Value = serde_json::from_str(&stdout(&check)).unwrap();
+    assert_eq!(v["verdicts"][0]["status"], "fail", "{v}");
+    assert_eq!(v["verdicts"][0]["epsilon"], "inf", "{v}");
+    assert!(
+        v["verdicts"][0]["message"].as_str().unwrap().contains("non-private"),
+        "{v}"
+    );
+}
