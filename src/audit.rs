@@ -374,17 +374,6 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
     v
 }
 
-/// ` — event.events[1] is non-private (no guarantee)` when `r` is ε = ∞ because the event holds
-/// a [`DpEvent::NonPrivate`]; empty otherwise.
-pub(crate) fn non_private_note(r: &crate::accountants::AccountResult) -> String {
-    r.diagnostics
-        .iter()
-        .find(|d| d.code == "non_private")
-        .and_then(|d| d.message.split_once(" is non-private"))
-        .map(|(path, _)| format!(" — {path} is non-private (no guarantee)"))
-        .unwrap_or_default()
-}
-
 /// The verdict [`budget_verdict`] adds, computed from the report's results alone (what
 /// `dpaudit report` derives again from a report read back).
 pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict {
@@ -411,7 +400,7 @@ pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> 
                     r.kind.describe(),
                     if pass { "≤" } else { ">" },
                     crate::report::export::fmt_num(budget),
-                    non_private_note(r)
+                    r.non_private_note()
                 ),
             }
         }

@@ -205,6 +205,19 @@ pub struct AccountResult {
 }
 
 impl AccountResult {
+    /// ` — event.events[1] is non-private (no guarantee)` when this result is ε = ∞ because the event holds
+    /// a [`crate::events::DpEvent::NonPrivate`]; empty otherwise.
+    pub(crate) fn non_private_note(&self) -> String {
+        self.diagnostics
+            .iter()
+            .find(|d| d.code == "non_private")
+            .and_then(|d| d.message.split_once(" is non-private"))
+            .map(|(path, _)| format!(" — {path} is non-private (no guarantee)"))
+            .unwrap_or_default()
+    }
+}
+
+impl AccountResult {
     /// A result without details or diagnostics.
     pub fn new(accountant: AccountantKind, epsilon: f64, delta: f64, kind: BoundKind) -> Self {
         AccountResult {

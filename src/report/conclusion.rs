@@ -321,12 +321,12 @@ pub fn derive(r: &Report) -> Conclusion {
         format!("{} (from {}).", r.title.trim_end_matches('.'), inputs.join(", "))
     };
     let guarantee = match r.sound_epsilon() {
-        Some(s) if s.epsilon.is_infinite() && !crate::audit::non_private_note(s).is_empty() => format!(
+        Some(s) if s.epsilon.is_infinite() && !s.non_private_note().is_empty() => format!(
             "{} has no differential-privacy guarantee: ε = ∞ at every δ < 1 ({} from the {} accountant){}.",
             subject(r),
             kind_words(s.kind),
             s.accountant.as_str(),
-            crate::audit::non_private_note(s)
+            s.non_private_note()
         ),
         Some(s) => format!(
             "{} is (ε = {}, δ = {})-differentially private under: {}: {} from the {} accountant. {}",
