@@ -415,6 +415,21 @@ pub(crate) fn non_private_epsilon(kind: AccountantKind, event: &DpEvent, delta: 
         .map(|p| non_private_result(kind, p, f64::INFINITY, delta))
 }
 
+/// The answer of a degenerate-input guard ([`non_private_epsilon`], [`uncertified_epsilon`])
+/// at each δ of `deltas`, once the guard has matched the event (it answers at every valid δ).
+pub(crate) fn guarded_at_each(
+    deltas: impl IntoIterator<Item = f64>,
+    guard: impl Fn(f64) -> Option<AccountResult>,
+) -> Vec<Result<AccountResult>> {
+    deltas
+        .into_iter()
+        .map(|d| {
+            check_delta(d)?;
+            guard(d).ok_or_else(|| Error::numeric(format!("no guarded answer at δ = {d}")))
+        })
+        .collect()
+}
+
 /// δ = 1 at every finite `epsilon` when `event` contains a [`DpEvent::NonPrivate`].
 pub(crate) fn non_private_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
     event

@@ -2632,24 +2632,16 @@ impl PldAccountant {
         self.check()?;
         event.validate()?;
         if super::non_private_epsilon(AccountantKind::Pld, event, 0.5).is_some() {
-            return Ok(deltas
-                .iter()
-                .map(|&(d, _)| {
-                    check_delta(d)?;
-                    Ok(super::non_private_epsilon(AccountantKind::Pld, event, d).expect("non-private event"))
-                })
-                .collect());
+            return Ok(super::guarded_at_each(deltas.iter().map(|&(d, _)| d), |d| {
+                super::non_private_epsilon(AccountantKind::Pld, event, d)
+            }));
         }
         let ls = leaves(&event.components()?, neighbouring)?;
         // Degenerate-input guard: noise below the certified range is ε = ∞ (accountants::mod).
         if super::uncertified_epsilon(AccountantKind::Pld, event, 0.5).is_some() {
-            return Ok(deltas
-                .iter()
-                .map(|&(d, _)| {
-                    check_delta(d)?;
-                    Ok(super::uncertified_epsilon(AccountantKind::Pld, event, d).expect("uncertified noise"))
-                })
-                .collect());
+            return Ok(super::guarded_at_each(deltas.iter().map(|&(d, _)| d), |d| {
+                super::uncertified_epsilon(AccountantKind::Pld, event, d)
+            }));
         }
         // Decide before building any grid whether the PLD can certify anything at a δ.
         let known_floor = inf_mass_floor(&ls);

@@ -1110,13 +1110,9 @@ impl Accountant for RdpAccountant {
             check_delta(delta).and_then(|_| event.validate()),
             super::non_private_epsilon(AccountantKind::Rdp, event, delta),
         ) {
-            let rest = grid
-                .iter()
-                .map(|&d| {
-                    check_delta(d)?;
-                    Ok(super::non_private_epsilon(AccountantKind::Rdp, event, d).expect("non-private event"))
-                })
-                .collect();
+            let rest = super::guarded_at_each(grid.iter().copied(), |d| {
+                super::non_private_epsilon(AccountantKind::Rdp, event, d)
+            });
             return (Ok(r), rest);
         }
         let comps = match check_delta(delta)
@@ -1128,13 +1124,9 @@ impl Accountant for RdpAccountant {
         };
         // Degenerate-input guard: noise below the certified range is ε = ∞ at every δ.
         if let Some(r) = super::uncertified_epsilon(AccountantKind::Rdp, event, delta) {
-            let rest = grid
-                .iter()
-                .map(|&d| {
-                    check_delta(d)?;
-                    Ok(super::uncertified_epsilon(AccountantKind::Rdp, event, d).expect("uncertified noise"))
-                })
-                .collect();
+            let rest = super::guarded_at_each(grid.iter().copied(), |d| {
+                super::uncertified_epsilon(AccountantKind::Rdp, event, d)
+            });
             return (Ok(r), rest);
         }
         let mut memo: std::collections::HashMap<u64, f64> = std::collections::HashMap::new();
