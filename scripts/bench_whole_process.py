@@ -91,6 +91,12 @@ def cases(tmp):
         answer="sigma",
         theirs=lambda h: ("print(M.calibrate_dp_mechanism(lambda: pld(%g), lambda s: ev(%r, s, 10000), 8, %r, "
                           "bracket_interval=M.LowerEndpointAndGuess(0.3, 1.0), tol=1e-4))" % (h, Q, DELTA)))
+    c["calibrate_sigma_rdp"] = dict(
+        what="calibrate σ (ε 8, q 0.004, T 10⁴), RDP", answer="sigma", grid=False,
+        ours=[BIN, "calibrate", "--target-epsilon", "8", "--delta", str(DELTA), "--accountant", "rdp",
+              "--sample-rate", str(Q), "--steps", "10000"],
+        theirs=lambda h: ("print(M.calibrate_dp_mechanism(R.RdpAccountant, lambda s: ev(%r, s, 10000), 8, %r, "
+                          "bracket_interval=M.LowerEndpointAndGuess(0.3, 1.0), tol=1e-7))" % (Q, DELTA)))
     c["calibrate_q"] = dict(
         what="calibrate q (ε 8, σ 1.1, T 10⁴)", ours=cal + ["--noise-multiplier", str(SIGMA), "--steps", "10000", "--solve-for", "sample-rate"],
         answer="q",

@@ -96,7 +96,11 @@ pub(crate) fn to_report(plan: &Plan, c: &Calibration) -> Report {
         .fact("target ε", num::fmt(plan.target))
         .fact("δ", num::fmt(plan.delta))
         .fact("ε at the calibrated value", fmt_num(c.result.epsilon))
-        .fact("accountant evaluations", c.evaluations.to_string());
+        .fact("accountant evaluations", c.evaluations.to_string())
+        .fact(
+            "steering evaluations (closed form, coarser grid)",
+            c.steering_evaluations.to_string(),
+        );
     r.tables.push(Table {
         id: "calibration".into(),
         title: "Calibrated parameter".into(),

@@ -7,6 +7,9 @@
 //! the target, and the neighbouring value one resolution step further (integers: ±1;
 //! continuous values: one unit in the 6th significant digit) was analysed and does not. The
 //! CLT's answer (DRS Thm 3.5, an estimate) is computed the same way and reported beside it.
+//! Both run the one calibration search ([`crate::accountants::calibrate::search`]) with
+//! [`Finish::Certified`](crate::accountants::calibrate::Finish), starting from the config's
+//! own value.
 //!
 //! Monotonicity used by the search (each follows from the per-step
 //! μ_t = 2C/(β|D|)·√(2Δt/t³) of diffusion-sampling-privacy.md §3.1 and composition, §3.2):
@@ -191,14 +194,6 @@ pub fn epsilon_of(cfg: &SamplerConfig, accountants: &[AccountantKind], clt: bool
     Ok((best.epsilon.unwrap(), best))
 }
 
-/// Value as a decimal `m × 10^e` parsed back, so that it prints without binary noise.
-fn decimal(m: i64, e: i32) -> f64 {
-    format!("{m}e{e}").parse().unwrap_or(m as f64 * 10f64.powi(e))
-}
-
-/// Limit on analyses per search.
-const MAX_EVALUATIONS: usize = 400;
-
 /// Solves for `param` so that ε(δ) ≤ `target` (see the module documentation).
 pub fn calibrate_sampler(
     cfg: &SamplerConfig,
@@ -270,250 +265,76 @@ fn search(
     clt: bool,
     tick: &dyn Fn(f64),
 ) -> Result<Search> {
-    let mut evals = 0usize;
-    let mut probe = |x: f64| -> Result<Probe> {
-        evals += 1;
-        tick(x);
-        if evals > MAX_EVALUATIONS {
-            return Err(Error::numeric(format!(
-                "calibration did not converge within {MAX_EVALUATIONS} analyses"
-            )));
-        }
-        let c = with_param(cfg, param, x).map_err(|e| e.with_field(param.as_str()))?;
-        let (epsilon, line) = epsilon_of(&c, accountants, clt)?;
-        Ok(Probe {
-            value: x,
-            epsilon,
-            line,
-        })
-    };
-    let ok = |p: &Probe| p.epsilon <= target;
-    let inc = param.increasing();
-    if param.integer() {
+    use crate::accountants::calibrate::{self as one, Domain, Finish, Spec, Trend};
+    let domain = if param.integer() {
         // Integer domain: samples in [1, 2^40]; switch step in [0, n_steps].
-        let (lo_dom, hi_dom) = match param {
-            SamplerParam::Samples => (1u64, 1u64 << 40),
+        match param {
+            SamplerParam::Samples => Domain::Integer { lo: 1, hi: 1 << 40 },
             _ => {
                 let n = super::schedule::steps(&cfg.schedule.levels()?, cfg.convention).len() as u64;
-                (0, n)
+                Domain::Integer { lo: 0, hi: n }
             }
+        }
+    } else {
+        // Continuous parameters: the grid of six significant digits, so the answer prints
+        // cleanly and "one step past" is well defined; σ_min stays below σ_max.
+        let (lo, hi) = match (param, &cfg.schedule) {
+            (SamplerParam::SampleRate, _) => (1e-12, 1.0),
+            (SamplerParam::ClipNorm, _) => (1e-300, 1e300),
+            (SamplerParam::SigmaMin, Schedule::Edm { sigma_max, .. }) => (1e-12, sigma_max * (1.0 - 1e-9)),
+            // t_min = s_min/(1 − s_min) below t_max = s_max/(1 − s_max).
+            (SamplerParam::SigmaMin, Schedule::FlowMatching { s_max, .. }) => {
+                (1e-12, s_max / (1.0 - s_max) * (1.0 - 1e-9))
+            }
+            _ => return Err(Error::field("--solve-for", "not available for this schedule")),
         };
-        // Find `good` (meets) and `bad` (does not) adjacent integers.
-        let (good, bad) = if inc {
-            let first = probe(lo_dom as f64)?;
-            if !ok(&first) {
-                return Err(Error::unsupported(format!(
-                    "the target ε = {target} is unreachable: even {} = {lo_dom} gives ε = {}",
-                    param.as_str(),
-                    first.epsilon
-                )));
-            }
-            let (mut g, mut gp) = (lo_dom, first);
-            let mut b = None;
-            let mut step = 1u64;
-            while b.is_none() {
-                let x = (g + step).min(hi_dom);
-                let p = probe(x as f64)?;
-                if ok(&p) {
-                    if x == hi_dom {
-                        return Ok(Search {
-                            meets: p,
-                            past: None,
-                            evaluations: evals,
-                        });
-                    }
-                    g = x;
-                    gp = p;
-                    step = step.saturating_mul(2);
-                } else {
-                    b = Some((x, p));
-                }
-            }
-            let (mut bx, mut bp) = b.unwrap();
-            while bx - g > 1 {
-                let m = g + (bx - g) / 2;
-                let p = probe(m as f64)?;
-                if ok(&p) {
-                    g = m;
-                    gp = p;
-                } else {
-                    bx = m;
-                    bp = p;
-                }
-            }
-            (gp, bp)
-        } else {
-            // ε decreasing in the switch step: the smallest step that meets the target.
-            let last = probe(hi_dom as f64)?;
-            if !ok(&last) {
-                return Err(Error::unsupported(format!(
-                    "the target ε = {target} is unreachable: even {} = {hi_dom} gives ε = {}",
-                    param.as_str(),
-                    last.epsilon
-                )));
-            }
-            let first = probe(lo_dom as f64)?;
-            if ok(&first) {
-                return Ok(Search {
-                    meets: first,
-                    past: None,
-                    evaluations: evals,
-                });
-            }
-            let (mut bx, mut bp, mut gx, mut gp) = (lo_dom, first, hi_dom, last);
-            while gx - bx > 1 {
-                let m = bx + (gx - bx) / 2;
-                let p = probe(m as f64)?;
-                if ok(&p) {
-                    gx = m;
-                    gp = p;
-                } else {
-                    bx = m;
-                    bp = p;
-                }
-            }
-            (gp, bp)
-        };
-        return Ok(Search {
-            meets: good,
-            past: Some(bad),
-            evaluations: evals,
-        });
-    }
-    // Continuous parameters: bracket in log space, then bisect on a decimal grid with 6
-    // significant digits so the answer prints cleanly and "one step past" is well defined.
-    let (dom_lo, dom_hi) = match (param, &cfg.schedule) {
-        (SamplerParam::SampleRate, _) => (1e-12, 1.0),
-        (SamplerParam::ClipNorm, _) => (1e-300, 1e300),
-        (SamplerParam::SigmaMin, Schedule::Edm { sigma_max, .. }) => (1e-12, *sigma_max),
-        // t_min = s_min/(1 − s_min) below t_max = s_max/(1 − s_max).
-        (SamplerParam::SigmaMin, Schedule::FlowMatching { s_max, .. }) => (1e-12, s_max / (1.0 - s_max)),
-        _ => return Err(Error::field("--solve-for", "not available for this schedule")),
+        Domain::Real { lo, hi }
     };
     let start = match param {
         SamplerParam::SampleRate => cfg.privacy.subsample_rate,
         SamplerParam::ClipNorm => cfg.privacy.clip_norm,
-        _ => match &cfg.schedule {
+        SamplerParam::Samples => cfg.privacy.samples as f64,
+        SamplerParam::SwitchStep => cfg.privacy.switch_step.unwrap_or(0) as f64,
+        SamplerParam::SigmaMin => match &cfg.schedule {
             Schedule::Edm { sigma_min, .. } => *sigma_min,
             Schedule::FlowMatching { s_min, .. } => s_min / (1.0 - s_min),
-            _ => unreachable!("checked above"),
+            _ => unreachable!("checked by calibrate_sampler_with"),
         },
     };
-    // Points inside the open domain (σ_min must stay below σ_max).
-    let inside = |x: f64| {
-        x.clamp(
-            dom_lo,
-            if param == SamplerParam::SigmaMin {
-                dom_hi * (1.0 - 1e-9)
-            } else {
-                dom_hi
-            },
-        )
-    };
-    let mut x = inside(start);
-    let mut p = probe(x)?;
-    // Walk toward the boundary by factors of 4 until the target is bracketed.
-    let (mut good, mut bad);
-    if ok(&p) {
-        good = p;
-        loop {
-            let nx = inside(if inc { x * 4.0 } else { x / 4.0 });
-            if nx == x {
-                return Ok(Search {
-                    meets: good,
-                    past: None,
-                    evaluations: evals,
-                });
-            }
-            x = nx;
-            p = probe(x)?;
-            if ok(&p) {
-                good = p;
-            } else {
-                bad = p;
-                break;
-            }
-        }
-    } else {
-        bad = p;
-        loop {
-            let nx = inside(if inc { x / 4.0 } else { x * 4.0 });
-            if nx == x {
-                return Err(Error::unsupported(format!(
-                    "the target ε = {target} is unreachable: even {} = {x} gives ε = {}",
-                    param.as_str(),
-                    bad.epsilon
-                )));
-            }
-            x = nx;
-            p = probe(x)?;
-            if ok(&p) {
-                good = p;
-                break;
-            }
-            bad = p;
-        }
-    }
-    // Log-space bisection to a relative width of 1e-4.
-    while (good.value / bad.value).ln().abs() > 1e-4 {
-        let m = (good.value * bad.value).sqrt();
-        let p = probe(m)?;
-        if ok(&p) {
-            good = p;
+    let spec = Spec {
+        name: param.as_str().to_string(),
+        target,
+        delta: cfg.delta,
+        trend: if param.increasing() {
+            Trend::Increasing
         } else {
-            bad = p;
-        }
-    }
-    // Decimal grid: unit u = 10^e with 6 significant digits at the smaller end.
-    let e = good.value.min(bad.value).log10().floor() as i32 - 5;
-    let u = 10f64.powi(e);
-    // The largest grid point inside the domain (σ_min stays below σ_max; p ≤ 1).
-    let top = (inside(dom_hi) / u).floor() as i64;
-    let (mut gm, mut bm) = if inc {
-        (
-            (good.value / u).floor() as i64,
-            ((bad.value / u).ceil() as i64).min(top),
-        )
-    } else {
-        (
-            ((good.value / u).ceil() as i64).min(top),
-            (bad.value / u).floor() as i64,
-        )
-    };
-    // The rounded ends must still be on their sides; re-probe them.
-    let mut gp = probe(decimal(gm, e))?;
-    while !ok(&gp) {
-        gm += if inc { -1 } else { 1 };
-        if gm <= 0 {
-            return Err(Error::numeric("calibration lost its bracket"));
-        }
-        gp = probe(decimal(gm, e))?;
-    }
-    let mut bp = probe(decimal(bm, e))?;
-    while ok(&bp) {
-        gm = bm;
-        gp = bp;
-        bm += if inc { 1 } else { -1 };
-        if bm <= 0 || bm > top {
-            return Err(Error::numeric("calibration lost its bracket"));
-        }
-        bp = probe(decimal(bm, e))?;
-    }
-    while (bm - gm).abs() > 1 {
-        let m = gm + (bm - gm) / 2;
-        let p = probe(decimal(m, e))?;
-        if ok(&p) {
-            gm = m;
-            gp = p;
+            Trend::Decreasing
+        },
+        domain,
+        start,
+        // The report shows the value one step past the answer: always evaluated.
+        finish: Finish::Certified,
+        note: if clt {
+            " (the CLT gives an estimate, not a bound)".to_string()
         } else {
-            bm = m;
-            bp = p;
-        }
-    }
+            String::new()
+        },
+    };
+    let found = one::search(&spec, &mut [], &mut |x: f64| {
+        tick(x);
+        let c = with_param(cfg, param, x).map_err(|e| e.with_field(param.as_str()))?;
+        let (epsilon, line) = epsilon_of(&c, accountants, clt)?;
+        Ok((epsilon, line))
+    })?;
+    let probe = |p: one::Probe<AccountantLine>| Probe {
+        value: p.value,
+        epsilon: p.epsilon,
+        line: p.detail,
+    };
     Ok(Search {
-        meets: gp,
-        past: Some(bp),
-        evaluations: evals,
+        meets: probe(found.meets),
+        past: found.past.map(probe),
+        evaluations: found.evaluations,
     })
 }
 

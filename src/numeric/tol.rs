@@ -10,6 +10,3 @@ pub const ROOT_ABS: f64 = 1e-15;
 pub const RDP_NEG_NOISE: f64 = 1e-9;
 /// Relative tolerance for comparisons with reference tables that should agree exactly.
 pub const EXACT_REL: f64 = 1e-9;
-/// Relative tolerance of calibration searches (σ, q): the found value is then re-checked with
-/// the accountant and moved to the safe side, so this only sets how tight the answer is.
-pub const CALIBRATE_REL: f64 = 1e-9;

@@ -199,7 +199,7 @@ pub fn verify(c: &DpSgdClaim) -> Result<ClaimResult> {
                             what: format!("noise_multiplier_{}", kind.as_str()),
                             value: sigma,
                             description: format!(
-                                "smallest σ (to 1e-4, rounded up) for which {} bounds ε ≤ {eps} at δ = {delta:e} over \
+                                "smallest σ (six significant digits, rounded up) for which {} bounds ε ≤ {eps} at δ = {delta:e} over \
                                  {k} steps at q = {}",
                                 kind.as_str(),
                                 crate::report::num::sig6(q)

@@ -98,26 +98,27 @@ pub fn eq3_best_split(noise_multiplier: f64, delta: f64, m: u64, n: u64) -> Resu
 }
 
 /// The smallest noise multiplier whose [`eq3_best_split`] bound at δ meets `target` (the
-/// `calibrated_at_rate` reading; rounded up, then re-checked). `None` when no σ ≤ 1e6 does.
+/// `calibrated_at_rate` reading; six significant digits on the safe side, by the one
+/// calibration search, [`crate::accountants::calibrate::search`]). `None` when no σ in
+/// [1e-3, 1e6] does.
 pub fn calibrate_at_rate(target: f64, delta: f64, m: u64, n: u64) -> Result<Option<f64>> {
-    let ok = |z: f64| -> Result<bool> { Ok(eq3_best_split(z, delta, m, n)?.is_some_and(|(e, _)| e <= target)) };
-    let (mut lo, mut hi) = (1e-3f64, 1.0f64);
-    while !ok(hi)? {
-        lo = hi;
-        hi *= 2.0;
-        if hi > 1e6 {
-            return Ok(None);
-        }
+    use crate::accountants::calibrate::{search, Domain, Finish, Spec, Trend};
+    let spec = Spec {
+        name: "noise multiplier".into(),
+        target,
+        delta,
+        trend: Trend::Decreasing,
+        domain: Domain::Real { lo: 1e-3, hi: 1e6 },
+        start: 1.0,
+        finish: Finish::Predicted,
+        note: String::new(),
+    };
+    // Where δ₀ = δ·n/m would reach 1 the bound says nothing: ε = ∞ there.
+    let eps = |z: f64| -> Result<(f64, ())> { Ok((eq3_best_split(z, delta, m, n)?.map_or(f64::INFINITY, |(e, _)| e), ())) };
+    if eps(1e6)?.0 > target {
+        return Ok(None);
     }
-    while hi / lo > 1.0 + tol::CALIBRATE_REL {
-        let mid = (lo * hi).sqrt();
-        if ok(mid)? {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Ok(Some(hi))
+    Ok(Some(search(&spec, &mut [], &mut |z| eps(z))?.meets.value))
 }
 
 /// The bound that makes a claim with δ ≥ m/n trivially true: under replace-one, couple the two

@@ -15,7 +15,7 @@
 use crate::accountants::sound::Evidence;
 use crate::accountants::{AccountantKind, BoundKind};
 use crate::config::claims::RapidClaim;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::events::{DpEvent, Neighbouring};
 use crate::pipelines::verdict::{Calibration, Check, ClaimResult, InterpretationSpec};
 
@@ -42,32 +42,27 @@ pub fn steps_for_epochs(epochs: f64, n: u64, batch: u64) -> u64 {
     (epochs * n as f64 / batch as f64 - 1e-9).ceil().max(1.0) as u64
 }
 
-/// Smallest noise multiplier (to 1e-4 relative, rounded up) meeting `target` for the Poisson
-/// add/remove event with the given sound accountant.
+/// Smallest noise multiplier (six significant digits, on the safe side) meeting `target` for
+/// the Poisson add/remove event with the given sound accountant, by the one calibration search
+/// ([`crate::accountants::calibrate`]).
 pub fn calibrate_sigma(kind: AccountantKind, q: f64, steps: u64, delta: f64, target: f64) -> Result<f64> {
+    use crate::accountants::calibrate::{calibrate_dpsgd, DpSgd, SolveFor};
     let acc = kind.build();
-    let eps_at = |s: f64| -> Result<f64> {
-        let ev = DpEvent::dpsgd(s, q, steps);
-        Ok(acc.epsilon(&ev, Neighbouring::AddRemove, delta)?.epsilon)
-    };
     acc.supports(&DpEvent::dpsgd(1.0, q, steps), Neighbouring::AddRemove)?;
-    let (mut lo, mut hi) = (0.05f64, 1.0f64);
-    while eps_at(hi)? > target {
-        lo = hi;
-        hi *= 2.0;
-        if hi > 1e4 {
-            return Err(Error::numeric("calibration: no σ ≤ 1e4 meets the target"));
-        }
-    }
-    while hi / lo > 1.0 + 1e-4 {
-        let mid = (lo * hi).sqrt();
-        if eps_at(mid)? > target {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(hi)
+    let fixed = DpSgd {
+        noise_multiplier: 1.0,
+        sample_rate: q,
+        steps,
+    };
+    let c = calibrate_dpsgd(
+        &*acc,
+        Neighbouring::AddRemove,
+        delta,
+        target,
+        fixed,
+        SolveFor::NoiseMultiplier,
+    )?;
+    Ok(c.value)
 }
 
 /// Verifies one RAPID claim.

@@ -456,6 +456,44 @@ fn calibrate_through_the_binary() {
     assert!(stderr(&o).contains("unreachable"), "{}", stderr(&o));
 }
 
+/// `calibrate --solve-for steps` at σ = 10⁶ (the step counts are huge: it took 525 s when the
+/// search doubled the steps from 1 with a PLD evaluation each): the closed-form start puts the
+/// search next to the answer, so it answers in seconds: the answer re-accounted meets the
+/// target (q = 0.5), or no step count up to 2⁵⁰ exceeds it (q = 0.004), a clear error.
+#[test]
+fn calibrate_steps_at_huge_noise_finishes_in_seconds() {
+    for (q, target) in [("0.5", "1"), ("0.004", "3")] {
+        let started = std::time::Instant::now();
+        let o = dpaudit(&[
+            "calibrate",
+            "--target-epsilon",
+            target,
+            "--noise-multiplier",
+            "1e6",
+            "--sample-rate",
+            q,
+            "--delta",
+            "1e-5",
+            "--solve-for",
+            "steps",
+            "--format",
+            "json",
+        ]);
+        let took = started.elapsed().as_secs_f64();
+        assert!(took < 30.0, "q = {q}: {took} s");
+        if q == "0.5" {
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+            let steps = v["answers"]["steps"].as_f64().unwrap();
+            assert!(steps > 1e9, "{steps}");
+            assert!(v["results"][0]["epsilon"].as_f64().unwrap() <= 1.0, "{v}");
+        } else {
+            assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+            assert!(stderr(&o).contains("no finite answer"), "{}", stderr(&o));
+        }
+    }
+}
+
 #[test]
 fn help_shows_worked_examples() {
     for cmd in ["account", "calibrate"] {
