@@ -225,7 +225,7 @@ impl Grid {
         }
     }
     fn down(&self, x: f64) -> f64 {
-        if !(x > self.lo) {
+        if x.is_nan() || x <= self.lo {
             return self.lo;
         }
         if x >= self.hi {
@@ -246,11 +246,19 @@ impl Grid {
     }
     /// The grid point after x (a grid point), or x at the end.
     fn next_up(&self, x: f64) -> f64 {
-        let n = if self.real { dec_value(dec_up(dec_floor(x))) } else { x + 1.0 };
+        let n = if self.real {
+            dec_value(dec_up(dec_floor(x)))
+        } else {
+            x + 1.0
+        };
         n.min(self.hi)
     }
     fn next_down(&self, x: f64) -> f64 {
-        let n = if self.real { dec_value(dec_down(dec_floor(x))) } else { x - 1.0 };
+        let n = if self.real {
+            dec_value(dec_down(dec_floor(x)))
+        } else {
+            x - 1.0
+        };
         n.max(self.lo)
     }
 }
@@ -411,7 +419,8 @@ fn phase<T>(
         if finish == Finish::Predicted {
             if let (Some(g), Some(r), Some(&(s_last, _)), Some((_, span))) = (&good, predict(), hist.last(), slope) {
                 let sg = grid.s(g.value);
-                if span <= SECANT_SPAN && (s_last - sg).abs() <= SECANT_SPAN && sides.snap_good(grid.x_of(r)) == g.value {
+                if span <= SECANT_SPAN && (s_last - sg).abs() <= SECANT_SPAN && sides.snap_good(grid.x_of(r)) == g.value
+                {
                     let past = bad.filter(|b| sides.toward_bad(g.value) == b.value);
                     return Ok(PhaseEnd {
                         meets: good.unwrap(),
@@ -460,8 +469,18 @@ fn phase<T>(
                     _ => cap,
                 };
                 let mut c = sides.snap_good(grid.x_of(s0 + dir * step));
-                if c == x || !(if toward_bad { sides.beyond(c, x) } else { sides.beyond(x, c) }) {
-                    c = if toward_bad { sides.toward_bad(x) } else { sides.toward_good(x) };
+                if c == x
+                    || !(if toward_bad {
+                        sides.beyond(c, x)
+                    } else {
+                        sides.beyond(x, c)
+                    })
+                {
+                    c = if toward_bad {
+                        sides.toward_bad(x)
+                    } else {
+                        sides.toward_good(x)
+                    };
                 }
                 if c == x {
                     // The end of the domain.
@@ -597,7 +616,6 @@ pub struct Calibration {
     pub steering_evaluations: usize,
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // DP-SGD front end: `calibrate`, `train --target-epsilon`, the claim verifiers' calibrations.
 
@@ -641,7 +659,10 @@ fn with_value(fixed: DpSgd, solve_for: SolveFor, x: f64) -> DpSgd {
             noise_multiplier: x,
             ..fixed
         },
-        SolveFor::SampleRate => DpSgd { sample_rate: x, ..fixed },
+        SolveFor::SampleRate => DpSgd {
+            sample_rate: x,
+            ..fixed
+        },
         SolveFor::Steps => DpSgd {
             steps: x as u64,
             ..fixed
@@ -662,7 +683,8 @@ pub fn calibrate_dpsgd(
     solve_for: SolveFor,
 ) -> Result<Calibration> {
     let make = move |x: f64| with_value(fixed, solve_for, x).event();
-    let closed: Steer<'_> = Box::new(move |x: f64| super::gdp::epsilon_for_delta(clt_mu(with_value(fixed, solve_for, x)), delta));
+    let closed: Steer<'_> =
+        Box::new(move |x: f64| super::gdp::epsilon_for_delta(clt_mu(with_value(fixed, solve_for, x)), delta));
     calibrate_steered(acc, neighbouring, delta, target, solve_for, &make, vec![closed])
 }
 
@@ -768,7 +790,11 @@ fn calibrate_steered<'a>(
             Trend::Decreasing,
             Finish::Predicted,
         ),
-        SolveFor::SampleRate => (Domain::Real { lo: Q_MIN, hi: 1.0 }, Trend::Increasing, Finish::Predicted),
+        SolveFor::SampleRate => (
+            Domain::Real { lo: Q_MIN, hi: 1.0 },
+            Trend::Increasing,
+            Finish::Predicted,
+        ),
         // Integers: the answer is certified maximal (one step more exceeds the target).
         SolveFor::Steps => (
             Domain::Integer { lo: 1, hi: STEPS_MAX },
@@ -791,7 +817,9 @@ fn calibrate_steered<'a>(
             value_discretization_interval: PLD_STEERING_GRID,
             ..Default::default()
         };
-        steering.push(Box::new(move |x| Ok(coarse.epsilon(&make(x), neighbouring, delta)?.epsilon)));
+        steering.push(Box::new(move |x| {
+            Ok(coarse.epsilon(&make(x), neighbouring, delta)?.epsilon)
+        }));
     }
     let found = search(&spec, &mut steering, &mut |x| {
         let r = acc.epsilon(&make(x), neighbouring, delta)?;
@@ -831,7 +859,10 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> f64 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (self.0 >> 11) as f64 / (1u64 << 53) as f64
         }
     }
@@ -868,7 +899,11 @@ mod tests {
             if !(1e-5..1e5).contains(&root) {
                 continue;
             }
-            let finish = if case % 3 == 0 { Finish::Predicted } else { Finish::Certified };
+            let finish = if case % 3 == 0 {
+                Finish::Predicted
+            } else {
+                Finish::Certified
+            };
             let sp = spec(trend, Domain::Real { lo: 1e-6, hi: 1e6 }, target, start, finish);
             let mut steer: Vec<Steer<'_>> = vec![Box::new(move |x| Ok(1.3 * f(x)))];
             let steering: &mut [Steer<'_>] = if case % 4 == 1 { &mut steer } else { &mut [] };
@@ -889,11 +924,18 @@ mod tests {
             if finish == Finish::Certified {
                 assert_eq!(v, want, "case {case}: a {a} b {b} target {target}");
                 let past = found.past.expect("past");
-                assert!(past.epsilon > target && sides.toward_bad(v) == past.value, "case {case}");
+                assert!(
+                    past.epsilon > target && sides.toward_bad(v) == past.value,
+                    "case {case}"
+                );
             } else {
                 assert!(v == want || sides.toward_good(want) == v, "case {case}: {v} vs {want}");
             }
-            assert!(found.evaluations <= 40, "case {case}: {} evaluations", found.evaluations);
+            assert!(
+                found.evaluations <= 40,
+                "case {case}: {} evaluations",
+                found.evaluations
+            );
         }
     }
 
@@ -902,26 +944,61 @@ mod tests {
     #[test]
     fn integer_searches_edges_and_unreachable_targets() {
         let f = |x: f64| 0.01 * x.sqrt();
-        let sp = spec(Trend::Increasing, Domain::Integer { lo: 1, hi: 1 << 50 }, 2.0, 1.0, Finish::Certified);
+        let sp = spec(
+            Trend::Increasing,
+            Domain::Integer { lo: 1, hi: 1 << 50 },
+            2.0,
+            1.0,
+            Finish::Certified,
+        );
         let found = search(&sp, &mut [], &mut |x| Ok((f(x), ()))).unwrap();
         assert_eq!(found.meets.value, 40_000.0);
         assert_eq!(found.past.unwrap().value, 40_001.0);
         // Decreasing over [0, 50]: ε = 50 − x, target 7.5 → 43.
-        let sp = spec(Trend::Decreasing, Domain::Integer { lo: 0, hi: 50 }, 7.5, 0.0, Finish::Certified);
+        let sp = spec(
+            Trend::Decreasing,
+            Domain::Integer { lo: 0, hi: 50 },
+            7.5,
+            0.0,
+            Finish::Certified,
+        );
         let found = search(&sp, &mut [], &mut |x| Ok((50.0 - x, ()))).unwrap();
         assert_eq!((found.meets.value, found.past.unwrap().value), (43.0, 42.0));
         // Every value meets: the end of the domain, flagged.
-        let sp = spec(Trend::Increasing, Domain::Integer { lo: 1, hi: 1000 }, 100.0, 1.0, Finish::Certified);
+        let sp = spec(
+            Trend::Increasing,
+            Domain::Integer { lo: 1, hi: 1000 },
+            100.0,
+            1.0,
+            Finish::Certified,
+        );
         let found = search(&sp, &mut [], &mut |x| Ok((f(x), ()))).unwrap();
         assert!(found.edge && found.meets.value == 1000.0 && found.past.is_none());
         // None does: unreachable, naming the value and its ε.
-        let sp = spec(Trend::Decreasing, Domain::Real { lo: 1e-4, hi: 1e6 }, 1e-9, 1.0, Finish::Predicted);
+        let sp = spec(
+            Trend::Decreasing,
+            Domain::Real { lo: 1e-4, hi: 1e6 },
+            1e-9,
+            1.0,
+            Finish::Predicted,
+        );
         let e = search(&sp, &mut [], &mut |x: f64| Ok((1.0 / x, ()))).unwrap_err();
-        assert!(e.message.contains("unreachable") && e.message.contains("x = 1e6"), "{e}");
+        assert!(
+            e.message.contains("unreachable") && e.message.contains("x = 1e6"),
+            "{e}"
+        );
         // ε = ∞ on part of the domain (a bound that says nothing there) is a failing value.
-        let sp = spec(Trend::Decreasing, Domain::Real { lo: 1e-3, hi: 1e6 }, 0.5, 1e-3, Finish::Certified);
-        let found = search(&sp, &mut [], &mut |x: f64| Ok((if x < 3.0 { f64::INFINITY } else { 1.0 / x }, ())))
-            .unwrap();
+        let sp = spec(
+            Trend::Decreasing,
+            Domain::Real { lo: 1e-3, hi: 1e6 },
+            0.5,
+            1e-3,
+            Finish::Certified,
+        );
+        let found = search(&sp, &mut [], &mut |x: f64| {
+            Ok((if x < 3.0 { f64::INFINITY } else { 1.0 / x }, ()))
+        })
+        .unwrap();
         assert_eq!(found.meets.value, 3.0);
     }
 
@@ -964,7 +1041,10 @@ mod tests {
         for (acc, solve_for, old) in cases {
             let c = calibrate_dpsgd(acc, nb, 1e-5, 8.0, f, solve_for).unwrap();
             let again = acc.epsilon(&c.event, nb, 1e-5).unwrap();
-            assert!(again.epsilon <= 8.0 && c.result.epsilon == again.epsilon, "{solve_for:?}");
+            assert!(
+                again.epsilon <= 8.0 && c.result.epsilon == again.epsilon,
+                "{solve_for:?}"
+            );
             // The earlier answer rounded to the grid on the safe side (up for σ, down for q).
             let grid = Grid::new(Domain::Real { lo: 1e-12, hi: 1e6 }, "x").unwrap();
             match solve_for {

@@ -114,7 +114,8 @@ pub fn calibrate_at_rate(target: f64, delta: f64, m: u64, n: u64) -> Result<Opti
         note: String::new(),
     };
     // Where δ₀ = δ·n/m would reach 1 the bound says nothing: ε = ∞ there.
-    let eps = |z: f64| -> Result<(f64, ())> { Ok((eq3_best_split(z, delta, m, n)?.map_or(f64::INFINITY, |(e, _)| e), ())) };
+    let eps =
+        |z: f64| -> Result<(f64, ())> { Ok((eq3_best_split(z, delta, m, n)?.map_or(f64::INFINITY, |(e, _)| e), ())) };
     if eps(1e6)?.0 > target {
         return Ok(None);
     }

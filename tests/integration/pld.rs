@@ -638,9 +638,8 @@ fn calibrate_agrees_with_dp_accounting_within_0_1_percent() {
     let rows = read_csv("fixtures/reference/calibrate_dpsgd.csv");
     assert_eq!(rows.len(), 3);
     let acc = PldAccountant::default();
-    let given = |r: &std::collections::HashMap<String, String>, k: &str, default: f64| {
-        r[k].parse::<f64>().unwrap_or(default)
-    };
+    let given =
+        |r: &std::collections::HashMap<String, String>, k: &str, default: f64| r[k].parse::<f64>().unwrap_or(default);
     for r in &rows {
         let solve_for = match r["solve_for"].as_str() {
             "noise-multiplier" => SolveFor::NoiseMultiplier,
