@@ -9,9 +9,10 @@
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
+use crate::diffusion::schedule::table::TrainingSchedule;
 use crate::error::{Error, Result};
 use crate::models::diffusers::DiffusersDenoiser;
-use crate::models::{Checkpoint, Net, Schedule};
+use crate::models::toy::{Checkpoint, Net};
 
 /// A batched ε-prediction denoiser with its noise schedule.
 pub trait Denoiser {
@@ -98,12 +99,12 @@ pub struct NetDenoiser<'a> {
     /// The network.
     pub net: &'a Net,
     /// Its DDPM schedule.
-    pub schedule: &'a Schedule,
+    pub schedule: &'a TrainingSchedule,
 }
 
 impl Denoiser for NetDenoiser<'_> {
     fn dim(&self) -> usize {
-        crate::models::PIXELS
+        crate::models::toy::PIXELS
     }
     fn alpha_bars(&self) -> &[f64] {
         &self.schedule.alpha_bars
@@ -115,7 +116,7 @@ impl Denoiser for NetDenoiser<'_> {
 
 impl Denoiser for Checkpoint {
     fn dim(&self) -> usize {
-        crate::models::PIXELS
+        crate::models::toy::PIXELS
     }
     fn alpha_bars(&self) -> &[f64] {
         &self.schedule.alpha_bars

@@ -32,7 +32,7 @@ use super::scores::{self, PairScores, ScoreRecord, ScoreSet};
 use super::subject::Subject;
 use super::theory::{self, Guarantee};
 use crate::error::{Error, Result};
-use crate::models::Checkpoint;
+use crate::models::toy::Checkpoint;
 
 /// One row of the Table-2-style comparison.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -840,7 +840,7 @@ pub fn white_box_audit_of(
         );
     };
     let p = dir.join(&info.file);
-    let sha = crate::models::data::sha256_file(&p)?;
+    let sha = crate::data::digits::sha256_file(&p)?;
     if sha != info.sha256 {
         return bad(
             "canaries.sha256",
@@ -861,14 +861,14 @@ pub fn white_box_audit_of(
         );
     };
     let op = dir.join(obs_name);
-    let sha = crate::models::data::sha256_file(&op)?;
+    let sha = crate::data::digits::sha256_file(&op)?;
     if &sha != obs_sha {
         return bad(
             "canaries.observations_sha256",
             format!("{} has SHA-256 {sha}, the card says {obs_sha}", op.display()),
         );
     }
-    let arr = crate::models::npy::read(&op)?;
+    let arr = crate::data::npy::read(&op)?;
     let values = arr
         .to_f32()
         .ok_or_else(|| Error::input("expected float32 observations").with_file(&op))?;
@@ -952,7 +952,7 @@ pub fn from_scores_basis(
 /// function for every checkpoint kind (dpaudit's 8×8 nets and diffusers UNets).
 pub fn extras(
     den: &dyn Denoiser,
-    sched: &crate::models::Schedule,
+    sched: &crate::diffusion::schedule::table::TrainingSchedule,
     members: &[f32],
     nonmembers: &[f32],
     plan: &MiaPlan,
@@ -972,7 +972,7 @@ pub fn extras(
 
 fn table2(
     den: &dyn Denoiser,
-    sched: &crate::models::Schedule,
+    sched: &crate::diffusion::schedule::table::TrainingSchedule,
     members: &[f32],
     nonmembers: &[f32],
     o: &Table2Opts,

@@ -5,11 +5,18 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::data::npy;
 use crate::error::{Error, Result};
 use crate::models::diffusers::DiffusersCheckpoint;
 use crate::models::precision::Precision;
-use crate::models::{device, npy, DeviceChoice};
+use crate::models::{device, DeviceChoice};
 use crate::report::{self, Report};
+
+/// `model keygen`: a new Ed25519 key pair in `out` (created when missing; existing key files are
+/// never replaced). Returns the files written.
+pub fn keygen(out: &Path) -> Result<Vec<std::path::PathBuf>> {
+    crate::provenance::write_key_pair(out)
+}
 
 /// Loads the checkpoint at `dir` (on the CPU) and describes it.
 pub fn info(dir: &Path) -> Result<super::Outcome> {
@@ -51,7 +58,7 @@ fn dp_line(ck: &DiffusersCheckpoint) -> Result<String> {
     };
     let ledger = dir.join(LEDGER);
     let sha = if ledger.is_file() {
-        crate::models::data::sha256_file(&ledger)?
+        crate::data::digits::sha256_file(&ledger)?
     } else {
         "missing".into()
     };

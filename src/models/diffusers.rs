@@ -15,10 +15,10 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
-use super::data::{sha256_hex, sha256_hex_of};
 use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
-use super::Schedule;
-use crate::diffusion::scheduler::{PredictionType, SchedulerConfig};
+use crate::data::digits::{sha256_hex, sha256_hex_of};
+use crate::diffusion::schedule::diffusers::{PredictionType, SchedulerConfig};
+use crate::diffusion::schedule::table::TrainingSchedule;
 
 /// The weights file name diffusers writes.
 pub const WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
@@ -451,7 +451,7 @@ pub fn batch_windows(n: usize, batch: usize) -> Vec<BatchWindow> {
 pub struct DiffusersDenoiser<'a> {
     ck: &'a DiffusersCheckpoint,
     /// ᾱ table from the scheduler config.
-    pub schedule: Schedule,
+    pub schedule: TrainingSchedule,
     prediction: PredictionType,
     shape: [usize; 3],
     batch: usize,

@@ -16,11 +16,13 @@ use crate::attacks::scores;
 pub use crate::attacks::scores::ScoreRecord;
 use crate::attacks::shard::{DiffusersPart, MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
 use crate::attacks::subject::{self, Subject};
+use crate::data::images::ImageSet;
+use crate::data::{Dataset, SplitManifest};
 use crate::error::{Error, Result};
 use crate::models::diffusers::{unet_dir, DiffusersCheckpoint};
-use crate::models::images::ImageSet;
 use crate::models::precision::Precision;
-use crate::models::{device, Checkpoint, Dataset, DeviceChoice, SplitManifest};
+use crate::models::toy::Checkpoint;
+use crate::models::{device, DeviceChoice};
 use crate::report::{output, progress};
 
 /// `--attack` when not given.

@@ -31,12 +31,14 @@ use rand_chacha::{ChaCha20Rng, ChaCha8Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
+use crate::events::{DpEvent, EventBuilder};
 
-use super::canary::{Defect, WhiteBoxRecorder, GRADIENT_CANARY_NORM};
 use super::net::Probe;
-use super::train::{adam, normals, Ema, TrainLog};
-use super::{Net, Schedule, PIXELS};
+use super::train::{adam, Ema, TrainLog};
+use super::{Net, PIXELS};
+use crate::diffusion::schedule::table::{noisy, TrainingSchedule};
+use crate::models::canary::{Defect, WhiteBoxRecorder, GRADIENT_CANARY_NORM};
+use crate::models::dp::{normals, release_with, secret_rng};
 
 /// How per-sample gradients are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -80,56 +82,6 @@ pub struct DpConfig {
     pub per_sample: PerSample,
 }
 
-/// A CSPRNG for DP randomness: ChaCha20 keyed with 32 bytes from the operating system
-/// (`getrandom`) when `seed` is None, else seeded (reproducible, not secret).
-pub fn secret_rng(seed: Option<u64>) -> ChaCha20Rng {
-    match seed {
-        Some(s) => ChaCha20Rng::seed_from_u64(s ^ 0xd1ff_5eed),
-        None => ChaCha20Rng::from_os_rng(),
-    }
-}
-
-/// The update DP-SGD releases for one batch (RAPID Alg. 2 line 13): (Σᵢ clip_C(gᵢ) + N(0, σ²C² I))
-/// / B, with B = q·n the expected batch size, for every parameter; `noise` draws the Gaussian.
-pub fn release<R: Rng + ?Sized>(
-    sum: &HashMap<String, Tensor>,
-    noise_std: f64,
-    expected_batch: f64,
-    noise: &mut R,
-) -> Result<HashMap<String, Tensor>> {
-    release_with(sum, noise_std, expected_batch, noise, None)
-}
-
-/// [`release`] with a test's [`Defect`] applied to the noise (σ halved, ÷B twice, or noise on
-/// only the first half of the tensors by name); `None` is the correct mechanism.
-#[doc(hidden)]
-pub fn release_with<R: Rng + ?Sized>(
-    sum: &HashMap<String, Tensor>,
-    noise_std: f64,
-    expected_batch: f64,
-    noise: &mut R,
-    defect: Option<Defect>,
-) -> Result<HashMap<String, Tensor>> {
-    let mut out = HashMap::with_capacity(sum.len());
-    // Draw in name order: a seeded run must give the same noise to the same parameter.
-    let mut names: Vec<&String> = sum.keys().collect();
-    names.sort();
-    let half = names.len().div_ceil(2);
-    for (k, name) in names.into_iter().enumerate() {
-        let g = &sum[name];
-        let std = match defect {
-            Some(Defect::NoiseHalved) => noise_std / 2.0,
-            Some(Defect::NoiseOverBatchTwice) => noise_std / expected_batch,
-            Some(Defect::NoiseOnSomeTensors) if k >= half => 0.0,
-            _ => noise_std,
-        };
-        let z = normals(noise, g.elem_count());
-        let z = Tensor::from_vec(z, g.dims(), g.device())?;
-        out.insert(name.clone(), ((g + (z * std)?)? / expected_batch)?);
-    }
-    Ok(out)
-}
-
 /// What a DP training run can do besides training: record a white-box audit's observations,
 /// and (tests only) run with a known defect.
 #[derive(Default)]
@@ -143,7 +95,7 @@ pub struct Hooks<'a> {
 
 impl DpConfig {
     /// Checks every setting; errors name the flag.
-    pub fn validate(&self, schedule: &Schedule) -> Result<()> {
+    pub fn validate(&self, schedule: &TrainingSchedule) -> Result<()> {
         if !(self.noise_multiplier > 0.0 && self.noise_multiplier.is_finite()) {
             return Err(Error::field("--noise-multiplier", "must be a finite number > 0"));
         }
@@ -331,7 +283,7 @@ pub struct KnowledgeBase {
 }
 
 /// One-step denoised x̂₀ = (x_t − √(1−ᾱ_t) ε_θ(x_t, t))/√ᾱ_t for rows at a common step `t`.
-pub fn denoise_x0(net: &Net, schedule: &Schedule, xt: &[f32], t: usize) -> Result<Vec<f32>> {
+pub fn denoise_x0(net: &Net, schedule: &TrainingSchedule, xt: &[f32], t: usize) -> Result<Vec<f32>> {
     let n = xt.len() / PIXELS;
     let eps = net.predict(xt, &vec![t; n])?;
     let a = schedule.alpha_bars[t];
@@ -342,7 +294,14 @@ pub fn denoise_x0(net: &Net, schedule: &Schedule, xt: &[f32], t: usize) -> Resul
 impl KnowledgeBase {
     /// Builds the knowledge base from public reference rows (`ref_x0`, [m, 64]) with the
     /// pretrained model: x_v ~ q(x_v | x), then x_k ~ q(x_k | x_v) (the forward chain, Eq. 1).
-    pub fn build(pretrained: &Net, schedule: &Schedule, ref_x0: &[f32], k: usize, v: usize, seed: u64) -> Result<Self> {
+    pub fn build(
+        pretrained: &Net,
+        schedule: &TrainingSchedule,
+        ref_x0: &[f32],
+        k: usize,
+        v: usize,
+        seed: u64,
+    ) -> Result<Self> {
         if !(v < k && k < schedule.len()) {
             return Err(Error::field(
                 "--rapid-k",
@@ -355,7 +314,7 @@ impl KnowledgeBase {
         }
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0cb0_0cb0);
         let e1 = normals(&mut rng, m * PIXELS);
-        let values = super::train::noisy(schedule, ref_x0, &vec![v; m], &e1);
+        let values = noisy(schedule, ref_x0, &vec![v; m], &e1);
         let ratio = schedule.alpha_bars[k] / schedule.alpha_bars[v];
         let (sa, sb) = (ratio.sqrt() as f32, (1.0 - ratio).sqrt() as f32);
         let e2 = normals(&mut rng, m * PIXELS);
@@ -409,7 +368,7 @@ pub struct Retrieval<'a> {
 
 /// Builds the per-example noise targets for the rows `x0` of a Poisson batch.
 fn examples(
-    schedule: &Schedule,
+    schedule: &TrainingSchedule,
     x0: &[f32],
     cfg: &DpConfig,
     rag: Option<&Retrieval>,
@@ -420,14 +379,14 @@ fn examples(
         None => {
             let t: Vec<usize> = (0..n).map(|_| rng.random_range(cfg.t_min..=cfg.t_max)).collect();
             let eps = normals(rng, n * PIXELS);
-            let xt = super::train::noisy(schedule, x0, &t, &eps);
+            let xt = noisy(schedule, x0, &t, &eps);
             Ok(Examples { xt, t, eps })
         }
         Some(r) => {
             let (k, v) = (r.kb.k, r.kb.v);
             // Query: x_k ~ q(x_k | x), features by the pretrained model.
             let e = normals(rng, n * PIXELS);
-            let xk = super::train::noisy(schedule, x0, &vec![k; n], &e);
+            let xk = noisy(schedule, x0, &vec![k; n], &e);
             let feats = denoise_x0(r.pretrained, schedule, &xk, k)?;
             let av = schedule.alpha_bars[v];
             let (sav, sbv) = (av.sqrt() as f32, (1.0 - av).sqrt() as f32);
@@ -441,7 +400,7 @@ fn examples(
                 }
                 t.push(rng.random_range(cfg.t_min..=cfg.t_max.min(v)));
             }
-            let xt = super::train::noisy(schedule, x0, &t, &eps);
+            let xt = noisy(schedule, x0, &t, &eps);
             Ok(Examples { xt, t, eps })
         }
     }
@@ -452,7 +411,7 @@ fn examples(
 /// the private rows would be an unnoised statistic of them.
 pub fn dp_train(
     net: &Net,
-    schedule: &Schedule,
+    schedule: &TrainingSchedule,
     x0: &[f32],
     cfg: &DpConfig,
     rag: Option<&Retrieval>,
@@ -468,7 +427,7 @@ pub fn dp_train(
 #[allow(clippy::too_many_arguments)]
 pub fn dp_train_with(
     net: &Net,
-    schedule: &Schedule,
+    schedule: &TrainingSchedule,
     x0: &[f32],
     cfg: &DpConfig,
     rag: Option<&Retrieval>,
@@ -576,34 +535,17 @@ pub fn dp_train_with(
     })
 }
 
-/// The ledger file: an [`EventFile`] (schema 1) that `dpaudit account --event` reads.
-pub fn ledger_toml(event: &DpEvent, delta: f64, comment: &str) -> Result<String> {
-    let f = EventFile {
-        schema_version: 1,
-        neighbouring: Neighbouring::AddRemove,
-        delta: Some(delta),
-        event: event.clone(),
-    };
-    let body = toml::to_string(&f).map_err(|e| Error::input(e.to_string()))?;
-    let mut s = String::new();
-    for line in comment.lines() {
-        s.push_str("# ");
-        s.push_str(line);
-        s.push('\n');
-    }
-    s.push_str(&body);
-    Ok(s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::schedule::ScheduleConfig;
-    use crate::models::{Arch, ModelConfig};
+    use crate::diffusion::schedule::table::TrainingScheduleConfig;
+    use crate::events::EventFile;
+    use crate::models::dp::{ledger_toml, release};
+    use crate::models::toy::{Arch, ModelConfig};
     use candle_core::Device;
 
-    fn setup(arch: Arch) -> (Net, Schedule, Examples) {
-        let sched = Schedule::new(ScheduleConfig::default()).unwrap();
+    fn setup(arch: Arch) -> (Net, TrainingSchedule, Examples) {
+        let sched = TrainingSchedule::new(TrainingScheduleConfig::default()).unwrap();
         let cfg = ModelConfig {
             arch,
             hidden: 32,
@@ -617,7 +559,7 @@ mod tests {
         let x0: Vec<f32> = normals(&mut rng, n * PIXELS).iter().map(|v| v.tanh()).collect();
         let t: Vec<usize> = (0..n).map(|i| 50 + 100 * i).collect();
         let eps = normals(&mut rng, n * PIXELS);
-        let xt = super::super::train::noisy(&sched, &x0, &t, &eps);
+        let xt = noisy(&sched, &x0, &t, &eps);
         (net, sched, Examples { xt, t, eps })
     }
 
