@@ -72,6 +72,7 @@ pub mod attacks;
 pub mod audit;
 pub mod config;
 pub mod data;
+pub mod diagnostics;
 pub mod diffusion;
 pub mod error;
 pub mod events;

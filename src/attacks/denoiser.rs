@@ -33,6 +33,11 @@ pub trait Denoiser {
     fn on_device(&self) -> Option<&dyn DeviceEps> {
         None
     }
+    /// The same model computing in fp32, when it computes in another arithmetic (`--precision
+    /// tf32|bf16` on a GPU); `None` (the default) when it already computes in fp32.
+    fn fp32(&self) -> Option<Box<dyn Denoiser + '_>> {
+        None
+    }
 }
 
 /// ε-prediction on device tensors (see [`Denoiser::on_device`]).
@@ -140,6 +145,11 @@ impl Denoiser for DiffusersDenoiser<'_> {
     }
     fn on_device(&self) -> Option<&dyn DeviceEps> {
         (!self.device().is_cpu()).then_some(self as &dyn DeviceEps)
+    }
+    fn fp32(&self) -> Option<Box<dyn Denoiser + '_>> {
+        use crate::models::precision::Precision;
+        (self.precision() != Precision::Fp32)
+            .then(|| Box::new(self.at_precision(Precision::Fp32)) as Box<dyn Denoiser + '_>)
     }
 }
 

@@ -1038,7 +1038,6 @@ pub fn fp32_score_change(
     records: &[ScoreRecord],
     sample: usize,
 ) -> Result<(usize, f64, f64)> {
-    use crate::models::precision::{self, Precision};
     let (split, images) = (&subject.split, &subject.data);
     let member_ix: Vec<usize> = split.members.iter().take(sample).copied().collect();
     let nonmember_ix: Vec<usize> = split.nonmembers.iter().take(sample).copied().collect();
@@ -1048,8 +1047,9 @@ pub fn fp32_score_change(
     for r in records.iter().filter(|r| r.set == ScoreSet::Split) {
         have.insert((r.attack, r.t, r.record_id.clone()), r.score);
     }
-    let before = precision::current();
-    precision::set(Precision::Fp32);
+    // The same weights in fp32 (a value of the denoiser, no process state to restore).
+    let fp32 = den.fp32();
+    let den: &dyn Denoiser = fp32.as_deref().unwrap_or(den);
     let rescored = (|| -> Result<Vec<(AttackKind, usize, Vec<f64>)>> {
         let mut out = Vec::new();
         for &kind in &plan.attacks {
@@ -1061,7 +1061,6 @@ pub fn fp32_score_change(
         }
         Ok(out)
     })();
-    precision::set(before);
     let (mut n, mut abs, mut rel) = (0usize, 0f64, 0f64);
     for (kind, t, s) in rescored? {
         for (id, fp32) in ids.iter().zip(s) {

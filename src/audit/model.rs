@@ -104,8 +104,8 @@ pub fn eval(e: &EvalRequest) -> Result<String> {
     crate::report::output::check_file(&e.out, e.force).map_err(|err| err.with_field("--out"))?;
     let dev = device::select(e.device)?;
     crate::models::precision::check_device(e.precision, &dev)?;
-    crate::models::precision::set(e.precision);
-    let ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
+    let mut ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
+    ck.precision = e.precision;
     let (shape, xs) = f32_batch(&e.input)?;
     let t = npy::read(&e.timesteps)?;
     let ts: Vec<f64> = match (t.to_i64(), t.to_f32()) {

@@ -713,18 +713,6 @@ fn public_only(dir: &Path, images: &ImageSet, split: &SplitManifest, split_path:
     }))
 }
 
-/// The tightest sound ε of `event` at `delta` with its accountant, as the 8×8 `train` states it.
-fn epsilon_of(event: &DpEvent, delta: f64) -> Option<(f64, String)> {
-    let (gs, _) = crate::accountants::attack_limits::guarantees(event, delta);
-    let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon)?;
-    let kind = gs
-        .iter()
-        .find(|g| g.source == best.1)
-        .map(|g| g.kind.as_str())
-        .unwrap_or("");
-    Some((best.0, format!("{} ({kind})", best.1)))
-}
-
 /// Runs the plan on `device` (described as `device_name` in the card).
 pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<UnetTrainOutcome> {
     let images = ImageSet::load(&plan.data)?;
@@ -1223,7 +1211,7 @@ impl Folder<'_> {
         let mut files: Vec<(String, Vec<u8>)> = Vec::new();
         let mut dp_info = None;
         if let (Some(d), Some(ev)) = (&plan.dp, &event) {
-            let eps = epsilon_of(ev, d.delta);
+            let eps = super::dp::spent_epsilon(ev, d.delta);
             let text = super::dp::ledger_toml(
                 ev,
                 d.delta,

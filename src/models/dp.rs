@@ -90,3 +90,16 @@ pub fn ledger_toml(event: &DpEvent, delta: f64, comment: &str) -> Result<String>
     s.push_str(&body);
     Ok(s)
 }
+
+/// The ε a training run spent: the tightest sound ε of its ledger's `event` at `delta`, with the
+/// accountant and its bound kind (`"pld (upper_bound)"`), as every card records it.
+pub fn spent_epsilon(event: &DpEvent, delta: f64) -> Option<(f64, String)> {
+    let (gs, _) = crate::accountants::attack_limits::guarantees(event, delta);
+    let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon)?;
+    let kind = gs
+        .iter()
+        .find(|g| g.source == best.1)
+        .map(|g| g.kind.as_str())
+        .unwrap_or("");
+    Some((best.0, format!("{} ({kind})", best.1)))
+}

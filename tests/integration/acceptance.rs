@@ -813,18 +813,16 @@ const RUNS_ACCOUNTANT: &[&str] = &[
     "guarantees_for(",
 ];
 
-/// Files that read the environment, each for a documented diagnostic or limit. At merge, a
-/// `src/diagnostics.rs` (if one lands) joins and the model-kernel entries leave.
+/// Files that read the environment, each for a documented diagnostic or limit; the GPU
+/// executor's switches are read in `diagnostics.rs` only.
 const ENV_READERS: &[&str] = &[
     "limits.rs",          // DPAUDIT_MAX_* input limits, RAYON_NUM_THREADS (docs: limits)
     "timing.rs",          // DPAUDIT_TIMING phase/kernel timings
     "report/progress.rs", // NO_COLOR, DPAUDIT_PROGRESS_INTERVAL
     "report/output.rs",   // fault injection of the transaction tests
     "accountants/pld.rs", // DPAUDIT_PLD_TIMING
-    // DPAUDIT_CUDNN_ALGO/RECORD, DPAUDIT_CUDA_GRAPH, DPAUDIT_UNET_CUDA: GPU diagnostics
-    "models/unet2d/cuda/algo_record.rs",
-    "models/unet2d/cuda/cudnn_conv.rs",
-    "models/unet2d/cuda/forward.rs",
+    // DPAUDIT_UNET_CUDA/ATTENTION, DPAUDIT_CUDA_GRAPH, DPAUDIT_CUDNN_ALGO/RECORD: GPU diagnostics
+    "diagnostics.rs",
 ];
 
 /// Public command-plan types outside `audit/` (a plan belongs to the application layer): the

@@ -268,9 +268,10 @@ fn load(req: &Request, path: &Path, dev: &candle_core::Device) -> Result<Loaded>
         ));
     }
     crate::models::precision::check_device(req.precision, dev)?;
-    crate::models::precision::set(req.precision);
     let t0 = std::time::Instant::now();
-    let ck = DiffusersCheckpoint::load(path, dev)?;
+    let mut ck = DiffusersCheckpoint::load(path, dev)?;
+    // The plan's arithmetic travels with the loaded checkpoint into every forward.
+    ck.precision = req.precision;
     crate::timing::note("load checkpoint", t0);
     crate::timing::within_summary();
     let udir = ck.config_path.parent().unwrap_or(path).to_path_buf();

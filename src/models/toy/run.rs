@@ -390,16 +390,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                 },
                 None => run.event.clone(),
             };
-            let (gs, _) = crate::accountants::attack_limits::guarantees(&event, d.delta);
-            let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon);
-            let eps_text = best.as_ref().map(|(e, src)| {
-                let kind = gs
-                    .iter()
-                    .find(|g| &g.source == src)
-                    .map(|g| g.kind.as_str())
-                    .unwrap_or("");
-                (*e, format!("{src} ({kind})"))
-            });
+            let eps_text = crate::models::dp::spent_epsilon(&event, d.delta);
             dp_info = Some(DpInfo {
                 noise_multiplier: d.noise_multiplier,
                 clip: d.clip,
