@@ -200,7 +200,12 @@ mod tests {
             },
         );
         let x = Tensor::arange(0f32, 48.0, &dev).unwrap().reshape((1, 3, 4, 4)).unwrap();
-        let a: Vec<f32> = conv2d(&c, &x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let a: Vec<f32> = conv2d(&c, &x, Precision::Fp32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let e: Vec<f32> = c.forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(a, e);
         let l = Linear::new(Tensor::ones((2, 4), DType::F32, &dev).unwrap(), None);
