@@ -15,9 +15,10 @@ use std::path::Path;
 use dpaudit::attacks::empirical::EmpiricalDenoiser;
 use dpaudit::attacks::metrics;
 use dpaudit::attacks::mia::{self, AttackKind, ScoreOpts};
+use dpaudit::data::images::ImageSet;
+use dpaudit::data::{Dataset, SplitManifest};
 use dpaudit::models::diffusers::DiffusersCheckpoint;
-use dpaudit::models::images::ImageSet;
-use dpaudit::models::{Checkpoint, Dataset, SplitManifest, PIXELS};
+use dpaudit::models::toy::{Checkpoint, PIXELS};
 
 fn bench(c: &mut Criterion) {
     let pos: Vec<f64> = (0..400).map(|i| ((i as f64) * 0.37).sin() + 0.3).collect();

@@ -11,7 +11,9 @@
 //! [`accountants`] turn events into (ε, δ) with a stated [`accountants::BoundKind`],
 //! [`diffusion`] derives per-step sensitivities of diffusion sampling, [`pipelines`] maps published
 //! mechanisms (RAPID, DP-RDM, DPAgg-TI) to events and runs them, [`attacks`] measures empirical
-//! leakage, [`models`] trains small denoisers, and [`report`] renders everything.
+//! leakage, [`data`] reads the data sets and their splits, [`models`] trains denoisers (the 8×8
+//! toys in `models::toy`, the diffusers UNet in `models::unet2d`), and [`report`] renders
+//! everything.
 //!
 //! ## Library use
 //!
@@ -69,6 +71,8 @@ pub mod api;
 pub mod attacks;
 pub mod audit;
 pub mod config;
+pub mod data;
+pub mod diagnostics;
 pub mod diffusion;
 pub mod error;
 pub mod events;

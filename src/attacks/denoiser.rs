@@ -9,9 +9,10 @@
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
+use crate::diffusion::schedule::table::TrainingSchedule;
 use crate::error::{Error, Result};
 use crate::models::diffusers::DiffusersDenoiser;
-use crate::models::{Checkpoint, Net, Schedule};
+use crate::models::toy::{Checkpoint, Net};
 
 /// A batched ε-prediction denoiser with its noise schedule.
 pub trait Denoiser {
@@ -30,6 +31,11 @@ pub trait Denoiser {
     /// the device between steps (no host copies inside SecMI's DDIM loop). `None` (the default,
     /// and every CPU model) keeps the host path.
     fn on_device(&self) -> Option<&dyn DeviceEps> {
+        None
+    }
+    /// The same model computing in fp32, when it computes in another arithmetic (`--precision
+    /// tf32|bf16` on a GPU); `None` (the default) when it already computes in fp32.
+    fn fp32(&self) -> Option<Box<dyn Denoiser + '_>> {
         None
     }
 }
@@ -98,12 +104,12 @@ pub struct NetDenoiser<'a> {
     /// The network.
     pub net: &'a Net,
     /// Its DDPM schedule.
-    pub schedule: &'a Schedule,
+    pub schedule: &'a TrainingSchedule,
 }
 
 impl Denoiser for NetDenoiser<'_> {
     fn dim(&self) -> usize {
-        crate::models::PIXELS
+        crate::models::toy::PIXELS
     }
     fn alpha_bars(&self) -> &[f64] {
         &self.schedule.alpha_bars
@@ -115,7 +121,7 @@ impl Denoiser for NetDenoiser<'_> {
 
 impl Denoiser for Checkpoint {
     fn dim(&self) -> usize {
-        crate::models::PIXELS
+        crate::models::toy::PIXELS
     }
     fn alpha_bars(&self) -> &[f64] {
         &self.schedule.alpha_bars
@@ -139,6 +145,11 @@ impl Denoiser for DiffusersDenoiser<'_> {
     }
     fn on_device(&self) -> Option<&dyn DeviceEps> {
         (!self.device().is_cpu()).then_some(self as &dyn DeviceEps)
+    }
+    fn fp32(&self) -> Option<Box<dyn Denoiser + '_>> {
+        use crate::models::precision::Precision;
+        (self.precision() != Precision::Fp32)
+            .then(|| Box::new(self.at_precision(Precision::Fp32)) as Box<dyn Denoiser + '_>)
     }
 }
 

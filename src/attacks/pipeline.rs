@@ -32,7 +32,7 @@ use super::scores::{self, PairScores, ScoreRecord, ScoreSet};
 use super::subject::Subject;
 use super::theory::{self, Guarantee};
 use crate::error::{Error, Result};
-use crate::models::Checkpoint;
+use crate::models::toy::Checkpoint;
 
 /// One row of the Table-2-style comparison.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -840,7 +840,7 @@ pub fn white_box_audit_of(
         );
     };
     let p = dir.join(&info.file);
-    let sha = crate::models::data::sha256_file(&p)?;
+    let sha = crate::data::digits::sha256_file(&p)?;
     if sha != info.sha256 {
         return bad(
             "canaries.sha256",
@@ -861,14 +861,14 @@ pub fn white_box_audit_of(
         );
     };
     let op = dir.join(obs_name);
-    let sha = crate::models::data::sha256_file(&op)?;
+    let sha = crate::data::digits::sha256_file(&op)?;
     if &sha != obs_sha {
         return bad(
             "canaries.observations_sha256",
             format!("{} has SHA-256 {sha}, the card says {obs_sha}", op.display()),
         );
     }
-    let arr = crate::models::npy::read(&op)?;
+    let arr = crate::data::npy::read(&op)?;
     let values = arr
         .to_f32()
         .ok_or_else(|| Error::input("expected float32 observations").with_file(&op))?;
@@ -952,7 +952,7 @@ pub fn from_scores_basis(
 /// function for every checkpoint kind (dpaudit's 8×8 nets and diffusers UNets).
 pub fn extras(
     den: &dyn Denoiser,
-    sched: &crate::models::Schedule,
+    sched: &crate::diffusion::schedule::table::TrainingSchedule,
     members: &[f32],
     nonmembers: &[f32],
     plan: &MiaPlan,
@@ -972,7 +972,7 @@ pub fn extras(
 
 fn table2(
     den: &dyn Denoiser,
-    sched: &crate::models::Schedule,
+    sched: &crate::diffusion::schedule::table::TrainingSchedule,
     members: &[f32],
     nonmembers: &[f32],
     o: &Table2Opts,
@@ -1038,7 +1038,6 @@ pub fn fp32_score_change(
     records: &[ScoreRecord],
     sample: usize,
 ) -> Result<(usize, f64, f64)> {
-    use crate::models::precision::{self, Precision};
     let (split, images) = (&subject.split, &subject.data);
     let member_ix: Vec<usize> = split.members.iter().take(sample).copied().collect();
     let nonmember_ix: Vec<usize> = split.nonmembers.iter().take(sample).copied().collect();
@@ -1048,8 +1047,9 @@ pub fn fp32_score_change(
     for r in records.iter().filter(|r| r.set == ScoreSet::Split) {
         have.insert((r.attack, r.t, r.record_id.clone()), r.score);
     }
-    let before = precision::current();
-    precision::set(Precision::Fp32);
+    // The same weights in fp32 (a value of the denoiser, no process state to restore).
+    let fp32 = den.fp32();
+    let den: &dyn Denoiser = fp32.as_deref().unwrap_or(den);
     let rescored = (|| -> Result<Vec<(AttackKind, usize, Vec<f64>)>> {
         let mut out = Vec::new();
         for &kind in &plan.attacks {
@@ -1061,7 +1061,6 @@ pub fn fp32_score_change(
         }
         Ok(out)
     })();
-    precision::set(before);
     let (mut n, mut abs, mut rel) = (0usize, 0f64, 0f64);
     for (kind, t, s) in rescored? {
         for (id, fp32) in ids.iter().zip(s) {

@@ -8,10 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use super::mia::{AttackKind, MetricOpts, ScoreOpts};
 use super::theory::{self, Guarantee};
+use crate::data::{Dataset, SplitManifest};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
-use crate::models::checkpoint::{CanaryInfo, DpInfo};
-use crate::models::{Checkpoint, Dataset, SplitManifest};
+use crate::models::card::{CanaryInfo, DpInfo};
+use crate::models::toy::Checkpoint;
 
 /// Settings of the Table-2-style comparison.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -188,14 +189,14 @@ pub fn split_rows(ck: &Checkpoint, data: &Dataset, split: &SplitManifest) -> Res
     split.check_data(data)?;
     let trained_on = ck.card.data.trained_on;
     let member_ix = split.part(trained_on);
-    if crate::models::data::indices_sha256(member_ix) != ck.card.data.rows_sha256 {
+    if crate::data::digits::indices_sha256(member_ix) != ck.card.data.rows_sha256 {
         return Err(Error::input(format!(
             "the split's `{}` list does not hash to the card's data.rows_sha256: this is not the split the model was trained on",
             format!("{trained_on:?}").to_lowercase()
         ))
         .with_file(&ck.card_path));
     }
-    if trained_on == crate::models::data::Part::Nonmembers {
+    if trained_on == crate::data::digits::Part::Nonmembers {
         return Err(Error::input(
             "the model was trained on the non-members; nothing to attack",
         ));

@@ -11,8 +11,8 @@ use super::mia::{AttackKind, MetricOpts, ScoreOpts};
 use super::pipeline::{AuditKind, Basis, MiaPlan};
 use super::scores::{ScoreRecord, ScoreSet};
 pub use super::shard_spec::{ShardSpec, MAX_SHARDS};
+use crate::data::digits::sha256_file;
 use crate::error::{Error, Result};
-use crate::models::data::sha256_file;
 
 /// Schema tag of a part file.
 pub const PART_SCHEMA: &str = "dpaudit.mia-part/1";
@@ -265,9 +265,9 @@ impl Merged {
     /// were the complete run, or records dropped or invented, are refused).
     pub fn check_records(
         &self,
-        ck: &crate::models::Checkpoint,
-        data: &crate::models::Dataset,
-        split: &crate::models::SplitManifest,
+        ck: &crate::models::toy::Checkpoint,
+        data: &crate::data::Dataset,
+        split: &crate::data::SplitManifest,
     ) -> Result<()> {
         let (member_ix, nonmember_ix) = super::pipeline::split_rows(ck, data, split)?;
         let all: Vec<usize> = member_ix.iter().chain(&nonmember_ix).copied().collect();

@@ -12,12 +12,14 @@ use std::path::{Path, PathBuf};
 use super::denoiser::Denoiser;
 use super::plan::{card_target, checkpoint_basis, split_rows, AuditKind, Basis, MiaPlan, TargetInfo, WhiteBoxSource};
 use super::scores::{ScoreRecord, ScoreSet};
+use crate::data::digits::indices_sha256;
+use crate::data::images::ImageSet;
+use crate::data::{Dataset, SplitManifest};
+use crate::diffusion::schedule::table::TrainingSchedule;
 use crate::error::{Error, Result};
 use crate::models::canary::Canaries;
-use crate::models::data::indices_sha256;
 use crate::models::diffusers::{DiffusersCheckpoint, DiffusersDenoiser};
-use crate::models::images::ImageSet;
-use crate::models::{Checkpoint, Dataset, Schedule, SplitManifest};
+use crate::models::toy::Checkpoint;
 
 /// A loaded model of either kind.
 pub enum Model {
@@ -199,7 +201,7 @@ impl Eps<'_> {
         }
     }
     /// The DDPM schedule.
-    pub fn schedule(&self) -> &Schedule {
+    pub fn schedule(&self) -> &TrainingSchedule {
         match self {
             Eps::Card(c) => &c.schedule,
             Eps::Diffusers(d) => &d.schedule,
@@ -240,7 +242,7 @@ impl Subject {
         };
         let basis = checkpoint_basis(&ck, plan.metric.delta)?;
         let mut warnings = Vec::new();
-        if ck.card.training.randomness != crate::models::checkpoint::RANDOMNESS_OS {
+        if ck.card.training.randomness != crate::models::card::RANDOMNESS_OS {
             warnings.push(format!("training randomness: {}", ck.card.training.randomness));
         }
         if let Some(b) = &basis {
@@ -363,7 +365,7 @@ impl Subject {
         });
         let mut warnings = Vec::new();
         if let Some(c) = &card {
-            if c.training.randomness != crate::models::checkpoint::RANDOMNESS_OS {
+            if c.training.randomness != crate::models::card::RANDOMNESS_OS {
                 warnings.push(format!("training randomness: {}", c.training.randomness));
             }
         }
@@ -507,8 +509,8 @@ pub fn folder_sha256(unet_dir: &Path) -> Result<String> {
     ] {
         let p = unet_dir.join(name);
         if p.is_file() {
-            text.push_str(&format!("{name} {}\n", crate::models::data::sha256_file(&p)?));
+            text.push_str(&format!("{name} {}\n", crate::data::digits::sha256_file(&p)?));
         }
     }
-    Ok(crate::models::data::sha256_hex(text.as_bytes()))
+    Ok(crate::data::digits::sha256_hex(text.as_bytes()))
 }

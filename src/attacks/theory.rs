@@ -9,7 +9,7 @@ pub use crate::accountants::attack_limits::*;
 /// √((1−ᾱ)/ᾱ) the VE time of the step's marginal (diffusion-sampling-privacy §3.1–3.2, Eq. 5 and
 /// the multi-step μ_{t_i}); at least one step runs.
 pub fn sampler_step_mus(
-    schedule: &crate::models::Schedule,
+    schedule: &crate::diffusion::schedule::table::TrainingSchedule,
     stop: usize,
     stride: usize,
     n: usize,
@@ -38,7 +38,7 @@ mod tests {
 
     #[test]
     fn sampler_mu_grows_as_sampling_proceeds() {
-        let s = crate::models::Schedule::new(Default::default()).unwrap();
+        let s = crate::diffusion::schedule::table::TrainingSchedule::new(Default::default()).unwrap();
         let late = sampler_step_mus(&s, 250, 10, 400, 1.0, 1.0);
         let early = sampler_step_mus(&s, 750, 10, 400, 1.0, 1.0);
         let tot = |m: &[f64]| m.iter().map(|x| x * x).sum::<f64>().sqrt();

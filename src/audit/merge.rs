@@ -7,8 +7,10 @@ use std::time::Instant;
 use crate::attacks::pipeline::{self, MiaReport};
 use crate::attacks::scores::ScoreRecord;
 use crate::attacks::shard::{self, MiaPart};
+use crate::data::{Dataset, SplitManifest};
 use crate::error::{Error, Result};
-use crate::models::{device, Checkpoint, Dataset, SplitManifest};
+use crate::models::device;
+use crate::models::toy::Checkpoint;
 
 /// A validated `merge` request.
 #[derive(Debug, Clone)]
@@ -131,7 +133,7 @@ fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPa
     };
     let dev = device::select(device::DeviceChoice::Cpu)?;
     let ck = DiffusersCheckpoint::load(&folder, &dev)?;
-    let images = crate::models::images::ImageSet::load(&data_path)?;
+    let images = crate::data::images::ImageSet::load(&data_path)?;
     let split = SplitManifest::load(&split_path)?;
     let mia_plan = merged.plan.to_plan();
     // The batch size does not enter the report: nothing is scored again.

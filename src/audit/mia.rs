@@ -468,7 +468,7 @@ fn add_inputs(r: &mut Report, m: &MiaReport) {
     let card = ck.as_ref().filter(|c| c.is_file());
     let resolve = |field: &str, p: &str| -> PathBuf {
         match card {
-            Some(c) => crate::models::checkpoint::resolve_card_path(c, field, p).unwrap_or_else(|_| PathBuf::from(p)),
+            Some(c) => crate::models::card::resolve_card_path(c, field, p).unwrap_or_else(|_| PathBuf::from(p)),
             None => PathBuf::from(p),
         }
     };

@@ -5,11 +5,18 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::data::npy;
 use crate::error::{Error, Result};
 use crate::models::diffusers::DiffusersCheckpoint;
 use crate::models::precision::Precision;
-use crate::models::{device, npy, DeviceChoice};
+use crate::models::{device, DeviceChoice};
 use crate::report::{self, Report};
+
+/// `model keygen`: a new Ed25519 key pair in `out` (created when missing; existing key files are
+/// never replaced). Returns the files written.
+pub fn keygen(out: &Path) -> Result<Vec<std::path::PathBuf>> {
+    crate::provenance::write_key_pair(out)
+}
 
 /// Loads the checkpoint at `dir` (on the CPU) and describes it.
 pub fn info(dir: &Path) -> Result<super::Outcome> {
@@ -51,7 +58,7 @@ fn dp_line(ck: &DiffusersCheckpoint) -> Result<String> {
     };
     let ledger = dir.join(LEDGER);
     let sha = if ledger.is_file() {
-        crate::models::data::sha256_file(&ledger)?
+        crate::data::digits::sha256_file(&ledger)?
     } else {
         "missing".into()
     };
@@ -97,8 +104,8 @@ pub fn eval(e: &EvalRequest) -> Result<String> {
     crate::report::output::check_file(&e.out, e.force).map_err(|err| err.with_field("--out"))?;
     let dev = device::select(e.device)?;
     crate::models::precision::check_device(e.precision, &dev)?;
-    crate::models::precision::set(e.precision);
-    let ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
+    let mut ck = DiffusersCheckpoint::load(&e.checkpoint, &dev)?;
+    ck.precision = e.precision;
     let (shape, xs) = f32_batch(&e.input)?;
     let t = npy::read(&e.timesteps)?;
     let ts: Vec<f64> = match (t.to_i64(), t.to_f32()) {

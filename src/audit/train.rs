@@ -1,23 +1,198 @@
-//! Training (`train`): the shared [`Report`] of a trained checkpoint, built from its card (what
-//! was trained, on which rows, how) and, for DP runs, the ledger of the DpEvent that ran.
+//! Training (`train`): every decision of the command between its flags and the trainers —
+//! a new split manifest (`--make-split`), Opacus' flags resolved into q, steps and σ, the checks
+//! of `--unet` runs before any work (signing key, trusted `--init`, existing outputs), the
+//! device the plan names — and the shared [`Report`] of a trained checkpoint, built from its card
+//! (what was trained, on which rows, how) and, for DP runs, the ledger of the DpEvent that ran.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::error::Result;
+use crate::data::digits::Part;
+use crate::data::{Dataset, SplitManifest};
+use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
-use crate::models::checkpoint::Card;
 use crate::models::diffusers_train::{UnetTrainOutcome, UnetTrainPlan};
+use crate::models::toy::checkpoint::Card;
 use crate::report::export::fmt_num;
 use crate::report::{self, Conclusion, Report};
 
-/// Runs `train` on `device` (named `device_name` in the card): trains, writes the checkpoint,
-/// card and ledger, and returns the report with the training log as its terminal text.
-pub fn execute(
-    plan: &crate::models::run::TrainPlan,
-    device: &candle_core::Device,
-    device_name: &str,
-) -> Result<super::Outcome> {
-    let outcome = crate::models::run::run(plan, device, device_name)?;
+/// `train --make-split PATH`: a new member/non-member/public split manifest of `data`.
+#[derive(Debug, Clone)]
+pub struct SplitPlan {
+    /// The data file (digits CSV, optionally .gz).
+    pub data: PathBuf,
+    /// Where the manifest is written.
+    pub out: PathBuf,
+    /// Members.
+    pub members: usize,
+    /// Non-members (the rest of the rows is public).
+    pub nonmembers: usize,
+    /// Seed of the draw (0 when not given).
+    pub seed: Option<u64>,
+    /// Replace an existing manifest.
+    pub force: bool,
+}
+
+/// Writes the split manifest `plan` asks for (disjoint rows, hashed lists; an existing file is
+/// refused unless `force`) and returns the line that says what was written.
+pub fn make_split(plan: &SplitPlan) -> Result<String> {
+    crate::report::output::check_file(&plan.out, plan.force)?;
+    let data = Dataset::load(&plan.data)?;
+    let seed = plan.seed.unwrap_or(0);
+    let m = SplitManifest::random(
+        &data,
+        &plan.data.display().to_string(),
+        plan.members,
+        plan.nonmembers,
+        seed,
+    )?;
+    if let Some(dir) = plan.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
+    }
+    crate::report::output::write_atomic(&plan.out, m.to_toml()?.as_bytes(), plan.force)?;
+    Ok(format!(
+        "wrote {}: {} members, {} non-members, {} public (seed {seed})\n",
+        plan.out.display(),
+        m.members.len(),
+        m.nonmembers.len(),
+        m.public.len(),
+    ))
+}
+
+/// Loop lengths from flags, bounded before any data is read (docs/reliability.md): `--steps`
+/// and, for RAPID, `--pretrain-steps`.
+pub fn check_loop_lengths(steps: usize, pretrain_steps: Option<usize>) -> Result<()> {
+    crate::limits::check_count("--steps", steps as u64, crate::limits::TRAIN_STEP)?;
+    if let Some(p) = pretrain_steps {
+        crate::limits::check_count("--pretrain-steps", p as u64, crate::limits::TRAIN_STEP)?;
+    }
+    Ok(())
+}
+
+/// The flags of `train` whose meaning depends on one another, as given: Opacus' conventions
+/// (`--batch-size` as the expected batch under `--dp`, `--epochs`, `--target-epsilon`) and the
+/// memory chunk of `--unet` runs.
+#[derive(Debug, Clone)]
+pub struct TrainFlags {
+    /// `--unet` was given.
+    pub unet: bool,
+    /// `--dp`.
+    pub dp: bool,
+    /// `--batch-size`.
+    pub batch: Option<usize>,
+    /// `--max-physical-batch-size`.
+    pub max_physical_batch_size: Option<usize>,
+    /// `--sample-rate`.
+    pub sample_rate: Option<f64>,
+    /// `--epochs`.
+    pub epochs: Option<f64>,
+    /// `--target-epsilon`.
+    pub target_epsilon: Option<f64>,
+    /// `--steps`.
+    pub steps: usize,
+    /// `--noise-multiplier`.
+    pub noise_multiplier: f64,
+    /// `--delta`.
+    pub delta: f64,
+    /// `--split` (its trained-on part gives N, the private training rows).
+    pub split: PathBuf,
+    /// `--on`.
+    pub on: Part,
+    /// `-q`: the derivation is not noted on stderr.
+    pub quiet: bool,
+}
+
+/// What [`TrainFlags`] resolve to: the batch the trainer uses, q, steps and σ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainSizes {
+    /// The batch of the trainer's passes (with `--unet --dp` the per-sample-gradient chunk).
+    pub batch_size: usize,
+    /// q.
+    pub sample_rate: f64,
+    /// Steps.
+    pub steps: usize,
+    /// σ.
+    pub noise_multiplier: f64,
+}
+
+/// Resolves Opacus' flags into q, steps and σ ([`resolve_opacus`]) and the batch size; the
+/// derivation is noted on stderr unless `quiet`. Errors name the flag.
+pub fn resolve_flags(f: &TrainFlags) -> Result<TrainSizes> {
+    let unet = f.unet;
+    if f.max_physical_batch_size.is_some() && !unet {
+        return Err(Error::field(
+            "--max-physical-batch-size",
+            "only with --unet (the per-sample-gradient chunk of its batched pass)",
+        ));
+    }
+    // --unet: --batch-size stays the batch of its passes (the memory chunk under --dp), which
+    // --max-physical-batch-size names explicitly.
+    let mut out = TrainSizes {
+        batch_size: if unet {
+            f.max_physical_batch_size.or(f.batch).unwrap_or(128)
+        } else {
+            f.batch.unwrap_or(128)
+        },
+        sample_rate: f.sample_rate.unwrap_or(0.16),
+        steps: f.steps,
+        noise_multiplier: f.noise_multiplier,
+    };
+    // Opacus' meaning: under --dp without --sample-rate, --batch-size is the expected batch.
+    let expected_batch = f.batch.filter(|_| f.dp && !unet && f.sample_rate.is_none());
+    if f.epochs.is_none() && f.target_epsilon.is_none() && expected_batch.is_none() {
+        return Ok(out);
+    }
+    if unet && !f.dp && f.epochs.is_some() {
+        return Err(Error::field(
+            "--epochs",
+            "with --unet give --steps (or --dp with --sample-rate)",
+        ));
+    }
+    // N: the private training rows (the trained-on part of the split).
+    let rows = if f.dp && expected_batch.is_none() {
+        usize::MAX
+    } else {
+        SplitManifest::load(&f.split)?.part(f.on).len()
+    };
+    if !f.dp {
+        let e = f.epochs.expect("checked above");
+        if !(e.is_finite() && e > 0.0) {
+            return Err(Error::field("--epochs", format!("must be a positive number, got {e}")));
+        }
+        out.steps = ((e * rows as f64 / out.batch_size.max(1) as f64).ceil() as usize).max(1);
+        crate::limits::check_count("--epochs", out.steps as u64, crate::limits::TRAIN_STEP)?;
+        return Ok(out);
+    }
+    let flags = OpacusFlags {
+        batch_size: expected_batch,
+        epochs: f.epochs,
+        target_epsilon: f.target_epsilon,
+    };
+    let r = resolve_opacus(flags, rows, out.sample_rate, out.steps, out.noise_multiplier, f.delta)?;
+    if !f.quiet {
+        for l in &r.lines {
+            crate::report::progress::note(l);
+        }
+    }
+    out.sample_rate = r.sample_rate;
+    out.steps = r.steps;
+    out.noise_multiplier = r.noise_multiplier;
+    Ok(out)
+}
+
+/// The device a plan names, selected and noted on stderr (`device: …`), with the name its card
+/// records.
+fn select_device(choice: crate::models::DeviceChoice) -> Result<(candle_core::Device, String)> {
+    let dev = crate::models::device::select(choice)?;
+    let name = crate::models::device::describe(&dev);
+    crate::report::progress::note(&format!("device: {name}"));
+    Ok((dev, name))
+}
+
+/// Runs `train` on the plan's device: trains, writes the checkpoint, card and ledger, and
+/// returns the report with the training log as its terminal text.
+pub fn execute(plan: &crate::models::toy::run::TrainPlan) -> Result<super::Outcome> {
+    let (device, device_name) = select_device(plan.device)?;
+    let outcome = crate::models::toy::run::run(plan, &device, &device_name)?;
     let mut text = String::new();
     for l in &outcome.lines {
         text.push_str(l.trim_end());
@@ -76,11 +251,76 @@ with `dpaudit account --event {} --delta {}` for every accountant.",
     Ok(r)
 }
 
-/// Runs `train --unet` on `device`: trains the diffusers UNet (DP-SGD when the plan says so),
-/// writes the diffusers folder with its card and ledger, and returns the report with the training
-/// log as its terminal text.
-pub fn execute_unet(plan: &UnetTrainPlan, device: &candle_core::Device, device_name: &str) -> Result<super::Outcome> {
-    let outcome = crate::models::diffusers_train::run(plan, device, device_name)?;
+/// What `train --unet` checks before any work.
+#[derive(Debug, Clone, Copy)]
+pub struct UnetPreflight<'a> {
+    /// `--sign-key`: the Ed25519 secret key file.
+    pub sign_key: Option<&'a Path>,
+    /// `--trust-key`: the public keys an `--init` folder must be signed by.
+    pub trust_key: &'a [PathBuf],
+    /// `--init`.
+    pub init: Option<&'a Path>,
+    /// The output folder.
+    pub out: &'a Path,
+    /// `--dp` (a ledger is written).
+    pub dp: bool,
+    /// Input canaries.
+    pub input_canaries: usize,
+    /// Gradient canaries.
+    pub gradient_canaries: usize,
+    /// `--checkpoint-every`.
+    pub checkpoint_every: Option<usize>,
+    /// `--force`.
+    pub force: bool,
+}
+
+/// The checks of a `train --unet` run before any work: reads the signing key, checks the
+/// `--init` folder's signature against the trusted keys, refuses existing outputs (unless
+/// `force`) and a symbolic link at an output folder (it would send the set, with `--force` its
+/// replacements, elsewhere). Returns the signing key.
+pub fn prepare_unet(p: &UnetPreflight) -> Result<Option<ed25519_dalek::SigningKey>> {
+    use crate::models::diffusers_train::{output_files, CHECKPOINT_DIR, RELEASED};
+    let sign_key = match p.sign_key {
+        Some(k) => Some(crate::provenance::load_secret(k).map_err(|e| e.with_field("--sign-key"))?),
+        None => None,
+    };
+    let trusted = crate::provenance::load_trusted(p.trust_key)?;
+    if let (Some(init), false) = (p.init, trusted.is_empty()) {
+        let dir = crate::models::diffusers::unet_dir(init).unwrap_or_else(|| init.to_path_buf());
+        let st = crate::provenance::verify_folder(&dir, &RELEASED, &trusted)?;
+        crate::report::progress::note(&format!("--init {}: {}", dir.display(), st.describe()));
+    }
+    let (inputs, gradient) = (p.input_canaries > 0, p.gradient_canaries > 0);
+    crate::report::output::refuse_link(p.out)?;
+    for f in output_files(p.dp, inputs, gradient, inputs && gradient) {
+        crate::report::output::check_file(&p.out.join(f), p.force)?;
+    }
+    if sign_key.is_some() {
+        crate::report::output::check_file(&p.out.join(crate::provenance::SIGNATURE), p.force)?;
+    }
+    match p.checkpoint_every {
+        Some(0) => return Err(Error::field("--checkpoint-every", "must be ≥ 1")),
+        Some(_) => {
+            let dir = p.out.join(CHECKPOINT_DIR);
+            crate::report::output::refuse_link(&dir)?;
+            // The folder itself appears only with the first checkpoint, whole (one rename).
+            if dir.is_dir() {
+                for f in output_files(p.dp, inputs, gradient, inputs && gradient) {
+                    crate::report::output::check_file(&dir.join(f), p.force)?;
+                }
+            }
+        }
+        None => {}
+    }
+    Ok(sign_key)
+}
+
+/// Runs `train --unet` on the plan's device: trains the diffusers UNet (DP-SGD when the plan
+/// says so), writes the diffusers folder with its card and ledger, and returns the report with
+/// the training log as its terminal text.
+pub fn execute_unet(plan: &UnetTrainPlan) -> Result<super::Outcome> {
+    let (device, device_name) = select_device(plan.device)?;
+    let outcome = crate::models::diffusers_train::run(plan, &device, &device_name)?;
     let mut text = String::new();
     for l in &outcome.lines {
         text.push_str(l.trim_end());
@@ -147,8 +387,8 @@ pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
 fn training_facts(
     r: &mut Report,
     parameters: usize,
-    data: &crate::models::checkpoint::DataInfo,
-    training: &crate::models::checkpoint::TrainingInfo,
+    data: &crate::models::card::DataInfo,
+    training: &crate::models::card::TrainingInfo,
 ) {
     r.fact("parameters", parameters.to_string())
         .fact("trained on", format!("{} rows of {}", data.rows, data.file))
@@ -201,7 +441,6 @@ pub fn resolve_opacus(
     delta: f64,
 ) -> Result<OpacusResolved> {
     use crate::accountants::calibrate::{calibrate_dpsgd_any, DpSgd, SolveFor};
-    use crate::error::Error;
     let mut lines = Vec::new();
     let mut q = sample_rate;
     if let Some(b) = flags.batch_size {

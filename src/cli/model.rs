@@ -110,7 +110,7 @@ struct KeygenArgs {
 
 /// `model keygen`: a new key pair, never replacing a key file.
 fn keygen(k: KeygenArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
-    for p in dpaudit::provenance::write_key_pair(&k.out)? {
+    for p in dpaudit::audit::model::keygen(&k.out)? {
         eprintln!("wrote {}", p.display());
     }
     Ok(dpaudit::audit::outcome::Status::Ok)

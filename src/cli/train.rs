@@ -1,13 +1,14 @@
-//! `dpaudit train`: arguments → [`TrainPlan`] → [`dpaudit::models::run::run`] → exit code.
-//! The run itself (DP-SGD, RAPID, canaries, ledger, card) lives in the library.
+//! `dpaudit train`: arguments → [`TrainPlan`] → [`dpaudit::audit::train::execute`] → exit code.
+//! `--make-split`, Opacus' flags and the run itself (DP-SGD, RAPID, canaries, ledger, card)
+//! live in the library.
 
 use std::path::{Path, PathBuf};
 
 use crate::cli::values::{Arch, DeviceChoice, Part, PerSample};
+use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::error::Error;
-use dpaudit::models::run::{DpPlan, RapidPlan, TrainPlan};
-use dpaudit::models::schedule::ScheduleConfig;
-use dpaudit::models::{device, Dataset, ModelConfig, SplitManifest};
+use dpaudit::models::toy::run::{DpPlan, RapidPlan, TrainPlan};
+use dpaudit::models::toy::ModelConfig;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -228,6 +229,7 @@ pub struct Args {
 
 /// Runs `dpaudit train`.
 pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+    use dpaudit::audit::train;
     // Output locations are checked (and existing files refused) before any work.
     let outputs = crate::cli::common::OutputArgs {
         format: a.format,
@@ -237,33 +239,36 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         verbose: a.verbose,
     }
     .prepare(crate::cli::common::Format::Text, &[])?;
-    // Loop lengths from flags are bounded before any data is read (docs/reliability.md).
-    dpaudit::limits::check_count("--steps", a.steps as u64, dpaudit::limits::TRAIN_STEP)?;
-    if a.rapid {
-        dpaudit::limits::check_count("--pretrain-steps", a.pretrain_steps as u64, dpaudit::limits::TRAIN_STEP)?;
-    }
+    train::check_loop_lengths(a.steps, a.rapid.then_some(a.pretrain_steps))?;
     if let Some(out) = &a.make_split {
-        dpaudit::report::output::check_file(out, a.force)?;
-        let data = Dataset::load(&a.data)?;
-        let seed = a.seed.unwrap_or(0);
-        let m = SplitManifest::random(&data, &a.data.display().to_string(), a.members, a.nonmembers, seed)?;
-        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
-        }
-        dpaudit::report::output::write_atomic(out, m.to_toml()?.as_bytes(), a.force)?;
-        dpaudit::report::output::emit_stdout(
-            format!(
-                "wrote {}: {} members, {} non-members, {} public (seed {seed})\n",
-                out.display(),
-                m.members.len(),
-                m.nonmembers.len(),
-                m.public.len(),
-            )
-            .as_bytes(),
-        )?;
+        let wrote = train::make_split(&train::SplitPlan {
+            data: a.data.clone(),
+            out: out.clone(),
+            members: a.members,
+            nonmembers: a.nonmembers,
+            seed: a.seed,
+            force: a.force,
+        })?;
+        dpaudit::report::output::emit_stdout(wrote.as_bytes())?;
         return Ok(dpaudit::audit::outcome::Status::Ok);
     }
-    opacus(&mut a)?;
+    let sizes = train::resolve_flags(&train::TrainFlags {
+        unet: a.unet.is_some(),
+        dp: a.dp,
+        batch: a.batch,
+        max_physical_batch_size: a.max_physical_batch_size,
+        sample_rate: a.sample_rate_flag,
+        epochs: a.epochs,
+        target_epsilon: a.target_epsilon,
+        steps: a.steps,
+        noise_multiplier: a.noise_multiplier,
+        delta: a.delta,
+        split: a.split.clone(),
+        on: a.on.into(),
+        quiet: a.quiet,
+    })?;
+    (a.batch_size, a.sample_rate, a.steps, a.noise_multiplier) =
+        (sizes.batch_size, sizes.sample_rate, sizes.steps, sizes.noise_multiplier);
     if let Some(unet) = a.unet.clone() {
         return crate::cli::train_unet::run(a, &unet, outputs);
     }
@@ -305,9 +310,6 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     if a.rapid && !a.dp {
         return Err(Error::field("--rapid", "needs --dp").into());
     }
-    let dev = device::select(a.device.into())?;
-    let dev_name = device::describe(&dev);
-    dpaudit::report::progress::note(&format!("device: {dev_name}"));
     let plan = TrainPlan {
         data: a.data,
         split: a.split,
@@ -320,7 +322,7 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
             time_dim: a.time_dim,
             channels: a.channels,
         },
-        schedule: ScheduleConfig {
+        schedule: TrainingScheduleConfig {
             timesteps: a.timesteps,
             beta_start: a.beta_start,
             beta_end: a.beta_end,
@@ -349,74 +351,12 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
                 v: a.rapid_v,
             }),
         }),
+        device: a.device.into(),
         command: dpaudit::report::command_line(),
         quiet: a.quiet,
         force: a.force,
     };
-    Ok(outputs.emit(dpaudit::audit::train::execute(&plan, &dev, &dev_name)?)?)
-}
-
-/// Opacus' flags (--batch-size as the expected batch under --dp, --epochs, --target-epsilon)
-/// resolved into q, steps and σ ([`dpaudit::audit::train::resolve_opacus`]); the derivation is
-/// noted on stderr unless -q.
-fn opacus(a: &mut Args) -> dpaudit::error::Result<()> {
-    use dpaudit::audit::train::{resolve_opacus, OpacusFlags};
-    let unet = a.unet.is_some();
-    if a.max_physical_batch_size.is_some() && !unet {
-        return Err(Error::field(
-            "--max-physical-batch-size",
-            "only with --unet (the per-sample-gradient chunk of its batched pass)",
-        ));
-    }
-    // --unet: --batch-size stays the batch of its passes (the memory chunk under --dp), which
-    // --max-physical-batch-size names explicitly.
-    a.batch_size = if unet {
-        a.max_physical_batch_size.or(a.batch).unwrap_or(128)
-    } else {
-        a.batch.unwrap_or(128)
-    };
-    a.sample_rate = a.sample_rate_flag.unwrap_or(0.16);
-    // Opacus' meaning: under --dp without --sample-rate, --batch-size is the expected batch.
-    let expected_batch = a.batch.filter(|_| a.dp && !unet && a.sample_rate_flag.is_none());
-    if a.epochs.is_none() && a.target_epsilon.is_none() && expected_batch.is_none() {
-        return Ok(());
-    }
-    if unet && !a.dp && a.epochs.is_some() {
-        return Err(Error::field(
-            "--epochs",
-            "with --unet give --steps (or --dp with --sample-rate)",
-        ));
-    }
-    // N: the private training rows (the trained-on part of the split).
-    let rows = if a.dp && expected_batch.is_none() {
-        usize::MAX
-    } else {
-        SplitManifest::load(&a.split)?.part(a.on.into()).len()
-    };
-    if !a.dp {
-        let e = a.epochs.expect("checked above");
-        if !(e.is_finite() && e > 0.0) {
-            return Err(Error::field("--epochs", format!("must be a positive number, got {e}")));
-        }
-        a.steps = ((e * rows as f64 / a.batch_size.max(1) as f64).ceil() as usize).max(1);
-        dpaudit::limits::check_count("--epochs", a.steps as u64, dpaudit::limits::TRAIN_STEP)?;
-        return Ok(());
-    }
-    let flags = OpacusFlags {
-        batch_size: expected_batch,
-        epochs: a.epochs,
-        target_epsilon: a.target_epsilon,
-    };
-    let r = resolve_opacus(flags, rows, a.sample_rate, a.steps, a.noise_multiplier, a.delta)?;
-    if !a.quiet {
-        for l in &r.lines {
-            dpaudit::report::progress::note(l);
-        }
-    }
-    a.sample_rate = r.sample_rate;
-    a.steps = r.steps;
-    a.noise_multiplier = r.noise_multiplier;
-    Ok(())
+    Ok(outputs.emit(train::execute(&plan)?)?)
 }
 
 /// `--out`: a folder (an existing one, or a path ending in `/`) receives `<folder>/<name>.toml`,

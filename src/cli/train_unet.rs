@@ -1,5 +1,5 @@
 //! `dpaudit train --unet CONFIG|PRESET`: arguments → [`UnetTrainPlan`] →
-//! [`dpaudit::models::diffusers_train::run`]. The run (DP-SGD with batched per-sample
+//! [`dpaudit::audit::train::execute_unet`]. The run (DP-SGD with batched per-sample
 //! gradients, the diffusers folder, card and ledger) lives in the library.
 
 use std::path::{Path, PathBuf};
@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::cli::train::Args;
 use crate::cli::values::PerSample;
 use dpaudit::error::Error;
-use dpaudit::models::device;
-use dpaudit::models::diffusers_train::{self, UnetDpPlan, UnetTrainPlan};
+use dpaudit::models::diffusers_train::{UnetDpPlan, UnetTrainPlan};
 
 /// The MNIST digits shipped for diffusers models (used when --data/--split keep the 8×8 defaults).
 const MNIST_DATA: &str = "fixtures/data/mnist/mnist-10k.u8.gz";
@@ -54,43 +53,19 @@ pub fn run(
     let Some(out) = a.out.clone() else {
         return Err(Error::field("--out", "give an output folder, e.g. --out models/mnist-dp-ddpm").into());
     };
-    // The signing key is read, and the --init folder's signature checked against the trusted
-    // keys, before any work.
-    let sign_key = match &a.sign_key {
-        Some(p) => Some(dpaudit::provenance::load_secret(p).map_err(|e| e.with_field("--sign-key"))?),
-        None => None,
-    };
-    let trusted = dpaudit::provenance::load_trusted(&a.trust_key)?;
-    if let (Some(init), false) = (&a.init, trusted.is_empty()) {
-        let dir = dpaudit::models::diffusers::unet_dir(init).unwrap_or_else(|| init.clone());
-        let st = dpaudit::provenance::verify_folder(&dir, &diffusers_train::RELEASED, &trusted)?;
-        dpaudit::report::progress::note(&format!("--init {}: {}", dir.display(), st.describe()));
-    }
-    // Existing outputs are refused before any work, and so is a symbolic link at an output
-    // folder (it would send the set, with --force its replacements, elsewhere).
-    dpaudit::report::output::refuse_link(&out)?;
-    for f in diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient) {
-        dpaudit::report::output::check_file(&out.join(f), a.force)?;
-    }
-    if sign_key.is_some() {
-        dpaudit::report::output::check_file(&out.join(dpaudit::provenance::SIGNATURE), a.force)?;
-    }
-    match a.checkpoint_every {
-        Some(0) => return Err(Error::field("--checkpoint-every", "must be ≥ 1").into()),
-        Some(_) => {
-            let dir = out.join(diffusers_train::CHECKPOINT_DIR);
-            dpaudit::report::output::refuse_link(&dir)?;
-            // The folder itself appears only with the first checkpoint, whole (one rename).
-            if dir.is_dir() {
-                for f in
-                    diffusers_train::output_files(a.dp, input_canaries > 0, gradient, input_canaries > 0 && gradient)
-                {
-                    dpaudit::report::output::check_file(&dir.join(f), a.force)?;
-                }
-            }
-        }
-        None => {}
-    }
+    // The signing key is read, the --init folder's signature checked against the trusted keys,
+    // and existing outputs refused, before any work.
+    let sign_key = dpaudit::audit::train::prepare_unet(&dpaudit::audit::train::UnetPreflight {
+        sign_key: a.sign_key.as_deref(),
+        trust_key: &a.trust_key,
+        init: a.init.as_deref(),
+        out: &out,
+        dp: a.dp,
+        input_canaries,
+        gradient_canaries,
+        checkpoint_every: a.checkpoint_every,
+        force: a.force,
+    })?;
     // --data / --split default to the 8×8 digits; a UNet takes images: the shipped MNIST.
     let (data, split) =
         if a.data == Path::new("fixtures/data/digits.csv.gz") && a.split == Path::new("fixtures/splits/digits.toml") {
@@ -98,9 +73,6 @@ pub fn run(
         } else {
             (a.data.clone(), a.split.clone())
         };
-    let dev = device::select(a.device.into())?;
-    let dev_name = device::describe(&dev);
-    dpaudit::report::progress::note(&format!("device: {dev_name}"));
     let plan = UnetTrainPlan {
         data,
         split,
@@ -127,11 +99,12 @@ pub fn run(
             delta: a.delta,
             per_sample_loop: matches!(a.per_sample, PerSample::Loop),
         }),
+        device: a.device.into(),
         command: dpaudit::report::command_line(),
         quiet: a.quiet,
         force: a.force,
         checkpoint_every: a.checkpoint_every,
         sign_key,
     };
-    Ok(outputs.emit(dpaudit::audit::train::execute_unet(&plan, &dev, &dev_name)?)?)
+    Ok(outputs.emit(dpaudit::audit::train::execute_unet(&plan)?)?)
 }

@@ -35,7 +35,7 @@ value_enum! {
 
 value_enum! {
     /// How per-sample gradients are computed.
-    PerSample => dpaudit::models::dp::PerSample {
+    PerSample => dpaudit::models::toy::dp::PerSample {
         /// One backward pass with per-sample norms from layer activations (MLP), else the loop.
         Auto,
         /// One backward pass (MLP only).
@@ -47,7 +47,7 @@ value_enum! {
 
 value_enum! {
     /// Which part of a split a command works on.
-    Part => dpaudit::models::data::Part {
+    Part => dpaudit::data::digits::Part {
         /// The rows the model is trained on.
         Members,
         /// Held-out rows from the same distribution.
@@ -59,7 +59,7 @@ value_enum! {
 
 value_enum! {
     /// Network architecture.
-    Arch => dpaudit::models::Arch {
+    Arch => dpaudit::models::toy::Arch {
         /// MLP with sinusoidal time embedding (supports one-pass per-sample gradients).
         Mlp,
         /// A small UNet (two resolutions, residual blocks, group norm).

@@ -2,7 +2,9 @@
 //! (../shared/seeds/diffusion-sampling-privacy.md, §3–4, §6, App. A and D).
 //!
 //! - [`schedule`]: EDM/Karras, DDPM linear and cosine (with DDIM sub-sequences), flow matching,
-//!   all mapped to the variance-exploding form x_t = x₀ + t·ε; step conventions A/B/C.
+//!   all mapped to the variance-exploding form x_t = x₀ + t·ε; step conventions A/B/C; the ᾱ
+//!   table of a trained denoiser ([`schedule::table`]) and diffusers `scheduler_config.json`
+//!   files ([`schedule::diffusers`]): the one schedule module.
 //! - [`sensitivity`]: μ_t = 2C/(p_t(x_t)|D|)·√(2Δt/t³) (§3.1) and which steps are private
 //!   (hybrid public→empirical switch, early stop).
 //! - [`denoiser`]: the empirical denoiser Ê[x₀|x_t; D] in candle (batched, log-sum-exp, clipping of
@@ -17,7 +19,6 @@ pub mod calibrate;
 pub mod denoiser;
 pub mod sampler;
 pub mod schedule;
-pub mod scheduler;
 pub mod sensitivity;
 pub mod sweep;
 

@@ -346,7 +346,7 @@ impl SamplerConfig {
     /// in [`Self::defaulted`] under its flag (`--sampler` defaults to the scheduler's class:
     /// DDIMScheduler → ddim, DDPMScheduler → ddpm).
     pub fn from_scheduler_json(path: &Path, flags: &SchedulerFlags) -> Result<SamplerConfig> {
-        let sc = super::scheduler::SchedulerConfig::load(path)?;
+        let sc = super::schedule::diffusers::SchedulerConfig::load(path)?;
         let n = flags.dataset_size.ok_or_else(|| {
             Error::field(
                 "--dataset-size",
@@ -457,7 +457,7 @@ impl SamplerConfig {
                     ));
                 }
                 let p = self.resolve(&rel);
-                let sc = super::scheduler::SchedulerConfig::load(&p)?;
+                let sc = super::schedule::diffusers::SchedulerConfig::load(&p)?;
                 self.schedule = sc.to_sampler_schedule(self.inference_steps, &p)?;
                 if self.inference_steps.is_none() {
                     self.defaulted.push(Defaulted {

@@ -11,7 +11,6 @@ use std::path::Path;
 
 use rand::{Rng, RngCore};
 
-use super::Checkpoint;
 use crate::error::{Error, Result};
 
 /// A set of canaries.
@@ -132,27 +131,11 @@ impl Canaries {
         Ok(c)
     }
 
-    /// The canaries of a checkpoint trained with `--canaries` (hash checked against the card).
-    pub fn of_checkpoint(ck: &Checkpoint) -> Result<Self> {
-        let info = ck.card.canaries.as_ref().ok_or_else(|| {
-            Error::input("this checkpoint was trained without canaries (train with --canaries m for --audit one-run)")
-                .with_file(&ck.card_path)
-        })?;
-        if info.kind() == CanaryKind::Gradient {
-            return Err(Error::field(
-                "canaries.kind",
-                "these are gradient canaries: they have no records to attack; `mia --audit one-run` audits them from their observations (white-box)",
-            )
-            .with_file(&ck.card_path));
-        }
-        Self::of_info(info, ck.dir(), &ck.card_path)
-    }
-
     /// The canaries a card's `info` names in `dir` (SHA-256 and count checked against the card
     /// at `card_path`).
-    pub fn of_info(info: &super::checkpoint::CanaryInfo, dir: &Path, card_path: &Path) -> Result<Self> {
+    pub fn of_info(info: &super::card::CanaryInfo, dir: &Path, card_path: &Path) -> Result<Self> {
         let p = dir.join(&info.file);
-        let sha = crate::models::data::sha256_file(&p)?;
+        let sha = crate::data::digits::sha256_file(&p)?;
         if sha != info.sha256 {
             return Err(Error::field(
                 "canaries.sha256",
@@ -186,7 +169,7 @@ fn included_bit(v: &str) -> std::result::Result<bool, String> {
 /// skips clipping lets the whole 2C through, which the audit sees.
 pub const GRADIENT_CANARY_NORM: f64 = 2.0;
 
-pub use super::checkpoint::CanaryKind;
+pub use super::card::CanaryKind;
 
 /// White-box gradient canaries (Nasr et al. 2023, Dirac canaries): canary i is a record whose
 /// per-sample gradient is [`GRADIENT_CANARY_NORM`]·C·e_{j_i}, one distinct parameter
@@ -417,7 +400,7 @@ impl WhiteBoxRecorder {
 
     /// The observations as `.npy` bytes, shape [steps, m].
     pub fn observations_npy(&self) -> Vec<u8> {
-        super::npy::encode_f32(&[self.steps, self.canaries.len()], &self.observations)
+        crate::data::npy::encode_f32(&[self.steps, self.canaries.len()], &self.observations)
     }
 }
 

@@ -15,10 +15,11 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
-use super::data::{sha256_hex, sha256_hex_of};
+use super::precision::Precision;
 use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
-use super::Schedule;
-use crate::diffusion::scheduler::{PredictionType, SchedulerConfig};
+use crate::data::digits::{sha256_hex, sha256_hex_of};
+use crate::diffusion::schedule::diffusers::{PredictionType, SchedulerConfig};
+use crate::diffusion::schedule::table::TrainingSchedule;
 
 /// The weights file name diffusers writes.
 pub const WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
@@ -58,6 +59,9 @@ pub struct DiffusersCheckpoint {
     /// `scheduler_config.json` and its content, when one was found.
     pub scheduler: Option<(PathBuf, SchedulerConfig)>,
     device: Device,
+    /// The arithmetic of its forwards on a GPU: the plan's `--precision` (fp32 when loaded; the
+    /// application layer sets it after [`super::precision::check_device`]).
+    pub precision: Precision,
 }
 
 /// The scheduler config of a UNet folder: beside the UNet, beside the folder given, or in a
@@ -293,12 +297,25 @@ impl DiffusersCheckpoint {
             model,
             scheduler,
             device: device.clone(),
+            precision: Precision::Fp32,
         })
     }
 
     /// The raw model output for a batch (B, C, H, W) given flat, at timesteps `t`, computed in
-    /// chunks of `batch` rows.
+    /// chunks of `batch` rows, at the checkpoint's [`DiffusersCheckpoint::precision`].
     pub fn eval(&self, x: &[f32], shape: [usize; 4], t: &[f64], batch: usize) -> Result<Vec<f32>> {
+        self.eval_at(x, shape, t, batch, self.precision)
+    }
+
+    /// [`DiffusersCheckpoint::eval`] at precision `precision`.
+    pub fn eval_at(
+        &self,
+        x: &[f32],
+        shape: [usize; 4],
+        t: &[f64],
+        batch: usize,
+        precision: Precision,
+    ) -> Result<Vec<f32>> {
         let [b, c, h, w] = shape;
         let per = c * h * w;
         if x.len() != b * per || t.len() != b {
@@ -313,9 +330,12 @@ impl DiffusersCheckpoint {
         let mut out = Vec::with_capacity(b * per_out);
         for win in batch_windows(b, batch) {
             let (start, n) = (win.start, win.len);
-            let y = self
-                .model
-                .forward_host(&x[start * per..(start + n) * per], [n, c, h, w], &t[start..start + n])?;
+            let y = self.model.forward_host_at(
+                &x[start * per..(start + n) * per],
+                [n, c, h, w],
+                &t[start..start + n],
+                precision,
+            )?;
             out.extend_from_slice(&y[win.skip * per_out..]);
         }
         Ok(out)
@@ -401,6 +421,7 @@ impl DiffusersCheckpoint {
         }
         Ok(DiffusersDenoiser {
             ck: self,
+            precision: self.precision,
             schedule: sc.schedule(p)?,
             prediction: sc.prediction_type,
             shape,
@@ -448,10 +469,13 @@ pub fn batch_windows(n: usize, batch: usize) -> Vec<BatchWindow> {
 }
 
 /// A diffusers UNet as an ε-predictor: batched, with v / x₀ predictions converted to ε.
+#[derive(Clone)]
 pub struct DiffusersDenoiser<'a> {
     ck: &'a DiffusersCheckpoint,
+    /// The arithmetic of its forwards on a GPU.
+    precision: Precision,
     /// ᾱ table from the scheduler config.
-    pub schedule: Schedule,
+    pub schedule: TrainingSchedule,
     prediction: PredictionType,
     shape: [usize; 3],
     batch: usize,
@@ -471,6 +495,20 @@ impl DiffusersDenoiser<'_> {
     /// The UNet.
     pub fn model(&self) -> &super::unet2d::Unet2dModel {
         &self.ck.model
+    }
+
+    /// The arithmetic of its forwards on a GPU.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The same denoiser computing at `precision` (e.g. fp32 again, to measure what tf32 or bf16
+    /// changed): same weights, same schedule.
+    pub fn at_precision(&self, precision: Precision) -> DiffusersDenoiser<'_> {
+        DiffusersDenoiser {
+            precision,
+            ..self.clone()
+        }
     }
 
     /// ε̂ for a device-resident batch `x` [n, C·H·W] (f32, on the model's device) at step `t`
@@ -493,7 +531,11 @@ impl DiffusersDenoiser<'_> {
         for win in batch_windows(n, self.batch) {
             let m = win.len;
             let xb = x.narrow(0, win.start, m)?.reshape((m, c, h, w))?;
-            let y = self.ck.model.forward(&xb, &vec![t as f64; m])?.reshape((m, d))?;
+            let y = self
+                .ck
+                .model
+                .forward_at(&xb, &vec![t as f64; m], self.precision)?
+                .reshape((m, d))?;
             parts.push((y, win.skip));
         }
         let out = if parts.len() <= 1 {
@@ -541,7 +583,9 @@ impl DiffusersDenoiser<'_> {
             return Err(Error::input(format!("timestep {bad} ≥ T = {}", self.schedule.len())));
         }
         let tf: Vec<f64> = t.iter().map(|&s| s as f64).collect();
-        let mut out = self.ck.eval(x, [t.len(), c, h, w], &tf, self.batch)?;
+        let mut out = self
+            .ck
+            .eval_at(x, [t.len(), c, h, w], &tf, self.batch, self.precision)?;
         if self.prediction != PredictionType::Epsilon {
             for (i, &s) in t.iter().enumerate() {
                 let abar = self.schedule.alpha_bars[s];

@@ -34,16 +34,18 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use super::canary::{Canaries, CanaryKind, GradientCanaries, WhiteBoxRecorder, GRADIENT_CANARY_NORM};
-use super::checkpoint::{CanaryInfo, DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
-use super::data::{indices_sha256, sha256_file, sha256_hex, Part};
+use super::card::{CanaryInfo, DataInfo, DpInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED};
 use super::diffusers::{read_weights, unet_dir, WEIGHTS};
-use super::images::ImageSet;
-use super::scheduler::SchedulerConfig;
-use super::train::{noisy, normals};
+use super::dp::normals;
 use super::unet2d::grad_cpu::{unsupported, CpuGrad};
 use super::unet2d::train::{clip_and_sum, TrainUnet};
 use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
-use super::{Schedule, SplitManifest};
+use crate::data::digits::{indices_sha256, sha256_file, sha256_hex, Part};
+use crate::data::images::ImageSet;
+use crate::data::SplitManifest;
+use crate::diffusion::schedule::diffusers::SchedulerConfig;
+use crate::diffusion::schedule::table::noisy;
+use crate::diffusion::schedule::table::TrainingSchedule;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
 use crate::report::export::fmt_num;
@@ -102,7 +104,7 @@ pub fn folder_ledger(dir: &Path) -> Result<PathBuf> {
 }
 
 /// The data file and split manifest a folder's card records (paths relative to the card, as
-/// [`super::checkpoint::resolve_card_path`] reads them, shown without `dir/../`), each checked
+/// [`super::card::resolve_card_path`] reads them, shown without `dir/../`), each checked
 /// against the SHA-256 the card records; `None` when the folder has no card. What `mia` uses when
 /// `--data` and `--split` are not given.
 pub fn card_data(unet_dir: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
@@ -115,7 +117,7 @@ pub fn card_data(unet_dir: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
         ("data.file", &card.data.file, &card.data.sha256),
         ("data.split", &card.data.split, &card.data.split_sha256),
     ] {
-        let p = lexical(&super::checkpoint::resolve_card_path(&card_path, field, value)?);
+        let p = lexical(&super::card::resolve_card_path(&card_path, field, value)?);
         let got = sha256_file(&p)?;
         if &got != sha {
             return Err(Error::field(
@@ -349,7 +351,7 @@ impl UnetCard {
 
     /// The white-box gradient canaries (with their observations) the card names, if any.
     pub fn white_box_canaries(&self) -> Option<&CanaryInfo> {
-        super::checkpoint::white_box_canaries(self.canaries.as_ref(), self.gradient_canaries.as_ref())
+        super::card::white_box_canaries(self.canaries.as_ref(), self.gradient_canaries.as_ref())
     }
 
     /// The input canaries (scored black-box) the card names, if any.
@@ -425,6 +427,8 @@ pub struct UnetTrainPlan {
     pub seed: Option<u64>,
     /// DP-SGD.
     pub dp: Option<UnetDpPlan>,
+    /// The device to train on (`--device`; selected by `audit::train`, recorded in the card).
+    pub device: crate::models::DeviceChoice,
     /// The command line recorded in the card.
     pub command: String,
     /// No progress bar.
@@ -493,7 +497,7 @@ pub fn output_files(dp: bool, canaries: bool, gradient: bool, both: bool) -> Vec
     v
 }
 
-/// Exponential moving average of the parameters, as [`super::train::Ema`]: updated every 10
+/// Exponential moving average of the parameters, as [`super::toy::train::Ema`]: updated every 10
 /// steps with decay d¹⁰ and warm-up min(d, (1 + n)/(10 + n)).
 struct Ema {
     decay: f64,
@@ -595,7 +599,7 @@ impl LogProgress {
 /// Mean denoising loss on `rows` with one fixed (t, ε) draw per row from `seed`.
 fn eval_loss(
     m: &TrainUnet,
-    schedule: &Schedule,
+    schedule: &TrainingSchedule,
     rows: &[f32],
     shape: [usize; 3],
     t_range: (usize, usize),
@@ -707,18 +711,6 @@ fn public_only(dir: &Path, images: &ImageSet, split: &SplitManifest, split_path:
             split.public.len()
         )
     }))
-}
-
-/// The tightest sound ε of `event` at `delta` with its accountant, as the 8×8 `train` states it.
-fn epsilon_of(event: &DpEvent, delta: f64) -> Option<(f64, String)> {
-    let (gs, _) = crate::accountants::attack_limits::guarantees(event, delta);
-    let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon)?;
-    let kind = gs
-        .iter()
-        .find(|g| g.source == best.1)
-        .map(|g| g.kind.as_str())
-        .unwrap_or("");
-    Some((best.0, format!("{} ({kind})", best.1)))
 }
 
 /// Runs the plan on `device` (described as `device_name` in the card).
@@ -1156,7 +1148,7 @@ struct Folder<'a> {
     config: &'a Unet2dConfig,
     parameters: usize,
     sched_text: &'a str,
-    schedule: &'a Schedule,
+    schedule: &'a TrainingSchedule,
     canaries: Option<&'a Canaries>,
     /// Private rows including the included canaries.
     n: usize,
@@ -1219,7 +1211,7 @@ impl Folder<'_> {
         let mut files: Vec<(String, Vec<u8>)> = Vec::new();
         let mut dp_info = None;
         if let (Some(d), Some(ev)) = (&plan.dp, &event) {
-            let eps = epsilon_of(ev, d.delta);
+            let eps = super::dp::spent_epsilon(ev, d.delta);
             let text = super::dp::ledger_toml(
                 ev,
                 d.delta,
@@ -1268,7 +1260,7 @@ impl Folder<'_> {
                 ledger: LEDGER.into(),
                 epsilon: eps.as_ref().map(|e| e.0),
                 epsilon_accountant: eps.as_ref().map(|e| e.1.clone()),
-                init_ledger: self.init_ledger.map(|(_, p)| super::checkpoint::card_relative(p, dir)),
+                init_ledger: self.init_ledger.map(|(_, p)| super::card::card_relative(p, dir)),
                 rapid: None,
                 ledger_sha256: Some(sha256_hex(text.as_bytes())),
             });
@@ -1346,9 +1338,9 @@ impl Folder<'_> {
             beta_start: plan.beta_start,
             beta_end: plan.beta_end,
             data: DataInfo {
-                file: super::checkpoint::card_relative(&plan.data, dir),
+                file: super::card::card_relative(&plan.data, dir),
                 sha256: self.images.sha256.clone(),
-                split: super::checkpoint::card_relative(&plan.split, dir),
+                split: super::card::card_relative(&plan.split, dir),
                 split_sha256: sha256_file(&plan.split)?,
                 trained_on: plan.on,
                 rows_sha256: indices_sha256(self.private_ix),
@@ -1371,7 +1363,7 @@ impl Folder<'_> {
                 eval_loss_before: Some(self.before),
                 eval_loss_after: Some(after),
                 eval_on: Some(self.eval_on.to_string()),
-                init: plan.init.as_ref().map(|p| super::checkpoint::card_relative(p, dir)),
+                init: plan.init.as_ref().map(|p| super::card::card_relative(p, dir)),
             },
             dp: dp_info,
             canaries: canary_info,

@@ -62,7 +62,7 @@ fn training_on_digits_reduces_the_denoising_loss_and_is_seeded() {
     // The card names the data and split by hash and records the command.
     assert_eq!(c["data"]["trained_on"].as_str(), Some("members"));
     assert!(t["command"].as_str().unwrap().starts_with("dpaudit train"));
-    let split_sha = dpaudit::models::data::sha256_file(&root().join("fixtures/splits/digits.toml")).unwrap();
+    let split_sha = dpaudit::data::digits::sha256_file(&root().join("fixtures/splits/digits.toml")).unwrap();
     assert_eq!(c["data"]["split_sha256"].as_str(), Some(split_sha.as_str()));
     // Reproducible from the seed.
     let b = dir.path().join("b");
@@ -77,7 +77,7 @@ fn training_on_digits_reduces_the_denoising_loss_and_is_seeded() {
 /// Save → load gives bit-identical tensors and outputs.
 #[test]
 fn checkpoints_round_trip_exactly() {
-    use dpaudit::models::{Checkpoint, PIXELS};
+    use dpaudit::models::toy::{Checkpoint, PIXELS};
     let dir = tmp();
     let stem = dir.path().join("rt");
     let o = tiny_train(&stem, &["--steps", "20", "--arch", "unet", "--channels", "8"]);
@@ -87,7 +87,7 @@ fn checkpoints_round_trip_exactly() {
     // Save again and compare bytes of every tensor.
     let stem2 = dir.path().join("rt2");
     let mut c2 = ck.card.clone();
-    dpaudit::models::checkpoint::save(&stem2, &ck.net, &mut c2).unwrap();
+    dpaudit::models::toy::checkpoint::save(&stem2, &ck.net, &mut c2).unwrap();
     let ck2 = Checkpoint::load(&dir.path().join("rt2.toml"), &dev).unwrap();
     assert_eq!(
         c2.weights_sha256, ck.card.weights_sha256,

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use dpaudit::models::images::ImageSet;
-use dpaudit::models::{npy, SplitManifest};
+use dpaudit::data::images::ImageSet;
+use dpaudit::data::{npy, SplitManifest};
 
 use super::common::{dpaudit, root, stderr, stdout};
 
@@ -408,7 +408,7 @@ fn model_info_states_architecture_parameters_and_hashes() {
         let n = versions["models"][name].as_u64().unwrap();
         assert!(s.contains(&format!("parameters: {n}\n")), "{name}: {s}");
         assert!(s.contains("architecture: UNet2DModel"), "{s}");
-        let sha = dpaudit::models::data::sha256_file(&dir.join("diffusion_pytorch_model.safetensors")).unwrap();
+        let sha = dpaudit::data::digits::sha256_file(&dir.join("diffusion_pytorch_model.safetensors")).unwrap();
         assert!(s.contains(&sha), "{s}");
     }
 }
@@ -814,8 +814,8 @@ fn stable_diffusion_scheduler_config_analyses_to_the_native_per_step_mu() {
 /// ≤ 2e-5 for the cosine schedule's last steps, where ᾱ ≈ 1e-9).
 #[test]
 fn alphas_cumprod_and_sd_timesteps_equal_diffusers() {
+    use dpaudit::diffusion::schedule::diffusers::SchedulerConfig;
     use dpaudit::diffusion::schedule::{alpha_bar_from_betas, ddim_timesteps};
-    use dpaudit::diffusion::scheduler::SchedulerConfig;
     let text = std::fs::read_to_string(root().join("fixtures/reference/diffusers_alphas_cumprod.csv")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let (mut n_ab, mut n_ts) = (0, 0);

@@ -411,7 +411,7 @@ fn fuzz_run_configs() {
 
 #[test]
 fn fuzz_model_cards() {
-    use dpaudit::models::checkpoint::Card;
+    use dpaudit::models::toy::checkpoint::Card;
     let src = std::fs::read_to_string(root().join("models/digits-mlp.toml")).unwrap();
     let mut r = runner("cards");
     let reach = Reach::new("cards");
@@ -425,10 +425,10 @@ fn fuzz_model_cards() {
             if card.model.validate().is_ok() {
                 reach.reached();
                 // Validation passed: the parameter budget holds, so building is cheap.
-                let net = dpaudit::models::Net::new(&card.model, 0, &candle_core::Device::Cpu);
+                let net = dpaudit::models::toy::Net::new(&card.model, 0, &candle_core::Device::Cpu);
                 assert!(net.is_ok(), "a validated model must build: {:?}", card.model);
             }
-            let _ = dpaudit::models::Schedule::new(card.schedule);
+            let _ = dpaudit::diffusion::schedule::table::TrainingSchedule::new(card.schedule);
         });
         Ok(())
     })
@@ -446,7 +446,7 @@ fn safetensors_bytes(header: &str, data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn fuzz_safetensors_headers() {
-    use dpaudit::models::checkpoint::parse_weights;
+    use dpaudit::models::toy::checkpoint::parse_weights;
     let dtypes = prop_oneof![
         Just("F32"),
         Just("F64"),

@@ -473,7 +473,7 @@ fn concurrent_writers_are_refused_without_force_and_serialised_with_it() {
         stderr(&y)
     );
     let dev = candle_core::Device::Cpu;
-    dpaudit::models::Checkpoint::load(&stem.with_extension("toml"), &dev).unwrap();
+    dpaudit::models::toy::Checkpoint::load(&stem.with_extension("toml"), &dev).unwrap();
 }
 
 /// Every output path that exists is refused without --force (`--save-event`, `model eval

@@ -5,12 +5,12 @@
 //! ledger's ε and the threat model; the same run without the defect must exit 0.
 
 use super::common::*;
+use dpaudit::data::digits::Part;
+use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::models::canary::{CanaryKind, Defect};
-use dpaudit::models::data::Part;
-use dpaudit::models::dp::PerSample;
-use dpaudit::models::run::{run, DpPlan, TrainPlan};
-use dpaudit::models::schedule::ScheduleConfig;
-use dpaudit::models::{Arch, ModelConfig};
+use dpaudit::models::toy::dp::PerSample;
+use dpaudit::models::toy::run::{run, DpPlan, TrainPlan};
+use dpaudit::models::toy::{Arch, ModelConfig};
 
 /// σ of the full-batch ledger (T = 16): ε = 4 at δ = 1e-5 (`dpaudit calibrate --target-epsilon
 /// 4 --sample-rate 1 --steps 16`).
@@ -31,7 +31,7 @@ fn plan(out: &std::path::Path, sigma: f64, q: f64, canaries: usize, defect: Opti
             time_dim: 64,
             channels: 16,
         },
-        schedule: ScheduleConfig::default(),
+        schedule: TrainingScheduleConfig::default(),
         steps: 16,
         batch_size: 128,
         lr: 1e-3,
@@ -52,6 +52,7 @@ fn plan(out: &std::path::Path, sigma: f64, q: f64, canaries: usize, defect: Opti
             per_sample: PerSample::Auto,
             rapid: None,
         }),
+        device: dpaudit::models::DeviceChoice::Cpu,
         command: "white-box audit test".into(),
         quiet: true,
         force: true,

@@ -16,11 +16,13 @@ use crate::attacks::scores;
 pub use crate::attacks::scores::ScoreRecord;
 use crate::attacks::shard::{DiffusersPart, MiaPart, PartInputs, PartPlan, PartRecord, ShardSpec, PART_SCHEMA};
 use crate::attacks::subject::{self, Subject};
+use crate::data::images::ImageSet;
+use crate::data::{Dataset, SplitManifest};
 use crate::error::{Error, Result};
 use crate::models::diffusers::{unet_dir, DiffusersCheckpoint};
-use crate::models::images::ImageSet;
 use crate::models::precision::Precision;
-use crate::models::{device, Checkpoint, Dataset, DeviceChoice, SplitManifest};
+use crate::models::toy::Checkpoint;
+use crate::models::{device, DeviceChoice};
 use crate::report::{output, progress};
 
 /// `--attack` when not given.
@@ -266,9 +268,10 @@ fn load(req: &Request, path: &Path, dev: &candle_core::Device) -> Result<Loaded>
         ));
     }
     crate::models::precision::check_device(req.precision, dev)?;
-    crate::models::precision::set(req.precision);
     let t0 = std::time::Instant::now();
-    let ck = DiffusersCheckpoint::load(path, dev)?;
+    let mut ck = DiffusersCheckpoint::load(path, dev)?;
+    // The plan's arithmetic travels with the loaded checkpoint into every forward.
+    ck.precision = req.precision;
     crate::timing::note("load checkpoint", t0);
     crate::timing::within_summary();
     let udir = ck.config_path.parent().unwrap_or(path).to_path_buf();

@@ -13,7 +13,7 @@ use super::config::{Act, TimeEmbedding, Unet2dConfig};
 #[cfg(feature = "cudnn")]
 use super::cuda;
 use super::graph::{AttnSpec, ConvSpec, Graph, LinearSpec, NormSpec, Op, ResnetSpec, Updown};
-use super::precision::{self, conv2d, linear};
+use super::precision::{self, conv2d, linear, Precision};
 use super::weights::WeightStore;
 use super::{cpu, Unsupported};
 use crate::error::{Error, Result};
@@ -148,7 +148,7 @@ impl ResnetBlock {
         })
     }
 
-    fn forward(&self, x: &Tensor, temb: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, temb: &Tensor, p: Precision) -> Result<Tensor> {
         let mut input = x.clone();
         let mut h = self.act.apply(&self.norm1.forward(x)?)?;
         match self.updown {
@@ -163,7 +163,7 @@ impl ResnetBlock {
                 h = h.upsample_nearest2d(hh * 2, ww * 2)?;
             }
         }
-        let h = conv2d(&self.conv1, &h)?;
+        let h = conv2d(&self.conv1, &h, p)?;
         let t = linear(&self.time_emb_proj, &self.act.apply(temb)?)?
             .unsqueeze(2)?
             .unsqueeze(3)?;
@@ -178,9 +178,9 @@ impl ResnetBlock {
         } else {
             self.norm2.forward(&h.broadcast_add(&t)?)?
         };
-        let h = conv2d(&self.conv2, &self.act.apply(&h)?)?;
+        let h = conv2d(&self.conv2, &self.act.apply(&h)?, p)?;
         let input = match &self.shortcut {
-            Some(s) => conv2d(s, &input)?,
+            Some(s) => conv2d(s, &input, p)?,
             None => input,
         };
         let out = (input + h)?;
@@ -422,13 +422,21 @@ impl Unet2dModel {
     /// The model output for a batch `x` (B, C, H, W) at timesteps `t` (one per row): on the CPU
     /// through the batch-parallel forward of `cpu/forward.rs`; on a GPU at fp32 or tf32 through
     /// `cuda/forward.rs` (feature `cudnn`) where it covers the architecture; otherwise through
-    /// candle's kernels.
+    /// candle's kernels. In fp32 (the reference arithmetic); [`Unet2dModel::forward_at`] takes
+    /// the plan's precision.
     pub fn forward(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
+        self.forward_at(x, t, Precision::Fp32)
+    }
+
+    /// [`Unet2dModel::forward`] computing at precision `p` on a GPU (`--precision`; the CPU
+    /// forward is fp32 only, which the plan checks with [`precision::check_device`]).
+    pub fn forward_at(&self, x: &Tensor, t: &[f64], p: Precision) -> Result<Tensor> {
+        precision::apply_gemm(p);
         if !crate::timing::forwards() {
-            return self.forward_untimed(x, t);
+            return self.forward_untimed(x, t, p);
         }
         let t0 = std::time::Instant::now();
-        let y = self.forward_untimed(x, t)?;
+        let y = self.forward_untimed(x, t, p)?;
         if x.device().is_cpu() {
             crate::timing::note(format_args!("UNet forward, batch {}", x.dim(0)?), t0);
         } else {
@@ -444,19 +452,19 @@ impl Unet2dModel {
         Ok(y)
     }
 
-    fn forward_untimed(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
+    fn forward_untimed(&self, x: &Tensor, t: &[f64], p: Precision) -> Result<Tensor> {
         let (b, c, h, wd) = x.dims4()?;
         if self.cpu.is_some() && x.device().is_cpu() {
             let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-            let y = self.forward_host(&v, [b, c, h, wd], t)?;
+            let y = self.forward_host_at(&v, [b, c, h, wd], t, p)?;
             return Ok(Tensor::from_vec(y, (b, self.config.out_channels, h, wd), x.device())?);
         }
         #[cfg(feature = "cudnn")]
         if let Some(cu) = &self.cuda {
-            let math = match precision::current() {
-                precision::Precision::Fp32 => Some(super::cuda::cudnn_conv::Math::Fp32),
-                precision::Precision::Tf32 => Some(super::cuda::cudnn_conv::Math::Tf32),
-                precision::Precision::Bf16 => None,
+            let math = match p {
+                Precision::Fp32 => Some(super::cuda::cudnn_conv::Math::Fp32),
+                Precision::Tf32 => Some(super::cuda::cudnn_conv::Math::Tf32),
+                Precision::Bf16 => None,
             };
             if let (true, Some(math), false) = (x.device().is_cuda(), math, cuda::disabled()) {
                 self.check_input([b, c, h, wd], t)?;
@@ -464,7 +472,7 @@ impl Unet2dModel {
                 return cu.forward(x, &tf, math);
             }
         }
-        self.forward_candle(x, t)
+        self.forward_candle_at(x, t, p)
     }
 
     fn check_input(&self, shape: [usize; 4], t: &[f64]) -> Result<()> {
@@ -494,8 +502,14 @@ impl Unet2dModel {
     }
 
     /// [`Unet2dModel::forward`] on host buffers: `x` is (B, C, H, W) row-major; returns
-    /// (B, out_channels, H, W) row-major. Uses the CPU forward when the weights are on the CPU.
+    /// (B, out_channels, H, W) row-major. Uses the CPU forward when the weights are on the CPU;
+    /// on a GPU computes in fp32 ([`Unet2dModel::forward_host_at`] takes the plan's precision).
     pub fn forward_host(&self, x: &[f32], shape: [usize; 4], t: &[f64]) -> Result<Vec<f32>> {
+        self.forward_host_at(x, shape, t, Precision::Fp32)
+    }
+
+    /// [`Unet2dModel::forward_host`] computing at precision `p` on a GPU.
+    pub fn forward_host_at(&self, x: &[f32], shape: [usize; 4], t: &[f64], p: Precision) -> Result<Vec<f32>> {
         let [b, c, h, wd] = shape;
         if x.len() != b * c * h * wd {
             return Err(Error::input(format!(
@@ -520,7 +534,7 @@ impl Unet2dModel {
             None => {
                 let dev = &self.device;
                 let xt = Tensor::from_slice(x, (b, c, h, wd), dev)?;
-                Ok(self.forward(&xt, t)?.flatten_all()?.to_vec1()?)
+                Ok(self.forward_at(&xt, t, p)?.flatten_all()?.to_vec1()?)
             }
         }
     }
@@ -528,15 +542,16 @@ impl Unet2dModel {
     /// The forward through candle's kernels (the path for CUDA; the reference in tests): the
     /// graph's ops in order.
     pub fn forward_candle(&self, x: &Tensor, t: &[f64]) -> Result<Tensor> {
+        self.forward_candle_at(x, t, Precision::Fp32)
+    }
+
+    /// [`Unet2dModel::forward_candle`] at precision `p` on a GPU.
+    pub fn forward_candle_at(&self, x: &Tensor, t: &[f64], prec: Precision) -> Result<Tensor> {
         let (b, c, h, wd) = x.dims4()?;
         self.check_input([b, c, h, wd], t)?;
         let dev = x.device();
         // The activations' dtype: bf16 with `--precision bf16` on a GPU, else f32.
-        let dt = if dev.is_cpu() {
-            DType::F32
-        } else {
-            precision::current().dtype()
-        };
+        let dt = if dev.is_cpu() { DType::F32 } else { prec.dtype() };
         let x = x.to_dtype(dt)?;
         let mut hcur = if self.graph.center_input {
             ((x * 2.0)? - 1.0)?
@@ -560,12 +575,12 @@ impl Unet2dModel {
                         let p = hcur
                             .pad_with_zeros(D::Minus1, 0, *extra)?
                             .pad_with_zeros(D::Minus2, 0, *extra)?;
-                        conv2d(conv, &p)?
+                        conv2d(conv, &p, prec)?
                     } else {
-                        conv2d(conv, &hcur)?
+                        conv2d(conv, &hcur, prec)?
                     };
                 }
-                Node::Resnet(r) => hcur = r.forward(&hcur, &emb_of(&emb)?)?,
+                Node::Resnet(r) => hcur = r.forward(&hcur, &emb_of(&emb)?, prec)?,
                 Node::Attention(a) => hcur = a.forward(&hcur)?,
                 Node::Upsample => {
                     let (_, _, hh, ww) = hcur.dims4()?;

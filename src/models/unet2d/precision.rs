@@ -9,12 +9,14 @@
 //! * **bf16**: weights and activations in bfloat16 (8-bit mantissa), f32 accumulation in the
 //!   convolutions and products, group norm computed in f32.
 //!
-//! The choice is process-wide (like candle's own reduced-precision switch), so a run can score a
-//! sample again in fp32 and state the largest change (the `mia` report's `precision` fact).
+//! The choice is a value, not process state: the plan's `--precision` is carried by the loaded
+//! checkpoint ([`crate::models::diffusers::DiffusersCheckpoint::precision`]) into every forward
+//! ([`super::Unet2dModel::forward_at`]), so a run can score a sample again in fp32 through the
+//! same weights and state the largest change (the `mia` report's `precision` fact). candle's
+//! cuBLAS TF32 switch is process-wide inside candle; each forward sets it from its own value
+//! ([`apply_gemm`]).
 //! Layers call [`conv2d`] and [`linear`] instead of candle-nn's `forward`: at fp32 on the CPU
 //! they are exactly candle-nn's.
-
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Conv2d, Linear, Module};
@@ -54,22 +56,13 @@ impl Precision {
     }
 }
 
-static CURRENT: AtomicU8 = AtomicU8::new(0);
-
-/// Sets the process-wide precision of the UNet forward (and candle's cuBLAS TF32 switch).
-pub fn set(p: Precision) {
-    CURRENT.store(p as u8, Ordering::SeqCst);
+/// Sets candle's cuBLAS TF32 switch (process-wide inside candle) for a forward computing at `p`;
+/// a no-op without the `cuda` feature.
+pub fn apply_gemm(p: Precision) {
     #[cfg(feature = "cuda")]
     candle_core::cuda::set_gemm_reduced_precision_f32(p == Precision::Tf32);
-}
-
-/// The current precision.
-pub fn current() -> Precision {
-    match CURRENT.load(Ordering::SeqCst) {
-        1 => Precision::Tf32,
-        2 => Precision::Bf16,
-        _ => Precision::Fp32,
-    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = p;
 }
 
 /// Refuses tf32 and bf16 off a CUDA device (the CPU forward is f32 only).
@@ -95,16 +88,18 @@ fn cast(t: &Tensor, dt: DType) -> candle_core::Result<Tensor> {
 }
 
 /// `c.forward(x)` in `x`'s dtype: on a CUDA device with the `cudnn` feature through cuDNN with
-/// the math type of [`current`], otherwise candle's convolution (weights cast to `x`'s dtype).
-pub fn conv2d(c: &Conv2d, x: &Tensor) -> candle_core::Result<Tensor> {
+/// the math type of `p`, otherwise candle's convolution (weights cast to `x`'s dtype).
+pub fn conv2d(c: &Conv2d, x: &Tensor, p: Precision) -> candle_core::Result<Tensor> {
     let dt = x.dtype();
+    #[cfg(not(feature = "cudnn"))]
+    let _ = p;
     #[cfg(feature = "cudnn")]
     if x.device().is_cuda() {
         let cfg = c.config();
         let op = super::cuda::cudnn_conv::CudnnConv2d {
             padding: cfg.padding,
             stride: cfg.stride,
-            precision: match current() {
+            precision: match p {
                 Precision::Fp32 => super::cuda::cudnn_conv::Math::Fp32,
                 Precision::Tf32 => super::cuda::cudnn_conv::Math::Tf32,
                 Precision::Bf16 => super::cuda::cudnn_conv::Math::Bf16,
@@ -205,7 +200,12 @@ mod tests {
             },
         );
         let x = Tensor::arange(0f32, 48.0, &dev).unwrap().reshape((1, 3, 4, 4)).unwrap();
-        let a: Vec<f32> = conv2d(&c, &x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let a: Vec<f32> = conv2d(&c, &x, Precision::Fp32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let e: Vec<f32> = c.forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(a, e);
         let l = Linear::new(Tensor::ones((2, 4), DType::F32, &dev).unwrap(), None);

@@ -1170,8 +1170,8 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::{CpuUnet, Forms};
+    use crate::data::npy;
     use crate::models::diffusers::DiffusersCheckpoint;
-    use crate::models::npy;
 
     /// The CPU forward equals candle's forward on every diffusers fixture (attention with
     /// several heads, one head, no attention, `scale_shift` and `default` conditioning, Fourier

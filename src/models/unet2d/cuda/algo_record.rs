@@ -91,11 +91,8 @@ pub fn search_for(setting: Option<&str>, fp32: bool, recorded: bool) -> (Search,
 
 /// The record's file, from the environment (see the module's documentation).
 pub fn path() -> Option<PathBuf> {
-    path_from(
-        std::env::var_os("DPAUDIT_CUDNN_RECORD"),
-        std::env::var_os("XDG_CACHE_HOME"),
-        std::env::var_os("HOME"),
-    )
+    let (record, xdg, home) = crate::diagnostics::cudnn_record_sources();
+    path_from(record, xdg, home)
 }
 
 fn path_from(

@@ -58,7 +58,7 @@ pub struct CudnnConv2d {
 fn search_for(precision: Math) -> Search {
     static SETTING: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     static WARNED: std::sync::Once = std::sync::Once::new();
-    let setting = SETTING.get_or_init(|| std::env::var("DPAUDIT_CUDNN_ALGO").ok());
+    let setting = SETTING.get_or_init(crate::diagnostics::cudnn_algo);
     let (search, warning) = super::algo_record::search_for(
         setting.as_deref(),
         precision == Math::Fp32,

@@ -45,7 +45,7 @@ fn derr<E: std::fmt::Debug>(e: E) -> Error {
 
 /// `DPAUDIT_UNET_CUDA=candle` turns this forward off.
 pub(in super::super) fn disabled() -> bool {
-    std::env::var("DPAUDIT_UNET_CUDA").is_ok_and(|v| v == "candle")
+    crate::diagnostics::unet_cuda_off()
 }
 
 /// A device tensor kept alive with its raw address.
@@ -239,7 +239,7 @@ const ATT_TQ: usize = 128;
 /// `DPAUDIT_UNET_ATTENTION=gemm` keeps attention on the GEMM path for every head dimension
 /// (for comparisons).
 fn gemm_attention() -> bool {
-    std::env::var("DPAUDIT_UNET_ATTENTION").is_ok_and(|v| v == "gemm")
+    crate::diagnostics::unet_gemm_attention()
 }
 
 /// The UNet laid out for this forward: weights on the GPU (q/k/v stacked, biases combined),
@@ -1079,7 +1079,7 @@ impl CudaUnet {
 /// `DPAUDIT_CUDA_GRAPH=1` turns on [`CudaUnet::forward_graph`] (off by default).
 fn graphs_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DPAUDIT_CUDA_GRAPH").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(crate::diagnostics::cuda_graphs)
 }
 
 /// At most this many captured forwards per model (each keeps its own memory).

@@ -11,12 +11,13 @@ use indicatif::ProgressBar;
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-use super::{Net, Schedule, PIXELS};
+use super::{Net, PIXELS};
+use crate::diffusion::schedule::table::{noisy, TrainingSchedule};
+use crate::models::dp::normals;
 
 /// Optimisation settings of a (non-DP) training run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -40,7 +41,7 @@ pub struct TrainConfig {
 
 impl TrainConfig {
     /// Checks the settings against the schedule; errors name the flag.
-    pub fn validate(&self, schedule: &Schedule) -> Result<()> {
+    pub fn validate(&self, schedule: &TrainingSchedule) -> Result<()> {
         if self.batch_size == 0 {
             return Err(Error::field("--batch-size", "must be ≥ 1"));
         }
@@ -133,26 +134,6 @@ impl Ema {
     }
 }
 
-/// Standard normal draws from `rng`.
-pub fn normals<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
-}
-
-/// x_t = √ᾱ_t x₀ + √(1−ᾱ_t) ε, row by row (host); rows have `x0.len() / t.len()` values.
-pub fn noisy(schedule: &Schedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x0.len());
-    let d = x0.len() / t.len().max(1);
-    for (i, &ti) in t.iter().enumerate() {
-        let a = schedule.alpha_bars[ti];
-        let (sa, sb) = (a.sqrt() as f32, (1.0 - a).sqrt() as f32);
-        for j in 0..d {
-            let k = i * d + j;
-            out.push(sa * x0[k] + sb * eps[k]);
-        }
-    }
-    out
-}
-
 /// A batch for the ε-prediction loss: (x_t, t as f32, ε) tensors on the net's device.
 pub struct Batch {
     /// Noised inputs x_t.
@@ -165,7 +146,7 @@ pub struct Batch {
 
 impl Batch {
     /// A batch on the net's device from row-major slices.
-    pub fn new(net: &Net, schedule: &Schedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Result<Self> {
+    pub fn new(net: &Net, schedule: &TrainingSchedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Result<Self> {
         let n = t.len();
         let dev = net.device();
         let xt = noisy(schedule, x0, t, eps);
@@ -198,7 +179,7 @@ pub struct TrainLog {
 /// `t_min..=t_max`, from `seed` (the same pairs before and after training).
 pub fn eval_loss(
     net: &Net,
-    schedule: &Schedule,
+    schedule: &TrainingSchedule,
     x0: &[f32],
     t_min: usize,
     t_max: usize,
@@ -222,7 +203,7 @@ pub fn eval_loss(
 /// Non-DP training of `net` on rows `x0` (row-major [n, 64]); the EMA weights are written back.
 pub fn train(
     net: &Net,
-    schedule: &Schedule,
+    schedule: &TrainingSchedule,
     x0: &[f32],
     cfg: &TrainConfig,
     bar: Option<&ProgressBar>,
@@ -287,12 +268,13 @@ pub fn vars(net: &Net) -> Vec<(String, Var)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::{schedule::ScheduleConfig, Arch, ModelConfig};
+    use crate::diffusion::schedule::table::TrainingScheduleConfig;
+    use crate::models::toy::{Arch, ModelConfig};
     use candle_core::Device;
 
     #[test]
     fn short_run_reduces_loss_on_synthetic_data() {
-        let sched = Schedule::new(ScheduleConfig::default()).unwrap();
+        let sched = TrainingSchedule::new(TrainingScheduleConfig::default()).unwrap();
         let cfg = ModelConfig {
             arch: Arch::Mlp,
             hidden: 64,

@@ -17,17 +17,19 @@ use candle_core::Device;
 use indicatif::ProgressBar;
 use rand::TryRngCore;
 
-use super::canary::{Canaries, CanaryKind, Defect, GradientCanaries, WhiteBoxRecorder};
-use super::checkpoint::{
-    self, CanaryInfo, Card, DataInfo, DpInfo, RapidInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED,
-};
-use super::data::{indices_sha256, sha256_file, Part};
+use super::checkpoint::{self, Card};
 use super::dp::{self, DpConfig, KnowledgeBase, PerSample, Retrieval};
-use super::schedule::ScheduleConfig;
 use super::train::{self, TrainConfig};
-use super::{Checkpoint, Dataset, ModelConfig, Net, Schedule, SplitManifest, PIXELS};
+use super::{Checkpoint, ModelConfig, Net, PIXELS};
+use crate::data::digits::{indices_sha256, sha256_file, Part};
+use crate::data::{Dataset, SplitManifest};
+use crate::diffusion::schedule::table::{TrainingSchedule, TrainingScheduleConfig};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
+use crate::models::canary::{Canaries, CanaryKind, Defect, GradientCanaries, WhiteBoxRecorder};
+use crate::models::card::{
+    self, CanaryInfo, DataInfo, DpInfo, RapidInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED,
+};
 
 /// RAPID's retrieval variant.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +73,7 @@ pub struct TrainPlan {
     /// Model (ignored with `init`: the init's config wins).
     pub model: ModelConfig,
     /// Noise schedule.
-    pub schedule: ScheduleConfig,
+    pub schedule: TrainingScheduleConfig,
     /// Optimiser steps.
     pub steps: usize,
     /// Batch size (non-DP).
@@ -100,6 +102,8 @@ pub struct TrainPlan {
     pub defect: Option<Defect>,
     /// DP-SGD.
     pub dp: Option<DpPlan>,
+    /// The device to train on (`--device`; selected by `audit::train`, recorded in the card).
+    pub device: crate::models::DeviceChoice,
     /// The command line recorded in the card.
     pub command: String,
     /// No progress bars.
@@ -191,7 +195,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
     let data = Dataset::load(&plan.data)?;
     let split = SplitManifest::load(&plan.split)?;
     split.check_data(&data).map_err(|e| e.with_file(&plan.split))?;
-    let schedule = Schedule::new(plan.schedule)?;
+    let schedule = TrainingSchedule::new(plan.schedule)?;
     let mut lines = Vec::new();
     // Public randomness (initialisation, non-DP batches, knowledge base): the seed, or the OS.
     let public_seed = plan
@@ -247,7 +251,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             .iter()
             .map(|(k, v)| (k.clone(), v.as_tensor().elem_count()))
             .collect();
-        let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0x67ad_c4a7));
+        let mut rng = crate::models::dp::secret_rng(plan.seed.map(|s| s ^ 0x67ad_c4a7));
         Some(WhiteBoxRecorder::new(GradientCanaries::generate(
             gradient_m, &shapes, &mut rng,
         )?))
@@ -256,7 +260,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
     };
     // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
     let canaries = (input_m > 0).then(|| {
-        let mut rng = dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
+        let mut rng = crate::models::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
         Canaries::generate(input_m, PIXELS, &mut rng)
     });
     let mut x0 = data.rows(&private_ix);
@@ -386,16 +390,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                 },
                 None => run.event.clone(),
             };
-            let (gs, _) = crate::accountants::attack_limits::guarantees(&event, d.delta);
-            let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon);
-            let eps_text = best.as_ref().map(|(e, src)| {
-                let kind = gs
-                    .iter()
-                    .find(|g| &g.source == src)
-                    .map(|g| g.kind.as_str())
-                    .unwrap_or("");
-                (*e, format!("{src} ({kind})"))
-            });
+            let eps_text = crate::models::dp::spent_epsilon(&event, d.delta);
             dp_info = Some(DpInfo {
                 noise_multiplier: d.noise_multiplier,
                 clip: d.clip,
@@ -409,9 +404,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
                     .unwrap_or_default(),
                 epsilon: eps_text.as_ref().map(|e| e.0),
                 epsilon_accountant: eps_text.as_ref().map(|e| e.1.clone()),
-                init_ledger: init_ledger
-                    .as_ref()
-                    .map(|(_, p)| checkpoint::card_relative(p, &card_dir)),
+                init_ledger: init_ledger.as_ref().map(|(_, p)| card::card_relative(p, &card_dir)),
                 rapid: rag_parts.map(|(_, _, info)| info),
                 ledger_sha256: None,
             });
@@ -546,7 +539,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
     let mut event = None;
     let mut ledger_lines = Vec::new();
     if let (Some((p, ev)), Some(d)) = (ledger, &plan.dp) {
-        let text = dp::ledger_toml(
+        let text = crate::models::dp::ledger_toml(
             &ev,
             d.delta,
             &format!(
@@ -581,9 +574,9 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
         model: model_cfg,
         schedule: plan.schedule,
         data: DataInfo {
-            file: checkpoint::card_relative(&plan.data, &card_dir),
+            file: card::card_relative(&plan.data, &card_dir),
             sha256: data.sha256.clone(),
-            split: checkpoint::card_relative(&plan.split, &card_dir),
+            split: card::card_relative(&plan.split, &card_dir),
             split_sha256: sha256_file(&plan.split)?,
             trained_on: plan.on,
             rows_sha256: indices_sha256(&private_ix),
@@ -603,7 +596,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             eval_loss_before: eval.map(|e| e.0),
             eval_loss_after: eval.map(|e| e.1),
             eval_on: eval.map(|_| eval_on.to_string()),
-            init: plan.init.as_ref().map(|p| checkpoint::card_relative(p, &card_dir)),
+            init: plan.init.as_ref().map(|p| card::card_relative(p, &card_dir)),
         },
         dp: dp_info,
         canaries: canary_info,

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-use super::data::{sha256_hex, SplitManifest};
+use super::digits::{sha256_hex, SplitManifest};
 
 /// Side of an MNIST image.
 pub const MNIST_SIDE: usize = 28;

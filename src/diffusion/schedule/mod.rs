@@ -10,12 +10,19 @@
 //!
 //! A schedule yields decreasing noise levels t_0 > t_1 > … > t_{N−1}; a [`Convention`] turns
 //! them into steps (t, Δt).
+//!
+//! This is the one schedule module: [`table`] holds the ᾱ table a denoiser was trained on (the
+//! 8×8 toys' linear β, or a diffusers scheduler's β) for training and attacks, and [`diffusers`]
+//! reads diffusers' `scheduler_config.json` into both.
 
 use serde::{Deserialize, Serialize};
 use std::f64::consts::FRAC_PI_2;
 
 use crate::error::{Error, Result};
 use crate::limits;
+
+pub mod diffusers;
+pub mod table;
 
 /// How the DDIM sub-sequence of timesteps is chosen (names as in `diffusers`' `timestep_spacing`
 /// and the DDIM paper's "quadratic" choice).

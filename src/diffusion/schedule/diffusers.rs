@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::schedule::{Schedule as SamplerSchedule, Spacing};
+use super::{Schedule as SamplerSchedule, Spacing};
 use crate::error::{Error, Result};
 
 /// `beta_schedule` of a diffusers scheduler.
@@ -289,7 +289,7 @@ impl SchedulerConfig {
                 .into_iter()
                 .map(|b| b * b)
                 .collect(),
-            BetaSchedule::SquaredcosCapV2 => super::schedule::cosine_betas(0.008, 0.999, t),
+            BetaSchedule::SquaredcosCapV2 => super::cosine_betas(0.008, 0.999, t),
             BetaSchedule::Sigmoid => lin(-6.0, 6.0)
                 .into_iter()
                 .map(|x| 1.0 / (1.0 + (-x).exp()) * (self.beta_end - self.beta_start) + self.beta_start)
@@ -298,7 +298,7 @@ impl SchedulerConfig {
         };
         if self.rescale_betas_zero_snr {
             // Lin et al. 2024, Algorithm 1: shift and scale √ᾱ so that ᾱ_T = 0.
-            let ab = super::schedule::alpha_bar_from_betas(&betas);
+            let ab = super::alpha_bar_from_betas(&betas);
             let mut s: Vec<f64> = ab.iter().map(|a| a.sqrt()).collect();
             let (s0, st) = (s[0], s[t - 1]);
             for v in &mut s {

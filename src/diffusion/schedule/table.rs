@@ -1,4 +1,5 @@
-//! The DDPM noise schedule.
+//! The ᾱ table of a trained denoiser (the DDPM forward process it was trained on), for training
+//! and attacks; the noise levels of *sampling* are the parent module's [`super::TrainingSchedule`].
 //!
 //! Timesteps are 0-indexed as in common DDPM code: step `t ∈ {0, …, T−1}` has
 //! ᾱ_t = ∏_{τ ≤ t} (1 − β_τ) with β linear from `beta_start` to `beta_end` (Ho et al. 2020, §4),
@@ -11,7 +12,7 @@ use crate::error::{Error, Result};
 /// Linear β schedule parameters (stored in checkpoint cards).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ScheduleConfig {
+pub struct TrainingScheduleConfig {
     /// Number of diffusion steps T.
     pub timesteps: usize,
     /// β at the first step.
@@ -20,9 +21,9 @@ pub struct ScheduleConfig {
     pub beta_end: f64,
 }
 
-impl Default for ScheduleConfig {
+impl Default for TrainingScheduleConfig {
     fn default() -> Self {
-        ScheduleConfig {
+        TrainingScheduleConfig {
             timesteps: 1000,
             beta_start: 1e-4,
             beta_end: 0.02,
@@ -30,21 +31,33 @@ impl Default for ScheduleConfig {
     }
 }
 
+/// ᾱ_t = Π_{s ≤ t} (1 − β_s) as a running product in f64 (Ho et al. 2020, §2: the table the
+/// model was trained on; the sampler's [`super::alpha_bar_from_betas`] sums logarithms instead).
+fn cumprod(betas: &[f64]) -> Vec<f64> {
+    let mut alpha_bars = Vec::with_capacity(betas.len());
+    let mut acc = 1.0f64;
+    for b in betas {
+        acc *= 1.0 - b;
+        alpha_bars.push(acc);
+    }
+    alpha_bars
+}
+
 /// A materialised schedule: β_t and ᾱ_t for every step.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Schedule {
+pub struct TrainingSchedule {
     /// The parameters.
-    pub config: ScheduleConfig,
+    pub config: TrainingScheduleConfig,
     /// β_t for t = 0..T.
     pub betas: Vec<f64>,
     /// ᾱ_t = Π(1 − β_s) for t = 0..T.
     pub alpha_bars: Vec<f64>,
 }
 
-impl Schedule {
+impl TrainingSchedule {
     /// Materialises β_t and ᾱ_t; errors on invalid parameters.
-    pub fn new(config: ScheduleConfig) -> Result<Self> {
-        let ScheduleConfig {
+    pub fn new(config: TrainingScheduleConfig) -> Result<Self> {
+        let TrainingScheduleConfig {
             timesteps,
             beta_start,
             beta_end,
@@ -62,16 +75,9 @@ impl Schedule {
                 format!("need 0 < beta_start ≤ beta_end < 1, got {beta_start} and {beta_end}"),
             ));
         }
-        let betas: Vec<f64> = (0..timesteps)
-            .map(|i| beta_start + (beta_end - beta_start) * i as f64 / (timesteps - 1) as f64)
-            .collect();
-        let mut alpha_bars = Vec::with_capacity(timesteps);
-        let mut acc = 1.0f64;
-        for b in &betas {
-            acc *= 1.0 - b;
-            alpha_bars.push(acc);
-        }
-        Ok(Schedule {
+        let betas = super::linear_betas(beta_start, beta_end, timesteps);
+        let alpha_bars = cumprod(&betas);
+        Ok(TrainingSchedule {
             config,
             betas,
             alpha_bars,
@@ -96,8 +102,7 @@ impl Schedule {
     /// The variance-exploding noise level σ_t = √((1 − ᾱ_t)/ᾱ_t) of the same marginal
     /// (x_t/√ᾱ_t = x₀ + σ_t ε), used to place DDPM steps on the EDM time axis t = σ.
     pub fn sigma(&self, t: usize) -> f64 {
-        let a = self.alpha_bars[t];
-        ((1.0 - a) / a).sqrt()
+        super::ve_sigma(self.alpha_bars[t])
     }
 
     /// Parses a timestep given as an integer or as a fraction of T ("T", "3T/4", "T/2", "0.25T").
@@ -153,23 +158,33 @@ impl Schedule {
     }
 }
 
+/// x_t = √ᾱ_t x₀ + √(1−ᾱ_t) ε, row by row (host); rows have `x0.len() / t.len()` values.
+pub fn noisy(schedule: &TrainingSchedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x0.len());
+    let d = x0.len() / t.len().max(1);
+    for (i, &ti) in t.iter().enumerate() {
+        let a = schedule.alpha_bars[ti];
+        let (sa, sb) = (a.sqrt() as f32, (1.0 - a).sqrt() as f32);
+        for j in 0..d {
+            let k = i * d + j;
+            out.push(sa * x0[k] + sb * eps[k]);
+        }
+    }
+    out
+}
+
 /// The model-side ᾱ table of a diffusers scheduler (the scheduler file is read in
-/// [`crate::diffusion::scheduler`]).
-impl crate::diffusion::scheduler::SchedulerConfig {
-    /// The ᾱ table for attacks (0-indexed steps, as [`Schedule`]).
-    pub fn schedule(&self, path: &std::path::Path) -> Result<Schedule> {
+/// [`super::diffusers`]).
+impl super::diffusers::SchedulerConfig {
+    /// The ᾱ table for attacks (0-indexed steps, as [`TrainingSchedule`]).
+    pub fn schedule(&self, path: &std::path::Path) -> Result<TrainingSchedule> {
         let betas = self.betas();
         if let Some((i, b)) = betas.iter().enumerate().find(|(_, b)| !(**b > 0.0 && **b < 1.0)) {
             return Err(Error::field("beta_schedule", format!("β at step {i} is {b}, outside (0, 1)")).with_file(path));
         }
-        let mut alpha_bars = Vec::with_capacity(betas.len());
-        let mut acc = 1.0f64;
-        for b in &betas {
-            acc *= 1.0 - b;
-            alpha_bars.push(acc);
-        }
-        Ok(Schedule {
-            config: ScheduleConfig {
+        let alpha_bars = cumprod(&betas);
+        Ok(TrainingSchedule {
+            config: TrainingScheduleConfig {
                 timesteps: self.num_train_timesteps,
                 beta_start: betas[0],
                 beta_end: betas[betas.len() - 1],
@@ -186,7 +201,7 @@ mod tests {
 
     #[test]
     fn linear_schedule_endpoints() {
-        let s = Schedule::new(ScheduleConfig::default()).unwrap();
+        let s = TrainingSchedule::new(TrainingScheduleConfig::default()).unwrap();
         assert_eq!(s.len(), 1000);
         assert!((s.betas[0] - 1e-4).abs() < 1e-15);
         assert!((s.betas[999] - 0.02).abs() < 1e-15);
@@ -201,7 +216,7 @@ mod tests {
 
     #[test]
     fn timestep_parsing() {
-        let s = Schedule::new(ScheduleConfig::default()).unwrap();
+        let s = TrainingSchedule::new(TrainingScheduleConfig::default()).unwrap();
         assert_eq!(s.parse_timestep("T").unwrap(), 999);
         assert_eq!(s.parse_timestep("3T/4").unwrap(), 750);
         assert_eq!(s.parse_timestep("T/2").unwrap(), 500);
@@ -225,12 +240,12 @@ mod tests {
 
     #[test]
     fn linear_betas_match_the_ddpm_schedule() {
-        let sc = crate::diffusion::scheduler::SchedulerConfig::parse(
+        let sc = crate::diffusion::schedule::diffusers::SchedulerConfig::parse(
             r#"{"_class_name": "DDPMScheduler", "beta_start": 0.0001, "beta_end": 0.02, "beta_schedule": "linear", "num_train_timesteps": 1000}"#,
             std::path::Path::new("s.json"),
         )
         .unwrap();
-        let ours = Schedule::new(ScheduleConfig::default()).unwrap();
+        let ours = TrainingSchedule::new(TrainingScheduleConfig::default()).unwrap();
         let theirs = sc.schedule(std::path::Path::new("s.json")).unwrap();
         for (a, b) in ours.alpha_bars.iter().zip(&theirs.alpha_bars) {
             assert!((a - b).abs() < 1e-15);

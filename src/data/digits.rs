@@ -18,7 +18,10 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-use super::PIXELS;
+/// Number of pixels of one digits image (8×8).
+pub const PIXELS: usize = 64;
+/// Side of one digits image.
+pub const SIDE: usize = 8;
 
 /// Hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
