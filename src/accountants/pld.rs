@@ -99,6 +99,21 @@ const REFINE_POINTS: usize = 1 << 22;
 /// grid one step needs (issue 47, item 1).
 const STAGE_WIDTH: i64 = 1 << 16;
 
+/// Largest share of the composed loss's variance that a grid sized for precision
+/// ([`precision_grid`]) may add: connect-the-dots adds at most g²/4 per step on the grid g
+/// (Doroshenko et al. 2022, §4), and ε ≈ m + z·s for a near-Gaussian composed loss of mean m and
+/// standard deviation s (Dong, Roth & Su 2022, Thm 3.5/§5.2), so a variance share ρ moves ε by at
+/// most about ρ/2 relative (≈ 0.05 %, half the 0.1 % the grid comparison of docs/pld.md asks for).
+const GRID_VARIANCE_SHARE: f64 = 1e-3;
+
+/// Fewest points the composition window keeps on a grid sized for precision (about 15 standard
+/// deviations of the composed loss: the Chernoff window at τ/4 per side).
+const SIZED_MIN_WIDTH: f64 = (1 << 14) as f64;
+
+/// Above this many distinct leaves the grid is not sized (the variance quadrature per leaf would
+/// start to count).
+const SIZED_MAX_LEAVES: usize = 1024;
+
 /// Width (grid points) the second stage's window is aimed at.
 const STAGE_TARGET: f64 = (1 << 14) as f64;
 
@@ -129,6 +144,68 @@ fn stage_plan(merged: &[(Leaf, u64)], width: i64) -> Option<StagePlan> {
         k -= 1;
     }
     None
+}
+
+/// Variance of the privacy loss of Poisson(q) ∘ Gaussian(σ) under P in direction `dir`
+/// (remove: P = (1−q)N(0,σ²) + qN(1,σ²), loss ℓ(x) = ln(1 − q + q e^{(2x−1)/2σ²}); add: P = N(0,σ²),
+/// loss −ℓ(x)), by the trapezoid rule on 257 points over ±12σ of each component (spectrally
+/// accurate for these smooth, Gaussian-weighted integrands). Used only to size the grid
+/// ([`precision_grid`]): any value keeps the bound sound.
+fn sampled_gaussian_loss_variance(q: f64, sigma: f64, dir: Direction) -> f64 {
+    let s2 = sigma * sigma;
+    let (lo, hi) = (-12.0 * sigma, 1.0 + 12.0 * sigma);
+    let n = 256;
+    let dx = (hi - lo) / n as f64;
+    let (mut w_sum, mut m1, mut m2) = (0.0, 0.0, 0.0);
+    for i in 0..=n {
+        let x = lo + i as f64 * dx;
+        let g0 = (-x * x / (2.0 * s2)).exp();
+        let w = match dir {
+            Direction::Remove => (1.0 - q) * g0 + q * (-(x - 1.0) * (x - 1.0) / (2.0 * s2)).exp(),
+            Direction::Add => g0,
+        } * if i == 0 || i == n { 0.5 } else { 1.0 };
+        let l = log_mix(q, (2.0 * x - 1.0) / (2.0 * s2));
+        w_sum += w;
+        m1 += w * l;
+        m2 += w * l * l;
+    }
+    let mean = m1 / w_sum;
+    (m2 / w_sum - mean * mean).max(0.0)
+}
+
+/// The grid interval for a composition of `merged` in direction `dir` whose finest grid is `h`:
+/// h·2^k for the largest k ≥ 0 at which connect-the-dots adds at most [`GRID_VARIANCE_SHARE`] of
+/// the composed loss's variance V = Σ_j T_j v_j (T_j·g²/4 per leaf on the grid g) and the window
+/// keeps about [`SIZED_MIN_WIDTH`] points or more (≈ 15√V/g). Only subsampled-Gaussian leaves are
+/// sized (any other leaf, or more than [`SIZED_MAX_LEAVES`], keeps h). A coarser connect-the-dots
+/// grid still dominates (docs/pld.md, Construction step 2): only tightness changes, by about
+/// GRID_VARIANCE_SHARE/2 of ε at most.
+fn precision_grid(merged: &[(Leaf, u64)], dir: Direction, h: f64) -> f64 {
+    if merged.is_empty() || merged.len() > SIZED_MAX_LEAVES {
+        return h;
+    }
+    let (mut v, mut t) = (0.0, 0.0);
+    for &(l, c) in merged {
+        match l {
+            Leaf::SampledGaussian { q, sigma } => {
+                let d = if l.symmetric() { Direction::Remove } else { dir };
+                v += c as f64 * sampled_gaussian_loss_variance(q.min(1.0), sigma, d);
+                t += c as f64;
+            }
+            _ => return h,
+        }
+    }
+    if !(v > 0.0 && v.is_finite() && t > 0.0) {
+        return h;
+    }
+    let by_variance = (4.0 * GRID_VARIANCE_SHARE * v / t).sqrt();
+    let by_width = 15.0 * v.sqrt() / SIZED_MIN_WIDTH;
+    let k = (by_variance.min(by_width) / h).log2().floor();
+    if k.is_finite() && k >= 1.0 {
+        h * 2f64.powi(k.min(20.0) as i32)
+    } else {
+        h
+    }
 }
 
 /// A discrete PLD that dominates the block composed in `c` (a super-measure of one, which
@@ -2385,8 +2462,8 @@ impl PldAccountant {
         })
     }
 
-    /// One direction's composition of `merged` on the grid `h`: the requested grid interval,
-    /// doubled while the composition window would be wider than REGRID_WIDTH points, or halved
+    /// One direction's composition of `merged` on the grid `h`: the requested grid interval (at
+    /// the top level, first sized for precision by [`precision_grid`]), doubled while the composition window would be wider than REGRID_WIDTH points, or halved
     /// (by powers of two) while it would be narrower than REFINE_WIDTH/2 points (only where
     /// `refine`, within REFINE_POINTS leaf points and MIN_GRID_INTERVAL, never after a
     /// doubling, so the two rules cannot alternate), or composed in two stages
@@ -2405,7 +2482,18 @@ impl PldAccountant {
         refine: bool,
         pre: Option<(Vec<Part>, Option<Window>)>,
     ) -> Result<ComposedDirection> {
-        let mut h = h;
+        // The top-level composition's grid is sized for the precision the answer needs
+        // ([`precision_grid`]); a staged composition's first stage keeps the grid it is given.
+        // A sized grid is not refined again (the two rules cannot alternate).
+        let (mut h, sized) = if refine && pre.is_none() {
+            let g = precision_grid(merged, dir, h);
+            if g > h && std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+                eprintln!("pld timing: grid sized for precision: {h} → {g}");
+            }
+            (g, g > h)
+        } else {
+            (h, false)
+        };
         let mut coarsened = false;
         let mut refinements = 0;
         let mut pre = pre;
@@ -2474,7 +2562,9 @@ impl PldAccountant {
                     }
                     continue;
                 }
-                Some(w) if refine && !coarsened && refinements < 8 && 2 * w.uncapped_width <= REFINE_WIDTH => {
+                Some(w)
+                    if refine && !coarsened && !sized && refinements < 8 && 2 * w.uncapped_width <= REFINE_WIDTH =>
+                {
                     if let Some(k) = self.refinement(&parts, w.uncapped_width, h) {
                         h /= 2f64.powi(k);
                         refinements += 1;
