@@ -3237,6 +3237,46 @@ mod tests {
         }
     }
 
+    /// The grid sized for precision (`precision_grid`) is coarser than the requested 1e-4 at
+    /// q 0.004, σ 1.1, stays 1e-4 for small-variance leaves, and its ε lies above the one on the
+    /// requested grid (a coarser nested connect-the-dots grid dominates) and within 0.1 % of it.
+    #[test]
+    fn sized_grid_is_above_the_requested_grid_and_within_a_tenth_of_a_percent() {
+        let acc = acc();
+        let small = [(Leaf::SampledGaussian { q: 0.001, sigma: 0.8 }, 10_000)];
+        assert_eq!(precision_grid(&small, Direction::Remove, 1e-4), 1e-4);
+        for &t in &[10_000u64, 100_000] {
+            let leaves = [(Leaf::SampledGaussian { q: 0.004, sigma: 1.1 }, t)];
+            assert_eq!(precision_grid(&leaves, Direction::Remove, 1e-4), 2e-4);
+            let sized = acc.compose_leaves(&leaves).unwrap();
+            // (A staged composition reports its coarser second grid.)
+            assert!(sized.value_discretization_interval >= 2e-4);
+            let tau_step = acc.tail_mass_truncation / (2.0 * t as f64);
+            let tau_window = acc.tail_mass_truncation / 2.0;
+            let fine = ComposedPld {
+                directions: [Direction::Remove, Direction::Add]
+                    .iter()
+                    .map(|&d| {
+                        acc.compose_direction(&leaves, d, 1e-4, tau_step, tau_window, false, false, None)
+                            .unwrap()
+                    })
+                    .collect(),
+                value_discretization_interval: 1e-4,
+                leaf_ladder: 0.0,
+            };
+            // (Not δ = 1e-8: there the staged composition's double-precision floor, summed over its
+            // copies of the block, can exceed δ; docs/pld.md, Speed, "Not reached".)
+            for &d in &[1e-3, 1e-5] {
+                let (a, b) = (sized.epsilon(d), fine.epsilon(d));
+                assert!(
+                    a >= b * (1.0 - 1e-9),
+                    "T = {t}, δ = {d}: sized {a} < requested grid {b}"
+                );
+                assert!(a <= b * 1.001, "T = {t}, δ = {d}: sized {a} vs requested grid {b}");
+            }
+        }
+    }
+
     #[test]
     fn batched_cumulants_equal_one_exponent_at_a_time() {
         let d = gaussian_pld(
