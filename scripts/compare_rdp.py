@@ -29,6 +29,8 @@ CASES = [
     (2.0, 0.01, 100_000, 1e-6),
     (5.0, 0.00128, 39062, 1e-5),
     (1.1, 0.004, 1_000_000, 1e-8),
+    # the RDP case of scripts/bench_whole_process.py (compute alone here)
+    (1.1, 0.004, 1_000_000, 1e-5),
 ]
 
 

@@ -99,6 +99,21 @@ const REFINE_POINTS: usize = 1 << 22;
 /// grid one step needs (issue 47, item 1).
 const STAGE_WIDTH: i64 = 1 << 16;
 
+/// Largest share of the composed loss's variance that a grid sized for precision
+/// ([`precision_grid`]) may add: connect-the-dots adds at most g²/4 per step on the grid g
+/// (Doroshenko et al. 2022, §4), and ε ≈ m + z·s for a near-Gaussian composed loss of mean m and
+/// standard deviation s (Dong, Roth & Su 2022, Thm 3.5/§5.2), so a variance share ρ moves ε by at
+/// most about ρ/2 relative (≈ 0.05 %, half the 0.1 % the grid comparison of docs/pld.md asks for).
+const GRID_VARIANCE_SHARE: f64 = 1e-3;
+
+/// Fewest points the composition window keeps on a grid sized for precision (about 15 standard
+/// deviations of the composed loss: the Chernoff window at τ/4 per side).
+const SIZED_MIN_WIDTH: f64 = (1 << 14) as f64;
+
+/// Above this many distinct leaves the grid is not sized (the variance quadrature per leaf would
+/// start to count).
+const SIZED_MAX_LEAVES: usize = 1024;
+
 /// Width (grid points) the second stage's window is aimed at.
 const STAGE_TARGET: f64 = (1 << 14) as f64;
 
@@ -129,6 +144,68 @@ fn stage_plan(merged: &[(Leaf, u64)], width: i64) -> Option<StagePlan> {
         k -= 1;
     }
     None
+}
+
+/// Variance of the privacy loss of Poisson(q) ∘ Gaussian(σ) under P in direction `dir`
+/// (remove: P = (1−q)N(0,σ²) + qN(1,σ²), loss ℓ(x) = ln(1 − q + q e^{(2x−1)/2σ²}); add: P = N(0,σ²),
+/// loss −ℓ(x)), by the trapezoid rule on 257 points over ±12σ of each component (spectrally
+/// accurate for these smooth, Gaussian-weighted integrands). Used only to size the grid
+/// ([`precision_grid`]): any value keeps the bound sound.
+fn sampled_gaussian_loss_variance(q: f64, sigma: f64, dir: Direction) -> f64 {
+    let s2 = sigma * sigma;
+    let (lo, hi) = (-12.0 * sigma, 1.0 + 12.0 * sigma);
+    let n = 256;
+    let dx = (hi - lo) / n as f64;
+    let (mut w_sum, mut m1, mut m2) = (0.0, 0.0, 0.0);
+    for i in 0..=n {
+        let x = lo + i as f64 * dx;
+        let g0 = (-x * x / (2.0 * s2)).exp();
+        let w = match dir {
+            Direction::Remove => (1.0 - q) * g0 + q * (-(x - 1.0) * (x - 1.0) / (2.0 * s2)).exp(),
+            Direction::Add => g0,
+        } * if i == 0 || i == n { 0.5 } else { 1.0 };
+        let l = log_mix(q, (2.0 * x - 1.0) / (2.0 * s2));
+        w_sum += w;
+        m1 += w * l;
+        m2 += w * l * l;
+    }
+    let mean = m1 / w_sum;
+    (m2 / w_sum - mean * mean).max(0.0)
+}
+
+/// The grid interval for a composition of `merged` in direction `dir` whose finest grid is `h`:
+/// h·2^k for the largest k ≥ 0 at which connect-the-dots adds at most [`GRID_VARIANCE_SHARE`] of
+/// the composed loss's variance V = Σ_j T_j v_j (T_j·g²/4 per leaf on the grid g) and the window
+/// keeps about [`SIZED_MIN_WIDTH`] points or more (≈ 15√V/g). Only subsampled-Gaussian leaves are
+/// sized (any other leaf, or more than [`SIZED_MAX_LEAVES`], keeps h). A coarser connect-the-dots
+/// grid still dominates (docs/pld.md, Construction step 2): only tightness changes, by about
+/// GRID_VARIANCE_SHARE/2 of ε at most.
+fn precision_grid(merged: &[(Leaf, u64)], dir: Direction, h: f64) -> f64 {
+    if merged.is_empty() || merged.len() > SIZED_MAX_LEAVES {
+        return h;
+    }
+    let (mut v, mut t) = (0.0, 0.0);
+    for &(l, c) in merged {
+        match l {
+            Leaf::SampledGaussian { q, sigma } => {
+                let d = if l.symmetric() { Direction::Remove } else { dir };
+                v += c as f64 * sampled_gaussian_loss_variance(q.min(1.0), sigma, d);
+                t += c as f64;
+            }
+            _ => return h,
+        }
+    }
+    if !(v > 0.0 && v.is_finite() && t > 0.0) {
+        return h;
+    }
+    let by_variance = (4.0 * GRID_VARIANCE_SHARE * v / t).sqrt();
+    let by_width = 15.0 * v.sqrt() / SIZED_MIN_WIDTH;
+    let k = (by_variance.min(by_width) / h).log2().floor();
+    if k.is_finite() && k >= 1.0 {
+        h * 2f64.powi(k.min(20.0) as i32)
+    } else {
+        h
+    }
 }
 
 /// A discrete PLD that dominates the block composed in `c` (a super-measure of one, which
@@ -438,6 +515,11 @@ fn inv_log_mix(q: f64, eps: f64) -> f64 {
     }
 }
 
+/// Where the add direction's grid of a subsampled Gaussian starts: at the loss below which the
+/// P-mass is ADD_LOW_CUT × the per-step truncation τ (at most 1e-9, at least max(τ, 1e-16)),
+/// that mass put at the first grid point ([`gaussian_range`]).
+const ADD_LOW_CUT: f64 = 1e7;
+
 /// Per-thread buffers of [`gaussian_pld`].
 #[derive(Default)]
 struct DiscretiseScratch {
@@ -473,10 +555,23 @@ fn gaussian_range(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_poin
         // with masses that only rounding tells apart from 0. Low losses are high x; where
         // Φ̄(x/σ) < 1e-16 the survival S = 1 − Φ̄ rounded up by its error bound (≥ 8u) is 1, so
         // grid points there would carry no mass (the mass below lands on the first point anyway).
-        Direction::Add => (
-            loss_x(sigma * numeric::ndtri_sf(tau.max(1e-16))),
-            loss_x(-sigma * z_tau),
-        ),
+        // Further up, the P-mass m below the grid's first point ε_lo ≤ 0 is put *at* ε_lo (moved up
+        // in loss: sound); in a composition of T steps that raises δ(ε) by at most
+        // m·δ_rest(ε − ε_lo) ≤ m·δ(ε) per step (δ_rest(ε') falls in ε', and composing more
+        // steps never lowers the hockey-stick divergence), so by at most T·m relative in all. With
+        // m = ADD_LOW_CUT·τ (τ = the per-step truncation τ_total/(2T)) that is ≤ ADD_LOW_CUT·τ_total/2
+        // = 5e-7 relative at the default τ_total 1e-13, and it drops the grid points of the
+        // Gaussian tail beyond Φ̄ = m (≈ 40–60 % of this direction's points at 10⁴–10⁶ steps).
+        Direction::Add => {
+            let cut = (tau * ADD_LOW_CUT).min(1e-9).max(tau).max(1e-16);
+            let lo = loss_x(sigma * numeric::ndtri_sf(cut));
+            let lo = if lo <= 0.0 {
+                lo
+            } else {
+                loss_x(sigma * numeric::ndtri_sf(tau.max(1e-16)))
+            };
+            (lo, loss_x(-sigma * z_tau))
+        }
     };
     if !(eps_lo.is_finite() && eps_hi.is_finite()) {
         return Err(Error::numeric(format!(
@@ -1280,6 +1375,15 @@ fn fft_len(n: usize) -> usize {
         .max(2)
 }
 
+/// The forward FFT of length `n`, planned once per process and length (rustfft's planner
+/// caches its plans; planning computes every twiddle factor, ≈ n sine/cosine pairs and n complex
+/// values of memory, which at 10⁴ steps was ≈ 10 % of the whole process's CPU time).
+fn forward_plan(n: usize) -> Arc<dyn Fft<f64>> {
+    static PLANNER: std::sync::Mutex<Option<FftPlanner<f64>>> = std::sync::Mutex::new(None);
+    let mut guard = PLANNER.lock().unwrap_or_else(|e| e.into_inner());
+    guard.get_or_insert_with(FftPlanner::new).plan_fft_forward(n)
+}
+
 /// A frequency whose product bound P(ω) falls below this is set to 0 ("dead"); what it can still
 /// hold is at most DEAD · G (G bounds every later factor) and is added to the round-off bound.
 const DEAD: f64 = 1e-280;
@@ -1838,9 +1942,10 @@ fn compose_in_window(
     }
     let levels = (n as f64).log2().ceil();
     let kappa = FFT_ERR_PER_LEVEL * levels;
-    let mut planner = FftPlanner::<f64>::new();
-    let fwd: Arc<dyn Fft<f64>> = planner.plan_fft_forward(n);
-    let inv: Arc<dyn Fft<f64>> = planner.plan_fft_inverse(n);
+    // One forward plan serves the forward transforms and the inverse (below), and is shared
+    // with every later composition of the process of the same length (the two directions, a
+    // staged composition's stages, a calibration's probes).
+    let fwd: Arc<dyn Fft<f64>> = forward_plan(n);
 
     // Fourier-domain product Y = Π_j (FFT a_j)^{T_j}, kept on the half spectrum k ∈ [0, n/2]
     // (every a_j is real, so Y is Hermitian). Two leaves share one complex FFT (a in the real
@@ -1918,7 +2023,8 @@ fn compose_in_window(
             },
         )
         .map(|(prod, _, _)| prod)
-        .reduce(|| FourierProduct::new(half), FourierProduct::combine);
+        .reduce_with(FourierProduct::combine)
+        .unwrap_or_else(|| FourierProduct::new(half));
     // Large-count leaves: a double-precision transform screens every frequency (m = |Â| + e_a ≥ |A|
     // with e_a = κ‖a‖₁, so a frequency whose bound falls below DEAD is dead for good); at the
     // live ones the transform value is recomputed on double words and raised to T there.
@@ -2014,8 +2120,13 @@ fn compose_in_window(
         }
     }
     let norm_y: f64 = buf.iter().map(|c| c.norm_sqr()).sum::<f64>().sqrt();
-    let mut scratch = vec![Complex64::new(0.0, 0.0); inv.get_inplace_scratch_len()];
-    inv.process_with_scratch(&mut buf, &mut scratch);
+    // The inverse transform by the forward plan: Y is Hermitian (Y_{n−k} = conj Y_k, set above),
+    // so Σ_k Y_k e^{+2πijk/n} = Σ_k Y_{n−k} e^{−2πijk/n}, the forward transform of the sequence
+    // k ↦ Y_{−k} = conj Y_k. Conjugation is exact and the forward algorithm carries the same
+    // per-level error bound κ (Higham 2002, §24.1), so the round-off bound below is unchanged.
+    buf.iter_mut().for_each(|c| c.im = -c.im);
+    let mut scratch = vec![Complex64::new(0.0, 0.0); scratch_len];
+    fwd.process_with_scratch(&mut buf, &mut scratch);
     let scale = 1.0 / n as f64;
     // ‖Δc‖₁ ≤ √N ‖Δc‖₂ = ‖ΔY‖₂ + κ‖Y‖₂ (inverse FFT is √N × unitary, then scaled by 1/N).
     let roundoff = (err_l2 + kappa * norm_y) * (1.0 + 1e-9) + 4.0 * U * width as f64 / n as f64;
@@ -2349,7 +2460,7 @@ impl PldAccountant {
             &[Direction::Remove, Direction::Add]
         };
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
-            self.compose_direction(&merged, dir, h, tau_step, tau_window, precise, true)
+            self.compose_direction(&merged, dir, h, tau_step, tau_window, precise, true, None)
         };
         // With few leaves the two directions run side by side, so the serial end of one
         // (combining the per-thread products, the inverse transform) overlaps the other's
@@ -2369,12 +2480,14 @@ impl PldAccountant {
         })
     }
 
-    /// One direction's composition of `merged` on the grid `h`: the requested grid interval,
-    /// doubled while the composition window would be wider than REGRID_WIDTH points, or halved
+    /// One direction's composition of `merged` on the grid `h`: the requested grid interval (at
+    /// the top level, first sized for precision by [`precision_grid`]), doubled while the composition window would be wider than REGRID_WIDTH points, or halved
     /// (by powers of two) while it would be narrower than REFINE_WIDTH/2 points (only where
     /// `refine`, within REFINE_POINTS leaf points and MIN_GRID_INTERVAL, never after a
     /// doubling, so the two rules cannot alternate), or composed in two stages
     /// ([`Self::compose_staged`]) where the window is wider than [`STAGE_WIDTH`] points.
+    /// `pre`: the leaves already discretised on the grid `h` (with this `tau_step`) and their
+    /// window for `tau_window`, used as they are unless the grid changes.
     #[allow(clippy::too_many_arguments)]
     fn compose_direction(
         &self,
@@ -2385,12 +2498,28 @@ impl PldAccountant {
         tau_window: f64,
         precise: bool,
         refine: bool,
+        pre: Option<(Vec<Part>, Option<Window>)>,
     ) -> Result<ComposedDirection> {
-        let mut h = h;
+        // The top-level composition's grid is sized for the precision the answer needs
+        // ([`precision_grid`]); a staged composition's first stage keeps the grid it is given.
+        // A sized grid is not refined again (the two rules cannot alternate).
+        let (mut h, sized) = if refine && pre.is_none() {
+            let g = precision_grid(merged, dir, h);
+            if g > h && std::env::var_os("DPAUDIT_PLD_TIMING").is_some() {
+                eprintln!("pld timing: grid sized for precision: {h} → {g}");
+            }
+            (g, g > h)
+        } else {
+            (h, false)
+        };
         let mut coarsened = false;
         let mut refinements = 0;
+        let mut pre = pre;
         loop {
-            let (parts, window) = self.discretise_direction(merged, dir, h, tau_step, tau_window)?;
+            let (parts, window) = match pre.take() {
+                Some(done) => done,
+                None => self.discretise_direction(merged, dir, h, tau_step, tau_window)?,
+            };
             match &window {
                 Some(w) if !coarsened && w.uncapped_width > STAGE_WIDTH => {
                     if let Some(plan) = stage_plan(merged, w.uncapped_width) {
@@ -2410,10 +2539,32 @@ impl PldAccountant {
                         // Transforms cost ≈ leaves × window points: the block's leaves on its
                         // window, and the remaining leaves plus the block on the second stage's.
                         let rest = parts.iter().filter(|(_, c)| c % plan.blocks > 0).count() as i64;
-                        let staged =
-                            block.len() as i64 * inner.uncapped_width + (rest + 1) * (w.uncapped_width / plan.factor);
+                        // The block's leaves are the leaves already discretised (their PLDs do
+                        // not depend on the counts), so the first stage discretises nothing again;
+                        // the remaining leaves are discretised on the coarse grid, ≈ 1/factor of
+                        // their points on this grid, each point costing about as much as a
+                        // transform point does per leaf (erf and exp calls against log₂N
+                        // butterflies), counted as such.
+                        let rest_points: i64 = parts
+                            .iter()
+                            .filter(|(_, c)| c % plan.blocks > 0)
+                            .map(|(d, _)| d.probs.len() as i64)
+                            .sum::<i64>()
+                            / plan.factor;
+                        let staged = block.len() as i64 * inner.uncapped_width
+                            + (rest + 1) * (w.uncapped_width / plan.factor)
+                            + rest_points;
                         if 2 * staged <= parts.len() as i64 * w.uncapped_width {
-                            return self.compose_staged(merged, dir, h, tau_step, tau_window, precise, plan);
+                            return self.compose_staged(
+                                merged,
+                                dir,
+                                h,
+                                tau_step,
+                                tau_window,
+                                precise,
+                                plan,
+                                (block, inner),
+                            );
                         }
                     }
                 }
@@ -2429,7 +2580,9 @@ impl PldAccountant {
                     }
                     continue;
                 }
-                Some(w) if refine && !coarsened && refinements < 8 && 2 * w.uncapped_width <= REFINE_WIDTH => {
+                Some(w)
+                    if refine && !coarsened && !sized && refinements < 8 && 2 * w.uncapped_width <= REFINE_WIDTH =>
+                {
                     if let Some(k) = self.refinement(&parts, w.uncapped_width, h) {
                         h /= 2f64.powi(k);
                         refinements += 1;
@@ -2463,6 +2616,7 @@ impl PldAccountant {
         tau_window: f64,
         precise: bool,
         plan: StagePlan,
+        block_parts: (Vec<Part>, Window),
     ) -> Result<ComposedDirection> {
         let StagePlan { blocks, factor } = plan;
         // The first stage's certified round-off reaches δ once per copy of the block (≈ ΣT·κ in
@@ -2491,6 +2645,7 @@ impl PldAccountant {
             tau_window / (2.0 * blocks as f64),
             inner_precise,
             false,
+            Some((block_parts.0, Some(block_parts.1))),
         )?;
         // The second stage's grid is H = factor·h; the first stage may have ended on a coarser
         // grid (its own staging or regridding), a power of two times h: no finer than that.
@@ -3078,6 +3233,46 @@ mod tests {
                 assert!(e >= exact, "T = {t}, δ = {d}: staged {e} < exact {exact}");
                 assert!(e <= exact * 1.001, "T = {t}, δ = {d}: staged {e} vs exact {exact}");
                 assert!(c.delta(exact) >= d * (1.0 - 1e-9), "T = {t}: δ(ε_exact) below δ");
+            }
+        }
+    }
+
+    /// The grid sized for precision (`precision_grid`) is coarser than the requested 1e-4 at
+    /// q 0.004, σ 1.1, stays 1e-4 for small-variance leaves, and its ε lies above the one on the
+    /// requested grid (a coarser nested connect-the-dots grid dominates) and within 0.1 % of it.
+    #[test]
+    fn sized_grid_is_above_the_requested_grid_and_within_a_tenth_of_a_percent() {
+        let acc = acc();
+        let small = [(Leaf::SampledGaussian { q: 0.001, sigma: 0.8 }, 10_000)];
+        assert_eq!(precision_grid(&small, Direction::Remove, 1e-4), 1e-4);
+        for &t in &[10_000u64, 100_000] {
+            let leaves = [(Leaf::SampledGaussian { q: 0.004, sigma: 1.1 }, t)];
+            assert_eq!(precision_grid(&leaves, Direction::Remove, 1e-4), 2e-4);
+            let sized = acc.compose_leaves(&leaves).unwrap();
+            // (A staged composition reports its coarser second grid.)
+            assert!(sized.value_discretization_interval >= 2e-4);
+            let tau_step = acc.tail_mass_truncation / (2.0 * t as f64);
+            let tau_window = acc.tail_mass_truncation / 2.0;
+            let fine = ComposedPld {
+                directions: [Direction::Remove, Direction::Add]
+                    .iter()
+                    .map(|&d| {
+                        acc.compose_direction(&leaves, d, 1e-4, tau_step, tau_window, false, false, None)
+                            .unwrap()
+                    })
+                    .collect(),
+                value_discretization_interval: 1e-4,
+                leaf_ladder: 0.0,
+            };
+            // (Not δ = 1e-8: there the staged composition's double-precision floor, summed over its
+            // copies of the block, can exceed δ; docs/pld.md, Speed, "Not reached".)
+            for &d in &[1e-3, 1e-5] {
+                let (a, b) = (sized.epsilon(d), fine.epsilon(d));
+                assert!(
+                    a >= b * (1.0 - 1e-9),
+                    "T = {t}, δ = {d}: sized {a} < requested grid {b}"
+                );
+                assert!(a <= b * 1.001, "T = {t}, δ = {d}: sized {a} vs requested grid {b}");
             }
         }
     }

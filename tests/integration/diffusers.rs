@@ -810,8 +810,10 @@ fn stable_diffusion_scheduler_config_analyses_to_the_native_per_step_mu() {
 /// ᾱ_t of the linear, scaled_linear and squaredcos_cap_v2 schedules at every training step, and
 /// the 50 DDIM timesteps of the Stable-Diffusion configs, equal diffusers'
 /// (fixtures/reference/diffusers_alphas_cumprod.csv, scripts/gen_diffusers_schedules.py):
-/// dpaudit computes ᾱ in f64, diffusers in f32, so they agree to f32 rounding (≤ 1e-6 relative;
-/// ≤ 2e-5 for the cosine schedule's last steps, where ᾱ ≈ 1e-9).
+/// The f64 schedule (`SchedulerConfig::betas`, what the attacks use) agrees with diffusers' float32
+/// ᾱ to f32 rounding at T = 1000 (≤ 1e-6 relative; ≤ 2e-5 for the cosine schedule's last steps,
+/// where ᾱ ≈ 1e-9); the sampler schedule read from a scheduler config (`diffusers_float32`)
+/// equals diffusers' ᾱ bit for bit at T = 1000 and T = 250.
 #[test]
 fn alphas_cumprod_and_sd_timesteps_equal_diffusers() {
     use dpaudit::diffusion::schedule::diffusers::SchedulerConfig;
@@ -819,32 +821,43 @@ fn alphas_cumprod_and_sd_timesteps_equal_diffusers() {
     let text = std::fs::read_to_string(root().join("fixtures/reference/diffusers_alphas_cumprod.csv")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let (mut n_ab, mut n_ts) = (0, 0);
-    let mut ours: std::collections::HashMap<String, Vec<f64>> = Default::default();
+    let mut ours: std::collections::HashMap<String, (Vec<f64>, Vec<f64>)> = Default::default();
     for line in text.lines().filter(|l| !l.starts_with('#')).skip(1) {
         let f: Vec<&str> = line.split(',').collect();
         match f[0] {
             "alphas_cumprod" => {
-                let (name, b0, b1) = (f[1], f[2], f[3]);
-                let ab = ours.entry(name.to_string()).or_insert_with(|| {
-                    let p = tmp.path().join(format!("{name}.json"));
+                let (name, b0, b1, big_t) = (f[1], f[2], f[3], f[4]);
+                let (ab, ab32) = ours.entry(format!("{name} {big_t}")).or_insert_with(|| {
+                    let p = tmp.path().join(format!("{name}-{big_t}.json"));
                     std::fs::write(
                         &p,
                         format!(
-                            r#"{{"_class_name": "DDIMScheduler", "beta_schedule": "{name}", "beta_start": {b0}, "beta_end": {b1}, "num_train_timesteps": 1000}}"#
+                            r#"{{"_class_name": "DDIMScheduler", "beta_schedule": "{name}", "beta_start": {b0}, "beta_end": {b1}, "num_train_timesteps": {big_t}}}"#
                         ),
                     )
                     .unwrap();
-                    alpha_bar_from_betas(&SchedulerConfig::load(&p).unwrap().betas())
+                    let sc = SchedulerConfig::load(&p).unwrap();
+                    let sampler = sc.to_sampler_schedule(None, &p).unwrap();
+                    (alpha_bar_from_betas(&sc.betas()), sampler.alpha_bar().unwrap())
                 });
                 let t: usize = f[5].parse().unwrap();
                 let theirs: f64 = f[6].parse().unwrap();
-                let tol = if name == "squaredcos_cap_v2" { 2e-5 } else { 1e-6 };
-                let rel = (ab[t] / theirs - 1.0).abs();
-                assert!(
-                    rel <= tol,
-                    "{name} t = {t}: ours {} diffusers {theirs} (rel {rel:e})",
-                    ab[t]
+                // float32 as diffusers computes it: the same float32 value.
+                assert_eq!(
+                    ab32[t] as f32, theirs as f32,
+                    "{name} T = {big_t} t = {t}: float32 ᾱ {} diffusers {theirs}",
+                    ab32[t]
                 );
+                assert_eq!(ab32[t], ab32[t] as f32 as f64, "{name} t = {t}: not a float32 value");
+                if big_t == "1000" {
+                    let tol = if name == "squaredcos_cap_v2" { 2e-5 } else { 1e-6 };
+                    let rel = (ab[t] / theirs - 1.0).abs();
+                    assert!(
+                        rel <= tol,
+                        "{name} t = {t}: ours {} diffusers {theirs} (rel {rel:e})",
+                        ab[t]
+                    );
+                }
                 n_ab += 1;
             }
             "timesteps" => {
@@ -860,7 +873,7 @@ fn alphas_cumprod_and_sd_timesteps_equal_diffusers() {
             other => panic!("{other}"),
         }
     }
-    assert_eq!((n_ab, n_ts), (3000, 2));
+    assert_eq!((n_ab, n_ts), (3750, 2));
 }
 
 /// `mia --table2 --cosine` on the shipped diffusers DDPM (seed 004's Table 2 and Figure 1 at

@@ -371,6 +371,7 @@ impl SchedulerConfig {
                 levels,
                 spacing,
                 steps_offset: self.steps_offset,
+                diffusers_float32: true,
             }),
             BetaSchedule::ScaledLinear => Ok(SamplerSchedule::DdpmScaledLinear {
                 beta_start: self.beta_start,
@@ -379,6 +380,7 @@ impl SchedulerConfig {
                 levels,
                 spacing,
                 steps_offset: self.steps_offset,
+                diffusers_float32: true,
             }),
             BetaSchedule::SquaredcosCapV2 => Ok(SamplerSchedule::DdpmCosine {
                 s: 0.008,
@@ -387,6 +389,7 @@ impl SchedulerConfig {
                 levels,
                 spacing,
                 steps_offset: self.steps_offset,
+                diffusers_float32: true,
             }),
             _ => Err(err(
                 path,

@@ -73,6 +73,11 @@ pub enum Schedule {
         #[serde(default, skip_serializing_if = "is_zero")]
         /// diffusers' `steps_offset`: added to every `leading` timestep (default 0).
         steps_offset: usize,
+        #[serde(default, skip_serializing_if = "is_false")]
+        /// ᾱ as diffusers computes it (float32 β and 1 − β, cumulative product rounded to float32
+        /// at every step, then promoted: [`diffusers_alphas_cumprod`]) instead of in f64; set for
+        /// schedules read from a diffusers `scheduler_config.json` (default false).
+        diffusers_float32: bool,
     },
     /// DDPM with Stable Diffusion's `scaled_linear` β: √β linear from √`beta_start` to
     /// √`beta_end` over `timesteps`, squared (diffusers `DDPMScheduler`); `levels` and `spacing`
@@ -93,6 +98,11 @@ pub enum Schedule {
         #[serde(default, skip_serializing_if = "is_zero")]
         /// diffusers' `steps_offset`: added to every `leading` timestep (default 0).
         steps_offset: usize,
+        #[serde(default, skip_serializing_if = "is_false")]
+        /// ᾱ as diffusers computes it (float32 β and 1 − β, cumulative product rounded to float32
+        /// at every step, then promoted: [`diffusers_alphas_cumprod`]) instead of in f64; set for
+        /// schedules read from a diffusers `scheduler_config.json` (default false).
+        diffusers_float32: bool,
     },
     /// DDPM with the cosine ᾱ schedule (offset `s`, β clipped at `max_beta`).
     DdpmCosine {
@@ -113,6 +123,11 @@ pub enum Schedule {
         #[serde(default, skip_serializing_if = "is_zero")]
         /// diffusers' `steps_offset`: added to every `leading` timestep (default 0).
         steps_offset: usize,
+        #[serde(default, skip_serializing_if = "is_false")]
+        /// ᾱ as diffusers computes it (float32 β and 1 − β, cumulative product rounded to float32
+        /// at every step, then promoted: [`diffusers_alphas_cumprod`]) instead of in f64; set for
+        /// schedules read from a diffusers `scheduler_config.json` (default false).
+        diffusers_float32: bool,
     },
     /// Rectified flow / flow matching: `levels` equally spaced noise fractions from `s_max`
     /// down to `s_min` (both in (0, 1)).
@@ -128,6 +143,10 @@ pub enum Schedule {
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_cosine_s() -> f64 {
@@ -193,6 +212,15 @@ fn offset_note(steps_offset: usize) -> String {
     }
 }
 
+/// ", ᾱ in float32 as diffusers computes it" where the schedule says so.
+fn float32_note(diffusers_float32: bool) -> &'static str {
+    if diffusers_float32 {
+        ", ᾱ in float32 as diffusers computes it"
+    } else {
+        ""
+    }
+}
+
 impl Schedule {
     /// Short human description.
     pub fn describe(&self) -> String {
@@ -210,10 +238,12 @@ impl Schedule {
                 levels,
                 spacing,
                 steps_offset,
+                diffusers_float32,
             } => format!(
-                "DDPM linear β {beta_start}..{beta_end}, T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ)",
+                "DDPM linear β {beta_start}..{beta_end}, T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ){}",
                 levels.unwrap_or(*timesteps),
-                offset_note(*steps_offset)
+                offset_note(*steps_offset),
+                float32_note(*diffusers_float32)
             ),
             Schedule::DdpmScaledLinear {
                 beta_start,
@@ -222,10 +252,12 @@ impl Schedule {
                 levels,
                 spacing,
                 steps_offset,
+                diffusers_float32,
             } => format!(
-                "DDPM scaled-linear β ({beta_start}..{beta_end}, √β linear), T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ)",
+                "DDPM scaled-linear β ({beta_start}..{beta_end}, √β linear), T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ){}",
                 levels.unwrap_or(*timesteps),
-                offset_note(*steps_offset)
+                offset_note(*steps_offset),
+                float32_note(*diffusers_float32)
             ),
             Schedule::DdpmCosine {
                 s,
@@ -234,10 +266,12 @@ impl Schedule {
                 levels,
                 spacing,
                 steps_offset,
+                diffusers_float32,
             } => format!(
-                "DDPM cosine (s = {s}, β ≤ {max_beta}), T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ)",
+                "DDPM cosine (s = {s}, β ≤ {max_beta}), T = {timesteps}, {} levels ({spacing:?} spacing{}), as t = √((1−ᾱ)/ᾱ){}",
                 levels.unwrap_or(*timesteps),
-                offset_note(*steps_offset)
+                offset_note(*steps_offset),
+                float32_note(*diffusers_float32)
             ),
             Schedule::FlowMatching { s_min, s_max, levels } => {
                 format!("flow matching s = {s_max}..{s_min}, N = {levels}, as t = s/(1−s)")
@@ -367,6 +401,64 @@ impl Schedule {
         }
     }
 
+    /// ᾱ_k at every training step k = 0..T−1 of a DDPM schedule (`None` for the others): in f64
+    /// from the f64 β (Ho et al. 2020 §4; Nichol & Dhariwal 2021 eq. 17), or, where
+    /// `diffusers_float32`, as diffusers computes `alphas_cumprod` ([`diffusers_alphas_cumprod`]
+    /// of its float32 β: [`torch_linspace_f32`] for linear, its square in float32 for
+    /// scaled_linear, the f64 cosine β rounded to float32 for squaredcos_cap_v2).
+    pub fn alpha_bar(&self) -> Option<Vec<f64>> {
+        Some(match self {
+            Schedule::DdpmLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                diffusers_float32,
+                ..
+            } => {
+                if *diffusers_float32 {
+                    diffusers_alphas_cumprod(&torch_linspace_f32(*beta_start, *beta_end, *timesteps))
+                } else {
+                    alpha_bar_from_betas(&linear_betas(*beta_start, *beta_end, *timesteps))
+                }
+            }
+            Schedule::DdpmScaledLinear {
+                beta_start,
+                beta_end,
+                timesteps,
+                diffusers_float32,
+                ..
+            } => {
+                if *diffusers_float32 {
+                    // torch.linspace(√start, √end, T, dtype=float32) ** 2, squared in float32.
+                    let roots = torch_linspace_f32(beta_start.sqrt(), beta_end.sqrt(), *timesteps);
+                    diffusers_alphas_cumprod(&roots.iter().map(|r| r * r).collect::<Vec<f32>>())
+                } else {
+                    let betas: Vec<f64> = linear_betas(beta_start.sqrt(), beta_end.sqrt(), *timesteps)
+                        .into_iter()
+                        .map(|b| b * b)
+                        .collect();
+                    alpha_bar_from_betas(&betas)
+                }
+            }
+            Schedule::DdpmCosine {
+                s,
+                max_beta,
+                timesteps,
+                diffusers_float32,
+                ..
+            } => {
+                let betas = cosine_betas(*s, *max_beta, *timesteps);
+                if *diffusers_float32 {
+                    // diffusers' betas_for_alpha_bar works in Python floats, then torch.tensor(…, float32).
+                    diffusers_alphas_cumprod(&betas.iter().map(|&b| b as f32).collect::<Vec<f32>>())
+                } else {
+                    alpha_bar_from_betas(&betas)
+                }
+            }
+            Schedule::Edm { .. } | Schedule::FlowMatching { .. } => return None,
+        })
+    }
+
     /// Decreasing noise levels t_0 > … > t_{N−1} in the variance-exploding form.
     pub fn levels(&self) -> Result<Vec<f64>> {
         self.validate()?;
@@ -378,42 +470,27 @@ impl Schedule {
                 levels,
             } => edm_levels(*sigma_min, *sigma_max, *rho, *levels),
             Schedule::DdpmLinear {
-                beta_start,
-                beta_end,
                 timesteps,
                 levels,
                 spacing,
                 steps_offset,
-            } => {
-                let ab = alpha_bar_from_betas(&linear_betas(*beta_start, *beta_end, *timesteps));
-                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing, *steps_offset)?;
-                idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
+                ..
             }
-            Schedule::DdpmScaledLinear {
-                beta_start,
-                beta_end,
+            | Schedule::DdpmScaledLinear {
                 timesteps,
                 levels,
                 spacing,
                 steps_offset,
-            } => {
-                let betas: Vec<f64> = linear_betas(beta_start.sqrt(), beta_end.sqrt(), *timesteps)
-                    .into_iter()
-                    .map(|b| b * b)
-                    .collect();
-                let ab = alpha_bar_from_betas(&betas);
-                let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing, *steps_offset)?;
-                idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
+                ..
             }
-            Schedule::DdpmCosine {
-                s,
-                max_beta,
+            | Schedule::DdpmCosine {
                 timesteps,
                 levels,
                 spacing,
                 steps_offset,
+                ..
             } => {
-                let ab = alpha_bar_from_betas(&cosine_betas(*s, *max_beta, *timesteps));
+                let ab = self.alpha_bar().unwrap_or_default();
                 let idx = ddim_timesteps(*timesteps, levels.unwrap_or(*timesteps), *spacing, *steps_offset)?;
                 idx.iter().rev().map(|&k| ve_sigma(ab[k])).collect()
             }
@@ -477,6 +554,44 @@ pub fn alpha_bar_from_betas(betas: &[f64]) -> Vec<f64> {
         .map(|b| {
             acc += (-b).ln_1p();
             acc.exp()
+        })
+        .collect()
+}
+
+/// torch.linspace(a, b, n, dtype=float32) as torch computes it on the CPU: a and b rounded to
+/// float32, step = (b − a)/(n − 1) in float32, the first ⌊n/2⌋ values a + step·i and the others
+/// b − step·(n − 1 − i), each one fused multiply-add (one rounding; checked bit for bit against
+/// torch 2.15 by scripts/gen_diffusers_schedules.py's table, tests/integration/diffusers.rs).
+pub fn torch_linspace_f32(a: f64, b: f64, n: usize) -> Vec<f32> {
+    let (a, b) = (a as f32, b as f32);
+    if n == 1 {
+        return vec![a];
+    }
+    let step = (b - a) / (n - 1) as f32;
+    let half = n / 2;
+    (0..n)
+        .map(|i| {
+            if i < half {
+                step.mul_add(i as f32, a)
+            } else {
+                (-step).mul_add((n - 1 - i) as f32, b)
+            }
+        })
+        .collect()
+}
+
+/// ᾱ_t as diffusers' DDPMScheduler/DDIMScheduler compute `alphas_cumprod` from float32 β
+/// (diffusers 0.42, torch 2.x on the CPU): α = 1 − β in float32, then torch.cumprod, which
+/// accumulates in double and rounds every output to float32; promoted to f64 here. These are the
+/// ᾱ the sampler actually uses (the f64 schedule differs by up to ≈ 7e-5 relative in μ for a
+/// cosine schedule with T = 250).
+pub fn diffusers_alphas_cumprod(betas: &[f32]) -> Vec<f64> {
+    let mut acc = 1.0f64;
+    betas
+        .iter()
+        .map(|&b| {
+            acc *= (1.0f32 - b) as f64;
+            acc as f32 as f64
         })
         .collect()
 }
@@ -692,6 +807,7 @@ mod tests {
             levels: None,
             spacing: Spacing::Leading,
             steps_offset: 0,
+            diffusers_float32: false,
         }
         .levels()
         .unwrap();
@@ -702,6 +818,7 @@ mod tests {
             levels: Some(50),
             spacing: Spacing::Leading,
             steps_offset: 0,
+            diffusers_float32: false,
         }
         .levels()
         .unwrap();
@@ -749,6 +866,7 @@ mod tests {
             levels: Some(50),
             spacing: Spacing::Leading,
             steps_offset: 0,
+            diffusers_float32: false,
         }
         .levels()
         .unwrap();
