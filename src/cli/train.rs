@@ -227,7 +227,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit train`.
-pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     // Output locations are checked (and existing files refused) before any work.
     let outputs = crate::cli::common::OutputArgs {
         format: a.format,
@@ -261,7 +261,7 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
             )
             .as_bytes(),
         )?;
-        return Ok(dpaudit::audit::outcome::Status::Ok);
+        return Ok(dpaudit::audit::outcome::Verdict::Holds);
     }
     opacus(&mut a)?;
     if let Some(unet) = a.unet.clone() {

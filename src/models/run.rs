@@ -391,7 +391,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             let eps_text = best.as_ref().map(|(e, src)| {
                 let kind = gs
                     .iter()
-                    .find(|g| &g.source == src)
+                    .find(|g| g.source() == src)
                     .map(|g| g.kind.as_str())
                     .unwrap_or("");
                 (*e, format!("{src} ({kind})"))
