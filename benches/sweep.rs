@@ -40,7 +40,7 @@ fn bench(c: &mut Criterion) {
         .filter(|r| {
             r.accountants
                 .iter()
-                .any(|l| l.accountant == AccountantKind::Clt && l.epsilon.is_some())
+                .any(|l| l.accountant == AccountantKind::Clt && l.epsilon().is_some())
         })
         .count();
     eprintln!(
@@ -104,7 +104,7 @@ fn bound_sweeps() {
         let rows = sweep::run(&cfg, &bound_spec(a), &|| {}).unwrap();
         let finite = rows
             .iter()
-            .filter(|r| r.accountants.iter().any(|l| l.epsilon.is_some_and(f64::is_finite)))
+            .filter(|r| r.accountants.iter().any(|l| l.epsilon().is_some_and(f64::is_finite)))
             .count();
         println!(
             "{}",

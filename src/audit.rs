@@ -12,8 +12,8 @@
 //! (diffusion sampling), [`calibrate`], [`sweep`], [`run`] (mechanisms on data) and the
 //! verify/mia/train stages in `pipelines`, `attacks` and `models`. Every command's report opens
 //! with the plain-language conclusion ([`Report::conclude`]), and every command ends in one
-//! [`Outcome`] (report, text, files, [`outcome::Status`]); the binary maps the status to the
-//! exit code in one place.
+//! [`Outcome`] (report, text, files, its [`sound::Verdict`]); the verdict's one mapping to the
+//! exit code is [`sound::Verdict::exit_code`].
 
 pub mod account;
 pub mod accounting;
@@ -34,7 +34,7 @@ pub mod white_box;
 
 use std::path::{Path, PathBuf};
 
-use crate::accountants::AccountantKind;
+use crate::accountants::{sound, AccountantKind};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
 use crate::report::progress::Progress;
@@ -336,11 +336,11 @@ pub(crate) fn load_file_with(path: &Path, warn_defaults: bool) -> Result<Input> 
 }
 
 /// Compares `budget` with the smallest sound ε in the report (never an estimate) and adds the
-/// verdict. `Inconclusive` when no sound accountant produced a result.
+/// verdict. Not demonstrated (`inconclusive`) when no sound accountant produced a result.
 pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdict {
-    use crate::report::{Series, Status};
+    use crate::report::Series;
     let v = budget_verdict_of(report, subject, budget);
-    if v.status == Status::Fail {
+    if v.status == sound::Verdict::Violated {
         if let Some(est) = report
             .results
             .iter()
@@ -377,21 +377,19 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
 /// The verdict [`budget_verdict`] adds, computed from the report's results alone (what
 /// `dpaudit report` derives again from a report read back).
 pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> Verdict {
-    use crate::report::Status;
-    let delta = report.delta;
     match report.sound_epsilon() {
         Some(r) => {
             let pass = r.epsilon <= budget;
             let margin = budget - r.epsilon;
             Verdict {
-                source: None,
                 subject: subject.to_string(),
-                status: if pass { Status::Pass } else { Status::Fail },
+                status: if pass {
+                    sound::Verdict::Holds
+                } else {
+                    sound::Verdict::Violated
+                },
                 budget: Some(budget),
-                epsilon: Some(r.epsilon),
-                delta: Some(r.delta),
-                accountant: Some(r.accountant),
-                bound: Some(r.kind),
+                evidence: Some(sound::Evidence::from_result(r)),
                 margin: Some(margin),
                 message: format!(
                     "sound ε = {} ({} {}) {} budget {}{}",
@@ -405,14 +403,10 @@ pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> 
             }
         }
         None => Verdict {
-            source: None,
             subject: subject.to_string(),
-            status: Status::Inconclusive,
+            status: sound::Verdict::NotDemonstrated,
             budget: Some(budget),
-            epsilon: None,
-            delta,
-            accountant: None,
-            bound: None,
+            evidence: None,
             margin: None,
             message: "no sound accountant (exact or upper bound) could account this event".into(),
         },
@@ -423,7 +417,6 @@ pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> 
 mod tests {
     use super::*;
     use crate::audit::accounting::{account_event, AccountOptions};
-    use crate::report::Status;
 
     #[test]
     fn full_batch_report_has_gdp_verdict_and_plots() {
@@ -442,11 +435,11 @@ mod tests {
         )
         .unwrap();
         let v = budget_verdict(&mut r, "budget", 4.0);
-        assert!((v.epsilon.unwrap() - 4.377178095681224).abs() < 1e-9, "{v:?}");
-        assert_eq!(v.status, Status::Fail);
+        assert!((v.epsilon().unwrap() - 4.377178095681224).abs() < 1e-9, "{v:?}");
+        assert_eq!(v.status, sound::Verdict::Violated);
         assert!(v.margin.unwrap() < 0.0);
         let v = budget_verdict(&mut r, "budget", 5.0);
-        assert_eq!(v.status, Status::Pass);
+        assert_eq!(v.status, sound::Verdict::Holds);
         let ids: Vec<&str> = r.plots.iter().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["per_step_mu", "cumulative", "epsilon_vs_delta", "tradeoff"]);
         r.validate().unwrap();

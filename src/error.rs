@@ -81,7 +81,7 @@ impl Error {
         self
     }
     /// Attaches the line in that file.
-    pub fn with_line(mut self, line: usize) -> Self {
+    pub(crate) fn with_line(mut self, line: usize) -> Self {
         if self.line.is_none() {
             self.line = Some(line);
         }
@@ -125,7 +125,7 @@ impl From<candle_core::Error> for Error {
 }
 
 /// Turns a TOML parse/deserialise error into an [`Error`] with file, line and field.
-pub fn from_toml(path: &Path, src: &str, err: toml::de::Error) -> Error {
+pub(crate) fn from_toml(path: &Path, src: &str, err: toml::de::Error) -> Error {
     let mut e = Error::input(err.message().to_string()).with_file(path);
     if let Some(span) = err.span() {
         let line = src[..span.start.min(src.len())].matches('\n').count() + 1;

@@ -23,7 +23,7 @@ pub fn read_to_string(path: &Path) -> Result<String> {
 }
 
 /// Parses a TOML input file into `T` with file/line/field context on failure.
-pub fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+pub(crate) fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let src = read_to_string(path)?;
     toml::from_str(&src).map_err(|e| crate::error::from_toml(path, &src, e))
 }
@@ -130,7 +130,7 @@ pub struct Released {
 
 /// The `# released:` lines at the top of the ledger `path` (comment lines come first; 64 KiB is
 /// far more than any ledger header). Names with a path separator or a leading `.` are skipped.
-pub fn released_entries(path: &Path) -> Vec<Released> {
+pub(crate) fn released_entries(path: &Path) -> Vec<Released> {
     let Ok(f) = std::fs::File::open(path) else {
         return Vec::new();
     };

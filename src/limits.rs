@@ -21,9 +21,9 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 /// Environment variable holding the memory cap (bytes, or with a K/M/G/T suffix).
-pub const MEMORY_ENV: &str = "DPAUDIT_MAX_MEMORY";
+pub(crate) const MEMORY_ENV: &str = "DPAUDIT_MAX_MEMORY";
 /// Environment variable holding the work cap (elementary operations, e.g. `1e12`).
-pub const WORK_ENV: &str = "DPAUDIT_MAX_WORK";
+pub(crate) const WORK_ENV: &str = "DPAUDIT_MAX_WORK";
 /// Default memory cap: 4 GiB (a sixth of the 24 GiB CI machines, shared by parallel jobs).
 pub const DEFAULT_MEMORY: u64 = 4 << 30;
 /// Default work cap: 2·10¹¹ elementary operations (≈ 1–10 minutes on one core).
@@ -81,7 +81,7 @@ pub fn with_caps<T>(memory_bytes: f64, work: f64, f: impl FnOnce() -> T) -> T {
 }
 
 /// The memory cap in bytes (`DPAUDIT_MAX_MEMORY`, default [`DEFAULT_MEMORY`]).
-pub fn memory_cap() -> Result<f64> {
+pub(crate) fn memory_cap() -> Result<f64> {
     if let Some((m, _)) = OVERRIDE.with(|c| c.get()) {
         return Ok(m);
     }
@@ -89,7 +89,7 @@ pub fn memory_cap() -> Result<f64> {
 }
 
 /// The work cap in elementary operations (`DPAUDIT_MAX_WORK`, default [`DEFAULT_WORK`]).
-pub fn work_cap() -> Result<f64> {
+pub(crate) fn work_cap() -> Result<f64> {
     if let Some((_, w)) = OVERRIDE.with(|c| c.get()) {
         return Ok(w);
     }
@@ -97,7 +97,7 @@ pub fn work_cap() -> Result<f64> {
 }
 
 /// Bytes in a human unit, for messages.
-pub fn human_bytes(b: f64) -> String {
+pub(crate) fn human_bytes(b: f64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = b;
     let mut i = 0;
@@ -220,7 +220,7 @@ pub const CANARY_VALUE: Cost = Cost::new(32.0, 100.0);
 
 /// Checks `--canaries m` for canaries of `dim` values each ([`CANARY_VALUE`] per value), before
 /// any canary is drawn; the error counts canaries.
-pub fn check_canaries(m: usize, dim: usize) -> Result<()> {
+pub(crate) fn check_canaries(m: usize, dim: usize) -> Result<()> {
     let d = dim.max(1) as f64;
     check(
         "--canaries",
@@ -392,7 +392,7 @@ pub fn check_count(field: &str, value: u64, per_unit: Cost) -> Result<()> {
 
 /// Checks the product of several sizes (e.g. grid axes, trajectories × records × dimension);
 /// the product is computed in floating point so it cannot overflow.
-pub fn check_product(field: &str, factors: &[u64], per_unit: Cost) -> Result<()> {
+pub(crate) fn check_product(field: &str, factors: &[u64], per_unit: Cost) -> Result<()> {
     let v = factors.iter().fold(1.0f64, |a, &f| a * f as f64);
     check(field, v, per_unit)
 }
@@ -400,7 +400,7 @@ pub fn check_product(field: &str, factors: &[u64], per_unit: Cost) -> Result<()>
 /// Reads at most the bytes the memory cap allows for a (possibly decompressed) text stream,
 /// so a small gzip file that inflates to gigabytes is refused before it is held in memory.
 /// `path` names the file in errors.
-pub fn read_text_capped(reader: impl Read, path: &Path) -> Result<String> {
+pub(crate) fn read_text_capped(reader: impl Read, path: &Path) -> Result<String> {
     let cap = memory_cap()?;
     let max_bytes = (cap / DECOMPRESSED_BYTE.bytes).floor() as u64;
     let Some(buf) = read_at_most(reader, max_bytes, 0).map_err(|e| Error::io(path, &e))? else {
@@ -420,7 +420,7 @@ pub fn read_text_capped(reader: impl Read, path: &Path) -> Result<String> {
 /// The buffer grows geometrically but never past `max_bytes` (`read_to_end` doubles it, so a
 /// stream just over half a limit could reserve twice its size); `hint` (e.g. a gzip trailer's
 /// declared size) sizes it once, and is only a hint: the stream decides the length.
-pub fn read_at_most(mut reader: impl Read, max_bytes: u64, hint: u64) -> std::io::Result<Option<Vec<u8>>> {
+pub(crate) fn read_at_most(mut reader: impl Read, max_bytes: u64, hint: u64) -> std::io::Result<Option<Vec<u8>>> {
     const CHUNK: usize = 1 << 16;
     let max = usize::try_from(max_bytes).unwrap_or(usize::MAX);
     let mut buf: Vec<u8> = Vec::with_capacity(usize::try_from(hint).unwrap_or(0).min(max));

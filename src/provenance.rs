@@ -60,7 +60,7 @@ pub struct SignatureFile {
 
 /// Whether a folder's release is signed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Status {
+pub enum Signing {
     /// No signature file: the ledger is the trainer's word.
     Unsigned,
     /// Signed, every covered file unchanged.
@@ -72,13 +72,13 @@ pub enum Status {
     },
 }
 
-impl Status {
+impl Signing {
     /// One phrase for reports.
     pub fn describe(&self) -> String {
         match self {
-            Status::Unsigned => "unsigned: the ledger is the trainer's word".to_string(),
-            Status::Signed { key, trusted: true } => format!("signed by the trusted key {key}"),
-            Status::Signed { key, trusted: false } => {
+            Signing::Unsigned => "unsigned: the ledger is the trainer's word".to_string(),
+            Signing::Signed { key, trusted: true } => format!("signed by the trusted key {key}"),
+            Signing::Signed { key, trusted: false } => {
                 format!("signed by {key} (no trusted key configured: who holds it is not checked)")
             }
         }
@@ -102,7 +102,7 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 }
 
 /// The key's name in reports and signature files: `ed25519:<hex of the public key>`.
-pub fn key_id(k: &VerifyingKey) -> String {
+pub(crate) fn key_id(k: &VerifyingKey) -> String {
     format!("ed25519:{}", hex(&k.to_bytes()))
 }
 
@@ -143,7 +143,7 @@ pub fn load_secret(path: &Path) -> Result<SigningKey> {
 }
 
 /// Reads a public key file (`--trust-key`).
-pub fn load_public(path: &Path) -> Result<VerifyingKey> {
+pub(crate) fn load_public(path: &Path) -> Result<VerifyingKey> {
     let b = key_line::<32>(path, PUBLIC_TAG)?;
     VerifyingKey::from_bytes(&b)
         .map_err(|_| Error::input("not an Ed25519 public key (not a point of the curve)").with_file(path))
@@ -196,7 +196,7 @@ pub fn write_key_pair(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
 
 /// The signature file for the output set `files` (name, bytes), signed with `key`: to be
 /// committed in the same set.
-pub fn sign_set(files: &[(String, Vec<u8>)], key: &SigningKey) -> Result<(String, Vec<u8>)> {
+pub(crate) fn sign_set(files: &[(String, Vec<u8>)], key: &SigningKey) -> Result<(String, Vec<u8>)> {
     let signed: Vec<SignedFile> = files
         .iter()
         .filter(|(n, _)| n != SIGNATURE)
@@ -221,7 +221,7 @@ pub fn sign_set(files: &[(String, Vec<u8>)], key: &SigningKey) -> Result<(String
 /// Checks the signature of the folder `dir` (see the module docs). `released`: the names of the
 /// files a release of this kind has; every one present must be covered. With `trusted` keys
 /// configured, an unsigned folder, or one signed by another key, is refused.
-pub fn verify_folder(dir: &Path, released: &[&str], trusted: &[VerifyingKey]) -> Result<Status> {
+pub fn verify_folder(dir: &Path, released: &[&str], trusted: &[VerifyingKey]) -> Result<Signing> {
     let p = dir.join(SIGNATURE);
     if !p.is_file() {
         if !trusted.is_empty() {
@@ -233,7 +233,7 @@ pub fn verify_folder(dir: &Path, released: &[&str], trusted: &[VerifyingKey]) ->
                 ),
             ));
         }
-        return Ok(Status::Unsigned);
+        return Ok(Signing::Unsigned);
     }
     let f: SignatureFile = crate::input::load_toml(&p)?;
     if f.schema != SCHEMA {
@@ -296,7 +296,7 @@ pub fn verify_folder(dir: &Path, released: &[&str], trusted: &[VerifyingKey]) ->
         )
         .with_file(&p));
     }
-    Ok(Status::Signed {
+    Ok(Signing::Signed {
         key: f.public_key,
         trusted: is_trusted,
     })
@@ -322,7 +322,7 @@ mod tests {
         let s = verify_folder(d.path(), &["a.toml", "w.bin"], &[vk]).unwrap();
         assert_eq!(
             s,
-            Status::Signed {
+            Signing::Signed {
                 key: key_id(&vk),
                 trusted: true
             }

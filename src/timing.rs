@@ -52,7 +52,7 @@ pub fn add_kernel_time(what: &'static str, ms: f64) {
 
 /// Writes the GPU time per kind of kernel so far (`timing: GPU kernels: …`), largest first,
 /// and starts the sums again; nothing when none was recorded.
-pub fn kernel_summary() {
+pub(crate) fn kernel_summary() {
     let mut m = KERNELS.lock().unwrap_or_else(|p| p.into_inner());
     if m.is_empty() {
         return;
@@ -70,7 +70,7 @@ pub fn kernel_summary() {
 static WITHIN: Mutex<BTreeMap<&'static str, (f64, u64)>> = Mutex::new(BTreeMap::new());
 
 /// Charges the time since `since` to the part `what` (nothing when timing is off).
-pub fn add_within_time(what: &'static str, since: Instant) {
+pub(crate) fn add_within_time(what: &'static str, since: Instant) {
     if !enabled() {
         return;
     }
@@ -82,7 +82,7 @@ pub fn add_within_time(what: &'static str, since: Instant) {
 
 /// Writes the time per part so far (`timing: within: cuDNN plan 18 in 0.0950 s, …`: count,
 /// then seconds in all) and starts the sums again; nothing when none was recorded.
-pub fn within_summary() {
+pub(crate) fn within_summary() {
     let mut m = WITHIN.lock().unwrap_or_else(|p| p.into_inner());
     if m.is_empty() {
         return;

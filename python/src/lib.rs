@@ -462,9 +462,11 @@ fn op_white_box_audit(req: &Map<String, Value>) -> Res<Value> {
     let mut out = serde_json::to_value(&v).map_err(|e| Error::input(e.to_string()))?;
     // The Python API's words for the audit verdict's status.
     out["verdict"] = json!(match v.status {
-        dpaudit::report::Status::Fail => "violated",
-        dpaudit::report::Status::Pass => "consistent",
-        dpaudit::report::Status::Inconclusive => "no_guarantee",
+        dpaudit::accountants::sound::Verdict::Violated => "violated",
+        dpaudit::accountants::sound::Verdict::Holds => "consistent",
+        dpaudit::accountants::sound::Verdict::NotDemonstrated | dpaudit::accountants::sound::Verdict::Unanswered => {
+            "no_guarantee"
+        }
     });
     Ok(out)
 }

@@ -11,8 +11,7 @@
 //! of the same steps *without* subsampling amplification (a Poisson-subsampled Gaussian is
 //! dominated by the full-batch one: C_q(G_μ) ≥ G_μ, DRS Thm 4.2 / §4), which is sound but loose.
 
-use serde::{Deserialize, Serialize};
-
+pub use super::sound::Evidence;
 pub use super::tradeoff::{asr_limit_eps_delta, tpr_limit_eps_delta};
 use super::{gdp, AccountantKind, BoundKind};
 use crate::error::Result;
@@ -29,22 +28,8 @@ pub(crate) fn tpr_limit_gdp(mu: f64, fpr: f64) -> f64 {
     1.0 - gdp::tradeoff(mu, fpr)
 }
 
-/// One sound guarantee for an event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Guarantee {
-    /// e.g. "pld", "rdp", "gdp (no amplification)".
-    pub source: String,
-    /// ε of the guarantee.
-    pub epsilon: f64,
-    /// δ of the guarantee.
-    pub delta: f64,
-    /// μ when the guarantee is μ-GDP.
-    pub mu: Option<f64>,
-    /// Kind of the bound (exact or upper bound).
-    pub kind: BoundKind,
-}
-
-impl Guarantee {
+/// The attack limits of one sound guarantee (an [`Evidence`] whose kind is exact or upper bound).
+impl Evidence {
     /// Upper limit on the attack success rate: (e^ε + δ)/(1 + e^ε), or Φ(μ/2) when μ is known and smaller.
     pub(crate) fn asr_limit(&self) -> f64 {
         let a = asr_limit_eps_delta(self.epsilon, self.delta);
@@ -80,51 +65,45 @@ pub fn mu_without_amplification(event: &DpEvent) -> Option<f64> {
 
 /// Every sound guarantee available for `event` at `delta` under add/remove neighbours (DP-SGD
 /// checkpoints are accounted that way); see [`guarantees_for`].
-pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
+pub fn guarantees(event: &DpEvent, delta: f64) -> (Vec<Evidence>, Vec<String>) {
     guarantees_for(event, Neighbouring::AddRemove, delta)
 }
 
 /// As [`guarantees`], under the neighbouring relation `nb`, from the one sound-ε function
 /// ([`crate::accountants::sound::sound_epsilon`]); accountants that do not support the event
 /// are named in the second list.
-pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Guarantee>, Vec<String>) {
+pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Evidence>, Vec<String>) {
     let s = super::sound::sound_epsilon(event, nb, delta);
     let mut out = Vec::new();
     let skipped = s.unavailable.clone();
     for a in s.analyses.iter().filter(|a| a.is_upper()) {
         let Some(kind) = a.accountant else { continue };
-        out.push(Guarantee {
-            source: kind.as_str().to_string(),
-            epsilon: a.epsilon,
-            delta: a.delta,
-            mu: if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
-                gdp::composed_mu(event).ok()
-            } else {
-                None
-            },
-            kind: a.kind,
-        });
+        let mut g = Evidence::new(kind.as_str(), a.epsilon, a.delta, a.kind).with_accountant(kind);
+        if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
+            g.mu = gdp::composed_mu(event).ok();
+        }
+        out.push(g);
     }
     if let Some(mu) = mu_without_amplification(event).filter(|_| nb == Neighbouring::AddRemove) {
-        if !out.iter().any(|g| g.source == "gdp") {
+        if !out.iter().any(|g| g.source() == "gdp") {
             if let Ok(eps) = gdp::epsilon_for_delta(mu, delta) {
-                out.push(Guarantee {
-                    source: "gdp (no amplification)".into(),
-                    epsilon: eps,
-                    delta,
-                    mu: Some(mu),
-                    kind: BoundKind::UpperBound,
-                });
+                let mut g = Evidence::new(NO_AMPLIFICATION, eps, delta, BoundKind::UpperBound);
+                g.mu = Some(mu);
+                out.push(g);
             }
         }
     }
     (out, skipped)
 }
 
+/// The method of the full-batch GDP guarantee of a subsampled event ([`guarantees_for`]): sound
+/// (C_q(G_μ) ≥ G_μ, DRS Thm 4.2) but loose, computed by no accountant.
+pub(crate) const NO_AMPLIFICATION: &str = "gdp (no amplification)";
+
 /// The tightest of several sound guarantees for a quantity (the minimum of upper limits).
-pub fn tightest<F: Fn(&Guarantee) -> f64>(gs: &[Guarantee], f: F) -> Option<(f64, String)> {
+pub fn tightest<F: Fn(&Evidence) -> f64>(gs: &[Evidence], f: F) -> Option<(f64, String)> {
     gs.iter()
-        .map(|g| (f(g), g.source.clone()))
+        .map(|g| (f(g), g.source().to_string()))
         .min_by(|a, b| a.0.total_cmp(&b.0))
 }
 
@@ -142,10 +121,7 @@ pub(crate) fn sampler_asr(mus: &[f64], p: f64, delta: f64) -> Result<Option<(f64
             .collect(),
     };
     let (gs, _) = guarantees(&event, delta);
-    let gs: Vec<Guarantee> = gs
-        .into_iter()
-        .filter(|g| !g.source.contains("no amplification"))
-        .collect();
+    let gs: Vec<Evidence> = gs.into_iter().filter(|g| g.source() != NO_AMPLIFICATION).collect();
     // The full-batch exact GDP limit also holds under subsampling (C_p(G_μ) ≥ G_μ); an
     // accountant's (ε, δ) limit can be looser, so keep the smaller of the two.
     let full = asr_limit_gdp(mus.iter().map(|m| m * m).sum::<f64>().sqrt());
@@ -183,7 +159,7 @@ mod tests {
         let ev = DpEvent::dpsgd(4.0, 0.1, 16);
         assert!((mu_without_amplification(&ev).unwrap() - 1.0).abs() < 1e-15);
         let (gs, _) = guarantees(&ev, 1e-5);
-        assert!(gs.iter().any(|g| g.source == "gdp (no amplification)"));
+        assert!(gs.iter().any(|g| g.source() == NO_AMPLIFICATION));
         // Every guarantee's ASR limit is at most the no-amplification one (amplification helps).
         let loose = asr_limit_gdp(1.0);
         for g in &gs {

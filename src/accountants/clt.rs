@@ -56,15 +56,15 @@ const LN_NEGLIGIBLE: f64 = -50.0;
 /// Thresholds of the validity diagnostics.
 pub mod thresholds {
     /// max κ₂ᵢ/s² above which one step is said to dominate (fewer than 20 effective steps).
-    pub const DOMINATES_WARN: f64 = 0.05;
+    pub(crate) const DOMINATES_WARN: f64 = 0.05;
     /// … and above which the CLT estimate is considered invalid (fewer than 4 effective steps).
-    pub const DOMINATES_SEVERE: f64 = 0.25;
+    pub(crate) const DOMINATES_SEVERE: f64 = 0.25;
     /// Lyapunov ratio Σκ₃/s³ above which a warning is given …
-    pub const LYAPUNOV_WARN: f64 = 0.1;
+    pub(crate) const LYAPUNOV_WARN: f64 = 0.1;
     /// … and above which the estimate is considered invalid.
-    pub const LYAPUNOV_SEVERE: f64 = 0.5;
+    pub(crate) const LYAPUNOV_SEVERE: f64 = 0.5;
     /// DRS Thm 3.4 requires γ < 1/2; at or above it the Berry–Esseen bound says nothing.
-    pub const BERRY_ESSEEN_SEVERE: f64 = 0.5;
+    pub(crate) const BERRY_ESSEEN_SEVERE: f64 = 0.5;
 }
 
 fn gauss_legendre() -> &'static ([f64; GL_N], [f64; GL_N]) {
@@ -504,7 +504,7 @@ pub fn delta_lower_bound(steps: &[(f64, f64, u64)], epsilon: f64) -> (f64, u64) 
 
 /// The nearly-blatant check at (ε, δ): a severe diagnostic when the rigorous lower bound on the
 /// true δ(ε) exceeds the δ the estimate claims.
-pub fn blatant_diagnostic(steps: &[(f64, f64, u64)], epsilon: f64, delta: f64) -> Option<Diagnostic> {
+pub(crate) fn blatant_diagnostic(steps: &[(f64, f64, u64)], epsilon: f64, delta: f64) -> Option<Diagnostic> {
     let (lb, n_blatant) = delta_lower_bound(steps, epsilon);
     if lb <= delta {
         return None;

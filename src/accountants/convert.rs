@@ -97,7 +97,7 @@ fn check_order(order: f64) -> Result<()> {
 
 /// ε at one order for an (α, r)-RDP guarantee and the given δ ∈ (0, 1) (formulas in the module
 /// docs), rounded up; 0 when the total-variation bound already meets δ. `rdp` must be ≥ 0.
-pub fn epsilon_at_order(order: f64, rdp: f64, delta: f64, conversion: Conversion) -> f64 {
+pub(crate) fn epsilon_at_order(order: f64, rdp: f64, delta: f64, conversion: Conversion) -> f64 {
     if rdp.is_infinite() {
         return f64::INFINITY;
     }
@@ -116,7 +116,7 @@ pub fn epsilon_at_order(order: f64, rdp: f64, delta: f64, conversion: Conversion
 
 /// ln δ at one order for an (α, r)-RDP guarantee and the given ε ≥ 0, rounded up; the
 /// total-variation bound ln √(1 − e^{−r}) is used when it is smaller.
-pub fn log_delta_at_order(order: f64, rdp: f64, epsilon: f64, conversion: Conversion) -> f64 {
+pub(crate) fn log_delta_at_order(order: f64, rdp: f64, epsilon: f64, conversion: Conversion) -> f64 {
     if rdp.is_infinite() {
         return 0.0;
     }
@@ -172,32 +172,6 @@ pub fn epsilon_from_rdp(orders: &[f64], rdp: &[f64], delta: f64, conversion: Con
     Ok(best)
 }
 
-/// The smallest δ over `orders` at ε; returns (δ, order).
-pub fn delta_from_rdp(orders: &[f64], rdp: &[f64], epsilon: f64, conversion: Conversion) -> Result<(f64, f64)> {
-    super::check_epsilon(epsilon)?;
-    if orders.len() != rdp.len() || orders.is_empty() {
-        return Err(Error::input(format!(
-            "rdp: {} orders but {} RDP values (need the same non-zero number)",
-            orders.len(),
-            rdp.len()
-        )));
-    }
-    let mut best = (f64::INFINITY, orders[0]);
-    for (&a, &raw) in orders.iter().zip(rdp) {
-        check_order(a)?;
-        let r = if raw < 0.0 {
-            clamp_rdp(a, raw).map(|_| RDP_NEG_NOISE)?
-        } else {
-            clamp_rdp(a, raw)?
-        };
-        let ld = log_delta_at_order(a, r, epsilon, conversion);
-        if ld < best.0 {
-            best = (ld, a);
-        }
-    }
-    Ok((best.0.exp().min(1.0), best.1))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,7 +224,6 @@ mod tests {
         assert!(epsilon_from_rdp(&[1.0], &[0.1], 1e-5, Conversion::Improved).is_err());
         assert!(epsilon_from_rdp(&[2.0], &[0.1, 0.2], 1e-5, Conversion::Improved).is_err());
         assert!(epsilon_from_rdp(&[2.0], &[0.1], 0.0, Conversion::Improved).is_err());
-        assert!(delta_from_rdp(&[2.0], &[0.1], -1.0, Conversion::Improved).is_err());
         assert!("nope".parse::<Conversion>().is_err());
     }
 }

@@ -32,7 +32,7 @@ pub const MAX_SUMMED_ORDER: f64 = 1_048_576.0;
 
 /// Largest fractional order computed with the two-series formula; above it (and up to
 /// [`MAX_SUMMED_ORDER`]) fractional orders interpolate the integer values (sound, cheaper).
-pub const FRACTIONAL_SERIES_MAX: f64 = 4096.0;
+pub(crate) const FRACTIONAL_SERIES_MAX: f64 = 4096.0;
 
 /// The continuous refinement of the best order runs only below this order (above it the default
 /// grid is ≤ 3.2% apart, where ε(α) is flat to well under 0.1%, and each evaluation costs O(α)).
@@ -58,7 +58,7 @@ pub fn dp_accounting_orders() -> Vec<f64> {
 /// 256, then steps of 8, 32, 128 up to 4096) and extended geometrically (×1.25) up to 2²⁰ for tiny
 /// δ or very large σ. Orders that cannot beat the best ε found so far are skipped when the
 /// accountant prunes ([`RdpAccountant::prune`]), so the long tail costs nothing in common cases.
-pub fn default_orders() -> Vec<f64> {
+pub(crate) fn default_orders() -> Vec<f64> {
     let mut v: Vec<f64> = [1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.09].to_vec();
     v.extend((1..100).map(|x| 1.0 + x as f64 / 10.0));
     v.extend((11..=256).map(|x| x as f64));
@@ -96,7 +96,7 @@ fn log_expm1(x: f64) -> f64 {
 /// RDP of the Gaussian mechanism with noise multiplier σ at order α: α/(2σ²)
 /// (Mironov 2017, Prop. 7). Holds under either neighbouring relation when σ is stated relative
 /// to that relation's sensitivity.
-pub fn rdp_gaussian(sigma: f64, alpha: f64) -> f64 {
+pub(crate) fn rdp_gaussian(sigma: f64, alpha: f64) -> f64 {
     round_up(alpha / (2.0 * sigma * sigma))
 }
 
@@ -104,7 +104,7 @@ pub fn rdp_gaussian(sigma: f64, alpha: f64) -> f64 {
 /// (Mironov 2017, "Rényi differential privacy", Prop. 6, Table II):
 /// D_α = (1/(α − 1))·ln((α/(2α − 1))·e^{(α−1)/b} + ((α − 1)/(2α − 1))·e^{−α/b}), computed in log
 /// space (no overflow for small b) and rounded up; it never exceeds the pure-DP value 1/b.
-pub fn rdp_laplace(b: f64, alpha: f64) -> f64 {
+pub(crate) fn rdp_laplace(b: f64, alpha: f64) -> f64 {
     if alpha.is_infinite() {
         return round_up(1.0 / b);
     }
@@ -616,7 +616,7 @@ pub fn rdp_wor_gaussian(n: u64, m: u64, sigma: f64, alpha: f64) -> f64 {
 }
 
 /// RDP at order α of one run of a component (before multiplying by its count).
-pub fn component_rdp(c: &Component, neighbouring: Neighbouring, alpha: f64) -> Result<f64> {
+pub(crate) fn component_rdp(c: &Component, neighbouring: Neighbouring, alpha: f64) -> Result<f64> {
     let s = match c.mechanism {
         Mechanism::Gaussian { noise_multiplier } => noise_multiplier,
         Mechanism::Laplace { noise_multiplier: b } => {
@@ -701,7 +701,7 @@ fn check_order(a: f64) -> Result<()> {
 
 /// Checks the event tree for shapes RDP cannot account, naming the path of the offending
 /// sub-event, then flattens it into components.
-pub fn rdp_components(event: &DpEvent, neighbouring: Neighbouring) -> Result<Vec<Component>> {
+pub(crate) fn rdp_components(event: &DpEvent, neighbouring: Neighbouring) -> Result<Vec<Component>> {
     check_tree(event, neighbouring, "event")?;
     let comps = event.components()?;
     if comps

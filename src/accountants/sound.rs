@@ -43,7 +43,12 @@ use crate::numeric;
 /// Relative amount by which lower bounds are lowered so rounding cannot raise them.
 const LOWER_DEFLATE: f64 = 1e-9;
 
-/// One number that bears on a verdict: ε at δ, who computed it and what kind of number it is.
+/// The one record of "an ε with its kind and evidence": ε at δ, who computed it (an accountant,
+/// or a named closed form or theorem), what kind of number it is (sound upper bound, sound lower
+/// bound, estimate, …) and what it rests on. It carries a verdict's evidence
+/// ([`Decision::evidence`]), every analysis of a [`SoundEpsilon`], and the accounted guarantees
+/// an attack is compared with ([`super::attack_limits::guarantees_for`], with the μ of a μ-GDP
+/// guarantee); [`Evidence::from_result`] reads an accountant's [`AccountResult`] as one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Evidence {
     /// Short method name, e.g. `pld`, `rdp`, `gdp`, `delta_floor`, `worst_case_pair`.
@@ -61,6 +66,9 @@ pub struct Evidence {
     /// What the number rests on (preconditions, witness event, fallbacks).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// μ when the number is the ε of a μ-GDP guarantee (tighter attack limits: Φ(μ/2)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mu: Option<f64>,
 }
 
 impl Evidence {
@@ -73,6 +81,7 @@ impl Evidence {
             delta,
             kind,
             note: String::new(),
+            mu: None,
         }
     }
     /// Evidence from an accountant's result, labelled with the accountant that actually
@@ -194,25 +203,85 @@ impl SoundEpsilon {
     }
 }
 
-/// The three verdicts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The one verdict of dpaudit: on a claim, a budget, an implementation audit, and on a whole
+/// command (a batch answers its worst item). Ordered from best to worst, so that
+/// [`Verdict::worst`] is the maximum.
+///
+/// Its one mapping to the process exit status is [`Verdict::exit_code`] (docs/reliability.md,
+/// "Exit codes"): `holds` 0, `not_demonstrated` 1, `violated` 1, `unanswered` 2. A command that
+/// judges nothing (`account`, `analyze`, …) answers `holds`: nothing it was asked is
+/// contradicted.
+///
+/// Reports keep their own words for a checked budget or claim ([`Verdict::status_word`]:
+/// `pass`, `fail`, `inconclusive`; `PASS`, … in text): the JSON schema of `verdicts[].status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// A sound upper bound at the claimed δ is ≤ the claimed ε.
+    /// A sound upper bound at the claimed δ is ≤ the claimed ε (a budget: the tightest sound
+    /// upper bound is within it); or the command judged nothing.
     Holds,
-    /// A sound lower bound on the true ε at the claimed δ exceeds the claimed ε.
-    Violated,
-    /// Neither: nothing sound decides.
+    /// Neither: nothing sound decides (a CI guard treats it like a violation).
     NotDemonstrated,
+    /// A sound lower bound on the true ε at the claimed δ exceeds the claimed ε; a budget whose
+    /// tightest sound upper bound exceeds it (`check` errs safe); an audit that caught its
+    /// implementation.
+    Violated,
+    /// The question could not be answered from the input (bad input, or no sound accountant
+    /// applies to a budget), reported on stderr.
+    Unanswered,
 }
 
 impl Verdict {
-    /// `holds`, `violated`, `not_demonstrated`.
+    /// Every verdict, best first.
+    pub const ALL: [Verdict; 4] = [
+        Verdict::Holds,
+        Verdict::NotDemonstrated,
+        Verdict::Violated,
+        Verdict::Unanswered,
+    ];
+
+    /// `holds`, `not_demonstrated`, `violated`, `unanswered` (claims' JSON, CSV and text).
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Holds => "holds",
-            Verdict::Violated => "violated",
             Verdict::NotDemonstrated => "not_demonstrated",
+            Verdict::Violated => "violated",
+            Verdict::Unanswered => "unanswered",
+        }
+    }
+
+    /// The process exit status of a command whose answer is this verdict, the one mapping
+    /// (docs/reliability.md, "Exit codes"): 0 holds; 1 violated or not demonstrated; 2 unanswered
+    /// (usage or input error, or a budget no sound accountant can check).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Holds => 0,
+            Verdict::NotDemonstrated | Verdict::Violated => 1,
+            Verdict::Unanswered => 2,
+        }
+    }
+
+    /// The worse of two verdicts (a batch is as bad as its worst item).
+    pub fn worst(self, other: Verdict) -> Verdict {
+        self.max(other)
+    }
+
+    /// The word of a report's verdict row (`verdicts[].status` in JSON): `pass` (holds), `fail`
+    /// (violated), `inconclusive` (not demonstrated, or unanswered).
+    pub fn status_word(self) -> &'static str {
+        match self {
+            Verdict::Holds => "pass",
+            Verdict::Violated => "fail",
+            Verdict::NotDemonstrated | Verdict::Unanswered => "inconclusive",
+        }
+    }
+
+    /// [`Self::status_word`] for a terminal: `PASS`, `FAIL`, `INCONCLUSIVE`.
+    pub(crate) fn shouted(self) -> &'static str {
+        match self {
+            Verdict::Holds => "PASS",
+            Verdict::Violated => "FAIL",
+            Verdict::NotDemonstrated | Verdict::Unanswered => "INCONCLUSIVE",
         }
     }
 }
@@ -220,6 +289,30 @@ impl Verdict {
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Serde for a report's verdict row: the verdict as its [`Verdict::status_word`] (`pass`,
+/// `fail`, `inconclusive`), read back as holds, violated, not demonstrated.
+pub(crate) mod status_word {
+    use super::Verdict;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(v: &Verdict, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(v.status_word())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Verdict, D::Error> {
+        let w = String::deserialize(d)?;
+        match w.as_str() {
+            "pass" => Ok(Verdict::Holds),
+            "fail" => Ok(Verdict::Violated),
+            "inconclusive" => Ok(Verdict::NotDemonstrated),
+            other => Err(serde::de::Error::unknown_variant(
+                other,
+                &["pass", "fail", "inconclusive"],
+            )),
+        }
     }
 }
 
@@ -732,5 +825,35 @@ mod tests {
             assert!(a.epsilon <= u, "{} = {} > upper {u}", a.method, a.epsilon);
         }
         assert!(s.lower.is_some());
+    }
+
+    #[test]
+    fn each_verdict_has_its_documented_exit_status_and_words() {
+        // docs/reliability.md, "Exit codes": holds 0, not_demonstrated 1, violated 1,
+        // unanswered 2; report rows pass / inconclusive / fail / inconclusive.
+        let want = [
+            (Verdict::Holds, 0, "holds", "pass", "PASS"),
+            (
+                Verdict::NotDemonstrated,
+                1,
+                "not_demonstrated",
+                "inconclusive",
+                "INCONCLUSIVE",
+            ),
+            (Verdict::Violated, 1, "violated", "fail", "FAIL"),
+            (Verdict::Unanswered, 2, "unanswered", "inconclusive", "INCONCLUSIVE"),
+        ];
+        assert_eq!(want.map(|w| w.0), Verdict::ALL);
+        for (v, code, word, status, shouted) in want {
+            assert_eq!(v.exit_code(), code, "{v}");
+            assert_eq!(v.as_str(), word);
+            assert_eq!(serde_json::to_value(v).unwrap(), word);
+            assert_eq!(v.status_word(), status);
+            assert_eq!(v.shouted(), shouted);
+        }
+        // A batch answers its worst item.
+        assert_eq!(Verdict::Holds.worst(Verdict::Violated), Verdict::Violated);
+        assert_eq!(Verdict::Violated.worst(Verdict::NotDemonstrated), Verdict::Violated);
+        assert_eq!(Verdict::Violated.worst(Verdict::Unanswered), Verdict::Unanswered);
     }
 }

@@ -222,7 +222,7 @@ fn best_ac(s: &Sum, be: f64, eps: f64, theta: f64) -> (f64, f64, f64) {
 
 /// The largest ε (to 1e-4 relative) whose δ(ε) this construction certifies above `delta`, or
 /// `None` when it certifies nothing (short compositions: the Berry–Esseen term dominates).
-pub fn composed_epsilon_lower(steps: &[PairStep], delta: f64) -> Option<TiltedLower> {
+pub(crate) fn composed_epsilon_lower(steps: &[PairStep], delta: f64) -> Option<TiltedLower> {
     if !(delta > 0.0 && delta < 1.0) {
         return None;
     }

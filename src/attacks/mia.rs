@@ -29,7 +29,7 @@ use candle_core::Tensor;
 use super::denoiser::{noisy, Denoiser, DeviceEps};
 use super::empirical::{poisson_mask, EmpiricalDenoiser};
 use super::metrics::{self, HeldOut, Interval, Roc};
-use super::theory::Guarantee;
+use super::theory::Evidence;
 use crate::error::{Error, Result};
 use crate::models::dp::normals;
 
@@ -434,7 +434,7 @@ pub struct MetricOpts {
 }
 
 /// The limits implied by `guarantees` (the tightest of each), or None when there are none.
-pub fn limits(guarantees: &[Guarantee]) -> Option<Limits> {
+pub fn limits(guarantees: &[Evidence]) -> Option<Limits> {
     let (asr, src) = super::theory::tightest(guarantees, |g| g.asr_limit())?;
     Some(Limits {
         asr,
@@ -452,7 +452,7 @@ pub fn evaluate(
     pos: &[f64],
     neg: &[f64],
     m: &MetricOpts,
-    guarantees: &[Guarantee],
+    guarantees: &[Evidence],
 ) -> Result<AttackResult> {
     let r = metrics::roc(pos, neg)?;
     let h = HeldOut::split(pos, neg, m.seed)?;

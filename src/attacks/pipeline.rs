@@ -30,7 +30,7 @@ pub use super::plan::{
 };
 use super::scores::{self, PairScores, ScoreRecord, ScoreSet};
 use super::subject::Subject;
-use super::theory::{self, Guarantee};
+use super::theory::{self, Evidence};
 use crate::error::{Error, Result};
 use crate::models::toy::Checkpoint;
 
@@ -392,7 +392,7 @@ pub fn evaluate_scores(
     let split_pairs = scores::group(records, ScoreSet::Split);
     for p in &split_pairs {
         let basis = basis_for(p.attack.target(), checkpoint_basis, plan.sampler.as_ref());
-        let gs: &[Guarantee] = basis.map_or(&[][..], |b| &b.guarantees[..]);
+        let gs: &[Evidence] = basis.map_or(&[][..], |b| &b.guarantees[..]);
         let (pos, neg) = (p.pos(), p.neg());
         let r = mia::evaluate(p.attack, p.t, &pos, &neg, &plan.metric, gs)?;
         if plan.null_test {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::mia::{AttackKind, MetricOpts, ScoreOpts};
-use super::theory::{self, Guarantee};
+use super::theory::{self, Evidence};
 use crate::data::{Dataset, SplitManifest};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
@@ -58,7 +58,7 @@ pub struct Basis {
     /// What the guarantee covers, e.g. "training ledger models/x.ledger.toml".
     pub source: String,
     /// Sound guarantees (empty: none applies).
-    pub guarantees: Vec<Guarantee>,
+    pub guarantees: Vec<Evidence>,
     /// Accountants that could not give a sound bound, with the reason.
     pub skipped: Vec<String>,
     /// The accounted event.
@@ -79,7 +79,7 @@ impl Basis {
         match theory::tightest(&self.guarantees, |g| g.epsilon) {
             None => format!("no sound guarantee ({})", self.source),
             Some((e, src)) => {
-                let g = self.guarantees.iter().find(|g| g.source == src).expect("present");
+                let g = self.guarantees.iter().find(|g| g.source() == src).expect("present");
                 format!(
                     "{src} ε = {} at δ = {} ({}) from {}",
                     crate::report::export::fmt_num(e),

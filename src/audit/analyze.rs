@@ -90,9 +90,9 @@ pub fn analyze(
 }
 
 fn line_text(l: &AccountantLine) -> String {
-    let kind = l.kind.map(|k| k.as_str()).unwrap_or("-");
-    let eps = l.epsilon.map(sig6).unwrap_or_else(|| "-".into());
-    let mu = l.mu.map(|m| format!("μ = {}", sig6(m))).unwrap_or_default();
+    let kind = l.kind().map(|k| k.as_str()).unwrap_or("-");
+    let eps = l.epsilon().map(sig6).unwrap_or_else(|| "-".into());
+    let mu = l.mu().map(|m| format!("μ = {}", sig6(m))).unwrap_or_default();
     let mut s = format!(
         "  {:<4} {:<12} ε = {:<12} {:<14} {}",
         l.accountant.as_str(),
@@ -101,10 +101,10 @@ fn line_text(l: &AccountantLine) -> String {
         mu,
         l.status
     );
-    if let Some(n) = &l.note {
+    if let Some(n) = l.note() {
         let _ = write!(s, " ({n})");
     }
-    if l.accountant == AccountantKind::Clt && l.epsilon.is_some() {
+    if l.accountant == AccountantKind::Clt && l.epsilon().is_some() {
         s.push_str(" [estimate: never the guarantee]");
     }
     s.trim_end().to_string()
@@ -114,7 +114,7 @@ fn line_text(l: &AccountantLine) -> String {
 fn no_guarantee(a: &Analysis) -> String {
     if a.accountants
         .iter()
-        .any(|l| l.kind == Some(crate::accountants::BoundKind::DataDependent))
+        .any(|l| l.kind() == Some(crate::accountants::BoundKind::DataDependent))
     {
         "none: μ_t were computed from the private data (data-dependent: not a DP guarantee)".into()
     } else {
@@ -257,10 +257,10 @@ pub(crate) fn render_text(a: &Analysis, verbose: bool) -> String {
             &mut s,
             format!(
                 "guarantee: ε = {} at δ = {} ({}, {})",
-                sig6(g.epsilon.unwrap_or(f64::NAN)),
+                sig6(g.epsilon().unwrap_or(f64::NAN)),
                 sig6(a.delta),
                 g.accountant.as_str(),
-                g.kind.map(|k| k.as_str()).unwrap_or("-")
+                g.kind().map(|k| k.as_str()).unwrap_or("-")
             ),
         ),
         None if a.private_steps > 0 => line(&mut s, format!("guarantee: {}", no_guarantee(a))),
@@ -393,10 +393,10 @@ pub(crate) fn build_report(
         Fact::new("generated samples S", a.samples.to_string()),
     ];
     for l in &a.accountants {
-        match (l.epsilon, l.kind) {
+        match (l.epsilon(), l.kind()) {
             (Some(eps), Some(kind)) => {
                 let mut res = AccountResult::new(l.accountant, eps, l.delta, kind);
-                if let Some(mu) = l.mu {
+                if let Some(mu) = l.mu() {
                     res = res.with_detail("mu", mu);
                 }
                 if l.accountant == AccountantKind::Gdp && kind == BoundKind::UpperBound {
@@ -409,7 +409,10 @@ pub(crate) fn build_report(
             }
             _ => r.skipped.push(Skipped {
                 accountant: l.accountant,
-                reason: l.status.trim_start_matches("unavailable: ").to_string(),
+                reason: match &l.status {
+                    crate::diffusion::account::LineStatus::Unavailable(reason) => reason.clone(),
+                    other => other.to_string(),
+                },
             }),
         }
     }
@@ -428,10 +431,10 @@ pub(crate) fn build_report(
         match &a.guarantee {
             Some(g) => format!(
                 "ε = {} at δ = {:e} ({}, {})",
-                sig6(g.epsilon.unwrap_or(f64::NAN)),
+                sig6(g.epsilon().unwrap_or(f64::NAN)),
                 a.delta,
                 g.accountant.as_str(),
-                g.kind.map(|k| k.as_str()).unwrap_or("-")
+                g.kind().map(|k| k.as_str()).unwrap_or("-")
             ),
             None => no_guarantee(a),
         },

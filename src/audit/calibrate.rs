@@ -416,7 +416,7 @@ pub fn execute_sampler(plan: &SamplerPlan, progress: &Progress) -> Result<super:
             s.meets.value,
             s.meets.epsilon,
             s.meets.line.accountant.as_str(),
-            s.meets.line.kind.map(|k| k.as_str()).unwrap_or(""),
+            s.meets.line.kind().map(|k| k.as_str()).unwrap_or(""),
             s.past.as_ref().map(|p| p.value.to_string()).unwrap_or_default(),
             s.past.as_ref().map(|p| p.epsilon.to_string()).unwrap_or_default()
         ));
@@ -472,7 +472,7 @@ fn render_sampler_text(path: &std::path::Path, cfg: &SamplerConfig, c: &SamplerC
         f(m.value),
         e(m.epsilon),
         m.line.accountant.as_str(),
-        m.line.kind.map(|k| k.as_str()).unwrap_or("?")
+        m.line.kind().map(|k| k.as_str()).unwrap_or("?")
     );
     match &c.sound.past {
         Some(p) => {

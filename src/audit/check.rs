@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::accounting::{self, AccountOptions};
+use crate::accountants::sound;
 use crate::accountants::AccountantKind;
-use crate::audit::outcome::Status as Answer;
 use crate::audit::{Input, Outcome};
 use crate::error::{Error, Result};
-use crate::report::{self, junit, progress, Report, Status, Verdict};
+use crate::report::{self, junit, progress, Report, Verdict};
 
 /// Name of the flag-given pipeline in outputs and JUnit.
 pub const FLAGS_NAME: &str = "dp-sgd (flags)";
@@ -106,7 +106,7 @@ pub enum Checked {
         junit: Option<String>,
         /// Unanswered when any input could not be checked, else violated when any is over
         /// budget, else ok.
-        status: Answer,
+        status: sound::Verdict,
     },
 }
 
@@ -151,9 +151,9 @@ pub fn execute(plan: &Plan) -> Result<Checked> {
         .filter(|w| w.severe)
         .map(|w| w.message.clone())
         .collect();
-    let unanswered = (verdict.status == Status::Inconclusive).then(|| inconclusive_error(&rep, &name));
+    let unanswered = (verdict.status == sound::Verdict::NotDemonstrated).then(|| inconclusive_error(&rep, &name));
     Ok(Checked::One {
-        outcome: Box::new(Outcome::new(rep, line).with_status(Answer::of_verdict(verdict.status))),
+        outcome: Box::new(Outcome::new(rep, line).with_status(verdict.status)),
         plain_line,
         junit,
         severe,
@@ -166,17 +166,17 @@ fn execute_many(plan: &Plan) -> Checked {
     let mut reports: Vec<(String, std::result::Result<Report, String>)> = Vec::new();
     let mut text = String::new();
     let mut errors = Vec::new();
-    let mut status = Answer::Ok;
+    let mut status = sound::Verdict::Holds;
     for source in &plan.sources {
         let name = source.name();
         match check_source(plan, source, false, true) {
             Ok((rep, verdict, delta)) => {
                 text.push_str(&super::text::verdict_line(&name, &verdict, Some(delta), false));
                 match verdict.status {
-                    Status::Pass | Status::Fail => status = status.worst(Answer::of_verdict(verdict.status)),
-                    Status::Inconclusive => {
+                    sound::Verdict::Holds | sound::Verdict::Violated => status = status.worst(verdict.status),
+                    sound::Verdict::NotDemonstrated | sound::Verdict::Unanswered => {
                         errors.push(inconclusive_error(&rep, &name).to_string());
-                        status = Answer::Unanswered;
+                        status = sound::Verdict::Unanswered;
                     }
                 }
                 reports.push((name, Ok(rep)));
@@ -184,7 +184,7 @@ fn execute_many(plan: &Plan) -> Checked {
             Err(e) => {
                 text.push_str(&format!("ERROR {name}: {e}\n"));
                 errors.push(e.to_string());
-                status = Answer::Unanswered;
+                status = sound::Verdict::Unanswered;
                 reports.push((name, Err(e.to_string())));
             }
         }
@@ -325,7 +325,7 @@ pub fn run(plan: &One<'_>, input: &Input, derivation: &[String]) -> Result<(Repo
     let verdict = super::budget_verdict(&mut rep, &subject, plan.budget);
     rep.fact("budget ε", report::export::fmt_num(plan.budget));
     rep.fact("δ", report::export::fmt_num(delta));
-    if let Some(e) = verdict.epsilon {
+    if let Some(e) = verdict.epsilon() {
         rep.fact("sound ε", report::export::fmt_num(e));
     }
     if let Some(m) = verdict.margin {

@@ -5,10 +5,10 @@
 pub mod plan;
 pub use plan::{execute, finish, MiaRun, Request};
 
-use crate::accountants::{AccountResult, AccountantKind, BoundKind};
+use crate::accountants::{sound, AccountResult, AccountantKind, BoundKind};
 use crate::attacks::mia::{AttackKind, AttackResult, Target};
 use crate::attacks::pipeline::{MiaReport, Table2Row};
-use crate::attacks::theory::{self, Guarantee};
+use crate::attacks::theory::{self, Evidence};
 use crate::report::export::fmt_num;
 use crate::report::{plot, Axis, Cell, Column, LegendPosition, LineStyle, Plot, Report, Scale, Series, Table};
 
@@ -21,9 +21,9 @@ pub fn outcome(m: &MiaReport, command: &str) -> crate::Result<super::Outcome> {
     rep.conclude();
     let detail = serde_json::to_vec_pretty(m).map_err(|e| crate::Error::input(e.to_string()))?;
     let status = if m.violations().is_empty() {
-        super::outcome::Status::Ok
+        sound::Verdict::Holds
     } else {
-        super::outcome::Status::Violated
+        sound::Verdict::Violated
     };
     let mut text = crate::attacks::render::text(m);
     if let Some(c) = &rep.conclusion {
@@ -41,7 +41,7 @@ pub fn outcome(m: &MiaReport, command: &str) -> crate::Result<super::Outcome> {
 }
 
 /// The shared report model of a `mia` run (for `--format md|html|json` and `--out`).
-pub fn to_report(m: &MiaReport, command: &str) -> Report {
+pub(crate) fn to_report(m: &MiaReport, command: &str) -> Report {
     let f = fmt_num;
     let title = match (&m.target, &m.scores_file) {
         (Some(t), _) => format!("Membership inference on {}", t.checkpoint),
@@ -94,7 +94,7 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
     if let Some(basis) = &m.checkpoint_basis {
         for g in &basis.guarantees {
             let Some(acc) = g
-                .source
+                .source()
                 .split_whitespace()
                 .next()
                 .and_then(|a| a.parse::<AccountantKind>().ok())
@@ -105,7 +105,7 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
             if let Some(mu) = g.mu {
                 res = res.with_detail("mu", mu);
             }
-            if g.source.contains("no amplification") {
+            if g.source() == theory::NO_AMPLIFICATION {
                 res = res.with_detail("no_amplification", 1.0);
             }
             r.results.push(res);
@@ -115,7 +115,7 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
         if let Some(b) = b {
             for g in &b.guarantees {
                 r.fact(
-                    format!("accounted ε of the {name} ({}, {})", g.source, g.kind.as_str()),
+                    format!("accounted ε of the {name} ({}, {})", g.source(), g.kind.as_str()),
                     format!("{} at δ = {}", f(g.epsilon), f(g.delta)),
                 );
             }
@@ -134,19 +134,20 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
         r.verdicts.push(crate::report::Verdict {
             subject: format!("accounted ε of the {} against the {}", c.mechanism, c.what),
             status: if c.violation {
-                crate::report::Status::Fail
+                sound::Verdict::Violated
             } else if c.outcome.starts_with("not demonstrated") {
-                crate::report::Status::Inconclusive
+                sound::Verdict::NotDemonstrated
             } else {
-                crate::report::Status::Pass
+                sound::Verdict::Holds
             },
             budget: Some(limit),
-            epsilon: Some(lower),
-            delta: c.delta,
-            accountant: None,
-            bound: Some(BoundKind::LowerBound),
+            evidence: Some(sound::Evidence::new(
+                &c.what,
+                lower,
+                c.delta.unwrap_or(f64::NAN),
+                BoundKind::LowerBound,
+            )),
             margin: Some(limit - lower),
-            source: Some(c.what.clone()),
             message: c.outcome.clone(),
         });
     }
@@ -420,7 +421,7 @@ pub fn to_report(m: &MiaReport, command: &str) -> Report {
         }
         let attacks = series.clone();
         let grid = plot::alpha_grid(200);
-        let gs: &[Guarantee] = basis.as_ref().map_or(&[][..], |b| &b.guarantees[..]);
+        let gs: &[Evidence] = basis.as_ref().map_or(&[][..], |b| &b.guarantees[..]);
         let limited = theory::tightest(gs, |g| g.asr_limit()).is_some();
         if let Some((_, src)) = theory::tightest(gs, |g| g.asr_limit()) {
             let lim: Vec<f64> = grid
@@ -510,7 +511,7 @@ fn add_inputs(r: &mut Report, m: &MiaReport) {
 /// The ROC on log-log axes (TPR against FPR), how membership inference papers read an attack at
 /// low FPR, with the same theoretical limit on a log-spaced FPR grid from half the smallest
 /// positive FPR of the attacks to 1.
-fn roc_loglog(id: &str, name: &str, target: Target, mut series: Vec<Series>, gs: &[Guarantee], limited: bool) -> Plot {
+fn roc_loglog(id: &str, name: &str, target: Target, mut series: Vec<Series>, gs: &[Evidence], limited: bool) -> Plot {
     let fmin = series
         .iter()
         .flat_map(|s| s.x.iter().copied())

@@ -12,11 +12,12 @@
 
 pub mod consistency;
 
+use crate::accountants::sound;
+use crate::accountants::sound::Evidence;
 use crate::attacks::mia::{AttackKind, Target};
-use crate::attacks::theory::Guarantee;
 use crate::error::Result;
 use crate::report::num::fmt_num;
-use crate::report::{Report, Status, Table};
+use crate::report::{Report, Table};
 use consistency::{cell_num, cell_str, close, refuse, same_verdict};
 
 /// Checks `rep` (see the module docs): the mia tables' cells first (the facts the sentences
@@ -34,7 +35,7 @@ fn check_budget_verdicts(rep: &Report) -> Result<()> {
         return Ok(());
     }
     for (i, v) in rep.verdicts.iter().enumerate() {
-        let (None, Some(b)) = (&v.source, v.budget) else {
+        let (None, Some(b)) = (v.source(), v.budget) else {
             continue;
         };
         let again = super::budget_verdict_of(rep, &v.subject, b);
@@ -43,7 +44,7 @@ fn check_budget_verdicts(rep: &Report) -> Result<()> {
                 format!("verdicts[{i}].{name}"),
                 format!(
                     "does not follow from the report's results and the budget {b}: they give \"{}: {}\"",
-                    again.status.as_str(),
+                    again.status.shouted(),
                     again.message
                 ),
             )
@@ -57,16 +58,14 @@ fn check_mia_tables(rep: &Report) -> Result<()> {
     if rep.audit != "mia" {
         return Ok(());
     }
-    let gs: Vec<Guarantee> = rep
+    let gs: Vec<Evidence> = rep
         .results
         .iter()
         .filter(|r| r.kind.is_sound())
-        .map(|r| Guarantee {
-            source: r.accountant.as_str().to_string(),
-            epsilon: r.epsilon,
-            delta: r.delta,
-            mu: r.details.get("mu").copied(),
-            kind: r.kind,
+        .map(|r| {
+            let mut g = Evidence::from_result(r);
+            g.mu = r.details.get("mu").copied();
+            g
         })
         .collect();
     let limits = crate::attacks::mia::limits(&gs);
@@ -184,7 +183,7 @@ fn check_mia_tables(rep: &Report) -> Result<()> {
             // An audit's row: its verdict must exist and agree.
             if let Some(limit) = cell_num(&row[il]) {
                 let outcome = cell_str(&row[io]);
-                let Some(v) = rep.verdicts.iter().find(|v| v.source.as_deref() == Some(what.as_str())) else {
+                let Some(v) = rep.verdicts.iter().find(|v| v.source() == Some(what.as_str())) else {
                     if what.contains(" at t = ") {
                         return Err(refuse(
                             field("what"),
@@ -202,12 +201,12 @@ fn check_mia_tables(rep: &Report) -> Result<()> {
                                 .filter_map(|r| r.get(i).and_then(cell_num))
                                 .fold(0.0, f64::max)
                         });
-                        if best.is_none_or(|b| v.epsilon.is_none_or(|e| !close(e, b, 1e-9))) {
+                        if best.is_none_or(|b| v.epsilon().is_none_or(|e| !close(e, b, 1e-9))) {
                             return Err(refuse(
                                 field("what"),
                                 format!(
                                     "the one-run audit's verdict rests on ε lower bound {}, but the one-run table's largest is {}",
-                                    v.epsilon.map_or("none".to_string(), |e| e.to_string()),
+                                    v.epsilon().map_or("none".to_string(), |e| e.to_string()),
                                     best.map_or("none".to_string(), |b| b.to_string())
                                 ),
                             ));
@@ -215,12 +214,12 @@ fn check_mia_tables(rep: &Report) -> Result<()> {
                     }
                 }
                 let fail = outcome.starts_with("VIOLATION");
-                if fail != (v.status == Status::Fail) || v.budget.is_none_or(|b| !close(b, limit, 1e-9)) {
+                if fail != (v.status == sound::Verdict::Violated) || v.budget.is_none_or(|b| !close(b, limit, 1e-9)) {
                     return Err(refuse(
                         field("outcome"),
                         format!(
                             "says \"{outcome}\" against the limit {limit}, but the audit's verdict is {} against {}",
-                            v.status.as_str(),
+                            v.status.shouted(),
                             v.budget.map_or("none".to_string(), |b| b.to_string())
                         ),
                     ));

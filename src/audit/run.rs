@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::outcome::{Outcome, Status};
+use super::outcome::Outcome;
+use crate::accountants::sound;
 use crate::accountants::AccountantKind;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
@@ -318,7 +319,11 @@ fn finish<R: Serialize>(
         );
     }
     let _ = writeln!(s, "ledger:\n{}", ledger.event.ledger());
-    let status = if failed { Status::Violated } else { Status::Ok };
+    let status = if failed {
+        sound::Verdict::Violated
+    } else {
+        sound::Verdict::Holds
+    };
     Ok(Outcome {
         report,
         text: s,
@@ -388,18 +393,14 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
             Cell::from(if sr.ok { "ok" } else { "exceeds the claimed sensitivity" }),
         ]);
         r.verdicts.push(Verdict {
-            source: None,
             subject: "claimed sensitivity".into(),
             status: if sr.ok {
-                report::Status::Pass
+                sound::Verdict::Holds
             } else {
-                report::Status::Fail
+                sound::Verdict::Violated
             },
             budget: None,
-            epsilon: None,
-            delta: None,
-            accountant: None,
-            bound: None,
+            evidence: None,
             margin: None,
             message: format!(
                 "largest change {} vs claimed bound {}",
@@ -423,17 +424,18 @@ Distinguishing: an empirical ε lower bound (Clopper–Pearson) against the acco
         r.verdicts.push(Verdict {
             subject: "one release's accounted ε against the distinguishing audit".into(),
             status: if d.violation {
-                report::Status::Fail
+                sound::Verdict::Violated
             } else {
-                report::Status::Pass
+                sound::Verdict::Holds
             },
             budget: Some(d.epsilon_upper),
-            epsilon: Some(d.outcome.epsilon_lower),
-            delta: Some(d.outcome.delta),
-            accountant: None,
             // A Clopper–Pearson lower bound, labelled as one (never under "sound ε").
-            bound: Some(crate::accountants::BoundKind::LowerBound),
-            source: Some("Clopper–Pearson audit".into()),
+            evidence: Some(sound::Evidence::new(
+                "Clopper–Pearson audit",
+                d.outcome.epsilon_lower,
+                d.outcome.delta,
+                crate::accountants::BoundKind::LowerBound,
+            )),
             margin: Some(d.epsilon_upper - d.outcome.epsilon_lower),
             message: format!(
                 "Clopper–Pearson ε lower bound {} vs the accounted ε {} of one release",

@@ -339,8 +339,8 @@ fn unselected_rdp_note(
 
 /// The sound line of `row` with the smallest ε (an exact value or upper bound), if any.
 fn best_sound(row: &SweepRow) -> Option<(AccountantKind, BoundKind, f64)> {
-    crate::accountants::sound::tightest_by(row.accountants.iter(), |l| Some((l.epsilon?, l.kind?)))
-        .and_then(|l| Some((l.accountant, l.kind?, l.epsilon?)))
+    crate::accountants::sound::tightest_by(row.accountants.iter(), |l| Some((l.epsilon()?, l.kind()?)))
+        .and_then(|l| Some((l.accountant, l.kind()?, l.epsilon()?)))
 }
 
 /// Which x values of one line meet the budget, as words: `σ_min ≥ 0.0811`, `p ≤ 0.1`, every /
@@ -490,13 +490,13 @@ pld and rdp are upper bounds."
     let sound: Vec<f64> = rows
         .iter()
         .flat_map(|row| row.accountants.iter())
-        .filter(|l| l.kind.is_some_and(|k| k.is_sound()) && l.status == "ok")
-        .filter_map(|l| l.epsilon)
+        .filter(|l| l.kind().is_some_and(|k| k.is_sound()) && l.status == crate::diffusion::account::LineStatus::Ok)
+        .filter_map(|l| l.epsilon())
         .collect();
     let estimates = rows
         .iter()
         .flat_map(|row| row.accountants.iter())
-        .any(|l| l.kind == Some(BoundKind::Estimate));
+        .any(|l| l.kind() == Some(BoundKind::Estimate));
     let range = |v: &[f64]| {
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -565,7 +565,7 @@ fn epsilon_plot(
                 let Some(l) = row.accountants.iter().find(|l| l.accountant == *a) else {
                     continue;
                 };
-                if let (Some(e), Some(k)) = (l.epsilon, l.kind) {
+                if let (Some(e), Some(k)) = (l.epsilon(), l.kind()) {
                     if e.is_finite() {
                         pts.push((num::clean(axis_value(row, axis)), e));
                         kind = Some(k);
@@ -726,8 +726,8 @@ fn render_text(rows: &[SweepRow], accountants: &[AccountantKind]) -> String {
         for a in accountants {
             let l = r.accountants.iter().find(|l| l.accountant == *a);
             let cell = match l {
-                Some(l) => match l.epsilon {
-                    Some(e) if l.status == "ok" => format!("{e:.6}"),
+                Some(l) => match l.epsilon() {
+                    Some(e) if l.status == crate::diffusion::account::LineStatus::Ok => format!("{e:.6}"),
                     Some(e) => format!("{e:.6}!"),
                     None => "n/a".into(),
                 },

@@ -3,10 +3,11 @@
 
 use std::fmt::Write as _;
 
+use crate::accountants::sound;
 use crate::accountants::BoundKind;
 use crate::report::export::fmt_num;
 use crate::report::progress::{paint, Tone};
-use crate::report::{Report, Status, Verdict};
+use crate::report::{Report, Verdict};
 
 /// `text` wrapped at spaces to `width` characters; continuation lines are indented four
 /// spaces more than the first. A word longer than the width is cut.
@@ -161,14 +162,14 @@ fn restate_assumptions(s: &mut String, h: &crate::accountants::AccountResult) {
 
 /// `check`: one verdict line, coloured on a terminal unless `NO_COLOR`.
 pub(crate) fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color: bool) -> String {
-    let (word, tone) = match v.status {
-        Status::Pass => ("PASS", Tone::Good),
-        Status::Fail => ("FAIL", Tone::Bad),
-        Status::Inconclusive => ("INCONCLUSIVE", Tone::Unsure),
+    let tone = match v.status {
+        sound::Verdict::Holds => Tone::Good,
+        sound::Verdict::Violated => Tone::Bad,
+        sound::Verdict::NotDemonstrated | sound::Verdict::Unanswered => Tone::Unsure,
     };
-    let word = paint(word, tone, color);
+    let word = paint(v.status.shouted(), tone, color);
     // The reason an ε is infinite (a non-private event), as the verdict's message states it.
-    let why = match v.epsilon {
+    let why = match v.epsilon() {
         Some(e) if e.is_infinite() => v.message.split_once(" — ").map(|(_, w)| w).unwrap_or(""),
         _ => "",
     };
@@ -177,15 +178,15 @@ pub(crate) fn verdict_line(subject: &str, v: &Verdict, delta: Option<f64>, color
     } else {
         format!(" — {why}")
     };
-    match (v.status, v.epsilon, v.margin) {
-        (Status::Pass | Status::Fail, Some(eps), Some(margin)) => format!(
+    match (v.status, v.epsilon(), v.margin) {
+        (sound::Verdict::Holds | sound::Verdict::Violated, Some(eps), Some(margin)) => format!(
             "{word} {subject}: sound ε = {} ({} {}) {} budget {} at δ = {}, margin {}{why}\n",
             fmt_num(eps),
-            v.accountant.map(|a| a.as_str()).unwrap_or("?"),
-            v.bound.map(|b| b.describe().to_string()).unwrap_or_default(),
-            if v.status == Status::Pass { "≤" } else { ">" },
+            v.accountant().map(|a| a.as_str()).unwrap_or("?"),
+            v.bound().map(|b| b.describe().to_string()).unwrap_or_default(),
+            if v.status == sound::Verdict::Holds { "≤" } else { ">" },
             fmt_num(v.budget.unwrap_or(f64::NAN)),
-            fmt_num(delta.or(v.delta).unwrap_or(f64::NAN)),
+            fmt_num(delta.or(v.delta()).unwrap_or(f64::NAN)),
             fmt_num(margin)
         ),
         _ => format!("{word} {subject}: {}\n", v.message),

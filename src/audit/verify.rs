@@ -6,12 +6,13 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::accountants::sound;
 use crate::config::claims::ClaimsFile;
 use crate::error::Result;
 use crate::pipelines::{self, ClaimResult, Verdict};
 use crate::report::num::sig6;
 use crate::report::progress::Progress;
-use crate::report::{self, Cell, Column, Report, Status, Table};
+use crate::report::{self, Cell, Column, Report, Table};
 
 /// The serialised result of a verify run.
 #[derive(Debug, Clone, Serialize)]
@@ -56,11 +57,11 @@ pub fn execute(plan: &Plan, progress: &Progress) -> Result<super::Outcome> {
     let detail = serde_json::to_vec_pretty(&out).map_err(|e| crate::Error::input(e.to_string()))?;
     let s = &out.summary;
     let status = if s.violated > 0 || (plan.strict && s.holds_not_under_every_interpretation > 0) {
-        super::outcome::Status::Violated
+        sound::Verdict::Violated
     } else if s.not_demonstrated > 0 {
-        super::outcome::Status::NotDemonstrated
+        sound::Verdict::NotDemonstrated
     } else {
-        super::outcome::Status::Ok
+        sound::Verdict::Holds
     };
     let csv = csv_rows(&out)?;
     Ok(super::Outcome::new(rep, text(&out))
@@ -91,7 +92,7 @@ pub fn run(paths: &[PathBuf], progress: &Progress) -> Result<(VerifyOutput, Repo
         match c.verdict {
             Verdict::Holds => summary.holds += 1,
             Verdict::Violated => summary.violated += 1,
-            Verdict::NotDemonstrated => summary.not_demonstrated += 1,
+            Verdict::NotDemonstrated | Verdict::Unanswered => summary.not_demonstrated += 1,
         }
         if c.verdict == Verdict::Holds && c.interpretations.iter().any(|i| i.decision.verdict != Verdict::Holds) {
             summary.holds_not_under_every_interpretation += 1;
@@ -191,20 +192,20 @@ pub(crate) fn to_report(out: &VerifyOutput) -> Result<Report> {
         note: None,
     };
     for c in &out.claims {
-        let status = Status::of_claim(c.verdict);
         // The verdict's evidence carries its own accountant and kind: they label the number.
         let ev = c.evidence.as_ref();
         r.verdicts.push(report::Verdict {
             subject: format!("{} ({})", c.id, c.pipeline),
-            status,
+            status: c.verdict,
             budget: Some(c.claimed_epsilon),
-            epsilon: ev.map(|e| e.epsilon),
-            delta: Some(c.claimed_delta),
-            accountant: ev.and_then(|e| e.accountant),
-            bound: ev.map(|e| e.kind),
+            // Stated at the claimed δ: an upper bound at δ' ≤ δ bounds ε at δ, a lower bound at
+            // δ' ≥ δ bounds it from below (`SoundEpsilon::push`). Evidence no accountant gave (a
+            // proven δ floor) names its own source.
+            evidence: ev.map(|e| sound::Evidence {
+                delta: c.claimed_delta,
+                ..e.clone()
+            }),
             margin: ev.map(|e| c.claimed_epsilon - e.epsilon),
-            // Evidence no accountant gave (a proven δ floor) names its own source.
-            source: ev.filter(|e| e.accountant.is_none()).map(|e| e.source().to_string()),
             message: c.describe(),
         });
         claims.rows.push(vec![

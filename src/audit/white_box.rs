@@ -4,11 +4,11 @@
 
 use serde::Serialize;
 
+use crate::accountants::sound;
 use crate::accountants::sound::sound_epsilon;
 use crate::attacks::white_box::{LedgerMechanism, WhiteBoxAudit};
 use crate::error::{Error, Result};
 use crate::events::Neighbouring;
-use crate::report::Status;
 
 /// [`audit`]'s answer.
 #[derive(Debug, Clone, Serialize)]
@@ -16,7 +16,8 @@ pub struct WhiteBoxVerdict {
     /// `fail` when an estimator's ε lower bound exceeds the ledger's smallest sound ε (the
     /// implementation does not deliver its ledger), `pass` when none does, `inconclusive` when
     /// no sound accountant bounds the ledger's ε — the rule of an audit verdict in a `mia` report.
-    pub status: Status,
+    #[serde(with = "sound::status_word")]
+    pub status: sound::Verdict,
     /// The ledger's smallest sound ε at δ.
     pub ledger_epsilon: Option<f64>,
     /// The accountant that gives it.
@@ -56,9 +57,9 @@ pub fn audit(
     let sound = sound_epsilon(&event, Neighbouring::AddRemove, delta);
     let ledger = sound.upper.as_ref().map(|u| (u.epsilon, u.source().to_string()));
     let status = match &ledger {
-        Some((e, _)) if audit.epsilon_lower > *e => Status::Fail,
-        Some(_) => Status::Pass,
-        None => Status::Inconclusive,
+        Some((e, _)) if audit.epsilon_lower > *e => sound::Verdict::Violated,
+        Some(_) => sound::Verdict::Holds,
+        None => sound::Verdict::NotDemonstrated,
     };
     Ok(WhiteBoxVerdict {
         status,

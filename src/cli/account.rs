@@ -241,7 +241,7 @@ fn plan(args: &Args, derived: Option<&Derived>, curves: bool) -> Result<Plan> {
 }
 
 /// Runs `dpaudit account`.
-pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     let out = args.output.prepare(Format::Text, &["account.csv"])?;
     if let Some(p) = &args.save_event {
         dpaudit::report::output::check_file(p, out.force).map_err(|e| e.with_field("--save-event"))?;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
 use dpaudit::audit::analyze;
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 use dpaudit::error::Error;
 
 #[derive(Debug, clap::Args)]
@@ -51,7 +51,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit analyze`.
-pub fn run(args: Args) -> anyhow::Result<Status> {
+pub fn run(args: Args) -> anyhow::Result<Verdict> {
     let out = args.output.prepare(Format::Text, &["analyze.csv", "analyze.json"])?;
     let scheduler = scheduler_flags(&args)?;
     let plan = analyze::Plan {

@@ -6,7 +6,7 @@ use super::account::{check_delta_flag, check_q, check_sigma, NeighbouringArg, Tr
 use super::common::{Format, OutputArgs};
 use dpaudit::accountants::calibrate::{DpSgd, SolveFor};
 use dpaudit::accountants::AccountantKind;
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 use dpaudit::config::dpsgd::Derived;
 use dpaudit::diffusion::calibrate::SamplerParam;
 use dpaudit::error::{Error, Result};
@@ -237,7 +237,7 @@ fn plan(args: &Args) -> Result<DpSgdPlan> {
 }
 
 /// Runs `dpaudit calibrate`.
-pub fn run(args: Args) -> anyhow::Result<Status> {
+pub fn run(args: Args) -> anyhow::Result<Verdict> {
     let outs = args
         .output
         .prepare(Format::Text, &["calibrate.csv", "calibrate.json"])?;
@@ -262,7 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<Status> {
     Ok(outs.emit(outcome?)?)
 }
 
-fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<Status> {
+fn run_sampler(args: &Args, outs: &crate::cli::common::Outputs) -> anyhow::Result<Verdict> {
     let path = args.sampler.as_deref().expect("checked by the caller");
     let param = args
         .solve_for

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs, Outputs};
 use dpaudit::audit::check::{self, Checked, Source};
-use dpaudit::audit::outcome::Status as Answer;
+use dpaudit::audit::outcome::Verdict;
 use dpaudit::audit::Input;
 use dpaudit::error::{Error, Result};
 use dpaudit::events::{DpEvent, Neighbouring};
@@ -131,7 +131,7 @@ fn flag_pipeline(args: &Args) -> Result<Option<Source>> {
 
 /// Runs `dpaudit check`; returns its status (ok within budget, violated over it, unanswered on
 /// bad input or when no sound accountant applies).
-pub fn run(args: Args) -> anyhow::Result<Answer> {
+pub fn run(args: Args) -> anyhow::Result<Verdict> {
     let started = Instant::now();
     // Output locations first: existing reports are refused before any work.
     let out = args.output.prepare(Format::Text, &[])?;
@@ -198,7 +198,7 @@ fn plan(args: &Args, out: &Outputs, sources: Vec<Source>, started: Instant) -> R
 }
 
 /// Prints and writes what the check produced; returns its status.
-fn emit(args: &Args, out: &Outputs, checked: Checked) -> Result<Answer> {
+fn emit(args: &Args, out: &Outputs, checked: Checked) -> Result<Verdict> {
     match checked {
         Checked::Many {
             text,

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use dpaudit::accountants::AccountantKind;
-use dpaudit::audit::outcome::{Outcome, Status};
+use dpaudit::audit::outcome::{Outcome, Verdict};
 use dpaudit::error::Result;
 use dpaudit::report::{self, output, progress, ExportFormat, OutputDir, Report};
 
@@ -101,7 +101,7 @@ impl OutputArgs {
 impl Outputs {
     /// Prints and writes a command's [`Outcome`]: its main table (when it has one) is what
     /// `--format csv` prints and is written into `--out DIR`; returns the outcome's status.
-    pub fn emit(&self, o: Outcome) -> Result<Status> {
+    pub fn emit(&self, o: Outcome) -> Result<Verdict> {
         match o.table {
             Some((name, csv)) => self.finish_with_csv(&o.report, &o.text, &name, csv, o.files)?,
             None => self.finish(&o.report, &o.text, o.files)?,

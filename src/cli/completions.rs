@@ -11,7 +11,7 @@ pub struct Args {
 }
 
 /// Prints the completion script for the chosen shell.
-pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     let mut cmd = super::Cli::command();
     // Generated into memory, then written through the writer every command uses (a full disk
     // or a closed stdout is an error naming stdout, or a quiet end for a closed pipe; never a
@@ -19,5 +19,5 @@ pub fn run(args: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
     let mut buf: Vec<u8> = Vec::new();
     clap_complete::generate(args.shell, &mut cmd, "dpaudit", &mut buf);
     dpaudit::report::output::emit_stdout(&buf)?;
-    Ok(dpaudit::audit::outcome::Status::Ok)
+    Ok(dpaudit::audit::outcome::Verdict::Holds)
 }

@@ -46,7 +46,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit merge`.
-pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     let started = std::time::Instant::now();
     let out = a.output.prepare(Format::Text, &["mia.json", "mia.csv"])?;
     for p in a.roc_out.iter().chain(&a.scores_out) {

@@ -7,7 +7,7 @@ use crate::cli::common::{Format, OutputArgs, Outputs};
 use crate::cli::values::{AttackKind as AttackArg, AuditKind, DeviceChoice};
 use dpaudit::audit::mia::plan::{MiaReport, ScoreOpts, ScoreRecord};
 use dpaudit::audit::mia::{self, MiaRun};
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 
 /// The examples, formats and exit codes of `mia --help`.
 const EXAMPLES: &str = include_str!("mia_examples.txt");
@@ -162,7 +162,7 @@ fn request(a: Args) -> mia::Request {
 }
 
 /// Runs `dpaudit mia`.
-pub fn run(a: Args) -> anyhow::Result<Status> {
+pub fn run(a: Args) -> anyhow::Result<Verdict> {
     let output = a.output.clone();
     let req = request(a);
     req.check()?;
@@ -174,7 +174,7 @@ pub fn run(a: Args) -> anyhow::Result<Status> {
     };
     match (mia::execute(&req)?, out) {
         (MiaRun::Report(o), Some(out)) => Ok(out.emit(*o)?),
-        _ => Ok(Status::Ok),
+        _ => Ok(Verdict::Holds),
     }
 }
 
@@ -186,7 +186,7 @@ pub(crate) fn emit(
     out: &Outputs,
     roc_out: Option<&PathBuf>,
     scores_out: Option<&PathBuf>,
-) -> anyhow::Result<Status> {
+) -> anyhow::Result<Verdict> {
     let o = mia::finish(
         report,
         records,

@@ -1,6 +1,6 @@
 //! Command line: one file per subcommand (clap derive). Each subcommand turns raw arguments
 //! into a validated plan, calls the library's application layer (`dpaudit::audit`), prints or
-//! writes its [`Outcome`](dpaudit::audit::Outcome) and returns its [`Status`]; [`exit_code`] is
+//! writes its [`Outcome`](dpaudit::audit::Outcome) and returns its [`Verdict`]; [`exit_code`] is
 //! the one place a status (or an error) becomes the process exit code.
 
 pub mod account;
@@ -22,17 +22,15 @@ pub mod values;
 pub mod verify;
 
 use clap::{Parser, Subcommand};
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 
-/// The process exit code of a command's status, the only place one is decided: 0 ok; 1 a claim,
-/// budget or audit is violated, or a claim is not demonstrated (`verify`); 2 usage or input
-/// error, or a question the input cannot answer (`check` with no sound accountant).
-pub fn exit_code(status: Status) -> i32 {
-    match status {
-        Status::Ok => 0,
-        Status::Violated | Status::NotDemonstrated => 1,
-        Status::Unanswered => 2,
-    }
+/// The process exit code of a command's verdict, the only place one is decided: the verdict's
+/// one documented mapping ([`Verdict::exit_code`], docs/reliability.md "Exit codes"): 0 holds
+/// (or nothing judged); 1 a claim, budget or audit is violated, or a claim is not demonstrated
+/// (`verify`); 2 usage or input error, or a question the input cannot answer (`check` with no
+/// sound accountant).
+pub fn exit_code(status: Verdict) -> i32 {
+    status.exit_code()
 }
 
 #[derive(Debug, Parser)]
@@ -98,13 +96,13 @@ pub fn install_broken_pipe_hook() {
             .unwrap_or("");
         if payload.starts_with("failed printing to std") {
             if dpaudit::error::is_broken_pipe_message(payload) {
-                std::process::exit(exit_code(Status::Ok));
+                std::process::exit(exit_code(Verdict::Holds));
             }
             // stdout or stderr cannot be written (a full disk, `/dev/full`, a closed
             // descriptor): say so where possible and fail as an output error, never a panic.
             use std::io::Write as _;
             let _ = writeln!(std::io::stderr(), "error: {payload}");
-            std::process::exit(exit_code(Status::Unanswered));
+            std::process::exit(exit_code(Verdict::Unanswered));
         }
         previous(info);
     }));
@@ -138,7 +136,11 @@ where
         Ok(cli) => cli,
         Err(e) => {
             // `--help` and `--version` are answers (stdout); anything else is a usage error.
-            let status = if e.use_stderr() { Status::Unanswered } else { Status::Ok };
+            let status = if e.use_stderr() {
+                Verdict::Unanswered
+            } else {
+                Verdict::Holds
+            };
             let _ = e.print();
             return exit_code(status);
         }
@@ -167,11 +169,11 @@ where
                     .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             }) =>
         {
-            Status::Ok
+            Verdict::Holds
         }
         Err(e) => {
             eprintln!("error: {e:#}");
-            Status::Unanswered
+            Verdict::Unanswered
         }
     };
     exit_code(status)

@@ -109,11 +109,11 @@ struct KeygenArgs {
 }
 
 /// `model keygen`: a new key pair, never replacing a key file.
-fn keygen(k: KeygenArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+fn keygen(k: KeygenArgs) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     for p in dpaudit::audit::model::keygen(&k.out)? {
         eprintln!("wrote {}", p.display());
     }
-    Ok(dpaudit::audit::outcome::Status::Ok)
+    Ok(dpaudit::audit::outcome::Verdict::Holds)
 }
 
 #[derive(Debug, clap::Args)]
@@ -126,7 +126,7 @@ struct InfoArgs {
 }
 
 /// Runs `dpaudit model …`.
-pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     match a.cmd {
         Sub::Grads(g) => grads(g),
         Sub::Keygen(k) => keygen(k),
@@ -146,13 +146,13 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
                 precision: e.precision.into(),
             })?;
             eprintln!("{note}");
-            Ok(dpaudit::audit::outcome::Status::Ok)
+            Ok(dpaudit::audit::outcome::Verdict::Holds)
         }
     }
 }
 
 /// `model grads`: per-sample gradients of a diffusers UNet on one batch.
-fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     let note = dpaudit::audit::model::grads(&dpaudit::audit::model::GradsRequest {
         checkpoint: g.checkpoint,
         input: g.input,
@@ -165,5 +165,5 @@ fn grads(g: GradsArgs) -> anyhow::Result<dpaudit::audit::outcome::Status> {
         force: g.force,
     })?;
     eprintln!("{note}");
-    Ok(dpaudit::audit::outcome::Status::Ok)
+    Ok(dpaudit::audit::outcome::Verdict::Holds)
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 use dpaudit::error::{Error, Result};
 use dpaudit::report::{self, output};
 
@@ -38,11 +38,11 @@ pub struct Args {
 }
 
 /// Runs `dpaudit report`.
-pub fn run(args: Args) -> anyhow::Result<Status> {
+pub fn run(args: Args) -> anyhow::Result<Verdict> {
     Ok(run_inner(&args)?)
 }
 
-fn run_inner(args: &Args) -> Result<Status> {
+fn run_inner(args: &Args) -> Result<Verdict> {
     let out = args.output_args.prepare(Format::Md, &[])?;
     if let Some(p) = &args.output {
         output::check_file(p, out.force)?;
@@ -64,7 +64,7 @@ fn run_inner(args: &Args) -> Result<Status> {
             out.finish(&rep, &report::export::to_text(&rep), Vec::new())?;
         }
     }
-    Ok(Status::Ok)
+    Ok(Verdict::Holds)
 }
 
 /// A command's detail file (sweep.json, calibrate.json, verify.json, mia.json, run.json) is

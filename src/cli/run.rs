@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
 use crate::cli::values::Fault;
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 use dpaudit::audit::run::{self, Options, RUN_FILES};
 
 const EXAMPLE: &str = "\
@@ -70,7 +70,7 @@ pub struct Common {
 }
 
 /// Runs `dpaudit run`.
-pub fn run(args: Args) -> anyhow::Result<Status> {
+pub fn run(args: Args) -> anyhow::Result<Verdict> {
     let (c, mechanism) = match args.mechanism {
         Mechanism::DpaggTi(c) => (c, run::Mechanism::DpaggTi),
         Mechanism::DpRdm(c) => (c, run::Mechanism::DpRdm),

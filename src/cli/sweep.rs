@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::cli::common::{parse_accountants, Format, OutputArgs};
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 use dpaudit::audit::sweep::grid;
 use dpaudit::diffusion::sweep::SweepSpec;
 use dpaudit::error::{Error, Result};
@@ -113,7 +113,7 @@ pub fn parse_range(s: &str) -> Result<(f64, f64)> {
 }
 
 /// Runs `dpaudit sweep`.
-pub fn run(args: Args) -> anyhow::Result<Status> {
+pub fn run(args: Args) -> anyhow::Result<Verdict> {
     let outs = args.output.prepare(Format::Csv, &["sweep.csv", "sweep.json"])?;
     if let Some(b) = args.max_epsilon {
         if !(b.is_finite() && b >= 0.0) {

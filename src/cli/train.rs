@@ -228,7 +228,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit train`.
-pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     use dpaudit::audit::train;
     // Output locations are checked (and existing files refused) before any work.
     let outputs = crate::cli::common::OutputArgs {
@@ -250,7 +250,7 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Status> {
             force: a.force,
         })?;
         dpaudit::report::output::emit_stdout(wrote.as_bytes())?;
-        return Ok(dpaudit::audit::outcome::Status::Ok);
+        return Ok(dpaudit::audit::outcome::Verdict::Holds);
     }
     let sizes = train::resolve_flags(&train::TrainFlags {
         unet: a.unet.is_some(),

@@ -18,7 +18,7 @@ pub fn run(
     a: Args,
     unet: &std::ffi::OsStr,
     outputs: crate::cli::common::Outputs,
-) -> anyhow::Result<dpaudit::audit::outcome::Status> {
+) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     if a.rapid {
         return Err(Error::field("--rapid", "RAPID is for the 8×8 models; not with --unet").into());
     }

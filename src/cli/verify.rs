@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::cli::common::{Format, OutputArgs};
-use dpaudit::audit::outcome::Status;
+use dpaudit::audit::outcome::Verdict;
 use dpaudit::audit::verify;
 
 const EXAMPLE: &str = "\
@@ -56,7 +56,7 @@ pub struct Args {
 }
 
 /// Runs `dpaudit verify`.
-pub fn run(args: Args) -> anyhow::Result<Status> {
+pub fn run(args: Args) -> anyhow::Result<Verdict> {
     // Bad output locations fail before any accounting.
     let out = args.output.prepare(Format::Text, &["verify.json", "verify.csv"])?;
     let progress = dpaudit::report::progress::Progress::new(Some(args.claims.len() as u64), out.quiet, "verify");

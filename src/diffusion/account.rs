@@ -12,6 +12,7 @@ use super::denoiser::{sample, ClipSpec, Dataset, EmpiricalDenoiser, SamplerOptio
 use super::sampler::{ClipScale, DensityConfig, SamplerConfig};
 use super::schedule::{steps as make_steps, Convention, Step};
 use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
+use crate::accountants::sound::Evidence;
 use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
@@ -97,7 +98,7 @@ fn constant_steps(cfg: &SamplerConfig, beta: f64) -> Result<ConstantSteps> {
 /// μ_t = 2C/(β|D|)·√(2Δt/t³) of the private steps in generation order (§3.1, the same numbers
 /// as [`Plan::private_mus`]), and the smallest level > 0 a step that runs reaches (after an early
 /// stop; ∞ if none).
-pub fn constant_private_mus(cfg: &SamplerConfig, beta: f64) -> Result<(u64, Vec<f64>, f64)> {
+pub(crate) fn constant_private_mus(cfg: &SamplerConfig, beta: f64) -> Result<(u64, Vec<f64>, f64)> {
     let (n, steps, roles, mus) = constant_steps(cfg, beta)?;
     let t_min = steps
         .iter()
@@ -262,7 +263,7 @@ pub fn plan(cfg: &SamplerConfig) -> Result<Plan> {
 
 /// The event of one sampler run: private steps in order (Poisson-subsampled at rate p < 1),
 /// all composed `samples` times.
-pub fn event_from_mus(private_mus: &[f64], subsample_rate: f64, samples: u64) -> DpEvent {
+pub(crate) fn event_from_mus(private_mus: &[f64], subsample_rate: f64, samples: u64) -> DpEvent {
     let mut b = EventBuilder::new();
     for &mu in private_mus {
         let g = DpEvent::gdp(mu);
@@ -311,62 +312,205 @@ pub fn sampler_accounting(cfg: &SamplerConfig) -> Result<SamplerAccounting> {
     })
 }
 
-/// One accountant's line in an output.
+/// Whether an accountant's line gives a usable number: the state of the line, never a verdict
+/// (verdicts are [`crate::accountants::sound::Verdict`]). Written as the strings `ok`,
+/// `not a guarantee: <codes>`, `data-dependent: not a DP guarantee`, `unavailable: <reason>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineStatus {
+    /// The number stands (of the line's kind).
+    Ok,
+    /// A CLT estimate whose validity conditions fail: the severe diagnostics' codes.
+    NotAGuarantee(Vec<String>),
+    /// Computed from μ_t measured on the private data: describes this dataset only.
+    DataDependent,
+    /// The accountant gave no number, with the reason.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for LineStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LineStatus::Ok => f.write_str("ok"),
+            LineStatus::NotAGuarantee(codes) => write!(f, "not a guarantee: {}", codes.join(", ")),
+            LineStatus::DataDependent => f.write_str("data-dependent: not a DP guarantee"),
+            LineStatus::Unavailable(reason) => write!(f, "unavailable: {reason}"),
+        }
+    }
+}
+
+impl Serialize for LineStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for LineStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.as_str() {
+            "ok" => LineStatus::Ok,
+            "data-dependent: not a DP guarantee" => LineStatus::DataDependent,
+            _ => match (s.strip_prefix("not a guarantee: "), s.strip_prefix("unavailable: ")) {
+                (Some(codes), _) => LineStatus::NotAGuarantee(codes.split(", ").map(String::from).collect()),
+                (_, Some(reason)) => LineStatus::Unavailable(reason.to_string()),
+                _ => {
+                    return Err(serde::de::Error::custom(format!(
+                        "unknown accountant line status `{s}`"
+                    )))
+                }
+            },
+        })
+    }
+}
+
+/// One accountant's line in an output: a view over the one ε record ([`Evidence`]: ε, δ, kind,
+/// the μ behind it, a note) with whether it stands ([`LineStatus`]) and the accountant's
+/// diagnostics. No record when the accountant is unavailable.
+///
+/// JSON keeps the flat line (`accountant`, `kind`, `epsilon`, `delta`, `mu`, `status`, `note`,
+/// `diagnostics`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "LineRow", into = "LineRow")]
 pub struct AccountantLine {
     /// Which accountant.
     pub accountant: AccountantKind,
-    /// None when the accountant is unavailable.
-    pub kind: Option<BoundKind>,
-    /// ε at `delta`; None when unavailable.
-    pub epsilon: Option<f64>,
     /// δ of the line.
     pub delta: f64,
-    /// The μ behind the number (GDP μ, CLT μ) when there is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mu: Option<f64>,
-    /// `ok`, `not a guarantee: …` (CLT whose conditions fail) or `unavailable: <reason>`.
-    pub status: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    /// Extra explanation shown with the line.
-    pub note: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The number (ε at `delta`, its kind, μ, note); None when the accountant is unavailable.
+    pub evidence: Option<Evidence>,
+    /// Whether the line's number stands (`ok`, `not a guarantee: …`, `data-dependent: …`,
+    /// `unavailable: <reason>` in output).
+    pub status: LineStatus,
     /// Diagnostics of the accountant's answer.
     pub diagnostics: Vec<Diagnostic>,
+}
+
+/// The JSON shape of an [`AccountantLine`] (flat, as outputs have always written it).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LineRow {
+    accountant: AccountantKind,
+    kind: Option<BoundKind>,
+    epsilon: Option<f64>,
+    delta: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mu: Option<f64>,
+    status: LineStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl From<AccountantLine> for LineRow {
+    fn from(l: AccountantLine) -> Self {
+        LineRow {
+            accountant: l.accountant,
+            kind: l.kind(),
+            epsilon: l.epsilon(),
+            delta: l.delta,
+            mu: l.mu(),
+            note: l.note().map(String::from),
+            status: l.status,
+            diagnostics: l.diagnostics,
+        }
+    }
+}
+
+impl From<LineRow> for AccountantLine {
+    /// A line read back: an ε is the record (an ε without a kind reads as an estimate).
+    fn from(r: LineRow) -> Self {
+        let evidence = r.epsilon.map(|eps| {
+            let mut e = Evidence::new(
+                r.accountant.as_str(),
+                eps,
+                r.delta,
+                r.kind.unwrap_or(BoundKind::Estimate),
+            )
+            .with_accountant(r.accountant);
+            e.mu = r.mu;
+            e.note = r.note.unwrap_or_default();
+            e
+        });
+        AccountantLine {
+            accountant: r.accountant,
+            delta: r.delta,
+            evidence,
+            status: r.status,
+            diagnostics: r.diagnostics,
+        }
+    }
 }
 
 impl AccountantLine {
     fn unavailable(a: AccountantKind, delta: f64, reason: impl std::fmt::Display) -> Self {
         AccountantLine {
             accountant: a,
-            kind: None,
-            epsilon: None,
             delta,
-            mu: None,
-            status: format!("unavailable: {reason}"),
-            note: None,
+            evidence: None,
+            status: LineStatus::Unavailable(reason.to_string()),
             diagnostics: Vec::new(),
+        }
+    }
+    /// A standing line with ε of `kind` at `delta` and the μ behind it.
+    pub(crate) fn number(
+        a: AccountantKind,
+        epsilon: f64,
+        delta: f64,
+        kind: BoundKind,
+        mu: Option<f64>,
+        diagnostics: Vec<Diagnostic>,
+    ) -> Self {
+        let mut e = Evidence::new(a.as_str(), epsilon, delta, kind).with_accountant(a);
+        e.mu = mu;
+        AccountantLine {
+            accountant: a,
+            delta,
+            evidence: Some(e),
+            status: LineStatus::Ok,
+            diagnostics,
         }
     }
     fn from_result(r: AccountResult) -> Self {
         let mu = r.details.get("mu").copied();
-        AccountantLine {
-            accountant: r.accountant,
-            kind: Some(r.kind),
-            epsilon: Some(r.epsilon),
-            delta: r.delta,
-            mu,
-            status: "ok".into(),
-            note: None,
-            diagnostics: r.diagnostics,
+        AccountantLine::number(r.accountant, r.epsilon, r.delta, r.kind, mu, r.diagnostics)
+    }
+    /// ε at `delta`; None when unavailable.
+    pub fn epsilon(&self) -> Option<f64> {
+        self.evidence.as_ref().map(|e| e.epsilon)
+    }
+    /// The kind of the number; None when unavailable.
+    pub fn kind(&self) -> Option<BoundKind> {
+        self.evidence.as_ref().map(|e| e.kind)
+    }
+    /// The μ behind the number (GDP μ, CLT μ) when there is one.
+    pub fn mu(&self) -> Option<f64> {
+        self.evidence.as_ref().and_then(|e| e.mu)
+    }
+    /// Extra explanation shown with the line.
+    pub fn note(&self) -> Option<&str> {
+        self.evidence
+            .as_ref()
+            .map(|e| e.note.as_str())
+            .filter(|n| !n.is_empty())
+    }
+    /// Relabels the number (no effect on a line without one).
+    fn relabel(&mut self, kind: BoundKind, note: Option<&str>) {
+        if let Some(e) = self.evidence.as_mut() {
+            e.kind = kind;
+            if let Some(n) = note {
+                e.note = n.to_string();
+            }
         }
     }
     /// True when the line can be used as a guarantee.
-    pub fn is_guarantee(&self) -> bool {
-        self.status == "ok" && self.kind.is_some_and(|k| k.is_sound()) && self.epsilon.is_some()
+    pub(crate) fn is_guarantee(&self) -> bool {
+        self.status == LineStatus::Ok && self.kind().is_some_and(|k| k.is_sound())
     }
 }
+
+/// The note of a full-batch GDP line labelled for subsampling.
+const NO_AMPLIFICATION_NOTE: &str = "full-batch μ: ignores the amplification by subsampling";
 
 /// Composed full-batch μ of `mus` repeated `samples` times (DRS Cor. 3.3).
 pub fn full_batch_mu(mus: &[f64], samples: u64) -> f64 {
@@ -380,12 +524,11 @@ pub fn gdp_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64)
     match AccountantKind::Gdp.build().epsilon(&ev, nb, delta) {
         Ok(r) => {
             let mut l = AccountantLine::from_result(r);
-            if l.mu.is_none() {
-                l.mu = Some(full_batch_mu(mus, samples));
+            if let Some(e) = l.evidence.as_mut().filter(|e| e.mu.is_none()) {
+                e.mu = Some(full_batch_mu(mus, samples));
             }
             if p < 1.0 {
-                l.kind = Some(BoundKind::UpperBound);
-                l.note = Some("full-batch μ: ignores the amplification by subsampling".into());
+                l.relabel(BoundKind::UpperBound, Some(NO_AMPLIFICATION_NOTE));
             }
             l
         }
@@ -406,9 +549,8 @@ pub fn gdp_line_fast(mus: &[f64], p: f64, samples: u64, delta: f64) -> Accountan
 /// still a sound upper bound (subsampling only adds privacy: C_p(G_μ) ≥ G_μ), labelled as such,
 /// exactly as [`gdp_line`] labels it. Lines without a number are unchanged.
 pub fn gdp_line_at_rate(mut l: AccountantLine, p: f64) -> AccountantLine {
-    if p < 1.0 && l.epsilon.is_some() {
-        l.kind = Some(BoundKind::UpperBound);
-        l.note = Some("full-batch μ: ignores the amplification by subsampling".into());
+    if p < 1.0 {
+        l.relabel(BoundKind::UpperBound, Some(NO_AMPLIFICATION_NOTE));
     }
     l
 }
@@ -430,16 +572,7 @@ pub fn gdp_full_batch_line_fast(mus: &[f64], samples: u64, delta: f64) -> Accoun
         .sum::<f64>()
         .sqrt();
     match crate::accountants::gdp::epsilon_for_delta(mu, delta) {
-        Ok(eps) => AccountantLine {
-            accountant: AccountantKind::Gdp,
-            kind: Some(BoundKind::Exact),
-            epsilon: Some(eps),
-            delta,
-            mu: Some(mu),
-            status: "ok".into(),
-            note: None,
-            diagnostics: Vec::new(),
-        },
+        Ok(eps) => AccountantLine::number(AccountantKind::Gdp, eps, delta, BoundKind::Exact, Some(mu), Vec::new()),
         Err(e) => AccountantLine::unavailable(AccountantKind::Gdp, delta, e),
     }
 }
@@ -466,7 +599,7 @@ pub fn clt_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64)
 
 /// The same CLT number through the accountant's fast path (`clt::clt_summary` on the per-step
 /// list, no event tree), for sweeps. Agrees with [`clt_line`] (tested).
-pub fn clt_line_fast(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64) -> AccountantLine {
+pub(crate) fn clt_line_fast(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64) -> AccountantLine {
     use crate::accountants::clt;
     if p >= 1.0 || nb == Neighbouring::ReplaceOne {
         return clt_line(mus, p, samples, nb, delta);
@@ -478,16 +611,14 @@ pub fn clt_line_fast(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta:
             if let Some(d) = clt::blatant_diagnostic(&steps, eps, delta) {
                 diagnostics.push(d);
             }
-            AccountantLine {
-                accountant: AccountantKind::Clt,
-                kind: Some(BoundKind::Estimate),
-                epsilon: Some(eps),
+            AccountantLine::number(
+                AccountantKind::Clt,
+                eps,
                 delta,
-                mu: Some(s.mu),
-                status: "ok".into(),
-                note: None,
+                BoundKind::Estimate,
+                Some(s.mu),
                 diagnostics,
-            }
+            )
         }
         Err(e) => AccountantLine::unavailable(AccountantKind::Clt, delta, e),
     };
@@ -498,23 +629,23 @@ pub fn clt_line_fast(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta:
 /// the conditions the accountant did not already report; any severe diagnostic turns the status
 /// into "not a guarantee: <codes>".
 fn finish_clt(mut line: AccountantLine, mus: &[f64], p: f64, samples: u64, delta: f64) -> AccountantLine {
-    if line.epsilon.is_some() && p < 1.0 {
-        line.kind = Some(BoundKind::Estimate);
+    if p < 1.0 {
+        line.relabel(BoundKind::Estimate, None);
     }
-    for d in clt_validity(mus, p, samples, delta, line.epsilon) {
+    for d in clt_validity(mus, p, samples, delta, line.epsilon()) {
         if !line.diagnostics.iter().any(|x| x.code == d.code) {
             line.diagnostics.push(d);
         }
     }
-    if line.status == "ok" {
-        let mut codes: Vec<&str> = Vec::new();
+    if line.status == LineStatus::Ok {
+        let mut codes: Vec<String> = Vec::new();
         for d in line.diagnostics.iter().filter(|d| d.severe) {
-            if !codes.contains(&d.code.as_str()) {
-                codes.push(&d.code);
+            if !codes.contains(&d.code) {
+                codes.push(d.code.clone());
             }
         }
         if !codes.is_empty() {
-            line.status = format!("not a guarantee: {}", codes.join(", "));
+            line.status = LineStatus::NotAGuarantee(codes);
         }
     }
     line
@@ -566,7 +697,7 @@ pub fn account_mus_with(
 
 /// The line of accountant `a`, one of the requested `accountants` (as [`account_mus_with`]).
 #[allow(clippy::too_many_arguments)]
-pub fn account_one(
+pub(crate) fn account_one(
     a: AccountantKind,
     mus: &[f64],
     p: f64,
@@ -601,7 +732,7 @@ pub fn account_one(
 
 /// μ at which one μ-GDP step is "nearly blatant": G_μ(δ) ≤ δ, i.e. μ ≥ 2Φ⁻¹(1 − δ): a test
 /// with both error rates ≤ δ exists (DRS Def. 2.5).
-pub fn blatant_mu(delta: f64) -> f64 {
+pub(crate) fn blatant_mu(delta: f64) -> f64 {
     2.0 * numeric::ndtri_sf(delta)
 }
 
@@ -609,7 +740,7 @@ pub fn blatant_mu(delta: f64) -> f64 {
 /// (each with μ ≥ `mu`): for the event A = {some step's output > τ},
 /// δ(ε) ≥ P₁(A) − e^ε P₀(A) ≥ 1 − (1 − pΦ(μ − τ))^m − e^ε(1 − Φ(τ)^m), maximised over τ
 /// (the dominating pair of C_p(G_μ), DRS §4.1; independent steps, as every accountant assumes).
-pub fn blatant_delta_lower_bound(p: f64, mu: f64, m: f64, epsilon: f64) -> f64 {
+pub(crate) fn blatant_delta_lower_bound(p: f64, mu: f64, m: f64, epsilon: f64) -> f64 {
     let f = |tau: f64| {
         let a = p * numeric::ndtr(mu - tau);
         let p1 = -(m * (-a).ln_1p()).exp_m1();
@@ -772,7 +903,7 @@ impl WindowSums {
 /// Critical-window view on the full-batch GDP composition over all samples (exact at p = 1; a
 /// sound upper bound at p < 1). Stop: the configured private steps up to step j. Switch: the
 /// steps from j on (as many as `private_steps`, else all that run) taken as private.
-pub fn critical_window(cfg: &SamplerConfig, plan: &Plan) -> Result<Vec<WindowRow>> {
+pub(crate) fn critical_window(cfg: &SamplerConfig, plan: &Plan) -> Result<Vec<WindowRow>> {
     let s = cfg.privacy.samples as f64;
     let run: Vec<&StepRow> = plan.steps.iter().filter(|r| r.role != StepRole::Skipped).collect();
     let mut out = Vec::with_capacity(run.len());
@@ -918,9 +1049,9 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
         // Every number below is computed from μ_t measured on the private data: it describes
         // this dataset and is not a DP guarantee. Label it so at the source.
         for l in lines.iter_mut() {
-            if l.epsilon.is_some() && l.kind.is_some_and(|k| k.is_sound()) {
-                l.kind = Some(BoundKind::DataDependent);
-                l.status = "data-dependent: not a DP guarantee".into();
+            if l.kind().is_some_and(|k| k.is_sound()) {
+                l.relabel(BoundKind::DataDependent, None);
+                l.status = LineStatus::DataDependent;
             }
         }
         warnings.push(Diagnostic {
@@ -932,9 +1063,10 @@ pub fn analyze(cfg: &SamplerConfig, accountants: &[AccountantKind]) -> Result<An
             severe: false,
         });
     }
-    let guarantee =
-        crate::accountants::sound::tightest_by(lines.iter().filter(|l| l.status == "ok"), |l| l.epsilon.zip(l.kind))
-            .cloned();
+    let guarantee = crate::accountants::sound::tightest_by(lines.iter().filter(|l| l.status == LineStatus::Ok), |l| {
+        l.epsilon().zip(l.kind())
+    })
+    .cloned();
     let event = event_from_mus(&mus, p, s);
     let window = critical_window(cfg, &plan)?;
     Ok(Analysis {
@@ -1001,10 +1133,10 @@ mod tests {
             for &s in &[1u64, 100] {
                 let a = clt_line(&mus, p, s, Neighbouring::AddRemove, 1e-5);
                 let b = clt_line_fast(&mus, p, s, Neighbouring::AddRemove, 1e-5);
-                assert_eq!(a.kind, Some(BoundKind::Estimate));
-                assert_eq!(a.kind, b.kind);
+                assert_eq!(a.kind(), Some(BoundKind::Estimate));
+                assert_eq!(a.kind(), b.kind());
                 assert_eq!(a.status, b.status, "p={p} S={s}");
-                let (x, y) = (a.epsilon.unwrap(), b.epsilon.unwrap());
+                let (x, y) = (a.epsilon().unwrap(), b.epsilon().unwrap());
                 assert!((x - y).abs() <= 1e-12 * x.max(1e-300), "p={p} S={s}: {x} {y}");
             }
         }

@@ -144,16 +144,18 @@ pub fn epsilon_of(cfg: &SamplerConfig, accountants: &[AccountantKind], clt: bool
     let p = cfg.privacy.subsample_rate;
     let s = cfg.privacy.samples;
     if mus.is_empty() {
-        let line = AccountantLine {
-            accountant: if clt { AccountantKind::Clt } else { AccountantKind::Gdp },
-            kind: Some(crate::accountants::BoundKind::Exact),
-            epsilon: Some(0.0),
-            delta: cfg.delta,
-            mu: Some(0.0),
-            status: "ok".into(),
-            note: Some("no private steps".into()),
-            diagnostics: Vec::new(),
-        };
+        let acc = if clt { AccountantKind::Clt } else { AccountantKind::Gdp };
+        let mut line = AccountantLine::number(
+            acc,
+            0.0,
+            cfg.delta,
+            crate::accountants::BoundKind::Exact,
+            Some(0.0),
+            Vec::new(),
+        );
+        if let Some(e) = line.evidence.as_mut() {
+            e.note = "no private steps".into();
+        }
         return Ok((0.0, line));
     }
     if let Some(bad) = mus.iter().find(|m| !(m.is_finite() && **m > 0.0)) {
@@ -163,9 +165,9 @@ pub fn epsilon_of(cfg: &SamplerConfig, accountants: &[AccountantKind], clt: bool
         let line = account_mus(&mus, p, s, cfg.neighbouring, cfg.delta, &[AccountantKind::Clt])
             .pop()
             .ok_or_else(|| Error::numeric("clt gave no line"))?;
-        return match line.epsilon {
+        return match line.epsilon() {
             Some(e) => Ok((e, line)),
-            None => Err(Error::unsupported(line.status.clone())),
+            None => Err(Error::unsupported(line.status.to_string())),
         };
     }
     // Full batch: GDP is exact and the others cannot beat it; skip them.
@@ -182,7 +184,11 @@ pub fn epsilon_of(cfg: &SamplerConfig, accountants: &[AccountantKind], clt: bool
     let best = lines
         .iter()
         .filter(|l| l.is_guarantee())
-        .min_by(|a, b| a.epsilon.unwrap().total_cmp(&b.epsilon.unwrap()))
+        .min_by(|a, b| {
+            a.epsilon()
+                .unwrap_or(f64::INFINITY)
+                .total_cmp(&b.epsilon().unwrap_or(f64::INFINITY))
+        })
         .cloned()
         .ok_or_else(|| {
             let why: Vec<String> = lines
@@ -191,7 +197,8 @@ pub fn epsilon_of(cfg: &SamplerConfig, accountants: &[AccountantKind], clt: bool
                 .collect();
             Error::unsupported(format!("no sound accountant gave a bound ({})", why.join("; ")))
         })?;
-    Ok((best.epsilon.unwrap(), best))
+    let eps = best.epsilon().unwrap_or(f64::INFINITY);
+    Ok((eps, best))
 }
 
 /// Solves for `param` so that ε(δ) ≤ `target` (see the module documentation).

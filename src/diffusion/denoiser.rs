@@ -313,7 +313,7 @@ pub enum ClipSpec {
 
 impl ClipSpec {
     /// ln C_t at noise level t in dimension d.
-    pub fn log_c(self, t: f64, d: usize) -> f64 {
+    pub(crate) fn log_c(self, t: f64, d: usize) -> f64 {
         match self {
             ClipSpec::Absolute { c } => c.ln(),
             ClipSpec::TypicalDensity { c } => {

@@ -324,7 +324,7 @@ impl SamplerConfig {
     /// True when `path` is a diffusers `scheduler_config.json` rather than a sampler TOML: by its
     /// `.json` extension, else by content (the first non-blank character is `{`, which no
     /// sampler TOML starts with).
-    pub fn is_scheduler_json(path: &Path) -> bool {
+    pub(crate) fn is_scheduler_json(path: &Path) -> bool {
         if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
             return true;
         }
@@ -541,7 +541,7 @@ impl SamplerConfig {
     }
 
     /// The checks of [`Self::validate`] before the subsampling rate's (they read neither p nor S).
-    pub fn validate_before_rate(&self) -> Result<()> {
+    pub(crate) fn validate_before_rate(&self) -> Result<()> {
         if self.schema_version != SCHEMA_VERSION {
             return Err(Error::field(
                 "schema_version",
@@ -570,7 +570,7 @@ impl SamplerConfig {
     }
 
     /// The subsampling-rate check of [`Self::validate`].
-    pub fn validate_rate(subsample_rate: f64) -> Result<()> {
+    pub(crate) fn validate_rate(subsample_rate: f64) -> Result<()> {
         if !(subsample_rate > 0.0 && subsample_rate <= 1.0) {
             return Err(Error::field(
                 "privacy.subsample_rate",
@@ -581,7 +581,7 @@ impl SamplerConfig {
     }
 
     /// The sample-count check of [`Self::validate`].
-    pub fn validate_samples(samples: u64) -> Result<()> {
+    pub(crate) fn validate_samples(samples: u64) -> Result<()> {
         if samples == 0 {
             return Err(Error::field("privacy.samples", "S must be ≥ 1"));
         }
@@ -589,7 +589,7 @@ impl SamplerConfig {
     }
 
     /// The checks of [`Self::validate`] after the sample count's (they read neither p nor S).
-    pub fn validate_after_samples(&self) -> Result<()> {
+    pub(crate) fn validate_after_samples(&self) -> Result<()> {
         let p = &self.privacy;
         let bad = |f: &str, m: String| Err(Error::field(format!("privacy.{f}"), m));
         if !(p.switch_at >= 0.0 && p.switch_at < 1.0) {
@@ -667,7 +667,7 @@ impl SamplerConfig {
     }
 
     /// A short name for outputs.
-    pub fn display_name(&self) -> String {
+    pub(crate) fn display_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| "sampler".into())
     }
 }

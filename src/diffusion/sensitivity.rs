@@ -14,7 +14,7 @@ use super::sampler::PrivacyConfig;
 use super::schedule::Step;
 
 /// √(2Δt/t³), the schedule part of μ_t (§3.1).
-pub fn schedule_factor(t: f64, dt: f64) -> f64 {
+pub(crate) fn schedule_factor(t: f64, dt: f64) -> f64 {
     (2.0 * dt / (t * t * t)).sqrt()
 }
 
@@ -26,7 +26,7 @@ pub fn mu_constant(clip_norm: f64, beta: f64, dataset_size: f64, t: f64, dt: f64
 
 /// ln μ_t = ln 2 + ln C − ln p_t(x_t) − ln|D| + ½ ln(2Δt/t³), all in log space so that
 /// densities far outside f64 range (d = 64 and t = 80 give ln p ≈ −340) stay usable (§3.1).
-pub fn log_mu(log_clip: f64, log_density: f64, dataset_size: f64, t: f64, dt: f64) -> f64 {
+pub(crate) fn log_mu(log_clip: f64, log_density: f64, dataset_size: f64, t: f64, dt: f64) -> f64 {
     std::f64::consts::LN_2 + log_clip - log_density - dataset_size.ln() + 0.5 * (2.0 * dt / (t * t * t)).ln()
 }
 
@@ -44,7 +44,7 @@ pub enum StepRole {
 
 /// Index of the first private step: ⌊switch_at·n⌉ (round half up) — "switch after x % of the
 /// generation" (Appendix D).
-pub fn switch_index(n_steps: usize, switch_at: f64) -> usize {
+pub(crate) fn switch_index(n_steps: usize, switch_at: f64) -> usize {
     ((switch_at * n_steps as f64).round() as usize).min(n_steps)
 }
 

@@ -145,7 +145,7 @@ pub fn grid(a: f64, b: f64, n: usize, log: bool) -> Result<Vec<f64>> {
 type Setter = Box<dyn Fn(&mut SamplerConfig) -> Result<()>>;
 
 /// Sets the smallest noise level t_min of any schedule kind (see [`SweepSpec::sigma_min`]).
-pub fn set_t_min(cfg: &mut SamplerConfig, t_min: f64) -> Result<()> {
+pub(crate) fn set_t_min(cfg: &mut SamplerConfig, t_min: f64) -> Result<()> {
     if !(t_min.is_finite() && t_min > 0.0) {
         return Err(Error::field(
             "--sigma-min",
@@ -296,7 +296,7 @@ fn build_configs(cfg: &SamplerConfig, spec: &SweepSpec, inner: bool) -> Result<V
 }
 
 /// Largest grid a sweep builds.
-pub const MAX_GRID_POINTS: usize = 1_000_000;
+pub(crate) const MAX_GRID_POINTS: usize = 1_000_000;
 
 fn set_levels(s: &mut Schedule, n: usize) {
     match s {
@@ -513,7 +513,7 @@ impl Block {
 
 /// CSV of sweep rows: one row per grid point, per accountant `<a>_epsilon`, `<a>_kind`,
 /// `<a>_status` (and `<a>_mu` for gdp and clt).
-pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<String> {
+pub(crate) fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<String> {
     let mut w = crate::report::csv_out::Csv::new();
     let mut header: Vec<String> = [
         "sigma_min",
@@ -566,16 +566,16 @@ pub fn to_csv(rows: &[SweepRow], accountants: &[AccountantKind]) -> Result<Strin
         for a in accountants {
             let line = r.accountants.iter().find(|l| l.accountant == *a);
             if matches!(a, AccountantKind::Gdp | AccountantKind::Clt) {
-                rec.push(line.and_then(|l| l.mu).map(num::debug).unwrap_or_default());
+                rec.push(line.and_then(|l| l.mu()).map(num::debug).unwrap_or_default());
             }
-            rec.push(line.and_then(|l| l.epsilon).map(num::debug).unwrap_or_default());
+            rec.push(line.and_then(|l| l.epsilon()).map(num::debug).unwrap_or_default());
             rec.push(
-                line.and_then(|l| l.kind)
+                line.and_then(|l| l.kind())
                     .map(|k| k.as_str().to_string())
                     .unwrap_or_default(),
             );
             rec.push(
-                line.map(|l| l.status.clone())
+                line.map(|l| l.status.to_string())
                     .unwrap_or_else(|| "no private steps".into()),
             );
         }

@@ -180,7 +180,7 @@ impl DpEvent {
     }
 
     /// Short name of the variant, as in the serialised `type`.
-    pub fn type_name(&self) -> &'static str {
+    pub(crate) fn type_name(&self) -> &'static str {
         match self {
             DpEvent::NoOp => "no_op",
             DpEvent::NonPrivate => "non_private",
@@ -207,7 +207,7 @@ impl DpEvent {
     }
 
     /// Number of nodes of the tree (this one included).
-    pub fn node_count(&self) -> u64 {
+    pub(crate) fn node_count(&self) -> u64 {
         match self {
             DpEvent::NoOp
             | DpEvent::NonPrivate
@@ -356,7 +356,7 @@ impl DpEvent {
     /// The path (`event.events[1].event`) of the first [`DpEvent::NonPrivate`] in the tree, if
     /// any: such an event has no guarantee, whatever wraps it (Poisson sampling with q > 0 of a
     /// non-private mechanism is still non-private).
-    pub fn non_private_path(&self) -> Option<String> {
+    pub(crate) fn non_private_path(&self) -> Option<String> {
         fn walk(e: &DpEvent, path: &mut String) -> bool {
             match e {
                 DpEvent::NonPrivate => true,
@@ -389,29 +389,6 @@ impl DpEvent {
         }
         let mut path = "event".to_string();
         walk(self, &mut path).then_some(path)
-    }
-
-    /// Builds a tree back from components (used by builders and ledgers).
-    pub fn from_components(components: &[Component]) -> DpEvent {
-        let mut b = EventBuilder::new();
-        for c in components {
-            let leaf = match c.mechanism {
-                Mechanism::Gaussian { noise_multiplier } => DpEvent::Gaussian { noise_multiplier },
-                Mechanism::EpsilonDelta { epsilon, delta } => DpEvent::EpsilonDelta { epsilon, delta },
-                Mechanism::Laplace { noise_multiplier } => DpEvent::Laplace { noise_multiplier },
-            };
-            let ev = match c.sampling {
-                Sampling::Full => leaf,
-                Sampling::Poisson { q } => DpEvent::poisson(q, leaf),
-                Sampling::WithoutReplacement { n, m } => DpEvent::SampledWithoutReplacement {
-                    n,
-                    m,
-                    event: Box::new(leaf),
-                },
-            };
-            b.push_n(ev, c.count);
-        }
-        b.build()
     }
 
     /// Printable ledger: one line per node, indented, numbers with six significant digits
@@ -671,7 +648,11 @@ impl EventFile {
 /// Path (as in [`DpEvent::validate`] errors: `event.events[1].event`) of the first sub-event for
 /// which `bad` returns `Some(reason)`, with that reason. Accountants use it to name the sub-event
 /// they cannot account.
-pub fn find_path(event: &DpEvent, path: &str, bad: &dyn Fn(&DpEvent) -> Option<String>) -> Option<(String, String)> {
+pub(crate) fn find_path(
+    event: &DpEvent,
+    path: &str,
+    bad: &dyn Fn(&DpEvent) -> Option<String>,
+) -> Option<(String, String)> {
     if let Some(r) = bad(event) {
         return Some((path.to_string(), r));
     }

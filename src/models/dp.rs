@@ -98,7 +98,7 @@ pub fn spent_epsilon(event: &DpEvent, delta: f64) -> Option<(f64, String)> {
     let best = crate::accountants::attack_limits::tightest(&gs, |g| g.epsilon)?;
     let kind = gs
         .iter()
-        .find(|g| g.source == best.1)
+        .find(|g| g.source() == best.1)
         .map(|g| g.kind.as_str())
         .unwrap_or("");
     Some((best.0, format!("{} ({kind})", best.1)))

@@ -10,7 +10,7 @@
 use std::ops::{Add, Mul, Neg, Sub};
 
 /// u² with u = 2⁻⁵³.
-pub const U2: f64 = (f64::EPSILON / 2.0) * (f64::EPSILON / 2.0);
+pub(crate) const U2: f64 = (f64::EPSILON / 2.0) * (f64::EPSILON / 2.0);
 /// Relative error bound of one double-word addition or subtraction (JMP 2017, Thm 3.1: 3u²/(1−4u)).
 pub const ADD_ERR: f64 = 4.0 * U2;
 /// Relative error bound of one double-word multiplication (JMP 2017, Thm 5.3: 4u² for DWTimesDW3).
@@ -64,11 +64,11 @@ impl Dd {
         Dd { hi: x, lo: 0.0 }
     }
     /// 0.
-    pub const ZERO: Dd = Dd { hi: 0.0, lo: 0.0 };
+    pub(crate) const ZERO: Dd = Dd { hi: 0.0, lo: 0.0 };
     /// 1.
     pub const ONE: Dd = Dd { hi: 1.0, lo: 0.0 };
     /// Nearest double (relative error ≤ u).
-    pub fn to_f64(self) -> f64 {
+    pub(crate) fn to_f64(self) -> f64 {
         self.hi + self.lo
     }
     /// Multiplication by a power of two (exact barring under/overflow).
@@ -138,7 +138,7 @@ pub struct Cdd {
 
 impl Cdd {
     /// 0.
-    pub const ZERO: Cdd = Cdd {
+    pub(crate) const ZERO: Cdd = Cdd {
         re: Dd::ZERO,
         im: Dd::ZERO,
     };
@@ -148,25 +148,25 @@ impl Cdd {
         im: Dd::ZERO,
     };
     /// Complex conjugate (exact).
-    pub fn conj(self) -> Cdd {
+    pub(crate) fn conj(self) -> Cdd {
         Cdd {
             re: self.re,
             im: -self.im,
         }
     }
     /// An upper bound on |z| in double precision (for error bookkeeping).
-    pub fn norm_upper(self) -> f64 {
+    pub(crate) fn norm_upper(self) -> f64 {
         let (a, b) = (self.re.hi.abs() + self.re.lo.abs(), self.im.hi.abs() + self.im.lo.abs());
         a.hypot(b) * (1.0 + 4.0 * f64::EPSILON)
     }
     /// |z| rounded to the nearest double-ish (relative error ≤ 4u), for bounds that only need a
     /// lower estimate corrected by an explicit margin.
-    pub fn norm_f64(self) -> f64 {
+    pub(crate) fn norm_f64(self) -> f64 {
         self.re.to_f64().hypot(self.im.to_f64())
     }
     /// z^e by repeated squaring (e ≥ 1): relative error ≤ (1 + CMUL_ERR)^{e−1} − 1 (by induction,
     /// as for doubles).
-    pub fn powu(self, e: u64) -> Cdd {
+    pub(crate) fn powu(self, e: u64) -> Cdd {
         super::pow_by_squaring(self, e, Cdd::ONE)
     }
 }

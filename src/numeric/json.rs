@@ -94,7 +94,7 @@ pub mod opt {
     }
 
     /// Reads what [`serialize`] writes.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
         d.deserialize_option(OptVisitor)
     }
 }
@@ -119,7 +119,7 @@ pub mod vec {
     }
 
     /// Reads what [`serialize`] writes.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
         let v: Vec<N> = serde::Deserialize::deserialize(d)?;
         Ok(v.into_iter().map(|n| n.0).collect())
     }
@@ -147,7 +147,7 @@ pub mod map {
     }
 
     /// Reads what [`serialize`] writes.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
         let v: BTreeMap<String, N> = serde::Deserialize::deserialize(d)?;
         Ok(v.into_iter().map(|(k, n)| (k, n.0)).collect())
     }

@@ -16,13 +16,13 @@ pub use roots::{brent, expand_upper, find_increasing_root};
 use std::f64::consts::{LN_2, SQRT_2};
 
 /// ln(sqrt(2π)).
-pub const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
+pub(crate) const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 
 /// x^e by repeated squaring (e ≥ 1), for any multiplication. When each product of two computed
 /// powers rounds with relative error ≤ ε, the result carries (1 + ε)^{e−1} (by induction: a^i(1+θ_i)
 /// times a^j(1+θ_j) with one rounding gives (1+ε)^{i+j−1}; the first product, by `one`, is exact).
 #[inline]
-pub fn pow_by_squaring<T: Copy + std::ops::Mul<Output = T>>(mut base: T, mut e: u64, one: T) -> T {
+pub(crate) fn pow_by_squaring<T: Copy + std::ops::Mul<Output = T>>(mut base: T, mut e: u64, one: T) -> T {
     let mut acc = one;
     loop {
         if e & 1 == 1 {
@@ -38,19 +38,19 @@ pub fn pow_by_squaring<T: Copy + std::ops::Mul<Output = T>>(mut base: T, mut e: 
 
 /// Standard normal CDF Φ(x), through libm's `erfc` (≈1e-16 relative; statrs' `cdf` is only
 /// ≈1e-10 relative, see ../shared/STACK.md).
-pub fn ndtr(x: f64) -> f64 {
+pub(crate) fn ndtr(x: f64) -> f64 {
     0.5 * libm::erfc(-x / SQRT_2)
 }
 
 /// Standard normal survival function 1 − Φ(x) = Φ(−x), accurate in the upper tail.
-pub fn ndtr_sf(x: f64) -> f64 {
+pub(crate) fn ndtr_sf(x: f64) -> f64 {
     ndtr(-x)
 }
 
 /// ln Φ(x), finite for every finite x. Uses `erfc` down to x = −20 and the asymptotic
 /// series ln Φ(x) = −x²/2 − ln(−x) − ln√(2π) + ln(1 − 1/x² + 3/x⁴ − 15/x⁶ + …) below
 /// (Abramowitz & Stegun 26.2.12); at x ≤ −20 ten terms give full double precision.
-pub fn log_ndtr(x: f64) -> f64 {
+pub(crate) fn log_ndtr(x: f64) -> f64 {
     if x.is_nan() {
         return f64::NAN;
     }
@@ -75,13 +75,13 @@ pub fn log_ndtr(x: f64) -> f64 {
 }
 
 /// ln(1 − Φ(x)) = ln Φ(−x).
-pub fn log_ndtr_sf(x: f64) -> f64 {
+pub(crate) fn log_ndtr_sf(x: f64) -> f64 {
     log_ndtr(-x)
 }
 
 /// Inverse standard normal CDF Φ⁻¹(p) for p in (0, 1); accurate to ≈2e-16 down to 5e-324
 /// (statrs). Returns ∓∞ at p = 0 / 1.
-pub fn ndtri(p: f64) -> f64 {
+pub(crate) fn ndtri(p: f64) -> f64 {
     use statrs::distribution::{ContinuousCDF, Normal};
     if p <= 0.0 {
         return f64::NEG_INFINITY;
@@ -98,7 +98,7 @@ pub fn ndtri(p: f64) -> f64 {
 }
 
 /// Φ⁻¹(1 − p) accurate for tiny p (upper-tail quantile).
-pub fn ndtri_sf(p: f64) -> f64 {
+pub(crate) fn ndtri_sf(p: f64) -> f64 {
     -ndtri(p)
 }
 
@@ -107,7 +107,7 @@ pub fn ndtri_sf(p: f64) -> f64 {
 /// the result is moved up by one representable step, so it stays ≥ the true value and > 0.
 /// Returns the value and whether it was moved (the caller then reports ln_x beside it and
 /// labels the value an upper bound). Exactly 0 only for ln_x = −∞.
-pub fn exp_upper(ln_x: f64) -> (f64, bool) {
+pub(crate) fn exp_upper(ln_x: f64) -> (f64, bool) {
     let v = ln_x.exp();
     if ln_x > f64::NEG_INFINITY && v < f64::MIN_POSITIVE {
         (v.next_up(), true)
@@ -117,7 +117,7 @@ pub fn exp_upper(ln_x: f64) -> (f64, bool) {
 }
 
 /// ln(eᵃ + eᵇ) without overflow.
-pub fn log_add_exp(a: f64, b: f64) -> f64 {
+pub(crate) fn log_add_exp(a: f64, b: f64) -> f64 {
     if a == f64::NEG_INFINITY {
         return b;
     }
@@ -129,7 +129,7 @@ pub fn log_add_exp(a: f64, b: f64) -> f64 {
 }
 
 /// ln(eᵃ − eᵇ) for a ≥ b; −∞ when a == b. Returns NaN when b > a (caller's bug).
-pub fn log_sub_exp(a: f64, b: f64) -> f64 {
+pub(crate) fn log_sub_exp(a: f64, b: f64) -> f64 {
     if b == f64::NEG_INFINITY {
         return a;
     }
@@ -149,7 +149,7 @@ pub fn log_sub_exp(a: f64, b: f64) -> f64 {
 }
 
 /// ln Σ exp(xᵢ), stable; −∞ for an empty slice.
-pub fn log_sum_exp(xs: &[f64]) -> f64 {
+pub(crate) fn log_sum_exp(xs: &[f64]) -> f64 {
     let m = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if m == f64::NEG_INFINITY || m.is_infinite() {
         return m;
@@ -158,7 +158,7 @@ pub fn log_sum_exp(xs: &[f64]) -> f64 {
 }
 
 /// ln Γ(x) for x > 0.
-pub fn ln_gamma(x: f64) -> f64 {
+pub(crate) fn ln_gamma(x: f64) -> f64 {
     libm::lgamma(x)
 }
 

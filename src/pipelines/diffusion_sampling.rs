@@ -227,7 +227,8 @@ pub fn verify(c: &DiffusionSamplingClaim) -> Result<ClaimResult> {
                     "it is violated under the per-step Gaussian model of §3: {}",
                     r.evidence.as_ref().map_or(String::new(), |e| e.note.clone())
                 ),
-                sound::Verdict::NotDemonstrated => "no sound analysis supports it (nor refutes it)".to_string(),
+                sound::Verdict::NotDemonstrated | sound::Verdict::Unanswered =>
+                    "no sound analysis supports it (nor refutes it)".to_string(),
             }
         ));
     }

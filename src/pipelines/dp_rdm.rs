@@ -33,7 +33,7 @@ use crate::events::{DpEvent, Neighbouring};
 use crate::pipelines::verdict::{Calibration, Check, ClaimResult, InterpretationSpec};
 
 /// The sensitivity numerator under both readings: Δ = 2/k (module docs).
-pub const SENSITIVITY_NUMERATOR: f64 = 2.0;
+pub(crate) const SENSITIVITY_NUMERATOR: f64 = 2.0;
 
 /// The event of T queries: T × Poisson(q) ∘ Gaussian(z) with z = σk/`sensitivity_numerator`.
 pub fn event(sigma: f64, k: u64, q: f64, queries: u64, sensitivity_numerator: f64) -> DpEvent {
@@ -42,7 +42,7 @@ pub fn event(sigma: f64, k: u64, q: f64, queries: u64, sensitivity_numerator: f6
 }
 
 /// ε of the Theorem 3.1 event for `k` neighbours with one accountant.
-pub fn epsilon_for_k(kind: AccountantKind, sigma: f64, k: u64, q: f64, queries: u64, delta: f64) -> Result<f64> {
+pub(crate) fn epsilon_for_k(kind: AccountantKind, sigma: f64, k: u64, q: f64, queries: u64, delta: f64) -> Result<f64> {
     let acc = kind.build();
     let ev = event(sigma, k, q, queries, SENSITIVITY_NUMERATOR);
     acc.supports(&ev, Neighbouring::AddRemove)?;

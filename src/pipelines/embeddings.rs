@@ -93,7 +93,7 @@ impl Embeddings {
     }
 
     /// Largest row norm.
-    pub fn max_norm(&self) -> f64 {
+    pub(crate) fn max_norm(&self) -> f64 {
         self.rows.iter().map(|r| norm(r)).fold(0.0, f64::max)
     }
 }
@@ -117,7 +117,7 @@ pub fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// ‖a − b‖₂.
-pub fn dist(a: &[f64], b: &[f64]) -> f64 {
+pub(crate) fn dist(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt()
 }
 

@@ -48,7 +48,7 @@ pub fn noise_rng(seed: Option<u64>) -> ChaCha20Rng {
 }
 
 /// Adds N(0, σ²) to every coordinate.
-pub fn add_gaussian(v: &mut [f64], sigma: f64, rng: &mut impl Rng) {
+pub(crate) fn add_gaussian(v: &mut [f64], sigma: f64, rng: &mut impl Rng) {
     let normal = Normal::new(0.0, sigma).expect("σ validated > 0");
     v.iter_mut().for_each(|x| *x += normal.sample(rng));
 }
@@ -87,7 +87,7 @@ impl Budget {
     }
 
     /// ε of the ledger plus `event` (a sound accountant only).
-    pub fn epsilon_with(&self, event: &DpEvent) -> Result<f64> {
+    pub(crate) fn epsilon_with(&self, event: &DpEvent) -> Result<f64> {
         let mut b = self.ledger.clone();
         b.push(event.clone());
         let ev = b.build();
@@ -104,7 +104,7 @@ impl Budget {
     }
 
     /// Charges `event` if the budget allows it; returns false (and counts a refusal) otherwise.
-    pub fn try_spend(&mut self, event: &DpEvent) -> Result<bool> {
+    pub(crate) fn try_spend(&mut self, event: &DpEvent) -> Result<bool> {
         let eps = self.epsilon_with(event)?;
         if self.max_epsilon.is_some_and(|m| eps > m) {
             self.refused += 1;
@@ -116,7 +116,7 @@ impl Budget {
     }
 
     /// The ledger as an event file.
-    pub fn event_file(&self) -> EventFile {
+    pub(crate) fn event_file(&self) -> EventFile {
         EventFile {
             schema_version: 1,
             neighbouring: self.neighbouring,
@@ -124,22 +124,6 @@ impl Budget {
             event: self.ledger.build(),
         }
     }
-}
-
-/// Writes `ledger.toml` (an [`EventFile`] with a comment header) into `dir`.
-pub fn write_ledger(dir: &Path, file: &EventFile, header: &str) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
-    let body = toml::to_string(file).map_err(|e| Error::input(format!("serialising the ledger: {e}")))?;
-    let mut s = String::new();
-    for l in header.lines() {
-        s.push_str("# ");
-        s.push_str(l);
-        s.push('\n');
-    }
-    s.push_str(&body);
-    let p = dir.join("ledger.toml");
-    write_atomic(&p, s.as_bytes())?;
-    Ok(p)
 }
 
 /// Writes through a temporary file in the same directory, then renames.
@@ -227,7 +211,7 @@ fn one() -> Count {
 }
 
 /// Loads a run config with file/line/field errors.
-pub fn load_config<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+pub(crate) fn load_config<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let src = crate::input::read_to_string(path)?;
     let v: T = toml::from_str(&src).map_err(|e| {
         let msg = e.message().to_string();
@@ -360,7 +344,7 @@ impl DpaggTi {
 
 /// The smallest noise multiplier whose exact Gaussian ε at δ is ≤ ε (analytic Gaussian
 /// calibration, Balle & Wang 2018 Alg. 1, via exact GDP): rounded up.
-pub fn exact_noise_multiplier(epsilon: f64, delta: f64) -> Result<f64> {
+pub(crate) fn exact_noise_multiplier(epsilon: f64, delta: f64) -> Result<f64> {
     // ε(μ) increases in μ: find the largest μ with ε(μ) ≤ target, return 1/μ rounded up.
     let f = |mu: f64| gdp::epsilon_for_delta(mu, delta).unwrap_or(f64::INFINITY) - epsilon;
     let mut hi = 1.0;
@@ -412,7 +396,7 @@ pub fn run_dpagg_ti(mech: &DpaggTi, releases: u64, budget: Option<f64>, seed: u6
 }
 
 /// [`run_dpagg_ti`] with the noise from the OS CSPRNG when `seed` is None ([`noise_rng`]).
-pub fn run_dpagg_ti_noise(
+pub(crate) fn run_dpagg_ti_noise(
     mech: &DpaggTi,
     releases: u64,
     budget: Option<f64>,
@@ -628,7 +612,7 @@ impl DpRdm {
         s
     }
     /// Poisson subsample of `len` rows at rate q.
-    pub fn poisson_subset(&self, len: usize, rng: &mut impl Rng) -> Vec<usize> {
+    pub(crate) fn poisson_subset(&self, len: usize, rng: &mut impl Rng) -> Vec<usize> {
         (0..len).filter(|_| rng.random::<f64>() < self.q).collect()
     }
     /// Answers one query on `rows` (the private set or a neighbour of it).
@@ -704,7 +688,7 @@ pub fn run_dp_rdm(
 }
 
 /// [`run_dp_rdm`] with the noise from the OS CSPRNG when `seed` is None ([`noise_rng`]).
-pub fn run_dp_rdm_noise(
+pub(crate) fn run_dp_rdm_noise(
     mech: &DpRdm,
     queries: &Embeddings,
     budget: f64,

@@ -28,7 +28,7 @@ pub use verdict::ClaimResult;
 
 /// RDP ε with the classic conversion ε = min_α RDP(α) + ln(1/δ)/(α − 1) (Mironov 2017, Prop. 3),
 /// or None when the RDP accountant cannot account `event`.
-pub fn rdp_classic_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Option<f64> {
+pub(crate) fn rdp_classic_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Option<f64> {
     use crate::accountants::{convert::Conversion, rdp::RdpAccountant, Accountant};
     let acc = RdpAccountant::default().with_conversion(Conversion::Classic);
     acc.supports(event, neighbouring).ok()?;
@@ -43,7 +43,7 @@ pub fn verify_claims(file: &ClaimsFile) -> Result<Vec<ClaimResult>> {
 }
 
 /// [`verify_claims`], calling `done` once per verified claim (for progress by claim).
-pub fn verify_claims_with(file: &ClaimsFile, done: &(dyn Fn() + Sync)) -> Result<Vec<ClaimResult>> {
+pub(crate) fn verify_claims_with(file: &ClaimsFile, done: &(dyn Fn() + Sync)) -> Result<Vec<ClaimResult>> {
     use rayon::prelude::*;
     fn each<C: Sync>(
         claims: &[C],

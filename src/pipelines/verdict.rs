@@ -99,12 +99,12 @@ impl InterpretationSpec {
     }
     /// Marks the accounted event as an over-approximation of the mechanism (see
     /// [`InterpretationSpec::over_approximates`]).
-    pub fn over_approximating(mut self, why: impl Into<String>) -> Self {
+    pub(crate) fn over_approximating(mut self, why: impl Into<String>) -> Self {
         self.over_approximates = Some(why.into());
         self
     }
     /// Sets the σ reading.
-    pub fn sigma_reading(mut self, s: impl Into<String>) -> Self {
+    pub(crate) fn sigma_reading(mut self, s: impl Into<String>) -> Self {
         self.sigma_reading = s.into();
         self
     }

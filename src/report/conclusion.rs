@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::num::fmt_num;
-use super::{Cell, Report, Status, Table};
+use super::{Cell, Report, Table};
+use crate::accountants::sound;
 use crate::accountants::{tradeoff, BoundKind};
 
 /// Four sentences a reviewer reads first.
@@ -164,7 +165,7 @@ fn attacks_checkpoint(name: &str) -> bool {
 }
 
 /// TPR at 0.1 % FPR from which the conclusion calls members identifiable.
-pub const IDENTIFIABLE_TPR: f64 = 0.9;
+pub(crate) const IDENTIFIABLE_TPR: f64 = 0.9;
 
 /// The measured result of a membership-inference report, from its attacks table: the strongest
 /// attack (largest AUC) with its interval and TPR at low FPR, and what that means: members
@@ -231,13 +232,13 @@ fn audit_sentence(r: &Report) -> Option<String> {
     let audits: Vec<&super::Verdict> = r
         .verdicts
         .iter()
-        .filter(|v| v.bound == Some(BoundKind::LowerBound) && v.source.as_deref().is_some_and(|s| s.contains("audit")))
+        .filter(|v| v.bound() == Some(BoundKind::LowerBound) && v.source().is_some_and(|s| s.contains("audit")))
         .collect();
     let first = audits.first()?;
     let parts: Vec<String> = audits
         .iter()
         .map(|v| {
-            let src = v.source.as_deref().unwrap_or("audit");
+            let src = v.source().unwrap_or("audit");
             let threat = if src.contains("white-box") {
                 "white-box"
             } else {
@@ -246,13 +247,13 @@ fn audit_sentence(r: &Report) -> Option<String> {
             let name = src.split(" (").next().unwrap_or(src);
             format!(
                 "{name} ({threat}) ε ≥ {}",
-                v.epsilon.map_or("none".to_string(), fmt_num)
+                v.epsilon().map_or("none".to_string(), fmt_num)
             )
         })
         .collect();
     let ledger = first.budget.map_or(String::new(), |b| format!(" {}", fmt_num(b)));
-    let fail = audits.iter().any(|v| v.status == Status::Fail);
-    let weak = audits.iter().all(|v| v.status == Status::Inconclusive);
+    let fail = audits.iter().any(|v| v.status == sound::Verdict::Violated);
+    let weak = audits.iter().all(|v| v.status.status_word() == "inconclusive");
     Some(format!(
         "Audits: {}, against the accounted ε{ledger}. {}",
         parts.join("; "),
@@ -297,7 +298,7 @@ fn model_sentence(r: &Report) -> Option<String> {
         let fail = r
             .verdicts
             .iter()
-            .filter(|v| v.status == Status::Fail && about(v))
+            .filter(|v| v.status == sound::Verdict::Violated && about(v))
             .count();
         if fail == 0 {
             continue;
@@ -357,15 +358,15 @@ pub fn derive(r: &Report) -> Conclusion {
     let verdict = match (r.verdicts.as_slice(), comparisons) {
         ([], Some(c)) => c,
         ([], None) => "No budget or claim was checked, so there is no verdict.".into(),
-        ([v], _) => format!("{}: {}", v.status.as_str(), v.message.trim_end_matches('.')) + ".",
+        ([v], _) => format!("{}: {}", v.status.shouted(), v.message.trim_end_matches('.')) + ".",
         (vs, _) => {
-            let n = |s: Status| vs.iter().filter(|v| v.status == s).count();
+            let n = |s: &str| vs.iter().filter(|v| v.status.status_word() == s).count();
             format!(
                 "{} subjects: {} PASS, {} FAIL, {} INCONCLUSIVE (not demonstrated either way).",
                 vs.len(),
-                n(Status::Pass),
-                n(Status::Fail),
-                n(Status::Inconclusive)
+                n("pass"),
+                n("fail"),
+                n("inconclusive")
             )
         }
     };

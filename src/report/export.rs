@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use super::output::OutputDir;
 use super::plot;
-use super::{num, Cell, Report, Status, Table, SCHEMA_VERSION};
+use super::{num, Cell, Report, Table, SCHEMA_VERSION};
 use crate::accountants::BoundKind;
 use crate::error::{Error, Result};
 
@@ -151,7 +151,7 @@ pub fn to_csv_files(report: &Report) -> Result<Vec<(String, Vec<u8>)>> {
 
 /// One table as a plain CSV (header row, then one row per table row; numbers in shortest
 /// round-trip form, non-finite as `inf`/`-inf`/`nan`).
-pub fn table_csv(t: &Table) -> Result<Vec<u8>> {
+pub(crate) fn table_csv(t: &Table) -> Result<Vec<u8>> {
     let mut w = super::csv_out::Csv::new();
     let err = |e: Error| Error::input(format!("CSV for table `{}`: {}", t.id, e.message));
     w.row(t.columns.iter().map(|c| c.header())).map_err(err)?;
@@ -184,13 +184,8 @@ fn csv_cell(c: &Cell) -> String {
     }
 }
 
-/// A text cell for CSV, as [`super::csv_out::field`] writes it (formula cells as text).
-pub fn csv_text(t: &str) -> String {
-    super::csv_out::field(t).into_owned()
-}
-
 /// The accountant results as a table (`report-results.csv`).
-pub fn results_table(report: &Report) -> Table {
+pub(crate) fn results_table(report: &Report) -> Table {
     use super::Column;
     let detail_keys: std::collections::BTreeSet<&String> =
         report.results.iter().flat_map(|r| r.details.keys()).collect();
@@ -257,12 +252,12 @@ fn verdicts_table(report: &Report) -> Option<Table> {
             .map(|v| {
                 vec![
                     Cell::from(v.subject.as_str()),
-                    Cell::from(v.status.as_str()),
+                    Cell::from(v.status.shouted()),
                     Cell::from(v.budget),
-                    Cell::from(v.epsilon),
-                    Cell::from(v.delta),
-                    Cell::from(v.accountant.map(|a| a.as_str())),
-                    Cell::from(v.bound.map(|b| b.as_str())),
+                    Cell::from(v.epsilon()),
+                    Cell::from(v.delta()),
+                    Cell::from(v.accountant().map(|a| a.as_str())),
+                    Cell::from(v.bound().map(|b| b.as_str())),
                     Cell::from(v.margin),
                     Cell::from(v.message.as_str()),
                 ]
@@ -276,7 +271,7 @@ fn verdicts_table(report: &Report) -> Option<Table> {
 /// value or an upper bound; "evidence ε" once one is a lower bound (which is never shown under an
 /// upper-bound heading).
 fn verdict_epsilon_heading(r: &Report) -> &'static str {
-    if r.verdicts.iter().all(|v| v.bound.is_none_or(|b| b.is_sound())) {
+    if r.verdicts.iter().all(|v| v.bound().is_none_or(|b| b.is_sound())) {
         "sound ε"
     } else {
         "evidence ε"
@@ -286,10 +281,10 @@ fn verdict_epsilon_heading(r: &Report) -> &'static str {
 /// Where a verdict's ε comes from: the accountant or named source, and its kind.
 fn verdict_from(v: &super::Verdict) -> String {
     let who = v
-        .accountant
+        .accountant()
         .map(|a| a.as_str().to_string())
-        .or_else(|| v.source.clone());
-    match (who, v.bound) {
+        .or_else(|| v.source().map(String::from));
+    match (who, v.bound()) {
         (Some(w), Some(b)) => format!("{w} ({})", kind_label(b)),
         (Some(w), None) => w,
         (None, Some(b)) => kind_label(b).to_string(),
@@ -375,7 +370,7 @@ pub fn to_text(r: &Report) -> String {
         let _ = writeln!(s, "  {name:<9}  {text}");
     }
     for v in &r.verdicts {
-        let _ = writeln!(s, "{} {}: {}", v.status.as_str(), v.subject, v.message);
+        let _ = writeln!(s, "{} {}: {}", v.status.shouted(), v.subject, v.message);
     }
     for a in &r.results {
         let _ = writeln!(
@@ -428,7 +423,7 @@ pub fn base64(data: &[u8]) -> String {
 }
 
 /// The report as Markdown with plots shown as `images`.
-pub fn markdown(r: &Report, images: Images) -> Result<String> {
+pub(crate) fn markdown(r: &Report, images: Images) -> Result<String> {
     let mut s = String::new();
     let _ = writeln!(s, "# {}\n", md_text(&r.title));
     let c = conclusion_of(r);
@@ -461,11 +456,11 @@ pub fn markdown(r: &Report, images: Images) -> Result<String> {
             let _ = writeln!(
                 s,
                 "| **{}** | {} | {} | {} | {} | {} | {} | {} |",
-                v.status.as_str(),
+                v.status.shouted(),
                 md_cell(&v.subject),
                 fmt_opt(v.budget),
-                fmt_opt(v.epsilon),
-                fmt_opt(v.delta),
+                fmt_opt(v.epsilon()),
+                fmt_opt(v.delta()),
                 from,
                 fmt_opt(v.margin),
                 md_cell(&v.message)
@@ -638,7 +633,7 @@ fn assumption_lines(r: &Report) -> Vec<(String, String)> {
 
 /// Text for an HTML page: escaped, its Markdown (`code`, **strong**) rendered as tags rather
 /// than shown raw, and numbers in scientific notation (`1e-5`) kept on one line.
-pub fn text_html(s: &str) -> String {
+pub(crate) fn text_html(s: &str) -> String {
     let e = nowrap_numbers(&esc(s));
     let e = pairs(&e, "`", "<code>", "</code>");
     pairs(&e, "**", "<strong>", "</strong>")
@@ -713,7 +708,7 @@ fn nowrap_numbers(s: &str) -> String {
 }
 
 /// HTML-escapes text (also for attribute values).
-pub fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -805,20 +800,16 @@ pub fn to_html(r: &Report) -> Result<String> {
     if !r.verdicts.is_empty() {
         let _ = writeln!(s, "<h2>Verdicts</h2>\n<div class=\"wide\">\n<table>\n<tr><th>status</th><th>subject</th><th>budget ε</th><th>{}</th><th>δ</th><th>from</th><th>margin</th><th>message</th></tr>", verdict_epsilon_heading(r));
         for v in &r.verdicts {
-            let class = match v.status {
-                Status::Pass => "pass",
-                Status::Fail => "fail",
-                Status::Inconclusive => "inconclusive",
-            };
+            let class = v.status.status_word();
             let from = verdict_from(v);
             let _ = writeln!(
                 s,
                 "<tr><td class=\"{class}\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
-                v.status.as_str(),
+                v.status.shouted(),
                 text_html(&v.subject),
                 fmt_opt(v.budget),
-                fmt_opt(v.epsilon),
-                fmt_opt(v.delta),
+                fmt_opt(v.epsilon()),
+                fmt_opt(v.delta()),
                 text_html(&from),
                 fmt_opt(v.margin),
                 text_html(&v.message)

@@ -6,7 +6,8 @@
 use std::fmt::Write as _;
 
 use super::export::{esc, fmt_num};
-use super::{Report, Status};
+use super::Report;
+use crate::accountants::sound;
 
 /// A JUnit document for the verdicts of `report`. `elapsed_s` is the wall time of the run.
 pub fn to_junit(report: &Report, suite: &str, elapsed_s: f64) -> String {
@@ -15,12 +16,12 @@ pub fn to_junit(report: &Report, suite: &str, elapsed_s: f64) -> String {
         .iter()
         .map(|v| {
             let outcome = match v.status {
-                Status::Pass => Outcome::Pass,
-                Status::Fail => Outcome::Failure {
+                sound::Verdict::Holds => Outcome::Pass,
+                sound::Verdict::Violated => Outcome::Failure {
                     kind: "BudgetExceeded".into(),
                     message: v.message.clone(),
                 },
-                Status::Inconclusive => Outcome::Error {
+                sound::Verdict::NotDemonstrated | sound::Verdict::Unanswered => Outcome::Error {
                     kind: "Inconclusive".into(),
                     message: v.message.clone(),
                 },
@@ -42,10 +43,10 @@ pub fn to_junit(report: &Report, suite: &str, elapsed_s: f64) -> String {
         if let Some(b) = v.budget {
             props.push(("max_epsilon".into(), b.to_string()));
         }
-        if let Some(e) = v.epsilon {
+        if let Some(e) = v.epsilon() {
             props.push(("sound_epsilon".into(), e.to_string()));
         }
-        if let Some(d) = v.delta {
+        if let Some(d) = v.delta() {
             props.push(("delta".into(), d.to_string()));
         }
         if let Some(m) = v.margin {
@@ -91,7 +92,7 @@ pub enum Checked<'a> {
 
 /// A JUnit document with one `<testcase>` per input (named after the input) for a run over
 /// several inputs: verdicts as in [`to_junit`], input errors as `<error type="InputError">`.
-pub fn to_junit_many(items: &[(String, Checked<'_>)], suite: &str, elapsed_s: f64) -> String {
+pub(crate) fn to_junit_many(items: &[(String, Checked<'_>)], suite: &str, elapsed_s: f64) -> String {
     let mut cases = Vec::new();
     let mut out_lines = String::new();
     for (name, item) in items {
@@ -99,12 +100,12 @@ pub fn to_junit_many(items: &[(String, Checked<'_>)], suite: &str, elapsed_s: f6
             Checked::Report(r) => {
                 for v in &r.verdicts {
                     let outcome = match v.status {
-                        Status::Pass => Outcome::Pass,
-                        Status::Fail => Outcome::Failure {
+                        sound::Verdict::Holds => Outcome::Pass,
+                        sound::Verdict::Violated => Outcome::Failure {
                             kind: "BudgetExceeded".into(),
                             message: v.message.clone(),
                         },
-                        Status::Inconclusive => Outcome::Error {
+                        sound::Verdict::NotDemonstrated | sound::Verdict::Unanswered => Outcome::Error {
                             kind: "Inconclusive".into(),
                             message: v.message.clone(),
                         },

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::accountants::sound::{self, Evidence};
 use crate::accountants::{AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
@@ -137,7 +138,7 @@ pub struct Input {
 
 impl Input {
     /// Hashes the file at `path`.
-    pub fn from_file(role: &str, path: &Path) -> Result<Self> {
+    pub(crate) fn from_file(role: &str, path: &Path) -> Result<Self> {
         output::note_input(path);
         let (sha256, bytes) = crate::limits::hash_file_capped(path, "file size")?;
         Ok(Input {
@@ -203,79 +204,140 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// Outcome of one check (a budget, a published claim), as reports render it.
+/// One verdict row: a budget or claim compared with a **sound** ε (never an estimate) — a view
+/// over the one ε record ([`Evidence`]: ε, δ, accountant or method, kind) with what was checked,
+/// against what, and the verdict.
 ///
-/// One verdict type decides claims: [`crate::accountants::sound::Verdict`] (holds / violated /
-/// not demonstrated, each backed by the sound bound the brief requires); a claim's status is
-/// derived from it by [`Status::of_claim`] and nowhere else. A budget is the one-sided question
-/// "is the sound upper bound within it": pass when it is, fail when it is not, inconclusive when
-/// no sound accountant applies (`audit::budget_verdict`). The serialised strings (`pass`,
-/// `fail`, `inconclusive`; `PASS`, `FAIL`, `INCONCLUSIVE` in text) are the reports' own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Within the budget or claim.
-    Pass,
-    /// Over the budget or claim.
-    Fail,
-    /// No sound number was available to decide.
-    Inconclusive,
-}
-
-impl Status {
-    /// The status of a claim's verdict: holds is a pass, violated a fail, not demonstrated
-    /// inconclusive.
-    pub fn of_claim(v: crate::accountants::sound::Verdict) -> Status {
-        use crate::accountants::sound::Verdict;
-        match v {
-            Verdict::Holds => Status::Pass,
-            Verdict::Violated => Status::Fail,
-            Verdict::NotDemonstrated => Status::Inconclusive,
-        }
-    }
-
-    /// `pass` or `fail`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pass => "PASS",
-            Status::Fail => "FAIL",
-            Status::Inconclusive => "INCONCLUSIVE",
-        }
-    }
-}
-
-/// One verdict: a budget or claim compared with a **sound** ε (never an estimate).
+/// Its `status` is the one verdict ([`crate::accountants::sound::Verdict`]), written with the
+/// reports' own words (`pass`, `fail`, `inconclusive`; [`sound::Verdict::status_word`]). A claim's
+/// row carries its verdict; a budget is the one-sided question "is the sound upper bound within
+/// it": holds when it is, violated when it is not, not demonstrated when no sound accountant
+/// applies (`audit::budget_verdict`).
+///
+/// JSON keeps the flat row (`epsilon`, `delta`, `accountant`, `bound`, `source` beside the
+/// verdict; docs/schema/report.v2.json): the evidence's fields, `source` only when no accountant
+/// computed it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "VerdictRow", into = "VerdictRow")]
 pub struct Verdict {
     /// What was checked, e.g. `ε budget` or a claim's name.
     pub subject: String,
-    /// Pass or fail.
-    pub status: Status,
+    /// The verdict (`pass`, `fail` or `inconclusive` in JSON).
+    pub status: sound::Verdict,
     /// The ε the subject allows (budget or claimed ε).
-    #[serde(default, with = "num::opt")]
     pub budget: Option<f64>,
-    /// The sound ε it was compared with.
-    #[serde(default, with = "num::opt")]
-    pub epsilon: Option<f64>,
-    /// The δ at which `epsilon` holds.
-    #[serde(default, with = "num::opt")]
-    pub delta: Option<f64>,
-    /// Which accountant gave `epsilon`, and what kind of number it is.
-    #[serde(default)]
-    pub accountant: Option<AccountantKind>,
-    #[serde(default)]
-    /// Kind of the ε compared (exact or upper bound).
-    pub bound: Option<BoundKind>,
+    /// The number it was compared with: a sound upper bound (a budget, a claim that holds), a
+    /// sound lower bound (a violation, an audit), or none.
+    pub evidence: Option<Evidence>,
     /// `budget − epsilon` (negative when over budget).
-    #[serde(default, with = "num::opt")]
     pub margin: Option<f64>,
-    /// Where `epsilon` comes from when no accountant gave it (a δ floor, a Clopper–Pearson
-    /// audit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
     /// The verdict in words.
     pub message: String,
+}
+
+impl Verdict {
+    /// ε of the evidence.
+    pub fn epsilon(&self) -> Option<f64> {
+        self.evidence.as_ref().map(|e| e.epsilon)
+    }
+    /// δ at which the evidence's ε holds.
+    pub fn delta(&self) -> Option<f64> {
+        self.evidence.as_ref().map(|e| e.delta).filter(|d| !d.is_nan())
+    }
+    /// The accountant that computed the evidence.
+    pub fn accountant(&self) -> Option<AccountantKind> {
+        self.evidence.as_ref().and_then(|e| e.accountant)
+    }
+    /// The kind of the evidence's ε (exact, upper bound, lower bound).
+    pub fn bound(&self) -> Option<BoundKind> {
+        self.evidence.as_ref().map(|e| e.kind)
+    }
+    /// Where the evidence comes from when no accountant computed it (a δ floor, a
+    /// Clopper–Pearson audit).
+    pub fn source(&self) -> Option<&str> {
+        self.evidence
+            .as_ref()
+            .filter(|e| e.accountant.is_none())
+            .map(|e| e.method.as_str())
+    }
+}
+
+/// The JSON shape of a [`Verdict`] row (flat, as reports have always written it).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerdictRow {
+    subject: String,
+    #[serde(with = "sound::status_word")]
+    status: sound::Verdict,
+    #[serde(default, with = "num::opt")]
+    budget: Option<f64>,
+    #[serde(default, with = "num::opt")]
+    epsilon: Option<f64>,
+    #[serde(default, with = "num::opt")]
+    delta: Option<f64>,
+    #[serde(default)]
+    accountant: Option<AccountantKind>,
+    #[serde(default)]
+    bound: Option<BoundKind>,
+    #[serde(default, with = "num::opt")]
+    margin: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    message: String,
+}
+
+impl From<Verdict> for VerdictRow {
+    fn from(v: Verdict) -> Self {
+        let (epsilon, delta, accountant, bound, source) = (
+            v.epsilon(),
+            v.delta(),
+            v.accountant(),
+            v.bound(),
+            v.source().map(String::from),
+        );
+        VerdictRow {
+            subject: v.subject,
+            status: v.status,
+            budget: v.budget,
+            epsilon,
+            delta,
+            accountant,
+            bound,
+            margin: v.margin,
+            source,
+            message: v.message,
+        }
+    }
+}
+
+impl From<VerdictRow> for Verdict {
+    /// A row read back: an ε with its kind is the evidence (named by its accountant, else its
+    /// source); an ε without a kind is read as an estimate, which decides nothing.
+    fn from(r: VerdictRow) -> Self {
+        let evidence = r.epsilon.map(|eps| {
+            let method = r
+                .accountant
+                .map(|a| a.as_str().to_string())
+                .or(r.source)
+                .unwrap_or_default();
+            let mut e = Evidence::new(
+                &method,
+                eps,
+                r.delta.unwrap_or(f64::NAN),
+                r.bound.unwrap_or(BoundKind::Estimate),
+            );
+            e.accountant = r.accountant;
+            e
+        });
+        Verdict {
+            subject: r.subject,
+            status: r.status,
+            budget: r.budget,
+            evidence,
+            margin: r.margin,
+            message: r.message,
+        }
+    }
 }
 
 /// A table of rows (per-step values, sweep points, …). Exported as one CSV file each.
@@ -452,7 +514,7 @@ impl Report {
     }
 
     /// Sets the command name ([`Report::audit`]).
-    pub fn for_command(mut self, audit: &str) -> Self {
+    pub(crate) fn for_command(mut self, audit: &str) -> Self {
         self.audit = audit.to_string();
         self
     }
@@ -639,7 +701,9 @@ mod results_serde {
         reprs.serialize(s)
     }
 
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<AccountResult>, D::Error> {
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<Vec<AccountResult>, D::Error> {
         let reprs: Vec<Repr> = Vec::deserialize(d)?;
         Ok(reprs
             .into_iter()
@@ -659,24 +723,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_claims_status_is_its_verdict_and_the_serialised_strings_stay() {
-        use crate::accountants::sound::Verdict as Claim;
-        let cases = [
-            (Claim::Holds, Status::Pass, "holds", "pass", "PASS"),
-            (Claim::Violated, Status::Fail, "violated", "fail", "FAIL"),
+    fn a_verdict_rows_status_keeps_the_reports_words() {
+        for (v, word, back) in [
+            (sound::Verdict::Holds, "pass", sound::Verdict::Holds),
+            (sound::Verdict::Violated, "fail", sound::Verdict::Violated),
             (
-                Claim::NotDemonstrated,
-                Status::Inconclusive,
-                "not_demonstrated",
+                sound::Verdict::NotDemonstrated,
                 "inconclusive",
-                "INCONCLUSIVE",
+                sound::Verdict::NotDemonstrated,
             ),
-        ];
-        for (claim, status, claim_json, status_json, text) in cases {
-            assert_eq!(Status::of_claim(claim), status);
-            assert_eq!(serde_json::to_string(&claim).unwrap(), format!("\"{claim_json}\""));
-            assert_eq!(serde_json::to_string(&status).unwrap(), format!("\"{status_json}\""));
-            assert_eq!(status.as_str(), text);
+            (
+                sound::Verdict::Unanswered,
+                "inconclusive",
+                sound::Verdict::NotDemonstrated,
+            ),
+        ] {
+            let row = Verdict {
+                subject: "budget".into(),
+                status: v,
+                budget: Some(1.0),
+                evidence: None,
+                margin: None,
+                message: String::new(),
+            };
+            let json = serde_json::to_value(&row).unwrap();
+            assert_eq!(json["status"], word);
+            let read: Verdict = serde_json::from_value(json).unwrap();
+            assert_eq!(read.status, back);
         }
     }
 

@@ -24,41 +24,11 @@ pub fn clean(x: f64) -> f64 {
 }
 
 /// [`fmt`] of [`clean`]: the text of a parameter or grid value.
-pub fn fmt_clean(x: f64) -> String {
+pub(crate) fn fmt_clean(x: f64) -> String {
     fmt(clean(x))
 }
 
 pub use crate::numeric::format::{fmt_num, sig6};
-
-/// Six decimals for ordinary magnitudes ([1e-4, 1e6) and 0), six-digit scientific otherwise:
-/// the fixed-width columns of `analyze`'s terminal table.
-pub fn fixed6(x: f64) -> String {
-    if x == 0.0 || (x.abs() >= 1e-4 && x.abs() < 1e6) {
-        format!("{x:.6}")
-    } else {
-        format!("{x:.6e}")
-    }
-}
-
-/// Six-digit scientific (`0` for zero): μ values in `analyze`'s terminal table.
-pub fn sci6(x: f64) -> String {
-    if x == 0.0 {
-        "0".into()
-    } else {
-        format!("{x:.6e}")
-    }
-}
-
-/// An ε in `verify`'s terminal text: `∞`, one decimal from 1000 on, else six decimals.
-pub fn eps6(e: f64) -> String {
-    if e.is_infinite() {
-        "∞".into()
-    } else if e >= 1000.0 {
-        format!("{e:.1}")
-    } else {
-        format!("{e:.6}")
-    }
-}
 
 /// Rust's `{:?}` of a float (shortest round-trip with a `.0` on integers): `sweep`'s CSV cells.
 pub fn debug(x: f64) -> String {

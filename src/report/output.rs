@@ -49,7 +49,7 @@ pub use crate::input::{
 };
 
 /// Environment variable that injects a write failure (see the module docs).
-pub const INJECT_WRITE_FAILURE_ENV: &str = "DPAUDIT_INJECT_WRITE_FAILURE";
+pub(crate) const INJECT_WRITE_FAILURE_ENV: &str = "DPAUDIT_INJECT_WRITE_FAILURE";
 
 /// A checked output directory (`--out DIR`), with the `--force` choice.
 #[derive(Debug, Clone)]
@@ -150,13 +150,13 @@ impl OutputDir {
     /// Writes every `(file name, bytes)` as one set ([`commit_set`]): all appear at once, or
     /// none. Refuses (before writing anything) when a target exists and `force` is off.
     /// Returns the written paths.
-    pub fn write_files(&self, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+    pub(crate) fn write_files(&self, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
         commit_set(&self.dir, None, files, self.force)
     }
 }
 
 /// True for the names a report writes into `--out DIR`.
-pub fn is_report_file(name: &str) -> bool {
+pub(crate) fn is_report_file(name: &str) -> bool {
     matches!(name, "report.json" | "report.md" | "report.html")
         || (name.starts_with("report-") && name.ends_with(".csv"))
         || (name.starts_with("plot-") && (name.ends_with(".svg") || name.ends_with(".png")))
@@ -212,7 +212,7 @@ pub fn refuse_link(dir: &Path) -> Result<()> {
 
 /// Creates the output folder `dir` (and its parents) when missing; a symbolic link at `dir` is
 /// refused ([`refuse_link`]).
-pub fn create_out_dir(dir: &Path) -> Result<()> {
+pub(crate) fn create_out_dir(dir: &Path) -> Result<()> {
     refuse_link(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
     refuse_link(dir)
@@ -313,7 +313,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
 
 /// Permissions for a file dpaudit creates: read/write for all, less the process's umask (as
 /// any file `open(2)` creates; a temporary file alone would be 0600 whatever the umask).
-pub fn file_permissions() -> std::fs::Permissions {
+pub(crate) fn file_permissions() -> std::fs::Permissions {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -476,7 +476,7 @@ fn write_into_special(path: &Path, bytes: &[u8]) -> Result<()> {
 // Output sets: staging, manifest, lock
 
 /// Environment variable of the commit fault hook (see the module docs).
-pub const FAULT_AT_ENV: &str = "DPAUDIT_FAULT_AT";
+pub(crate) const FAULT_AT_ENV: &str = "DPAUDIT_FAULT_AT";
 
 /// Exit code of a process ended by the fault hook.
 pub const FAULT_EXIT: i32 = 134;

@@ -16,10 +16,10 @@ use crate::accountants::{AccountantKind, BoundKind};
 use crate::error::{Error, Result};
 
 /// The widest log axis drawn, in decades (beyond it a plot is refused with a clear error).
-pub const MAX_LOG_DECADES: f64 = 60.0;
+pub(crate) const MAX_LOG_DECADES: f64 = 60.0;
 
 /// Width and height (pixels) of rendered plots.
-pub const SIZE: (u32, u32) = (800, 480);
+pub(crate) const SIZE: (u32, u32) = (800, 480);
 
 /// A line plot: two labelled axes and a list of series.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,7 +122,7 @@ pub enum LineStyle {
 
 impl LineStyle {
     /// Dashed for estimates, solid for exact values and upper bounds.
-    pub fn for_bound(kind: BoundKind) -> Self {
+    pub(crate) fn for_bound(kind: BoundKind) -> Self {
         if kind.is_sound() {
             LineStyle::Solid
         } else {
@@ -236,7 +236,7 @@ impl Series {
         }
     }
     /// The same series drawn with `style`.
-    pub fn with_style(mut self, style: LineStyle) -> Self {
+    pub(crate) fn with_style(mut self, style: LineStyle) -> Self {
         self.style = style;
         self
     }
@@ -246,13 +246,13 @@ impl Series {
         self
     }
     /// The same series with a marker of `shape` at every point.
-    pub fn with_marker(mut self, shape: Marker) -> Self {
+    pub(crate) fn with_marker(mut self, shape: Marker) -> Self {
         self.markers = true;
         self.marker = Some(shape);
         self
     }
     /// The same series drawn in `rgb`.
-    pub fn with_colour(mut self, (r, g, b): (u8, u8, u8)) -> Self {
+    pub(crate) fn with_colour(mut self, (r, g, b): (u8, u8, u8)) -> Self {
         self.colour = Some(format!("#{r:02x}{g:02x}{b:02x}"));
         self
     }
@@ -261,7 +261,7 @@ impl Series {
 impl Plot {
     /// On a log y axis, a value of exactly 0 cannot be placed: the renderer draws it on the
     /// bottom edge as a filled ▼. This says so in the caption when the plot has such a value.
-    pub fn note_zeros(mut self) -> Self {
+    pub(crate) fn note_zeros(mut self) -> Self {
         let zero = self.y.scale == Scale::Log
             && self
                 .series
@@ -373,7 +373,7 @@ pub fn tradeoff(mut series: Vec<Series>) -> Plot {
 }
 
 /// α grid for trade-off curves: dense near 0 and 1 where the curves bend.
-pub fn alpha_grid(n: usize) -> Vec<f64> {
+pub(crate) fn alpha_grid(n: usize) -> Vec<f64> {
     (0..=n)
         .map(|i| {
             let u = i as f64 / n as f64;
@@ -406,7 +406,7 @@ pub fn gdp_tradeoff_series(name: &str, mu: f64, kind: BoundKind) -> Series {
 /// β(α) = max(0, max_i max(1 − δ_i − e^{ε_i} α, e^{−ε_i}(1 − δ_i − α))) (Dong, Roth & Su 2022,
 /// Prop. 2.12 / 2.13: (ε, δ)-DP for every ε_i is the intersection of the f_{ε_i, δ_i}). When the
 /// δ_i are upper bounds, the curve is a sound lower bound on the true trade-off function.
-pub fn profile_tradeoff(eps: &[f64], delta: &[f64], alpha: &[f64]) -> Vec<f64> {
+pub(crate) fn profile_tradeoff(eps: &[f64], delta: &[f64], alpha: &[f64]) -> Vec<f64> {
     alpha
         .iter()
         .map(|&a| {
@@ -649,7 +649,7 @@ pub fn render_svg(plot: &Plot) -> Result<String> {
 }
 
 /// Renders `plot` as PNG bytes.
-pub fn render_png(plot: &Plot) -> Result<Vec<u8>> {
+pub(crate) fn render_png(plot: &Plot) -> Result<Vec<u8>> {
     register_fonts();
     let (w, h) = SIZE;
     let mut rgb = vec![0u8; (w * h * 3) as usize];

@@ -28,12 +28,12 @@ pub fn set_verbosity(quiet: bool, verbose: u8) {
 }
 
 /// True with `-q`.
-pub fn is_quiet() -> bool {
+pub(crate) fn is_quiet() -> bool {
     VERBOSITY.load(Ordering::Relaxed) == 0
 }
 
 /// True with `-v` (or more).
-pub fn is_verbose() -> bool {
+pub(crate) fn is_verbose() -> bool {
     VERBOSITY.load(Ordering::Relaxed) >= 2
 }
 
@@ -61,7 +61,7 @@ fn no_color_unset() -> bool {
 }
 
 /// `word` in bold green/red/yellow (ANSI) when `color`, plain otherwise.
-pub fn paint(word: &str, tone: Tone, color: bool) -> String {
+pub(crate) fn paint(word: &str, tone: Tone, color: bool) -> String {
     if !color {
         return word.to_string();
     }
@@ -90,7 +90,7 @@ pub fn enabled(quiet: bool) -> bool {
 }
 
 /// True when progress is written as plain lines: stderr is not a terminal and `-q` was not given.
-pub fn lines_enabled(quiet: bool) -> bool {
+pub(crate) fn lines_enabled(quiet: bool) -> bool {
     !quiet && !is_quiet() && !std::io::stderr().is_terminal()
 }
 
@@ -118,7 +118,7 @@ pub fn unit_of(what: &str) -> &'static str {
 
 /// Remaining time at the average rate so far: elapsed × (len − pos) / pos; `None` before the
 /// first unit is done (no rate is known) or when the total is unknown.
-pub fn eta(pos: u64, len: Option<u64>, elapsed: Duration) -> Option<Duration> {
+pub(crate) fn eta(pos: u64, len: Option<u64>, elapsed: Duration) -> Option<Duration> {
     let len = len?;
     if pos == 0 {
         return None;
@@ -265,7 +265,7 @@ impl Progress {
     }
 
     /// Changes the total.
-    pub fn set_length(&self, len: u64) {
+    pub(crate) fn set_length(&self, len: u64) {
         self.bar.set_length(len);
     }
 

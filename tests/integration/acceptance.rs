@@ -880,7 +880,7 @@ fn decisions_are_made_where_the_design_says() {
             problems.push(format!("{rel}: ends the process"));
         }
         if rel == "cli/mod.rs" {
-            checked_exit_fn = code.contains("pub fn exit_code(status: Status) -> i32");
+            checked_exit_fn = code.contains("pub fn exit_code(status: Verdict) -> i32");
         }
         // CLI files map flags to a plan: few library calls, few branches, no domain calls.
         if rel.starts_with("cli/") && !["cli/mod.rs", "cli/common.rs", "cli/values.rs"].contains(&rel) {

@@ -58,8 +58,8 @@ fn edm_fullbatch_reference_rows() {
         assert!(rel(total, f(r, "total_mu")) < 1e-9, "{r:?}: total {total}");
         let a = account::analyze(&cfg, &[AccountantKind::Gdp]).unwrap();
         let g = &a.accountants[0];
-        assert_eq!(g.kind, Some(BoundKind::Exact));
-        let eps = g.epsilon.unwrap();
+        assert_eq!(g.kind(), Some(BoundKind::Exact));
+        let eps = g.epsilon().unwrap();
         let want = f(r, "eps_delta_1e-5");
         // The reference ε itself agrees with dp_accounting's to ~3e-11 relative.
         assert!(rel(eps, want) < 1e-9, "{r:?}: ε {eps}");
@@ -146,23 +146,23 @@ fn clt_edm_reference_rows() {
                 "row {i}: CLT {clt_eps_ref} vs exact {pld_ref}: no warning {d:?}"
             );
         }
-        let mu = clt.mu.unwrap_or_else(|| panic!("row {i}: no CLT μ: {}", clt.status));
+        let mu = clt.mu().unwrap_or_else(|| panic!("row {i}: no CLT μ: {}", clt.status));
         assert!(rel(mu, f(r, "clt_mu")) < 1e-6, "row {i}: clt μ {mu}");
         let e = clt
-            .epsilon
+            .epsilon()
             .unwrap_or_else(|| panic!("row {i}: no CLT ε: {}", clt.status));
         assert!(
             (e - clt_eps_ref).abs() <= 1e-6 * clt_eps_ref.max(1e-3),
             "row {i}: clt ε {e}"
         );
-        assert_eq!(clt.kind, Some(BoundKind::Estimate));
+        assert_eq!(clt.kind(), Some(BoundKind::Estimate));
         checked_clt += 1;
         if i % 9 == 0 && pld_ref.is_finite() {
             let pld = account::bound_line(AccountantKind::Pld, &mus, p, 1, Neighbouring::AddRemove, 1e-5);
             let e = pld
-                .epsilon
+                .epsilon()
                 .unwrap_or_else(|| panic!("row {i}: no PLD ε: {}", pld.status));
-            assert_eq!(pld.kind, Some(BoundKind::UpperBound), "row {i}");
+            assert_eq!(pld.kind(), Some(BoundKind::UpperBound), "row {i}");
             // dp_accounting's grid-1e-4 value is an upper bound that the refined grid may beat
             // at tiny ε (docs/pld.md, "Tiny ε"): the floor is the certified lower-bound PLD.
             let steps: Vec<(f64, f64, u64)> = mus.iter().map(|&m| (p, m, 1)).collect();
@@ -614,12 +614,12 @@ fn sweep_rows_equal_per_point_evaluation_and_analyze() {
         let (want, got) = (&a.accountants[0], &rows[k].accountants[0]);
         assert_eq!(got.accountant, AccountantKind::Gdp);
         assert_eq!(
-            (got.kind, &got.status, &got.note),
-            (want.kind, &want.status, &want.note),
+            (got.kind(), &got.status, got.note()),
+            (want.kind(), &want.status, want.note()),
             "row {k}"
         );
-        assert!(rel(got.epsilon.unwrap(), want.epsilon.unwrap()) < 1e-12, "row {k}");
-        assert!(rel(got.mu.unwrap(), want.mu.unwrap()) < 1e-12, "row {k}");
+        assert!(rel(got.epsilon().unwrap(), want.epsilon().unwrap()) < 1e-12, "row {k}");
+        assert!(rel(got.mu().unwrap(), want.mu().unwrap()) < 1e-12, "row {k}");
         assert_eq!(rows[k].private_steps, a.private_steps);
         assert_eq!(rows[k].subsample_rate, a.subsample_rate);
         assert_eq!(rows[k].samples, a.samples);

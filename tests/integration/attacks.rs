@@ -5,7 +5,7 @@
 use super::common::{dpaudit, root, stderr, stdout};
 use dpaudit::accountants::AccountantKind;
 use dpaudit::attacks::audit::{cp_lower, cp_upper};
-use dpaudit::attacks::theory::Guarantee;
+use dpaudit::attacks::theory::Evidence;
 use dpaudit::events::{DpEvent, EventFile, Neighbouring};
 
 fn tmp() -> tempfile::TempDir {
@@ -307,7 +307,7 @@ fn dp_checkpoint_asr_is_below_the_theoretical_limit() {
     ]);
     let gs = v["checkpoint_basis"]["guarantees"].as_array().unwrap();
     assert!(!gs.is_empty(), "a DP checkpoint must come with a sound guarantee");
-    let guarantees: Vec<Guarantee> = gs.iter().map(|g| serde_json::from_value(g.clone()).unwrap()).collect();
+    let guarantees: Vec<Evidence> = gs.iter().map(|g| serde_json::from_value(g.clone()).unwrap()).collect();
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 9, "3 attacks × 3 steps");
     for r in results {

@@ -278,7 +278,7 @@ fn fuzz_sampler_toml() {
             });
             if let Ok(Some(a)) = out {
                 for line in &a.accountants {
-                    if let Some(eps) = line.epsilon {
+                    if let Some(eps) = line.epsilon() {
                         prop_assert!(!eps.is_nan() && eps >= 0.0, "{:?}: ε = {eps}", line.accountant);
                     }
                 }

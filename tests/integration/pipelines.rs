@@ -309,7 +309,10 @@ fn verify_formats_and_help() {
     }
     let rep = dpaudit::report::from_json(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
     assert_eq!(rep.verdicts.len(), 32);
-    assert!(rep.verdicts.iter().all(|v| v.status == dpaudit::report::Status::Pass));
+    assert!(rep
+        .verdicts
+        .iter()
+        .all(|v| v.status == dpaudit::accountants::sound::Verdict::Holds));
     // A second run refuses to overwrite without --force.
     let o = dpaudit(&["verify", "fixtures/claims/dpagg-ti.toml", "--out", d]);
     assert_eq!(o.status.code(), Some(2));

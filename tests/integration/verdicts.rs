@@ -535,3 +535,39 @@ fn sound_delta_at_a_tiny_rate_is_never_below_the_truth() {
         assert!(d >= lower, "{} δ = {d} < {lower}", r["accountant"]);
     }
 }
+
+/// The one verdict's one mapping to the exit code is the documented one: every row of the table
+/// in docs/reliability.md ("Exit codes") names a verdict, its exit code and its report word, and
+/// `Verdict::exit_code` / `Verdict::status_word` answer the same for each; every verdict has a row.
+#[test]
+fn exit_codes_are_the_documented_ones() {
+    let doc = std::fs::read_to_string("docs/reliability.md").unwrap();
+    let mut seen = Vec::new();
+    for line in doc.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let Some(v) = Verdict::ALL
+            .into_iter()
+            .find(|v| cells[0] == format!("`{}`", v.as_str()))
+        else {
+            continue;
+        };
+        let code: i32 = cells[1].parse().unwrap_or_else(|_| panic!("exit code of {v}: {line}"));
+        assert_eq!(v.exit_code(), code, "{v}: docs say exit {code}");
+        assert_eq!(cells[2], format!("`{}`", v.status_word()), "{v}: report word");
+        seen.push(v);
+    }
+    assert_eq!(
+        seen,
+        Verdict::ALL,
+        "docs/reliability.md lists every verdict once, best first"
+    );
+    // Through the binary: a budget that holds exits 0, one the sound bound exceeds exits 1
+    // (violated), a bad flag exits 2 (unanswered).
+    let ev = "fixtures/events/dpsgd.toml";
+    for (budget, want) in [("100", Verdict::Holds), ("0.001", Verdict::Violated)] {
+        let o = dpaudit(&["check", ev, "--max-epsilon", budget]);
+        assert_eq!(o.status.code(), Some(want.exit_code()), "{budget}: {}", stderr(&o));
+    }
+    let o = dpaudit(&["check", ev, "--max-epsilon", "-1"]);
+    assert_eq!(o.status.code(), Some(Verdict::Unanswered.exit_code()), "{}", stderr(&o));
+}

@@ -31,10 +31,11 @@
 //!   sentence; for the others its verdict sentence must agree with the verdicts (no `PASS` beside
 //!   a failed verdict, no `FAIL` when every verdict passed, in any letter case).
 
+use crate::accountants::sound;
 use crate::accountants::{AccountantKind, BoundKind};
 use crate::error::{Error, Result};
 use crate::events::DpEvent;
-use crate::report::{Cell, Report, Status, Table};
+use crate::report::{Cell, Report, Table};
 
 /// The error for a report that contradicts itself at `field`.
 pub fn refuse(field: String, msg: String) -> Error {
@@ -66,19 +67,19 @@ pub fn check(rep: &Report) -> Result<()> {
 fn check_verdicts(rep: &Report) -> Result<()> {
     for (i, v) in rep.verdicts.iter().enumerate() {
         let f = |name: &str| format!("verdicts[{i}].{name}");
-        for (name, x) in [("budget", v.budget), ("epsilon", v.epsilon), ("margin", v.margin)] {
+        for (name, x) in [("budget", v.budget), ("epsilon", v.epsilon()), ("margin", v.margin)] {
             if x.is_some_and(f64::is_nan) {
                 return Err(refuse(f(name), "is NaN".into()));
             }
         }
-        if let (Some(b), Some(e)) = (v.budget, v.epsilon) {
-            if v.status == Status::Pass && e > b {
+        if let (Some(b), Some(e)) = (v.budget, v.epsilon()) {
+            if v.status == sound::Verdict::Holds && e > b {
                 return Err(refuse(
                     f("status"),
                     format!("is pass, but ε = {e} exceeds the budget {b}"),
                 ));
             }
-            if v.status == Status::Fail && rep.audit == "check" && e <= b {
+            if v.status == sound::Verdict::Violated && rep.audit == "check" && e <= b {
                 return Err(refuse(
                     f("status"),
                     format!("is fail, but ε = {e} is within the budget {b}"),
@@ -91,8 +92,8 @@ fn check_verdicts(rep: &Report) -> Result<()> {
             }
         }
         // Only budget-style verdicts (with an accountant) are judged on a sound ε.
-        if v.status == Status::Pass && v.accountant.is_some() {
-            if let Some(k) = v.bound {
+        if v.status == sound::Verdict::Holds && v.accountant().is_some() {
+            if let Some(k) = v.bound() {
                 if !k.is_sound() {
                     return Err(refuse(
                         f("bound"),
@@ -103,21 +104,25 @@ fn check_verdicts(rep: &Report) -> Result<()> {
         }
         // An audit's verdict (an ε lower bound against an accounted ε): fail exactly when the
         // lower bound exceeds it; in `mia`, the accounted ε is the report's tightest sound result.
-        if v.bound == Some(BoundKind::LowerBound) && rep.audit != "verify" {
-            let (Some(b), Some(e)) = (v.budget, v.epsilon) else {
+        if v.bound() == Some(BoundKind::LowerBound) && rep.audit != "verify" {
+            let (Some(b), Some(e)) = (v.budget, v.epsilon()) else {
                 return Err(refuse(
                     f("epsilon"),
                     "an audit verdict needs its lower bound and the accounted ε".into(),
                 ));
             };
-            let want = if e > b { Status::Fail } else { Status::Pass };
+            let want = if e > b {
+                sound::Verdict::Violated
+            } else {
+                sound::Verdict::Holds
+            };
             if v.status != want {
                 return Err(refuse(
                     f("status"),
                     format!(
                         "is {}, but the ε lower bound {e} against the accounted ε {b} gives {}",
-                        v.status.as_str(),
-                        want.as_str()
+                        v.status.shouted(),
+                        want.shouted()
                     ),
                 ));
             }
@@ -134,13 +139,16 @@ fn check_verdicts(rep: &Report) -> Result<()> {
                 }
             }
         }
-        if v.status == Status::Pass && v.epsilon.is_none() && (v.accountant.is_some() || v.budget.is_some()) {
+        if v.status == sound::Verdict::Holds
+            && v.epsilon().is_none()
+            && (v.accountant().is_some() || v.budget.is_some())
+        {
             return Err(refuse(
                 f("epsilon"),
                 "is missing, but a pass needs the sound ε it rests on".into(),
             ));
         }
-        if let (Some(acc), Some(e)) = (v.accountant, v.epsilon) {
+        if let (Some(acc), Some(e)) = (v.accountant(), v.epsilon()) {
             let same: Vec<_> = rep.results.iter().filter(|r| r.accountant == acc).collect();
             if same.is_empty() && rep.audit != "verify" {
                 return Err(refuse(
@@ -149,10 +157,10 @@ fn check_verdicts(rep: &Report) -> Result<()> {
                 ));
             }
             if !same.is_empty()
-                && v.bound.is_none_or(|k| k.is_sound())
+                && v.bound().is_none_or(|k| k.is_sound())
                 && !same
                     .iter()
-                    .any(|r| close(r.epsilon, e, 1e-9) && v.bound.is_none_or(|k| k == r.kind))
+                    .any(|r| close(r.epsilon, e, 1e-9) && v.bound().is_none_or(|k| k == r.kind))
             {
                 return Err(refuse(
                     f("epsilon"),
@@ -180,10 +188,10 @@ pub(crate) fn same_verdict(
     };
     let diffs = [
         ("status", v.status == again.status),
-        ("epsilon", num(v.epsilon, again.epsilon)),
-        ("delta", num(v.delta, again.delta)),
-        ("accountant", v.accountant == again.accountant),
-        ("bound", v.bound == again.bound),
+        ("epsilon", num(v.epsilon(), again.epsilon())),
+        ("delta", num(v.delta(), again.delta())),
+        ("accountant", v.accountant() == again.accountant()),
+        ("bound", v.bound() == again.bound()),
         ("margin", num(v.margin, again.margin)),
         ("message", v.message == again.message),
     ];
@@ -323,8 +331,8 @@ fn check_conclusion(rep: &Report) -> Result<()> {
     if rep.verdicts.is_empty() {
         return Ok(());
     }
-    let any_fail = rep.verdicts.iter().any(|v| v.status == Status::Fail);
-    let all_pass = rep.verdicts.iter().all(|v| v.status == Status::Pass);
+    let any_fail = rep.verdicts.iter().any(|v| v.status == sound::Verdict::Violated);
+    let all_pass = rep.verdicts.iter().all(|v| v.status == sound::Verdict::Holds);
     let says = c.verdict.trim_start().to_uppercase();
     if says.starts_with("PASS") && !all_pass {
         return Err(refuse(
@@ -401,16 +409,12 @@ fn check_verify_tables(rep: &Report) -> Result<()> {
                 format!("names the claim `{id}`, which the claims table does not list"),
             ));
         };
-        let word = match v.status {
-            Status::Pass => "holds",
-            Status::Fail => "violated",
-            Status::Inconclusive => "not_demonstrated",
-        };
-        let kind = v.bound.map(|k| k.as_str().to_string()).unwrap_or_default();
+        let word = v.status.as_str();
+        let kind = v.bound().map(|k| k.as_str().to_string()).unwrap_or_default();
         let source = v
-            .accountant
+            .accountant()
             .map(|a| a.as_str().to_string())
-            .or_else(|| v.source.clone())
+            .or_else(|| v.source().map(String::from))
             .unwrap_or_default();
         let num_eq = |c: &Cell, x: Option<f64>| match (cell_num(c), x) {
             (Some(a), Some(b)) => close(a, b, 1e-12),
@@ -418,7 +422,7 @@ fn check_verify_tables(rep: &Report) -> Result<()> {
             _ => false,
         };
         if cell_str(&row[cv]) != word
-            || !num_eq(&row[ce], v.epsilon)
+            || !num_eq(&row[ce], v.epsilon())
             || !num_eq(&row[cb], v.budget)
             || cell_str(&row[ck]) != kind
             || cell_str(&row[ca]) != source
@@ -427,12 +431,12 @@ fn check_verify_tables(rep: &Report) -> Result<()> {
                 f("status"),
                 format!(
                     "is {word} on ε = {:?} ({source}, {kind}), but the claims table's row for `{id}` differs",
-                    v.epsilon
+                    v.epsilon()
                 ),
             ));
         }
-        let (Some(e), Some(b)) = (v.epsilon, v.budget) else {
-            if v.status != Status::Inconclusive {
+        let (Some(e), Some(b)) = (v.epsilon(), v.budget) else {
+            if matches!(v.status, sound::Verdict::Holds | sound::Verdict::Violated) {
                 return Err(refuse(
                     f("epsilon"),
                     "a holds or violated verdict needs its evidence ε and the claimed ε".into(),
@@ -440,12 +444,12 @@ fn check_verify_tables(rep: &Report) -> Result<()> {
             }
             continue;
         };
-        let upper = matches!(v.bound, Some(BoundKind::Exact | BoundKind::UpperBound));
-        let lower = matches!(v.bound, Some(BoundKind::Exact | BoundKind::LowerBound));
+        let upper = matches!(v.bound(), Some(BoundKind::Exact | BoundKind::UpperBound));
+        let lower = matches!(v.bound(), Some(BoundKind::Exact | BoundKind::LowerBound));
         let follows = match v.status {
-            Status::Pass => upper && e <= b,
-            Status::Fail => lower && e > b,
-            Status::Inconclusive => true,
+            sound::Verdict::Holds => upper && e <= b,
+            sound::Verdict::Violated => lower && e > b,
+            sound::Verdict::NotDemonstrated | sound::Verdict::Unanswered => true,
         };
         if !follows {
             return Err(refuse(

@@ -269,7 +269,7 @@ impl SchedulerConfig {
     }
 
     /// diffusers' name of the β schedule.
-    pub fn beta_schedule_name(&self) -> &'static str {
+    pub(crate) fn beta_schedule_name(&self) -> &'static str {
         match self.beta_schedule {
             BetaSchedule::Linear => "linear",
             BetaSchedule::ScaledLinear => "scaled_linear",
@@ -323,7 +323,7 @@ impl SchedulerConfig {
     /// the way out. The per-step analysis needs fresh Gaussian noise in each step (a Gaussian
     /// mechanism per step); a deterministic ODE sampler adds none after the initial noise, so it
     /// has no finite per-step μ.
-    pub fn sampler_support(&self, path: &Path) -> Result<()> {
+    pub(crate) fn sampler_support(&self, path: &Path) -> Result<()> {
         let c = self.class_name.as_str();
         let ode = "each step is a deterministic update of the probability-flow ODE that adds no fresh noise, so no step is a Gaussian mechanism and no finite per-step μ exists (only the initial noise x_T is random, and the analysis does not cover a privacy argument resting on it alone)";
         let way_out = "Way out: if the pipeline can sample ancestrally, set `_class_name` to \"DDPMScheduler\" (same β schedule; the sampler analysed is DDPM's ancestral step, which adds noise every step) or use a DDIMScheduler config (analysed as η = 1); `mia` attacks on the UNet need only the β schedule and accept this file as it is";

@@ -518,7 +518,7 @@ impl Schedule {
 }
 
 /// EDM / Karras et al. (2022) eq. (5) noise levels, i = 0..N−1 (decreasing).
-pub fn edm_levels(sigma_min: f64, sigma_max: f64, rho: f64, n: usize) -> Vec<f64> {
+pub(crate) fn edm_levels(sigma_min: f64, sigma_max: f64, rho: f64, n: usize) -> Vec<f64> {
     let a = sigma_max.powf(1.0 / rho);
     let b = sigma_min.powf(1.0 / rho);
     (0..n)
@@ -527,7 +527,7 @@ pub fn edm_levels(sigma_min: f64, sigma_max: f64, rho: f64, n: usize) -> Vec<f64
 }
 
 /// Ho et al. (2020) §4: β_k linear from `start` to `end` over `t` steps (k = 0..T−1).
-pub fn linear_betas(start: f64, end: f64, t: usize) -> Vec<f64> {
+pub(crate) fn linear_betas(start: f64, end: f64, t: usize) -> Vec<f64> {
     (0..t)
         .map(|k| start + (end - start) * (k as f64) / ((t - 1) as f64))
         .collect()
@@ -535,7 +535,7 @@ pub fn linear_betas(start: f64, end: f64, t: usize) -> Vec<f64> {
 
 /// Nichol & Dhariwal (2021) eq. (17): ᾱ(u) = f(u)/f(0), f(u) = cos²((u/T + s)/(1 + s)·π/2),
 /// β_k = min(1 − ᾱ((k+1)/T)/ᾱ(k/T), max_beta) for k = 0..T−1.
-pub fn cosine_betas(s: f64, max_beta: f64, t: usize) -> Vec<f64> {
+pub(crate) fn cosine_betas(s: f64, max_beta: f64, t: usize) -> Vec<f64> {
     let f = |u: f64| (((u + s) / (1.0 + s)) * FRAC_PI_2).cos().powi(2);
     (0..t)
         .map(|k| {
@@ -597,7 +597,7 @@ pub fn diffusers_alphas_cumprod(betas: &[f32]) -> Vec<f64> {
 }
 
 /// Variance-exploding noise level of a DDPM ᾱ: t = √((1 − ᾱ)/ᾱ).
-pub fn ve_sigma(alpha_bar: f64) -> f64 {
+pub(crate) fn ve_sigma(alpha_bar: f64) -> f64 {
     ((1.0 - alpha_bar) / alpha_bar).sqrt()
 }
 
