@@ -20,6 +20,7 @@ use crate::events::{DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
 
 /// ASR ≤ Φ(μ/2) for μ-GDP.
+#[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
 pub(crate) fn asr_limit_gdp(mu: f64) -> f64 {
     numeric::ndtr(mu / 2.0)
 }
@@ -46,6 +47,7 @@ pub struct Guarantee {
 
 impl Guarantee {
     /// Upper limit on the attack success rate: (e^ε + δ)/(1 + e^ε), or Φ(μ/2) when μ is known and smaller.
+    #[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
     pub(crate) fn asr_limit(&self) -> f64 {
         let a = asr_limit_eps_delta(self.epsilon, self.delta);
         match self.mu {
@@ -130,6 +132,7 @@ pub fn tightest<F: Fn(&Guarantee) -> f64>(gs: &[Guarantee], f: F) -> Option<(f64
 
 /// Theoretical ASR of the sampler stopped at `stop` when each step sees a Poisson subsample at
 /// rate `p` (p = 1: exact GDP, Φ(μ/2)); `None` when no sound accountant supports the event yet.
+#[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
 pub(crate) fn sampler_asr(mus: &[f64], p: f64, delta: f64) -> Result<Option<(f64, String)>> {
     if p >= 1.0 {
         let mu = mus.iter().map(|m| m * m).sum::<f64>().sqrt();

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::denoiser::{noisy, Denoiser};
 use crate::error::Result;
-use crate::models::train::normals;
+use crate::models::data::normals;
 use crate::models::PIXELS;
 
 /// Empirical denoiser over the rows of `data` ([n, dim]).

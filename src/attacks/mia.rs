@@ -31,7 +31,7 @@ use super::empirical::{poisson_mask, EmpiricalDenoiser};
 use super::metrics::{self, HeldOut, Interval, Roc};
 use super::theory::Guarantee;
 use crate::error::{Error, Result};
-use crate::models::train::normals;
+use crate::models::data::normals;
 
 /// Which attack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

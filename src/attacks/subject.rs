@@ -240,7 +240,7 @@ impl Subject {
         };
         let basis = checkpoint_basis(&ck, plan.metric.delta)?;
         let mut warnings = Vec::new();
-        if ck.card.training.randomness != crate::models::checkpoint::RANDOMNESS_OS {
+        if ck.card.training.randomness != crate::models::folder::RANDOMNESS_OS {
             warnings.push(format!("training randomness: {}", ck.card.training.randomness));
         }
         if let Some(b) = &basis {
@@ -333,7 +333,7 @@ impl Subject {
                         c.dim,
                         images.dim()
                     ))
-                    .with_file(dir.join(crate::models::diffusers_train::CANARIES)));
+                    .with_file(dir.join(crate::models::folder::CANARIES)));
                 }
                 Some(c)
             }
@@ -363,7 +363,7 @@ impl Subject {
         });
         let mut warnings = Vec::new();
         if let Some(c) = &card {
-            if c.training.randomness != crate::models::checkpoint::RANDOMNESS_OS {
+            if c.training.randomness != crate::models::folder::RANDOMNESS_OS {
                 warnings.push(format!("training randomness: {}", c.training.randomness));
             }
         }
@@ -379,7 +379,7 @@ impl Subject {
                 canaries: w.clone(),
                 dp: c.dp.clone(),
                 dir: dir.clone(),
-                card_path: dir.join(crate::models::diffusers_train::CARD),
+                card_path: dir.join(crate::models::folder::CARD),
             })
         });
         Ok(Subject {
@@ -478,13 +478,13 @@ fn card_canaries(dir: &Path) -> Result<(Canaries, PathBuf)> {
             ),
         ));
     }
-    Ok((card.canaries(dir)?, dir.join(crate::models::diffusers_train::CARD)))
+    Ok((card.canaries(dir)?, dir.join(crate::models::folder::CARD)))
 }
 
 /// [`card_canaries`] of a diffusers checkpoint given as `path` (the UNet folder, a pipeline
 /// folder with `unet/`, or its `config.json`): the canaries a one-run audit of it must score.
 pub fn folder_canaries(path: &Path) -> Result<(Canaries, PathBuf)> {
-    let udir = crate::models::diffusers::unet_dir(path).unwrap_or_else(|| path.to_path_buf());
+    let udir = crate::models::folder::unet_dir(path).unwrap_or_else(|| path.to_path_buf());
     card_canaries(&udir)
 }
 
@@ -496,7 +496,7 @@ pub fn folder_sha256(unet_dir: &Path) -> Result<String> {
     let mut text = String::new();
     for name in [
         "config.json",
-        crate::models::diffusers::WEIGHTS,
+        crate::models::folder::WEIGHTS,
         dt::SCHEDULER,
         dt::CARD,
         dt::LEDGER,

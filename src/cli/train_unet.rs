@@ -62,7 +62,7 @@ pub fn run(
     };
     let trusted = dpaudit::provenance::load_trusted(&a.trust_key)?;
     if let (Some(init), false) = (&a.init, trusted.is_empty()) {
-        let dir = dpaudit::models::diffusers::unet_dir(init).unwrap_or_else(|| init.clone());
+        let dir = dpaudit::models::folder::unet_dir(init).unwrap_or_else(|| init.clone());
         let st = dpaudit::provenance::verify_folder(&dir, &diffusers_train::RELEASED, &trusted)?;
         dpaudit::report::progress::note(&format!("--init {}: {}", dir.display(), st.describe()));
     }

@@ -24,6 +24,7 @@ use super::schedule::Schedule;
 use super::sweep::set_t_min;
 use crate::accountants::AccountantKind;
 use crate::error::{Error, Result};
+use crate::numeric::format::fmt_num;
 
 /// The sampler setting being solved for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -303,9 +304,10 @@ fn search(
             let first = probe(lo_dom as f64)?;
             if !ok(&first) {
                 return Err(Error::unsupported(format!(
-                    "the target ε = {target} is unreachable: even {} = {lo_dom} gives ε = {}",
+                    "the target ε = {} is unreachable: even {} = {lo_dom} gives ε = {}",
+                    fmt_num(target),
                     param.as_str(),
-                    first.epsilon
+                    fmt_num(first.epsilon)
                 )));
             }
             let (mut g, mut gp) = (lo_dom, first);
@@ -347,9 +349,10 @@ fn search(
             let last = probe(hi_dom as f64)?;
             if !ok(&last) {
                 return Err(Error::unsupported(format!(
-                    "the target ε = {target} is unreachable: even {} = {hi_dom} gives ε = {}",
+                    "the target ε = {} is unreachable: even {} = {hi_dom} gives ε = {}",
+                    fmt_num(target),
                     param.as_str(),
-                    last.epsilon
+                    fmt_num(last.epsilon)
                 )));
             }
             let first = probe(lo_dom as f64)?;
@@ -440,9 +443,11 @@ fn search(
             let nx = inside(if inc { x / 4.0 } else { x * 4.0 });
             if nx == x {
                 return Err(Error::unsupported(format!(
-                    "the target ε = {target} is unreachable: even {} = {x} gives ε = {}",
+                    "the target ε = {} is unreachable: even {} = {} gives ε = {}",
+                    fmt_num(target),
                     param.as_str(),
-                    bad.epsilon
+                    fmt_num(x),
+                    fmt_num(bad.epsilon)
                 )));
             }
             x = nx;

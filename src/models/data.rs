@@ -312,6 +312,13 @@ impl SplitManifest {
     }
 }
 
+/// Standard normal draws from `rng`.
+pub fn normals<R: rand::Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

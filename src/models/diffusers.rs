@@ -20,24 +20,7 @@ use super::unet2d::{Unet2dConfig, Unet2dModel, WeightStore};
 use super::Schedule;
 use crate::diffusion::scheduler::{PredictionType, SchedulerConfig};
 
-/// The weights file name diffusers writes.
-pub const WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
-
-/// The folder holding `config.json` for a diffusers checkpoint given as `path` (the UNet folder
-/// itself, a pipeline folder with `unet/`, or the `config.json` file), or `None` when `path` is
-/// not a diffusers checkpoint.
-pub fn unet_dir(path: &Path) -> Option<PathBuf> {
-    if path.is_file() && path.file_name().is_some_and(|n| n == "config.json") {
-        return path.parent().map(Path::to_path_buf);
-    }
-    if path.join("config.json").is_file() {
-        return Some(path.to_path_buf());
-    }
-    if path.join("unet").join("config.json").is_file() {
-        return Some(path.join("unet"));
-    }
-    None
-}
+pub use super::folder::{find_scheduler, unet_dir, WEIGHTS};
 
 /// A loaded diffusers UNet with its scheduler.
 pub struct DiffusersCheckpoint {
@@ -58,19 +41,6 @@ pub struct DiffusersCheckpoint {
     /// `scheduler_config.json` and its content, when one was found.
     pub scheduler: Option<(PathBuf, SchedulerConfig)>,
     device: Device,
-}
-
-/// The scheduler config of a UNet folder: beside the UNet, beside the folder given, or in a
-/// pipeline's `scheduler/`.
-pub fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
-    [
-        unet_dir.join("scheduler_config.json"),
-        dir.join("scheduler_config.json"),
-        dir.join("scheduler").join("scheduler_config.json"),
-        unet_dir.join("..").join("scheduler").join("scheduler_config.json"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
 }
 
 /// Tensors by name, the dtype count of the file, and its SHA-256.

@@ -21,6 +21,8 @@
 //! * [`diffusers_train`]: `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
 //! * [`images`]: image data sets (the shipped MNIST digits, PNG folders, `.npy` arrays) and
 //!   their member/non-member splits; [`npy`]: `.npy` reading and writing.
+//! * [`folder`]: the file names of a diffusers folder as dpaudit writes it, where its UNet,
+//!   scheduler config and ledger sit, and the card's randomness texts (no tensors).
 //! * [`precision`]: `--precision fp32|tf32|bf16` of the UNet forward on a GPU (cuDNN
 //!   convolutions with an explicit math type in `unet2d::cuda::cudnn_conv`, feature `cudnn`).
 //!
@@ -28,29 +30,47 @@
 //! `.cu`, cuDNN and the algorithm record) live under [`unet2d`]; `unsafe` appears only there
 //! (and in [`device`]'s CUDA memory-pool set-up).
 
+// Without the `models` feature (the Python extension's build) only the candle-free modules
+// compile: data sets, `.npy`, the schedule, the diffusers folder's file names and the card's
+// randomness texts, which the accounting chain and the reports use.
+#[cfg(feature = "models")]
 pub mod canary;
+#[cfg(feature = "models")]
 pub mod checkpoint;
 pub mod data;
+#[cfg(feature = "models")]
 pub mod device;
+#[cfg(feature = "models")]
 pub mod diffusers;
+#[cfg(feature = "models")]
 pub mod diffusers_train;
+#[cfg(feature = "models")]
 pub mod dp;
+pub mod folder;
 pub mod images;
+#[cfg(feature = "models")]
 pub mod net;
 pub mod npy;
 /// `--precision` lives with the UNet it applies to; re-exported here for its callers outside
 /// `models/`.
+#[cfg(feature = "models")]
 pub use unet2d::precision;
+#[cfg(feature = "models")]
 pub mod run;
 pub mod schedule;
 /// diffusers `scheduler_config.json` files are read in [`crate::diffusion::scheduler`].
 pub use crate::diffusion::scheduler;
+#[cfg(feature = "models")]
 pub mod train;
+#[cfg(feature = "models")]
 pub mod unet2d;
 
+#[cfg(feature = "models")]
 pub use checkpoint::{Card, Checkpoint};
 pub use data::{Dataset, SplitManifest};
+#[cfg(feature = "models")]
 pub use device::DeviceChoice;
+#[cfg(feature = "models")]
 pub use net::{Arch, ModelConfig, Net};
 pub use schedule::Schedule;
 

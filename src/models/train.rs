@@ -11,7 +11,6 @@ use indicatif::ProgressBar;
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -133,10 +132,7 @@ impl Ema {
     }
 }
 
-/// Standard normal draws from `rng`.
-pub fn normals<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
-}
+pub use super::data::normals;
 
 /// x_t = √ᾱ_t x₀ + √(1−ᾱ_t) ε, row by row (host); rows have `x0.len() / t.len()` values.
 pub fn noisy(schedule: &Schedule, x0: &[f32], t: &[usize], eps: &[f32]) -> Vec<f32> {

@@ -32,8 +32,8 @@ pub fn rng(seed: u64) -> ChaCha20Rng {
 /// private against anyone who knows the seed).
 pub fn randomness(seed: Option<u64>) -> &'static str {
     match seed {
-        Some(_) => crate::models::checkpoint::RANDOMNESS_SEEDED,
-        None => crate::models::checkpoint::RANDOMNESS_OS,
+        Some(_) => crate::models::folder::RANDOMNESS_SEEDED,
+        None => crate::models::folder::RANDOMNESS_OS,
     }
 }
 
