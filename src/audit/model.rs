@@ -202,10 +202,10 @@ pub fn relocate(req: &RelocateRequest) -> Result<String> {
             }
         ));
     }
+    // The note says what changed, not the old paths (scratch folders, which mean nothing here).
     let note = format!(
-        "moved after training; `dpaudit model relocate` rewrote --out{} in `command` to the folders' locations now (the run wrote to {}); the event, weights, config and scheduler are the run's",
+        "moved after training: `dpaudit model relocate` rewrote --out{} in `command` to where the folders are now (the run wrote elsewhere); the event, weights, config and scheduler are the run's",
         if init_now.is_some() { " and --init" } else { "" },
-        old_out.as_deref().unwrap_or("another folder")
     );
     // Before anything is written: the folder must still be what its card seals.
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
