@@ -190,6 +190,11 @@ pub fn relocate(req: &RelocateRequest) -> Result<String> {
         }
         None => None,
     };
+    // An --init folder that neither the card locates nor exists any more (a scratch folder of
+    // an earlier run that was not shipped) reads `<previous folder>`: a path that names nothing
+    // would only mislead.
+    let init_gone = init_now.is_none() && old_init.as_deref().is_some_and(|o| !Path::new(o).exists());
+    let init_now = init_now.or_else(|| init_gone.then(|| "<previous folder>".to_string()));
     let new_command = with_paths(&old_command, &out_now, init_now.as_deref());
     if new_command == old_command {
         return Ok(format!(
@@ -204,8 +209,9 @@ pub fn relocate(req: &RelocateRequest) -> Result<String> {
     }
     // The note says what changed, not the old paths (scratch folders, which mean nothing here).
     let note = format!(
-        "moved after training: `dpaudit model relocate` rewrote --out{} in `command` to where the folders are now (the run wrote elsewhere); the event, weights, config and scheduler are the run's",
+        "moved after training: `dpaudit model relocate` rewrote --out{} in `command` to where the folders are now (the run wrote elsewhere{}); the event, weights, config and scheduler are the run's",
         if init_now.is_some() { " and --init" } else { "" },
+        if init_gone { "; its --init folder is not shipped" } else { "" },
     );
     // Before anything is written: the folder must still be what its card seals.
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
@@ -328,6 +334,7 @@ pub fn relocate(req: &RelocateRequest) -> Result<String> {
         }
     }
     for (p, bytes) in &files {
+        crate::input::rewrite_in_place(p);
         write_atomic(p, bytes, true)?;
     }
     if req.drop_signature && sig_path.is_file() && req.sign_key.is_none() {
