@@ -283,7 +283,14 @@ pub fn relocate(req: &RelocateRequest) -> Result<String> {
         card.training.command = new_command.clone();
         card.training.relocated = Some(note.clone());
         files.push((card_path.clone(), card.text()?.into_bytes()));
-        rewritten.push(format!("{CARD} (command, training.relocated, the ledger's SHA-256)"));
+        rewritten.push(format!(
+            "{CARD} (command, training.relocated{})",
+            if card.dp.is_some() {
+                ", the ledger's SHA-256"
+            } else {
+                ""
+            }
+        ));
     }
     if let Some(r) = &record {
         if let Some(t) = relocate_record(r, &old_command, &new_command, &note)? {
@@ -332,6 +339,42 @@ pub fn relocate(req: &RelocateRequest) -> Result<String> {
                 .with_file(&sig_path))
             }
         }
+    }
+    // The folder's output-set manifest (what every reader checks a member against): each
+    // member must still be as recorded, and the rewritten ones get their new SHA-256.
+    let manifest_path = unet.join(crate::input::manifest_name(None));
+    if manifest_path.is_file() {
+        let text = crate::input::read_to_string(&manifest_path)?;
+        let mut m: crate::input::Manifest = serde_json::from_str(&text)
+            .map_err(|e| Error::input(format!("not a dpaudit output manifest: {e}")).with_file(&manifest_path))?;
+        for entry in &mut m.files {
+            let p = unet.join(&entry.name);
+            let (sha, bytes) = match files.iter().find(|(f, _)| *f == p) {
+                Some((_, b)) => (crate::report::sha256_hex(b), b.len() as u64),
+                None => {
+                    let got = sha256_file(&p)?;
+                    if got != entry.sha256 {
+                        return Err(Error::field(
+                            "sha256",
+                            format!(
+                                "{} has SHA-256 {got}, the folder's manifest records {}: the folder changed after it was written; relocate seals again only a folder that matches its manifest",
+                                p.display(),
+                                entry.sha256
+                            ),
+                        )
+                        .with_file(&manifest_path));
+                    }
+                    continue;
+                }
+            };
+            entry.sha256 = sha;
+            entry.bytes = bytes;
+        }
+        if req.drop_signature && req.sign_key.is_none() {
+            m.files.retain(|e| e.name != crate::provenance::SIGNATURE);
+        }
+        let bytes = serde_json::to_vec_pretty(&m).map_err(|e| Error::input(format!("manifest: {e}")))?;
+        files.push((manifest_path, bytes));
     }
     for (p, bytes) in &files {
         crate::input::rewrite_in_place(p);
