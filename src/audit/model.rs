@@ -115,6 +115,28 @@ fn with_paths(command: &str, out: &str, init: Option<&str>) -> String {
     toks.join(" ")
 }
 
+/// `text` with every mention of the path `old` that stands alone (after a space, `(` or a
+/// backtick, before a space, `)`, `,`, a backtick or the line's end) replaced by `new`: a path
+/// inside a longer path or word is left alone.
+fn replace_path(text: &str, old: &str, new: &str) -> String {
+    if old.is_empty() {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(old) {
+        let before = rest[..i].chars().next_back().or_else(|| out.chars().next_back());
+        let after = rest[i + old.len()..].chars().next();
+        let starts = before.is_none_or(|c| matches!(c, ' ' | '(' | '`'));
+        let ends = after.is_none_or(|c| matches!(c, ' ' | ')' | ',' | '`' | '\n' | '\r'));
+        out.push_str(&rest[..i]);
+        out.push_str(if starts && ends { new } else { old });
+        rest = &rest[i + old.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `training.json` with its `"command"` replaced and a `"relocated"` note after it, edited as
 /// text so that every other byte (key order, indentation, numbers) stays as the trainer wrote it;
 /// `None` when the old command is not found there.
@@ -253,17 +275,24 @@ pub fn relocate(req: &RelocateRequest) -> Result<String> {
                 seal("dp.ledger_sha256", &ledger, want)?;
             }
             // Only comment lines change: the event a checker accounts is byte for byte the same.
+            // The recorded command first, then any other mention of the two folders (`from
+            // --init DIR`, `after the ledger of --init (DIR)`), the longer path first.
             let mut swaps = vec![(old_command.clone(), new_command.clone())];
+            let mut paths: Vec<(String, String)> = Vec::new();
             if let (Some(o), Some(n)) = (&old_init, &init_now) {
-                swaps.push((format!("--init {o}"), format!("--init {n}")));
+                paths.push((o.clone(), n.clone()));
             }
+            if let Some(o) = &old_out {
+                paths.push((o.clone(), out_now.clone()));
+            }
+            paths.sort_by_key(|(o, _)| std::cmp::Reverse(o.len()));
+            swaps.extend(paths);
             let new_text: String = text
                 .split_inclusive('\n')
                 .map(|l| {
                     if l.starts_with('#') {
-                        swaps
-                            .iter()
-                            .fold(l.to_string(), |acc, (o, n)| acc.replace(o.as_str(), n))
+                        let l = l.replace(old_command.as_str(), &new_command);
+                        swaps[1..].iter().fold(l, |acc, (o, n)| replace_path(&acc, o, n))
                     } else {
                         l.to_string()
                     }

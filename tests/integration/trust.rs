@@ -1024,7 +1024,7 @@ fn relocate_records_the_new_location_and_seals_the_folder_again() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     };
     let dp = ["--dp", "--noise-multiplier", "1.0", "--sample-rate", "0.1"];
-    train(&scratch.join("base"), &[]);
+    train(&scratch.join("base"), &dp);
     let base = scratch.join("base");
     let mut extra = vec!["--init", s(&base)];
     extra.extend_from_slice(&dp);
