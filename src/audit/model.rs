@@ -116,8 +116,8 @@ fn with_paths(command: &str, out: &str, init: Option<&str>) -> String {
 }
 
 /// `text` with every mention of the path `old` that stands alone (after a space, `(` or a
-/// backtick, before a space, `)`, `,`, a backtick or the line's end) replaced by `new`: a path
-/// inside a longer path or word is left alone.
+/// backtick, before a space, `)`, `,`, a backtick, `/` (a file in it) or the line's end)
+/// replaced by `new`: a path inside a longer name is left alone.
 fn replace_path(text: &str, old: &str, new: &str) -> String {
     if old.is_empty() {
         return text.to_string();
@@ -128,7 +128,7 @@ fn replace_path(text: &str, old: &str, new: &str) -> String {
         let before = rest[..i].chars().next_back().or_else(|| out.chars().next_back());
         let after = rest[i + old.len()..].chars().next();
         let starts = before.is_none_or(|c| matches!(c, ' ' | '(' | '`'));
-        let ends = after.is_none_or(|c| matches!(c, ' ' | ')' | ',' | '`' | '\n' | '\r'));
+        let ends = after.is_none_or(|c| matches!(c, ' ' | ')' | ',' | '`' | '/' | '\n' | '\r'));
         out.push_str(&rest[..i]);
         out.push_str(if starts && ends { new } else { old });
         rest = &rest[i + old.len()..];
