@@ -118,6 +118,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+#[cfg(feature = "models")]
 impl From<candle_core::Error> for Error {
     fn from(e: candle_core::Error) -> Self {
         Error::model(e.to_string())

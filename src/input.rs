@@ -62,6 +62,16 @@ pub fn note_input(path: &Path) {
     }
 }
 
+/// Takes `path` off this command's inputs, so that it may be replaced: only for the command
+/// whose job is to rewrite a file it read, in place (`model relocate`: a folder's card, ledger
+/// and training record).
+#[cfg(feature = "models")]
+pub(crate) fn rewrite_in_place(path: &Path) {
+    if let (Ok(m), Ok(mut v)) = (std::fs::metadata(path), INPUTS.lock()) {
+        v.retain(|id| *id != file_id(&m));
+    }
+}
+
 pub(crate) fn is_input(m: &std::fs::Metadata) -> bool {
     INPUTS.lock().map(|v| v.contains(&file_id(m))).unwrap_or(false)
 }

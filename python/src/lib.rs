@@ -3,8 +3,9 @@
 //! requests and wraps the answers. Every computation goes through `dpaudit::api`, the same
 //! chain as the CLI, so numbers, kinds, verdicts and error messages are the CLI's.
 //!
-//! Written without pyo3's macros: they would change the build hash of the whole dependency
-//! tree (see Cargo.toml), and one function needs no generated glue.
+//! Written without pyo3's macros: one function needs no generated glue, and the build stays
+//! small (see Cargo.toml). The library is used without its `models` feature: nothing here
+//! needs candle.
 
 use std::path::Path;
 

@@ -19,6 +19,7 @@ use crate::events::{DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
 
 /// ASR ≤ Φ(μ/2) for μ-GDP.
+#[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
 pub(crate) fn asr_limit_gdp(mu: f64) -> f64 {
     numeric::ndtr(mu / 2.0)
 }
@@ -31,6 +32,7 @@ pub(crate) fn tpr_limit_gdp(mu: f64, fpr: f64) -> f64 {
 /// The attack limits of one sound guarantee (an [`Evidence`] whose kind is exact or upper bound).
 impl Evidence {
     /// Upper limit on the attack success rate: (e^ε + δ)/(1 + e^ε), or Φ(μ/2) when μ is known and smaller.
+    #[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
     pub(crate) fn asr_limit(&self) -> f64 {
         let a = asr_limit_eps_delta(self.epsilon, self.delta);
         match self.mu {
@@ -109,6 +111,7 @@ pub fn tightest<F: Fn(&Evidence) -> f64>(gs: &[Evidence], f: F) -> Option<(f64, 
 
 /// Theoretical ASR of the sampler stopped at `stop` when each step sees a Poisson subsample at
 /// rate `p` (p = 1: exact GDP, Φ(μ/2)); `None` when no sound accountant supports the event yet.
+#[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
 pub(crate) fn sampler_asr(mus: &[f64], p: f64, delta: f64) -> Result<Option<(f64, String)>> {
     if p >= 1.0 {
         let mu = mus.iter().map(|m| m * m).sum::<f64>().sqrt();

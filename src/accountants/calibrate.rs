@@ -494,8 +494,9 @@ fn phase<T>(
                     }
                     let b = bad.unwrap();
                     return Err(Error::numeric(format!(
-                        "no solution in range: the target ε = {target} at δ = {} is unreachable: even {} = {} gives ε = {}{}",
-                        spec.delta,
+                        "no solution in range: the target ε = {} at δ = {} is unreachable: even {} = {} gives ε = {}{}",
+                        crate::numeric::format::sig6(target),
+                        crate::numeric::format::sig6(spec.delta),
                         spec.name,
                         crate::numeric::format::sig6(b.value),
                         crate::numeric::format::sig6(b.epsilon),

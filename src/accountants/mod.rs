@@ -231,6 +231,7 @@ impl AccountResult {
         }
     }
     /// Names the mechanism the number is about.
+    #[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
     pub(crate) fn for_mechanism(mut self, mechanism: &str) -> Self {
         self.mechanism = Some(mechanism.to_string());
         self

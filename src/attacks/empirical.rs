@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::denoiser::{noisy, Denoiser};
 use crate::error::Result;
-use crate::models::dp::normals;
 use crate::models::toy::PIXELS;
+use crate::numeric::normals;
 
 /// Empirical denoiser over the rows of `data` ([n, dim]).
 pub struct EmpiricalDenoiser<'a> {

@@ -282,7 +282,7 @@ mod tests {
             let inc: Vec<bool> = (0..m).map(|_| rng.random::<bool>()).collect();
             let s: Vec<f64> = inc
                 .iter()
-                .map(|&b| crate::models::dp::normals(&mut rng, 1)[0] as f64 + if b { mu } else { 0.0 })
+                .map(|&b| crate::numeric::normals(&mut rng, 1)[0] as f64 + if b { mu } else { 0.0 })
                 .collect();
             let g = guesses(&s, &inc, &ks);
             if g.iter()
@@ -304,7 +304,7 @@ mod tests {
         let inc: Vec<bool> = (0..m).map(|_| rng.random::<bool>()).collect();
         let s: Vec<f64> = inc
             .iter()
-            .map(|&b| crate::models::dp::normals(&mut rng, 1)[0] as f64 + if b { mu } else { 0.0 })
+            .map(|&b| crate::numeric::normals(&mut rng, 1)[0] as f64 + if b { mu } else { 0.0 })
             .collect();
         let g = guesses(&s, &inc, &candidate_ks(m));
         let hat = family_bound(m as u64, &g, 0.05, 1e-3, 50.0, |mu| Curve::Gaussian { mu }).unwrap();

@@ -113,7 +113,7 @@ pub fn diffusers_basis(
     delta: f64,
     trusted: &[crate::provenance::VerifyingKey],
 ) -> Result<Option<Basis>> {
-    let own = folder.join(crate::models::diffusers_train::LEDGER);
+    let own = folder.join(crate::models::folder::LEDGER);
     if own.is_file() {
         if ledger.is_some() || !spec.is_empty() {
             return Err(Error::field(
@@ -130,7 +130,7 @@ pub fn diffusers_basis(
             ));
         }
         // Whether the release is signed, and by whom (with trusted keys: refused unless by one).
-        let status = crate::provenance::verify_folder(folder, &crate::models::diffusers_train::RELEASED, trusted)?;
+        let status = crate::provenance::verify_folder(folder, &crate::models::folder::RELEASED, trusted)?;
         let mut b = of_file(&own, "training ledger", delta)?;
         b.source = format!("{} ({})", b.source, status.describe());
         return Ok(Some(b));
@@ -150,7 +150,7 @@ pub fn diffusers_basis(
             "give either --ledger or the Opacus-style flags (--noise-multiplier …), not both",
         )),
         (Some(p), true) => {
-            let weights = folder.join(crate::models::diffusers::WEIGHTS);
+            let weights = folder.join(crate::models::folder::WEIGHTS);
             let what = ledger_describes(p, &weights)?;
             let mut b = of_file(p, "stated ledger", delta)?;
             b.source = format!("{} ({what})", b.source);
@@ -225,7 +225,7 @@ fn describe(spec: &OpacusSpec, ev: &DpEvent) -> String {
 
 /// The path of a diffusers folder's own ledger, when it has one.
 pub fn own_ledger(folder: &Path) -> Option<PathBuf> {
-    let p = folder.join(crate::models::diffusers_train::LEDGER);
+    let p = folder.join(crate::models::folder::LEDGER);
     p.is_file().then_some(p)
 }
 

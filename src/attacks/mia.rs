@@ -31,7 +31,7 @@ use super::empirical::{poisson_mask, EmpiricalDenoiser};
 use super::metrics::{self, HeldOut, Interval, Roc};
 use super::theory::Evidence;
 use crate::error::{Error, Result};
-use crate::models::dp::normals;
+use crate::numeric::normals;
 
 /// Which attack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -11,20 +11,31 @@
 
 pub mod audit;
 /// Canary records are inserted by training: [`crate::models::canary`].
+#[cfg(feature = "models")]
 pub use crate::models::canary;
+#[cfg(feature = "models")]
 pub mod denoiser;
+#[cfg(feature = "models")]
 pub mod empirical;
 pub mod fdp;
+#[cfg(feature = "models")]
 pub mod mechanism;
 pub mod metrics;
+#[cfg(feature = "models")]
 pub mod mia;
 pub mod one_run;
+#[cfg(feature = "models")]
 pub mod pipeline;
+#[cfg(feature = "models")]
 pub mod plan;
+#[cfg(feature = "models")]
 pub mod render;
+#[cfg(feature = "models")]
 pub mod scores;
+#[cfg(feature = "models")]
 pub mod shard;
 pub mod shard_spec;
+#[cfg(feature = "models")]
 pub mod subject;
 pub mod theory;
 pub mod white_box;

@@ -335,7 +335,7 @@ impl Subject {
                         c.dim,
                         images.dim()
                     ))
-                    .with_file(dir.join(crate::models::diffusers_train::CANARIES)));
+                    .with_file(dir.join(crate::models::folder::CANARIES)));
                 }
                 Some(c)
             }
@@ -381,7 +381,7 @@ impl Subject {
                 canaries: w.clone(),
                 dp: c.dp.clone(),
                 dir: dir.clone(),
-                card_path: dir.join(crate::models::diffusers_train::CARD),
+                card_path: dir.join(crate::models::folder::CARD),
             })
         });
         Ok(Subject {
@@ -480,13 +480,13 @@ fn card_canaries(dir: &Path) -> Result<(Canaries, PathBuf)> {
             ),
         ));
     }
-    Ok((card.canaries(dir)?, dir.join(crate::models::diffusers_train::CARD)))
+    Ok((card.canaries(dir)?, dir.join(crate::models::folder::CARD)))
 }
 
 /// [`card_canaries`] of a diffusers checkpoint given as `path` (the UNet folder, a pipeline
 /// folder with `unet/`, or its `config.json`): the canaries a one-run audit of it must score.
 pub fn folder_canaries(path: &Path) -> Result<(Canaries, PathBuf)> {
-    let udir = crate::models::diffusers::unet_dir(path).unwrap_or_else(|| path.to_path_buf());
+    let udir = crate::models::folder::unet_dir(path).unwrap_or_else(|| path.to_path_buf());
     card_canaries(&udir)
 }
 
@@ -498,7 +498,7 @@ pub fn folder_sha256(unet_dir: &Path) -> Result<String> {
     let mut text = String::new();
     for name in [
         "config.json",
-        crate::models::diffusers::WEIGHTS,
+        crate::models::folder::WEIGHTS,
         dt::SCHEDULER,
         dt::CARD,
         dt::LEDGER,

@@ -323,7 +323,7 @@ fn simulate_ledger(mech: &LedgerMechanism, included: &[bool], steps: usize, seed
     let m = included.len();
     let mut obs = Vec::with_capacity(steps * m);
     for _ in 0..steps {
-        let z = crate::models::dp::normals(&mut rng, m);
+        let z = crate::numeric::normals(&mut rng, m);
         for (i, &b) in included.iter().enumerate() {
             let s = if b && rng.random::<f64>() < mech.sample_rate {
                 1.0

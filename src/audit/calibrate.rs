@@ -51,6 +51,24 @@ pub fn calibrate(plan: &Plan) -> Result<(Calibration, Report)> {
 }
 
 /// The value as a user types it (steps as an integer).
+/// The calibrated value in a terminal line: six significant digits rounded to the private side
+/// (σ up, q down: the value shown still meets the target, ε being decreasing in σ and
+/// increasing in q), the step count as it is. The report and JSON keep the full value.
+fn value_line(solve_for: SolveFor, value: f64) -> String {
+    let shown = match solve_for {
+        SolveFor::Steps => return format!("{}", value as u64),
+        _ => fmt_num(value),
+    };
+    let up = solve_for == SolveFor::NoiseMultiplier;
+    match shown.parse::<f64>() {
+        Ok(y) if value.is_finite() && value != 0.0 && ((up && y < value) || (!up && y > value)) => {
+            let unit = 10f64.powi(value.abs().log10().floor() as i32 - 5);
+            fmt_num(if up { y + unit } else { y - unit })
+        }
+        _ => shown,
+    }
+}
+
 pub(crate) fn value_text(solve_for: SolveFor, value: f64) -> String {
     match solve_for {
         SolveFor::Steps => format!("{}", value as u64),
@@ -186,7 +204,7 @@ pub fn text(plan: &Plan, c: &Calibration) -> String {
         s,
         "{} = {}  gives ε = {} ≤ target {} at δ = {} ({}, {})",
         plan.solve_for.as_str(),
-        value_text(plan.solve_for, c.value),
+        value_line(plan.solve_for, c.value),
         fmt_num(c.result.epsilon),
         num::fmt(plan.target),
         num::fmt(plan.delta),
@@ -342,10 +360,7 @@ pub fn execute(request: &DpSgdRequest, progress: &Progress) -> Result<super::Out
     let mut text = String::new();
     {
         use std::fmt::Write as _;
-        let v = match solve_for {
-            SolveFor::Steps => format!("{}", out.value as u64),
-            _ => format!("{}", out.value),
-        };
+        let v = value_line(solve_for, out.value);
         if let Some(d) = &out.derivation {
             let _ = writeln!(text, "DP-SGD run: {}", d.summary());
             for l in &d.derivation {

@@ -42,7 +42,7 @@ impl Source {
     /// (`ledger.json` beside the weights); everything else as given.
     pub fn resolved(&self) -> Result<Source> {
         match self {
-            Source::File(p) if p.is_dir() => crate::models::diffusers_train::folder_ledger(p).map(Source::File),
+            Source::File(p) if p.is_dir() => crate::models::folder::folder_ledger(p).map(Source::File),
             other => Ok(other.clone()),
         }
     }

@@ -121,7 +121,7 @@ fn execute_diffusers(plan: &Plan, merged: &shard::Merged, d: &shard::DiffusersPa
                     "plan.diffusers.basis.event",
                     format!(
                         "is not the event of the folder's own ledger {}: the parts were not compared with the ledger of these weights",
-                        folder.join(crate::models::diffusers_train::LEDGER).display()
+                        folder.join(crate::models::folder::LEDGER).display()
                     ),
                 )
                 .with_file(&plan.parts[0]));

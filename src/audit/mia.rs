@@ -476,7 +476,7 @@ fn add_inputs(r: &mut Report, m: &MiaReport) {
     let mut files: Vec<(&str, PathBuf)> = Vec::new();
     if let Some(c) = &ck {
         if c.is_dir() {
-            files.extend(crate::models::diffusers_train::folder_files(c));
+            files.extend(crate::models::folder::folder_files(c));
         } else {
             files.push(("checkpoint", c.clone()));
         }

@@ -335,7 +335,7 @@ pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
     let card = &o.card;
     let mut r = Report::new(format!("Training: {}", o.dir.display()), report::command_line()).for_command("train");
     r.seed = card.training.seed;
-    r.add_input("card", &o.dir.join(crate::models::diffusers_train::CARD))?;
+    r.add_input("card", &o.dir.join(crate::models::folder::CARD))?;
     r.fact("architecture", card.architecture.clone());
     training_facts(&mut r, card.parameters, &card.data, &card.training);
     let guarantee = match (&card.dp, &o.event) {
@@ -348,7 +348,7 @@ pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
                 .fact("clip norm C", fmt_num(dp.clip))
                 .fact(
                     "ledger",
-                    o.dir.join(crate::models::diffusers_train::LEDGER).display().to_string(),
+                    o.dir.join(crate::models::folder::LEDGER).display().to_string(),
                 );
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
                 (Some(e), Some(acc)) => {
@@ -362,7 +362,7 @@ pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
                 fmt_num(dp.clip),
                 fmt_num(dp.sample_rate),
                 dp.steps,
-                o.dir.join(crate::models::diffusers_train::LEDGER).display()
+                o.dir.join(crate::models::folder::LEDGER).display()
             )
         }
         _ => "None: trained without differential privacy.".into(),

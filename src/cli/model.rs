@@ -1,4 +1,4 @@
-//! `dpaudit model eval|info|grads|keygen`: flags → the requests of [`dpaudit::audit::model`]
+//! `dpaudit model eval|info|grads|relocate|keygen`: flags → the requests of [`dpaudit::audit::model`]
 //! (run a diffusers checkpoint on a batch to check against PyTorch that it was loaded right,
 //! describe it, its per-sample gradients) and key pairs for signed provenance.
 
@@ -37,6 +37,10 @@ enum Sub {
     /// Per-sample gradients of the ε-prediction loss on a batch (x_t, t, ε): writes each
     /// sample's gradient norm and, with --clip, the clipped sum DP-SGD adds noise to.
     Grads(GradsArgs),
+    /// After a trained folder was moved: rewrite the --out and --init its card, ledger comment
+    /// and training.json record to where the folders are now, and seal the card again (the
+    /// event, weights, config and scheduler are not touched; the card says it was relocated).
+    Relocate(RelocateArgs),
     /// Write a new Ed25519 key pair for signed provenance (`train --unet --sign-key`,
     /// `--trust-key`): DIR/dpaudit-signing.key (secret, mode 0600) and DIR/dpaudit-signing.pub.
     Keygen(KeygenArgs),
@@ -102,6 +106,18 @@ struct EvalArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct RelocateArgs {
+    /// The folder where it is now (a `train --unet` output folder or a pipeline folder).
+    folder: PathBuf,
+    /// A signed folder: sign it again with this secret key (the key that signed it).
+    #[arg(long, conflicts_with = "drop_signature")]
+    sign_key: Option<PathBuf>,
+    /// A signed folder: remove its signature instead (the folder is then unsigned).
+    #[arg(long)]
+    drop_signature: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct KeygenArgs {
     /// Folder for the key pair (created when missing; existing key files are never replaced).
     #[arg(long)]
@@ -130,6 +146,15 @@ pub fn run(a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     match a.cmd {
         Sub::Grads(g) => grads(g),
         Sub::Keygen(k) => keygen(k),
+        Sub::Relocate(r) => {
+            let note = dpaudit::audit::model::relocate(&dpaudit::audit::model::RelocateRequest {
+                folder: r.folder,
+                sign_key: r.sign_key,
+                drop_signature: r.drop_signature,
+            })?;
+            eprintln!("{note}");
+            Ok(dpaudit::audit::outcome::Verdict::Holds)
+        }
         Sub::Info(i) => {
             let out = i.output.prepare(crate::cli::common::Format::Text, &[])?;
             Ok(out.emit(dpaudit::audit::model::info(&i.checkpoint)?)?)

@@ -8,14 +8,20 @@
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "models")]
 use super::denoiser::{sample, ClipSpec, Dataset, EmpiricalDenoiser, SamplerOptions};
-use super::sampler::{ClipScale, DensityConfig, SamplerConfig};
+#[cfg(feature = "models")]
+use super::sampler::ClipScale;
+use super::sampler::{DensityConfig, SamplerConfig, TrajectoryConfig};
 use super::schedule::{steps as make_steps, Convention, Step};
-use super::sensitivity::{log_mu, mu_constant, roles, StepRole};
+#[cfg(feature = "models")]
+use super::sensitivity::log_mu;
+use super::sensitivity::{mu_constant, roles, StepRole};
 use crate::accountants::sound::Evidence;
 use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
+#[cfg(feature = "models")]
 use crate::limits;
 use crate::numeric;
 
@@ -124,7 +130,8 @@ pub fn constant_plan(cfg: &SamplerConfig, beta: f64) -> Result<Plan> {
         steps: rows(&steps, &roles, &mus, None),
         dataset_size: n,
         density: format!(
-            "constant β = {beta}; 2C/(β|D|) = {}",
+            "constant β = {}; 2C/(β|D|) = {}",
+            crate::report::num::sig6(beta),
             crate::report::num::sig6(2.0 * cfg.privacy.clip_norm / (beta * n as f64))
         ),
     })
@@ -164,101 +171,116 @@ fn rows(steps: &[Step], roles: &[StepRole], mus: &[f64], spread: Option<&[(f64, 
 pub fn plan(cfg: &SamplerConfig) -> Result<Plan> {
     match &cfg.density {
         DensityConfig::Constant { beta } => constant_plan(cfg, *beta),
-        DensityConfig::Trajectories(tc) => {
-            let path = cfg.resolve(&tc.data);
-            let data = Dataset::load_csv(&path, tc.columns, tc.value_range, tc.max_rows).map_err(|e| {
-                if e.kind == crate::error::ErrorKind::Io {
-                    Error::field("density.data", format!("cannot read {}: {}", path.display(), e.message))
-                } else {
-                    e
-                }
-            })?;
-            if let Some(n) = cfg.privacy.dataset_size {
-                if n as usize != data.n {
-                    return Err(Error::field(
-                        "privacy.dataset_size",
-                        format!("|D| = {n} but {} has {} rows", path.display(), data.n),
-                    ));
-                }
-            }
-            let levels = cfg.schedule.levels().map_err(|e| e.with_field("schedule"))?;
-            let steps = make_steps(&levels, cfg.convention);
-            let roles = roles(&steps, &cfg.privacy);
-            let clip = match cfg.privacy.clip_scale {
-                ClipScale::Absolute => ClipSpec::Absolute {
-                    c: cfg.privacy.clip_norm,
-                },
-                ClipScale::TypicalDensity => ClipSpec::TypicalDensity {
-                    c: cfg.privacy.clip_norm,
-                },
-            };
-            // Before any trajectory is allocated: the B × N distance/weight matrices must fit
-            // the memory cap, and B × N × d × steps the work cap.
-            let traj = tc.trajectories as u64;
-            limits::check_product("density.trajectories", &[traj, data.n as u64], limits::DENOISER_CELL)
-                .and_then(|_| {
-                    limits::check_product(
-                        "density.trajectories",
-                        &[traj, data.n as u64, data.d as u64, steps.len() as u64],
-                        limits::DENOISER_STEP,
-                    )
-                })
-                .map_err(|e| {
-                    let mut e = e;
-                    e.message = format!(
-                        "{} trajectories over {} records of dimension {} and {} steps: {}",
-                        tc.trajectories,
-                        data.n,
-                        data.d,
-                        steps.len(),
-                        e.message
-                    );
-                    e
-                })?;
-            let den = EmpiricalDenoiser::new(&data, candle_core::DType::F64, &candle_core::Device::Cpu)?;
-            // Trajectories of the full-batch, clipped empirical denoiser; public steps are run
-            // by the empirical denoiser too (no public model here), their μ is not accounted.
-            let run = sample(
-                &den,
-                &steps,
-                SamplerOptions {
-                    trajectories: tc.trajectories,
-                    seed: tc.seed,
-                    subsample_rate: 1.0,
-                    clip: Some(clip),
-                },
-            )?;
-            let n = data.n as f64;
-            let mut mus = Vec::with_capacity(steps.len());
-            let mut spread = Vec::with_capacity(steps.len());
-            for (s, lp) in steps.iter().zip(&run.log_density) {
-                let lc = clip.log_c(s.t, data.d);
-                let mut v: Vec<f64> = lp.iter().map(|l| log_mu(lc, *l, n, s.t, s.dt).exp()).collect();
-                v.sort_by(|a, b| a.total_cmp(b));
-                let med = if v.len() % 2 == 1 {
-                    v[v.len() / 2]
-                } else {
-                    0.5 * (v[v.len() / 2 - 1] + v[v.len() / 2])
-                };
-                let (lo, hi) = (v[0], v[v.len() - 1]);
-                mus.push(hi);
-                spread.push((lo, med, hi));
-            }
-            Ok(Plan {
-                convention: cfg.convention,
-                steps: rows(&steps, &roles, &mus, Some(&spread)),
-                dataset_size: data.n as u64,
-                density: format!(
-                    "p_t(x_t) along {} trajectories of the empirical denoiser on {} ({} × {}, seed {}); μ_t accounted = max over trajectories",
-                    tc.trajectories,
-                    tc.data.display(),
-                    data.n,
-                    data.d,
-                    tc.seed
-                ),
-            })
+        DensityConfig::Trajectories(tc) => trajectory_plan(cfg, tc),
+    }
+}
+
+/// [`plan`] for `density = trajectories`: p_t(x_t) along real trajectories of the (clipped)
+/// empirical denoiser, which runs in candle (the `models` feature).
+#[cfg(feature = "models")]
+fn trajectory_plan(cfg: &SamplerConfig, tc: &TrajectoryConfig) -> Result<Plan> {
+    let path = cfg.resolve(&tc.data);
+    let data = Dataset::load_csv(&path, tc.columns, tc.value_range, tc.max_rows).map_err(|e| {
+        if e.kind == crate::error::ErrorKind::Io {
+            Error::field("density.data", format!("cannot read {}: {}", path.display(), e.message))
+        } else {
+            e
+        }
+    })?;
+    if let Some(n) = cfg.privacy.dataset_size {
+        if n as usize != data.n {
+            return Err(Error::field(
+                "privacy.dataset_size",
+                format!("|D| = {n} but {} has {} rows", path.display(), data.n),
+            ));
         }
     }
+    let levels = cfg.schedule.levels().map_err(|e| e.with_field("schedule"))?;
+    let steps = make_steps(&levels, cfg.convention);
+    let roles = roles(&steps, &cfg.privacy);
+    let clip = match cfg.privacy.clip_scale {
+        ClipScale::Absolute => ClipSpec::Absolute {
+            c: cfg.privacy.clip_norm,
+        },
+        ClipScale::TypicalDensity => ClipSpec::TypicalDensity {
+            c: cfg.privacy.clip_norm,
+        },
+    };
+    // Before any trajectory is allocated: the B × N distance/weight matrices must fit
+    // the memory cap, and B × N × d × steps the work cap.
+    let traj = tc.trajectories as u64;
+    limits::check_product("density.trajectories", &[traj, data.n as u64], limits::DENOISER_CELL)
+        .and_then(|_| {
+            limits::check_product(
+                "density.trajectories",
+                &[traj, data.n as u64, data.d as u64, steps.len() as u64],
+                limits::DENOISER_STEP,
+            )
+        })
+        .map_err(|e| {
+            let mut e = e;
+            e.message = format!(
+                "{} trajectories over {} records of dimension {} and {} steps: {}",
+                tc.trajectories,
+                data.n,
+                data.d,
+                steps.len(),
+                e.message
+            );
+            e
+        })?;
+    let den = EmpiricalDenoiser::new(&data, candle_core::DType::F64, &candle_core::Device::Cpu)?;
+    // Trajectories of the full-batch, clipped empirical denoiser; public steps are run
+    // by the empirical denoiser too (no public model here), their μ is not accounted.
+    let run = sample(
+        &den,
+        &steps,
+        SamplerOptions {
+            trajectories: tc.trajectories,
+            seed: tc.seed,
+            subsample_rate: 1.0,
+            clip: Some(clip),
+        },
+    )?;
+    let n = data.n as f64;
+    let mut mus = Vec::with_capacity(steps.len());
+    let mut spread = Vec::with_capacity(steps.len());
+    for (s, lp) in steps.iter().zip(&run.log_density) {
+        let lc = clip.log_c(s.t, data.d);
+        let mut v: Vec<f64> = lp.iter().map(|l| log_mu(lc, *l, n, s.t, s.dt).exp()).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let med = if v.len() % 2 == 1 {
+            v[v.len() / 2]
+        } else {
+            0.5 * (v[v.len() / 2 - 1] + v[v.len() / 2])
+        };
+        let (lo, hi) = (v[0], v[v.len() - 1]);
+        mus.push(hi);
+        spread.push((lo, med, hi));
+    }
+    Ok(Plan {
+        convention: cfg.convention,
+        steps: rows(&steps, &roles, &mus, Some(&spread)),
+        dataset_size: data.n as u64,
+        density: format!(
+            "p_t(x_t) along {} trajectories of the empirical denoiser on {} ({} × {}, seed {}); μ_t accounted = max over trajectories",
+            tc.trajectories,
+            tc.data.display(),
+            data.n,
+            data.d,
+            tc.seed
+        ),
+    })
+}
+
+/// [`plan`] for `density = trajectories` in a build without the `models` feature (the Python
+/// extension): the empirical denoiser runs in candle, which this build does not hold.
+#[cfg(not(feature = "models"))]
+fn trajectory_plan(_cfg: &SamplerConfig, _tc: &TrajectoryConfig) -> Result<Plan> {
+    Err(Error::field(
+        "density",
+        "trajectories of the empirical denoiser need dpaudit built with its `models` feature (the `dpaudit` command has it; the Python extension is built without candle): run `dpaudit analyze` on this config, or give `[density] kind = \"constant\"`",
+    ))
 }
 
 /// The event of one sampler run: private steps in order (Poisson-subsampled at rate p < 1),

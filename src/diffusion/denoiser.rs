@@ -11,6 +11,7 @@
 
 use std::path::Path;
 
+#[cfg(feature = "models")]
 use candle_core::{DType, Device, Tensor, D};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -121,7 +122,9 @@ impl Dataset {
     }
 }
 
+#[cfg(feature = "models")]
 /// The batched empirical denoiser over one dataset.
+#[cfg(feature = "models")]
 pub struct EmpiricalDenoiser {
     /// Xᵀ (d × N), contiguous.
     data_t: Tensor,
@@ -144,6 +147,7 @@ pub struct DenoiseOutput {
     pub log_density: Vec<f64>,
 }
 
+#[cfg(feature = "models")]
 impl EmpiricalDenoiser {
     /// `dtype` F64 for accuracy (tests, small data, densities), F32 for throughput.
     pub fn new(data: &Dataset, dtype: DType, device: &Device) -> Result<Self> {
@@ -326,6 +330,7 @@ impl ClipSpec {
 /// Runs the reverse process of eq. (1), x_{t−Δt} = (1 − 2Δt/t)x_t + 2Δt/t·Ê[x₀|x_t] + √(2tΔt)·ε,
 /// from x = t_0·ε through `steps` with the (clipped, optionally subsampled) empirical denoiser;
 /// seeded and deterministic. Records ln p_t(x_t) at each step's `t`.
+#[cfg(feature = "models")]
 pub fn sample(den: &EmpiricalDenoiser, steps: &[Step], opts: SamplerOptions) -> Result<SampleRun> {
     let d = den.dim();
     let b = opts.trajectories;
@@ -371,7 +376,7 @@ pub fn sample(den: &EmpiricalDenoiser, steps: &[Step], opts: SamplerOptions) -> 
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "models"))]
 #[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;

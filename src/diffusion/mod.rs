@@ -16,6 +16,7 @@
 
 pub mod account;
 pub mod calibrate;
+#[cfg(feature = "models")]
 pub mod denoiser;
 pub mod sampler;
 pub mod schedule;

@@ -32,10 +32,7 @@ pub struct DataInfo {
     pub rows: usize,
 }
 
-/// `training.randomness` of a run whose randomness came from the operating system's CSPRNG.
-pub const RANDOMNESS_OS: &str = "os: drawn from the operating system's CSPRNG (not reproducible)";
-/// `training.randomness` of a seeded run.
-pub const RANDOMNESS_SEEDED: &str = "seeded: not private against anyone who knows the seed";
+pub use super::folder::{RANDOMNESS_OS, RANDOMNESS_SEEDED};
 
 fn seeded_randomness() -> String {
     RANDOMNESS_SEEDED.to_string()
@@ -80,6 +77,10 @@ pub struct TrainingInfo {
     /// Checkpoint the run started from (fine-tuning), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<String>,
+    /// Set by `dpaudit model relocate`: the folder moved after training, and `command` names
+    /// the folders where they are now (what a rerun would use), not where the run wrote them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relocated: Option<String>,
 }
 
 /// RAPID retrieval settings (when the DP run used the knowledge base).

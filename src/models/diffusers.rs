@@ -21,24 +21,7 @@ use crate::data::digits::{sha256_hex, sha256_hex_of};
 use crate::diffusion::schedule::diffusers::{PredictionType, SchedulerConfig};
 use crate::diffusion::schedule::table::TrainingSchedule;
 
-/// The weights file name diffusers writes.
-pub const WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
-
-/// The folder holding `config.json` for a diffusers checkpoint given as `path` (the UNet folder
-/// itself, a pipeline folder with `unet/`, or the `config.json` file), or `None` when `path` is
-/// not a diffusers checkpoint.
-pub fn unet_dir(path: &Path) -> Option<PathBuf> {
-    if path.is_file() && path.file_name().is_some_and(|n| n == "config.json") {
-        return path.parent().map(Path::to_path_buf);
-    }
-    if path.join("config.json").is_file() {
-        return Some(path.to_path_buf());
-    }
-    if path.join("unet").join("config.json").is_file() {
-        return Some(path.join("unet"));
-    }
-    None
-}
+pub use super::folder::{find_scheduler, unet_dir, WEIGHTS};
 
 /// A loaded diffusers UNet with its scheduler.
 pub struct DiffusersCheckpoint {
@@ -62,19 +45,6 @@ pub struct DiffusersCheckpoint {
     /// The arithmetic of its forwards on a GPU: the plan's `--precision` (fp32 when loaded; the
     /// application layer sets it after [`super::precision::check_device`]).
     pub precision: Precision,
-}
-
-/// The scheduler config of a UNet folder: beside the UNet, beside the folder given, or in a
-/// pipeline's `scheduler/`.
-pub fn find_scheduler(unet_dir: &Path, dir: &Path) -> Option<PathBuf> {
-    [
-        unet_dir.join("scheduler_config.json"),
-        dir.join("scheduler_config.json"),
-        dir.join("scheduler").join("scheduler_config.json"),
-        unet_dir.join("..").join("scheduler").join("scheduler_config.json"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
 }
 
 /// Tensors by name, the dtype count of the file, and its SHA-256.

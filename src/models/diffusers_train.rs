@@ -50,58 +50,9 @@ use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, EventFile, Neighbouring};
 use crate::report::export::fmt_num;
 
-/// The dpaudit card beside the diffusers files.
-pub const CARD: &str = "dpaudit-card.toml";
-/// The DP ledger beside the diffusers files (an event file `account --event` reads).
-pub const LEDGER: &str = "dpaudit-ledger.toml";
-/// The training record `mia` checks the split against.
-pub const TRAINING: &str = "training.json";
-/// The scheduler config written beside the UNet.
-pub const SCHEDULER: &str = "scheduler_config.json";
-/// The canaries of a `--canaries m` run (contents and the secret inclusion bits).
-pub const CANARIES: &str = "canaries.csv";
-/// The gradient canaries of a `--canary-kind both` run (beside the input canaries in
-/// [`CANARIES`]; alone, gradient canaries are written to [`CANARIES`]).
-pub const GRADIENT_CANARIES: &str = "gradient-canaries.csv";
-/// The white-box record of a `--canaries m --canary-kind gradient` run: every noisy update at
-/// every gradient canary's coordinate, [steps, m] float32 in units of C.
-pub const OBSERVATIONS: &str = "canary-observations.npy";
+pub use super::folder::{CANARIES, CARD, GRADIENT_CANARIES, LEDGER, OBSERVATIONS, SCHEDULER, TRAINING};
 
-/// The files that identify what a diffusers folder holds, with their roles (`config`, `weights`,
-/// `scheduler`, `card`, `ledger`), those that exist: what `model info` hashes and every report
-/// on the folder lists among its inputs. A pipeline folder's are its `unet/` and `scheduler/`.
-pub fn folder_files(dir: &Path) -> Vec<(&'static str, PathBuf)> {
-    let Some(u) = unet_dir(dir) else {
-        return Vec::new();
-    };
-    let mut v = vec![("config", u.join("config.json")), ("weights", u.join(WEIGHTS))];
-    if let Some(s) = super::diffusers::find_scheduler(&u, dir) {
-        v.push(("scheduler", s));
-    }
-    for (role, name) in [("card", CARD), ("ledger", LEDGER)] {
-        if let Some(p) = [u.join(name), dir.join(name)].into_iter().find(|p| p.is_file()) {
-            v.push((role, p));
-        }
-    }
-    v.retain(|(_, p)| p.is_file());
-    v
-}
-
-/// The DP ledger of a diffusers folder (`dpaudit-ledger.toml` beside the UNet, or in the folder
-/// given), the event file `check` and `account --event` read for it. A folder without one is an
-/// error that says why (trained without DP, or outside dpaudit) and names the folder.
-pub fn folder_ledger(dir: &Path) -> Result<PathBuf> {
-    let u = unet_dir(dir).unwrap_or_else(|| dir.to_path_buf());
-    [u.join(LEDGER), dir.join(LEDGER)]
-        .into_iter()
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            Error::input(format!(
-                "a folder: dpaudit reads a diffusers folder's DP ledger ({LEDGER}), and there is none in it (a model trained without DP, or outside dpaudit, has no ledger; give an event file or a sampler config instead)"
-            ))
-            .with_file(dir)
-        })
-}
+pub use super::folder::{folder_files, folder_ledger};
 
 /// The data file and split manifest a folder's card records (paths relative to the card, as
 /// [`super::card::resolve_card_path`] reads them, shown without `dir/../`), each checked
@@ -137,7 +88,7 @@ pub fn card_data(unet_dir: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
 
 /// `p` with `name/..` pairs removed (lexically: a path the user can read, the same file unless a
 /// symbolic link is crossed, which the SHA-256 check above catches).
-fn lexical(p: &Path) -> PathBuf {
+pub fn lexical(p: &Path) -> PathBuf {
     use std::path::Component;
     let mut out: Vec<Component> = Vec::new();
     for c in p.components() {
@@ -349,6 +300,14 @@ impl UnetCard {
             .map_err(|e| Error::input(format!("not a dpaudit card: {}", e.message())).with_file(&p))
     }
 
+    /// The card file's text: a one-line header, then the card as TOML.
+    pub fn text(&self) -> Result<String> {
+        Ok(format!(
+            "# dpaudit card of a diffusers UNet2DModel folder: architecture, data/split hashes, training settings, the command, for DP runs the ε spent.\n{}",
+            toml::to_string(self).map_err(|e| Error::input(e.to_string()))?
+        ))
+    }
+
     /// The white-box gradient canaries (with their observations) the card names, if any.
     pub fn white_box_canaries(&self) -> Option<&CanaryInfo> {
         super::card::white_box_canaries(self.canaries.as_ref(), self.gradient_canaries.as_ref())
@@ -441,18 +400,7 @@ pub struct UnetTrainPlan {
     pub sign_key: Option<ed25519_dalek::SigningKey>,
 }
 
-/// Every file a released folder may hold (what a signature must cover when present).
-pub const RELEASED: [&str; 9] = [
-    "config.json",
-    crate::models::diffusers::WEIGHTS,
-    SCHEDULER,
-    CARD,
-    TRAINING,
-    LEDGER,
-    CANARIES,
-    GRADIENT_CANARIES,
-    OBSERVATIONS,
-];
+pub use super::folder::RELEASED;
 
 /// `files` with the signature of `key` added (the signature is part of the same set).
 fn signed(
@@ -1364,6 +1312,7 @@ impl Folder<'_> {
                 eval_loss_after: Some(after),
                 eval_on: Some(self.eval_on.to_string()),
                 init: plan.init.as_ref().map(|p| super::card::card_relative(p, dir)),
+                relocated: None,
             },
             dp: dp_info,
             canaries: canary_info,
@@ -1385,11 +1334,7 @@ impl Folder<'_> {
         files.push(("config.json".into(), config_bytes));
         files.push((WEIGHTS.into(), weights));
         files.push((SCHEDULER.into(), self.sched_text.as_bytes().to_vec()));
-        let card_text = format!(
-            "# dpaudit card of a diffusers UNet2DModel folder: architecture, data/split hashes, training settings, the command, for DP runs the ε spent.\n{}",
-            toml::to_string(&card).map_err(|e| Error::input(e.to_string()))?
-        );
-        files.push((CARD.into(), card_text.into_bytes()));
+        files.push((CARD.into(), card.text()?.into_bytes()));
         files.push((
             TRAINING.into(),
             (serde_json::to_string_pretty(&record).map_err(|e| Error::input(e.to_string()))? + "\n").into_bytes(),

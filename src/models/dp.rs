@@ -10,17 +10,13 @@ use candle_core::Tensor;
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
-use rand_distr::StandardNormal;
 
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventFile, Neighbouring};
 
 use super::canary::Defect;
 
-/// Standard normal draws from `rng`.
-pub fn normals<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
-}
+pub use crate::numeric::normals;
 
 /// A CSPRNG for DP randomness: ChaCha20 keyed with 32 bytes from the operating system
 /// (`getrandom`) when `seed` is None, else seeded (reproducible, not secret).

@@ -13,6 +13,8 @@
 //! * [`card`]: what a card records (data, split, training, DP, canaries) and its paths.
 //! * [`canary`]: canaries for the one-run audits (input and white-box gradient canaries).
 //! * [`device`]: `--device auto|cpu|cuda`.
+//! * [`folder`]: the file names of a diffusers folder as dpaudit writes it, where its UNet,
+//!   scheduler config and ledger sit, and the card's randomness texts (no tensors).
 //! * [`precision`]: `--precision fp32|tf32|bf16` of the UNet forward on a GPU (cuDNN
 //!   convolutions with an explicit math type in `unet2d::cuda::cudnn_conv`, feature `cudnn`).
 //!
@@ -22,16 +24,29 @@
 //! `.cu`, cuDNN and the algorithm record) live under [`unet2d`]; `unsafe` appears only there
 //! (and in [`device`]'s CUDA memory-pool set-up).
 
+// Without the `models` feature (the Python extension's build) only the candle-free modules
+// compile: what a card records and the diffusers folder's file names, which the accounting
+// chain and the reports use.
+#[cfg(feature = "models")]
 pub mod canary;
 pub mod card;
+#[cfg(feature = "models")]
 pub mod device;
+#[cfg(feature = "models")]
 pub mod diffusers;
+#[cfg(feature = "models")]
 pub mod diffusers_train;
+#[cfg(feature = "models")]
 pub mod dp;
+pub mod folder;
 /// `--precision` lives with the UNet it applies to; re-exported here for its callers outside
 /// `models/`.
+#[cfg(feature = "models")]
 pub use unet2d::precision;
+#[cfg(feature = "models")]
 pub mod toy;
+#[cfg(feature = "models")]
 pub mod unet2d;
 
+#[cfg(feature = "models")]
 pub use device::DeviceChoice;

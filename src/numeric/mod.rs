@@ -200,3 +200,10 @@ mod tests {
         }
     }
 }
+
+/// Standard normal draws from `rng` (f32), for the noise the mechanisms and attacks draw.
+pub fn normals<R: rand::Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal))
+        .collect()
+}

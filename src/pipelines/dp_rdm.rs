@@ -127,7 +127,8 @@ pub fn verify(c: &DpRdmClaim) -> Result<ClaimResult> {
                 "theorem_3_1",
                 format!(
                     "Theorem 3.1: replace-one with coupled Poisson sampling, sensitivity 2/k, accounted through the \
-                     mixture of Eq. 1 (noise multiplier σk/2 = {z})"
+                     mixture of Eq. 1 (noise multiplier σk/2 = {})",
+                    crate::numeric::format::fmt_num(z)
                 ),
                 "Δ = 2/k (replace-one via coupled sampling)",
                 sampling.clone(),
@@ -140,7 +141,8 @@ pub fn verify(c: &DpRdmClaim) -> Result<ClaimResult> {
                 "add_remove",
                 format!(
                     "add/remove one record: an added record can push out the k-th neighbour, so Δ = 2/k \
-                     (noise multiplier σk/2 = {z})"
+                     (noise multiplier σk/2 = {})",
+                    crate::numeric::format::fmt_num(z)
                 ),
                 "Δ = 2/k (add/remove; 1/k is not a bound)",
                 sampling,

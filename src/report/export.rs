@@ -756,6 +756,40 @@ fn shared_columns(t: &Table) -> Vec<usize> {
         .collect()
 }
 
+/// Columns of `t` (other than the `shared` ones) whose long text (over 40 characters) takes two
+/// to six values, each in two or more rows: a table of groups of rows with one text per group
+/// (a MIA comparison's checkpoint and sampler rows, each with its basis). The HTML page states
+/// each text once under the table, lettered, and the cells give the letter. Returns the column
+/// and its texts in order of first appearance.
+fn grouped_columns(t: &Table, shared: &[usize]) -> Vec<(usize, Vec<String>)> {
+    if t.rows.len() < 4 {
+        return Vec::new();
+    }
+    (0..t.columns.len())
+        .filter(|i| !shared.contains(i))
+        .filter_map(|i| {
+            let mut texts: Vec<(String, usize)> = Vec::new();
+            for r in &t.rows {
+                let Some(Cell::Text(x)) = r.get(i) else { return None };
+                if x.chars().count() <= 40 {
+                    return None;
+                }
+                match texts.iter_mut().find(|(t, _)| t == x) {
+                    Some((_, n)) => *n += 1,
+                    None => texts.push((x.clone(), 1)),
+                }
+            }
+            ((2..=6).contains(&texts.len()) && texts.iter().all(|(_, n)| *n >= 2))
+                .then(|| (i, texts.into_iter().map(|(t, _)| t).collect()))
+        })
+        .collect()
+}
+
+/// The letter of the `k`-th text of a grouped column: `a`, `b`, ….
+fn group_letter(k: usize) -> char {
+    (b'a' + k as u8) as char
+}
+
 /// Makes an SVG from plotters safe to inline: drops the XML prolog and the namespace attribute
 /// (an HTML5 parser does not need it, and the page must contain no URLs at all).
 fn inline_svg(svg: &str) -> String {
@@ -935,9 +969,15 @@ pub fn to_html(r: &Report) -> Result<String> {
             }
         }
         let _ = writeln!(s, "</tr>");
+        let grouped = grouped_columns(t, &shared);
         for row in &t.rows {
             let _ = write!(s, "<tr>");
-            for (_, c) in row.iter().enumerate().filter(|(i, _)| !shared.contains(i)) {
+            for (i, c) in row.iter().enumerate().filter(|(i, _)| !shared.contains(i)) {
+                if let Some((_, texts)) = grouped.iter().find(|(g, _)| *g == i) {
+                    let k = texts.iter().position(|x| *x == cell_text(c)).unwrap_or(0);
+                    let _ = write!(s, "<td>({})</td>", group_letter(k));
+                    continue;
+                }
                 let cls = match c {
                     Cell::Int(_) | Cell::Num(_) => " class=\"num\"",
                     // A long text in a wide table keeps a readable width (the table scrolls).
@@ -956,6 +996,17 @@ pub fn to_html(r: &Report) -> Result<String> {
                 esc(&t.columns[i].header()),
                 text_html(&cell_text(&t.rows[0][i]))
             );
+        }
+        for (i, texts) in &grouped {
+            for (k, x) in texts.iter().enumerate() {
+                let _ = writeln!(
+                    s,
+                    "<p class=\"shared\"><strong>{} ({})</strong>: {}</p>",
+                    esc(&t.columns[*i].header()),
+                    group_letter(k),
+                    text_html(x)
+                );
+            }
         }
         if let Some(n) = &t.note {
             let _ = writeln!(s, "<p>{}</p>", text_html(n));
@@ -1071,6 +1122,30 @@ mod tests {
         r.tables[0].rows[1][1] = Cell::from("RDP of the ledger's event at the ledger's δ, with amplification");
         let h = to_html(&r).unwrap();
         assert!(h.contains("<th>basis</th>"), "{h}");
+        // Two groups of rows, one text each (checkpoint and sampler rows): each text once,
+        // lettered, and the cells give the letter.
+        let other = "RDP of the sampler's steps at the ledger's δ, with amplification by subsampling";
+        r.tables[0].rows = (0..5)
+            .map(|i| {
+                let b = if i < 3 { basis.as_str() } else { other };
+                vec![
+                    Cell::from(format!("row {i}")),
+                    Cell::from(b),
+                    Cell::from("below the limit"),
+                ]
+            })
+            .collect();
+        let h = to_html(&r).unwrap();
+        assert_eq!(h.matches("no amplification credit").count(), 1, "{h}");
+        assert_eq!(h.matches("amplification by subsampling").count(), 1, "{h}");
+        assert!(
+            h.contains("<th>basis</th>") && h.matches("<td>(a)</td>").count() == 3,
+            "{h}"
+        );
+        assert!(
+            h.contains("<strong>basis (b)</strong>") && h.matches("<td>(b)</td>").count() == 2,
+            "{h}"
+        );
     }
 
     #[test]

@@ -932,3 +932,31 @@ fn merge_derives_guarantees_from_the_ledger_not_the_parts() {
     );
     assert!(!tmp.path().join("sigma-out").join("mia.json").exists());
 }
+
+/// No shipped folder's record names a scratch folder it was trained in (`dpaudit model
+/// relocate` rewrote them): cards, ledgers and training records name the folders under models/.
+#[test]
+fn shipped_models_record_where_they_are_now() {
+    let mut bad = Vec::new();
+    for entry in std::fs::read_dir("models").unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        for name in ["dpaudit-card.toml", "dpaudit-ledger.toml", "training.json"] {
+            let Ok(text) = std::fs::read_to_string(dir.join(name)) else {
+                continue;
+            };
+            for stale in ["/tmp/", "models-next", "/work/"] {
+                if text.contains(stale) {
+                    bad.push(format!("{}/{name} names {stale}", dir.display()));
+                }
+            }
+        }
+        if dir.join("dpaudit-card.toml").is_file() {
+            let card = std::fs::read_to_string(dir.join("dpaudit-card.toml")).unwrap();
+            assert!(card.contains(&format!("--out {}", dir.display())), "{card}");
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

@@ -992,3 +992,113 @@ fn a_killed_checkpoint_commit_leaves_the_previous_checkpoint_whole() {
     }
     assert_eq!(last_steps, 3);
 }
+
+/// `model relocate`: a trained folder moved after training records where it and its --init
+/// folder are now, is sealed again (the card holds the new ledger's SHA-256, `check` and
+/// `model info` read it), leaves the event untouched; a hand-edited folder and a signed folder
+/// without its key are refused, and the key signs the relocated folder again.
+#[test]
+fn relocate_records_the_new_location_and_seals_the_folder_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().join("scratch");
+    let shipped = dir.path().join("shipped");
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::create_dir_all(&shipped).unwrap();
+    let train = |out: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--unet",
+            "tiny",
+            "--steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--seed",
+            "1",
+            "--quiet",
+            "--out",
+            s(out),
+        ];
+        a.extend_from_slice(extra);
+        let o = dpaudit(&a);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    };
+    let dp = ["--dp", "--noise-multiplier", "1.0", "--sample-rate", "0.1"];
+    train(&scratch.join("base"), &dp);
+    let base = scratch.join("base");
+    let mut extra = vec!["--init", s(&base)];
+    extra.extend_from_slice(&dp);
+    train(&scratch.join("run"), &extra);
+    let ledger_before = std::fs::read_to_string(scratch.join("run/dpaudit-ledger.toml")).unwrap();
+    for f in ["base", "run"] {
+        std::fs::rename(scratch.join(f), shipped.join(f)).unwrap();
+    }
+    let run = shipped.join("run");
+    let o = dpaudit(&["model", "relocate", s(&run)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let card = std::fs::read_to_string(run.join("dpaudit-card.toml")).unwrap();
+    let ledger = std::fs::read_to_string(run.join("dpaudit-ledger.toml")).unwrap();
+    let record = std::fs::read_to_string(run.join("training.json")).unwrap();
+    for text in [&card, &ledger, &record] {
+        assert!(!text.contains(s(&scratch)), "{text}");
+    }
+    assert!(card.contains(&format!("--out {}", s(&run))), "{card}");
+    assert!(card.contains(&format!("--init {}", s(&shipped.join("base")))), "{card}");
+    assert!(card.contains("relocated = "), "{card}");
+    assert!(record.contains("\"relocated\""), "{record}");
+    // The event is byte for byte the run's: only comment lines changed.
+    let body = |t: &str| t.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n");
+    assert_eq!(body(&ledger), body(&ledger_before));
+    // The card seals the new ledger bytes.
+    let sha = dpaudit::report::sha256_hex(ledger.as_bytes());
+    assert!(card.contains(&format!("ledger_sha256 = \"{sha}\"")), "{card}");
+    let o = dpaudit(&["model", "info", s(&run)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&sha), "{}", stdout(&o));
+    let o = dpaudit(&["check", s(&run), "--max-epsilon", "1000"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    // A second relocate has nothing to do.
+    let o = dpaudit(&["model", "relocate", s(&run)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing written"), "{}", stderr(&o));
+
+    // A hand edit of the ledger after training: refused, naming the seal it breaks.
+    let edited = shipped.join("edited");
+    train(&scratch.join("edited"), &dp);
+    std::fs::rename(scratch.join("edited"), &edited).unwrap();
+    let l = edited.join("dpaudit-ledger.toml");
+    let t = std::fs::read_to_string(&l).unwrap();
+    std::fs::write(&l, t.replace(s(&scratch), "somewhere/else")).unwrap();
+    let o = dpaudit(&["model", "relocate", s(&edited)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // Caught when the folder is read (its output-set manifest), before relocate's own check of
+    // the card's seal (dp.ledger_sha256): either way nothing is written.
+    let e = stderr(&o);
+    assert!(
+        e.contains("differs from the output set") || e.contains("dp.ledger_sha256"),
+        "{e}"
+    );
+    assert!(std::fs::read_to_string(&l).unwrap().contains("somewhere/else"));
+    assert!(std::fs::read_to_string(edited.join("dpaudit-card.toml"))
+        .unwrap()
+        .contains(s(&scratch)));
+
+    // A signed folder: refused without its key, signed again with it (and the signature verifies).
+    let keys = dir.path().join("keys");
+    assert_eq!(dpaudit(&["model", "keygen", "--out", s(&keys)]).status.code(), Some(0));
+    let (secret, public) = (keys.join("dpaudit-signing.key"), keys.join("dpaudit-signing.pub"));
+    let mut extra = vec!["--sign-key", s(&secret)];
+    extra.extend_from_slice(&dp);
+    train(&scratch.join("signed"), &extra);
+    let signed = shipped.join("signed");
+    std::fs::rename(scratch.join("signed"), &signed).unwrap();
+    let o = dpaudit(&["model", "relocate", s(&signed)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--sign-key"), "{}", stderr(&o));
+    let o = dpaudit(&["model", "relocate", s(&signed), "--sign-key", s(&secret)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut extra = vec!["--init", s(&signed), "--trust-key", s(&public)];
+    extra.extend_from_slice(&dp);
+    let after = dir.path().join("after-signed");
+    train(&after, &extra);
+}

@@ -366,6 +366,67 @@ fn shipped_report_sentences_use_six_significant_digits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// The terminal text of the commands a reviewer reads (stdout and stderr: results, warnings,
+/// notes) holds no number with more than six significant digits either; full precision is in
+/// `--format json` and CSV.
+#[test]
+fn command_text_output_uses_six_significant_digits() {
+    let runs: &[&[&str]] = &[
+        &[
+            "account",
+            "--noise-multiplier",
+            "1.1",
+            "--sample-rate",
+            "0.004",
+            "--steps",
+            "14062",
+            "--delta",
+            "1e-5",
+        ],
+        &[
+            "account",
+            "--event",
+            "fixtures/events/heterogeneous.toml",
+            "--delta",
+            "1e-5",
+        ],
+        &[
+            "calibrate",
+            "--target-epsilon",
+            "8",
+            "--sample-rate",
+            "0.01",
+            "--steps",
+            "10000",
+            "--delta",
+            "1e-5",
+        ],
+        &[
+            "check",
+            "fixtures/events/dpsgd-mnist-sigma0.8.toml",
+            "--max-epsilon",
+            "2",
+        ],
+        &["check", "models/mnist-dp-ddpm", "--max-epsilon", "8"],
+        &["analyze", "fixtures/samplers/edm-cifar10-subsampled.toml"],
+        &["verify", "fixtures/claims/dp-rdm-cifar10.toml"],
+        &["model", "info", "models/mnist-dp-ddpm"],
+    ];
+    let mut bad = Vec::new();
+    for args in runs {
+        let o = dpaudit(args);
+        assert!(matches!(o.status.code(), Some(0 | 1)), "{args:?}: {}", stderr(&o));
+        let out = format!("{}\n{}", stdout(&o), stderr(&o));
+        assert!(out.trim().len() > 20, "{args:?} printed nothing");
+        for line in out.lines() {
+            for n in long_numbers(line) {
+                bad.push(format!("dpaudit {}: {n} in \"{line}\"", args.join(" ")));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// `train` speaks Opacus: --batch-size under --dp is the expected batch (q = B/N), --epochs
 /// gives ⌈E/q⌉ steps, --target-epsilon calibrates σ (ε ≤ target in the card); -q prints nothing
 /// on stderr. --epochs with --steps, and an expected batch of 0, are refused.

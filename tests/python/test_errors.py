@@ -87,6 +87,15 @@ def test_bad_sampler_config_names_file_and_field(tmp_path):
     assert "bogus_key" in str(e.value)
 
 
+def test_trajectory_density_is_left_to_the_command_with_the_reason():
+    # The extension is built without candle (README "Python"): the empirical denoiser's
+    # trajectories are refused, naming the field, the reason and the command that reads them.
+    with pytest.raises(ValueError) as e:
+        dpaudit.analyze(ROOT / "fixtures/samplers/digits-trajectories.toml")
+    msg = str(e.value)
+    assert "density" in msg and "models" in msg and "dpaudit analyze" in msg, msg
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -597,6 +597,7 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             eval_loss_after: eval.map(|e| e.1),
             eval_on: eval.map(|_| eval_on.to_string()),
             init: plan.init.as_ref().map(|p| card::card_relative(p, &card_dir)),
+            relocated: None,
         },
         dp: dp_info,
         canaries: canary_info,
