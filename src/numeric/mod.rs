@@ -162,6 +162,13 @@ pub(crate) fn ln_gamma(x: f64) -> f64 {
     libm::lgamma(x)
 }
 
+/// Standard normal draws from `rng` (f32), for the noise the mechanisms and attacks draw.
+pub fn normals<R: rand::Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,11 +206,4 @@ mod tests {
             assert!(((back - p) / p).abs() < 1e-9, "{p} {x} {back}");
         }
     }
-}
-
-/// Standard normal draws from `rng` (f32), for the noise the mechanisms and attacks draw.
-pub fn normals<R: rand::Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal))
-        .collect()
 }
