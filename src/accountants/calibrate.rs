@@ -1083,12 +1083,33 @@ mod tests {
                 again.epsilon <= 8.0 && c.result.epsilon == again.epsilon,
                 "{solve_for:?}"
             );
-            // The earlier answer rounded to the grid on the safe side (up for σ, down for q).
+            // The earlier answer rounded to the grid on the safe side (up for σ, down for q). The
+            // PLD's grid is now sized for the answer's precision (docs/pld.md, Construction step
+            // 3), which raises its ε by at most 0.1 %: its answers may sit that much further on
+            // the safe side (σ up, q and steps down), never on the other.
             let grid = Grid::new(Domain::Real { lo: 1e-12, hi: 1e6 }, "x").unwrap();
+            let slack = if acc.kind() == AccountantKind::Pld { 1e-3 } else { 0.0 };
             match solve_for {
-                SolveFor::Steps => assert_eq!(c.value, old),
-                SolveFor::NoiseMultiplier => assert_eq!(c.value, grid.up(old), "{:?}", acc.kind()),
-                SolveFor::SampleRate => assert_eq!(c.value, grid.down(old)),
+                SolveFor::Steps => {
+                    assert!(
+                        c.value <= old && c.value >= (old * (1.0 - slack)).floor(),
+                        "steps {}",
+                        c.value
+                    )
+                }
+                SolveFor::NoiseMultiplier => {
+                    let up = grid.up(old);
+                    assert!(
+                        c.value >= up && c.value <= up * (1.0 + slack),
+                        "{:?}: σ {}",
+                        acc.kind(),
+                        c.value
+                    )
+                }
+                SolveFor::SampleRate => {
+                    let down = grid.down(old);
+                    assert!(c.value <= down && c.value >= down * (1.0 - slack), "q {}", c.value)
+                }
             }
             if acc.kind() == AccountantKind::Pld && solve_for != SolveFor::Steps {
                 assert!(c.evaluations <= 3, "{solve_for:?}: {} full evaluations", c.evaluations);
