@@ -338,6 +338,18 @@ fn analyze_gdp(path: &str) -> (i32, String, String) {
     (o.status.code().unwrap(), stdout(&o), stderr(&o))
 }
 
+/// A diffusers scheduler_config.json is analysed with ᾱ computed as diffusers computes it (float32
+/// β and cumulative product, docs/diffusion.md), a native TOML with the float64 schedule: the two
+/// agree to float32's precision, at most 7.2e-5 relative in μ, not bit for bit. A small ε moves more
+/// than its μ (0.0300409 against 0.0300369, 1.4e-4, at 100 leading steps): ε is compared to 1e-3.
+fn assert_f32_close(native: f64, scheduler: f64, at: &str) {
+    let rel = (native - scheduler).abs() / native.abs().max(f64::MIN_POSITIVE);
+    assert!(
+        rel <= 1e-3,
+        "{at}: native {native} / scheduler config {scheduler} ({rel:e} relative)"
+    );
+}
+
 fn headline(json: &str) -> f64 {
     let v: Value = serde_json::from_str(json).unwrap();
     let r = v["results"]
@@ -390,7 +402,7 @@ fn scheduler_config_and_native_toml_resolve_keys_the_same() {
                 Some(_) => {
                     assert_eq!(cn, 0, "{at}: {en}");
                     let (a, b) = (headline(&on), headline(&os));
-                    assert_eq!(a, b, "{at}");
+                    assert_f32_close(a, b, &at);
                     seen.push(a);
                 }
                 None => {
@@ -404,7 +416,7 @@ fn scheduler_config_and_native_toml_resolve_keys_the_same() {
         }
         // ddim/ddpm (convention B) differ from edm-heun/flow-euler (convention C).
         assert_eq!(seen[0], seen[1]);
-        assert_ne!(seen[0], seen[2]);
+        assert!((seen[0] - seen[2]).abs() > 1e-3 * seen[0], "{seen:?}");
     }
 }
 
@@ -628,7 +640,7 @@ fn laplace_leaf_is_accounted_by_pld_and_rdp_and_refused_by_gdp_and_clt() {
 
 /// Stable-Diffusion scheduler configs (issue 25 item 5): `scaled_linear` β with `steps_offset = 1`
 /// and `leading` spacing, and `squaredcos_cap_v2` with `trailing`, analyse to the same per-step ε
-/// as the schedule written natively.
+/// as the schedule written natively (to float32 precision: ᾱ is computed as diffusers does).
 #[test]
 fn stable_diffusion_scheduler_configs_match_native_schedules() {
     let dir = tempfile::tempdir().unwrap();
@@ -660,7 +672,7 @@ fn stable_diffusion_scheduler_configs_match_native_schedules() {
         let (ca, oa, ea) = analyze_gdp(&a);
         let (cb, ob, eb) = analyze_gdp(&b);
         assert_eq!((ca, cb), (0, 0), "case {i}: {ea} / {eb}");
-        assert_eq!(headline(&oa), headline(&ob), "case {i}");
+        assert_f32_close(headline(&ob), headline(&oa), &format!("case {i}"));
     }
 }
 
