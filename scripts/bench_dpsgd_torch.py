@@ -7,7 +7,7 @@ loss, Opacus' clipping min(1, C/(||g_i|| + 1e-6)), the sum, Gaussian noise sigma
 
 * dpaudit: `dpaudit train --unet mnist-ddpm --dp --sample-rate 1` on the 128 members of
   fixtures/splits/mnist.toml (every step is the full 128), per-sample gradients in chunks of 32
-  (`--batch-size 32`); the time of one step is (time of 1 + STEPS steps - time of 1 step) / STEPS,
+  (`--max-physical-batch-size 32`); the time of one step is (time of 1 + STEPS steps - time of 1 step) / STEPS,
   so start-up and the evaluation losses cancel, each time the fastest of REPS runs. RAYON_NUM_THREADS = threads.
 * PyTorch, torch.func: vmap(grad(loss)) over the batch in chunks of 32 (the per-sample
   gradients PyTorch's functorch computes), then the same clipping, noise and torch.optim.Adam.
@@ -49,7 +49,7 @@ def dpaudit_step(bin_, threads, steps, reps):
             c0, w0 = children_cpu(), time.perf_counter()
             subprocess.run([bin_, "train", "--unet", "mnist-ddpm", "--dp", "--sample-rate", "1",
                             "--noise-multiplier", str(SIGMA), "--clip", str(CLIP), "--steps", str(k),
-                            "--batch-size", str(CHUNK), "--seed", "0", "--out", f"{d}/m", "--quiet"],
+                            "--max-physical-batch-size", str(CHUNK), "--seed", "0", "--out", f"{d}/m", "--quiet"],
                            cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
             return children_cpu() - c0, time.perf_counter() - w0
     # The fastest of `reps` runs of each length (as PyTorch's side takes its fastest step), the

@@ -124,20 +124,37 @@ pub fn resolve_flags(f: &TrainFlags) -> Result<TrainSizes> {
             "only with --unet (the per-sample-gradient chunk of its batched pass)",
         ));
     }
-    // --unet: --batch-size stays the batch of its passes (the memory chunk under --dp), which
-    // --max-physical-batch-size names explicitly.
+    // Opacus' meaning, for both model families: under --dp without --sample-rate, --batch-size is
+    // the expected batch (q = B / N).
+    let expected_batch = f.batch.filter(|_| f.dp && f.sample_rate.is_none());
+    // --unet: the batch of its passes. Under --dp that is the per-sample-gradient chunk, named by
+    // --max-physical-batch-size (Opacus' max_physical_batch_size). Given with --sample-rate,
+    // --batch-size cannot be the expected batch (q is set): it is read as the chunk, as before
+    // Opacus' meaning was adopted, and the reading is noted.
+    let batch_size = if unet {
+        match (f.max_physical_batch_size, expected_batch, f.batch) {
+            (Some(m), _, _) => m,
+            (None, Some(_), _) | (None, None, None) => 128,
+            (None, None, Some(b)) => {
+                if f.dp && !f.quiet {
+                    crate::report::progress::note(&format!(
+                        "--batch-size {b} with --sample-rate under --unet --dp: read as the per-sample-gradient \
+                         chunk (--max-physical-batch-size {b}); without --sample-rate it is the expected batch \
+                         (q = B / N, as in Opacus)"
+                    ));
+                }
+                b
+            }
+        }
+    } else {
+        f.batch.unwrap_or(128)
+    };
     let mut out = TrainSizes {
-        batch_size: if unet {
-            f.max_physical_batch_size.or(f.batch).unwrap_or(128)
-        } else {
-            f.batch.unwrap_or(128)
-        },
+        batch_size,
         sample_rate: f.sample_rate.unwrap_or(0.16),
         steps: f.steps,
         noise_multiplier: f.noise_multiplier,
     };
-    // Opacus' meaning: under --dp without --sample-rate, --batch-size is the expected batch.
-    let expected_batch = f.batch.filter(|_| f.dp && !unet && f.sample_rate.is_none());
     if f.epochs.is_none() && f.target_epsilon.is_none() && expected_batch.is_none() {
         return Ok(out);
     }

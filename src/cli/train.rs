@@ -221,7 +221,8 @@ pub struct Args {
     /// `mnist-ddpm`, `ddpm-cifar10`). --out is then a folder that diffusers' from_pretrained loads (config.json,
     /// diffusion_pytorch_model.safetensors, scheduler_config.json) with dpaudit-card.toml,
     /// training.json and, with --dp, dpaudit-ledger.toml; --data/--split default to the shipped
-    /// MNIST; --batch-size is the DP per-sample-gradient chunk of candle's batched pass (CUDA, and
+    /// MNIST; under --dp --batch-size is the expected batch (q = B / N, as in Opacus) and
+    /// --max-physical-batch-size the per-sample-gradient chunk of candle's batched pass (CUDA, and
     /// architectures the CPU pass does not cover); --init takes a diffusers folder.
     #[arg(long, value_name = "CONFIG|PRESET")]
     pub unet: Option<std::ffi::OsString>,
@@ -263,7 +264,11 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
         steps: a.steps,
         noise_multiplier: a.noise_multiplier,
         delta: a.delta,
-        split: a.split.clone(),
+        split: if a.unet.is_some() {
+            crate::cli::train_unet::data_and_split(&a).1
+        } else {
+            a.split.clone()
+        },
         on: a.on.into(),
         quiet: a.quiet,
     })?;

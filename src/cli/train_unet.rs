@@ -13,6 +13,16 @@ use dpaudit::models::diffusers_train::{UnetDpPlan, UnetTrainPlan};
 const MNIST_DATA: &str = "fixtures/data/mnist/mnist-10k.u8.gz";
 const MNIST_SPLIT: &str = "fixtures/splits/mnist.toml";
 
+/// `--data` / `--split` of a `train --unet` run: they default to the 8×8 digits; a UNet takes
+/// images, so the defaults become the shipped MNIST.
+pub fn data_and_split(a: &Args) -> (PathBuf, PathBuf) {
+    if a.data == Path::new("fixtures/data/digits.csv.gz") && a.split == Path::new("fixtures/splits/digits.toml") {
+        (PathBuf::from(MNIST_DATA), PathBuf::from(MNIST_SPLIT))
+    } else {
+        (a.data.clone(), a.split.clone())
+    }
+}
+
 /// Runs `train --unet`; `outputs` are the prepared `--format` outputs of `train`.
 pub fn run(
     a: Args,
@@ -66,13 +76,7 @@ pub fn run(
         checkpoint_every: a.checkpoint_every,
         force: a.force,
     })?;
-    // --data / --split default to the 8×8 digits; a UNet takes images: the shipped MNIST.
-    let (data, split) =
-        if a.data == Path::new("fixtures/data/digits.csv.gz") && a.split == Path::new("fixtures/splits/digits.toml") {
-            (PathBuf::from(MNIST_DATA), PathBuf::from(MNIST_SPLIT))
-        } else {
-            (a.data.clone(), a.split.clone())
-        };
+    let (data, split) = data_and_split(&a);
     let plan = UnetTrainPlan {
         data,
         split,

@@ -896,14 +896,14 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
         match unsupported(&config) {
             None => Some(CpuGrad::new(&model, images.shape)?),
             Some(why) => {
-                eprintln!("the hand-written CPU gradient pass does not cover {why}");
+                crate::report::progress::note(&format!("the hand-written CPU gradient pass does not cover {why}"));
                 None
             }
         }
     } else {
         None
     };
-    eprintln!(
+    crate::report::progress::note(&format!(
         "{}: {}",
         if plan.dp.is_some() {
             "per-sample gradients"
@@ -916,7 +916,7 @@ pub fn run(plan: &UnetTrainPlan, device: &Device, device_name: &str) -> Result<U
             (None, false) if plan.dp.is_some() => "candle batched pass",
             (None, false) => "candle backward",
         }
-    );
+    ));
     let log = LogProgress::new(plan.steps, plan.quiet);
     let mut ledger = EventBuilder::new();
     let mut total_batch = 0usize;

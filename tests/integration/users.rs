@@ -466,6 +466,62 @@ fn train_takes_epochs_expected_batch_and_target_epsilon() {
     }
 }
 
+/// `train --unet` speaks Opacus too: under --dp --batch-size is the expected batch (q = B/N over
+/// the shipped MNIST split's 128 members), the chunk is --max-physical-batch-size, and -q prints
+/// nothing on stderr (the executor line was printed regardless). With --sample-rate, --batch-size
+/// keeps its old reading (the chunk) and says so.
+#[test]
+fn train_unet_takes_the_expected_batch_under_dp() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("u");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--dp",
+        "--batch-size",
+        "16",
+        "--max-physical-batch-size",
+        "8",
+        "--steps",
+        "1",
+        "--seed",
+        "1",
+        "-q",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "-q must be quiet");
+    let card: toml::Table = toml::from_str(&std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap()).unwrap();
+    assert_eq!(card["dp"]["sample_rate"].as_float(), Some(16.0 / 128.0), "{card:?}");
+    let o = dpaudit(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--dp",
+        "--sample-rate",
+        "0.5",
+        "--batch-size",
+        "8",
+        "--steps",
+        "1",
+        "--seed",
+        "1",
+        "--force",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("read as the per-sample-gradient chunk"),
+        "{}",
+        stderr(&o)
+    );
+    let card: toml::Table = toml::from_str(&std::fs::read_to_string(out.join("dpaudit-card.toml")).unwrap()).unwrap();
+    assert_eq!(card["dp"]["sample_rate"].as_float(), Some(0.5));
+}
+
 /// A `[[dp_sgd]]` claim in Opacus' own names (`max_grad_norm`, `target_delta`) is read like
 /// `clip` and `delta` (it was an unknown-key error, exit 2).
 #[test]
