@@ -5,19 +5,15 @@
 //! dpaudit card (`dpaudit-card.toml`), the ledger (`dpaudit-ledger.toml`, DP runs) and the
 //! `training.json` record `mia` checks the split against.
 //!
-//! DP-SGD (Abadi et al. 2016, Algorithm 1, in Opacus' form): each step draws a Poisson sample
-//! of the private rows (each independently with probability q), computes every sample's
-//! gradient, clips it by Opacus' factor min(1, C/(‖g‖ + 10⁻⁶)), adds N(0, σ²C² I) to the sum and
-//! divides by the expected batch size q·n ([`super::dp::release`]), then takes an Adam step. On
-//! the CPU the per-sample gradients come from the hand-written pass of one sample at a time
-//! ([`super::unet2d::grad_cpu`], samples in parallel); on CUDA, with `--per-sample loop` and for
-//! architectures that pass does not cover, from candle's batched pass ([`super::unet2d::train`])
-//! in chunks of `--batch-size` rows (memory only, like Opacus' `BatchMemoryManager`; the
-//! released update is the same). The non-private path takes the gradient of the mean loss from
-//! the same two sources. Each step is one `PoissonSampled { q, Gaussian { σ } }` event
-//! under add/remove-one neighbours; the ledger records the steps that ran. Sampling, the
-//! examples' (t, ε) and the noise come from the OS-keyed ChaCha20 CSPRNG
-//! ([`super::dp::secret_rng`]) unless `--seed` is given.
+//! This file is the diffusers family of the training orchestrator ([`super::train`], which owns
+//! the plan, the DP-SGD step, Adam, the EMA and the folder's card, ledger and canaries): the
+//! presets, the card, and [`UnetFamily`]'s gradients. On the CPU the per-sample gradients come
+//! from the hand-written pass of one sample at a time ([`super::unet2d::grad_cpu`], samples in
+//! parallel, clipped by Opacus' factor min(1, C/(‖g‖ + 10⁻⁶))); on CUDA, with `--per-sample loop`
+//! and for architectures that pass does not cover, from candle's batched pass
+//! ([`super::unet2d::train`]) in chunks of `--batch-size` rows (memory only, like Opacus'
+//! `BatchMemoryManager`; the released update is the same). The non-private path takes the
+//! gradient of the mean loss from the same two sources.
 //!
 //! `--canaries m` adds m random ±1 images, each to the private rows with probability ½
 //! ([`super::canary`]; Steinke, Nasr & Jagielski 2023, Algorithm 1), and writes them with their

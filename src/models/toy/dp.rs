@@ -8,8 +8,9 @@
 //! Each iteration is one `PoissonSampled { q, Gaussian { σ } }` event under add/remove-one
 //! neighbouring (the sum of clipped gradients has L2 sensitivity C), so a run of `I` iterations is
 //! `DpEvent::dpsgd(σ, q, I)` (RAPID Thm 1 states its per-step RDP, (α, 2α/σ²) in their
-//! normalisation; we leave the accounting to the accountants). The ledger records what ran, built
-//! step by step with [`EventBuilder`].
+//! normalisation; we leave the accounting to the accountants). The loop itself — sampling, noise,
+//! Adam, the ledger built step by step — is the orchestrator's ([`crate::models::train::dp_sgd`]);
+//! this file has the per-sample clipped gradients and RAPID's retrieval.
 //!
 //! RAPID's retrieval variant ([`KnowledgeBase`], §3.3–3.4): the model is first pretrained on
 //! public rows; a knowledge base stores, for other public rows, key = features of x_k and
@@ -349,6 +350,7 @@ mod tests {
     }
 
     /// `steps` DP-SGD steps (σ, q, C = 1) of `net` on `x0` through the orchestrator's loop.
+    #[allow(clippy::too_many_arguments)]
     fn dp_steps(net: &Net, sched: TrainingSchedule, x0: &[f32], sigma: f64, q: f64, steps: usize, ema: f64, seed: Option<u64>) -> DpRun {
         let mut fam = crate::models::toy::run::ToyFamily::new(net.clone(), sched, PerSample::Auto, None);
         let vars: Vec<candle_core::Var> = fam.vars().into_iter().map(|(_, v)| v).collect();
