@@ -217,11 +217,15 @@ pub fn execute(plan: &Plan) -> Result<super::Outcome> {
         Model::Toy(toy) => {
             let o = crate::models::toy::run::run(&plan.train, toy, &device, &device_name)?;
             let card_path = o.layout.path(Role::Card);
-            (report(&o.card, &card_path, o.event.as_ref())?, o.lines)
+            let mut r = report(&o.card, &card_path, o.event.as_ref())?;
+            r.fact("backend", o.backend);
+            (r, o.lines)
         }
         Model::Unet(unet) => {
             let o = crate::models::diffusers_train::run(&plan.train, unet, &device, &device_name)?;
-            (unet_report(&o)?, o.lines)
+            let mut r = unet_report(&o)?;
+            r.fact("backend", o.backend);
+            (r, o.lines)
         }
     };
     let mut text = String::new();
@@ -362,10 +366,7 @@ pub(crate) fn unet_report(o: &Trained<UnetCard>) -> Result<Report> {
             r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
             r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
                 .fact("clip norm C", fmt_num(dp.clip))
-                .fact(
-                    "ledger",
-                    dir.join(crate::models::folder::LEDGER).display().to_string(),
-                );
+                .fact("ledger", dir.join(crate::models::folder::LEDGER).display().to_string());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
                 (Some(e), Some(acc)) => {
                     format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))

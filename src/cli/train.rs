@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::cli::values::{Arch, DeviceChoice, Part, PerSample};
+use dpaudit::audit::train::{Model, Plan};
 use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::error::Error;
-use dpaudit::audit::train::{Model, Plan};
 use dpaudit::models::toy::run::{RapidPlan, ToyPlan};
-use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 use dpaudit::models::toy::ModelConfig;
+use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 
 const EXAMPLES: &str = "\
 Examples:

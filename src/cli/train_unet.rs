@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::train::Args;
 use crate::cli::values::PerSample;
-use dpaudit::error::Error;
 use dpaudit::audit::train::{Model, Plan};
+use dpaudit::error::Error;
 use dpaudit::models::diffusers_train::UnetPlan;
 use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 

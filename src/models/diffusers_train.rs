@@ -492,7 +492,11 @@ impl Family for UnetFamily {
     }
 
     fn describe(&self) -> String {
-        format!("{}, {} parameters", self.model.config.describe(), self.model.parameters())
+        format!(
+            "{}, {} parameters",
+            self.model.config.describe(),
+            self.model.parameters()
+        )
     }
 
     fn mechanism(&self) -> &'static str {
@@ -505,6 +509,10 @@ impl Family for UnetFamily {
             (Some(_), false) => "hand-written",
             (None, false) => "batched",
         }
+    }
+
+    fn backend(&self, dp: bool) -> &'static str {
+        gradient_path(self.cpu_grad.is_some(), self.per_sample_loop, dp)
     }
 
     fn clipped_sum(&mut self, ex: &Examples, clip: f64) -> Result<ClippedSum> {
@@ -633,6 +641,17 @@ impl Family for UnetFamily {
     }
 }
 
+/// The gradient path a run takes: the hand-written CPU pass (`cpu`), candle's per-sample loop
+/// (`per_sample_loop`), candle's batched per-sample pass (`dp`) or candle's backward.
+fn gradient_path(cpu: bool, per_sample_loop: bool, dp: bool) -> &'static str {
+    match (cpu, per_sample_loop) {
+        (true, _) => "hand-written CPU pass",
+        (false, true) => "candle, one backward pass per sample",
+        (false, false) if dp => "candle batched pass",
+        (false, false) => "candle backward",
+    }
+}
+
 /// The family and the rows of `plan` on `device`: the images and split, the scheduler config,
 /// the UNet (the `--init` folder's config and weights with its ledger, or the preset / config
 /// file initialised from the public seed) and its gradient path.
@@ -648,6 +667,7 @@ pub fn setup(plan: &Plan, unet: &UnetPlan, device: &Device) -> Result<(UnetFamil
     let public_seed = plan.public_seed();
     // The model: the init folder's config and weights, or the preset / config file, initialised.
     let mut init_ledger: Option<(DpEvent, PathBuf)> = None;
+    let mut init_note = None;
     let (config_text, config_source, config_file, model) = match &plan.init {
         Some(dir) => {
             let udir = unet_dir(dir).ok_or_else(|| {
@@ -667,7 +687,10 @@ pub fn setup(plan: &Plan, unet: &UnetPlan, device: &Device) -> Result<(UnetFamil
                 init_ledger = Some(train::init_ledger(&lpath)?);
             } else if plan.dp.is_some() {
                 match public_only(&udir, &images, &split, &plan.split)? {
-                    Some(why) => eprintln!("--init {}: {why}", udir.display()),
+                    Some(why) => {
+                        eprintln!("--init {}: {why}", udir.display());
+                        init_note = Some("trained on the split's public rows only".to_string());
+                    }
                     None => {
                         return Err(Error::field(
                             "--init",
@@ -747,12 +770,7 @@ pub fn setup(plan: &Plan, unet: &UnetPlan, device: &Device) -> Result<(UnetFamil
         } else {
             "gradients"
         },
-        match (&cpu_grad, per_sample_loop) {
-            (Some(_), _) => "hand-written CPU pass",
-            (None, true) => "candle, one backward pass per sample",
-            (None, false) if plan.dp.is_some() => "candle batched pass",
-            (None, false) => "candle backward",
-        }
+        gradient_path(cpu_grad.is_some(), per_sample_loop, plan.dp.is_some())
     );
     let public_ix: Vec<usize> = split.public.iter().take(UnetFamily::EVAL_ROWS).copied().collect();
     let setup = Setup {
@@ -761,6 +779,7 @@ pub fn setup(plan: &Plan, unet: &UnetPlan, device: &Device) -> Result<(UnetFamil
         public: images.rows(&public_ix),
         private_ix,
         init_ledger,
+        init_note,
         t_max,
         public_seed,
     };

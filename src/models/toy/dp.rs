@@ -278,8 +278,8 @@ impl Retrieval {
 mod tests {
     use super::*;
     use crate::diffusion::schedule::table::TrainingScheduleConfig;
-    use crate::events::EventFile;
     use crate::events::DpEvent;
+    use crate::events::EventFile;
     use crate::models::dp::{ledger_toml, release};
     use crate::models::toy::{Arch, ModelConfig};
     use crate::models::train::{self, DpPlan, DpRun, DpSteps, Family, Hooks};
@@ -351,7 +351,16 @@ mod tests {
 
     /// `steps` DP-SGD steps (σ, q, C = 1) of `net` on `x0` through the orchestrator's loop.
     #[allow(clippy::too_many_arguments)]
-    fn dp_steps(net: &Net, sched: TrainingSchedule, x0: &[f32], sigma: f64, q: f64, steps: usize, ema: f64, seed: Option<u64>) -> DpRun {
+    fn dp_steps(
+        net: &Net,
+        sched: TrainingSchedule,
+        x0: &[f32],
+        sigma: f64,
+        q: f64,
+        steps: usize,
+        ema: f64,
+        seed: Option<u64>,
+    ) -> DpRun {
         let mut fam = crate::models::toy::run::ToyFamily::new(net.clone(), sched, PerSample::Auto, None);
         let vars: Vec<candle_core::Var> = fam.vars().into_iter().map(|(_, v)| v).collect();
         let mut opt = train::adam(vars.clone(), 1e-3).unwrap();

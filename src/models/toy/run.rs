@@ -112,6 +112,17 @@ impl Family for ToyFamily {
         }
     }
 
+    fn backend(&self, dp: bool) -> &'static str {
+        match (dp, self.per_sample(), self.net.device().is_cpu()) {
+            (false, _, true) => "candle backward (CPU)",
+            (false, _, false) => "candle backward (CUDA)",
+            (true, "ghost", true) => "candle, ghost clipping (CPU)",
+            (true, "ghost", false) => "candle, ghost clipping (CUDA)",
+            (true, _, true) => "candle, one backward pass per sample (CPU)",
+            (true, _, false) => "candle, one backward pass per sample (CUDA)",
+        }
+    }
+
     fn examples(&self, x0: &[f32], t: (usize, usize), rng: &mut ChaCha20Rng) -> Result<Examples> {
         match &self.rag {
             Some(r) => r.examples(&self.schedule, x0, t, rng),
@@ -341,6 +352,8 @@ pub fn setup(plan: &Plan, toy: &ToyPlan, device: &Device) -> Result<(ToyFamily, 
         private: data.rows(&private_ix),
         public: data.rows(&split.public),
         private_ix,
+        init_note: (plan.init.is_some() && init_ledger.is_none())
+            .then(|| "trained without DP on rows disjoint from the private rows".to_string()),
         init_ledger,
         t_max,
         public_seed,

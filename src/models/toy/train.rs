@@ -112,7 +112,19 @@ mod tests {
         let vars: Vec<Var> = net.params.all_vars();
         let mut opt = train::adam(vars.clone(), 2e-3).unwrap();
         let mut ema = train::Ema::new(vars, 0.0).unwrap();
-        train::plain(&mut fam, &x0, 150, 32, (0, 999), 5, &mut opt, &mut ema, None, |_, _, _| Ok(())).unwrap();
+        train::plain(
+            &mut fam,
+            &x0,
+            150,
+            32,
+            (0, 999),
+            5,
+            &mut opt,
+            &mut ema,
+            None,
+            |_, _, _| Ok(()),
+        )
+        .unwrap();
         let after = eval_loss(&net, &sched, &x0, 0, 999, 5, 4).unwrap();
         assert!(after < 0.8 * before, "{before} -> {after}");
     }

@@ -352,6 +352,8 @@ pub struct Setup {
     pub public: Vec<f32>,
     /// The `--init` checkpoint's ledger, with its path.
     pub init_ledger: Option<(DpEvent, PathBuf)>,
+    /// Why an `--init` checkpoint without a ledger has nothing to compose (the ledger's comment).
+    pub init_note: Option<String>,
     /// The highest step trained.
     pub t_max: usize,
     /// The seed of the public randomness ([`Plan::public_seed`]).
@@ -402,6 +404,9 @@ pub trait Family {
     fn mechanism(&self) -> &'static str;
     /// How per-sample gradients are computed (the card's `dp.per_sample`).
     fn per_sample(&self) -> &'static str;
+    /// The executor of the gradients as the run chose it (`dp`: per-sample gradients), recorded
+    /// in the report as the plan's backend.
+    fn backend(&self, dp: bool) -> &'static str;
     /// The examples of a Poisson batch `x0` from the trainer's sampling stream (RAPID's
     /// retrieval variant replaces the noise targets).
     fn examples(&self, x0: &[f32], t: (usize, usize), rng: &mut ChaCha20Rng) -> Result<Examples> {
@@ -436,6 +441,8 @@ pub struct Trained<C> {
     pub card: C,
     /// The whole ledger (DP runs).
     pub event: Option<DpEvent>,
+    /// The executor of the gradients ([`Family::backend`]).
+    pub backend: &'static str,
     /// Lines for the user (stdout).
     pub lines: Vec<String>,
 }
@@ -667,7 +674,13 @@ pub fn plain<F: Family>(
 
 /// Trains `fam` as `plan` says on the rows `setup` holds, on the device named `device_name`,
 /// and writes the set (weights, card, ledger, canaries) at once.
-pub fn run<F: Family>(plan: &Plan, mut fam: F, setup: Setup, layout: Layout, device_name: &str) -> Result<Trained<F::Card>> {
+pub fn run<F: Family>(
+    plan: &Plan,
+    mut fam: F,
+    setup: Setup,
+    layout: Layout,
+    device_name: &str,
+) -> Result<Trained<F::Card>> {
     let dim = fam.dim();
     let t_range = (plan.t_min, setup.t_max);
     crate::limits::check_canaries(plan.canaries, dim)?;
@@ -753,6 +766,7 @@ pub fn run<F: Family>(plan: &Plan, mut fam: F, setup: Setup, layout: Layout, dev
         t_range,
         device_name,
         init_ledger: setup.init_ledger.as_ref(),
+        init_note: setup.init_note.as_deref(),
         eval_rows,
         eval_on,
         eval_seed: plan.seed.unwrap_or(0),
@@ -763,7 +777,11 @@ pub fn run<F: Family>(plan: &Plan, mut fam: F, setup: Setup, layout: Layout, dev
     let vars: Vec<Var> = fam.vars().into_iter().map(|(_, v)| v).collect();
     let mut opt = adam(vars.clone(), plan.lr)?;
     let mut ema = Ema::new(vars.clone(), plan.ema)?;
-    let b = bar(plan.steps as u64, plan.quiet, if plan.dp.is_some() { "dp-sgd" } else { "train" });
+    let b = bar(
+        plan.steps as u64,
+        plan.quiet,
+        if plan.dp.is_some() { "dp-sgd" } else { "train" },
+    );
     let log = LogProgress::new(plan.steps, plan.quiet);
     let ledger = match &plan.dp {
         Some(d) => {
@@ -850,6 +868,7 @@ pub fn run<F: Family>(plan: &Plan, mut fam: F, setup: Setup, layout: Layout, dev
         layout,
         card,
         event,
+        backend: fam.backend(plan.dp.is_some()),
         lines,
     })
 }
@@ -880,6 +899,7 @@ struct Context<'a> {
     t_range: (usize, usize),
     device_name: &'a str,
     init_ledger: Option<&'a (DpEvent, PathBuf)>,
+    init_note: Option<&'a str>,
     eval_rows: &'a [f32],
     eval_on: &'a str,
     eval_seed: u64,
@@ -941,8 +961,9 @@ impl Context<'_> {
                     match (self.init_ledger, &plan.init) {
                         (Some((_, p)), _) => format!(", after the ledger of --init ({})", p.display()),
                         (None, Some(p)) => format!(
-                            ", from --init {} (trained on rows disjoint from the private rows: nothing to compose)",
-                            p.display()
+                            ", from --init {} ({}: nothing to compose)",
+                            p.display(),
+                            self.init_note.unwrap_or("trained on rows disjoint from the private rows")
                         ),
                         (None, None) => String::new(),
                     },
@@ -976,7 +997,9 @@ impl Context<'_> {
                 ledger: layout.name(Role::Ledger),
                 epsilon: eps.as_ref().map(|e| e.0),
                 epsilon_accountant: eps.as_ref().map(|e| e.1.clone()),
-                init_ledger: self.init_ledger.map(|(_, p)| crate::models::card::card_relative(p, dir)),
+                init_ledger: self
+                    .init_ledger
+                    .map(|(_, p)| crate::models::card::card_relative(p, dir)),
                 rapid: None,
                 ledger_sha256: Some(sha256_hex(text.as_bytes())),
             });
