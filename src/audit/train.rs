@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 
 use crate::data::digits::Part;
 use crate::data::{Dataset, SplitManifest};
+use crate::diffusion::schedule::table::TrainingScheduleConfig;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
-use crate::models::diffusers_train::{UnetCard, UnetPlan};
+use crate::models::diffusers_train::UnetCard;
 use crate::models::toy::checkpoint::Card;
-use crate::models::toy::run::ToyPlan;
+use crate::models::toy::run::Rapid;
+use crate::models::toy::ModelConfig;
 use crate::models::train::{Plan as TrainPlan, Role, Trained};
 use crate::report::export::fmt_num;
 use crate::report::{self, Conclusion, Report};
@@ -190,6 +192,27 @@ fn select_device(choice: crate::models::DeviceChoice) -> Result<(candle_core::De
     Ok((dev, name))
 }
 
+/// What an 8×8 run trains.
+#[derive(Debug, Clone, Copy)]
+pub struct ToyPlan {
+    /// Model (ignored with `--init`: the init's config wins).
+    pub model: ModelConfig,
+    /// Noise schedule.
+    pub schedule: TrainingScheduleConfig,
+    /// RAPID's retrieval variant (DP runs).
+    pub rapid: Option<Rapid>,
+}
+
+/// What a `train --unet` run trains.
+#[derive(Debug, Clone)]
+pub struct UnetPlan {
+    /// `--unet`: a preset name or a config.json path, as the OS gave it (need not be UTF-8;
+    /// ignored with `--init`: its config wins).
+    pub unet: std::ffi::OsString,
+    /// The DDPM scheduler's linear β schedule (T, β₁, β_T).
+    pub schedule: TrainingScheduleConfig,
+}
+
 /// The model family a training plan trains, with what it needs beyond [`Plan`].
 #[derive(Debug, Clone)]
 pub enum Model {
@@ -215,14 +238,15 @@ pub fn execute(plan: &Plan) -> Result<super::Outcome> {
     let (device, device_name) = select_device(plan.train.device)?;
     let (rep, lines) = match &plan.model {
         Model::Toy(toy) => {
-            let o = crate::models::toy::run::run(&plan.train, toy, &device, &device_name)?;
+            let o =
+                crate::models::toy::run::run(&plan.train, &toy.model, toy.schedule, toy.rapid, &device, &device_name)?;
             let card_path = o.layout.path(Role::Card);
             let mut r = report(&o.card, &card_path, o.event.as_ref())?;
             r.fact("backend", o.backend);
             (r, o.lines)
         }
         Model::Unet(unet) => {
-            let o = crate::models::diffusers_train::run(&plan.train, unet, &device, &device_name)?;
+            let o = crate::models::diffusers_train::run(&plan.train, &unet.unet, unet.schedule, &device, &device_name)?;
             let mut r = unet_report(&o)?;
             r.fact("backend", o.backend);
             (r, o.lines)

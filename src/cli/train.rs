@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::cli::values::{Arch, DeviceChoice, Part, PerSample};
-use dpaudit::audit::train::{Model, Plan};
+use dpaudit::audit::train::{Model, Plan, ToyPlan};
 use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::error::Error;
-use dpaudit::models::toy::run::{RapidPlan, ToyPlan};
+use dpaudit::models::toy::run::Rapid;
 use dpaudit::models::toy::ModelConfig;
 use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 
@@ -361,7 +361,7 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
                 beta_start: a.beta_start,
                 beta_end: a.beta_end,
             },
-            rapid: (a.dp && a.rapid).then_some(RapidPlan {
+            rapid: (a.dp && a.rapid).then_some(Rapid {
                 pretrain_steps: a.pretrain_steps,
                 k: a.rapid_k,
                 v: a.rapid_v,

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::train::Args;
 use crate::cli::values::PerSample;
-use dpaudit::audit::train::{Model, Plan};
+use dpaudit::audit::train::{Model, Plan, UnetPlan};
+use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::error::Error;
-use dpaudit::models::diffusers_train::UnetPlan;
 use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 
 /// The MNIST digits shipped for diffusers models (used when --data/--split keep the 8×8 defaults).
@@ -108,9 +108,11 @@ pub fn run(
         },
         model: Model::Unet(UnetPlan {
             unet: unet.to_os_string(),
-            timesteps: a.timesteps,
-            beta_start: a.beta_start,
-            beta_end: a.beta_end,
+            schedule: TrainingScheduleConfig {
+                timesteps: a.timesteps,
+                beta_start: a.beta_start,
+                beta_end: a.beta_end,
+            },
         }),
     };
     Ok(outputs.emit(dpaudit::audit::train::execute(&plan)?)?)

@@ -41,7 +41,7 @@ use crate::data::images::ImageSet;
 use crate::data::SplitManifest;
 use crate::diffusion::schedule::diffusers::SchedulerConfig;
 use crate::diffusion::schedule::table::noisy;
-use crate::diffusion::schedule::table::TrainingSchedule;
+use crate::diffusion::schedule::table::{TrainingSchedule, TrainingScheduleConfig};
 use crate::error::{Error, Result};
 use crate::events::DpEvent;
 
@@ -321,20 +321,6 @@ impl UnetCard {
         })?;
         Canaries::of_info(info, dir, &dir.join(CARD))
     }
-}
-
-/// What a `train --unet` run needs beyond the [`Plan`].
-#[derive(Debug, Clone)]
-pub struct UnetPlan {
-    /// `--unet`: a preset name or a config.json path, as the OS gave it (need not be UTF-8;
-    /// ignored with `--init`: its config wins).
-    pub unet: std::ffi::OsString,
-    /// T.
-    pub timesteps: usize,
-    /// β₁.
-    pub beta_start: f64,
-    /// β_T.
-    pub beta_end: f64,
 }
 
 pub use super::folder::RELEASED;
@@ -655,11 +641,16 @@ fn gradient_path(cpu: bool, per_sample_loop: bool, dp: bool) -> &'static str {
 /// The family and the rows of `plan` on `device`: the images and split, the scheduler config,
 /// the UNet (the `--init` folder's config and weights with its ledger, or the preset / config
 /// file initialised from the public seed) and its gradient path.
-pub fn setup(plan: &Plan, unet: &UnetPlan, device: &Device) -> Result<(UnetFamily, Setup)> {
+pub fn setup(
+    plan: &Plan,
+    unet: &std::ffi::OsStr,
+    betas: TrainingScheduleConfig,
+    device: &Device,
+) -> Result<(UnetFamily, Setup)> {
     let images = ImageSet::load(&plan.data)?;
     let split = SplitManifest::load(&plan.split)?;
     images.check_split(&split, &plan.split)?;
-    let sched_text = scheduler_json(unet.timesteps, unet.beta_start, unet.beta_end);
+    let sched_text = scheduler_json(betas.timesteps, betas.beta_start, betas.beta_end);
     let sched_cfg =
         SchedulerConfig::parse(&sched_text, Path::new(SCHEDULER)).map_err(|e| e.with_field("--timesteps"))?;
     let schedule = sched_cfg.schedule(Path::new(SCHEDULER))?;
@@ -705,7 +696,7 @@ pub fn setup(plan: &Plan, unet: &UnetPlan, device: &Device) -> Result<(UnetFamil
             (text, format!("--init {}", udir.display()), Some(cpath), m)
         }
         None => {
-            let (text, source) = config_text(&unet.unet)?;
+            let (text, source) = config_text(unet)?;
             let path = PathBuf::from(if source.starts_with("preset") {
                 "config.json"
             } else {
@@ -793,17 +784,25 @@ pub fn setup(plan: &Plan, unet: &UnetPlan, device: &Device) -> Result<(UnetFamil
         config_text,
         config_source,
         sched_text,
-        timesteps: unet.timesteps,
-        beta_start: unet.beta_start,
-        beta_end: unet.beta_end,
+        timesteps: betas.timesteps,
+        beta_start: betas.beta_start,
+        beta_end: betas.beta_end,
     };
     Ok((fam, setup))
 }
 
-/// Trains the diffusers UNet as `plan` and `unet` say on `device` (described as `device_name`
-/// in the card) and writes the folder with its card, ledger and canaries.
-pub fn run(plan: &Plan, unet: &UnetPlan, device: &Device, device_name: &str) -> Result<Trained<UnetCard>> {
-    let (fam, setup) = setup(plan, unet, device)?;
+/// Trains the diffusers UNet `unet` (a preset name or a config.json path, as the OS gave it;
+/// ignored with `--init`: its config wins) with a DDPM scheduler of linear `betas`, as `plan`
+/// says, on `device` (described as `device_name` in the card), and writes the folder with its
+/// card, ledger and canaries.
+pub fn run(
+    plan: &Plan,
+    unet: &std::ffi::OsStr,
+    betas: TrainingScheduleConfig,
+    device: &Device,
+    device_name: &str,
+) -> Result<Trained<UnetCard>> {
+    let (fam, setup) = setup(plan, unet, betas, device)?;
     train::run(plan, fam, setup, Layout::folder(&plan.out), device_name)
 }
 #[cfg(test)]

@@ -8,30 +8,21 @@ use super::common::*;
 use dpaudit::data::digits::Part;
 use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::models::canary::Defect;
-use dpaudit::models::toy::run::{RapidPlan, ToyPlan};
 use dpaudit::models::toy::{Arch, ModelConfig};
 use dpaudit::models::train::{DpPlan, PerSample, Plan as TrainPlan};
 
-/// The 8×8 MLP every white-box test trains, and its schedule.
-const TOY: ToyPlan = ToyPlan {
-    model: ModelConfig {
-        arch: Arch::Mlp,
-        hidden: 256,
-        depth: 3,
-        time_dim: 64,
-        channels: 16,
-    },
-    schedule: TrainingScheduleConfig {
-        timesteps: 1000,
-        beta_start: 1e-4,
-        beta_end: 0.02,
-    },
-    rapid: None::<RapidPlan>,
+/// The 8×8 MLP every white-box test trains.
+const MLP: ModelConfig = ModelConfig {
+    arch: Arch::Mlp,
+    hidden: 256,
+    depth: 3,
+    time_dim: 64,
+    channels: 16,
 };
 
-/// Trains the 8×8 `TOY` model as `plan` says, on the CPU.
+/// Trains the 8×8 `MLP` as `plan` says.
 fn run(plan: &TrainPlan, device: &candle_core::Device, name: &str) -> dpaudit::error::Result<()> {
-    dpaudit::models::toy::run::run(plan, &TOY, device, name).map(|_| ())
+    dpaudit::models::toy::run::run(plan, &MLP, TrainingScheduleConfig::default(), None, device, name).map(|_| ())
 }
 
 /// σ of the full-batch ledger (T = 16): ε = 4 at δ = 1e-5 (`dpaudit calibrate --target-epsilon

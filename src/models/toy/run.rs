@@ -27,26 +27,16 @@ use crate::models::card::RapidInfo;
 use crate::models::dp::normals;
 use crate::models::train::{self, ClippedSum, Examples, Family, Layout, Plan, Release, Role, Setup, Trained};
 
-/// RAPID's retrieval variant.
+/// RAPID's retrieval variant: public pretraining, then the knowledge base of trajectories
+/// (key at step k, value at step v < k) the DP fine-tuning retrieves its noise targets from.
 #[derive(Debug, Clone, Copy)]
-pub struct RapidPlan {
+pub struct Rapid {
     /// Non-DP pretraining steps on the first half of the public rows.
     pub pretrain_steps: usize,
     /// Query step k.
     pub k: usize,
     /// Value step v < k.
     pub v: usize,
-}
-
-/// What an 8×8 run needs beyond the [`Plan`].
-#[derive(Debug, Clone, Copy)]
-pub struct ToyPlan {
-    /// Model (ignored with `--init`: the init's config wins).
-    pub model: ModelConfig,
-    /// Noise schedule.
-    pub schedule: TrainingScheduleConfig,
-    /// RAPID (DP runs).
-    pub rapid: Option<RapidPlan>,
 }
 
 /// An 8×8 denoiser in training.
@@ -245,11 +235,17 @@ fn init_cost(
 /// The family and the rows of `plan` on `device`: the data and split, the model (fresh from
 /// the public seed, or `--init`'s with its ledger), and for RAPID the public pretraining and the
 /// knowledge base.
-pub fn setup(plan: &Plan, toy: &ToyPlan, device: &Device) -> Result<(ToyFamily, Setup)> {
+pub fn setup(
+    plan: &Plan,
+    model: &ModelConfig,
+    schedule_config: TrainingScheduleConfig,
+    rapid: Option<Rapid>,
+    device: &Device,
+) -> Result<(ToyFamily, Setup)> {
     let data = Dataset::load(&plan.data)?;
     let split = SplitManifest::load(&plan.split)?;
     split.check_data(&data).map_err(|e| e.with_file(&plan.split))?;
-    let schedule = TrainingSchedule::new(toy.schedule)?;
+    let schedule = TrainingSchedule::new(schedule_config)?;
     // Public randomness (initialisation, non-DP batches, knowledge base): the seed, or the OS.
     let public_seed = plan.public_seed();
     let private_ix = split.part(plan.on).to_vec();
@@ -257,7 +253,7 @@ pub fn setup(plan: &Plan, toy: &ToyPlan, device: &Device) -> Result<(ToyFamily, 
     let net = match &plan.init {
         Some(p) => {
             let ck = Checkpoint::load(p, device)?;
-            if ck.card.schedule != toy.schedule {
+            if ck.card.schedule != schedule_config {
                 return Err(Error::field(
                     "--init",
                     format!(
@@ -272,12 +268,12 @@ pub fn setup(plan: &Plan, toy: &ToyPlan, device: &Device) -> Result<(ToyFamily, 
             }
             ck.net
         }
-        None => Net::new(&toy.model, public_seed, device)?,
+        None => Net::new(model, public_seed, device)?,
     };
     let per_sample = plan.dp.map(|d| d.per_sample).unwrap_or_default();
     let mut fam = ToyFamily::new(net, schedule, per_sample, None);
     let mut t_max = plan.check(fam.schedule.len())?;
-    if let (Some(r), Some(_)) = (&toy.rapid, &plan.dp) {
+    if let (Some(r), Some(_)) = (&rapid, &plan.dp) {
         if plan.t_max.is_some() {
             return Err(Error::field(
                 "--t-max",
@@ -361,10 +357,18 @@ pub fn setup(plan: &Plan, toy: &ToyPlan, device: &Device) -> Result<(ToyFamily, 
     Ok((fam, setup))
 }
 
-/// Trains an 8×8 model as `plan` and `toy` say on `device` (described as `device_name` in the
-/// card) and writes `<stem>.safetensors`, its card, the ledger and the canaries.
-pub fn run(plan: &Plan, toy: &ToyPlan, device: &Device, device_name: &str) -> Result<Trained<Card>> {
+/// Trains the 8×8 `model` (ignored with `--init`: the init's config wins) on `schedule` as
+/// `plan` says, RAPID's retrieval variant when `rapid`, on `device` (described as `device_name`
+/// in the card), and writes `<stem>.safetensors`, its card, the ledger and the canaries.
+pub fn run(
+    plan: &Plan,
+    model: &ModelConfig,
+    schedule: TrainingScheduleConfig,
+    rapid: Option<Rapid>,
+    device: &Device,
+    device_name: &str,
+) -> Result<Trained<Card>> {
     let layout = Layout::stem(&plan.out)?;
-    let (fam, setup) = setup(plan, toy, device)?;
+    let (fam, setup) = setup(plan, model, schedule, rapid, device)?;
     train::run(plan, fam, setup, layout, device_name)
 }
