@@ -428,6 +428,8 @@ fn public_only(dir: &Path, images: &ImageSet, split: &SplitManifest, split_path:
 /// its folder.
 pub struct UnetFamily {
     model: TrainUnet,
+    /// The model's variables with their names, in creation order (taken once).
+    vars: Vec<(String, Var)>,
     schedule: TrainingSchedule,
     shape: [usize; 3],
     cpu_grad: Option<CpuGrad>,
@@ -450,7 +452,7 @@ impl UnetFamily {
     /// A gradient store of `grads` by the model's variable names.
     fn store(&self, mut grads: HashMap<String, Tensor>) -> Result<GradStore> {
         let mut store = GradStore::default();
-        for (name, v) in self.model.names().iter().zip(self.model.vars()) {
+        for (name, v) in &self.vars {
             let g = grads
                 .remove(name)
                 .ok_or_else(|| Error::model(format!("no gradient for `{name}`")))?;
@@ -470,7 +472,7 @@ impl Family for UnetFamily {
     }
 
     fn vars(&self) -> Vec<(String, Var)> {
-        self.model.names().into_iter().zip(self.model.vars()).collect()
+        self.vars.clone()
     }
 
     fn schedule(&self) -> &TrainingSchedule {
@@ -513,9 +515,9 @@ impl Family for UnetFamily {
         // Per-sample gradients and clipping, chunk by chunk.
         let dim = self.dim();
         let m = ex.len();
-        let mut sum: HashMap<String, Tensor> = HashMap::new();
-        for (name, v) in self.vars() {
-            sum.insert(name, v.as_tensor().zeros_like()?);
+        let mut sum: HashMap<String, Tensor> = HashMap::with_capacity(self.vars.len());
+        for (name, v) in &self.vars {
+            sum.insert(name.clone(), v.as_tensor().zeros_like()?);
         }
         let mut norms = Vec::with_capacity(m);
         for s in (0..m).step_by(self.chunk) {
@@ -775,6 +777,7 @@ pub fn setup(
         public_seed,
     };
     let fam = UnetFamily {
+        vars: model.names().into_iter().zip(model.vars()).collect(),
         model,
         schedule,
         shape: images.shape,
