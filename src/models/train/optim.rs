@@ -102,3 +102,34 @@ impl Ema {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// A run shorter than [`Ema::EVERY`] steps releases the average with its steps folded in,
+    /// not its initial weights; [`Ema::snapshot`] is what [`Ema::apply`] writes and leaves the
+    /// weights as they are.
+    #[test]
+    fn short_runs_release_their_average_not_the_initial_weights() {
+        let dev = Device::Cpu;
+        let v = Var::new(&[0f32, 0.0], &dev).unwrap();
+        let mut ema = Ema::new(vec![v.clone()], 0.999).unwrap();
+        for k in 1..=3 {
+            v.set(&Tensor::new(&[k as f32, k as f32], &dev).unwrap()).unwrap();
+            ema.update().unwrap();
+        }
+        let snap: Vec<f32> = ema.snapshot().unwrap()[0].to_vec1().unwrap();
+        assert_eq!(v.as_tensor().to_vec1::<f32>().unwrap(), vec![3.0, 3.0]);
+        ema.apply().unwrap();
+        let w: Vec<f32> = v.as_tensor().to_vec1().unwrap();
+        assert_eq!(w, snap);
+        assert!(w[0] > 0.0 && w[0] < 3.0, "{w:?}");
+        // Decay 0 releases the raw weights.
+        let mut raw = Ema::new(vec![v.clone()], 0.0).unwrap();
+        raw.update().unwrap();
+        raw.apply().unwrap();
+        assert_eq!(v.as_tensor().to_vec1::<f32>().unwrap(), w);
+    }
+}
