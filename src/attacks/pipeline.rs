@@ -139,6 +139,10 @@ pub struct MiaReport {
     pub data: String,
     /// Device.
     pub device: String,
+    /// The executor that computed the model's outputs on `device` (the plan's backend; None for
+    /// scores read from a file or merged from shards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
     /// Attack seed.
     pub seed: u64,
     /// δ.
@@ -622,6 +626,7 @@ pub fn run(
         .collect();
     let t0 = std::time::Instant::now();
     let mut report = assemble(subject, plan, device, &records, start)?;
+    report.backend = Some(subject.model.executor().to_string());
     crate::timing::note("metrics and report", t0);
     let members = subject.data.rows(&subject.rows.members);
     let nonmembers = subject.data.rows(&subject.rows.nonmembers);
@@ -709,6 +714,7 @@ pub fn assemble(
         split: subject.split_label.clone(),
         data: subject.data_label.clone(),
         device: device.to_string(),
+        backend: None,
         seed: plan.score.seed,
         delta: plan.metric.delta,
         confidence: 1.0 - plan.beta,
@@ -927,6 +933,7 @@ pub fn from_scores_basis(
         split: String::new(),
         data: String::new(),
         device: "none (scores from a file)".into(),
+        backend: None,
         seed: plan.score.seed,
         delta: plan.metric.delta,
         confidence: 1.0 - plan.beta,

@@ -26,8 +26,15 @@ pub fn text(r: &MiaReport) -> String {
         let _ = writeln!(s, "  training randomness: {}", t.randomness);
         let _ = writeln!(
             s,
-            "  data: {}   split: {}   device: {}   attack seed: {}",
-            r.data, r.split, r.device, r.seed
+            "  data: {}   split: {}   device: {}{}   attack seed: {}",
+            r.data,
+            r.split,
+            r.device,
+            r.backend
+                .as_ref()
+                .map(|b| format!("   backend: {b}"))
+                .unwrap_or_default(),
+            r.seed
         );
         if let Some(p) = &r.precision {
             let _ = writeln!(s, "  precision: {}", p.describe());

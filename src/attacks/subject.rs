@@ -34,6 +34,17 @@ pub enum Model {
     },
 }
 
+impl Model {
+    /// The executor that computes the model's outputs: candle for the 8×8 nets, the diffusers
+    /// UNet's executor at its precision ([`DiffusersCheckpoint::executor`]).
+    pub fn executor(&self) -> &'static str {
+        match self {
+            Model::Card(_) => "candle",
+            Model::Diffusers { ck, .. } => ck.executor(),
+        }
+    }
+}
+
 /// The data a model is attacked on: the 8×8 digits of a card, or an image set.
 pub enum Data {
     /// dpaudit's 8×8 digits (or any 64-value rows a card names).

@@ -86,6 +86,9 @@ pub(crate) fn to_report(m: &MiaReport, command: &str) -> Report {
         }
     }
     r.fact("device", m.device.clone());
+    if let Some(b) = &m.backend {
+        r.fact("backend", b.clone());
+    }
     if let Some(p) = &m.precision {
         r.fact("precision", p.describe());
     }

@@ -498,12 +498,15 @@ pub fn eval(e: &EvalRequest) -> Result<String> {
     let out_shape = [shape[0], ck.model.config.out_channels, shape[2], shape[3]];
     crate::report::output::write_atomic(&e.out, &npy::encode_f32(&out_shape, &y), e.force)?;
     Ok(format!(
-        "wrote {} ({}×{}×{}×{} float32)",
+        "wrote {} ({}×{}×{}×{} float32; backend: {} on {}, precision {})",
         e.out.display(),
         out_shape[0],
         out_shape[1],
         out_shape[2],
-        out_shape[3]
+        out_shape[3],
+        ck.executor(),
+        device::describe(&dev),
+        e.precision.as_str()
     ))
 }
 

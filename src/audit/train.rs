@@ -8,10 +8,14 @@ use std::path::{Path, PathBuf};
 
 use crate::data::digits::Part;
 use crate::data::{Dataset, SplitManifest};
+use crate::diffusion::schedule::table::TrainingScheduleConfig;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
-use crate::models::diffusers_train::{UnetTrainOutcome, UnetTrainPlan};
+use crate::models::diffusers_train::UnetCard;
 use crate::models::toy::checkpoint::Card;
+use crate::models::toy::run::Rapid;
+use crate::models::toy::ModelConfig;
+use crate::models::train::{Plan as TrainPlan, Role, Trained};
 use crate::report::export::fmt_num;
 use crate::report::{self, Conclusion, Report};
 
@@ -205,17 +209,71 @@ fn select_device(choice: crate::models::DeviceChoice) -> Result<(candle_core::De
     Ok((dev, name))
 }
 
-/// Runs `train` on the plan's device: trains, writes the checkpoint, card and ledger, and
-/// returns the report with the training log as its terminal text.
-pub fn execute(plan: &crate::models::toy::run::TrainPlan) -> Result<super::Outcome> {
-    let (device, device_name) = select_device(plan.device)?;
-    let outcome = crate::models::toy::run::run(plan, &device, &device_name)?;
+/// What an 8×8 run trains.
+#[derive(Debug, Clone, Copy)]
+pub struct ToyPlan {
+    /// Model (ignored with `--init`: the init's config wins).
+    pub model: ModelConfig,
+    /// Noise schedule.
+    pub schedule: TrainingScheduleConfig,
+    /// RAPID's retrieval variant (DP runs).
+    pub rapid: Option<Rapid>,
+}
+
+/// What a `train --unet` run trains.
+#[derive(Debug, Clone)]
+pub struct UnetPlan {
+    /// `--unet`: a preset name or a config.json path, as the OS gave it (need not be UTF-8;
+    /// ignored with `--init`: its config wins).
+    pub unet: std::ffi::OsString,
+    /// The DDPM scheduler's linear β schedule (T, β₁, β_T).
+    pub schedule: TrainingScheduleConfig,
+}
+
+/// The model family a training plan trains, with what it needs beyond [`Plan`].
+#[derive(Debug, Clone)]
+pub enum Model {
+    /// The 8×8 MLP/UNet (`<stem>.safetensors` and its card).
+    Toy(ToyPlan),
+    /// A diffusers `UNet2DModel` (`train --unet`: a diffusers folder).
+    Unet(UnetPlan),
+}
+
+/// `train`'s plan: the orchestrator's plan and the model family.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// What every training run needs.
+    pub train: TrainPlan,
+    /// The family and its settings.
+    pub model: Model,
+}
+
+/// Runs `train` on the plan's device: trains (DP-SGD when the plan says so), writes the weights
+/// with their card, ledger and canaries, and returns the report with the training log as its
+/// terminal text.
+pub fn execute(plan: &Plan) -> Result<super::Outcome> {
+    let (device, device_name) = select_device(plan.train.device)?;
+    let (rep, lines) = match &plan.model {
+        Model::Toy(toy) => {
+            let o =
+                crate::models::toy::run::run(&plan.train, &toy.model, toy.schedule, toy.rapid, &device, &device_name)?;
+            let card_path = o.layout.path(Role::Card);
+            let mut r = report(&o.card, &card_path, o.event.as_ref())?;
+            r.fact("backend", o.backend);
+            (r, o.lines)
+        }
+        Model::Unet(unet) => {
+            let o = crate::models::diffusers_train::run(&plan.train, &unet.unet, unet.schedule, &device, &device_name)?;
+            let mut r = unet_report(&o)?;
+            r.fact("backend", o.backend);
+            (r, o.lines)
+        }
+    };
     let mut text = String::new();
-    for l in &outcome.lines {
+    for l in &lines {
         text.push_str(l.trim_end());
         text.push('\n');
     }
-    let rep = report(&outcome.card, &outcome.card_path, outcome.event.as_ref())?;
     Ok(super::Outcome::new(rep, text))
 }
 
@@ -332,27 +390,13 @@ pub fn prepare_unet(p: &UnetPreflight) -> Result<Option<ed25519_dalek::SigningKe
     Ok(sign_key)
 }
 
-/// Runs `train --unet` on the plan's device: trains the diffusers UNet (DP-SGD when the plan
-/// says so), writes the diffusers folder with its card and ledger, and returns the report with
-/// the training log as its terminal text.
-pub fn execute_unet(plan: &UnetTrainPlan) -> Result<super::Outcome> {
-    let (device, device_name) = select_device(plan.device)?;
-    let outcome = crate::models::diffusers_train::run(plan, &device, &device_name)?;
-    let mut text = String::new();
-    for l in &outcome.lines {
-        text.push_str(l.trim_end());
-        text.push('\n');
-    }
-    let rep = unet_report(&outcome)?;
-    Ok(super::Outcome::new(rep, text))
-}
-
 /// The shared report of a `train --unet` run.
-pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
+pub(crate) fn unet_report(o: &Trained<UnetCard>) -> Result<Report> {
     let card = &o.card;
-    let mut r = Report::new(format!("Training: {}", o.dir.display()), report::command_line()).for_command("train");
+    let dir = &o.layout.dir;
+    let mut r = Report::new(format!("Training: {}", dir.display()), report::command_line()).for_command("train");
     r.seed = card.training.seed;
-    r.add_input("card", &o.dir.join(crate::models::folder::CARD))?;
+    r.add_input("card", &dir.join(crate::models::folder::CARD))?;
     r.fact("architecture", card.architecture.clone());
     training_facts(&mut r, card.parameters, &card.data, &card.training);
     let guarantee = match (&card.dp, &o.event) {
@@ -363,10 +407,7 @@ pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
             r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
             r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
                 .fact("clip norm C", fmt_num(dp.clip))
-                .fact(
-                    "ledger",
-                    o.dir.join(crate::models::folder::LEDGER).display().to_string(),
-                );
+                .fact("ledger", dir.join(crate::models::folder::LEDGER).display().to_string());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
                 (Some(e), Some(acc)) => {
                     format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))
@@ -379,7 +420,7 @@ pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
                 fmt_num(dp.clip),
                 fmt_num(dp.sample_rate),
                 dp.steps,
-                o.dir.join(crate::models::folder::LEDGER).display()
+                dir.join(crate::models::folder::LEDGER).display()
             )
         }
         _ => "None: trained without differential privacy.".into(),
@@ -389,7 +430,7 @@ pub(crate) fn unet_report(o: &UnetTrainOutcome) -> Result<Report> {
             "A diffusers UNet2DModel trained on {} rows ({}), written to `{}`.",
             card.data.rows,
             card.data.file,
-            o.dir.display()
+            dir.display()
         ),
         guarantee,
         verdict: "No budget or claim was checked; attack the folder with `dpaudit mia`.".into(),

@@ -1,14 +1,16 @@
-//! `dpaudit train`: arguments → [`TrainPlan`] → [`dpaudit::audit::train::execute`] → exit code.
+//! `dpaudit train`: arguments → [`train::Plan`] → [`dpaudit::audit::train::execute`] → exit code.
 //! `--make-split`, Opacus' flags and the run itself (DP-SGD, RAPID, canaries, ledger, card)
 //! live in the library.
 
 use std::path::{Path, PathBuf};
 
 use crate::cli::values::{Arch, DeviceChoice, Part, PerSample};
+use dpaudit::audit::train::{Model, Plan, ToyPlan};
 use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::error::Error;
-use dpaudit::models::toy::run::{DpPlan, RapidPlan, TrainPlan};
+use dpaudit::models::toy::run::Rapid;
 use dpaudit::models::toy::ModelConfig;
+use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -315,51 +317,61 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
     if a.rapid && !a.dp {
         return Err(Error::field("--rapid", "needs --dp").into());
     }
-    let plan = TrainPlan {
-        data: a.data,
-        split: a.split,
-        on: a.on.into(),
-        out,
-        model: ModelConfig {
-            arch: a.arch.into(),
-            hidden: a.hidden,
-            depth: a.depth,
-            time_dim: a.time_dim,
-            channels: a.channels,
+    let (canaries, gradient_canaries) = match a.canary_kind {
+        CanaryKindArg::Input => (a.canaries, 0),
+        CanaryKindArg::Gradient => (0, a.canaries),
+        CanaryKindArg::Both => (a.canaries, gradient_canaries),
+    };
+    let plan = Plan {
+        train: TrainPlan {
+            data: a.data,
+            split: a.split,
+            on: a.on.into(),
+            out,
+            steps: a.steps,
+            batch_size: a.batch_size,
+            lr: a.lr,
+            ema: a.ema,
+            t_min: a.t_min,
+            t_max: a.t_max,
+            init: a.init,
+            seed: a.seed,
+            canaries,
+            gradient_canaries,
+            dp: a.dp.then_some(DpPlan {
+                noise_multiplier: a.noise_multiplier,
+                clip: a.clip,
+                sample_rate: a.sample_rate,
+                delta: a.delta,
+                per_sample: a.per_sample.into(),
+            }),
+            device: a.device.into(),
+            command: dpaudit::report::command_line(),
+            quiet: a.quiet,
+            force: a.force,
+            checkpoint_every: None,
+            sign_key: None,
+            defect: None,
         },
-        schedule: TrainingScheduleConfig {
-            timesteps: a.timesteps,
-            beta_start: a.beta_start,
-            beta_end: a.beta_end,
-        },
-        steps: a.steps,
-        batch_size: a.batch_size,
-        lr: a.lr,
-        ema: a.ema,
-        t_min: a.t_min,
-        t_max: a.t_max,
-        init: a.init,
-        seed: a.seed,
-        canaries: a.canaries,
-        canary_kind: a.canary_kind.into(),
-        gradient_canaries,
-        defect: None,
-        dp: a.dp.then_some(DpPlan {
-            noise_multiplier: a.noise_multiplier,
-            clip: a.clip,
-            sample_rate: a.sample_rate,
-            delta: a.delta,
-            per_sample: a.per_sample.into(),
-            rapid: a.rapid.then_some(RapidPlan {
+        model: Model::Toy(ToyPlan {
+            model: ModelConfig {
+                arch: a.arch.into(),
+                hidden: a.hidden,
+                depth: a.depth,
+                time_dim: a.time_dim,
+                channels: a.channels,
+            },
+            schedule: TrainingScheduleConfig {
+                timesteps: a.timesteps,
+                beta_start: a.beta_start,
+                beta_end: a.beta_end,
+            },
+            rapid: (a.dp && a.rapid).then_some(Rapid {
                 pretrain_steps: a.pretrain_steps,
                 k: a.rapid_k,
                 v: a.rapid_v,
             }),
         }),
-        device: a.device.into(),
-        command: dpaudit::report::command_line(),
-        quiet: a.quiet,
-        force: a.force,
     };
     Ok(outputs.emit(train::execute(&plan)?)?)
 }

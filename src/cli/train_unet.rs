@@ -1,13 +1,15 @@
-//! `dpaudit train --unet CONFIG|PRESET`: arguments → [`UnetTrainPlan`] →
-//! [`dpaudit::audit::train::execute_unet`]. The run (DP-SGD with batched per-sample
+//! `dpaudit train --unet CONFIG|PRESET`: arguments → [`Plan`] →
+//! [`dpaudit::audit::train::execute`]. The run (DP-SGD with batched per-sample
 //! gradients, the diffusers folder, card and ledger) lives in the library.
 
 use std::path::{Path, PathBuf};
 
 use crate::cli::train::Args;
 use crate::cli::values::PerSample;
+use dpaudit::audit::train::{Model, Plan, UnetPlan};
+use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::error::Error;
-use dpaudit::models::diffusers_train::{UnetDpPlan, UnetTrainPlan};
+use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 
 /// The MNIST digits shipped for diffusers models (used when --data/--split keep the 8×8 defaults).
 const MNIST_DATA: &str = "fixtures/data/mnist/mnist-10k.u8.gz";
@@ -77,38 +79,45 @@ pub fn run(
         force: a.force,
     })?;
     let (data, split) = data_and_split(&a);
-    let plan = UnetTrainPlan {
-        data,
-        split,
-        on: a.on.into(),
-        unet: unet.to_os_string(),
-        init: a.init.clone(),
-        out,
-        timesteps: a.timesteps,
-        beta_start: a.beta_start,
-        beta_end: a.beta_end,
-        steps: a.steps,
-        batch_size: a.batch_size,
-        lr: a.lr,
-        ema: a.ema,
-        t_min: a.t_min,
-        t_max: a.t_max,
-        canaries: input_canaries,
-        gradient_canaries,
-        seed: a.seed,
-        dp: a.dp.then_some(UnetDpPlan {
-            noise_multiplier: a.noise_multiplier,
-            clip: a.clip,
-            sample_rate: a.sample_rate,
-            delta: a.delta,
-            per_sample_loop: matches!(a.per_sample, PerSample::Loop),
+    let plan = Plan {
+        train: TrainPlan {
+            data,
+            split,
+            on: a.on.into(),
+            out,
+            steps: a.steps,
+            batch_size: a.batch_size,
+            lr: a.lr,
+            ema: a.ema,
+            t_min: a.t_min,
+            t_max: a.t_max,
+            init: a.init.clone(),
+            seed: a.seed,
+            canaries: input_canaries,
+            gradient_canaries,
+            dp: a.dp.then_some(DpPlan {
+                noise_multiplier: a.noise_multiplier,
+                clip: a.clip,
+                sample_rate: a.sample_rate,
+                delta: a.delta,
+                per_sample: a.per_sample.into(),
+            }),
+            device: a.device.into(),
+            command: dpaudit::report::command_line(),
+            quiet: a.quiet,
+            force: a.force,
+            checkpoint_every: a.checkpoint_every,
+            sign_key,
+            defect: None,
+        },
+        model: Model::Unet(UnetPlan {
+            unet: unet.to_os_string(),
+            schedule: TrainingScheduleConfig {
+                timesteps: a.timesteps,
+                beta_start: a.beta_start,
+                beta_end: a.beta_end,
+            },
         }),
-        device: a.device.into(),
-        command: dpaudit::report::command_line(),
-        quiet: a.quiet,
-        force: a.force,
-        checkpoint_every: a.checkpoint_every,
-        sign_key,
     };
-    Ok(outputs.emit(dpaudit::audit::train::execute_unet(&plan)?)?)
+    Ok(outputs.emit(dpaudit::audit::train::execute(&plan)?)?)
 }

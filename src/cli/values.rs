@@ -35,7 +35,7 @@ value_enum! {
 
 value_enum! {
     /// How per-sample gradients are computed.
-    PerSample => dpaudit::models::toy::dp::PerSample {
+    PerSample => dpaudit::models::train::PerSample {
         /// One backward pass with per-sample norms from layer activations (MLP), else the loop.
         Auto,
         /// One backward pass (MLP only).

@@ -311,6 +311,12 @@ impl DiffusersCheckpoint {
         Ok(out)
     }
 
+    /// The executor its forward runs on at the checkpoint's precision
+    /// ([`super::unet2d::Unet2dModel::executor`]).
+    pub fn executor(&self) -> &'static str {
+        self.model.executor(self.precision)
+    }
+
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
         &self.device

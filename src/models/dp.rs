@@ -1,8 +1,8 @@
-//! The DP-SGD step every training orchestrator shares (RAPID's Algorithm 2, line 13, and Opacus'
-//! Poisson-sampled DP-SGD): the CSPRNG of the private draws, the released update
-//! (Σᵢ clip_C(gᵢ) + N(0, σ²C² I))/B with B = q·n the expected batch size, and the ledger file
-//! naming the [`DpEvent`] that ran. The 8×8 trainer ([`super::toy::dp`]) and the diffusers
-//! trainer ([`super::diffusers_train`]) call these; each computes its own clipped gradient sum.
+//! The primitives of the DP-SGD step (RAPID's Algorithm 2, line 13, and Opacus' Poisson-sampled
+//! DP-SGD): the CSPRNG of the private draws, the released update (Σᵢ clip_C(gᵢ) + N(0, σ²C² I))/B
+//! with B = q·n the expected batch size, the ledger file naming the [`DpEvent`] that ran, and
+//! the ε it spent. The training orchestrator's step loop ([`super::train::dp_sgd`]) calls these
+//! for both model families.
 
 use std::collections::HashMap;
 

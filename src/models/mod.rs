@@ -8,8 +8,13 @@
 //!   gradients and the hand-written CPU per-sample gradients.
 //! * [`diffusers`]: HuggingFace diffusers checkpoint folders (any image size and channel count);
 //!   their `scheduler_config.json` is read in [`crate::diffusion::schedule::diffusers`].
-//! * [`diffusers_train`]: `dpaudit train --unet` (plain or DP-SGD as Opacus runs it).
-//! * [`dp`]: the DP-SGD step both trainers share (CSPRNG, the released noisy update, the ledger).
+//! * [`train`]: the one training orchestrator of both families — the plan, the DP-SGD step
+//!   (Poisson sampling, clipping, noise, the ledger), Adam and the weight average, periodic
+//!   checkpoints and the output set (weights, card, ledger, canaries) — with what differs
+//!   (per-sample gradients, the card, the weights file) behind its `Family` trait.
+//! * [`diffusers_train`]: the diffusers family of `dpaudit train --unet` (presets, the card,
+//!   the gradient paths) and its setup.
+//! * [`dp`]: the DP-SGD primitives (CSPRNG, the released noisy update, the ledger file).
 //! * [`card`]: what a card records (data, split, training, DP, canaries) and its paths.
 //! * [`canary`]: canaries for the one-run audits (input and white-box gradient canaries).
 //! * [`device`]: `--device auto|cpu|cuda`.
@@ -45,6 +50,8 @@ pub mod folder;
 pub use unet2d::precision;
 #[cfg(feature = "models")]
 pub mod toy;
+#[cfg(feature = "models")]
+pub mod train;
 #[cfg(feature = "models")]
 pub mod unet2d;
 

@@ -208,6 +208,76 @@ fn mia_ledger_on_the_mnist_ddpm_states_the_mechanism() {
     assert_finite_limits(&v, "stated ledger fixtures/events/dpsgd.toml");
     let ev: DpEvent = serde_json::from_value(v["checkpoint_basis"]["event"].clone()).unwrap();
     assert_eq!(ev, DpEvent::dpsgd(1.1, 0.004, 14062));
+    // The backend the plan ran is recorded beside the device: on the CPU, the CPU forward.
+    if v["device"].as_str().is_some_and(|d| d.starts_with("cpu")) {
+        assert_eq!(v["backend"].as_str(), Some("CPU forward"), "{v}");
+        assert!(stdout(&o).contains("backend: CPU forward"), "{}", stdout(&o));
+    } else {
+        assert!(v["backend"].is_string(), "{v}");
+    }
+}
+
+/// `train` records the backend it ran in its report: the device and the gradient path (the
+/// hand-written CPU pass for the tiny preset on the CPU), for the diffusers UNet and for the
+/// 8×8 models alike.
+#[test]
+fn train_reports_record_the_backend() {
+    let tmp = tempfile::tempdir().unwrap();
+    let facts = |args: &[&str]| -> Vec<(String, String)> {
+        let o = dpaudit(args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v["summary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["name"].as_str().unwrap().to_string(),
+                    f["value"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let unet = tmp.path().join("unet");
+    let f = facts(&[
+        "train",
+        "--unet",
+        "tiny",
+        "--steps",
+        "2",
+        "--seed",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        s(&unet),
+        "--quiet",
+        "--format",
+        "json",
+    ]);
+    assert!(f.iter().any(|(n, v)| n == "device" && v.starts_with("cpu")), "{f:?}");
+    assert!(f.contains(&("backend".into(), "hand-written CPU pass".into())), "{f:?}");
+    let toy = tmp.path().join("toy");
+    let f = facts(&[
+        "train",
+        "--dp",
+        "--steps",
+        "3",
+        "--seed",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        s(&toy),
+        "--quiet",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        f.contains(&("backend".into(), "candle, ghost clipping (CPU)".into())),
+        "{f:?}"
+    );
 }
 
 /// Opacus-style flags: q = B/N and ⌈N/B⌉ steps per epoch, as Opacus' Poisson loader runs them.

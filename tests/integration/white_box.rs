@@ -7,10 +7,23 @@
 use super::common::*;
 use dpaudit::data::digits::Part;
 use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
-use dpaudit::models::canary::{CanaryKind, Defect};
-use dpaudit::models::toy::dp::PerSample;
-use dpaudit::models::toy::run::{run, DpPlan, TrainPlan};
+use dpaudit::models::canary::Defect;
 use dpaudit::models::toy::{Arch, ModelConfig};
+use dpaudit::models::train::{DpPlan, PerSample, Plan as TrainPlan};
+
+/// The 8×8 MLP every white-box test trains.
+const MLP: ModelConfig = ModelConfig {
+    arch: Arch::Mlp,
+    hidden: 256,
+    depth: 3,
+    time_dim: 64,
+    channels: 16,
+};
+
+/// Trains the 8×8 `MLP` as `plan` says.
+fn run(plan: &TrainPlan, device: &candle_core::Device, name: &str) -> dpaudit::error::Result<()> {
+    dpaudit::models::toy::run::run(plan, &MLP, TrainingScheduleConfig::default(), None, device, name).map(|_| ())
+}
 
 /// σ of the full-batch ledger (T = 16): ε = 4 at δ = 1e-5 (`dpaudit calibrate --target-epsilon
 /// 4 --sample-rate 1 --steps 16`).
@@ -24,14 +37,6 @@ fn plan(out: &std::path::Path, sigma: f64, q: f64, canaries: usize, defect: Opti
         split: root().join("fixtures/splits/digits.toml"),
         on: Part::Members,
         out: out.to_path_buf(),
-        model: ModelConfig {
-            arch: Arch::Mlp,
-            hidden: 256,
-            depth: 3,
-            time_dim: 64,
-            channels: 16,
-        },
-        schedule: TrainingScheduleConfig::default(),
         steps: 16,
         batch_size: 128,
         lr: 1e-3,
@@ -40,9 +45,8 @@ fn plan(out: &std::path::Path, sigma: f64, q: f64, canaries: usize, defect: Opti
         t_max: None,
         init: None,
         seed: Some(seed),
-        canaries,
-        canary_kind: CanaryKind::Gradient,
-        gradient_canaries: 0,
+        canaries: 0,
+        gradient_canaries: canaries,
         defect,
         dp: Some(DpPlan {
             noise_multiplier: sigma,
@@ -50,12 +54,13 @@ fn plan(out: &std::path::Path, sigma: f64, q: f64, canaries: usize, defect: Opti
             sample_rate: q,
             delta: 1e-5,
             per_sample: PerSample::Auto,
-            rapid: None,
         }),
         device: dpaudit::models::DeviceChoice::Cpu,
         command: "white-box audit test".into(),
         quiet: true,
         force: true,
+        checkpoint_every: None,
+        sign_key: None,
     }
 }
 

@@ -8,8 +8,9 @@
 //! Each iteration is one `PoissonSampled { q, Gaussian { σ } }` event under add/remove-one
 //! neighbouring (the sum of clipped gradients has L2 sensitivity C), so a run of `I` iterations is
 //! `DpEvent::dpsgd(σ, q, I)` (RAPID Thm 1 states its per-step RDP, (α, 2α/σ²) in their
-//! normalisation; we leave the accounting to the accountants). The ledger records what ran, built
-//! step by step with [`EventBuilder`].
+//! normalisation; we leave the accounting to the accountants). The loop itself — sampling, noise,
+//! Adam, the ledger built step by step — is the orchestrator's ([`crate::models::train::dp_sgd`]);
+//! this file has the per-sample clipped gradients and RAPID's retrieval.
 //!
 //! RAPID's retrieval variant ([`KnowledgeBase`], §3.3–3.4): the model is first pretrained on
 //! public rows; a knowledge base stores, for other public rows, key = features of x_k and
@@ -21,143 +22,29 @@
 
 use std::collections::HashMap;
 
-use candle_core::backprop::GradStore;
 use candle_core::{Tensor, D};
-use candle_nn::Optimizer;
-use indicatif::ProgressBar;
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::{ChaCha20Rng, ChaCha8Rng};
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::events::{DpEvent, EventBuilder};
 
 use super::net::Probe;
-use super::train::{adam, Ema, TrainLog};
 use super::{Net, PIXELS};
 use crate::diffusion::schedule::table::{noisy, TrainingSchedule};
-use crate::models::canary::{Defect, WhiteBoxRecorder, GRADIENT_CANARY_NORM};
-use crate::models::dp::{normals, release_with, secret_rng};
+use crate::models::dp::normals;
+pub use crate::models::train::{Examples, PerSample};
 
-/// How per-sample gradients are computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum PerSample {
-    /// One backward pass with per-sample norms from layer activations (MLP), else the loop.
-    #[default]
-    Auto,
-    /// One backward pass (MLP only).
-    Ghost,
-    /// One backward pass per sample (any architecture; the reference).
-    Loop,
-}
-
-/// DP-SGD settings.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct DpConfig {
-    /// σ: the noise std is σ·C.
-    pub noise_multiplier: f64,
-    /// Per-sample gradient norm bound C.
-    pub clip: f64,
-    /// Poisson sampling rate q.
-    pub sample_rate: f64,
-    /// Iterations.
-    pub steps: u64,
-    /// Adam learning rate.
-    pub lr: f64,
-    /// EMA decay of the released weights.
-    pub ema_decay: f64,
-    /// None (the default): Poisson sampling, the examples' (t, ε) and the Gaussian noise come
-    /// from a ChaCha20 CSPRNG keyed by the operating system ([`secret_rng`]), so nobody can
-    /// replay them. Some(seed): reproducible, and not private against whoever knows the seed.
-    pub seed: Option<u64>,
-    /// δ written into the ledger.
-    pub delta: f64,
-    /// Lowest step trained.
-    pub t_min: usize,
-    /// Highest step trained.
-    pub t_max: usize,
-    /// Per-sample gradient method.
-    pub per_sample: PerSample,
-}
-
-/// What a DP training run can do besides training: record a white-box audit's observations,
-/// and (tests only) run with a known defect.
-#[derive(Default)]
-pub struct Hooks<'a> {
-    /// Gradient canaries to insert and observe.
-    pub white_box: Option<&'a mut WhiteBoxRecorder>,
-    /// A defect to train with (tests of the audit; never a user flag).
-    #[doc(hidden)]
-    pub defect: Option<Defect>,
-}
-
-impl DpConfig {
-    /// Checks every setting; errors name the flag.
-    pub fn validate(&self, schedule: &TrainingSchedule) -> Result<()> {
-        if !(self.noise_multiplier > 0.0 && self.noise_multiplier.is_finite()) {
-            return Err(Error::field("--noise-multiplier", "must be a finite number > 0"));
-        }
-        if !(self.clip > 0.0 && self.clip.is_finite()) {
-            return Err(Error::field("--clip", "must be a finite number > 0"));
-        }
-        if !(self.sample_rate > 0.0 && self.sample_rate <= 1.0) {
-            return Err(Error::field("--sample-rate", "must be in (0, 1]"));
-        }
-        if self.steps == 0 {
-            return Err(Error::field("--steps", "must be ≥ 1"));
-        }
-        if !(self.delta > 0.0 && self.delta < 1.0) {
-            return Err(Error::field("--delta", "must be in (0, 1)"));
-        }
-        if self.lr.is_nan() || self.lr <= 0.0 {
-            return Err(Error::field("--lr", "must be > 0"));
-        }
-        if self.t_min > self.t_max || self.t_max >= schedule.len() {
-            return Err(Error::field(
-                "--t-max",
-                format!("need t_min ≤ t_max < {}", schedule.len()),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The event one run of these settings is: `steps` × Poisson(q) ∘ Gaussian(σ).
-    pub fn event(&self) -> DpEvent {
-        DpEvent::dpsgd(self.noise_multiplier, self.sample_rate, self.steps)
-    }
-}
-
-/// One (noised) training example: x_t, t and the noise target.
-pub struct Examples {
-    /// x_t rows.
-    pub xt: Vec<f32>,
-    /// Steps.
-    pub t: Vec<usize>,
-    /// Noise targets.
-    pub eps: Vec<f32>,
-}
-
-impl Examples {
-    /// Number of examples.
-    pub fn len(&self) -> usize {
-        self.t.len()
-    }
-    /// True when there are none.
-    pub fn is_empty(&self) -> bool {
-        self.t.is_empty()
-    }
-    fn tensors(&self, net: &Net, rows: std::ops::Range<usize>) -> Result<(Tensor, Tensor, Tensor)> {
-        let n = rows.len();
-        let dev = net.device();
-        let px = rows.start * PIXELS..rows.end * PIXELS;
-        Ok((
-            Tensor::from_slice(&self.xt[px.clone()], (n, PIXELS), dev)?,
-            Tensor::from_vec(self.t[rows].iter().map(|&v| v as f32).collect::<Vec<_>>(), n, dev)?,
-            Tensor::from_slice(&self.eps[px], (n, PIXELS), dev)?,
-        ))
-    }
+/// The tensors of the examples `rows` on the net's device: (x_t, t as f32, ε).
+fn tensors(ex: &Examples, net: &Net, rows: std::ops::Range<usize>) -> Result<(Tensor, Tensor, Tensor)> {
+    let n = rows.len();
+    let dev = net.device();
+    let px = rows.start * PIXELS..rows.end * PIXELS;
+    Ok((
+        Tensor::from_slice(&ex.xt[px.clone()], (n, PIXELS), dev)?,
+        Tensor::from_vec(ex.t[rows].iter().map(|&v| v as f32).collect::<Vec<_>>(), n, dev)?,
+        Tensor::from_slice(&ex.eps[px], (n, PIXELS), dev)?,
+    ))
 }
 
 /// Σᵢ clip_C(gᵢ) over the examples, by parameter name, and the per-sample norms ‖gᵢ‖, where gᵢ
@@ -202,7 +89,7 @@ fn clip_factor(norm: f64, clip: f64) -> f64 {
 }
 
 fn ghost(net: &Net, ex: &Examples, clip: f64) -> Result<(HashMap<String, Tensor>, Vec<f64>)> {
-    let (xt, t, eps) = ex.tensors(net, 0..ex.len())?;
+    let (xt, t, eps) = tensors(ex, net, 0..ex.len())?;
     let probe = Probe::default();
     let pred = net.forward_probed(&xt, &t, Some(&probe))?;
     let per = (pred - eps)?.sqr()?.mean(D::Minus1)?;
@@ -245,7 +132,7 @@ fn per_sample_loop(net: &Net, ex: &Examples, clip: f64) -> Result<(HashMap<Strin
     let mut out: HashMap<String, Tensor> = HashMap::new();
     let mut norms = Vec::with_capacity(ex.len());
     for i in 0..ex.len() {
-        let (xt, t, eps) = ex.tensors(net, i..i + 1)?;
+        let (xt, t, eps) = tensors(ex, net, i..i + 1)?;
         let loss = (net.forward(&xt, &t)? - eps)?.sqr()?.mean_all()?;
         let grads = loss.backward()?;
         let mut per: Vec<(String, Tensor)> = Vec::with_capacity(net.params.vars.len());
@@ -346,202 +233,56 @@ impl KnowledgeBase {
     }
 }
 
-/// The result of a DP run.
-pub struct DpRun {
-    /// Per-window mean per-sample gradient norms (a function of private data: not released).
-    pub log: TrainLog,
-    /// Loss on the public evaluation rows before and after (None without such rows).
-    pub eval: Option<(f64, f64)>,
-    /// The event that ran (built step by step).
-    pub event: DpEvent,
-    /// Mean realised Poisson batch size.
-    pub mean_batch: f64,
-}
-
 /// Retrieval context for RAPID fine-tuning: the knowledge base and the frozen pretrained model.
-pub struct Retrieval<'a> {
+pub struct Retrieval {
     /// RAPID's knowledge base.
-    pub kb: &'a KnowledgeBase,
+    pub kb: KnowledgeBase,
     /// The frozen pretrained model.
-    pub pretrained: &'a Net,
+    pub pretrained: Net,
 }
 
-/// Builds the per-example noise targets for the rows `x0` of a Poisson batch.
-fn examples(
-    schedule: &TrainingSchedule,
-    x0: &[f32],
-    cfg: &DpConfig,
-    rag: Option<&Retrieval>,
-    rng: &mut ChaCha20Rng,
-) -> Result<Examples> {
-    let n = x0.len() / PIXELS;
-    match rag {
-        None => {
-            let t: Vec<usize> = (0..n).map(|_| rng.random_range(cfg.t_min..=cfg.t_max)).collect();
-            let eps = normals(rng, n * PIXELS);
-            let xt = noisy(schedule, x0, &t, &eps);
-            Ok(Examples { xt, t, eps })
-        }
-        Some(r) => {
-            let (k, v) = (r.kb.k, r.kb.v);
-            // Query: x_k ~ q(x_k | x), features by the pretrained model.
-            let e = normals(rng, n * PIXELS);
-            let xk = noisy(schedule, x0, &vec![k; n], &e);
-            let feats = denoise_x0(r.pretrained, schedule, &xk, k)?;
-            let av = schedule.alpha_bars[v];
-            let (sav, sbv) = (av.sqrt() as f32, (1.0 - av).sqrt() as f32);
-            let mut eps = Vec::with_capacity(n * PIXELS);
-            let mut t = Vec::with_capacity(n);
-            for i in 0..n {
-                let j = r.kb.nearest(&feats[i * PIXELS..(i + 1) * PIXELS]);
-                let xv = &r.kb.values[j * PIXELS..(j + 1) * PIXELS];
-                for p in 0..PIXELS {
-                    eps.push((xv[p] - sav * x0[i * PIXELS + p]) / sbv);
-                }
-                t.push(rng.random_range(cfg.t_min..=cfg.t_max.min(v)));
-            }
-            let xt = noisy(schedule, x0, &t, &eps);
-            Ok(Examples { xt, t, eps })
-        }
-    }
-}
-
-/// DP-SGD (RAPID Alg. 2) on the private rows `x0` ([n, 64]); EMA weights are written back.
-/// The loss is evaluated (before and after) only on `eval_rows`, which must be public: a loss on
-/// the private rows would be an unnoised statistic of them.
-pub fn dp_train(
-    net: &Net,
-    schedule: &TrainingSchedule,
-    x0: &[f32],
-    cfg: &DpConfig,
-    rag: Option<&Retrieval>,
-    eval_rows: Option<&[f32]>,
-    bar: Option<&ProgressBar>,
-) -> Result<DpRun> {
-    dp_train_with(net, schedule, x0, cfg, rag, eval_rows, bar, Hooks::default())
-}
-
-/// [`dp_train`] with [`Hooks`]: gradient canaries are inserted into the sum of clipped
-/// gradients before the noise (each included canary Poisson-sampled at the run's q, like every
-/// private row) and every released update is observed at their coordinates.
-#[allow(clippy::too_many_arguments)]
-pub fn dp_train_with(
-    net: &Net,
-    schedule: &TrainingSchedule,
-    x0: &[f32],
-    cfg: &DpConfig,
-    rag: Option<&Retrieval>,
-    eval_rows: Option<&[f32]>,
-    bar: Option<&ProgressBar>,
-    mut hooks: Hooks,
-) -> Result<DpRun> {
-    cfg.validate(schedule)?;
-    let defect = hooks.defect;
-    let q_run = if defect == Some(Defect::SampleRateDoubled) {
-        (2.0 * cfg.sample_rate).min(1.0)
-    } else {
-        cfg.sample_rate
-    };
-    let clip_run = if defect == Some(Defect::ClippingSkipped) {
-        f64::INFINITY
-    } else {
-        cfg.clip
-    };
-    let n = x0.len() / PIXELS;
-    if n == 0 {
-        return Err(Error::input("no private rows"));
-    }
-    let eval_seed = cfg.seed.unwrap_or(0);
-    let eval = |net: &Net| -> Result<Option<f64>> {
-        match eval_rows.filter(|r| !r.is_empty()) {
-            Some(rows) => Ok(Some(super::train::eval_loss(
-                net, schedule, rows, cfg.t_min, cfg.t_max, eval_seed, 4,
-            )?)),
-            None => Ok(None),
-        }
-    };
-    let mut log = TrainLog::default();
-    let before = eval(net)?;
-    let mut opt = adam(net, cfg.lr)?;
-    let mut ema = Ema::new(net, cfg.ema_decay)?;
-    let mut rng = secret_rng(cfg.seed.map(|s| s ^ 0x5a3b));
-    let mut noise_rng = secret_rng(cfg.seed);
-    let expected_batch = cfg.sample_rate * n as f64;
-    let mut ledger = EventBuilder::new();
-    let step_event = DpEvent::poisson(cfg.sample_rate, DpEvent::gaussian(cfg.noise_multiplier));
-    let step_event = if cfg.sample_rate >= 1.0 {
-        DpEvent::gaussian(cfg.noise_multiplier)
-    } else {
-        step_event
-    };
-    let log_every = (cfg.steps as usize / 50).max(1);
-    let (mut acc, mut acc_n, mut total_batch) = (0.0f64, 0usize, 0usize);
-    let std = cfg.noise_multiplier * cfg.clip;
-    for step in 1..=cfg.steps as usize {
-        // Poisson sampling (Alg. 2 line 2).
-        let mut rows = Vec::new();
+impl Retrieval {
+    /// The examples of the Poisson batch `x0` (Eq. 5): the query x_k ~ q(x_k | x) with features
+    /// by the pretrained model, the nearest key's value x̂_v as the noise target
+    /// ε̂ = (x̂_v − √ᾱ_v x)/√(1−ᾱ_v), and t ~ U{t.0..=min(t.1, v)}.
+    pub fn examples(
+        &self,
+        schedule: &TrainingSchedule,
+        x0: &[f32],
+        t_range: (usize, usize),
+        rng: &mut ChaCha20Rng,
+    ) -> Result<Examples> {
+        let n = x0.len() / PIXELS;
+        let (k, v) = (self.kb.k, self.kb.v);
+        let e = normals(rng, n * PIXELS);
+        let xk = noisy(schedule, x0, &vec![k; n], &e);
+        let feats = denoise_x0(&self.pretrained, schedule, &xk, k)?;
+        let av = schedule.alpha_bars[v];
+        let (sav, sbv) = (av.sqrt() as f32, (1.0 - av).sqrt() as f32);
+        let mut eps = Vec::with_capacity(n * PIXELS);
+        let mut t = Vec::with_capacity(n);
         for i in 0..n {
-            if rng.random::<f64>() < q_run {
-                rows.extend_from_slice(&x0[i * PIXELS..(i + 1) * PIXELS]);
+            let j = self.kb.nearest(&feats[i * PIXELS..(i + 1) * PIXELS]);
+            let xv = &self.kb.values[j * PIXELS..(j + 1) * PIXELS];
+            for p in 0..PIXELS {
+                eps.push((xv[p] - sav * x0[i * PIXELS + p]) / sbv);
             }
+            t.push(rng.random_range(t_range.0..=t_range.1.min(v)));
         }
-        let ex = examples(schedule, &rows, cfg, rag, &mut rng)?;
-        total_batch += ex.len();
-        // Per-sample gradients, clipping (lines 3–11).
-        let (mut sum, norms) = clipped_grad_sum(net, &ex, clip_run, cfg.per_sample)?;
-        if let Some(wb) = hooks.white_box.as_deref() {
-            let raw = GRADIENT_CANARY_NORM * cfg.clip;
-            wb.inject(&mut sum, q_run, cfg.clip, clip_factor(raw, clip_run), &mut rng)?;
-        }
-        // Gaussian noise and averaging (line 13), Adam (line 14).
-        let mut store = GradStore::default();
-        let mut released = release_with(&sum, std, expected_batch, &mut noise_rng, defect)?;
-        if let Some(wb) = hooks.white_box.as_deref_mut() {
-            wb.observe(&released, expected_batch / cfg.clip)?;
-        }
-        for (name, var) in &net.params.vars {
-            let g = released
-                .remove(name)
-                .ok_or_else(|| Error::model(format!("no gradient for `{name}`")))?;
-            store.insert(var.as_tensor(), g);
-        }
-        opt.step(&store)?;
-        ema.update(net)?;
-        ledger.push(step_event.clone());
-        if !norms.is_empty() {
-            acc += norms.iter().sum::<f64>() / norms.len() as f64;
-            acc_n += 1;
-        }
-        if step % log_every == 0 || step == cfg.steps as usize {
-            log.losses
-                .push((step, if acc_n > 0 { acc / acc_n as f64 } else { f64::NAN }));
-            if let Some(bar) = bar {
-                bar.set_message(format!("mean ‖g‖ {:.3}", acc / acc_n.max(1) as f64));
-            }
-            acc = 0.0;
-            acc_n = 0;
-        }
-        if let Some(bar) = bar {
-            bar.inc(1);
-        }
+        let xt = noisy(schedule, x0, &t, &eps);
+        Ok(Examples { xt, t, eps })
     }
-    ema.apply(net)?;
-    let after = eval(net)?;
-    Ok(DpRun {
-        log,
-        eval: before.zip(after),
-        event: ledger.build(),
-        mean_batch: total_batch as f64 / cfg.steps as f64,
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::diffusion::schedule::table::TrainingScheduleConfig;
+    use crate::events::DpEvent;
     use crate::events::EventFile;
     use crate::models::dp::{ledger_toml, release};
     use crate::models::toy::{Arch, ModelConfig};
+    use crate::models::train::{self, DpPlan, DpRun, DpSteps, Family, Hooks};
     use candle_core::Device;
 
     fn setup(arch: Arch) -> (Net, TrainingSchedule, Examples) {
@@ -608,32 +349,54 @@ mod tests {
         assert_eq!(g.len(), net.params.vars.len());
     }
 
+    /// `steps` DP-SGD steps (σ, q, C = 1) of `net` on `x0` through the orchestrator's loop.
+    #[allow(clippy::too_many_arguments)]
+    fn dp_steps(
+        net: &Net,
+        sched: TrainingSchedule,
+        x0: &[f32],
+        sigma: f64,
+        q: f64,
+        steps: usize,
+        ema: f64,
+        seed: Option<u64>,
+    ) -> DpRun {
+        let mut fam = crate::models::toy::run::ToyFamily::new(net.clone(), sched, PerSample::Auto, None);
+        let vars: Vec<candle_core::Var> = fam.vars().into_iter().map(|(_, v)| v).collect();
+        let mut opt = train::adam(vars.clone(), 1e-3).unwrap();
+        let mut ema = train::Ema::new(vars, ema).unwrap();
+        let s = DpSteps {
+            dp: DpPlan {
+                noise_multiplier: sigma,
+                clip: 1.0,
+                sample_rate: q,
+                delta: 1e-5,
+                per_sample: PerSample::Auto,
+            },
+            steps,
+            t: (0, 999),
+            seed,
+            defect: None,
+        };
+        let run = train::dp_sgd(&mut fam, x0, &s, &mut opt, &mut ema, Hooks::default(), None).unwrap();
+        ema.apply().unwrap();
+        run
+    }
+
     #[test]
     fn dp_run_records_its_event() {
         let (net, sched, _) = setup(Arch::Mlp);
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         let x0 = normals(&mut rng, 20 * PIXELS);
-        let cfg = DpConfig {
-            noise_multiplier: 1.3,
-            clip: 1.0,
-            sample_rate: 0.25,
-            steps: 7,
-            lr: 1e-3,
-            ema_decay: 0.9,
-            seed: Some(1),
-            delta: 1e-5,
-            t_min: 0,
-            t_max: 999,
-            per_sample: PerSample::Auto,
-        };
-        let run = dp_train(&net, &sched, &x0, &cfg, None, None, None).unwrap();
-        assert_eq!(run.event, DpEvent::dpsgd(1.3, 0.25, 7));
-        let text = ledger_toml(&run.event, 1e-5, "test").unwrap();
+        let run = dp_steps(&net, sched, &x0, 1.3, 0.25, 7, 0.9, Some(1));
+        let event = run.ledger.build();
+        assert_eq!(event, DpEvent::dpsgd(1.3, 0.25, 7));
+        let text = ledger_toml(&event, 1e-5, "test").unwrap();
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("l.toml");
         std::fs::write(&p, text).unwrap();
         let f = EventFile::load(&p).unwrap();
-        assert_eq!(f.event, cfg.event());
+        assert_eq!(f.event, DpEvent::dpsgd(1.3, 0.25, 7));
         assert_eq!(f.delta, Some(1e-5));
     }
 
@@ -689,20 +452,7 @@ mod tests {
         let x0 = normals(&mut rng, 12 * PIXELS);
         let weights = |seed: Option<u64>| -> Vec<f32> {
             let (net, _, _) = setup(Arch::Mlp);
-            let cfg = DpConfig {
-                noise_multiplier: 1.0,
-                clip: 1.0,
-                sample_rate: 0.5,
-                steps: 3,
-                lr: 1e-3,
-                ema_decay: 0.0,
-                seed,
-                delta: 1e-5,
-                t_min: 0,
-                t_max: 999,
-                per_sample: PerSample::Auto,
-            };
-            dp_train(&net, &sched, &x0, &cfg, None, None, None).unwrap();
+            dp_steps(&net, sched.clone(), &x0, 1.0, 0.5, 3, 0.0, seed);
             net.params
                 .vars
                 .values()

@@ -1,39 +1,36 @@
-//! `dpaudit train` as one library call: a validated [`TrainPlan`] in; the checkpoint, its card,
-//! the DP ledger (with the ε it spent) and the canaries file out ([`run`]).
+//! `dpaudit train` of the 8×8 models: what the [`crate::models::train`] orchestrator needs
+//! from this family ([`ToyFamily`]: ghost clipping or the per-sample loop, the DDPM batch loss,
+//! `<stem>.safetensors` and the card) and its [`setup`] (the digits data, the model fresh or
+//! from `--init`, RAPID's public pretraining and knowledge base).
 //!
-//! Privacy rules this module enforces:
-//! * DP randomness (Poisson sampling, the examples' draws, the Gaussian noise) comes from the
-//!   operating system's CSPRNG unless `seed` is given; then the card says
-//!   [`RANDOMNESS_SEEDED`].
-//! * `--init M` either composes M's ledger into the new one, or — when M has no ledger — is
-//!   refused if M's trained-on rows overlap the private rows (by the split and row hashes of
-//!   M's card).
-//! * The card of a DP run publishes no unnoised statistic of the private rows: its loss
-//!   evaluation uses the public rows.
+//! `--init M` either composes M's ledger into the new one, or — when M has no ledger — is
+//! refused if M's trained-on rows overlap the private rows (by the split and row hashes of M's
+//! card).
 
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
-use indicatif::ProgressBar;
-use rand::TryRngCore;
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Var};
+use rand::Rng;
+use rand_chacha::{ChaCha20Rng, ChaCha8Rng};
 
 use super::checkpoint::{self, Card};
-use super::dp::{self, DpConfig, KnowledgeBase, PerSample, Retrieval};
-use super::train::{self, TrainConfig};
+use super::dp::{clipped_grad_sum, KnowledgeBase, PerSample, Retrieval};
+use super::train::{batch_loss, Batch};
 use super::{Checkpoint, ModelConfig, Net, PIXELS};
-use crate::data::digits::{indices_sha256, sha256_file, Part};
+use crate::data::digits::{indices_sha256, sha256_file};
 use crate::data::{Dataset, SplitManifest};
 use crate::diffusion::schedule::table::{TrainingSchedule, TrainingScheduleConfig};
 use crate::error::{Error, Result};
-use crate::events::{DpEvent, EventFile, Neighbouring};
-use crate::models::canary::{Canaries, CanaryKind, Defect, GradientCanaries, WhiteBoxRecorder};
-use crate::models::card::{
-    self, CanaryInfo, DataInfo, DpInfo, RapidInfo, TrainingInfo, RANDOMNESS_OS, RANDOMNESS_SEEDED,
-};
+use crate::events::DpEvent;
+use crate::models::card::RapidInfo;
+use crate::models::dp::normals;
+use crate::models::train::{self, ClippedSum, Examples, Family, Layout, Plan, Release, Role, Setup, Trained};
 
-/// RAPID's retrieval variant.
+/// RAPID's retrieval variant: public pretraining, then the knowledge base of trajectories
+/// (key at step k, value at step v < k) the DP fine-tuning retrieves its noise targets from.
 #[derive(Debug, Clone, Copy)]
-pub struct RapidPlan {
+pub struct Rapid {
     /// Non-DP pretraining steps on the first half of the public rows.
     pub pretrain_steps: usize,
     /// Query step k.
@@ -42,93 +39,148 @@ pub struct RapidPlan {
     pub v: usize,
 }
 
-/// DP-SGD settings of a plan.
-#[derive(Debug, Clone, Copy)]
-pub struct DpPlan {
-    /// σ.
-    pub noise_multiplier: f64,
-    /// C.
-    pub clip: f64,
-    /// q.
-    pub sample_rate: f64,
-    /// δ of the ledger and of the ε the card records.
-    pub delta: f64,
-    /// Per-sample gradient method.
-    pub per_sample: PerSample,
-    /// RAPID.
-    pub rapid: Option<RapidPlan>,
+/// An 8×8 denoiser in training.
+pub struct ToyFamily {
+    /// The network (its variables are the ones trained).
+    pub net: Net,
+    schedule: TrainingSchedule,
+    per_sample: PerSample,
+    rag: Option<Retrieval>,
+    rapid: Option<RapidInfo>,
 }
 
-/// Everything a training run needs.
-#[derive(Debug, Clone)]
-pub struct TrainPlan {
-    /// Data file.
-    pub data: PathBuf,
-    /// Split manifest.
-    pub split: PathBuf,
-    /// Part of the split trained on (the private rows).
-    pub on: Part,
-    /// Output stem.
-    pub out: PathBuf,
-    /// Model (ignored with `init`: the init's config wins).
-    pub model: ModelConfig,
-    /// Noise schedule.
-    pub schedule: TrainingScheduleConfig,
-    /// Optimiser steps.
-    pub steps: usize,
-    /// Batch size (non-DP).
-    pub batch_size: usize,
-    /// Learning rate.
-    pub lr: f64,
-    /// EMA decay.
-    pub ema: f64,
-    /// Lowest step trained.
-    pub t_min: usize,
-    /// Highest step trained (default T − 1; RAPID: v).
-    pub t_max: Option<usize>,
-    /// Starting checkpoint.
-    pub init: Option<PathBuf>,
-    /// `--seed` (None: randomness from the OS).
-    pub seed: Option<u64>,
-    /// Canaries for a one-run audit (0: none).
-    pub canaries: usize,
-    /// Input canaries (black-box) or gradient canaries (white-box, DP only).
-    pub canary_kind: CanaryKind,
-    /// With input canaries (`canary_kind` input): this many gradient canaries too, in the same
-    /// run (`--canary-kind both`; 0: none).
-    pub gradient_canaries: usize,
-    /// A defect to train with (tests of the audit only; never a user flag).
-    #[doc(hidden)]
-    pub defect: Option<Defect>,
-    /// DP-SGD.
-    pub dp: Option<DpPlan>,
-    /// The device to train on (`--device`; selected by `audit::train`, recorded in the card).
-    pub device: crate::models::DeviceChoice,
-    /// The command line recorded in the card.
-    pub command: String,
-    /// No progress bars.
-    pub quiet: bool,
-    /// Replace an earlier run's files of the same stem (`--force`).
-    pub force: bool,
+impl ToyFamily {
+    /// `net` trained on `schedule` with `per_sample` gradients, RAPID's retrieval when `rag`.
+    pub fn new(net: Net, schedule: TrainingSchedule, per_sample: PerSample, rag: Option<Retrieval>) -> Self {
+        ToyFamily {
+            net,
+            schedule,
+            per_sample,
+            rag,
+            rapid: None,
+        }
+    }
 }
 
-/// What a run wrote and spent.
-#[derive(Debug, Clone)]
-pub struct TrainOutcome {
-    /// The card.
-    pub card_path: PathBuf,
-    /// The card's contents.
-    pub card: Card,
-    /// The ledger file (DP runs).
-    pub ledger_path: Option<PathBuf>,
-    /// The whole ledger (DP runs).
-    pub event: Option<DpEvent>,
-    /// Lines for the user (stdout).
-    pub lines: Vec<String>,
-}
+impl Family for ToyFamily {
+    type Card = Card;
+    const GRADIENT_CANARY_SALT: u64 = 0x67ad_c4a7;
+    const EVAL_ROWS: usize = usize::MAX;
 
-fn bar(len: u64, quiet: bool, what: &str) -> ProgressBar {
-    crate::report::progress::bar(len, quiet, what)
+    fn dim(&self) -> usize {
+        PIXELS
+    }
+
+    fn vars(&self) -> Vec<(String, Var)> {
+        super::train::vars(&self.net)
+    }
+
+    fn schedule(&self) -> &TrainingSchedule {
+        &self.schedule
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}, {} parameters",
+            format!("{:?}", self.net.config.arch).to_lowercase(),
+            self.net.params.count()
+        )
+    }
+
+    fn mechanism(&self) -> &'static str {
+        if self.rag.is_some() {
+            "RAPID Algorithm 2 with retrieval"
+        } else {
+            "RAPID Algorithm 2"
+        }
+    }
+
+    fn per_sample(&self) -> &'static str {
+        match (self.per_sample, self.net.supports_probe()) {
+            (PerSample::Loop, _) | (PerSample::Auto, false) => "loop",
+            _ => "ghost",
+        }
+    }
+
+    fn backend(&self, dp: bool) -> &'static str {
+        match (dp, self.per_sample(), self.net.device().is_cpu()) {
+            (false, _, true) => "candle backward (CPU)",
+            (false, _, false) => "candle backward (CUDA)",
+            (true, "ghost", true) => "candle, ghost clipping (CPU)",
+            (true, "ghost", false) => "candle, ghost clipping (CUDA)",
+            (true, _, true) => "candle, one backward pass per sample (CPU)",
+            (true, _, false) => "candle, one backward pass per sample (CUDA)",
+        }
+    }
+
+    fn examples(&self, x0: &[f32], t: (usize, usize), rng: &mut ChaCha20Rng) -> Result<Examples> {
+        match &self.rag {
+            Some(r) => r.examples(&self.schedule, x0, t, rng),
+            None => Ok(Examples::draw(&self.schedule, x0, PIXELS, t, rng)),
+        }
+    }
+
+    fn clipped_sum(&mut self, ex: &Examples, clip: f64) -> Result<ClippedSum> {
+        clipped_grad_sum(&self.net, ex, clip, self.per_sample)
+    }
+
+    fn plain_grads(
+        &mut self,
+        x0: &[f32],
+        batch: usize,
+        t_range: (usize, usize),
+        rng: &mut ChaCha8Rng,
+    ) -> Result<(GradStore, Option<f64>)> {
+        let n = x0.len() / PIXELS;
+        let mut xb = Vec::with_capacity(batch * PIXELS);
+        let mut t = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let i = rng.random_range(0..n);
+            xb.extend_from_slice(&x0[i * PIXELS..(i + 1) * PIXELS]);
+            t.push(rng.random_range(t_range.0..=t_range.1));
+        }
+        let eps = normals(rng, batch * PIXELS);
+        let b = Batch::new(&self.net, &self.schedule, &xb, &t, &eps)?;
+        let loss = batch_loss(&self.net, &b)?;
+        let grads = loss.backward()?;
+        Ok((grads, Some(loss.to_scalar::<f32>()? as f64)))
+    }
+
+    fn eval_loss(&self, rows: &[f32], t: (usize, usize), seed: u64) -> Result<f64> {
+        super::train::eval_loss(&self.net, &self.schedule, rows, t.0, t.1, seed, 4)
+    }
+
+    fn weights(&self) -> Result<Vec<u8>> {
+        checkpoint::weights_bytes(&self.net)
+    }
+
+    fn card(&self, _plan: &Plan, r: Release) -> Result<(Card, Vec<(String, Vec<u8>)>)> {
+        let stem = r.layout.stem.clone().unwrap_or_default();
+        let mut dp = r.dp;
+        if let Some(d) = dp.as_mut() {
+            d.rapid = self.rapid.clone();
+        }
+        let mut card = Card {
+            schema_version: checkpoint::CARD_SCHEMA,
+            weights: String::new(),
+            weights_sha256: String::new(),
+            parameters: 0,
+            model: self.net.config,
+            schedule: self.schedule.config,
+            data: r.data,
+            training: r.training,
+            dp,
+            canaries: r.canaries,
+            gradient_canaries: r.gradient_canaries,
+        };
+        checkpoint::describe_weights(&stem, &r.weights, &self.net, &mut card);
+        let card_bytes = checkpoint::card_bytes(&card)?;
+        let files = vec![
+            (r.layout.name(Role::Weights), r.weights),
+            (r.layout.name(Role::Card), card_bytes),
+        ];
+        Ok((card, files))
+    }
 }
 
 /// The ledger an `--init` checkpoint brings, after checking it may be used at all.
@@ -139,15 +191,7 @@ fn init_cost(
     private_ix: &[usize],
 ) -> Result<Option<(DpEvent, PathBuf)>> {
     if let Some(dp) = &ck.card.dp {
-        let p = ck.dir().join(&dp.ledger);
-        let f = EventFile::load(&p)?;
-        if f.neighbouring != Neighbouring::AddRemove {
-            return Err(Error::field(
-                "--init",
-                format!("{} accounts under a different neighbouring relation", p.display()),
-            ));
-        }
-        return Ok(Some((f.event, p)));
+        return train::init_ledger(&ck.dir().join(&dp.ledger)).map(Some);
     }
     // No ledger: allowed only if its training rows are provably disjoint from the private rows.
     let refuse = |why: String| {
@@ -188,26 +232,28 @@ fn init_cost(
     Ok(None)
 }
 
-/// Runs the plan on `device` (described as `device_name` in the card).
-pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<TrainOutcome> {
-    // The card's folder: the paths it records are relative to it.
-    let card_dir = checkpoint::stem_parts(&plan.out)?.0;
+/// The family and the rows of `plan` on `device`: the data and split, the model (fresh from
+/// the public seed, or `--init`'s with its ledger), and for RAPID the public pretraining and the
+/// knowledge base.
+pub fn setup(
+    plan: &Plan,
+    model: &ModelConfig,
+    schedule_config: TrainingScheduleConfig,
+    rapid: Option<Rapid>,
+    device: &Device,
+) -> Result<(ToyFamily, Setup)> {
     let data = Dataset::load(&plan.data)?;
     let split = SplitManifest::load(&plan.split)?;
     split.check_data(&data).map_err(|e| e.with_file(&plan.split))?;
-    let schedule = TrainingSchedule::new(plan.schedule)?;
-    let mut lines = Vec::new();
+    let schedule = TrainingSchedule::new(schedule_config)?;
     // Public randomness (initialisation, non-DP batches, knowledge base): the seed, or the OS.
-    let public_seed = plan
-        .seed
-        .unwrap_or_else(|| rand::rngs::OsRng.try_next_u64().unwrap_or(0));
+    let public_seed = plan.public_seed();
     let private_ix = split.part(plan.on).to_vec();
-    let mut model_cfg = plan.model;
     let mut init_ledger = None;
     let net = match &plan.init {
         Some(p) => {
             let ck = Checkpoint::load(p, device)?;
-            if ck.card.schedule != plan.schedule {
+            if ck.card.schedule != schedule_config {
                 return Err(Error::field(
                     "--init",
                     format!(
@@ -220,409 +266,109 @@ pub fn run(plan: &TrainPlan, device: &Device, device_name: &str) -> Result<Train
             if plan.dp.is_some() {
                 init_ledger = init_cost(&ck, p, &data, &private_ix)?;
             }
-            model_cfg = ck.card.model;
             ck.net
         }
-        None => Net::new(&model_cfg, public_seed, device)?,
+        None => Net::new(model, public_seed, device)?,
     };
-    crate::limits::check_canaries(plan.canaries, PIXELS)?;
-    let (input_m, gradient_m) = match plan.canary_kind {
-        CanaryKind::Gradient => (0, plan.canaries),
-        CanaryKind::Input => (plan.canaries, plan.gradient_canaries),
-    };
-    let gradient = gradient_m > 0;
-    if gradient {
-        crate::limits::check_canaries(gradient_m, 1)?;
-        // The white-box record: one float per canary and step, held until the set is written.
-        crate::limits::check_canaries(gradient_m, plan.steps)?;
-    }
-    if gradient && plan.dp.is_none() {
-        return Err(Error::field(
-            "--canary-kind",
-            "gradient canaries are observed in DP-SGD's noisy updates: train with --dp (or use --canary-kind input)",
-        ));
-    }
-    // White-box gradient canaries: distinct parameter coordinates, each included with
-    // probability ½ (secret unless seeded).
-    let mut recorder = if gradient {
-        let shapes: Vec<(String, usize)> = net
-            .params
-            .vars
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_tensor().elem_count()))
-            .collect();
-        let mut rng = crate::models::dp::secret_rng(plan.seed.map(|s| s ^ 0x67ad_c4a7));
-        Some(WhiteBoxRecorder::new(GradientCanaries::generate(
-            gradient_m, &shapes, &mut rng,
-        )?))
-    } else {
-        None
-    };
-    // Canaries: random ±1 images, each included with probability ½ (secret unless seeded).
-    let canaries = (input_m > 0).then(|| {
-        let mut rng = crate::models::dp::secret_rng(plan.seed.map(|s| s ^ 0xca7a_71e5));
-        Canaries::generate(input_m, PIXELS, &mut rng)
-    });
-    let mut x0 = data.rows(&private_ix);
-    if let Some(c) = &canaries {
-        x0.extend(c.included_rows());
-    }
-    let n_private = x0.len() / PIXELS;
-    let t_max = plan.t_max.unwrap_or(schedule.len() - 1);
-    if !plan.quiet {
-        eprintln!(
-            "model: {}, {} parameters; training on {} {} rows{}",
-            format!("{:?}", model_cfg.arch).to_lowercase(),
-            net.params.count(),
-            private_ix.len(),
-            format!("{:?}", plan.on).to_lowercase(),
-            canaries
-                .as_ref()
-                .map(|c| format!(" + {} canaries (of {})", n_private - private_ix.len(), c.len()))
-                .unwrap_or_default()
-        );
-    }
-
-    let mut dp_info = None;
-    let mut ledger = None;
-    let (eval, eval_on, steps, t_min, t_max, batch) = match &plan.dp {
-        Some(d) => {
-            let (rag_parts, t_max) = match &d.rapid {
-                Some(r) => {
-                    if plan.t_max.is_some() {
-                        return Err(Error::field(
-                            "--t-max",
-                            "RAPID fine-tunes steps ≤ --rapid-v; do not also give --t-max",
-                        ));
-                    }
-                    if !(r.v < r.k && r.k < schedule.len()) {
-                        return Err(Error::field(
-                            "--rapid-k",
-                            format!("need v < k < T, got k = {}, v = {}", r.k, r.v),
-                        ));
-                    }
-                    let public = &split.public;
-                    if public.len() < 2 {
-                        return Err(Error::input("RAPID needs public rows in the split").with_file(&plan.split));
-                    }
-                    let (pre, refr) = public.split_at(public.len() / 2);
-                    if plan.init.is_none() && r.pretrain_steps > 0 {
-                        let b = bar(r.pretrain_steps as u64, plan.quiet, "pretrain");
-                        let cfg = TrainConfig {
-                            steps: r.pretrain_steps,
-                            batch_size: plan.batch_size,
-                            lr: plan.lr,
-                            ema_decay: plan.ema,
-                            seed: public_seed ^ 0x9e7,
-                            t_min: 0,
-                            t_max: schedule.len() - 1,
-                        };
-                        let l = train::train(&net, &schedule, &data.rows(pre), &cfg, Some(&b))?;
-                        b.finish_and_clear();
-                        eprintln!(
-                            "pretrained on {} public rows: loss {:.4} -> {:.4}",
-                            pre.len(),
-                            l.eval_loss_before,
-                            l.eval_loss_after
-                        );
-                    }
-                    // A frozen deep copy of the pretrained model (`Net::clone` would share variables).
-                    let frozen = Net::new(&model_cfg, 0, device)?;
-                    train::copy_params(&frozen, &net)?;
-                    let kb = KnowledgeBase::build(&frozen, &schedule, &data.rows(refr), r.k, r.v, public_seed)?;
-                    eprintln!(
-                        "knowledge base: {} trajectories (key at k = {}, value at v = {})",
-                        kb.len(),
-                        kb.k,
-                        kb.v
-                    );
-                    let info = RapidInfo {
-                        k: r.k,
-                        v: r.v,
-                        pretrain_steps: if plan.init.is_none() { r.pretrain_steps } else { 0 },
-                        pretrain_rows: pre.len(),
-                        kb_rows: refr.len(),
-                    };
-                    (Some((frozen, kb, info)), r.v)
-                }
-                None => (None, t_max),
-            };
-            let cfg = DpConfig {
-                noise_multiplier: d.noise_multiplier,
-                clip: d.clip,
-                sample_rate: d.sample_rate,
-                steps: plan.steps as u64,
-                lr: plan.lr,
-                ema_decay: plan.ema,
-                seed: plan.seed,
-                delta: d.delta,
-                t_min: plan.t_min,
-                t_max,
-                per_sample: d.per_sample,
-            };
-            let public_rows = data.rows(&split.public);
-            let b = bar(plan.steps as u64, plan.quiet, "dp-sgd");
-            let rag = rag_parts.as_ref().map(|(f, kb, _)| Retrieval { kb, pretrained: f });
-            let hooks = dp::Hooks {
-                white_box: recorder.as_mut(),
-                defect: plan.defect,
-            };
-            let run = dp::dp_train_with(
-                &net,
-                &schedule,
-                &x0,
-                &cfg,
-                rag.as_ref(),
-                Some(&public_rows),
+    let per_sample = plan.dp.map(|d| d.per_sample).unwrap_or_default();
+    let mut fam = ToyFamily::new(net, schedule, per_sample, None);
+    let mut t_max = plan.check(fam.schedule.len())?;
+    if let (Some(r), Some(_)) = (&rapid, &plan.dp) {
+        if plan.t_max.is_some() {
+            return Err(Error::field(
+                "--t-max",
+                "RAPID fine-tunes steps ≤ --rapid-v; do not also give --t-max",
+            ));
+        }
+        let len = fam.schedule.len();
+        if !(r.v < r.k && r.k < len) {
+            return Err(Error::field(
+                "--rapid-k",
+                format!("need v < k < T, got k = {}, v = {}", r.k, r.v),
+            ));
+        }
+        let public = &split.public;
+        if public.len() < 2 {
+            return Err(Error::input("RAPID needs public rows in the split").with_file(&plan.split));
+        }
+        let (pre, refr) = public.split_at(public.len() / 2);
+        let pretrain_steps = if plan.init.is_none() { r.pretrain_steps } else { 0 };
+        if pretrain_steps > 0 {
+            // Non-DP pretraining on the first half of the public rows, with its own Adam and
+            // average (written back), from the public seed.
+            let rows = data.rows(pre);
+            let vars: Vec<Var> = fam.net.params.all_vars();
+            let mut opt = train::adam(vars.clone(), plan.lr)?;
+            let mut ema = train::Ema::new(vars, plan.ema)?;
+            let t_all = (0, len - 1);
+            let before = fam.eval_loss(&rows, t_all, public_seed)?;
+            let b = crate::report::progress::bar(pretrain_steps as u64, plan.quiet, "pretrain");
+            train::plain(
+                &mut fam,
+                &rows,
+                pretrain_steps,
+                plan.batch_size,
+                t_all,
+                public_seed ^ 0x9e7,
+                &mut opt,
+                &mut ema,
                 Some(&b),
-                hooks,
+                |_, _, _| Ok(()),
             )?;
             b.finish_and_clear();
-            let method = match (d.per_sample, net.supports_probe()) {
-                (PerSample::Loop, _) | (PerSample::Auto, false) => "loop",
-                _ => "ghost",
-            };
-            let ledger_path = PathBuf::from(format!("{}.ledger.toml", plan.out.display()));
-            // The whole ledger: the init's, then this run's.
-            let event = match &init_ledger {
-                Some((ev, _)) => DpEvent::Composed {
-                    events: vec![ev.clone(), run.event.clone()],
-                },
-                None => run.event.clone(),
-            };
-            let eps_text = crate::models::dp::spent_epsilon(&event, d.delta);
-            dp_info = Some(DpInfo {
-                noise_multiplier: d.noise_multiplier,
-                clip: d.clip,
-                sample_rate: d.sample_rate,
-                steps: plan.steps as u64,
-                delta: d.delta,
-                per_sample: method.into(),
-                ledger: ledger_path
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                epsilon: eps_text.as_ref().map(|e| e.0),
-                epsilon_accountant: eps_text.as_ref().map(|e| e.1.clone()),
-                init_ledger: init_ledger.as_ref().map(|(_, p)| card::card_relative(p, &card_dir)),
-                rapid: rag_parts.map(|(_, _, info)| info),
-                ledger_sha256: None,
-            });
-            lines.push(match &eps_text {
-                Some((e, acc)) => format!(
-                    "ε spent: {} at δ = {} ({acc}; the whole ledger{})",
-                    crate::report::export::fmt_num(*e),
-                    crate::report::export::fmt_num(d.delta),
-                    if init_ledger.is_some() {
-                        ", composed with the --init ledger"
-                    } else {
-                        ""
-                    }
-                ),
-                None => "ε spent: no sound accountant supports this ledger".to_string(),
-            });
-            if !plan.quiet {
-                eprintln!(
-                    "mean Poisson batch: {:.1} (expected {:.1})",
-                    run.mean_batch,
-                    d.sample_rate * n_private as f64
-                );
-            }
-            ledger = Some((ledger_path, event));
-            (
-                run.eval,
-                "public rows (a loss on the private rows would be released without noise)",
-                plan.steps,
-                plan.t_min,
-                t_max,
-                (d.sample_rate * n_private as f64).round() as usize,
-            )
+            ema.apply()?;
+            let after = fam.eval_loss(&rows, t_all, public_seed)?;
+            eprintln!(
+                "pretrained on {} public rows: loss {before:.4} -> {after:.4}",
+                pre.len()
+            );
         }
-        None => {
-            let cfg = TrainConfig {
-                steps: plan.steps,
-                batch_size: plan.batch_size,
-                lr: plan.lr,
-                ema_decay: plan.ema,
-                seed: public_seed,
-                t_min: plan.t_min,
-                t_max,
-            };
-            let b = bar(plan.steps as u64, plan.quiet, "train");
-            let log = train::train(&net, &schedule, &x0, &cfg, Some(&b))?;
-            b.finish_and_clear();
-            (
-                Some((log.eval_loss_before, log.eval_loss_after)),
-                "training rows",
-                plan.steps,
-                plan.t_min,
-                t_max,
-                plan.batch_size,
-            )
-        }
-    };
-    // Every output of the run is rendered first, then committed as one set (weights, ledger,
-    // canaries, card: all appear at once, see `report::output::commit_set`).
-    let (out_dir, stem_name) = checkpoint::stem_parts(&plan.out)?;
-    crate::report::output::create_out_dir(&out_dir)?;
-    let stem_file = |ext: &str| format!("{stem_name}.{ext}");
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-    let weights = checkpoint::weights_bytes(&net)?;
-    let weights_name = stem_file("safetensors");
-    let weights_released = crate::report::output::released_line(&weights_name, &weights);
-    files.push((weights_name, weights.clone()));
-    let canary_info = match &canaries {
-        Some(c) => {
-            let name = stem_file("canaries.csv");
-            let bytes = c.to_csv().into_bytes();
-            lines.push(format!(
-                "wrote {} ({} canaries; the inclusion bits are the audit's secret: keep the file from whoever the audit models)",
-                out_dir.join(&name).display(),
-                c.len()
-            ));
-            let info = CanaryInfo {
-                file: name.clone(),
-                sha256: crate::report::sha256_hex(&bytes),
-                count: c.len(),
-                kind: None,
-                observations: None,
-                observations_sha256: None,
-            };
-            files.push((name, bytes));
-            Some(info)
-        }
-        None => None,
-    };
-    // Gradient canaries: `<stem>.canaries.csv` alone, `<stem>.gradient-canaries.csv` beside
-    // input canaries.
-    let gradient_info = match &recorder {
-        Some(wb) => {
-            let name = stem_file(if canary_info.is_some() {
-                "gradient-canaries.csv"
-            } else {
-                "canaries.csv"
-            });
-            let bytes = wb.canaries.to_csv().into_bytes();
-            let obs_name = stem_file("canary-observations.npy");
-            let obs = wb.observations_npy();
-            lines.push(format!(
-                "wrote {} ({} gradient canaries; the inclusion bits are the audit's secret) and {} ({} noisy updates observed at every canary: the white-box audit's record)",
-                out_dir.join(&name).display(),
-                wb.canaries.len(),
-                out_dir.join(&obs_name).display(),
-                wb.steps
-            ));
-            let info = CanaryInfo {
-                file: name.clone(),
-                sha256: crate::report::sha256_hex(&bytes),
-                count: wb.canaries.len(),
-                kind: Some(CanaryKind::Gradient),
-                observations: Some(obs_name.clone()),
-                observations_sha256: Some(crate::report::sha256_hex(&obs)),
-            };
-            files.push((name, bytes));
-            files.push((obs_name, obs));
-            Some(info)
-        }
-        None => None,
-    };
-    let (canary_info, gradient_info) = match canary_info {
-        Some(i) => (Some(i), gradient_info),
-        None => (gradient_info, None),
-    };
-    let randomness = if plan.seed.is_some() {
-        RANDOMNESS_SEEDED
-    } else {
-        RANDOMNESS_OS
-    };
-    let mut ledger_path = None;
-    let mut event = None;
-    let mut ledger_lines = Vec::new();
-    if let (Some((p, ev)), Some(d)) = (ledger, &plan.dp) {
-        let text = crate::models::dp::ledger_toml(
-            &ev,
-            d.delta,
-            &format!(
-                "DpEvent that ran in `{}`{}\n(RAPID Algorithm 2: Poisson sampling q, clipping C = {}, Gaussian noise σ·C, add/remove-one neighbours)\nrandomness: {randomness}\n{weights_released}",
-                plan.command,
-                init_ledger
-                    .as_ref()
-                    .map(|(_, p)| format!(", after the ledger of --init ({})", p.display()))
-                    .unwrap_or_default(),
-                d.clip
-            ),
-        )?;
-        if let Some(info) = dp_info.as_mut() {
-            info.ledger_sha256 = Some(crate::report::sha256_hex(text.as_bytes()));
-        }
-        files.push((stem_file("ledger.toml"), text.into_bytes()));
-        ledger_lines.push(format!(
-            "wrote {} — account it with: dpaudit account --event {} --delta {}",
-            p.display(),
-            p.display(),
-            crate::numeric::format::fmt_num(d.delta)
-        ));
-        ledger_lines.push(ev.ledger());
-        ledger_path = Some(p);
-        event = Some(ev);
+        // A frozen deep copy of the pretrained model (`Net::clone` would share variables).
+        let frozen = Net::new(&fam.net.config, 0, device)?;
+        super::train::copy_params(&frozen, &fam.net)?;
+        let kb = KnowledgeBase::build(&frozen, &fam.schedule, &data.rows(refr), r.k, r.v, public_seed)?;
+        eprintln!(
+            "knowledge base: {} trajectories (key at k = {}, value at v = {})",
+            kb.len(),
+            kb.k,
+            kb.v
+        );
+        fam.rapid = Some(RapidInfo {
+            k: r.k,
+            v: r.v,
+            pretrain_steps,
+            pretrain_rows: pre.len(),
+            kb_rows: refr.len(),
+        });
+        fam.rag = Some(Retrieval { kb, pretrained: frozen });
+        t_max = r.v;
     }
-    let mut card = Card {
-        schema_version: checkpoint::CARD_SCHEMA,
-        weights: String::new(),
-        weights_sha256: String::new(),
-        parameters: 0,
-        model: model_cfg,
-        schedule: plan.schedule,
-        data: DataInfo {
-            file: card::card_relative(&plan.data, &card_dir),
-            sha256: data.sha256.clone(),
-            split: card::card_relative(&plan.split, &card_dir),
-            split_sha256: sha256_file(&plan.split)?,
-            trained_on: plan.on,
-            rows_sha256: indices_sha256(&private_ix),
-            rows: private_ix.len(),
-        },
-        training: TrainingInfo {
-            seed: plan.seed,
-            randomness: randomness.to_string(),
-            steps,
-            batch_size: batch,
-            lr: plan.lr,
-            ema_decay: plan.ema,
-            t_min,
-            t_max,
-            device: device_name.to_string(),
-            command: plan.command.clone(),
-            eval_loss_before: eval.map(|e| e.0),
-            eval_loss_after: eval.map(|e| e.1),
-            eval_on: eval.map(|_| eval_on.to_string()),
-            init: plan.init.as_ref().map(|p| card::card_relative(p, &card_dir)),
-            relocated: None,
-        },
-        dp: dp_info,
-        canaries: canary_info,
-        gradient_canaries: gradient_info,
+    let setup = Setup {
+        data_sha256: data.sha256.clone(),
+        private: data.rows(&private_ix),
+        public: data.rows(&split.public),
+        private_ix,
+        init_note: (plan.init.is_some() && init_ledger.is_none())
+            .then(|| "trained without DP on rows disjoint from the private rows".to_string()),
+        init_ledger,
+        t_max,
+        public_seed,
     };
-    checkpoint::describe_weights(&stem_name, &weights, &net, &mut card);
-    let card_name = stem_file("toml");
-    files.push((card_name.clone(), checkpoint::card_bytes(&card)?));
-    crate::report::output::commit_set(&out_dir, Some(&stem_name), &files, plan.force)?;
-    let card_path = PathBuf::from(format!("{}.toml", plan.out.display()));
-    if let Some((b, a)) = eval {
-        lines.push(format!(
-            "denoising loss on the {eval_on} (fixed evaluation draws): {b:.4} -> {a:.4}"
-        ));
-    }
-    if plan.seed.is_some() {
-        lines.push(format!("training randomness: {RANDOMNESS_SEEDED}"));
-    }
-    lines.push(format!("wrote {} and {}", card_path.display(), card.weights));
-    lines.extend(ledger_lines);
-    Ok(TrainOutcome {
-        card_path,
-        card,
-        ledger_path,
-        event,
-        lines,
-    })
+    Ok((fam, setup))
+}
+
+/// Trains the 8×8 `model` (ignored with `--init`: the init's config wins) on `schedule` as
+/// `plan` says, RAPID's retrieval variant when `rapid`, on `device` (described as `device_name`
+/// in the card), and writes `<stem>.safetensors`, its card, the ledger and the canaries.
+pub fn run(
+    plan: &Plan,
+    model: &ModelConfig,
+    schedule: TrainingScheduleConfig,
+    rapid: Option<Rapid>,
+    device: &Device,
+    device_name: &str,
+) -> Result<Trained<Card>> {
+    let layout = Layout::stem(&plan.out)?;
+    let (fam, setup) = setup(plan, model, schedule, rapid, device)?;
+    train::run(plan, fam, setup, layout, device_name)
 }

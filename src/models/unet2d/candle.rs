@@ -346,6 +346,23 @@ impl Unet2dModel {
         Ok(model)
     }
 
+    /// The executor [`Unet2dModel::forward_at`] runs at precision `p` on this model's device
+    /// (named as [`super::executors`] names it): the CPU forward when the weights are on the CPU,
+    /// the CUDA forward where it covers the architecture at `p` (fp32 or tf32; feature `cudnn`,
+    /// unless the diagnostics variable `DPAUDIT_UNET_CUDA=candle` turns it off), else candle's
+    /// kernels. What a report records as the backend of a run.
+    pub fn executor(&self, p: Precision) -> &'static str {
+        if self.cpu.is_some() {
+            return "CPU forward";
+        }
+        #[cfg(feature = "cudnn")]
+        if self.cuda.is_some() && p != Precision::Bf16 && !cuda::disabled() {
+            return "CUDA forward";
+        }
+        let _ = p;
+        "candle inference"
+    }
+
     /// What the CUDA forward does not cover on this model (`None`: it runs it).
     pub fn cuda_unsupported(&self) -> Option<Unsupported> {
         super::cuda_unsupported(&self.graph)
