@@ -60,7 +60,7 @@ pub(super) const PRECISE_BUDGET: usize = 1 << 23;
 const MAX_STEP_LOSS: f64 = 200.0;
 
 /// Leaves composed at least this many times get their transform values at the live frequencies
-/// on double words ([`dd_transform_at`]) and their powers on double words, so the certified
+/// on double words ([`dd_transform_values`]) and their powers on double words, so the certified
 /// round-off no longer grows like T·κ (κ ≈ 10u·log₂N, the double FFT's componentwise bound) but
 /// like T·u²·(support): 10⁷ steps certify δ = 1e-5 in one composition instead of composing again
 /// on double words. Below it the double-precision transform is cheaper and accurate enough.
@@ -1500,7 +1500,7 @@ impl FourierProduct {
     }
 
     /// Multiplies A^T into frequency k from a double-word transform value `a` with
-    /// |a − A| ≤ `e` (see [`dd_transform_at`]): the power is taken on double words (relative
+    /// |a − A| ≤ `e` (see [`dd_transform_values`]): the power is taken on double words (relative
     /// error ρ = (1 + c)^{T−1} − 1, c = dd::CMUL_ERR + 1e-20 for low words near underflow) and
     /// rounded to a double (≤ u relative), so |F̂ − A^T| ≤ M(u(1 + ρ) + ρ + T·e/m) with m = |a| + e,
     /// M ≥ m^T (mean value theorem, as in [`FourierProduct::apply`]). False when the frequency dies.
@@ -1743,25 +1743,47 @@ fn fourier_precise(
 /// step s ← s·ẑ + p_i adds at most ‖p‖₁(|ẑ − z| + dd::CMUL_ERR(1 + |ẑ − z|) + dd::ADD_ERR) + ADD_ERR·p_i
 /// (|s| ≤ ‖p‖₁ up to these errors, |z| = 1), and the final product one more such term, so
 /// e ≤ (S + 2)·‖p‖₁·(TWIDDLE_ANY_ERR + CMUL_ERR + 2·ADD_ERR)·(1 + 1e-6) (≈ 1e-27 for S = 10⁴).
-fn dd_transform_at(d: &DiscretePld, k: usize, n: usize) -> (Cdd, f64) {
+/// At every frequency of `ks`, four at a time, each exactly as alone ([`dd::horner_many`]).
+fn dd_transform_values(d: &DiscretePld, ks: &[usize], n: usize) -> Vec<(Cdd, f64)> {
     let nn = n as u64;
-    let z = dd::twiddle(k as u64, nn);
-    let shift = ((d.lo.rem_euclid(n as i64) as u128 * k as u128) % nn as u128) as u64;
-    let w0 = dd::twiddle(shift, nn);
-    let mut acc = Cdd::ZERO;
-    for &p in d.probs.iter().rev() {
-        acc = acc * z;
-        acc.re = acc.re + Dd::from_f64(p);
-    }
-    let v = acc * w0;
+    let z: Vec<Cdd> = ks.iter().map(|&k| dd::twiddle(k as u64, nn)).collect();
+    let mut acc = vec![Cdd::ZERO; ks.len()];
+    dd::horner_many(&d.probs, &z, &mut acc);
     let l1: f64 = d.probs.iter().sum::<f64>() * (1.0 + 1e-9);
     let e = (d.probs.len() as f64 + 2.0) * l1 * (dd::TWIDDLE_ANY_ERR + dd::CMUL_ERR + 2.0 * dd::ADD_ERR) * (1.0 + 1e-6)
         + 1e-300;
-    (v, e)
+    ks.iter()
+        .zip(acc)
+        .map(|(&k, a)| {
+            let shift = ((d.lo.rem_euclid(n as i64) as u128 * k as u128) % nn as u128) as u64;
+            (a * dd::twiddle(shift, nn), e)
+        })
+        .collect()
+}
+
+/// [`dd_transform_values`] at one frequency.
+#[cfg(test)]
+fn dd_transform_at(d: &DiscretePld, k: usize, n: usize) -> (Cdd, f64) {
+    dd_transform_values(d, &[k], n)[0]
 }
 
 /// One leaf's discrete PLD with its count.
 type Part = (DiscretePld, u64);
+
+/// How the Fourier product of [`compose`] is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Arith {
+    /// Double-precision transforms; leaves composed at least [`HYBRID_MIN_COUNT`] times take
+    /// double-word transform values at the live frequencies ([`dd_transform_values`]).
+    Double,
+    /// As `Double`, but every leaf composed more than once takes double-word transform values
+    /// at the live frequencies (a staged composition's first stage past `HYBRID_MIN_COUNT`
+    /// steps in all: the block's round-off reaches δ once per copy). The error analysis of
+    /// [`FourierProduct::apply_dd`] holds for any count.
+    Hybrid,
+    /// The whole product and inverse transform on double words ([`fourier_precise`]).
+    Precise,
+}
 
 /// The composition window [L, U] of [`compose`]: Chernoff bounds on the mass outside, and the
 /// width the window would need before the `max_points` cap.
@@ -1781,7 +1803,7 @@ pub(super) fn compose(
     h: f64,
     tau_window: f64,
     max_points: usize,
-    precise: bool,
+    arith: Arith,
     window: Option<Window>,
 ) -> Result<ComposedDirection> {
     let total_steps: f64 = parts.iter().map(|(_, c)| *c as f64).sum();
@@ -1813,7 +1835,7 @@ pub(super) fn compose(
         Some(w) => w,
         None => chernoff_window(parts, tau_window, max_points),
     };
-    compose_in_window(parts, dir, h, window, inf_mass, rel_inflation, precise)
+    compose_in_window(parts, dir, h, window, inf_mass, rel_inflation, arith)
 }
 
 /// The Chernoff window of a composition: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL),
@@ -1914,7 +1936,7 @@ fn compose_in_window(
     window: Window,
     inf_mass: f64,
     rel_inflation: f64,
-    precise: bool,
+    arith: Arith,
 ) -> Result<ComposedDirection> {
     let Window {
         lower,
@@ -1924,7 +1946,7 @@ fn compose_in_window(
     } = window;
     let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
     let width = (upper - lower + 1) as usize;
-    if precise {
+    if arith == Arith::Precise {
         return Ok(fourier_precise(
             parts,
             dir,
@@ -1956,7 +1978,8 @@ fn compose_in_window(
     let scratch_len = fwd.get_inplace_scratch_len();
     // Leaves with a large count go through the double-word transform values below; the others
     // share complex transforms two by two.
-    let (hybrid, plain): (Vec<&Part>, Vec<&Part>) = parts.iter().partition(|(_, c)| *c >= HYBRID_MIN_COUNT);
+    let hybrid_min = if arith == Arith::Hybrid { 2 } else { HYBRID_MIN_COUNT };
+    let (hybrid, plain): (Vec<&Part>, Vec<&Part>) = parts.iter().partition(|(_, c)| *c >= hybrid_min);
     let pairs: Vec<&[&Part]> = plain.chunks(2).collect();
     let per_thread = pairs.len().div_ceil(rayon::current_num_threads()).max(1);
     let product = pairs
@@ -2062,7 +2085,10 @@ fn compose_in_window(
             }
             let mut live_end = 0;
             if live.len().saturating_mul(d.probs.len()) <= HYBRID_MAX_WORK {
-                let values: Vec<(Cdd, f64)> = live.par_iter().map(|&k| dd_transform_at(d, k, n)).collect();
+                let values: Vec<(Cdd, f64)> = live
+                    .par_chunks(16)
+                    .flat_map_iter(|ks| dd_transform_values(d, ks, n))
+                    .collect();
                 for (&k, &(a, e)) in live.iter().zip(&values) {
                     if product.apply_dd(k, a, e, count) {
                         live_end = k + 1;
@@ -2460,7 +2486,8 @@ impl PldAccountant {
             &[Direction::Remove, Direction::Add]
         };
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
-            self.compose_direction(&merged, dir, h, tau_step, tau_window, precise, true, None)
+            let arith = if precise { Arith::Precise } else { Arith::Double };
+            self.compose_direction(&merged, dir, h, tau_step, tau_window, arith, true, None)
         };
         // With few leaves the two directions run side by side, so the serial end of one
         // (combining the per-thread products, the inverse transform) overlaps the other's
@@ -2496,7 +2523,7 @@ impl PldAccountant {
         h: f64,
         tau_step: f64,
         tau_window: f64,
-        precise: bool,
+        arith: Arith,
         refine: bool,
         pre: Option<(Vec<Part>, Option<Window>)>,
     ) -> Result<ComposedDirection> {
@@ -2561,7 +2588,7 @@ impl PldAccountant {
                                 h,
                                 tau_step,
                                 tau_window,
-                                precise,
+                                arith,
                                 plan,
                                 (block, inner),
                             );
@@ -2594,7 +2621,7 @@ impl PldAccountant {
                 }
                 _ => {}
             }
-            return compose(&parts, dir, h, tau_window, self.max_grid_points, precise, window);
+            return compose(&parts, dir, h, tau_window, self.max_grid_points, arith, window);
         }
     }
 
@@ -2614,17 +2641,23 @@ impl PldAccountant {
         h: f64,
         tau_step: f64,
         tau_window: f64,
-        precise: bool,
+        arith: Arith,
         plan: StagePlan,
         block_parts: (Vec<Part>, Window),
     ) -> Result<ComposedDirection> {
         let StagePlan { blocks, factor } = plan;
         // The first stage's certified round-off reaches δ once per copy of the block (≈ ΣT·κ in
         // all): past HYBRID_MIN_COUNT steps, where a one-stage composition would take double-word
-        // transform values, both stages run on double words (docs/pld.md, precise mode; the
-        // second stage's window is small, ≈ 2¹⁴ points).
+        // transform values, the block's leaves take them too, at the block's live frequencies
+        // (a few hundred: the block's loss is spread over thousands of grid points), instead of
+        // a whole double-word transform and product. The second stage composes T₂ copies and the
+        // remainders (≈ 10³ steps: round-off ≈ 10³·κ) in the caller's arithmetic.
         let total: u64 = merged.iter().map(|(_, c)| *c).sum();
-        let inner_precise = precise || total >= HYBRID_MIN_COUNT;
+        let inner_arith = if arith == Arith::Double && total >= HYBRID_MIN_COUNT {
+            Arith::Hybrid
+        } else {
+            arith
+        };
         let block: Vec<(Leaf, u64)> = merged
             .iter()
             .filter(|(_, c)| c / blocks > 0)
@@ -2643,7 +2676,7 @@ impl PldAccountant {
             h,
             tau_step,
             tau_window / (2.0 * blocks as f64),
-            inner_precise,
+            inner_arith,
             false,
             Some((block_parts.0, Some(block_parts.1))),
         )?;
@@ -2668,7 +2701,7 @@ impl PldAccountant {
             coarse_h,
             tau_window / 2.0,
             self.max_grid_points,
-            inner_precise,
+            arith,
             None,
         )
     }
@@ -3257,7 +3290,7 @@ mod tests {
                 directions: [Direction::Remove, Direction::Add]
                     .iter()
                     .map(|&d| {
-                        acc.compose_direction(&leaves, d, 1e-4, tau_step, tau_window, false, false, None)
+                        acc.compose_direction(&leaves, d, 1e-4, tau_step, tau_window, Arith::Double, false, None)
                             .unwrap()
                     })
                     .collect(),
@@ -3378,6 +3411,11 @@ mod tests {
                     assert!(e < 1e-24, "bound {e:e}");
                     let diff = (Complex64::new(v.re.to_f64(), v.im.to_f64()) - buf[k]).norm();
                     assert!(diff <= kappa + e, "q={q} σ={s} n={n} k={k}: {diff:e}");
+                }
+                // Four at a time (interleaved) is bit for bit one at a time.
+                let ks = [0usize, 1, 2, 17, 100, n / 3, n / 2];
+                for (&k, &(v, e)) in ks.iter().zip(&dd_transform_values(&d, &ks, n)) {
+                    assert_eq!((v, e), dd_transform_at(&d, k, n), "k = {k}");
                 }
                 let (v0, _) = dd_transform_at(&d, 0, n);
                 // The DC term is the total mass (the naive f64 sum rounds by ≤ S·u).
