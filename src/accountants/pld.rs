@@ -1979,7 +1979,10 @@ fn compose_in_window(
     // Leaves with a large count go through the double-word transform values below; the others
     // share complex transforms two by two.
     let hybrid_min = if arith == Arith::Hybrid { 2 } else { HYBRID_MIN_COUNT };
-    let (hybrid, plain): (Vec<&Part>, Vec<&Part>) = parts.iter().partition(|(_, c)| *c >= hybrid_min);
+    let (mut hybrid, plain): (Vec<&Part>, Vec<&Part>) = parts.iter().partition(|(_, c)| *c >= hybrid_min);
+    // Largest count first: its power kills the most frequencies, and the next leaves' double-word
+    // values are computed at the frequencies still live.
+    hybrid.sort_by_key(|(_, c)| std::cmp::Reverse(*c));
     let pairs: Vec<&[&Part]> = plain.chunks(2).collect();
     let per_thread = pairs.len().div_ceil(rayon::current_num_threads()).max(1);
     let product = pairs
@@ -2650,8 +2653,9 @@ impl PldAccountant {
         // all): past HYBRID_MIN_COUNT steps, where a one-stage composition would take double-word
         // transform values, the block's leaves take them too, at the block's live frequencies
         // (a few hundred: the block's loss is spread over thousands of grid points), instead of
-        // a whole double-word transform and product. The second stage composes T₂ copies and the
-        // remainders (≈ 10³ steps: round-off ≈ 10³·κ) in the caller's arithmetic.
+        // a whole double-word transform and product; so do the T₂ copies of the block and the
+        // remainders in the second stage (whose double-precision values would leave a round-off
+        // of ≈ T₂·κ·‖Y‖, ≈ 1e-10 at 2·10⁶ steps).
         let total: u64 = merged.iter().map(|(_, c)| *c).sum();
         let inner_arith = if arith == Arith::Double && total >= HYBRID_MIN_COUNT {
             Arith::Hybrid
@@ -2701,7 +2705,7 @@ impl PldAccountant {
             coarse_h,
             tau_window / 2.0,
             self.max_grid_points,
-            arith,
+            inner_arith,
             None,
         )
     }
