@@ -1745,20 +1745,47 @@ fn fourier_precise(
 /// e ≤ (S + 2)·‖p‖₁·(TWIDDLE_ANY_ERR + CMUL_ERR + 2·ADD_ERR)·(1 + 1e-6) (≈ 1e-27 for S = 10⁴).
 /// At every frequency of `ks`, four at a time, each exactly as alone ([`dd::horner_many`]).
 fn dd_transform_values(d: &DiscretePld, ks: &[usize], n: usize) -> Vec<(Cdd, f64)> {
+    dd_transform_values_of(d.lo, &d.probs, ks, n)
+}
+
+/// [`dd_transform_values`] of the points `probs` at grid indices lo, lo + 1, ….
+fn dd_transform_values_of(lo: i64, probs: &[f64], ks: &[usize], n: usize) -> Vec<(Cdd, f64)> {
     let nn = n as u64;
     let z: Vec<Cdd> = ks.iter().map(|&k| dd::twiddle(k as u64, nn)).collect();
     let mut acc = vec![Cdd::ZERO; ks.len()];
-    dd::horner_many(&d.probs, &z, &mut acc);
-    let l1: f64 = d.probs.iter().sum::<f64>() * (1.0 + 1e-9);
-    let e = (d.probs.len() as f64 + 2.0) * l1 * (dd::TWIDDLE_ANY_ERR + dd::CMUL_ERR + 2.0 * dd::ADD_ERR) * (1.0 + 1e-6)
+    dd::horner_many(probs, &z, &mut acc);
+    let l1: f64 = probs.iter().sum::<f64>() * (1.0 + 1e-9);
+    let e = (probs.len() as f64 + 2.0) * l1 * (dd::TWIDDLE_ANY_ERR + dd::CMUL_ERR + 2.0 * dd::ADD_ERR) * (1.0 + 1e-6)
         + 1e-300;
     ks.iter()
         .zip(acc)
         .map(|(&k, a)| {
-            let shift = ((d.lo.rem_euclid(n as i64) as u128 * k as u128) % nn as u128) as u64;
+            let shift = ((lo.rem_euclid(n as i64) as u128 * k as u128) % nn as u128) as u64;
             (a * dd::twiddle(shift, nn), e)
         })
         .collect()
+}
+
+/// P-mass each end of a leaf may leave outside the core whose double-word transform values are
+/// computed point by point ([`core_range`]): the ends' values come from a double-precision
+/// transform, whose componentwise error κ·(their mass) ≤ 2e-13·κ ≈ 7e-27 is of the order of the
+/// core's own double-word bound.
+const HYBRID_END_MASS: f64 = 1e-13;
+
+/// The index range [c0, c1] left after dropping from each end of `probs` the points whose
+/// running sum stays ≤ [`HYBRID_END_MASS`].
+fn core_range(probs: &[f64]) -> (usize, usize) {
+    let (mut c0, mut acc) = (0, 0.0);
+    while c0 + 1 < probs.len() && acc + probs[c0] <= HYBRID_END_MASS {
+        acc += probs[c0];
+        c0 += 1;
+    }
+    let (mut c1, mut acc) = (probs.len().saturating_sub(1), 0.0);
+    while c1 > c0 && acc + probs[c1] <= HYBRID_END_MASS {
+        acc += probs[c1];
+        c1 -= 1;
+    }
+    (c0, c1)
 }
 
 /// [`dd_transform_values`] at one frequency.
@@ -2048,16 +2075,24 @@ fn compose_in_window(
                 (prod, buf, scratch)
             },
         )
-        .map(|(prod, _, _)| prod)
-        .reduce_with(FourierProduct::combine)
-        .unwrap_or_else(|| FourierProduct::new(half));
+        // One transform buffer and scratch are kept for the inverse transform (their pages are
+        // already mapped: a fresh zeroed vector costs a page fault per 4 KiB on first write).
+        .map(|(prod, buf, scratch)| (prod, Some((buf, scratch))))
+        .reduce_with(|(a, ba), (b, bb)| (a.combine(b), ba.or(bb)))
+        .unwrap_or_else(|| (FourierProduct::new(half), None));
+    let (product, kept) = product;
     // Large-count leaves: a double-precision transform screens every frequency (m = |Â| + e_a ≥ |A|
     // with e_a = κ‖a‖₁, so a frequency whose bound falls below DEAD is dead for good); at the
     // live ones the transform value is recomputed on double words and raised to T there.
     let mut product = product;
+    let mut kept = kept;
     if !hybrid.is_empty() {
-        let mut buf = vec![Complex64::new(0.0, 0.0); n];
-        let mut scratch = vec![Complex64::new(0.0, 0.0); scratch_len];
+        let (mut buf, mut scratch) = kept.take().unwrap_or_else(|| {
+            (
+                vec![Complex64::new(0.0, 0.0); n],
+                vec![Complex64::new(0.0, 0.0); scratch_len],
+            )
+        });
         let nn = n as i64;
         for part in &hybrid {
             let (d, count) = (&part.0, part.1);
@@ -2087,16 +2122,64 @@ fn compose_in_window(
                 }
             }
             let mut live_end = 0;
-            if live.len().saturating_mul(d.probs.len()) <= HYBRID_MAX_WORK {
-                let values: Vec<(Cdd, f64)> = live
-                    .par_chunks(16)
-                    .flat_map_iter(|ks| dd_transform_values(d, ks, n))
-                    .collect();
+            let (c0, c1) = core_range(&d.probs);
+            let core_len = c1 + 1 - c0;
+            if live.len().saturating_mul(core_len) <= HYBRID_MAX_WORK {
+                let values: Vec<(Cdd, f64)> = if 5 * core_len < 4 * d.probs.len() {
+                    // A_k = C_k + E_k: the core C on double words at the live frequencies, the
+                    // ends E (mass ≤ 2·HYBRID_END_MASS) by a double-precision transform with
+                    // |Ê_k − E_k| ≤ κ‖e‖₁ (Higham 2002, §24.1), added on double words (one
+                    // addition per part, ≤ ADD_ERR relative to |C_k + Ê_k| ≤ ‖a‖₁ each).
+                    buf.iter_mut().for_each(|c| *c = Complex64::new(0.0, 0.0));
+                    let mut ends_l1 = 0.0;
+                    for (i, &p) in d.probs.iter().enumerate() {
+                        if i < c0 || i > c1 {
+                            buf[(d.lo + i as i64).rem_euclid(nn) as usize].re += p;
+                            ends_l1 += p;
+                        }
+                    }
+                    fwd.process_with_scratch(&mut buf, &mut scratch);
+                    let e_ends = kappa * ends_l1 * (1.0 + 1e-9) + 2.0 * dd::ADD_ERR * l1 * (1.0 + 1e-6);
+                    let core = &d.probs[c0..=c1];
+                    let lo = d.lo + c0 as i64;
+                    let values: Vec<(Cdd, f64)> = live
+                        .par_chunks(16)
+                        .flat_map_iter(|ks| dd_transform_values_of(lo, core, ks, n))
+                        .collect();
+                    live.iter()
+                        .zip(values)
+                        .map(|(&k, (c, e))| {
+                            let t = Cdd {
+                                re: Dd::from_f64(buf[k].re),
+                                im: Dd::from_f64(buf[k].im),
+                            };
+                            (c + t, (e + e_ends) * (1.0 + 1e-9))
+                        })
+                        .collect()
+                } else {
+                    live.par_chunks(16)
+                        .flat_map_iter(|ks| dd_transform_values(d, ks, n))
+                        .collect()
+                };
                 for (&k, &(a, e)) in live.iter().zip(&values) {
                     if product.apply_dd(k, a, e, count) {
                         live_end = k + 1;
                     }
                 }
+            } else if arith == Arith::Hybrid {
+                // Too many live frequencies for a block whose round-off is paid once per copy
+                // (a short block: each leaf's power dies slowly): the whole product on double
+                // words instead, as before the hybrid path.
+                return Ok(fourier_precise(
+                    parts,
+                    dir,
+                    h,
+                    lower,
+                    upper,
+                    inf_mass,
+                    window_tail_mass,
+                    rel_inflation,
+                ));
             } else {
                 // Too many live frequencies (the composition stays concentrated, e.g. a tiny q):
                 // the double-precision values, as for any other leaf.
@@ -2117,6 +2200,7 @@ fn compose_in_window(
                 );
             }
         }
+        kept = Some((buf, scratch));
     }
     if timing {
         eprintln!(
@@ -2140,7 +2224,16 @@ fn compose_in_window(
     }
     let err_l2 = err2.sqrt() * (1.0 + 1e-9) + (n as f64).sqrt() * 2.0 * DEAD * growth;
     // Full Hermitian spectrum for the inverse transform.
-    let mut buf = vec![Complex64::new(0.0, 0.0); n];
+    let (mut buf, mut scratch) = match kept {
+        Some((mut b, s)) => {
+            b.fill(Complex64::new(0.0, 0.0));
+            (b, s)
+        }
+        None => (
+            vec![Complex64::new(0.0, 0.0); n],
+            vec![Complex64::new(0.0, 0.0); scratch_len],
+        ),
+    };
     for k in 0..product.live_end.min(half) {
         let y = product.y[k];
         buf[k] = y;
@@ -2154,7 +2247,6 @@ fn compose_in_window(
     // k ↦ Y_{−k} = conj Y_k. Conjugation is exact and the forward algorithm carries the same
     // per-level error bound κ (Higham 2002, §24.1), so the round-off bound below is unchanged.
     buf.iter_mut().for_each(|c| c.im = -c.im);
-    let mut scratch = vec![Complex64::new(0.0, 0.0); scratch_len];
     fwd.process_with_scratch(&mut buf, &mut scratch);
     let scale = 1.0 / n as f64;
     // ‖Δc‖₁ ≤ √N ‖Δc‖₂ = ‖ΔY‖₂ + κ‖Y‖₂ (inverse FFT is √N × unitary, then scaled by 1/N).
