@@ -1335,8 +1335,9 @@ fn log_mgf_batch(d: &DiscretePld, ts: &[f64], out: &mut [f64]) {
 const MGF_BATCH: usize = 16;
 
 /// Λ(t) = Σ_j T_j ln E[e^{t·K_j}] of the composition at every t in `ts` (all of one sign), one
-/// pass over each PLD per batch of exponents, leaves in parallel.
-fn cumulants(parts: &[(DiscretePld, u64)], ts: &[f64]) -> Vec<f64> {
+/// pass over each PLD per batch of exponents, leaves in parallel; T_j = ⌊count_j/`div`⌋ (a staged
+/// composition's block, without copying its leaves), leaves with T_j = 0 left out.
+fn cumulants(parts: &[(DiscretePld, u64)], div: u64, ts: &[f64]) -> Vec<f64> {
     let mut out = vec![0.0f64; ts.len()];
     for (chunk, o) in ts.chunks(MGF_BATCH).zip(out.chunks_mut(MGF_BATCH)) {
         let sums = parts
@@ -1344,10 +1345,14 @@ fn cumulants(parts: &[(DiscretePld, u64)], ts: &[f64]) -> Vec<f64> {
             .fold(
                 || vec![0.0f64; chunk.len()],
                 |mut acc, (d, c)| {
+                    let c = c / div;
+                    if c == 0 {
+                        return acc;
+                    }
                     let mut v = [0.0f64; MGF_BATCH];
                     log_mgf_batch(d, chunk, &mut v[..chunk.len()]);
                     for (a, x) in acc.iter_mut().zip(v) {
-                        *a += *c as f64 * x;
+                        *a += c as f64 * x;
                     }
                     acc
                 },
@@ -1868,9 +1873,14 @@ pub(super) fn compose(
 /// The Chernoff window of a composition: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL),
 /// minimised over t, with at most `tau_window`/2 outside on each side (at most `max_points` wide).
 pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max_points: usize) -> Window {
+    chernoff_window_div(parts, 1, tau_window, max_points)
+}
+
+/// [`chernoff_window`] of the composition with counts ⌊count_j/`div`⌋ (leaves with 0 left out).
+fn chernoff_window_div(parts: &[(DiscretePld, u64)], div: u64, tau_window: f64, max_points: usize) -> Window {
     // Trivial support of the composition.
-    let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * *c as i64).sum();
-    let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * *c as i64).sum();
+    let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * (*c / div) as i64).sum();
+    let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * (*c / div) as i64).sum();
     // Chernoff window: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL).
     let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
     let t_start = std::time::Instant::now();
@@ -1887,7 +1897,7 @@ pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max
             }
         };
         let signed: Vec<f64> = coarse.iter().map(|&t| sign * t).collect();
-        let mut pts: Vec<(f64, f64)> = coarse.iter().copied().zip(cumulants(parts, &signed)).collect();
+        let mut pts: Vec<(f64, f64)> = coarse.iter().copied().zip(cumulants(parts, div, &signed)).collect();
         let best = (0..pts.len())
             .min_by(|&a, &b| score(pts[a].0, pts[a].1).total_cmp(&score(pts[b].0, pts[b].1)))
             .unwrap();
@@ -1895,7 +1905,7 @@ pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max
         let hi_t = coarse[(best + 1).min(coarse.len() - 1)];
         let fine: Vec<f64> = (1..9).map(|i| lo_t * (hi_t / lo_t).powf(i as f64 / 9.0)).collect();
         let signed: Vec<f64> = fine.iter().map(|&t| sign * t).collect();
-        pts.extend(fine.iter().copied().zip(cumulants(parts, &signed)));
+        pts.extend(fine.iter().copied().zip(cumulants(parts, div, &signed)));
         pts
     };
     let pos = refine(1.0);
@@ -2651,13 +2661,13 @@ impl PldAccountant {
                         // own supports are most of the window (e.g. 10⁴ steps), the block is nearly
                         // as wide as the whole; where the counts leave remainders (50 distinct
                         // leaves × 10⁴), the second stage has as many leaves as the first.
-                        let block: Vec<Part> = parts
-                            .iter()
-                            .filter(|(_, c)| c / plan.blocks > 0)
-                            .map(|(d, c)| (d.clone(), c / plan.blocks))
-                            .collect();
-                        let inner =
-                            chernoff_window(&block, tau_window / (2.0 * plan.blocks as f64), self.max_grid_points);
+                        let block_len = parts.iter().filter(|(_, c)| c / plan.blocks > 0).count() as i64;
+                        let inner = chernoff_window_div(
+                            &parts,
+                            plan.blocks,
+                            tau_window / (2.0 * plan.blocks as f64),
+                            self.max_grid_points,
+                        );
                         // Transforms cost ≈ leaves × window points: the block's leaves on its
                         // window, and the remaining leaves plus the block on the second stage's.
                         let rest = parts.iter().filter(|(_, c)| c % plan.blocks > 0).count() as i64;
@@ -2673,10 +2683,16 @@ impl PldAccountant {
                             .map(|(d, _)| d.probs.len() as i64)
                             .sum::<i64>()
                             / plan.factor;
-                        let staged = block.len() as i64 * inner.uncapped_width
+                        let staged = block_len * inner.uncapped_width
                             + (rest + 1) * (w.uncapped_width / plan.factor)
                             + rest_points;
                         if 2 * staged <= parts.len() as i64 * w.uncapped_width {
+                            // The block's leaves are the leaves themselves (moved, not copied).
+                            let block: Vec<Part> = parts
+                                .into_iter()
+                                .filter(|(_, c)| c / plan.blocks > 0)
+                                .map(|(d, c)| (d, c / plan.blocks))
+                                .collect();
                             return self.compose_staged(
                                 merged,
                                 dir,
