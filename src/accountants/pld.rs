@@ -1060,6 +1060,10 @@ pub struct ComposedDirection {
     rel_inflation: f64,
     /// FFT length.
     pub fft_len: usize,
+    /// The part of `inf_mass` that a staged composition's first stage carried to +∞ (its window
+    /// tails and certified round-off, once per copy of the block): what the precise mode can
+    /// shrink there, though it sits in the ∞ atom ([`ComposedPld::precision_limited`]).
+    staged_slack: f64,
 }
 
 impl ComposedDirection {
@@ -1210,13 +1214,16 @@ impl ComposedPld {
     pub fn delta(&self, eps: f64) -> f64 {
         self.directions.iter().map(|d| d.delta(eps)).fold(0.0, f64::max)
     }
-    /// True when what the precise mode can shrink (certified round-off and window tails) is more
-    /// than 1% of `target` in some direction while the infinite-loss mass, which it cannot
-    /// shrink, leaves room below `target`.
+    /// True when what the precise mode can shrink is large in some direction (certified round-off
+    /// and window tails above 1 % of `target`, or what a staged composition's blocks carried to
+    /// +∞ above 10 %: recomposing a staged composition on double words costs several times the
+    /// first, and 1.2e-7 of such slack at 10⁸ steps and δ = 1e-5 moved ε by 5e-8 relative) while
+    /// the rest of the infinite-loss mass, which it cannot shrink, leaves room below `target`.
     fn precision_limited(&self, target: f64) -> bool {
-        self.directions
-            .iter()
-            .any(|d| d.roundoff + d.window_tail_mass > 0.01 * target && d.inf_mass < 0.5 * target)
+        self.directions.iter().any(|d| {
+            (d.roundoff + d.window_tail_mass > 0.01 * target || d.staged_slack > 0.1 * target)
+                && d.inf_mass - d.staged_slack < 0.5 * target
+        })
     }
 
     /// Largest slack (∞-mass + truncation + round-off) over directions: no δ below it can be
@@ -1739,6 +1746,7 @@ fn fourier_precise(
         // The rounding of each composed mass to a double (≤ u relative).
         rel_inflation: rel_inflation + 2.0 * U,
         fft_len: n,
+        staged_slack: 0.0,
     }
 }
 
@@ -1773,9 +1781,9 @@ fn dd_transform_values_of(lo: i64, probs: &[f64], ks: &[usize], n: usize) -> Vec
 
 /// P-mass each end of a leaf may leave outside the core whose double-word transform values are
 /// computed point by point ([`core_range`]): the ends' values come from a double-precision
-/// transform, whose componentwise error κ·(their mass) ≤ 2e-13·κ ≈ 7e-27 is of the order of the
-/// core's own double-word bound.
-const HYBRID_END_MASS: f64 = 1e-13;
+/// transform, whose componentwise error κ·(their mass) ≤ 2e-10·κ ≈ 7e-24 enters the factor's
+/// error as T·7e-24 (≈ 1e-19 at T = 16,393), far below the round-off floors that matter.
+const HYBRID_END_MASS: f64 = 1e-10;
 
 /// The index range [c0, c1] left after dropping from each end of `probs` the points whose
 /// running sum stays ≤ [`HYBRID_END_MASS`].
@@ -1853,6 +1861,7 @@ pub(super) fn compose(
         roundoff: 0.0,
         rel_inflation,
         fft_len: 0,
+        staged_slack: 0.0,
     };
     if parts.iter().any(|(d, _)| d.probs.is_empty()) {
         return Ok(empty(1.0));
@@ -2134,7 +2143,15 @@ fn compose_in_window(
             let mut live_end = 0;
             let (c0, c1) = core_range(&d.probs);
             let core_len = c1 + 1 - c0;
-            if live.len().saturating_mul(core_len) <= HYBRID_MAX_WORK {
+            // In a staged block, Horner's rule only where it is cheaper than the whole product on
+            // double words (≈ 2·N log₂N double-word butterflies for a transform and its inverse).
+            let max_work = if arith == Arith::Hybrid {
+                let np = width.next_power_of_two().max(8);
+                HYBRID_MAX_WORK.min(2 * np * np.trailing_zeros() as usize)
+            } else {
+                HYBRID_MAX_WORK
+            };
+            if live.len().saturating_mul(core_len) <= max_work {
                 let values: Vec<(Cdd, f64)> = if 5 * core_len < 4 * d.probs.len() {
                     // A_k = C_k + E_k: the core C on double words at the live frequencies, the
                     // ends E (mass ≤ 2·HYBRID_END_MASS) by a double-precision transform with
@@ -2275,6 +2292,7 @@ fn compose_in_window(
         roundoff,
         rel_inflation,
         fft_len: n,
+        staged_slack: 0.0,
     })
 }
 
@@ -2571,6 +2589,7 @@ impl PldAccountant {
                 roundoff: 0.0,
                 rel_inflation: 1.0,
                 fft_len: 0,
+                staged_slack: 0.0,
             };
             return Ok(ComposedPld {
                 directions: [Direction::Remove, Direction::Add][..dirs]
@@ -2807,7 +2826,7 @@ impl PldAccountant {
         let nu = regrid(&dominating_block(&inner), inner.h, ratio);
         let (mut parts, _) = self.discretise_direction(&rest, dir, coarse_h, tau_step, tau_window)?;
         parts.push((nu, blocks));
-        compose(
+        let mut out = compose(
             &parts,
             dir,
             coarse_h,
@@ -2815,7 +2834,12 @@ impl PldAccountant {
             self.max_grid_points,
             inner_arith,
             None,
-        )
+        )?;
+        // What the T₂ copies of the block carried to +∞ beside their leaves' own ∞-mass (only
+        // steers the choice of the precise mode).
+        let per_copy = (inner.roundoff + inner.window_tail_mass) * inner.rel_inflation + inner.staged_slack;
+        out.staged_slack = (blocks as f64 * per_copy).min(out.inf_mass);
+        Ok(out)
     }
 
     /// How many halvings of the grid interval h ([`REFINE_WIDTH`]) a composition whose window is
@@ -3420,6 +3444,25 @@ mod tests {
                 assert!(a <= b * 1.001, "T = {t}, δ = {d}: sized {a} vs requested grid {b}");
             }
         }
+    }
+
+    /// T = 10⁵, δ = 1e-8 (q 0.004, σ 1.1): the staged composition's block (64 steps × 1,562
+    /// copies) carries its certified round-off to +∞ once per copy, a floor above δ. The precise
+    /// mode must still be tried there (the floor sits in the ∞ atom, not in `roundoff`), so the
+    /// answer is a PLD bound, below the RDP bound, not the labelled RDP fallback.
+    #[test]
+    fn staged_round_off_in_the_infinity_atom_still_calls_the_precise_mode() {
+        let ev = DpEvent::dpsgd(1.1, 0.004, 100_000);
+        let r = acc().epsilon(&ev, Neighbouring::AddRemove, 1e-8).unwrap();
+        assert_eq!(r.accountant, AccountantKind::Pld, "{r:?}");
+        let rdp = super::super::rdp::RdpAccountant::default()
+            .epsilon(&ev, Neighbouring::AddRemove, 1e-8)
+            .unwrap()
+            .epsilon;
+        assert!(r.epsilon.is_finite() && r.epsilon < rdp, "{} vs RDP {rdp}", r.epsilon);
+        // Never below the same composition at δ = 1e-7 (ε falls with δ).
+        let looser = acc().epsilon(&ev, Neighbouring::AddRemove, 1e-7).unwrap().epsilon;
+        assert!(r.epsilon > looser, "{} vs {looser} at δ = 1e-7", r.epsilon);
     }
 
     #[test]
