@@ -343,6 +343,7 @@ fn log_ratio(eps: f64, target: f64) -> Option<f64> {
 
 /// One phase of the search (module documentation) with evaluator `eval`, from `start`, with a
 /// first slope `hint` (d ln ε / ds) when one is known.
+#[allow(clippy::too_many_arguments)]
 fn phase<T>(
     spec: &Spec,
     sides: &Sides,
