@@ -18,6 +18,8 @@
 //! It stops when the grid point past the answer was evaluated and exceeds the target
 //! ([`Finish::Certified`]) or, with [`Finish::Predicted`], when the secant through the last two
 //! full evaluations (within 1 % of each other) puts the root less than one grid unit past it.
+//! A steering phase stops earlier, once its secant puts its root within [`STEER_TOL`] of a value
+//! that meets the target, and the next phase starts at that root.
 //!
 //! DP-SGD (`steps × Poisson(q) ∘ Gaussian(σ)`): ε is decreasing in σ and increasing in q and
 //! in the number of steps. Its steering phases are the DRS central-limit μ = q√(T(e^{1/σ²} − 1))
@@ -128,6 +130,14 @@ pub const MAX_EVALUATIONS: usize = 240;
 /// Largest relative distance (in ln x) between the points of a secant that may end a
 /// [`Finish::Predicted`] search.
 const SECANT_SPAN: f64 = 1e-2;
+
+/// A steering phase stops as soon as its secant (through two of its evaluations within
+/// [`SECANT_SPAN`], or the previous phase's slope) puts its root within this distance (in ln x)
+/// of a value that meets the target, and hands that root to the next phase. A steering
+/// evaluator differs from the full one by more than this anyway (the PLD's coarser grid: its root
+/// lies within ≈ 0.05 % of the full one's), so converging it further to one grid unit only costs
+/// steering evaluations; the full phase still decides the answer.
+const STEER_TOL: f64 = 2e-4;
 
 /// m·10^e with 10⁵ ≤ m < 10⁶: a point of the six-significant-digit grid.
 type Dec = (i64, i32);
@@ -322,6 +332,8 @@ struct PhaseEnd<T> {
     past: Option<Probe<T>>,
     edge: bool,
     slope: Option<f64>,
+    /// The predicted root where a steering phase stopped early ([`STEER_TOL`]).
+    root: Option<f64>,
 }
 
 /// ln(ε/target), when finite.
@@ -331,12 +343,14 @@ fn log_ratio(eps: f64, target: f64) -> Option<f64> {
 
 /// One phase of the search (module documentation) with evaluator `eval`, from `start`, with a
 /// first slope `hint` (d ln ε / ds) when one is known.
+#[allow(clippy::too_many_arguments)]
 fn phase<T>(
     spec: &Spec,
     sides: &Sides,
     start: f64,
     hint: Option<f64>,
     finish: Finish,
+    steer: bool,
     eval: &mut dyn FnMut(f64) -> Result<(f64, T)>,
     evals: &mut usize,
 ) -> Result<PhaseEnd<T>> {
@@ -406,6 +420,7 @@ fn phase<T>(
                     past,
                     edge: false,
                     slope: current_slope,
+                    root: None,
                 });
             }
         }
@@ -427,6 +442,26 @@ fn phase<T>(
                         past,
                         edge: false,
                         slope: current_slope,
+                        root: None,
+                    });
+                }
+            }
+        }
+        // A steering phase whose root is predicted within STEER_TOL of its last evaluation has
+        // done its job (`meets` is then that evaluation, which need not meet the target: only
+        // the root and the slope steer the next phase).
+        if steer {
+            if let (Some(r), Some(&(s_last, _)), Some((_, span))) = (predict(), hist.last(), slope) {
+                let is_good = good.as_ref().is_some_and(|g| g.value == x);
+                let is_bad = bad.as_ref().is_some_and(|b| b.value == x);
+                if span <= SECANT_SPAN && (r - s_last).abs() <= STEER_TOL && (is_good || is_bad) {
+                    let last = if is_good { good.unwrap() } else { bad.unwrap() };
+                    return Ok(PhaseEnd {
+                        meets: last,
+                        past: None,
+                        edge: false,
+                        slope: current_slope,
+                        root: Some(grid.x_of(r)),
                     });
                 }
             }
@@ -490,6 +525,7 @@ fn phase<T>(
                             past: None,
                             edge: true,
                             slope: current_slope,
+                            root: None,
                         });
                     }
                     let b = bad.unwrap();
@@ -539,17 +575,18 @@ pub fn search<T>(
             start,
             hint,
             Finish::Predicted,
+            true,
             &mut |x| s(x).map(|e| (e, ())),
             &mut n,
         );
         steered += n;
         if let Ok(end) = r {
-            start = end.meets.value;
+            start = end.root.unwrap_or(end.meets.value);
             hint = end.slope.or(hint);
         }
     }
     let mut n = 0usize;
-    let end = phase(spec, &sides, start, hint, spec.finish, full, &mut n)?;
+    let end = phase(spec, &sides, start, hint, spec.finish, false, full, &mut n)?;
     Ok(Found {
         meets: end.meets,
         past: end.past,

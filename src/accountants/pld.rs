@@ -60,7 +60,7 @@ pub(super) const PRECISE_BUDGET: usize = 1 << 23;
 const MAX_STEP_LOSS: f64 = 200.0;
 
 /// Leaves composed at least this many times get their transform values at the live frequencies
-/// on double words ([`dd_transform_at`]) and their powers on double words, so the certified
+/// on double words ([`dd_transform_values`]) and their powers on double words, so the certified
 /// round-off no longer grows like T·κ (κ ≈ 10u·log₂N, the double FFT's componentwise bound) but
 /// like T·u²·(support): 10⁷ steps certify δ = 1e-5 in one composition instead of composing again
 /// on double words. Below it the double-precision transform is cheaper and accurate enough.
@@ -1060,6 +1060,10 @@ pub struct ComposedDirection {
     rel_inflation: f64,
     /// FFT length.
     pub fft_len: usize,
+    /// The part of `inf_mass` that a staged composition's first stage carried to +∞ (its window
+    /// tails and certified round-off, once per copy of the block): what the precise mode can
+    /// shrink there, though it sits in the ∞ atom ([`ComposedPld::precision_limited`]).
+    staged_slack: f64,
 }
 
 impl ComposedDirection {
@@ -1210,13 +1214,16 @@ impl ComposedPld {
     pub fn delta(&self, eps: f64) -> f64 {
         self.directions.iter().map(|d| d.delta(eps)).fold(0.0, f64::max)
     }
-    /// True when what the precise mode can shrink (certified round-off and window tails) is more
-    /// than 1% of `target` in some direction while the infinite-loss mass, which it cannot
-    /// shrink, leaves room below `target`.
+    /// True when what the precise mode can shrink is large in some direction (certified round-off
+    /// and window tails above 1 % of `target`, or what a staged composition's blocks carried to
+    /// +∞ above 10 %: recomposing a staged composition on double words costs several times the
+    /// first, and 1.2e-7 of such slack at 10⁸ steps and δ = 1e-5 moved ε by 5e-8 relative) while
+    /// the rest of the infinite-loss mass, which it cannot shrink, leaves room below `target`.
     fn precision_limited(&self, target: f64) -> bool {
-        self.directions
-            .iter()
-            .any(|d| d.roundoff + d.window_tail_mass > 0.01 * target && d.inf_mass < 0.5 * target)
+        self.directions.iter().any(|d| {
+            (d.roundoff + d.window_tail_mass > 0.01 * target || d.staged_slack > 0.1 * target)
+                && d.inf_mass - d.staged_slack < 0.5 * target
+        })
     }
 
     /// Largest slack (∞-mass + truncation + round-off) over directions: no δ below it can be
@@ -1335,8 +1342,9 @@ fn log_mgf_batch(d: &DiscretePld, ts: &[f64], out: &mut [f64]) {
 const MGF_BATCH: usize = 16;
 
 /// Λ(t) = Σ_j T_j ln E[e^{t·K_j}] of the composition at every t in `ts` (all of one sign), one
-/// pass over each PLD per batch of exponents, leaves in parallel.
-fn cumulants(parts: &[(DiscretePld, u64)], ts: &[f64]) -> Vec<f64> {
+/// pass over each PLD per batch of exponents, leaves in parallel; T_j = ⌊count_j/`div`⌋ (a staged
+/// composition's block, without copying its leaves), leaves with T_j = 0 left out.
+fn cumulants(parts: &[(DiscretePld, u64)], div: u64, ts: &[f64]) -> Vec<f64> {
     let mut out = vec![0.0f64; ts.len()];
     for (chunk, o) in ts.chunks(MGF_BATCH).zip(out.chunks_mut(MGF_BATCH)) {
         let sums = parts
@@ -1344,10 +1352,14 @@ fn cumulants(parts: &[(DiscretePld, u64)], ts: &[f64]) -> Vec<f64> {
             .fold(
                 || vec![0.0f64; chunk.len()],
                 |mut acc, (d, c)| {
+                    let c = c / div;
+                    if c == 0 {
+                        return acc;
+                    }
                     let mut v = [0.0f64; MGF_BATCH];
                     log_mgf_batch(d, chunk, &mut v[..chunk.len()]);
                     for (a, x) in acc.iter_mut().zip(v) {
-                        *a += *c as f64 * x;
+                        *a += c as f64 * x;
                     }
                     acc
                 },
@@ -1500,7 +1512,7 @@ impl FourierProduct {
     }
 
     /// Multiplies A^T into frequency k from a double-word transform value `a` with
-    /// |a − A| ≤ `e` (see [`dd_transform_at`]): the power is taken on double words (relative
+    /// |a − A| ≤ `e` (see [`dd_transform_values`]): the power is taken on double words (relative
     /// error ρ = (1 + c)^{T−1} − 1, c = dd::CMUL_ERR + 1e-20 for low words near underflow) and
     /// rounded to a double (≤ u relative), so |F̂ − A^T| ≤ M(u(1 + ρ) + ρ + T·e/m) with m = |a| + e,
     /// M ≥ m^T (mean value theorem, as in [`FourierProduct::apply`]). False when the frequency dies.
@@ -1734,6 +1746,7 @@ fn fourier_precise(
         // The rounding of each composed mass to a double (≤ u relative).
         rel_inflation: rel_inflation + 2.0 * U,
         fft_len: n,
+        staged_slack: 0.0,
     }
 }
 
@@ -1743,25 +1756,74 @@ fn fourier_precise(
 /// step s ← s·ẑ + p_i adds at most ‖p‖₁(|ẑ − z| + dd::CMUL_ERR(1 + |ẑ − z|) + dd::ADD_ERR) + ADD_ERR·p_i
 /// (|s| ≤ ‖p‖₁ up to these errors, |z| = 1), and the final product one more such term, so
 /// e ≤ (S + 2)·‖p‖₁·(TWIDDLE_ANY_ERR + CMUL_ERR + 2·ADD_ERR)·(1 + 1e-6) (≈ 1e-27 for S = 10⁴).
-fn dd_transform_at(d: &DiscretePld, k: usize, n: usize) -> (Cdd, f64) {
+/// At every frequency of `ks`, four at a time, each exactly as alone ([`dd::horner_many`]).
+fn dd_transform_values(d: &DiscretePld, ks: &[usize], n: usize) -> Vec<(Cdd, f64)> {
+    dd_transform_values_of(d.lo, &d.probs, ks, n)
+}
+
+/// [`dd_transform_values`] of the points `probs` at grid indices lo, lo + 1, ….
+fn dd_transform_values_of(lo: i64, probs: &[f64], ks: &[usize], n: usize) -> Vec<(Cdd, f64)> {
     let nn = n as u64;
-    let z = dd::twiddle(k as u64, nn);
-    let shift = ((d.lo.rem_euclid(n as i64) as u128 * k as u128) % nn as u128) as u64;
-    let w0 = dd::twiddle(shift, nn);
-    let mut acc = Cdd::ZERO;
-    for &p in d.probs.iter().rev() {
-        acc = acc * z;
-        acc.re = acc.re + Dd::from_f64(p);
-    }
-    let v = acc * w0;
-    let l1: f64 = d.probs.iter().sum::<f64>() * (1.0 + 1e-9);
-    let e = (d.probs.len() as f64 + 2.0) * l1 * (dd::TWIDDLE_ANY_ERR + dd::CMUL_ERR + 2.0 * dd::ADD_ERR) * (1.0 + 1e-6)
+    let z: Vec<Cdd> = ks.iter().map(|&k| dd::twiddle(k as u64, nn)).collect();
+    let mut acc = vec![Cdd::ZERO; ks.len()];
+    dd::horner_many(probs, &z, &mut acc);
+    let l1: f64 = probs.iter().sum::<f64>() * (1.0 + 1e-9);
+    let e = (probs.len() as f64 + 2.0) * l1 * (dd::TWIDDLE_ANY_ERR + dd::CMUL_ERR + 2.0 * dd::ADD_ERR) * (1.0 + 1e-6)
         + 1e-300;
-    (v, e)
+    ks.iter()
+        .zip(acc)
+        .map(|(&k, a)| {
+            let shift = ((lo.rem_euclid(n as i64) as u128 * k as u128) % nn as u128) as u64;
+            (a * dd::twiddle(shift, nn), e)
+        })
+        .collect()
+}
+
+/// P-mass each end of a leaf may leave outside the core whose double-word transform values are
+/// computed point by point ([`core_range`]): the ends' values come from a double-precision
+/// transform, whose componentwise error κ·(their mass) ≤ 2e-10·κ ≈ 7e-24 enters the factor's
+/// error as T·7e-24 (≈ 1e-19 at T = 16,393), far below the round-off floors that matter.
+const HYBRID_END_MASS: f64 = 1e-10;
+
+/// The index range [c0, c1] left after dropping from each end of `probs` the points whose
+/// running sum stays ≤ [`HYBRID_END_MASS`].
+fn core_range(probs: &[f64]) -> (usize, usize) {
+    let (mut c0, mut acc) = (0, 0.0);
+    while c0 + 1 < probs.len() && acc + probs[c0] <= HYBRID_END_MASS {
+        acc += probs[c0];
+        c0 += 1;
+    }
+    let (mut c1, mut acc) = (probs.len().saturating_sub(1), 0.0);
+    while c1 > c0 && acc + probs[c1] <= HYBRID_END_MASS {
+        acc += probs[c1];
+        c1 -= 1;
+    }
+    (c0, c1)
+}
+
+/// [`dd_transform_values`] at one frequency.
+#[cfg(test)]
+fn dd_transform_at(d: &DiscretePld, k: usize, n: usize) -> (Cdd, f64) {
+    dd_transform_values(d, &[k], n)[0]
 }
 
 /// One leaf's discrete PLD with its count.
 type Part = (DiscretePld, u64);
+
+/// How the Fourier product of [`compose`] is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Arith {
+    /// Double-precision transforms; leaves composed at least [`HYBRID_MIN_COUNT`] times take
+    /// double-word transform values at the live frequencies ([`dd_transform_values`]).
+    Double,
+    /// As `Double`, but every leaf composed more than once takes double-word transform values
+    /// at the live frequencies (a staged composition's first stage past `HYBRID_MIN_COUNT`
+    /// steps in all: the block's round-off reaches δ once per copy). The error analysis of
+    /// [`FourierProduct::apply_dd`] holds for any count.
+    Hybrid,
+    /// The whole product and inverse transform on double words ([`fourier_precise`]).
+    Precise,
+}
 
 /// The composition window [L, U] of [`compose`]: Chernoff bounds on the mass outside, and the
 /// width the window would need before the `max_points` cap.
@@ -1781,7 +1843,7 @@ pub(super) fn compose(
     h: f64,
     tau_window: f64,
     max_points: usize,
-    precise: bool,
+    arith: Arith,
     window: Option<Window>,
 ) -> Result<ComposedDirection> {
     let total_steps: f64 = parts.iter().map(|(_, c)| *c as f64).sum();
@@ -1799,6 +1861,7 @@ pub(super) fn compose(
         roundoff: 0.0,
         rel_inflation,
         fft_len: 0,
+        staged_slack: 0.0,
     };
     if parts.iter().any(|(d, _)| d.probs.is_empty()) {
         return Ok(empty(1.0));
@@ -1813,15 +1876,20 @@ pub(super) fn compose(
         Some(w) => w,
         None => chernoff_window(parts, tau_window, max_points),
     };
-    compose_in_window(parts, dir, h, window, inf_mass, rel_inflation, precise)
+    compose_in_window(parts, dir, h, window, inf_mass, rel_inflation, arith)
 }
 
 /// The Chernoff window of a composition: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL),
 /// minimised over t, with at most `tau_window`/2 outside on each side (at most `max_points` wide).
 pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max_points: usize) -> Window {
+    chernoff_window_div(parts, 1, tau_window, max_points)
+}
+
+/// [`chernoff_window`] of the composition with counts ⌊count_j/`div`⌋ (leaves with 0 left out).
+fn chernoff_window_div(parts: &[(DiscretePld, u64)], div: u64, tau_window: f64, max_points: usize) -> Window {
     // Trivial support of the composition.
-    let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * *c as i64).sum();
-    let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * *c as i64).sum();
+    let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * (*c / div) as i64).sum();
+    let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * (*c / div) as i64).sum();
     // Chernoff window: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL).
     let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
     let t_start = std::time::Instant::now();
@@ -1838,7 +1906,7 @@ pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max
             }
         };
         let signed: Vec<f64> = coarse.iter().map(|&t| sign * t).collect();
-        let mut pts: Vec<(f64, f64)> = coarse.iter().copied().zip(cumulants(parts, &signed)).collect();
+        let mut pts: Vec<(f64, f64)> = coarse.iter().copied().zip(cumulants(parts, div, &signed)).collect();
         let best = (0..pts.len())
             .min_by(|&a, &b| score(pts[a].0, pts[a].1).total_cmp(&score(pts[b].0, pts[b].1)))
             .unwrap();
@@ -1846,7 +1914,7 @@ pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max
         let hi_t = coarse[(best + 1).min(coarse.len() - 1)];
         let fine: Vec<f64> = (1..9).map(|i| lo_t * (hi_t / lo_t).powf(i as f64 / 9.0)).collect();
         let signed: Vec<f64> = fine.iter().map(|&t| sign * t).collect();
-        pts.extend(fine.iter().copied().zip(cumulants(parts, &signed)));
+        pts.extend(fine.iter().copied().zip(cumulants(parts, div, &signed)));
         pts
     };
     let pos = refine(1.0);
@@ -1914,7 +1982,7 @@ fn compose_in_window(
     window: Window,
     inf_mass: f64,
     rel_inflation: f64,
-    precise: bool,
+    arith: Arith,
 ) -> Result<ComposedDirection> {
     let Window {
         lower,
@@ -1924,7 +1992,7 @@ fn compose_in_window(
     } = window;
     let timing = std::env::var_os("DPAUDIT_PLD_TIMING").is_some();
     let width = (upper - lower + 1) as usize;
-    if precise {
+    if arith == Arith::Precise {
         return Ok(fourier_precise(
             parts,
             dir,
@@ -1956,7 +2024,11 @@ fn compose_in_window(
     let scratch_len = fwd.get_inplace_scratch_len();
     // Leaves with a large count go through the double-word transform values below; the others
     // share complex transforms two by two.
-    let (hybrid, plain): (Vec<&Part>, Vec<&Part>) = parts.iter().partition(|(_, c)| *c >= HYBRID_MIN_COUNT);
+    let hybrid_min = if arith == Arith::Hybrid { 2 } else { HYBRID_MIN_COUNT };
+    let (mut hybrid, plain): (Vec<&Part>, Vec<&Part>) = parts.iter().partition(|(_, c)| *c >= hybrid_min);
+    // Largest count first: its power kills the most frequencies, and the next leaves' double-word
+    // values are computed at the frequencies still live.
+    hybrid.sort_by_key(|(_, c)| std::cmp::Reverse(*c));
     let pairs: Vec<&[&Part]> = plain.chunks(2).collect();
     let per_thread = pairs.len().div_ceil(rayon::current_num_threads()).max(1);
     let product = pairs
@@ -2022,16 +2094,24 @@ fn compose_in_window(
                 (prod, buf, scratch)
             },
         )
-        .map(|(prod, _, _)| prod)
-        .reduce_with(FourierProduct::combine)
-        .unwrap_or_else(|| FourierProduct::new(half));
+        // One transform buffer and scratch are kept for the inverse transform (their pages are
+        // already mapped: a fresh zeroed vector costs a page fault per 4 KiB on first write).
+        .map(|(prod, buf, scratch)| (prod, Some((buf, scratch))))
+        .reduce_with(|(a, ba), (b, bb)| (a.combine(b), ba.or(bb)))
+        .unwrap_or_else(|| (FourierProduct::new(half), None));
+    let (product, kept) = product;
     // Large-count leaves: a double-precision transform screens every frequency (m = |Â| + e_a ≥ |A|
     // with e_a = κ‖a‖₁, so a frequency whose bound falls below DEAD is dead for good); at the
     // live ones the transform value is recomputed on double words and raised to T there.
     let mut product = product;
+    let mut kept = kept;
     if !hybrid.is_empty() {
-        let mut buf = vec![Complex64::new(0.0, 0.0); n];
-        let mut scratch = vec![Complex64::new(0.0, 0.0); scratch_len];
+        let (mut buf, mut scratch) = kept.take().unwrap_or_else(|| {
+            (
+                vec![Complex64::new(0.0, 0.0); n],
+                vec![Complex64::new(0.0, 0.0); scratch_len],
+            )
+        });
         let nn = n as i64;
         for part in &hybrid {
             let (d, count) = (&part.0, part.1);
@@ -2061,13 +2141,72 @@ fn compose_in_window(
                 }
             }
             let mut live_end = 0;
-            if live.len().saturating_mul(d.probs.len()) <= HYBRID_MAX_WORK {
-                let values: Vec<(Cdd, f64)> = live.par_iter().map(|&k| dd_transform_at(d, k, n)).collect();
+            let (c0, c1) = core_range(&d.probs);
+            let core_len = c1 + 1 - c0;
+            // In a staged block, Horner's rule only where it is cheaper than the whole product on
+            // double words (≈ 2·N log₂N double-word butterflies for a transform and its inverse).
+            let max_work = if arith == Arith::Hybrid {
+                let np = width.next_power_of_two().max(8);
+                HYBRID_MAX_WORK.min(2 * np * np.trailing_zeros() as usize)
+            } else {
+                HYBRID_MAX_WORK
+            };
+            if live.len().saturating_mul(core_len) <= max_work {
+                let values: Vec<(Cdd, f64)> = if 5 * core_len < 4 * d.probs.len() {
+                    // A_k = C_k + E_k: the core C on double words at the live frequencies, the
+                    // ends E (mass ≤ 2·HYBRID_END_MASS) by a double-precision transform with
+                    // |Ê_k − E_k| ≤ κ‖e‖₁ (Higham 2002, §24.1), added on double words (one
+                    // addition per part, ≤ ADD_ERR relative to |C_k + Ê_k| ≤ ‖a‖₁ each).
+                    buf.iter_mut().for_each(|c| *c = Complex64::new(0.0, 0.0));
+                    let mut ends_l1 = 0.0;
+                    for (i, &p) in d.probs.iter().enumerate() {
+                        if i < c0 || i > c1 {
+                            buf[(d.lo + i as i64).rem_euclid(nn) as usize].re += p;
+                            ends_l1 += p;
+                        }
+                    }
+                    fwd.process_with_scratch(&mut buf, &mut scratch);
+                    let e_ends = kappa * ends_l1 * (1.0 + 1e-9) + 2.0 * dd::ADD_ERR * l1 * (1.0 + 1e-6);
+                    let core = &d.probs[c0..=c1];
+                    let lo = d.lo + c0 as i64;
+                    let values: Vec<(Cdd, f64)> = live
+                        .par_chunks(16)
+                        .flat_map_iter(|ks| dd_transform_values_of(lo, core, ks, n))
+                        .collect();
+                    live.iter()
+                        .zip(values)
+                        .map(|(&k, (c, e))| {
+                            let t = Cdd {
+                                re: Dd::from_f64(buf[k].re),
+                                im: Dd::from_f64(buf[k].im),
+                            };
+                            (c + t, (e + e_ends) * (1.0 + 1e-9))
+                        })
+                        .collect()
+                } else {
+                    live.par_chunks(16)
+                        .flat_map_iter(|ks| dd_transform_values(d, ks, n))
+                        .collect()
+                };
                 for (&k, &(a, e)) in live.iter().zip(&values) {
                     if product.apply_dd(k, a, e, count) {
                         live_end = k + 1;
                     }
                 }
+            } else if arith == Arith::Hybrid {
+                // Too many live frequencies for a block whose round-off is paid once per copy
+                // (a short block: each leaf's power dies slowly): the whole product on double
+                // words instead, as before the hybrid path.
+                return Ok(fourier_precise(
+                    parts,
+                    dir,
+                    h,
+                    lower,
+                    upper,
+                    inf_mass,
+                    window_tail_mass,
+                    rel_inflation,
+                ));
             } else {
                 // Too many live frequencies (the composition stays concentrated, e.g. a tiny q):
                 // the double-precision values, as for any other leaf.
@@ -2088,6 +2227,7 @@ fn compose_in_window(
                 );
             }
         }
+        kept = Some((buf, scratch));
     }
     if timing {
         eprintln!(
@@ -2111,7 +2251,16 @@ fn compose_in_window(
     }
     let err_l2 = err2.sqrt() * (1.0 + 1e-9) + (n as f64).sqrt() * 2.0 * DEAD * growth;
     // Full Hermitian spectrum for the inverse transform.
-    let mut buf = vec![Complex64::new(0.0, 0.0); n];
+    let (mut buf, mut scratch) = match kept {
+        Some((mut b, s)) => {
+            b.fill(Complex64::new(0.0, 0.0));
+            (b, s)
+        }
+        None => (
+            vec![Complex64::new(0.0, 0.0); n],
+            vec![Complex64::new(0.0, 0.0); scratch_len],
+        ),
+    };
     for k in 0..product.live_end.min(half) {
         let y = product.y[k];
         buf[k] = y;
@@ -2125,7 +2274,6 @@ fn compose_in_window(
     // k ↦ Y_{−k} = conj Y_k. Conjugation is exact and the forward algorithm carries the same
     // per-level error bound κ (Higham 2002, §24.1), so the round-off bound below is unchanged.
     buf.iter_mut().for_each(|c| c.im = -c.im);
-    let mut scratch = vec![Complex64::new(0.0, 0.0); scratch_len];
     fwd.process_with_scratch(&mut buf, &mut scratch);
     let scale = 1.0 / n as f64;
     // ‖Δc‖₁ ≤ √N ‖Δc‖₂ = ‖ΔY‖₂ + κ‖Y‖₂ (inverse FFT is √N × unitary, then scaled by 1/N).
@@ -2144,6 +2292,7 @@ fn compose_in_window(
         roundoff,
         rel_inflation,
         fft_len: n,
+        staged_slack: 0.0,
     })
 }
 
@@ -2440,6 +2589,7 @@ impl PldAccountant {
                 roundoff: 0.0,
                 rel_inflation: 1.0,
                 fft_len: 0,
+                staged_slack: 0.0,
             };
             return Ok(ComposedPld {
                 directions: [Direction::Remove, Direction::Add][..dirs]
@@ -2460,7 +2610,8 @@ impl PldAccountant {
             &[Direction::Remove, Direction::Add]
         };
         let one_direction = |dir: Direction| -> Result<ComposedDirection> {
-            self.compose_direction(&merged, dir, h, tau_step, tau_window, precise, true, None)
+            let arith = if precise { Arith::Precise } else { Arith::Double };
+            self.compose_direction(&merged, dir, h, tau_step, tau_window, arith, true, None)
         };
         // With few leaves the two directions run side by side, so the serial end of one
         // (combining the per-thread products, the inverse transform) overlaps the other's
@@ -2496,7 +2647,7 @@ impl PldAccountant {
         h: f64,
         tau_step: f64,
         tau_window: f64,
-        precise: bool,
+        arith: Arith,
         refine: bool,
         pre: Option<(Vec<Part>, Option<Window>)>,
     ) -> Result<ComposedDirection> {
@@ -2529,13 +2680,13 @@ impl PldAccountant {
                         // own supports are most of the window (e.g. 10⁴ steps), the block is nearly
                         // as wide as the whole; where the counts leave remainders (50 distinct
                         // leaves × 10⁴), the second stage has as many leaves as the first.
-                        let block: Vec<Part> = parts
-                            .iter()
-                            .filter(|(_, c)| c / plan.blocks > 0)
-                            .map(|(d, c)| (d.clone(), c / plan.blocks))
-                            .collect();
-                        let inner =
-                            chernoff_window(&block, tau_window / (2.0 * plan.blocks as f64), self.max_grid_points);
+                        let block_len = parts.iter().filter(|(_, c)| c / plan.blocks > 0).count() as i64;
+                        let inner = chernoff_window_div(
+                            &parts,
+                            plan.blocks,
+                            tau_window / (2.0 * plan.blocks as f64),
+                            self.max_grid_points,
+                        );
                         // Transforms cost ≈ leaves × window points: the block's leaves on its
                         // window, and the remaining leaves plus the block on the second stage's.
                         let rest = parts.iter().filter(|(_, c)| c % plan.blocks > 0).count() as i64;
@@ -2551,17 +2702,23 @@ impl PldAccountant {
                             .map(|(d, _)| d.probs.len() as i64)
                             .sum::<i64>()
                             / plan.factor;
-                        let staged = block.len() as i64 * inner.uncapped_width
+                        let staged = block_len * inner.uncapped_width
                             + (rest + 1) * (w.uncapped_width / plan.factor)
                             + rest_points;
                         if 2 * staged <= parts.len() as i64 * w.uncapped_width {
+                            // The block's leaves are the leaves themselves (moved, not copied).
+                            let block: Vec<Part> = parts
+                                .into_iter()
+                                .filter(|(_, c)| c / plan.blocks > 0)
+                                .map(|(d, c)| (d, c / plan.blocks))
+                                .collect();
                             return self.compose_staged(
                                 merged,
                                 dir,
                                 h,
                                 tau_step,
                                 tau_window,
-                                precise,
+                                arith,
                                 plan,
                                 (block, inner),
                             );
@@ -2594,7 +2751,7 @@ impl PldAccountant {
                 }
                 _ => {}
             }
-            return compose(&parts, dir, h, tau_window, self.max_grid_points, precise, window);
+            return compose(&parts, dir, h, tau_window, self.max_grid_points, arith, window);
         }
     }
 
@@ -2614,17 +2771,24 @@ impl PldAccountant {
         h: f64,
         tau_step: f64,
         tau_window: f64,
-        precise: bool,
+        arith: Arith,
         plan: StagePlan,
         block_parts: (Vec<Part>, Window),
     ) -> Result<ComposedDirection> {
         let StagePlan { blocks, factor } = plan;
         // The first stage's certified round-off reaches δ once per copy of the block (≈ ΣT·κ in
         // all): past HYBRID_MIN_COUNT steps, where a one-stage composition would take double-word
-        // transform values, both stages run on double words (docs/pld.md, precise mode; the
-        // second stage's window is small, ≈ 2¹⁴ points).
+        // transform values, the block's leaves take them too, at the block's live frequencies
+        // (a few hundred: the block's loss is spread over thousands of grid points), instead of
+        // a whole double-word transform and product; so do the T₂ copies of the block and the
+        // remainders in the second stage (whose double-precision values would leave a round-off
+        // of ≈ T₂·κ·‖Y‖, ≈ 1e-10 at 2·10⁶ steps).
         let total: u64 = merged.iter().map(|(_, c)| *c).sum();
-        let inner_precise = precise || total >= HYBRID_MIN_COUNT;
+        let inner_arith = if arith == Arith::Double && total >= HYBRID_MIN_COUNT {
+            Arith::Hybrid
+        } else {
+            arith
+        };
         let block: Vec<(Leaf, u64)> = merged
             .iter()
             .filter(|(_, c)| c / blocks > 0)
@@ -2643,7 +2807,7 @@ impl PldAccountant {
             h,
             tau_step,
             tau_window / (2.0 * blocks as f64),
-            inner_precise,
+            inner_arith,
             false,
             Some((block_parts.0, Some(block_parts.1))),
         )?;
@@ -2662,15 +2826,20 @@ impl PldAccountant {
         let nu = regrid(&dominating_block(&inner), inner.h, ratio);
         let (mut parts, _) = self.discretise_direction(&rest, dir, coarse_h, tau_step, tau_window)?;
         parts.push((nu, blocks));
-        compose(
+        let mut out = compose(
             &parts,
             dir,
             coarse_h,
             tau_window / 2.0,
             self.max_grid_points,
-            inner_precise,
+            inner_arith,
             None,
-        )
+        )?;
+        // What the T₂ copies of the block carried to +∞ beside their leaves' own ∞-mass (only
+        // steers the choice of the precise mode).
+        let per_copy = (inner.roundoff + inner.window_tail_mass) * inner.rel_inflation + inner.staged_slack;
+        out.staged_slack = (blocks as f64 * per_copy).min(out.inf_mass);
+        Ok(out)
     }
 
     /// How many halvings of the grid interval h ([`REFINE_WIDTH`]) a composition whose window is
@@ -3257,7 +3426,7 @@ mod tests {
                 directions: [Direction::Remove, Direction::Add]
                     .iter()
                     .map(|&d| {
-                        acc.compose_direction(&leaves, d, 1e-4, tau_step, tau_window, false, false, None)
+                        acc.compose_direction(&leaves, d, 1e-4, tau_step, tau_window, Arith::Double, false, None)
                             .unwrap()
                     })
                     .collect(),
@@ -3275,6 +3444,25 @@ mod tests {
                 assert!(a <= b * 1.001, "T = {t}, δ = {d}: sized {a} vs requested grid {b}");
             }
         }
+    }
+
+    /// T = 10⁵, δ = 1e-8 (q 0.004, σ 1.1): the staged composition's block (64 steps × 1,562
+    /// copies) carries its certified round-off to +∞ once per copy, a floor above δ. The precise
+    /// mode must still be tried there (the floor sits in the ∞ atom, not in `roundoff`), so the
+    /// answer is a PLD bound, below the RDP bound, not the labelled RDP fallback.
+    #[test]
+    fn staged_round_off_in_the_infinity_atom_still_calls_the_precise_mode() {
+        let ev = DpEvent::dpsgd(1.1, 0.004, 100_000);
+        let r = acc().epsilon(&ev, Neighbouring::AddRemove, 1e-8).unwrap();
+        assert_eq!(r.accountant, AccountantKind::Pld, "{r:?}");
+        let rdp = super::super::rdp::RdpAccountant::default()
+            .epsilon(&ev, Neighbouring::AddRemove, 1e-8)
+            .unwrap()
+            .epsilon;
+        assert!(r.epsilon.is_finite() && r.epsilon < rdp, "{} vs RDP {rdp}", r.epsilon);
+        // Never below the same composition at δ = 1e-7 (ε falls with δ).
+        let looser = acc().epsilon(&ev, Neighbouring::AddRemove, 1e-7).unwrap().epsilon;
+        assert!(r.epsilon > looser, "{} vs {looser} at δ = 1e-7", r.epsilon);
     }
 
     #[test]
@@ -3378,6 +3566,11 @@ mod tests {
                     assert!(e < 1e-24, "bound {e:e}");
                     let diff = (Complex64::new(v.re.to_f64(), v.im.to_f64()) - buf[k]).norm();
                     assert!(diff <= kappa + e, "q={q} σ={s} n={n} k={k}: {diff:e}");
+                }
+                // Four at a time (interleaved) is bit for bit one at a time.
+                let ks = [0usize, 1, 2, 17, 100, n / 3, n / 2];
+                for (&k, &(v, e)) in ks.iter().zip(&dd_transform_values(&d, &ks, n)) {
+                    assert_eq!((v, e), dd_transform_at(&d, k, n), "k = {k}");
                 }
                 let (v0, _) = dd_transform_at(&d, 0, n);
                 // The DC term is the total mass (the naive f64 sum rounds by ≤ S·u).

@@ -29,7 +29,7 @@
 //! The worse of the two directions is reported (both pairs are attained by neighbouring
 //! datasets, so each gives a lower bound on the DP ε).
 
-use super::pld::{self, compose, Direction, DiscretePld, Tails, U};
+use super::pld::{self, compose, Arith, Direction, DiscretePld, Tails, U};
 use super::sound::PairStep;
 use crate::numeric;
 
@@ -323,7 +323,7 @@ pub fn epsilon_lower(steps: &[PairStep], delta: f64, h: f64) -> Option<PldLower>
                 h *= 2.0;
                 continue;
             }
-            let Ok(mut c) = compose(&parts, dir, h, TAU_WINDOW, MAX_POINTS, false, Some(w.clone())) else {
+            let Ok(mut c) = compose(&parts, dir, h, TAU_WINDOW, MAX_POINTS, Arith::Double, Some(w.clone())) else {
                 break;
             };
             // Tiny δ: the double-precision round-off (≈ T·κ) is a visible part of δ; compose
@@ -332,7 +332,7 @@ pub fn epsilon_lower(steps: &[PairStep], delta: f64, h: f64) -> Option<PldLower>
             if c.roundoff + c.window_tail_mass > 0.01 * delta
                 && parts.len().saturating_mul(c.fft_len) <= pld::PRECISE_BUDGET
             {
-                if let Ok(p) = compose(&parts, dir, h, TAU_WINDOW, MAX_POINTS, true, Some(w)) {
+                if let Ok(p) = compose(&parts, dir, h, TAU_WINDOW, MAX_POINTS, Arith::Precise, Some(w)) {
                     if p.roundoff + p.window_tail_mass < c.roundoff + c.window_tail_mass {
                         c = p;
                     }

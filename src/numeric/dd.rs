@@ -30,6 +30,36 @@ pub const TWIDDLE_ERR: f64 = 256.0 * U2;
 /// level's errors enter X_k through unit-modulus weights, over input cones that partition x).
 pub const LEVEL_ERR: f64 = 512.0 * U2;
 
+/// Defines a function whose body is compiled twice: as written, and with the FMA instruction
+/// enabled (x86-64), the copy run where the CPU has it (detected once, cached by `std`). The
+/// double-word algorithms call `f64::mul_add`, a correctly rounded fused multiply-add either way:
+/// without the target feature it is a call into the runtime's `fma` routine (≈ 70 % of a
+/// 10⁷-step PLD's CPU time went to those calls and the FFT around them), with it one instruction.
+/// Same operations, same roundings, so bit for bit the same results and the same error bounds.
+macro_rules! fma_dispatch {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
+        $(#[$doc])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "fma")]
+                fn fast($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: `fast` only enables the FMA instructions, and the CPU was just
+                    // detected to have them; the code is otherwise safe Rust.
+                    #[allow(unsafe_code)]
+                    return unsafe { fast($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
 /// h + l with |l| ≤ ulp(h)/2.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Dd {
@@ -39,20 +69,20 @@ pub struct Dd {
     pub lo: f64,
 }
 
-#[inline]
+#[inline(always)]
 fn two_sum(a: f64, b: f64) -> (f64, f64) {
     let s = a + b;
     let bb = s - a;
     (s, (a - (s - bb)) + (b - bb))
 }
 
-#[inline]
+#[inline(always)]
 fn fast_two_sum(a: f64, b: f64) -> (f64, f64) {
     let s = a + b;
     (s, b - (s - a))
 }
 
-#[inline]
+#[inline(always)]
 fn two_prod(a: f64, b: f64) -> (f64, f64) {
     let p = a * b;
     (p, a.mul_add(b, -p))
@@ -82,7 +112,7 @@ impl Dd {
 
 impl Add for Dd {
     type Output = Dd;
-    #[inline]
+    #[inline(always)]
     fn add(self, y: Dd) -> Dd {
         let (sh, sl) = two_sum(self.hi, y.hi);
         let (th, tl) = two_sum(self.lo, y.lo);
@@ -96,7 +126,7 @@ impl Add for Dd {
 
 impl Neg for Dd {
     type Output = Dd;
-    #[inline]
+    #[inline(always)]
     fn neg(self) -> Dd {
         Dd {
             hi: -self.hi,
@@ -107,7 +137,7 @@ impl Neg for Dd {
 
 impl Sub for Dd {
     type Output = Dd;
-    #[inline]
+    #[inline(always)]
     fn sub(self, y: Dd) -> Dd {
         self + (-y)
     }
@@ -115,7 +145,7 @@ impl Sub for Dd {
 
 impl Mul for Dd {
     type Output = Dd;
-    #[inline]
+    #[inline(always)]
     fn mul(self, y: Dd) -> Dd {
         let (ch, cl1) = two_prod(self.hi, y.hi);
         let tl0 = self.lo * y.lo;
@@ -167,13 +197,13 @@ impl Cdd {
     /// z^e by repeated squaring (e ≥ 1): relative error ≤ (1 + CMUL_ERR)^{e−1} − 1 (by induction,
     /// as for doubles).
     pub(crate) fn powu(self, e: u64) -> Cdd {
-        super::pow_by_squaring(self, e, Cdd::ONE)
+        powu(self, e)
     }
 }
 
 impl Add for Cdd {
     type Output = Cdd;
-    #[inline]
+    #[inline(always)]
     fn add(self, y: Cdd) -> Cdd {
         Cdd {
             re: self.re + y.re,
@@ -184,7 +214,7 @@ impl Add for Cdd {
 
 impl Sub for Cdd {
     type Output = Cdd;
-    #[inline]
+    #[inline(always)]
     fn sub(self, y: Cdd) -> Cdd {
         Cdd {
             re: self.re - y.re,
@@ -195,11 +225,42 @@ impl Sub for Cdd {
 
 impl Mul for Cdd {
     type Output = Cdd;
-    #[inline]
+    #[inline(always)]
     fn mul(self, y: Cdd) -> Cdd {
         Cdd {
             re: self.re * y.re - self.im * y.im,
             im: self.re * y.im + self.im * y.re,
+        }
+    }
+}
+
+fma_dispatch! {
+    /// z^e by repeated squaring ([`Cdd::powu`]).
+    fn powu(z: Cdd, e: u64) -> Cdd {
+        super::pow_by_squaring(z, e, Cdd::ONE)
+    }
+}
+
+fma_dispatch! {
+    /// `out[j]` = Σ_i p_i z_j^i by Horner's rule on double words, from the highest index:
+    /// s ← s·z_j + p_i (one complex multiplication and one double-word addition per point; the
+    /// loaded p_i are exact). Four points z_j at a time, interleaved: each one's recurrence is a
+    /// chain of dependent roundings (latency-bound), and four independent chains fill the
+    /// pipeline. Every z_j sees the same operations in the same order as alone.
+    pub fn horner_many(p: &[f64], z: &[Cdd], out: &mut [Cdd]) {
+        assert_eq!(z.len(), out.len());
+        for (zc, oc) in z.chunks(4).zip(out.chunks_mut(4)) {
+            let mut zz = [Cdd::ONE; 4];
+            zz[..zc.len()].copy_from_slice(zc);
+            let mut acc = [Cdd::ZERO; 4];
+            for &x in p.iter().rev() {
+                for j in 0..4 {
+                    acc[j] = acc[j] * zz[j];
+                    acc[j].re = acc[j].re + Dd::from_f64(x);
+                }
+            }
+            let m = oc.len();
+            oc.copy_from_slice(&acc[..m]);
         }
     }
 }
@@ -211,6 +272,7 @@ const TWO_PI: Dd = Dd {
 };
 
 /// (cos θ, sin θ) for |θ| ≤ π/4 by their Taylor series (terms below 2⁻¹¹⁰ relative dropped).
+#[inline(always)]
 fn cos_sin(theta: Dd) -> (Dd, Dd) {
     let t2 = theta * theta;
     // Horner from the highest term: 1/(2k)! and 1/(2k+1)! for k ≤ 13 (π/4)^28/28! < 1e-37.
@@ -228,6 +290,7 @@ fn cos_sin(theta: Dd) -> (Dd, Dd) {
 }
 
 /// x / d for a small positive integer d (≤ 2⁵³), to double-word accuracy.
+#[inline(always)]
 fn div_small(x: Dd, d: f64) -> Dd {
     let q1 = x.hi / d;
     // r = x − q1·d exactly enough: q1·d by two_prod.
@@ -241,26 +304,31 @@ fn div_small(x: Dd, d: f64) -> Dd {
 /// The N-th roots of unity w_j = e^{−2πij/N} (forward sign), j < N, N a power of two ≥ 8,
 /// computed on the first octant and mapped by exact symmetries.
 pub fn twiddles(n: usize) -> Vec<Cdd> {
-    assert!(n.is_power_of_two() && n >= 8);
-    let eighth = n / 8;
-    // θ_j = 2πj/N for j ≤ N/8 (N a power of two: the division is exact scaling).
-    let oct: Vec<(Dd, Dd)> = (0..=eighth)
-        .map(|j| cos_sin((TWO_PI * Dd::from_f64(j as f64)).scale(1.0 / n as f64)))
-        .collect();
-    let quarter = n / 4;
-    // (cos, sin) of 2πj/N for j ≤ N/4 from the octant: cos(π/2 − θ) = sin θ.
-    let cs = |j: usize| -> (Dd, Dd) {
-        if j <= eighth {
-            oct[j]
-        } else {
-            let (c, s) = oct[quarter - j];
-            (s, c)
+    twiddles_fma(n)
+}
+
+fma_dispatch! {
+    /// [`twiddles`].
+    fn twiddles_fma(n: usize) -> Vec<Cdd> {
+        assert!(n.is_power_of_two() && n >= 8);
+        let eighth = n / 8;
+        // θ_j = 2πj/N for j ≤ N/8 (N a power of two: the division is exact scaling). Plain loops,
+        // not closures, so that the series is compiled into the FMA copy.
+        let mut oct: Vec<(Dd, Dd)> = Vec::with_capacity(eighth + 1);
+        for j in 0..=eighth {
+            oct.push(cos_sin((TWO_PI * Dd::from_f64(j as f64)).scale(1.0 / n as f64)));
         }
-    };
-    (0..n)
-        .map(|j| {
+        let quarter = n / 4;
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
             let (q, r) = (j / quarter, j % quarter);
-            let (c, s) = cs(r);
+            // (cos, sin) of 2πr/N for r ≤ N/4 from the octant: cos(π/2 − θ) = sin θ.
+            let (c, s) = if r <= eighth {
+                oct[r]
+            } else {
+                let (c, s) = oct[quarter - r];
+                (s, c)
+            };
             // angle = q·π/2 + θ_r; e^{−i·angle}.
             let (cos, sin) = match q {
                 0 => (c, s),
@@ -268,68 +336,73 @@ pub fn twiddles(n: usize) -> Vec<Cdd> {
                 2 => (-c, -s),
                 _ => (s, -c),
             };
-            Cdd { re: cos, im: -sin }
-        })
-        .collect()
+            out.push(Cdd { re: cos, im: -sin });
+        }
+        out
+    }
 }
 
 /// Relative error bound of one twiddle from [`twiddle`]: [`TWIDDLE_ERR`] for the series and
 /// θ = 2πr/(8N), plus the division by 8N (≈ 3u²); doubled for margin.
 pub const TWIDDLE_ANY_ERR: f64 = 2.0 * TWIDDLE_ERR;
 
-/// One N-th root of unity e^{−2πij/N} on double words, for any N ≤ 2⁵⁰ (not only powers of
-/// two): j is reduced exactly to an octant, θ = 2πr/(8N) ∈ [0, π/4] is formed on double words and
-/// [`cos_sin`] gives the rest by exact symmetries. Relative error ≤ [`TWIDDLE_ANY_ERR`].
-pub fn twiddle(j: u64, n: u64) -> Cdd {
-    assert!(n > 0 && n <= 1 << 50);
-    let j = j % n;
-    // 8j = oct·N + r8 with 0 ≤ r8 < N: angle = oct·π/4 + 2π·r8/(8N).
-    let oct = (8 * j as u128 / n as u128) as u64;
-    let r8 = 8 * j - oct * n;
-    let theta = |r: u64| div_small(TWO_PI * Dd::from_f64(r as f64), (8 * n) as f64);
-    // angle = q·π/2 ± θ with θ ∈ [0, π/4].
-    let (q, c, s) = if oct.is_multiple_of(2) {
-        let (c, s) = cos_sin(theta(r8));
-        (oct / 2, c, s)
-    } else {
-        let (c, s) = cos_sin(theta(n - r8));
-        (oct.div_ceil(2), c, -s)
-    };
-    let (cos, sin) = match q % 4 {
-        0 => (c, s),
-        1 => (-s, c),
-        2 => (-c, -s),
-        _ => (s, -c),
-    };
-    Cdd { re: cos, im: -sin }
+fma_dispatch! {
+    /// One N-th root of unity e^{−2πij/N} on double words, for any N ≤ 2⁵⁰ (not only powers of
+    /// two): j is reduced exactly to an octant, θ = 2πr/(8N) ∈ [0, π/4] is formed on double words and
+    /// [`cos_sin`] gives the rest by exact symmetries. Relative error ≤ [`TWIDDLE_ANY_ERR`].
+    pub fn twiddle(j: u64, n: u64) -> Cdd {
+        assert!(n > 0 && n <= 1 << 50);
+        let j = j % n;
+        // 8j = oct·N + r8 with 0 ≤ r8 < N: angle = oct·π/4 + 2π·r8/(8N).
+        let oct = (8 * j as u128 / n as u128) as u64;
+        let r8 = 8 * j - oct * n;
+        let theta = |r: u64| div_small(TWO_PI * Dd::from_f64(r as f64), (8 * n) as f64);
+        // angle = q·π/2 ± θ with θ ∈ [0, π/4].
+        let (q, c, s) = if oct.is_multiple_of(2) {
+            let (c, s) = cos_sin(theta(r8));
+            (oct / 2, c, s)
+        } else {
+            let (c, s) = cos_sin(theta(n - r8));
+            (oct.div_ceil(2), c, -s)
+        };
+        let (cos, sin) = match q % 4 {
+            0 => (c, s),
+            1 => (-s, c),
+            2 => (-c, -s),
+            _ => (s, -c),
+        };
+        Cdd { re: cos, im: -sin }
+    }
 }
 
-/// In-place radix-2 FFT on double words: X_k = Σ_j x_j w^{jk} with w = e^{∓2πi/N} (`inverse`:
-/// the + sign, unnormalised). `tw` from [`twiddles`] for this N.
-pub fn fft(x: &mut [Cdd], tw: &[Cdd], inverse: bool) {
-    let n = x.len();
-    assert!(n.is_power_of_two() && tw.len() == n);
-    let bits = n.trailing_zeros();
-    for i in 0..n {
-        let j = i.reverse_bits() >> (usize::BITS - bits);
-        if j > i {
-            x.swap(i, j);
-        }
-    }
-    let mut m = 2;
-    while m <= n {
-        let half = m / 2;
-        let step = n / m;
-        for start in (0..n).step_by(m) {
-            for k in 0..half {
-                let w = if inverse { tw[k * step].conj() } else { tw[k * step] };
-                let t = w * x[start + k + half];
-                let u = x[start + k];
-                x[start + k] = u + t;
-                x[start + k + half] = u - t;
+fma_dispatch! {
+    /// In-place radix-2 FFT on double words: X_k = Σ_j x_j w^{jk} with w = e^{∓2πi/N} (`inverse`:
+    /// the + sign, unnormalised). `tw` from [`twiddles`] for this N.
+    pub fn fft(x: &mut [Cdd], tw: &[Cdd], inverse: bool) {
+        let n = x.len();
+        assert!(n.is_power_of_two() && tw.len() == n);
+        let bits = n.trailing_zeros();
+        for i in 0..n {
+            let j = i.reverse_bits() >> (usize::BITS - bits);
+            if j > i {
+                x.swap(i, j);
             }
         }
-        m *= 2;
+        let mut m = 2;
+        while m <= n {
+            let half = m / 2;
+            let step = n / m;
+            for start in (0..n).step_by(m) {
+                for k in 0..half {
+                    let w = if inverse { tw[k * step].conj() } else { tw[k * step] };
+                    let t = w * x[start + k + half];
+                    let u = x[start + k];
+                    x[start + k] = u + t;
+                    x[start + k + half] = u - t;
+                }
+            }
+            m *= 2;
+        }
     }
 }
 

@@ -21,7 +21,7 @@ pub(crate) const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 /// x^e by repeated squaring (e ≥ 1), for any multiplication. When each product of two computed
 /// powers rounds with relative error ≤ ε, the result carries (1 + ε)^{e−1} (by induction: a^i(1+θ_i)
 /// times a^j(1+θ_j) with one rounding gives (1+ε)^{i+j−1}; the first product, by `one`, is exact).
-#[inline]
+#[inline(always)]
 pub(crate) fn pow_by_squaring<T: Copy + std::ops::Mul<Output = T>>(mut base: T, mut e: u64, one: T) -> T {
     let mut acc = one;
     loop {
