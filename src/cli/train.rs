@@ -323,36 +323,13 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
         CanaryKindArg::Both => (a.canaries, gradient_canaries),
     };
     let plan = Plan {
-        train: TrainPlan {
-            data: a.data,
-            split: a.split,
-            on: a.on.into(),
+        train: train_plan(
+            &a,
+            (a.data.clone(), a.split.clone()),
             out,
-            steps: a.steps,
-            batch_size: a.batch_size,
-            lr: a.lr,
-            ema: a.ema,
-            t_min: a.t_min,
-            t_max: a.t_max,
-            init: a.init,
-            seed: a.seed,
-            canaries,
-            gradient_canaries,
-            dp: a.dp.then_some(DpPlan {
-                noise_multiplier: a.noise_multiplier,
-                clip: a.clip,
-                sample_rate: a.sample_rate,
-                delta: a.delta,
-                per_sample: a.per_sample.into(),
-            }),
-            device: a.device.into(),
-            command: dpaudit::report::command_line(),
-            quiet: a.quiet,
-            force: a.force,
-            checkpoint_every: None,
-            sign_key: None,
-            defect: None,
-        },
+            (canaries, gradient_canaries),
+            None,
+        ),
         model: Model::Toy(ToyPlan {
             model: ModelConfig {
                 arch: a.arch.into(),
@@ -361,11 +338,7 @@ pub fn run(mut a: Args) -> anyhow::Result<dpaudit::audit::outcome::Verdict> {
                 time_dim: a.time_dim,
                 channels: a.channels,
             },
-            schedule: TrainingScheduleConfig {
-                timesteps: a.timesteps,
-                beta_start: a.beta_start,
-                beta_end: a.beta_end,
-            },
+            schedule: schedule_config(&a),
             rapid: (a.dp && a.rapid).then_some(Rapid {
                 pretrain_steps: a.pretrain_steps,
                 k: a.rapid_k,
@@ -431,5 +404,56 @@ impl From<CanaryKindArg> for dpaudit::models::canary::CanaryKind {
             // Both: the input canaries' kind; the gradient ones are counted apart.
             CanaryKindArg::Both => Self::Input,
         }
+    }
+}
+
+/// The family-independent part of a `train` plan (the orchestrator's [`TrainPlan`]) from the
+/// arguments: data and split, the output, the (input, gradient) canary counts, and the signing
+/// key (`train --unet` only).
+pub(crate) fn train_plan(
+    a: &Args,
+    (data, split): (PathBuf, PathBuf),
+    out: PathBuf,
+    (canaries, gradient_canaries): (usize, usize),
+    sign_key: Option<ed25519_dalek::SigningKey>,
+) -> TrainPlan {
+    TrainPlan {
+        data,
+        split,
+        on: a.on.into(),
+        out,
+        steps: a.steps,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        ema: a.ema,
+        t_min: a.t_min,
+        t_max: a.t_max,
+        init: a.init.clone(),
+        seed: a.seed,
+        canaries,
+        gradient_canaries,
+        dp: a.dp.then_some(DpPlan {
+            noise_multiplier: a.noise_multiplier,
+            clip: a.clip,
+            sample_rate: a.sample_rate,
+            delta: a.delta,
+            per_sample: a.per_sample.into(),
+        }),
+        device: a.device.into(),
+        command: dpaudit::report::command_line(),
+        quiet: a.quiet,
+        force: a.force,
+        checkpoint_every: a.checkpoint_every,
+        sign_key,
+        defect: None,
+    }
+}
+
+/// The training noise schedule of `--timesteps`, `--beta-start`, `--beta-end`.
+pub(crate) fn schedule_config(a: &Args) -> TrainingScheduleConfig {
+    TrainingScheduleConfig {
+        timesteps: a.timesteps,
+        beta_start: a.beta_start,
+        beta_end: a.beta_end,
     }
 }

@@ -4,12 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cli::train::Args;
+use crate::cli::train::{schedule_config, train_plan, Args};
 use crate::cli::values::PerSample;
 use dpaudit::audit::train::{Model, Plan, UnetPlan};
-use dpaudit::diffusion::schedule::table::TrainingScheduleConfig;
 use dpaudit::error::Error;
-use dpaudit::models::train::{DpPlan, Plan as TrainPlan};
 
 /// The MNIST digits shipped for diffusers models (used when --data/--split keep the 8×8 defaults).
 const MNIST_DATA: &str = "fixtures/data/mnist/mnist-10k.u8.gz";
@@ -78,45 +76,17 @@ pub fn run(
         checkpoint_every: a.checkpoint_every,
         force: a.force,
     })?;
-    let (data, split) = data_and_split(&a);
     let plan = Plan {
-        train: TrainPlan {
-            data,
-            split,
-            on: a.on.into(),
+        train: train_plan(
+            &a,
+            data_and_split(&a),
             out,
-            steps: a.steps,
-            batch_size: a.batch_size,
-            lr: a.lr,
-            ema: a.ema,
-            t_min: a.t_min,
-            t_max: a.t_max,
-            init: a.init.clone(),
-            seed: a.seed,
-            canaries: input_canaries,
-            gradient_canaries,
-            dp: a.dp.then_some(DpPlan {
-                noise_multiplier: a.noise_multiplier,
-                clip: a.clip,
-                sample_rate: a.sample_rate,
-                delta: a.delta,
-                per_sample: a.per_sample.into(),
-            }),
-            device: a.device.into(),
-            command: dpaudit::report::command_line(),
-            quiet: a.quiet,
-            force: a.force,
-            checkpoint_every: a.checkpoint_every,
+            (input_canaries, gradient_canaries),
             sign_key,
-            defect: None,
-        },
+        ),
         model: Model::Unet(UnetPlan {
             unet: unet.to_os_string(),
-            schedule: TrainingScheduleConfig {
-                timesteps: a.timesteps,
-                beta_start: a.beta_start,
-                beta_end: a.beta_end,
-            },
+            schedule: schedule_config(&a),
         }),
     };
     Ok(outputs.emit(dpaudit::audit::train::execute(&plan)?)?)

@@ -101,20 +101,6 @@ pub fn weights_bytes(net: &Net) -> Result<Vec<u8>> {
     std::fs::read(tmp.path()).map_err(|e| Error::io(tmp.path(), &e))
 }
 
-/// The stem's folder and file name (`models/x` → (`models`, `x`)).
-pub fn stem_parts(stem: &Path) -> Result<(PathBuf, String)> {
-    let dir = match stem.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = stem
-        .file_name()
-        .and_then(|n| n.to_str())
-        .filter(|n| !n.is_empty() && !n.starts_with('.'))
-        .ok_or_else(|| Error::field("--out", format!("`{}` is not a usable output stem", stem.display())))?;
-    Ok((dir, name.to_string()))
-}
-
 /// Fills the card's weights fields from `weights` (the safetensors bytes) for `stem`.
 pub fn describe_weights(stem_name: &str, weights: &[u8], net: &Net, card: &mut Card) {
     card.weights = format!("{stem_name}.safetensors");
@@ -135,7 +121,7 @@ pub fn card_bytes(card: &Card) -> Result<Vec<u8>> {
 /// [`crate::report::output::commit_set`]), replacing an earlier pair; fills in the weights file
 /// name and hash.
 pub fn save(stem: &Path, net: &Net, card: &mut Card) -> Result<PathBuf> {
-    let (dir, name) = stem_parts(stem)?;
+    let (dir, name) = crate::models::train::stem_parts(stem)?;
     crate::report::output::create_out_dir(&dir)?;
     let weights = weights_bytes(net)?;
     describe_weights(&name, &weights, net, card);

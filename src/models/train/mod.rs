@@ -260,22 +260,28 @@ pub struct Layout {
     pub stem: Option<String>,
 }
 
+/// The stem's folder and file name (`models/x` → (`models`, `x`)).
+pub fn stem_parts(stem: &Path) -> Result<(PathBuf, String)> {
+    let dir = match stem.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = stem
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty() && !n.starts_with('.'))
+        .ok_or_else(|| Error::field("--out", format!("`{}` is not a usable output stem", stem.display())))?;
+    Ok((dir, name.to_string()))
+}
+
 impl Layout {
     /// `<stem>.toml`, … in the folder of `out` (`models/x` → `models/x.toml`).
     pub fn stem(out: &Path) -> Result<Layout> {
-        let dir = match out.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = out
-            .file_name()
-            .and_then(|n| n.to_str())
-            .filter(|n| !n.is_empty() && !n.starts_with('.'))
-            .ok_or_else(|| Error::field("--out", format!("`{}` is not a usable output stem", out.display())))?;
+        let (dir, name) = stem_parts(out)?;
         Ok(Layout {
             out: out.to_path_buf(),
             dir,
-            stem: Some(name.to_string()),
+            stem: Some(name),
         })
     }
 
