@@ -353,7 +353,7 @@ pub fn budget_verdict(report: &mut Report, subject: &str, budget: f64) -> Verdic
         {
             let msg = format!(
                 "the {} estimate ε = {} is within the budget, but an estimate is not a guarantee: the sound bound exceeds it",
-                est.accountant.as_str(),
+                est.source(),
                 crate::report::export::fmt_num(est.epsilon)
             );
             report.warn("estimate_within_budget", msg, true);
@@ -394,12 +394,12 @@ pub(crate) fn budget_verdict_of(report: &Report, subject: &str, budget: f64) -> 
                     sound::Verdict::Violated
                 },
                 budget: Some(budget),
-                evidence: Some(sound::Evidence::from_result(r)),
+                evidence: Some(r.cited()),
                 margin: Some(margin),
                 message: format!(
                     "sound ε = {} ({} {}) {} budget {}{}",
                     crate::report::export::fmt_num(r.epsilon),
-                    r.accountant.as_str(),
+                    r.source(),
                     r.kind.describe(),
                     if pass { "≤" } else { ">" },
                     crate::report::export::fmt_num(budget),

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  sampler config (TOML) ─┐
-//!  claims file (TOML)  ───┼─► events::DpEvent ─► accountants ─► AccountResult ─► verdicts ─┐
+//!  claims file (TOML)  ───┼─► events::DpEvent ─► accountants ─► Evidence ─► verdicts ─┐
 //!  pipeline run (data) ───┘   (what happened)    (gdp, clt,     (ε(δ), δ(ε),               ├─► report
 //!  checkpoint + data ──────► attacks (MIA, audits) ─► empirical ASR / ε lower bound ────────┘
 //! ```

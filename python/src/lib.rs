@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use dpaudit::accountants::calibrate::{DpSgd, SolveFor};
-use dpaudit::accountants::{AccountResult, AccountantKind};
+use dpaudit::accountants::{AccountantKind, Evidence};
 use dpaudit::events::{DpEvent, Neighbouring};
 use dpaudit::{api, Error};
 use pyo3::exceptions::PyValueError;
@@ -264,16 +264,10 @@ fn op_check(req: &Map<String, Value>) -> Res<Value> {
     report_json(&rep)
 }
 
-fn result_json(r: &AccountResult) -> Value {
-    let details: Map<String, Value> = r.details.iter().map(|(k, v)| (k.clone(), num(*v))).collect();
-    json!({
-        "accountant": r.accountant.as_str(),
-        "epsilon": num(r.epsilon),
-        "delta": num(r.delta),
-        "kind": r.kind.as_str(),
-        "details": details,
-        "diagnostics": r.diagnostics,
-    })
+/// An accountant's answer as JSON: the record's own shape (the same keys as a report's
+/// `results`; ∞ as `"inf"`).
+fn result_json(r: &Evidence) -> Value {
+    serde_json::to_value(r).unwrap_or_else(|e| json!({ "error": e.to_string() }))
 }
 
 fn op_calibrate(req: &Map<String, Value>) -> Res<Value> {

@@ -35,7 +35,7 @@ impl Evidence {
     #[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
     pub(crate) fn asr_limit(&self) -> f64 {
         let a = asr_limit_eps_delta(self.epsilon, self.delta);
-        match self.mu {
+        match self.mu().filter(|_| self.is_upper()) {
             Some(mu) => a.min(asr_limit_gdp(mu)),
             None => a,
         }
@@ -43,7 +43,7 @@ impl Evidence {
     /// Upper limit on the TPR at false-positive rate `fpr` (the smaller of the (ε, δ) and GDP limits).
     pub fn tpr_limit(&self, fpr: f64) -> f64 {
         let a = tpr_limit_eps_delta(self.epsilon, self.delta, fpr);
-        match self.mu {
+        match self.mu().filter(|_| self.is_upper()) {
             Some(mu) => a.min(tpr_limit_gdp(mu, fpr)),
             None => a,
         }
@@ -82,7 +82,7 @@ pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Evi
         let Some(kind) = a.accountant else { continue };
         let mut g = Evidence::new(kind.as_str(), a.epsilon, a.delta, a.kind).with_accountant(kind);
         if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
-            g.mu = gdp::composed_mu(event).ok();
+            g.set_mu(gdp::composed_mu(event).ok());
         }
         out.push(g);
     }
@@ -90,7 +90,7 @@ pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Evi
         if !out.iter().any(|g| g.source() == "gdp") {
             if let Ok(eps) = gdp::epsilon_for_delta(mu, delta) {
                 let mut g = Evidence::new(NO_AMPLIFICATION, eps, delta, BoundKind::UpperBound);
-                g.mu = Some(mu);
+                g.set_mu(Some(mu));
                 out.push(g);
             }
         }

@@ -27,7 +27,7 @@
 //! the GDP ε(δ) (Cor. 2.13), and for the PLD accountant a PLD on a ten times coarser grid; the
 //! answer is the full accountant's, on the safe side of the target.
 
-use super::{check_delta, AccountResult, Accountant, AccountantKind};
+use super::{check_delta, Accountant, AccountantKind, Evidence};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
 
@@ -645,7 +645,7 @@ pub struct Calibration {
     /// The value found (σ, q, or steps as f64), on the safe side of the target.
     pub value: f64,
     /// The accountant's answer at `value` (ε ≤ target).
-    pub result: AccountResult,
+    pub result: Evidence,
     /// The event that was accounted at `value`.
     pub event: DpEvent,
     /// Full accountant evaluations made (each a candidate answer).
@@ -771,7 +771,7 @@ pub(crate) fn calibrate_dpsgd_any(
                 primary.as_str(),
                 solve_for.as_str(),
                 first.message,
-                c.result.accountant.as_str()
+                c.result.source()
             );
             Ok((c, Some(why)))
         }

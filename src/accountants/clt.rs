@@ -38,7 +38,7 @@
 
 use std::sync::OnceLock;
 
-use super::{check_delta, check_epsilon, gdp, AccountResult, Accountant, AccountantKind, BoundKind, Diagnostic};
+use super::{check_delta, check_epsilon, gdp, Accountant, AccountantKind, BoundKind, Diagnostic, Evidence};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric::{log_ndtr, ndtr};
@@ -656,7 +656,7 @@ impl CltAccountant {
         ))
     }
 
-    fn result(&self, parts: &Parts, est: Estimate, epsilon: f64, delta: f64) -> AccountResult {
+    fn result(&self, parts: &Parts, est: Estimate, epsilon: f64, delta: f64) -> Evidence {
         // All full batch: the number is the exact GDP composition, computed by the GDP formula —
         // labelled `gdp`, so no renderer shows a "clt exact" number.
         let who = if est.summary.is_none() {
@@ -664,7 +664,7 @@ impl CltAccountant {
         } else {
             AccountantKind::Clt
         };
-        let mut r = AccountResult::new(who, epsilon, delta, est.kind).with_detail("mu", est.mu);
+        let mut r = Evidence::of(who, epsilon, delta, est.kind).with_detail("mu", est.mu);
         match est.summary {
             None => {
                 r = r.with_diagnostic(
@@ -714,7 +714,7 @@ impl Accountant for CltAccountant {
         }
         parts(event, neighbouring).map(|_| ())
     }
-    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
+    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<Evidence> {
         check_delta(delta)?;
         event.validate()?;
         if let Some(r) = super::non_private_epsilon(AccountantKind::Clt, event, delta) {
@@ -727,7 +727,7 @@ impl Accountant for CltAccountant {
         let eps = gdp::epsilon_for_delta(est.mu, delta)?;
         Ok(self.result(&parts, est, eps, delta))
     }
-    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
+    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<Evidence> {
         check_epsilon(epsilon)?;
         event.validate()?;
         if let Some(r) = super::non_private_delta(AccountantKind::Clt, event, epsilon) {

@@ -4,7 +4,7 @@
 //! mechanisms compose to √(Σμᵢ²)-GDP exactly (Cor. 3.3). μ-GDP is (ε, δ(ε))-DP for all ε ≥ 0 with
 //! δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Cor. 2.13), and this is tight.
 
-use super::{check_delta, check_epsilon, AccountResult, Accountant, AccountantKind, BoundKind};
+use super::{check_delta, check_epsilon, Accountant, AccountantKind, BoundKind, Evidence};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric::{self, log_ndtr, log_sub_exp};
@@ -147,7 +147,7 @@ impl Accountant for GdpAccountant {
         }
         composed_mu(event).map(|_| ())
     }
-    fn epsilon(&self, event: &DpEvent, _neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
+    fn epsilon(&self, event: &DpEvent, _neighbouring: Neighbouring, delta: f64) -> Result<Evidence> {
         check_delta(delta)?;
         if let Some(r) = super::non_private_epsilon(AccountantKind::Gdp, event, delta) {
             return Ok(r);
@@ -157,9 +157,9 @@ impl Accountant for GdpAccountant {
             return Ok(r);
         }
         let eps = epsilon_for_delta(mu, delta)?;
-        Ok(AccountResult::new(AccountantKind::Gdp, eps, delta, BoundKind::Exact).with_detail("mu", mu))
+        Ok(Evidence::of(AccountantKind::Gdp, eps, delta, BoundKind::Exact).with_detail("mu", mu))
     }
-    fn delta(&self, event: &DpEvent, _neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
+    fn delta(&self, event: &DpEvent, _neighbouring: Neighbouring, epsilon: f64) -> Result<Evidence> {
         check_epsilon(epsilon)?;
         if let Some(r) = super::non_private_delta(AccountantKind::Gdp, event, epsilon) {
             return Ok(r);
@@ -172,7 +172,7 @@ impl Accountant for GdpAccountant {
         // labelled an upper bound, with ln δ beside it.
         let ld = log_delta_for_epsilon(mu, epsilon);
         let (delta, underflow) = crate::numeric::exp_upper(ld);
-        let mut res = AccountResult::new(
+        let mut res = Evidence::of(
             AccountantKind::Gdp,
             epsilon,
             delta,

@@ -181,54 +181,137 @@ pub struct Diagnostic {
     pub severe: bool,
 }
 
-/// One accountant's answer.
+/// The one record of "an ε with its kind and evidence": ε at δ, who computed it (an accountant,
+/// or a named closed form or theorem), what kind of number it is (sound upper bound, sound lower
+/// bound, estimate, …), what it rests on, and the numbers and diagnostics behind it. Every
+/// accountant answers with one ([`Accountant::epsilon`], [`Accountant::delta`]); it carries a
+/// verdict's evidence ([`sound::Decision::evidence`]), every analysis of a
+/// [`sound::SoundEpsilon`], the accounted guarantees an attack is compared with
+/// ([`attack_limits::guarantees_for`], with the μ of a μ-GDP guarantee in `details`), and a
+/// report's results.
+///
+/// JSON: `method` is always written (the accountant's name or the closed form's), `accountant`
+/// only when one computed the number; ε and δ write ∞ as `"inf"` ([`crate::numeric::json`]);
+/// `details` and `diagnostics` are always present (possibly empty), so a program reading a
+/// report's results finds the same keys every time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AccountResult {
-    /// The accountant that produced the answer.
-    pub accountant: AccountantKind,
-    /// ε of the answer (the query result for ε(δ), the given ε for δ(ε)).
+#[serde(from = "EvidenceRow", into = "EvidenceRow")]
+pub struct Evidence {
+    /// Short method name: the accountant's (`pld`, `rdp`, `gdp`, `clt`) or a closed form's or
+    /// theorem's (`delta_floor`, `worst_case_pair`, `rapid_theorem_1`, …).
+    pub method: String,
+    /// The accountant that computed the number; `None` for a closed form or theorem.
+    pub accountant: Option<AccountantKind>,
+    /// ε (nats); ∞ when nothing finite is certified. For a δ(ε) query, the given ε.
     pub epsilon: f64,
-    /// δ of the answer (the given δ for ε(δ), the query result for δ(ε)).
+    /// δ at which ε holds; for a δ(ε) query, the answer.
     pub delta: f64,
-    /// What kind of number this is; only `Exact` and `UpperBound` are sound.
+    /// What kind of number this is; only `Exact` and `UpperBound` bound ε from above,
+    /// only `Exact` and `LowerBound` from below.
     pub kind: BoundKind,
+    /// What the number rests on (preconditions, witness event, fallbacks); may be empty.
+    pub note: String,
     /// Extra numbers worth showing (e.g. `mu`, `rdp_order`, `truncation_mass`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub details: BTreeMap<String, f64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    /// Validity conditions and warnings attached to this answer.
+    /// Validity conditions and warnings attached to this number.
     pub diagnostics: Vec<Diagnostic>,
     /// The mechanism the number is about, when a report holds several (e.g. `checkpoint`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mechanism: Option<String>,
 }
 
-impl AccountResult {
-    /// ` — event.events[1] is non-private (no guarantee)` when this result is ε = ∞ because the event holds
-    /// a [`crate::events::DpEvent::NonPrivate`]; empty otherwise.
-    pub(crate) fn non_private_note(&self) -> String {
-        self.diagnostics
-            .iter()
-            .find(|d| d.code == "non_private")
-            .and_then(|d| d.message.split_once(" is non-private"))
-            .map(|(path, _)| format!(" — {path} is non-private (no guarantee)"))
-            .unwrap_or_default()
+/// The JSON shape of an [`Evidence`] (see there).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvidenceRow {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    method: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    accountant: Option<AccountantKind>,
+    #[serde(with = "crate::numeric::json")]
+    epsilon: f64,
+    #[serde(with = "crate::numeric::json")]
+    delta: f64,
+    kind: BoundKind,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    note: String,
+    /// Read only: records written before μ moved into `details`.
+    #[serde(default, skip_serializing)]
+    mu: Option<f64>,
+    #[serde(default, with = "crate::numeric::json::map")]
+    details: BTreeMap<String, f64>,
+    #[serde(default)]
+    diagnostics: Vec<Diagnostic>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mechanism: Option<String>,
+}
+
+impl From<Evidence> for EvidenceRow {
+    fn from(e: Evidence) -> Self {
+        EvidenceRow {
+            method: Some(e.method),
+            accountant: e.accountant,
+            epsilon: e.epsilon,
+            delta: e.delta,
+            kind: e.kind,
+            note: e.note,
+            mu: None,
+            details: e.details,
+            diagnostics: e.diagnostics,
+            mechanism: e.mechanism,
+        }
     }
 }
 
-impl AccountResult {
-    /// A result without details or diagnostics.
-    pub fn new(accountant: AccountantKind, epsilon: f64, delta: f64, kind: BoundKind) -> Self {
-        AccountResult {
-            accountant,
+impl From<EvidenceRow> for Evidence {
+    /// A record read back; `method` defaults to the accountant's name (`unknown` when neither
+    /// is given, which no writer here produces).
+    fn from(r: EvidenceRow) -> Self {
+        let method = r
+            .method
+            .or_else(|| r.accountant.map(|a| a.as_str().to_string()))
+            .unwrap_or_else(|| "unknown".to_string());
+        let mut details = r.details;
+        if let Some(mu) = r.mu {
+            details.entry("mu".to_string()).or_insert(mu);
+        }
+        Evidence {
+            method,
+            accountant: r.accountant,
+            epsilon: r.epsilon,
+            delta: r.delta,
+            kind: r.kind,
+            note: r.note,
+            details,
+            diagnostics: r.diagnostics,
+            mechanism: r.mechanism,
+        }
+    }
+}
+
+impl Evidence {
+    /// A number from a closed form or theorem (no accountant).
+    pub fn new(method: &str, epsilon: f64, delta: f64, kind: BoundKind) -> Self {
+        Evidence {
+            method: method.to_string(),
+            accountant: None,
             epsilon,
             delta,
             kind,
+            note: String::new(),
             details: BTreeMap::new(),
             diagnostics: Vec::new(),
             mechanism: None,
         }
+    }
+    /// An accountant's answer, without details or diagnostics.
+    pub fn of(accountant: AccountantKind, epsilon: f64, delta: f64, kind: BoundKind) -> Self {
+        Evidence::new(accountant.as_str(), epsilon, delta, kind).with_accountant(accountant)
+    }
+    /// Sets the accountant that computed the number (the method keeps its name, e.g.
+    /// `gdp_exact_lower` computed by `gdp`).
+    pub(crate) fn with_accountant(mut self, kind: AccountantKind) -> Self {
+        self.accountant = Some(kind);
+        self
     }
     /// Names the mechanism the number is about.
     #[cfg_attr(not(feature = "models"), allow(dead_code))] // used by the attacks (feature `models`)
@@ -250,6 +333,72 @@ impl AccountResult {
         });
         self
     }
+    /// Sets the note.
+    pub(crate) fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = note.into();
+        self
+    }
+    /// μ when the number is the ε of a μ-GDP guarantee (`details.mu`; tighter attack limits:
+    /// Φ(μ/2)).
+    pub fn mu(&self) -> Option<f64> {
+        self.details.get("mu").copied()
+    }
+    /// Sets μ (`details.mu`); `None` removes it.
+    pub(crate) fn set_mu(&mut self, mu: Option<f64>) {
+        match mu {
+            Some(m) => self.details.insert("mu".to_string(), m),
+            None => self.details.remove("mu"),
+        };
+    }
+    /// The same record with its note stating what an accountant's number rests on, when the
+    /// note is empty: the RDP fallback of a PLD, or the optimal RDP order. Used where the
+    /// number becomes a verdict's evidence.
+    pub(crate) fn cited(&self) -> Self {
+        let mut e = self.clone();
+        if e.note.is_empty() {
+            if let Some(d) = e.diagnostics.iter().find(|d| d.code == "pld_fallback_rdp") {
+                e.note = d.message.clone();
+            } else if let Some(order) = e.details.get("rdp_order").or_else(|| e.details.get("order")) {
+                e.note = format!("optimal order α = {order:.4}");
+            }
+        }
+        e
+    }
+    /// True when this is a sound upper bound on ε (exact or upper bound, not NaN).
+    pub(crate) fn is_upper(&self) -> bool {
+        self.kind.is_sound() && !self.epsilon.is_nan()
+    }
+    /// True when this is a sound lower bound on ε (exact or lower bound, not NaN).
+    pub(crate) fn is_lower(&self) -> bool {
+        self.kind.is_lower() && !self.epsilon.is_nan()
+    }
+    /// "ε = 1.23 (pld, upper_bound)" for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "ε = {} ({}, {})",
+            sound::show(self.epsilon),
+            self.source(),
+            self.kind.as_str()
+        )
+    }
+    /// The accountant's name, or the method when no accountant computed it.
+    pub fn source(&self) -> &str {
+        self.accountant.map_or(self.method.as_str(), |a| a.as_str())
+    }
+    /// True when `kind` computed this number.
+    pub fn is_from(&self, kind: AccountantKind) -> bool {
+        self.accountant == Some(kind)
+    }
+    /// ` — event.events[1] is non-private (no guarantee)` when this result is ε = ∞ because the
+    /// event holds a [`crate::events::DpEvent::NonPrivate`]; empty otherwise.
+    pub(crate) fn non_private_note(&self) -> String {
+        self.diagnostics
+            .iter()
+            .find(|d| d.code == "non_private")
+            .and_then(|d| d.message.split_once(" is non-private"))
+            .map(|(path, _)| format!(" — {path} is non-private (no guarantee)"))
+            .unwrap_or_default()
+    }
 }
 
 /// The interface every accountant implements. `supports` and the accounting itself must
@@ -262,9 +411,9 @@ pub trait Accountant: Send + Sync {
     /// `Unsupported` error naming the offending sub-event (its path in the tree).
     fn supports(&self, event: &DpEvent, neighbouring: Neighbouring) -> Result<()>;
     /// ε at the given δ.
-    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult>;
+    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<Evidence>;
     /// δ at the given ε (the result's `delta` field holds it).
-    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult>;
+    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<Evidence>;
     /// ε at `delta`, exactly as [`Accountant::epsilon`] gives it, and ε at each δ of `grid`
     /// (the points of an ε-versus-δ plot) read from the work done for `delta`: an accountant
     /// whose work is a composition independent of δ (PLD: the composed distributions; RDP: the
@@ -279,7 +428,7 @@ pub trait Accountant: Send + Sync {
         neighbouring: Neighbouring,
         delta: f64,
         grid: &[f64],
-    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+    ) -> (Result<Evidence>, Vec<Result<Evidence>>) {
         (
             self.epsilon(event, neighbouring, delta),
             grid.iter().map(|&d| self.epsilon(event, neighbouring, d)).collect(),
@@ -365,9 +514,9 @@ pub(crate) fn uncertified_noise(event: &DpEvent) -> Option<(String, f64)> {
     best
 }
 
-fn uncertified_result(kind: AccountantKind, at: (String, f64), epsilon: f64, delta: f64) -> AccountResult {
+fn uncertified_result(kind: AccountantKind, at: (String, f64), epsilon: f64, delta: f64) -> Evidence {
     let (path, sigma) = at;
-    AccountResult::new(
+    Evidence::of(
         kind,
         epsilon,
         delta,
@@ -390,17 +539,17 @@ fn uncertified_result(kind: AccountantKind, at: (String, f64), epsilon: f64, del
 
 /// ε = ∞ at `delta` when `event` holds a noise multiplier below the certified range (see
 /// [`MIN_CERTIFIED_NOISE_MULTIPLIER`]); every accountant answers through this first.
-pub(crate) fn uncertified_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<AccountResult> {
+pub(crate) fn uncertified_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<Evidence> {
     uncertified_noise(event).map(|at| uncertified_result(kind, at, f64::INFINITY, delta))
 }
 
 /// δ = 1 at `epsilon` when `event` holds a noise multiplier below the certified range.
-pub(crate) fn uncertified_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
+pub(crate) fn uncertified_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<Evidence> {
     uncertified_noise(event).map(|at| uncertified_result(kind, at, epsilon, 1.0))
 }
 
-fn non_private_result(kind: AccountantKind, path: String, epsilon: f64, delta: f64) -> AccountResult {
-    AccountResult::new(kind, epsilon, delta, BoundKind::Exact).with_diagnostic(
+fn non_private_result(kind: AccountantKind, path: String, epsilon: f64, delta: f64) -> Evidence {
+    Evidence::of(kind, epsilon, delta, BoundKind::Exact).with_diagnostic(
         "non_private",
         format!("{path} is non-private (no guarantee): no finite ε holds at any δ < 1, ε = ∞"),
         true,
@@ -410,7 +559,7 @@ fn non_private_result(kind: AccountantKind, path: String, epsilon: f64, delta: f
 /// ε = ∞ at `delta` when `event` contains a [`DpEvent::NonPrivate`] anywhere (composed,
 /// repeated or sampled: sampling with q > 0 keeps it non-private). Exact, hence sound. Every
 /// accountant asks this before anything else, `supports` included.
-pub(crate) fn non_private_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<AccountResult> {
+pub(crate) fn non_private_epsilon(kind: AccountantKind, event: &DpEvent, delta: f64) -> Option<Evidence> {
     event
         .non_private_path()
         .map(|p| non_private_result(kind, p, f64::INFINITY, delta))
@@ -420,8 +569,8 @@ pub(crate) fn non_private_epsilon(kind: AccountantKind, event: &DpEvent, delta: 
 /// at each δ of `deltas`, once the guard has matched the event (it answers at every valid δ).
 pub(crate) fn guarded_at_each(
     deltas: impl IntoIterator<Item = f64>,
-    guard: impl Fn(f64) -> Option<AccountResult>,
-) -> Vec<Result<AccountResult>> {
+    guard: impl Fn(f64) -> Option<Evidence>,
+) -> Vec<Result<Evidence>> {
     deltas
         .into_iter()
         .map(|d| {
@@ -432,7 +581,7 @@ pub(crate) fn guarded_at_each(
 }
 
 /// δ = 1 at every finite `epsilon` when `event` contains a [`DpEvent::NonPrivate`].
-pub(crate) fn non_private_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<AccountResult> {
+pub(crate) fn non_private_delta(kind: AccountantKind, event: &DpEvent, epsilon: f64) -> Option<Evidence> {
     event
         .non_private_path()
         .map(|p| non_private_result(kind, p, epsilon, 1.0))

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use rustfft::num_complex::Complex64;
 use rustfft::{Fft, FftPlanner};
 
-use super::{check_delta, check_epsilon, AccountResult, Accountant, AccountantKind, BoundKind};
+use super::{check_delta, check_epsilon, Accountant, AccountantKind, BoundKind, Evidence};
 use crate::error::{Error, Result};
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
@@ -1234,7 +1234,7 @@ impl ComposedPld {
     fn max_of(&self, f: impl Fn(&ComposedDirection) -> f64) -> f64 {
         self.directions.iter().map(f).fold(0.0, f64::max)
     }
-    fn annotate(&self, mut r: AccountResult, delta_target: Option<f64>) -> AccountResult {
+    fn annotate(&self, mut r: Evidence, delta_target: Option<f64>) -> Evidence {
         r = r
             .with_detail("grid_interval", self.value_discretization_interval)
             .with_detail("inf_mass", self.max_of(|d| d.inf_mass))
@@ -2952,7 +2952,7 @@ impl PldAccountant {
         event: &DpEvent,
         neighbouring: Neighbouring,
         deltas: &[(f64, bool)],
-    ) -> Result<Vec<Result<AccountResult>>> {
+    ) -> Result<Vec<Result<Evidence>>> {
         self.check()?;
         event.validate()?;
         if super::non_private_epsilon(AccountantKind::Pld, event, 0.5).is_some() {
@@ -2974,8 +2974,8 @@ impl PldAccountant {
         let mut precise_by_tau: Vec<(u64, Option<ComposedPld>)> = Vec::new();
         // Per δ: a final answer, or a PLD result that needs the RDP fallback (with its floor).
         enum Step {
-            Done(Result<AccountResult>),
-            Fallback(AccountResult, f64),
+            Done(Result<Evidence>),
+            Fallback(Evidence, f64),
         }
         let mut steps = Vec::with_capacity(deltas.len());
         for &(delta, may_build) in deltas {
@@ -2984,7 +2984,7 @@ impl PldAccountant {
                 continue;
             }
             if known_floor >= delta {
-                let r = AccountResult::new(AccountantKind::Pld, f64::INFINITY, delta, BoundKind::UpperBound)
+                let r = Evidence::of(AccountantKind::Pld, f64::INFINITY, delta, BoundKind::UpperBound)
                     .with_detail("grid_interval", self.value_discretization_interval)
                     .with_detail("inf_mass", known_floor)
                     .with_diagnostic(
@@ -3030,7 +3030,7 @@ impl PldAccountant {
                 if let Some(precise) = idx.and_then(|i| precise_by_tau[i].1.as_ref()) {
                     let e2 = precise.epsilon(delta);
                     if e2 < eps && e2.is_finite() {
-                        let r = AccountResult::new(AccountantKind::Pld, e2, delta, BoundKind::UpperBound);
+                        let r = Evidence::of(AccountantKind::Pld, e2, delta, BoundKind::UpperBound);
                         let r = precise
                             .annotate(r, Some(delta))
                             .with_detail("double_word_fft", 1.0)
@@ -3052,7 +3052,7 @@ impl PldAccountant {
                     }
                 }
             }
-            let r = AccountResult::new(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
+            let r = Evidence::of(AccountantKind::Pld, eps, delta, BoundKind::UpperBound);
             let r = pld.annotate(r, Some(delta));
             if eps.is_finite() {
                 steps.push(Step::Done(Ok(r)));
@@ -3090,7 +3090,7 @@ impl PldAccountant {
                 Step::Fallback(r, floor) => match rdp_answers.next().expect("one RDP answer per fallback δ") {
                     Ok(rdp) if rdp.epsilon.is_finite() => {
                         let delta = r.delta;
-                        let mut out = AccountResult::new(AccountantKind::Rdp, rdp.epsilon, delta, rdp.kind);
+                        let mut out = Evidence::of(AccountantKind::Rdp, rdp.epsilon, delta, rdp.kind);
                         out.details = r.details;
                         out.diagnostics = r.diagnostics;
                         if let Some(order) = rdp.details.get("rdp_order") {
@@ -3185,11 +3185,11 @@ impl Accountant for PldAccountant {
         }
         leaves(&event.components()?, neighbouring).map(|_| ())
     }
-    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
+    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<Evidence> {
         self.epsilon_at(event, neighbouring, delta)
             .map(|r| replace_one_assumption(r, event, neighbouring))
     }
-    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
+    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<Evidence> {
         self.delta_at(event, neighbouring, epsilon)
             .map(|r| replace_one_assumption(r, event, neighbouring))
     }
@@ -3199,9 +3199,9 @@ impl Accountant for PldAccountant {
         neighbouring: Neighbouring,
         delta: f64,
         grid: &[f64],
-    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+    ) -> (Result<Evidence>, Vec<Result<Evidence>>) {
         let (head, rest) = self.profile_at(event, neighbouring, delta, grid);
-        let note = |r: Result<AccountResult>| r.map(|r| replace_one_assumption(r, event, neighbouring));
+        let note = |r: Result<Evidence>| r.map(|r| replace_one_assumption(r, event, neighbouring));
         (note(head), rest.into_iter().map(note).collect())
     }
 }
@@ -3210,15 +3210,12 @@ impl Accountant for PldAccountant {
 /// the clipped-sum pair of [`replace_one_pld`] (the record's contribution has norm ≤ Δ/2), an
 /// assumption the RDP bound does not make; every result says so, so that a headline taken from
 /// it can restate it.
-fn replace_one_assumption(r: AccountResult, event: &DpEvent, neighbouring: Neighbouring) -> AccountResult {
+fn replace_one_assumption(r: Evidence, event: &DpEvent, neighbouring: Neighbouring) -> Evidence {
     let poisson = event.components().is_ok_and(|cs| {
         cs.iter()
             .any(|c| matches!(c.sampling, crate::events::Sampling::Poisson { .. }))
     });
-    if neighbouring != Neighbouring::ReplaceOne
-        || !poisson
-        || !r.epsilon.is_finite()
-        || r.accountant != AccountantKind::Pld
+    if neighbouring != Neighbouring::ReplaceOne || !poisson || !r.epsilon.is_finite() || !r.is_from(AccountantKind::Pld)
     {
         return r;
     }
@@ -3233,7 +3230,7 @@ fn replace_one_assumption(r: AccountResult, event: &DpEvent, neighbouring: Neigh
 }
 
 impl PldAccountant {
-    fn epsilon_at(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
+    fn epsilon_at(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<Evidence> {
         check_delta(delta)?;
         self.epsilon_many(event, neighbouring, &[(delta, true)])?
             .pop()
@@ -3250,7 +3247,7 @@ impl PldAccountant {
         neighbouring: Neighbouring,
         delta: f64,
         grid: &[f64],
-    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+    ) -> (Result<Evidence>, Vec<Result<Evidence>>) {
         if let Err(e) = check_delta(delta) {
             return (Err(e.clone()), grid.iter().map(|_| Err(e.clone())).collect());
         }
@@ -3265,7 +3262,7 @@ impl PldAccountant {
         }
     }
 
-    fn delta_at(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
+    fn delta_at(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<Evidence> {
         check_epsilon(epsilon)?;
         event.validate()?;
         if let Some(r) = super::non_private_delta(AccountantKind::Pld, event, epsilon) {
@@ -3284,7 +3281,7 @@ impl PldAccountant {
             if let Some(precise) = self.compose_precise(&ls, d, &pld)? {
                 let d2 = precise.delta(epsilon);
                 if d2 < d {
-                    let r = AccountResult::new(AccountantKind::Pld, epsilon, d2, BoundKind::UpperBound);
+                    let r = Evidence::of(AccountantKind::Pld, epsilon, d2, BoundKind::UpperBound);
                     return Ok(precise
                         .annotate(r, None)
                         .with_detail("double_word_fft", 1.0)
@@ -3292,7 +3289,7 @@ impl PldAccountant {
                 }
             }
         }
-        let r = AccountResult::new(AccountantKind::Pld, epsilon, d, BoundKind::UpperBound);
+        let r = Evidence::of(AccountantKind::Pld, epsilon, d, BoundKind::UpperBound);
         Ok(pld.annotate(r, None))
     }
 }
@@ -3454,7 +3451,7 @@ mod tests {
     fn staged_round_off_in_the_infinity_atom_still_calls_the_precise_mode() {
         let ev = DpEvent::dpsgd(1.1, 0.004, 100_000);
         let r = acc().epsilon(&ev, Neighbouring::AddRemove, 1e-8).unwrap();
-        assert_eq!(r.accountant, AccountantKind::Pld, "{r:?}");
+        assert_eq!(r.accountant, Some(AccountantKind::Pld), "{r:?}");
         let rdp = super::super::rdp::RdpAccountant::default()
             .epsilon(&ev, Neighbouring::AddRemove, 1e-8)
             .unwrap()

@@ -20,7 +20,7 @@
 //! (ε, δ)-DP leaves have no RDP curve and are reported as unsupported with their path.
 
 use super::convert::{self, round_up, Conversion};
-use super::{check_delta, check_epsilon, AccountResult, Accountant, AccountantKind, BoundKind};
+use super::{check_delta, check_epsilon, Accountant, AccountantKind, BoundKind, Evidence};
 use crate::error::{Error, Result};
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric::{ln_gamma, log_add_exp, log_ndtr, log_sub_exp};
@@ -1002,14 +1002,9 @@ impl RdpAccountant {
         neighbouring: Neighbouring,
         delta: f64,
         rdp: &mut dyn FnMut(f64) -> Result<f64>,
-    ) -> Result<AccountResult> {
+    ) -> Result<Evidence> {
         if comps.is_empty() {
-            return Ok(AccountResult::new(
-                AccountantKind::Rdp,
-                0.0,
-                delta,
-                BoundKind::UpperBound,
-            ));
+            return Ok(Evidence::of(AccountantKind::Rdp, 0.0, delta, BoundKind::UpperBound));
         }
         let conv = self.conversion;
         let (eps, order, r) = self.minimise_with(
@@ -1032,13 +1027,13 @@ impl RdpAccountant {
         if eps.is_nan() {
             return Err(Error::numeric("rdp: ε is NaN"));
         }
-        let res = AccountResult::new(AccountantKind::Rdp, eps, delta, BoundKind::UpperBound)
+        let res = Evidence::of(AccountantKind::Rdp, eps, delta, BoundKind::UpperBound)
             .with_detail("rdp_order", order)
             .with_detail("rdp", r);
         Ok(self.annotate(res, comps, neighbouring, order))
     }
 
-    fn annotate(&self, mut res: AccountResult, comps: &[Component], nb: Neighbouring, order: f64) -> AccountResult {
+    fn annotate(&self, mut res: Evidence, comps: &[Component], nb: Neighbouring, order: f64) -> Evidence {
         res = res.with_detail(
             "conversion_improved",
             if self.conversion == Conversion::Improved {
@@ -1082,7 +1077,7 @@ impl Accountant for RdpAccountant {
         rdp_components(event, neighbouring).map(|_| ())
     }
 
-    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<AccountResult> {
+    fn epsilon(&self, event: &DpEvent, neighbouring: Neighbouring, delta: f64) -> Result<Evidence> {
         check_delta(delta)?;
         event.validate()?;
         if let Some(r) = super::non_private_epsilon(AccountantKind::Rdp, event, delta) {
@@ -1105,7 +1100,7 @@ impl Accountant for RdpAccountant {
         neighbouring: Neighbouring,
         delta: f64,
         grid: &[f64],
-    ) -> (Result<AccountResult>, Vec<Result<AccountResult>>) {
+    ) -> (Result<Evidence>, Vec<Result<Evidence>>) {
         if let (Ok(()), Some(r)) = (
             check_delta(delta).and_then(|_| event.validate()),
             super::non_private_epsilon(AccountantKind::Rdp, event, delta),
@@ -1153,7 +1148,7 @@ impl Accountant for RdpAccountant {
         (head, rest)
     }
 
-    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<AccountResult> {
+    fn delta(&self, event: &DpEvent, neighbouring: Neighbouring, epsilon: f64) -> Result<Evidence> {
         check_epsilon(epsilon)?;
         event.validate()?;
         if let Some(r) = super::non_private_delta(AccountantKind::Rdp, event, epsilon) {
@@ -1164,12 +1159,7 @@ impl Accountant for RdpAccountant {
             return Ok(r);
         }
         if comps.is_empty() {
-            return Ok(AccountResult::new(
-                AccountantKind::Rdp,
-                epsilon,
-                0.0,
-                BoundKind::UpperBound,
-            ));
+            return Ok(Evidence::of(AccountantKind::Rdp, epsilon, 0.0, BoundKind::UpperBound));
         }
         let conv = self.conversion;
         let (ld, order, r) = self.minimise(
@@ -1187,7 +1177,7 @@ impl Accountant for RdpAccountant {
         // δ below the f64 range is reported as the smallest positive double above it (a
         // provable bound), never as 0; ln δ is kept in the details.
         let (delta, underflow) = crate::numeric::exp_upper(ld);
-        let mut res = AccountResult::new(AccountantKind::Rdp, epsilon, delta.min(1.0), BoundKind::UpperBound)
+        let mut res = Evidence::of(AccountantKind::Rdp, epsilon, delta.min(1.0), BoundKind::UpperBound)
             .with_detail("rdp_order", order)
             .with_detail("rdp", r)
             .with_detail("log_delta", ld);

@@ -36,93 +36,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AccountResult, AccountantKind, BoundKind};
+use super::{AccountantKind, BoundKind};
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
 
 /// Relative amount by which lower bounds are lowered so rounding cannot raise them.
 const LOWER_DEFLATE: f64 = 1e-9;
 
-/// The one record of "an ε with its kind and evidence": ε at δ, who computed it (an accountant,
-/// or a named closed form or theorem), what kind of number it is (sound upper bound, sound lower
-/// bound, estimate, …) and what it rests on. It carries a verdict's evidence
-/// ([`Decision::evidence`]), every analysis of a [`SoundEpsilon`], and the accounted guarantees
-/// an attack is compared with ([`super::attack_limits::guarantees_for`], with the μ of a μ-GDP
-/// guarantee); [`Evidence::from_result`] reads an accountant's [`AccountResult`] as one.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Evidence {
-    /// Short method name, e.g. `pld`, `rdp`, `gdp`, `delta_floor`, `worst_case_pair`.
-    pub method: String,
-    /// The accountant that computed the number; `None` for a closed form or theorem.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub accountant: Option<AccountantKind>,
-    /// ε (nats); `"inf"` when nothing finite is certified.
-    #[serde(with = "crate::numeric::json")]
-    pub epsilon: f64,
-    /// δ at which ε holds.
-    pub delta: f64,
-    /// `exact`, `upper_bound`, `lower_bound`, `estimate` or `data_dependent`.
-    pub kind: BoundKind,
-    /// What the number rests on (preconditions, witness event, fallbacks).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub note: String,
-    /// μ when the number is the ε of a μ-GDP guarantee (tighter attack limits: Φ(μ/2)).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mu: Option<f64>,
-}
-
-impl Evidence {
-    /// Evidence from a closed form or theorem (no accountant).
-    pub fn new(method: &str, epsilon: f64, delta: f64, kind: BoundKind) -> Self {
-        Evidence {
-            method: method.to_string(),
-            accountant: None,
-            epsilon,
-            delta,
-            kind,
-            note: String::new(),
-            mu: None,
-        }
-    }
-    /// Evidence from an accountant's result, labelled with the accountant that actually
-    /// computed it (a PLD that fell back to RDP is labelled `rdp`).
-    pub(crate) fn from_result(r: &AccountResult) -> Self {
-        let mut e = Evidence::new(r.accountant.as_str(), r.epsilon, r.delta, r.kind);
-        e.accountant = Some(r.accountant);
-        if let Some(d) = r.diagnostics.iter().find(|d| d.code == "pld_fallback_rdp") {
-            e.note = d.message.clone();
-        } else if let Some(order) = r.details.get("rdp_order").or_else(|| r.details.get("order")) {
-            e.note = format!("optimal order α = {order:.4}");
-        }
-        e
-    }
-    /// Sets the note.
-    pub(crate) fn with_note(mut self, note: impl Into<String>) -> Self {
-        self.note = note.into();
-        self
-    }
-    /// Sets the accountant.
-    pub(crate) fn with_accountant(mut self, kind: AccountantKind) -> Self {
-        self.accountant = Some(kind);
-        self
-    }
-    /// True when this is a sound upper bound on ε (exact or upper bound, not NaN).
-    pub(crate) fn is_upper(&self) -> bool {
-        self.kind.is_sound() && !self.epsilon.is_nan()
-    }
-    /// True when this is a sound lower bound on ε (exact or lower bound, not NaN).
-    pub(crate) fn is_lower(&self) -> bool {
-        self.kind.is_lower() && !self.epsilon.is_nan()
-    }
-    /// "ε = 1.23 (pld, upper_bound)" for messages.
-    pub fn describe(&self) -> String {
-        format!("ε = {} ({}, {})", show(self.epsilon), self.source(), self.kind.as_str())
-    }
-    /// The accountant's name, or the method when no accountant computed it.
-    pub fn source(&self) -> &str {
-        self.accountant.map_or(self.method.as_str(), |a| a.as_str())
-    }
-}
+pub use super::Evidence;
 
 /// Everything sound known about ε of one event at one δ.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -416,14 +337,12 @@ pub fn tightest_by<T, F: Fn(&T) -> Option<(f64, BoundKind)>>(
 }
 
 /// The smallest sound ε among accountant results ([`tightest_by`] on ε).
-pub(crate) fn tightest_upper<'a, I: IntoIterator<Item = &'a AccountResult>>(results: I) -> Option<&'a AccountResult> {
+pub(crate) fn tightest_upper<'a, I: IntoIterator<Item = &'a Evidence>>(results: I) -> Option<&'a Evidence> {
     tightest_by(results, |r| Some((r.epsilon, r.kind)))
 }
 
 /// The smallest sound δ among accountant results (a δ(ε) query; [`tightest_by`] on δ).
-pub(crate) fn tightest_upper_delta<'a, I: IntoIterator<Item = &'a AccountResult>>(
-    results: I,
-) -> Option<&'a AccountResult> {
+pub(crate) fn tightest_upper_delta<'a, I: IntoIterator<Item = &'a Evidence>>(results: I) -> Option<&'a Evidence> {
     tightest_by(results, |r| Some((r.delta, r.kind)))
 }
 
@@ -442,12 +361,12 @@ pub fn sound_epsilon(event: &DpEvent, neighbouring: Neighbouring, delta: f64) ->
         }
         match acc.epsilon(event, neighbouring, delta) {
             Ok(r) => {
-                let e = Evidence::from_result(&r);
+                let e = r.cited();
                 // The GDP value is exact: it is also the best lower bound (rounded down).
                 if r.kind == BoundKind::Exact && r.epsilon.is_finite() {
                     s.push(
                         Evidence::new("gdp_exact_lower", lower_round(r.epsilon), delta, BoundKind::LowerBound)
-                            .with_accountant(r.accountant)
+                            .with_accountant(kind)
                             .with_note("the exact GDP value, rounded down"),
                     );
                 }
@@ -470,8 +389,9 @@ pub(crate) fn add_clt_estimate(s: &mut SoundEpsilon, event: &DpEvent) {
         .and_then(|_| acc.epsilon(event, s.neighbouring, s.delta))
     {
         Ok(r) => {
-            let e =
-                Evidence::from_result(&r).with_note("CLT (Dong, Roth & Su 2022, Thm 3.5): an estimate, never a bound");
+            let e = r
+                .cited()
+                .with_note("CLT (Dong, Roth & Su 2022, Thm 3.5): an estimate, never a bound");
             s.push(e);
         }
         Err(e) => s.unavailable.push(prefixed(AccountantKind::Clt, &e.message)),

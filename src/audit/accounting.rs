@@ -4,7 +4,7 @@
 //! and `check` (the budget verdict is decided in [`super::check`]); `report/` only models and
 //! exports what this computes.
 
-use crate::accountants::{gdp, AccountResult, Accountant, AccountantKind, BoundKind};
+use crate::accountants::{gdp, Accountant, AccountantKind, BoundKind, Evidence};
 use crate::error::Result;
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::report::plot::{self, Series};
@@ -53,7 +53,7 @@ pub(crate) fn account_event(
 
     let mut accountants: Vec<Box<dyn Accountant>> = Vec::new();
     // ε at every δ of the plots, from the same composition as the headline ε.
-    let mut curves: Vec<Vec<Result<AccountResult>>> = Vec::new();
+    let mut curves: Vec<Vec<Result<Evidence>>> = Vec::new();
     for &k in kinds {
         let acc = k.build();
         tick(k.as_str());
@@ -82,7 +82,7 @@ pub(crate) fn account_event(
             "estimate_not_a_bound",
             format!(
                 "the {} result (ε = {}) is an estimate, not a guarantee; budgets are checked against sound bounds only",
-                clt.accountant.as_str(),
+                clt.source(),
                 crate::report::export::fmt_num(clt.epsilon)
             ),
             false,
@@ -303,7 +303,7 @@ pub(crate) fn add_trajectory(report: &mut Report, mu: &[f64], delta: f64) -> Res
 fn add_profile_plots(
     report: &mut Report,
     accountants: &[Box<dyn Accountant>],
-    curves: Vec<Vec<Result<AccountResult>>>,
+    curves: Vec<Vec<Result<Evidence>>>,
     tick: &mut dyn FnMut(&str),
 ) {
     let mut eps_series = Vec::new();
@@ -323,7 +323,7 @@ fn add_profile_plots(
             }
         }
         let Some(kind) = kind else { continue };
-        let headline: Option<&AccountResult> = report.results.iter().find(|r| r.accountant == acc.kind());
+        let headline: Option<&Evidence> = report.results.iter().find(|r| r.is_from(acc.kind()));
         let mu = headline.and_then(|r| r.details.get("mu").copied());
         let name = format!("{} ({})", acc.kind().as_str(), kind.describe());
         match (acc.kind(), mu) {

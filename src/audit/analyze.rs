@@ -364,7 +364,7 @@ pub(crate) fn build_report(
     config_path: &std::path::Path,
     command: &str,
 ) -> Result<Report> {
-    use crate::accountants::AccountResult;
+    use crate::accountants::Evidence;
     use crate::config::sampler::DensityConfig;
     let mut r = Report::new(format!("Diffusion sampling analysis: {}", a.name), command).for_command("analyze");
     r.add_input("sampler config", config_path)?;
@@ -395,7 +395,7 @@ pub(crate) fn build_report(
     for l in &a.accountants {
         match (l.epsilon(), l.kind()) {
             (Some(eps), Some(kind)) => {
-                let mut res = AccountResult::new(l.accountant, eps, l.delta, kind);
+                let mut res = Evidence::of(l.accountant, eps, l.delta, kind);
                 if let Some(mu) = l.mu() {
                     res = res.with_detail("mu", mu);
                 }

@@ -317,7 +317,9 @@ pub fn execute(request: &DpSgdRequest, progress: &Progress) -> Result<super::Out
         eprintln!("warning: {w}");
         warnings.push(w.clone());
     }
-    let kind = c.result.accountant;
+    // The accountant that answered (a PLD that fell back names RDP); the plan's when no
+    // accountant did, which the calibration search never returns.
+    let kind = c.result.accountant.unwrap_or(kind);
     let mut rep = to_report(
         &Plan {
             accountant: kind,

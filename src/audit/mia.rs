@@ -5,10 +5,10 @@
 pub mod plan;
 pub use plan::{execute, finish, MiaRun, Request};
 
-use crate::accountants::{sound, AccountResult, AccountantKind, BoundKind};
+use crate::accountants::{sound, AccountantKind, BoundKind, Evidence};
 use crate::attacks::mia::{AttackKind, AttackResult, Target};
 use crate::attacks::pipeline::{MiaReport, Table2Row};
-use crate::attacks::theory::{self, Evidence};
+use crate::attacks::theory;
 use crate::report::export::fmt_num;
 use crate::report::{plot, Axis, Cell, Column, LegendPosition, LineStyle, Plot, Report, Scale, Series, Table};
 
@@ -104,8 +104,8 @@ pub(crate) fn to_report(m: &MiaReport, command: &str) -> Report {
             else {
                 continue;
             };
-            let mut res = AccountResult::new(acc, g.epsilon, g.delta, g.kind).for_mechanism("checkpoint");
-            if let Some(mu) = g.mu {
+            let mut res = Evidence::of(acc, g.epsilon, g.delta, g.kind).for_mechanism("checkpoint");
+            if let Some(mu) = g.mu() {
                 res = res.with_detail("mu", mu);
             }
             if g.source() == theory::NO_AMPLIFICATION {

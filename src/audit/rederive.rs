@@ -62,11 +62,7 @@ fn check_mia_tables(rep: &Report) -> Result<()> {
         .results
         .iter()
         .filter(|r| r.kind.is_sound())
-        .map(|r| {
-            let mut g = Evidence::from_result(r);
-            g.mu = r.details.get("mu").copied();
-            g
-        })
+        .map(Evidence::cited)
         .collect();
     let limits = crate::attacks::mia::limits(&gs);
     let col = |t: &Table, name: &str| t.columns.iter().position(|c| c.name == name);

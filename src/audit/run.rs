@@ -209,7 +209,7 @@ fn run_epsilon_line(r: &Report) -> String {
             "epsilon of this run = {} at delta = {} ({}, {}: the ledger's event, as `dpaudit account --event ledger.toml` gives it)",
             num::fmt_num(res.epsilon),
             num::fmt_num(res.delta),
-            res.accountant.as_str(),
+            res.source(),
             res.kind.as_str()
         ),
         None => "epsilon of this run: no accountant gives a sound bound for its ledger".into(),
@@ -270,7 +270,7 @@ fn finish<R: Serialize>(
         if let Some(res) = report.sound_epsilon() {
             o.insert("epsilon".into(), res.epsilon.into());
             o.insert("delta".into(), res.delta.into());
-            o.insert("epsilon_accountant".into(), res.accountant.as_str().into());
+            o.insert("epsilon_accountant".into(), res.source().into());
         }
         // The budget's own charge (an upper bound of `epsilon`, used only to refuse releases).
         if let Some(spent) = o

@@ -73,7 +73,7 @@ pub(crate) fn kind_words(k: BoundKind) -> String {
 }
 
 /// The headline: the smallest sound ε (`by_eps`) or δ among the results.
-fn headline(r: &Report, by_eps: bool) -> Option<&crate::accountants::AccountResult> {
+fn headline(r: &Report, by_eps: bool) -> Option<&crate::accountants::Evidence> {
     use crate::accountants::sound::{tightest_upper, tightest_upper_delta};
     if by_eps {
         tightest_upper(&r.results)
@@ -114,7 +114,7 @@ pub fn account(r: &Report) -> String {
         } else {
             format!("δ = {}", fmt_num(a.delta))
         };
-        let _ = writeln!(s, "  {:<4} {v:<22} {}", a.accountant.as_str(), kind_words(a.kind));
+        let _ = writeln!(s, "  {:<4} {v:<22} {}", a.source(), kind_words(a.kind));
         for d in &a.diagnostics {
             let tag = if d.severe { "WARNING" } else { "note" };
             let _ = writeln!(s, "         {tag} [{}]: {}", d.code, d.message);
@@ -131,7 +131,7 @@ pub fn account(r: &Report) -> String {
                 "Headline (smallest sound ε): ε = {} at δ = {} ({}, {})",
                 fmt_num(h.epsilon),
                 fmt_num(h.delta),
-                h.accountant.as_str(),
+                h.source(),
                 kind_words(h.kind)
             );
             restate_assumptions(&mut s, h);
@@ -142,7 +142,7 @@ pub fn account(r: &Report) -> String {
                 "Headline (smallest sound δ): δ = {} at ε = {} ({}, {})",
                 fmt_num(h.delta),
                 fmt_num(h.epsilon),
-                h.accountant.as_str(),
+                h.source(),
                 kind_words(h.kind)
             );
             restate_assumptions(&mut s, h);
@@ -154,7 +154,7 @@ pub fn account(r: &Report) -> String {
 
 /// Restates, under the headline, every assumption (`assumption_*` diagnostic) the headline's
 /// number rests on that other accountants' numbers do not.
-fn restate_assumptions(s: &mut String, h: &crate::accountants::AccountResult) {
+fn restate_assumptions(s: &mut String, h: &crate::accountants::Evidence) {
     for d in h.diagnostics.iter().filter(|d| d.code.starts_with("assumption_")) {
         let _ = writeln!(s, "  under: {}", d.message);
     }
@@ -212,7 +212,7 @@ pub(crate) fn account_csv(r: &Report) -> crate::Result<Vec<u8>> {
     let head = headline(r, by_eps).map(|a| a.accountant);
     for a in &r.results {
         w.row([
-            a.accountant.as_str().to_string(),
+            a.source().to_string(),
             "ok".into(),
             num::fmt(a.epsilon),
             num::fmt(a.delta),

@@ -11,11 +11,10 @@ use crate::data::{Dataset, SplitManifest};
 use crate::diffusion::schedule::table::TrainingScheduleConfig;
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
-use crate::models::diffusers_train::UnetCard;
-use crate::models::toy::checkpoint::Card;
 use crate::models::toy::run::Rapid;
 use crate::models::toy::ModelConfig;
-use crate::models::train::{Plan as TrainPlan, Role, Trained};
+use crate::models::train::{Plan as TrainPlan, Role};
+use crate::models::unet2d::precision::Precision;
 use crate::report::export::fmt_num;
 use crate::report::{self, Conclusion, Report};
 
@@ -258,14 +257,47 @@ pub fn execute(plan: &Plan) -> Result<super::Outcome> {
             let o =
                 crate::models::toy::run::run(&plan.train, &toy.model, toy.schedule, toy.rapid, &device, &device_name)?;
             let card_path = o.layout.path(Role::Card);
-            let mut r = report(&o.card, &card_path, o.event.as_ref())?;
-            r.fact("backend", o.backend);
+            let ledger = o.card.dp.as_ref().map(|dp| dp.ledger.clone()).unwrap_or_default();
+            let c = &o.card;
+            let r = report(
+                &Written {
+                    model: "A denoiser",
+                    attack: "checkpoint",
+                    place: &card_path,
+                    input: ("checkpoint card", card_path.clone()),
+                    architecture: None,
+                    parameters: c.parameters,
+                    data: &c.data,
+                    training: &c.training,
+                    dp: c.dp.as_ref(),
+                    ledger,
+                    account_with_event: true,
+                },
+                o.event.as_ref(),
+                o.backend,
+            )?;
             (r, o.lines)
         }
         Model::Unet(unet) => {
             let o = crate::models::diffusers_train::run(&plan.train, &unet.unet, unet.schedule, &device, &device_name)?;
-            let mut r = unet_report(&o)?;
-            r.fact("backend", o.backend);
+            let (c, dir) = (&o.card, &o.layout.dir);
+            let r = report(
+                &Written {
+                    model: "A diffusers UNet2DModel",
+                    attack: "folder",
+                    place: dir,
+                    input: ("card", dir.join(crate::models::folder::CARD)),
+                    architecture: Some(&c.architecture),
+                    parameters: c.parameters,
+                    data: &c.data,
+                    training: &c.training,
+                    dp: c.dp.as_ref(),
+                    ledger: dir.join(crate::models::folder::LEDGER).display().to_string(),
+                    account_with_event: false,
+                },
+                o.event.as_ref(),
+                o.backend,
+            )?;
             (r, o.lines)
         }
     };
@@ -277,13 +309,45 @@ pub fn execute(plan: &Plan) -> Result<super::Outcome> {
     Ok(super::Outcome::new(rep, text))
 }
 
-/// The report of a training run whose card was written to `card_path`.
-pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result<Report> {
-    let mut r = Report::new(format!("Training: {}", card_path.display()), report::command_line()).for_command("train");
-    r.seed = card.training.seed;
-    r.add_input("checkpoint card", card_path)?;
-    training_facts(&mut r, card.parameters, &card.data, &card.training);
-    let guarantee = match (&card.dp, ledger) {
+/// What a training report states, read from either family's card (the 8×8 toys' `Card`, the
+/// diffusers folder's `UnetCard`).
+struct Written<'a> {
+    /// The conclusion's subject ("A denoiser", "A diffusers UNet2DModel").
+    model: &'a str,
+    /// What `dpaudit mia` attacks ("checkpoint", "folder").
+    attack: &'a str,
+    /// Where the model went (the card, or the folder).
+    place: &'a Path,
+    /// The input the report names: label and path.
+    input: (&'a str, PathBuf),
+    /// The diffusers architecture, when there is one.
+    architecture: Option<&'a str>,
+    parameters: usize,
+    data: &'a crate::models::card::DataInfo,
+    training: &'a crate::models::card::TrainingInfo,
+    dp: Option<&'a crate::models::card::DpInfo>,
+    /// The ledger as the report names it.
+    ledger: String,
+    /// The ledger is an event file that `dpaudit account --event` reads (the toys' ledger);
+    /// the folder's ledger is checked through the folder.
+    account_with_event: bool,
+}
+
+/// The report of a training run of either family: the training facts (size, rows, optimiser,
+/// device, backend, precision, randomness, losses), the ledger as the report's event, and the
+/// conclusion.
+fn report(w: &Written, ledger: Option<&DpEvent>, backend: &str) -> Result<Report> {
+    let mut r = Report::new(format!("Training: {}", w.place.display()), report::command_line()).for_command("train");
+    r.seed = w.training.seed;
+    r.add_input(w.input.0, &w.input.1)?;
+    if let Some(a) = w.architecture {
+        r.fact("architecture", a.to_string());
+    }
+    training_facts(&mut r, w.parameters, w.data, w.training);
+    // Training computes in fp32 on every backend (the fp32 per-sample gradients and Adam);
+    // the forward's precision choice (`--precision`) belongs to `mia` and `model eval`.
+    r.fact("backend", backend).fact("precision", Precision::Fp32.as_str());
+    let guarantee = match (w.dp, ledger) {
         (Some(dp), Some(ev)) => {
             r.event = Some(ev.clone());
             r.delta = Some(dp.delta);
@@ -291,36 +355,46 @@ pub fn report(card: &Card, card_path: &Path, ledger: Option<&DpEvent>) -> Result
             r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
             r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
                 .fact("clip norm C", fmt_num(dp.clip))
-                .fact("ledger", dp.ledger.clone());
+                .fact("ledger", w.ledger.clone());
             let spent = match (dp.epsilon, &dp.epsilon_accountant) {
                 (Some(e), Some(acc)) => {
                     format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))
                 }
                 _ => String::new(),
             };
+            let how = if w.account_with_event {
+                format!(
+                    ": account it with `dpaudit account --event {} --delta {}` for every accountant",
+                    w.ledger,
+                    fmt_num(dp.delta)
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event: account it \
-with `dpaudit account --event {} --delta {}` for every accountant.",
+                "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event{how}.",
                 fmt_num(dp.noise_multiplier),
                 fmt_num(dp.clip),
                 fmt_num(dp.sample_rate),
                 dp.steps,
-                dp.ledger,
-                dp.ledger,
-                fmt_num(dp.delta)
+                w.ledger,
             )
         }
         _ => "None: trained without differential privacy.".into(),
     };
     r.conclusion = Some(Conclusion {
         audited: format!(
-            "A denoiser trained on {} rows ({}), written to `{}`.",
-            card.data.rows,
-            card.data.file,
-            card_path.display()
+            "{} trained on {} rows ({}), written to `{}`.",
+            w.model,
+            w.data.rows,
+            w.data.file,
+            w.place.display()
         ),
         guarantee,
-        verdict: "No budget or claim was checked; attack the checkpoint with `dpaudit mia`.".into(),
+        verdict: format!(
+            "No budget or claim was checked; attack the {} with `dpaudit mia`.",
+            w.attack
+        ),
         estimates: "The losses are measurements on fixed evaluation draws, not privacy numbers.".into(),
     });
     Ok(r)
@@ -388,55 +462,6 @@ pub fn prepare_unet(p: &UnetPreflight) -> Result<Option<ed25519_dalek::SigningKe
         None => {}
     }
     Ok(sign_key)
-}
-
-/// The shared report of a `train --unet` run.
-pub(crate) fn unet_report(o: &Trained<UnetCard>) -> Result<Report> {
-    let card = &o.card;
-    let dir = &o.layout.dir;
-    let mut r = Report::new(format!("Training: {}", dir.display()), report::command_line()).for_command("train");
-    r.seed = card.training.seed;
-    r.add_input("card", &dir.join(crate::models::folder::CARD))?;
-    r.fact("architecture", card.architecture.clone());
-    training_facts(&mut r, card.parameters, &card.data, &card.training);
-    let guarantee = match (&card.dp, &o.event) {
-        (Some(dp), Some(ev)) => {
-            r.event = Some(ev.clone());
-            r.delta = Some(dp.delta);
-            r.assumptions.neighbouring = Some(Neighbouring::AddRemove);
-            r.assumptions.sampling = Some(format!("Poisson, q = {}", fmt_num(dp.sample_rate)));
-            r.fact("noise multiplier σ", fmt_num(dp.noise_multiplier))
-                .fact("clip norm C", fmt_num(dp.clip))
-                .fact("ledger", dir.join(crate::models::folder::LEDGER).display().to_string());
-            let spent = match (dp.epsilon, &dp.epsilon_accountant) {
-                (Some(e), Some(acc)) => {
-                    format!("ε = {} at δ = {} ({acc}, upper bound); ", fmt_num(e), fmt_num(dp.delta))
-                }
-                _ => String::new(),
-            };
-            format!(
-                "{spent}Trained with DP-SGD (σ = {}, C = {}, q = {}, {} steps); the ledger {} records the event.",
-                fmt_num(dp.noise_multiplier),
-                fmt_num(dp.clip),
-                fmt_num(dp.sample_rate),
-                dp.steps,
-                dir.join(crate::models::folder::LEDGER).display()
-            )
-        }
-        _ => "None: trained without differential privacy.".into(),
-    };
-    r.conclusion = Some(Conclusion {
-        audited: format!(
-            "A diffusers UNet2DModel trained on {} rows ({}), written to `{}`.",
-            card.data.rows,
-            card.data.file,
-            dir.display()
-        ),
-        guarantee,
-        verdict: "No budget or claim was checked; attack the folder with `dpaudit mia`.".into(),
-        estimates: "The losses are measurements on fixed evaluation draws, not privacy numbers.".into(),
-    });
-    Ok(r)
 }
 
 /// The facts every training report states: size, rows, optimiser, device, randomness, and the
@@ -554,7 +579,7 @@ pub fn resolve_opacus(
             fmt_num(delta),
             fmt_num(q),
             fmt_num(c.result.epsilon),
-            c.result.accountant.as_str(),
+            c.result.source(),
             c.result.kind.as_str(),
             why.map_or(String::new(), |w| format!("; {w}"))
         ));

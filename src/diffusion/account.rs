@@ -18,7 +18,7 @@ use super::schedule::{steps as make_steps, Convention, Step};
 use super::sensitivity::log_mu;
 use super::sensitivity::{mu_constant, roles, StepRole};
 use crate::accountants::sound::Evidence;
-use crate::accountants::{gdp, AccountResult, AccountantKind, BoundKind, Diagnostic};
+use crate::accountants::{gdp, AccountantKind, BoundKind, Diagnostic};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, EventBuilder, Neighbouring};
 #[cfg(feature = "models")]
@@ -450,7 +450,7 @@ impl From<LineRow> for AccountantLine {
                 r.kind.unwrap_or(BoundKind::Estimate),
             )
             .with_accountant(r.accountant);
-            e.mu = r.mu;
+            e.set_mu(r.mu);
             e.note = r.note.unwrap_or_default();
             e
         });
@@ -484,7 +484,7 @@ impl AccountantLine {
         diagnostics: Vec<Diagnostic>,
     ) -> Self {
         let mut e = Evidence::new(a.as_str(), epsilon, delta, kind).with_accountant(a);
-        e.mu = mu;
+        e.set_mu(mu);
         AccountantLine {
             accountant: a,
             delta,
@@ -493,9 +493,17 @@ impl AccountantLine {
             diagnostics,
         }
     }
-    fn from_result(r: AccountResult) -> Self {
-        let mu = r.details.get("mu").copied();
-        AccountantLine::number(r.accountant, r.epsilon, r.delta, r.kind, mu, r.diagnostics)
+    /// The line of accountant `a`'s answer, labelled with the accountant that computed it (a PLD
+    /// that fell back names RDP); the answer's diagnostics become the line's.
+    fn from_result(a: AccountantKind, mut r: Evidence) -> Self {
+        let diagnostics = std::mem::take(&mut r.diagnostics);
+        AccountantLine {
+            accountant: r.accountant.unwrap_or(a),
+            delta: r.delta,
+            evidence: Some(r),
+            status: LineStatus::Ok,
+            diagnostics,
+        }
     }
     /// ε at `delta`; None when unavailable.
     pub fn epsilon(&self) -> Option<f64> {
@@ -507,7 +515,7 @@ impl AccountantLine {
     }
     /// The μ behind the number (GDP μ, CLT μ) when there is one.
     pub fn mu(&self) -> Option<f64> {
-        self.evidence.as_ref().and_then(|e| e.mu)
+        self.evidence.as_ref().and_then(Evidence::mu)
     }
     /// Extra explanation shown with the line.
     pub fn note(&self) -> Option<&str> {
@@ -545,9 +553,9 @@ pub fn gdp_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64)
     let ev = event_from_mus(mus, 1.0, samples);
     match AccountantKind::Gdp.build().epsilon(&ev, nb, delta) {
         Ok(r) => {
-            let mut l = AccountantLine::from_result(r);
-            if let Some(e) = l.evidence.as_mut().filter(|e| e.mu.is_none()) {
-                e.mu = Some(full_batch_mu(mus, samples));
+            let mut l = AccountantLine::from_result(AccountantKind::Gdp, r);
+            if let Some(e) = l.evidence.as_mut().filter(|e| e.mu().is_none()) {
+                e.set_mu(Some(full_batch_mu(mus, samples)));
             }
             if p < 1.0 {
                 l.relabel(BoundKind::UpperBound, Some(NO_AMPLIFICATION_NOTE));
@@ -613,7 +621,7 @@ pub fn clt_line(mus: &[f64], p: f64, samples: u64, nb: Neighbouring, delta: f64)
     }
     let ev = event_from_mus(mus, p, samples);
     let line = match AccountantKind::Clt.build().epsilon(&ev, nb, delta) {
-        Ok(r) => AccountantLine::from_result(r),
+        Ok(r) => AccountantLine::from_result(AccountantKind::Clt, r),
         Err(e) => AccountantLine::unavailable(AccountantKind::Clt, delta, e),
     };
     finish_clt(line, mus, p, samples, delta)
@@ -684,7 +692,7 @@ pub fn bound_line(
 ) -> AccountantLine {
     let ev = event_from_mus(mus, p, samples);
     match a.build().epsilon(&ev, nb, delta) {
-        Ok(r) => AccountantLine::from_result(r),
+        Ok(r) => AccountantLine::from_result(a, r),
         Err(e) => AccountantLine::unavailable(a, delta, e),
     }
 }

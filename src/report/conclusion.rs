@@ -326,7 +326,7 @@ pub fn derive(r: &Report) -> Conclusion {
             "{} has no differential-privacy guarantee: ε = ∞ at every δ < 1 ({} from the {} accountant){}.",
             subject(r),
             kind_words(s.kind),
-            s.accountant.as_str(),
+            s.source(),
             s.non_private_note()
         ),
         Some(s) => format!(
@@ -336,7 +336,7 @@ pub fn derive(r: &Report) -> Conclusion {
             fmt_num(s.delta),
             under(r),
             kind_words(s.kind),
-            s.accountant.as_str(),
+            s.source(),
             attack_limits_line(r).unwrap_or_else(|| scale(s.epsilon, s.delta))
         ),
         None if r.audit == "mia" && r.tables.iter().any(|t| t.id == "attacks") => {
@@ -386,7 +386,7 @@ pub fn derive(r: &Report) -> Conclusion {
         .results
         .iter()
         .filter(|x| matches!(x.kind, BoundKind::Estimate | BoundKind::DataDependent))
-        .map(|x| format!("{} (ε = {})", x.accountant.as_str(), fmt_num(x.epsilon)))
+        .map(|x| format!("{} (ε = {})", x.source(), fmt_num(x.epsilon)))
         .collect();
     for e in table_estimates(r) {
         if !estimates.contains(&e) {
@@ -426,19 +426,15 @@ pub fn derive(r: &Report) -> Conclusion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accountants::{AccountResult, AccountantKind};
+    use crate::accountants::{AccountantKind, Evidence};
 
     #[test]
     fn names_the_sound_bound_and_the_estimate() {
         let mut r = Report::new("Privacy budget check: x.toml", "dpaudit check x.toml");
         r.results
-            .push(AccountResult::new(AccountantKind::Clt, 0.5, 1e-5, BoundKind::Estimate));
-        r.results.push(AccountResult::new(
-            AccountantKind::Pld,
-            0.8,
-            1e-5,
-            BoundKind::UpperBound,
-        ));
+            .push(Evidence::of(AccountantKind::Clt, 0.5, 1e-5, BoundKind::Estimate));
+        r.results
+            .push(Evidence::of(AccountantKind::Pld, 0.8, 1e-5, BoundKind::UpperBound));
         let c = derive(&r);
         assert!(
             c.guarantee.contains("ε = 0.8") && c.guarantee.contains("pld"),

@@ -202,7 +202,7 @@ pub(crate) fn results_table(report: &Report) -> Table {
         .iter()
         .map(|r| {
             let mut row = vec![
-                Cell::from(r.accountant.as_str()),
+                Cell::from(r.source()),
                 Cell::from(r.kind.as_str()),
                 Cell::Num(r.epsilon),
                 Cell::Num(r.delta),
@@ -376,7 +376,7 @@ pub fn to_text(r: &Report) -> String {
         let _ = writeln!(
             s,
             "  {:<4} ε = {} at δ = {} ({})",
-            a.accountant.as_str(),
+            a.source(),
             fmt_num(a.epsilon),
             fmt_num(a.delta),
             kind_label(a.kind)
@@ -500,7 +500,7 @@ pub(crate) fn markdown(r: &Report, images: Images) -> Result<String> {
                 let _ = writeln!(
                     s,
                     "| {} | {} | {} | {} | {} |",
-                    a.accountant.as_str(),
+                    a.source(),
                     fmt_num(a.epsilon),
                     fmt_num(a.delta),
                     kind_label(a.kind),
@@ -524,14 +524,14 @@ pub(crate) fn markdown(r: &Report, images: Images) -> Result<String> {
         .chain(
             r.results
                 .iter()
-                .flat_map(|a| a.diagnostics.iter().map(move |d| (Some(a.accountant), d))),
+                .flat_map(|a| a.diagnostics.iter().map(move |d| (Some(a.source()), d))),
         )
         .collect();
     if !diags.is_empty() {
         let _ = writeln!(s, "## Warnings\n");
         for (acc, d) in diags {
             let sev = if d.severe { "**severe** " } else { "" };
-            let who = acc.map(|a| format!("{}: ", a.as_str())).unwrap_or_default();
+            let who = acc.map(|a| format!("{a}: ")).unwrap_or_default();
             let _ = writeln!(s, "- {sev}{who}{}: {}", md_code(&d.code), md_text(&d.message));
         }
         s.push('\n');
@@ -881,7 +881,7 @@ pub fn to_html(r: &Report) -> Result<String> {
                 let _ = writeln!(
                     s,
                     "<tr{cls}><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-                    a.accountant.as_str(),
+                    a.source(),
                     fmt_num(a.epsilon),
                     fmt_num(a.delta),
                     kind_label(a.kind),
@@ -911,7 +911,7 @@ pub fn to_html(r: &Report) -> Result<String> {
         .chain(
             r.results
                 .iter()
-                .flat_map(|a| a.diagnostics.iter().map(move |d| (Some(a.accountant), d))),
+                .flat_map(|a| a.diagnostics.iter().map(move |d| (Some(a.source()), d))),
         )
         .collect();
     if !diags.is_empty() {
@@ -922,7 +922,7 @@ pub fn to_html(r: &Report) -> Result<String> {
             } else {
                 ""
             };
-            let who = acc.map(|a| format!("{}: ", a.as_str())).unwrap_or_default();
+            let who = acc.map(|a| format!("{a}: ")).unwrap_or_default();
             let _ = writeln!(
                 s,
                 "<li>{sev}{}<code>{}</code>: {}</li>",

@@ -58,7 +58,7 @@ pub fn to_junit(report: &Report, suite: &str, elapsed_s: f64) -> String {
         let _ = writeln!(
             out_lines,
             "{}: ε = {} at δ = {} ({})",
-            r.accountant.as_str(),
+            r.source(),
             fmt_num(r.epsilon),
             fmt_num(r.delta),
             r.kind.as_str()
@@ -119,7 +119,7 @@ pub(crate) fn to_junit_many(items: &[(String, Checked<'_>)], suite: &str, elapse
                     let _ = writeln!(
                         out_lines,
                         "{name}: {}: ε = {} at δ = {} ({})",
-                        res.accountant.as_str(),
+                        res.source(),
                         fmt_num(res.epsilon),
                         fmt_num(res.delta),
                         res.kind.as_str()

@@ -2,7 +2,7 @@
 //! Markdown, self-contained HTML (plots inline as SVG), CSV (tables) and JSON (the model itself).
 //!
 //! A command builds a `Report` (inputs with SHA-256 hashes, the accounted [`DpEvent`], the
-//! assumptions, each accountant's [`AccountResult`], verdicts, warnings, tables and plot specs),
+//! assumptions, each accountant's [`Evidence`], verdicts, warnings, tables and plot specs),
 //! then hands it to [`export`] (one format, bytes) or [`write_all`] (every format into an
 //! [`output::OutputDir`]). Exporters read only the model, never a command's internals, so a JSON
 //! report read back with [`from_json`] renders to the same Markdown and HTML.
@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::accountants::sound::{self, Evidence};
-use crate::accountants::{AccountResult, AccountantKind, BoundKind, Diagnostic};
+use crate::accountants::{AccountantKind, BoundKind, Diagnostic};
 use crate::error::{Error, Result};
 use crate::events::{DpEvent, Neighbouring};
 
@@ -76,8 +76,8 @@ pub struct Report {
     #[serde(default, with = "num::opt")]
     pub delta: Option<f64>,
     /// Each accountant's answer, with its [`BoundKind`].
-    #[serde(default, with = "results_serde")]
-    pub results: Vec<AccountResult>,
+    #[serde(default)]
+    pub results: Vec<Evidence>,
     /// Accountants that could not account the event, and why.
     #[serde(default)]
     pub skipped: Vec<Skipped>,
@@ -554,7 +554,7 @@ impl Report {
 
     /// The smallest ε among results whose kind is sound (exact or upper bound): the number a
     /// budget may be checked against. `None` when no sound accountant produced a result.
-    pub fn sound_epsilon(&self) -> Option<&AccountResult> {
+    pub fn sound_epsilon(&self) -> Option<&Evidence> {
         crate::accountants::sound::tightest_upper(&self.results)
     }
 
@@ -663,61 +663,6 @@ fn check_id(id: &str) -> Result<()> {
     }
 }
 
-/// Serialises `Vec<AccountResult>` so that non-finite ε/δ (e.g. ε = ∞ for a blatantly
-/// non-private mechanism) survive JSON. Field names mirror [`AccountResult`].
-mod results_serde {
-    use super::*;
-
-    #[derive(Serialize, Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Repr {
-        accountant: AccountantKind,
-        #[serde(with = "num")]
-        epsilon: f64,
-        #[serde(with = "num")]
-        delta: f64,
-        kind: BoundKind,
-        #[serde(default, with = "num::map")]
-        details: BTreeMap<String, f64>,
-        #[serde(default)]
-        diagnostics: Vec<Diagnostic>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mechanism: Option<String>,
-    }
-
-    pub fn serialize<S: serde::Serializer>(v: &[AccountResult], s: S) -> std::result::Result<S::Ok, S::Error> {
-        let reprs: Vec<Repr> = v
-            .iter()
-            .map(|r| Repr {
-                accountant: r.accountant,
-                epsilon: r.epsilon,
-                delta: r.delta,
-                kind: r.kind,
-                details: r.details.clone(),
-                diagnostics: r.diagnostics.clone(),
-                mechanism: r.mechanism.clone(),
-            })
-            .collect();
-        reprs.serialize(s)
-    }
-
-    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
-        d: D,
-    ) -> std::result::Result<Vec<AccountResult>, D::Error> {
-        let reprs: Vec<Repr> = Vec::deserialize(d)?;
-        Ok(reprs
-            .into_iter()
-            .map(|r| {
-                let mut a = AccountResult::new(r.accountant, r.epsilon, r.delta, r.kind);
-                a.details = r.details;
-                a.diagnostics = r.diagnostics;
-                a.mechanism = r.mechanism;
-                a
-            })
-            .collect())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,7 +703,7 @@ mod tests {
         let mut r = Report::new("t", "dpaudit test");
         r.delta = Some(1e-5);
         r.results.push(
-            AccountResult::new(AccountantKind::Pld, f64::INFINITY, 1e-5, BoundKind::UpperBound)
+            Evidence::of(AccountantKind::Pld, f64::INFINITY, 1e-5, BoundKind::UpperBound)
                 .with_detail("mu", f64::INFINITY),
         );
         r.tables.push(Table {
@@ -783,21 +728,13 @@ mod tests {
     fn sound_epsilon_ignores_estimates() {
         let mut r = Report::new("t", "x");
         r.results
-            .push(AccountResult::new(AccountantKind::Clt, 0.5, 1e-5, BoundKind::Estimate));
-        r.results.push(AccountResult::new(
-            AccountantKind::Rdp,
-            1.4,
-            1e-5,
-            BoundKind::UpperBound,
-        ));
-        r.results.push(AccountResult::new(
-            AccountantKind::Pld,
-            0.8,
-            1e-5,
-            BoundKind::UpperBound,
-        ));
+            .push(Evidence::of(AccountantKind::Clt, 0.5, 1e-5, BoundKind::Estimate));
+        r.results
+            .push(Evidence::of(AccountantKind::Rdp, 1.4, 1e-5, BoundKind::UpperBound));
+        r.results
+            .push(Evidence::of(AccountantKind::Pld, 0.8, 1e-5, BoundKind::UpperBound));
         let s = r.sound_epsilon().unwrap();
-        assert_eq!(s.accountant, AccountantKind::Pld);
+        assert_eq!(s.accountant, Some(AccountantKind::Pld));
         r.results.retain(|x| x.kind == BoundKind::Estimate);
         assert!(r.sound_epsilon().is_none());
     }

@@ -839,6 +839,31 @@ const PLANS_OUTSIDE_AUDIT: &[&str] = &[
     "attacks/shard.rs",
 ];
 
+/// The structs of `code` with an `epsilon: f64` field beside a `BoundKind` field (top-level
+/// fields of the struct's body).
+fn eps_records(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("pub struct ") {
+        let rest = &code[i + "pub struct ".len()..];
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let Some(open) = rest.find('{').filter(|&o| !rest[..o].contains(';')) else {
+            continue;
+        };
+        let body = &rest[open..];
+        let body = &body[..body.find("\n}").unwrap_or(body.len())];
+        let has_eps = body
+            .lines()
+            .any(|l| l.trim_start().trim_start_matches("pub ").starts_with("epsilon: f64"));
+        let has_kind = body
+            .lines()
+            .any(|l| l.contains(": BoundKind") || l.contains(": Option<BoundKind>"));
+        if has_eps && has_kind {
+            out.push(name);
+        }
+    }
+    out
+}
+
 /// The layering, measured (see the section's comment). What each rule caught when it was
 /// added: `report/build.rs` and `report/rederive.rs` built accountants and ran them (now
 /// `audit/accounting.rs`, `audit/rederive/consistency.rs`); `api.rs` ran the calibration search
@@ -859,6 +884,7 @@ fn decisions_are_made_where_the_design_says() {
     let mut plans_seen = std::collections::BTreeSet::new();
     let mut domain_seen = std::collections::BTreeSet::new();
     let mut checked_exit_fn = false;
+    let mut records: Vec<String> = Vec::new();
     for (rel, text, code) in &files {
         let rel = rel.as_str();
         let binary = rel == "main.rs" || rel.starts_with("cli/");
@@ -1000,6 +1026,9 @@ fn decisions_are_made_where_the_design_says() {
                 ));
             }
         }
+        // One record of an ε with its kind (`accountants::Evidence`): no other struct holds an
+        // ε beside a BoundKind (views hold the record instead).
+        records.extend(eps_records(code).into_iter().map(|n| format!("{rel}: {n}")));
         // Command plans are application-layer types.
         let defines_plan = code.lines().any(|l| {
             let l = l.trim_start();
@@ -1015,6 +1044,11 @@ fn decisions_are_made_where_the_design_says() {
                 problems.push(format!("{rel}: defines a command plan outside audit/"));
             }
         }
+    }
+    if records != ["accountants/mod.rs: Evidence"] {
+        problems.push(format!(
+            "records of an ε with its kind: {records:?}; one (accountants::Evidence), views hold it"
+        ));
     }
     if budget_callers.len() != 1 {
         problems.push(format!(
@@ -1066,4 +1100,7 @@ fn architecture_measures_count_what_they_say() {
         ],
         "{code}"
     );
+    let recs = "pub struct A {\n    pub epsilon: f64,\n    pub kind: BoundKind,\n}\npub struct B {\n    pub evidence: Option<A>,\n    \
+                pub epsilon: f64,\n}\npub struct C;\npub struct D {\n    epsilon: f64,\n    kind: Option<BoundKind>,\n}\n";
+    assert_eq!(eps_records(recs), ["A", "D"]);
 }

@@ -19,7 +19,7 @@ fn all() -> Vec<(AccountantKind, Box<dyn Accountant>)> {
 
 /// ε if the accountant supports the event; `None` if it refuses it as unsupported. Any other
 /// error fails the test.
-fn eps(acc: &dyn Accountant, ev: &DpEvent, delta: f64) -> Option<dpaudit::accountants::AccountResult> {
+fn eps(acc: &dyn Accountant, ev: &DpEvent, delta: f64) -> Option<dpaudit::accountants::Evidence> {
     if let Err(e) = acc.supports(ev, NB) {
         assert_eq!(e.kind, ErrorKind::Unsupported, "{:?}: {e}", acc.kind());
         return None;
@@ -30,10 +30,10 @@ fn eps(acc: &dyn Accountant, ev: &DpEvent, delta: f64) -> Option<dpaudit::accoun
             // with exact GDP, PLD falls back to RDP where it has no bound (issue: honest labels).
             let fallback = matches!(
                 (acc.kind(), r.accountant),
-                (AccountantKind::Clt, AccountantKind::Gdp) | (AccountantKind::Pld, AccountantKind::Rdp)
+                (AccountantKind::Clt, Some(AccountantKind::Gdp)) | (AccountantKind::Pld, Some(AccountantKind::Rdp))
             );
             assert!(
-                r.accountant == acc.kind() || fallback,
+                r.accountant == Some(acc.kind()) || fallback,
                 "{:?} answered as {:?}",
                 acc.kind(),
                 r.accountant

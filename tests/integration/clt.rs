@@ -222,7 +222,7 @@ fn full_batch_reduces_to_gdp() {
     let mu = (40.0 * 0.09f64 + 2.25).sqrt();
     assert_eq!(res.kind, BoundKind::Exact);
     // The number is the exact GDP composition: it is labelled gdp, never "clt exact".
-    assert_eq!(res.accountant, dpaudit::accountants::AccountantKind::Gdp);
+    assert_eq!(res.accountant, Some(dpaudit::accountants::AccountantKind::Gdp));
     assert!(rel(res.epsilon, gdp::epsilon_for_delta(mu, DELTA).unwrap()) < 1e-12);
     // Mixed: the full-batch part adds μ² to the CLT μ², and the answer is an estimate.
     let mixed = DpEvent::Composed {

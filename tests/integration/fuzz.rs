@@ -250,7 +250,7 @@ fn fixtures(dir: &str) -> Vec<(PathBuf, String)> {
     v
 }
 
-fn check_result(r: &dpaudit::accountants::AccountResult) -> Result<(), TestCaseError> {
+fn check_result(r: &dpaudit::accountants::Evidence) -> Result<(), TestCaseError> {
     prop_assert!(!r.epsilon.is_nan() && r.epsilon >= 0.0, "ε = {}", r.epsilon);
     prop_assert!((0.0..=1.0).contains(&r.delta), "δ = {}", r.delta);
     Ok(())

@@ -149,7 +149,7 @@ fn check_verdicts(rep: &Report) -> Result<()> {
             ));
         }
         if let (Some(acc), Some(e)) = (v.accountant(), v.epsilon()) {
-            let same: Vec<_> = rep.results.iter().filter(|r| r.accountant == acc).collect();
+            let same: Vec<_> = rep.results.iter().filter(|r| r.is_from(acc)).collect();
             if same.is_empty() && rep.audit != "verify" {
                 return Err(refuse(
                     f("accountant"),
@@ -219,7 +219,7 @@ fn full_batch(ev: &DpEvent) -> DpEvent {
 fn check_results(rep: &Report) -> Result<()> {
     for (i, r) in rep.results.iter().enumerate() {
         let field = |name: &str| format!("results[{i}].{name}");
-        let who = r.accountant.as_str();
+        let who = r.source();
         if !(r.delta > 0.0 && r.delta < 1.0) {
             return Err(refuse(
                 field("delta"),
@@ -246,18 +246,24 @@ fn check_results(rep: &Report) -> Result<()> {
         // A guarantee that ignores subsampling amplification (`mia`'s checkpoint ledger, `analyze`
         // at p < 1): derived again the same way.
         let no_amplification = r.details.contains_key("no_amplification");
+        let Some(acc) = r.accountant else {
+            return Err(refuse(
+                field("accountant"),
+                format!(
+                    "{who} ε = {} names no accountant, so it cannot be derived again",
+                    r.epsilon
+                ),
+            ));
+        };
         let again = if no_amplification {
             // The same accountant on the event with its Poisson sampling removed: a sound upper
             // bound (subsampling only adds privacy, C_p(G_μ) ≥ G_μ), labelled as one.
-            r.accountant
-                .build()
-                .epsilon(&full_batch(event), nb, r.delta)
-                .map(|mut a| {
-                    a.kind = BoundKind::UpperBound;
-                    a
-                })
+            acc.build().epsilon(&full_batch(event), nb, r.delta).map(|mut a| {
+                a.kind = BoundKind::UpperBound;
+                a
+            })
         } else {
-            r.accountant.build().epsilon(event, nb, r.delta)
+            acc.build().epsilon(event, nb, r.delta)
         };
         let again = again.map_err(|e| {
             refuse(
@@ -279,7 +285,7 @@ fn check_results(rep: &Report) -> Result<()> {
                 ),
             ));
         }
-        let ok = if r.accountant == AccountantKind::Pld {
+        let ok = if r.is_from(AccountantKind::Pld) {
             // The PLD depends on discretisation flags a report does not record.
             let tol = 0.1;
             (r.epsilon == again.epsilon)
