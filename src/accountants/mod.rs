@@ -192,8 +192,7 @@ pub struct Diagnostic {
 ///
 /// JSON: `method` is always written (the accountant's name or the closed form's), `accountant`
 /// only when one computed the number; ε and δ write ∞ as `"inf"` ([`crate::numeric::json`]);
-/// `details` and `diagnostics` are always present (possibly empty), so a program reading a
-/// report's results finds the same keys every time.
+/// `note`, `details`, `diagnostics` and `mechanism` only when they say something.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(from = "EvidenceRow", into = "EvidenceRow")]
 pub struct Evidence {
@@ -237,9 +236,13 @@ struct EvidenceRow {
     /// Read only: records written before μ moved into `details`.
     #[serde(default, skip_serializing)]
     mu: Option<f64>,
-    #[serde(default, with = "crate::numeric::json::map")]
+    #[serde(
+        default,
+        with = "crate::numeric::json::map",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     details: BTreeMap<String, f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     diagnostics: Vec<Diagnostic>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mechanism: Option<String>,
