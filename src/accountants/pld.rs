@@ -1625,7 +1625,12 @@ impl LeafPower {
             thr_r2: if t <= 1 { 0.0 } else { (-1380.0 / tf).exp() },
             rho: ((tf - 1.0).max(0.0) * CMUL_ERR).exp_m1() * (1.0 + 1e-6),
             infl_m: 1.0 + (2.0 * tf * U).exp_m1() * (1.0 + 1e-6) + 4.0 * U,
-            m_dead: (((DEAD / 16.0).ln() - 1.0) / tf).exp(),
+            // (0, i.e. never, past 2⁵⁰: the argument in `apply` needs e^{4uT} < 8e.)
+            m_dead: if t <= 1 << 50 {
+                (((DEAD / 16.0).ln() - 1.0) / tf).exp()
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -1691,8 +1696,8 @@ impl FourierProduct {
         // (computed with relative error ≤ 3u in the exponent, ≤ 1 ulp in exp: m_dead^T ≤
         // DEAD/16 · e^{−1 + 2e-12 + 2uT}) decides it without the ≈ 2 log₂T products of m^T: the
         // bound below would be ≤ 2 · m^T(1 + u)^{128} · infl_m · (1 + 4u)² < DEAD (infl_m ≤
-        // e^{2uT} + 5u; the argument holds for T ≤ 2⁵⁰, and any count here is far below), so it
-        // would kill the frequency too. Same result, bit for bit.
+        // e^{2uT} + 5u; the argument holds for T ≤ 2⁵⁰, and m_dead is 0 beyond), so it would
+        // kill the frequency too. Same result, bit for bit.
         if m <= lp.m_dead && self.p[k] <= 2.0 {
             self.kill(k);
             return false;
@@ -3748,6 +3753,38 @@ mod tests {
         let fresh = chernoff_window_div(&parts, 4, 1e-14, 1 << 22, None);
         assert_eq!((shared.lower, shared.upper), (fresh.lower, fresh.upper));
         assert_eq!(shared.window_tail_mass, fresh.window_tail_mass);
+    }
+
+    /// The fast kill in `FourierProduct::apply` fires only where the full computation kills too:
+    /// at m ≤ m_dead and P(ω) ≤ 2 the updated bound falls below DEAD, for counts up to 2⁵⁰.
+    #[test]
+    fn fast_kill_only_where_the_bound_falls_below_dead() {
+        for &t in &[
+            1u64,
+            2,
+            3,
+            16,
+            255,
+            256,
+            10_000,
+            1 << 20,
+            1 << 33,
+            1 << 50,
+            (1 << 50) + 1,
+        ] {
+            let lp = LeafPower::new(t, 0.0);
+            if t > 1 << 50 {
+                assert_eq!(lp.m_dead, 0.0);
+                continue;
+            }
+            for &f in &[1.0, 1.0 - 1e-15, 0.999, 0.5, 1e-3] {
+                let m = lp.m_dead * f;
+                let p = 2.0 * (powr(m, t) * lp.infl_m) * (1.0 + 4.0 * U);
+                assert!(p < DEAD, "t = {t}, m = {m}: {p}");
+            }
+            // Not far below the exact threshold (it only saves work where it fires).
+            assert!(lp.m_dead >= (DEAD.ln() / t as f64).exp() * (-5.0 / t as f64).exp());
+        }
     }
 
     #[test]
