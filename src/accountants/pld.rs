@@ -425,8 +425,29 @@ impl Tails {
                 rel: 0.0,
             };
         }
+        Tails::from_small(z, numeric::normal_tail::upper_tail(z.abs()))
+    }
+
+    /// [`Tails::at`] at every z of `zs` into `out` (the same values: [`numeric::normal_tail::upper_tails`]
+    /// computes the small tails as [`numeric::normal_tail::upper_tail`] does, in two passes).
+    fn at_all(zs: &[f64], abs: &mut Vec<f64>, args: &mut Vec<f64>, small: &mut Vec<f64>, out: &mut Vec<Tails>) {
+        abs.clear();
+        abs.extend(zs.iter().map(|z| z.abs()));
+        numeric::normal_tail::upper_tails(abs, args, small);
+        out.clear();
+        out.extend(zs.iter().zip(small.iter()).map(|(&z, &s)| {
+            if z.is_infinite() {
+                Tails::at(z)
+            } else {
+                Tails::from_small(z, s)
+            }
+        }));
+    }
+
+    /// The tails at a finite z (or NaN) from the smaller one, `small` = Φ̄(|z|).
+    #[inline]
+    fn from_small(z: f64, small: f64) -> Tails {
         // Beyond the table the tail is only bounded (≤ 1e-299): relative error 1 covers [0, 2·bound].
-        let small = numeric::normal_tail::upper_tail(z.abs());
         let rel = if z.abs() < numeric::normal_tail::Z_MAX {
             tail_rel_err(z)
         } else {
@@ -520,6 +541,9 @@ fn inv_log_mix(q: f64, eps: f64) -> f64 {
 /// that mass put at the first grid point ([`gaussian_range`]).
 const ADD_LOW_CUT: f64 = 1e7;
 
+/// Grid points [`gaussian_pld`] handles at a time (its per-point buffers stay in the L2 cache).
+const DISCRETISE_CHUNK: usize = 2048;
+
 /// Per-thread buffers of [`gaussian_pld`].
 #[derive(Default)]
 struct DiscretiseScratch {
@@ -528,6 +552,11 @@ struct DiscretiseScratch {
     t1: Vec<Tails>,
     surv: Vec<f64>,
     probs: Vec<f64>,
+    /// Arguments and intermediate values of [`Tails::at_all`].
+    zs: Vec<f64>,
+    za: Vec<f64>,
+    zb: Vec<f64>,
+    zc: Vec<f64>,
 }
 
 thread_local! {
@@ -624,11 +653,24 @@ impl GridExp {
         }
     }
 
+    /// Entry `which` of [`Self::values`] at ε_i = i·h (0: e^{ε_i}, 1: e^{ε_i} − 1, 2: e^{−ε_i},
+    /// 3: e^{−ε_i} − 1): from the table, or outside it by the one call that entry needs (the same
+    /// call on the same argument, so the same value; computing all four there cost a leaf without
+    /// a table, e.g. a calibration's one leaf, two `expm1` and two `exp` calls per grid point
+    /// that nothing read).
     #[inline]
-    fn at(&self, i: i64) -> [f64; 4] {
+    fn get(&self, i: i64, which: usize) -> f64 {
         match usize::try_from(i - self.i0) {
-            Ok(k) if k < self.v.len() => self.v[k],
-            _ => Self::values(i as f64 * self.h),
+            Ok(k) if k < self.v.len() => self.v[k][which],
+            _ => {
+                let eps = i as f64 * self.h;
+                match which {
+                    0 => eps.exp(),
+                    1 => eps.exp_m1(),
+                    2 => (-eps).exp(),
+                    _ => (-eps).exp_m1(),
+                }
+            }
         }
     }
 }
@@ -655,6 +697,43 @@ fn gaussian_pld(
     max_points: usize,
     grid: &GridExp,
 ) -> Result<DiscretePld> {
+    // Compiled a second time with AVX2 (no FMA: the same operations and roundings, so the same
+    // PLD bit for bit), run where the CPU has it: the per-point passes use wider vectors.
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn fast(
+            q: f64,
+            sigma: f64,
+            dir: Direction,
+            h: f64,
+            tau: f64,
+            max_points: usize,
+            grid: &GridExp,
+        ) -> Result<DiscretePld> {
+            gaussian_pld_body(q, sigma, dir, h, tau, max_points, grid)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: `fast` only enables AVX2, and the CPU was just detected to have it; the
+            // code is otherwise safe Rust.
+            #[allow(unsafe_code)]
+            return unsafe { fast(q, sigma, dir, h, tau, max_points, grid) };
+        }
+    }
+    gaussian_pld_body(q, sigma, dir, h, tau, max_points, grid)
+}
+
+/// [`gaussian_pld`] (compiled twice: plain and with AVX2).
+#[inline(always)]
+fn gaussian_pld_body(
+    q: f64,
+    sigma: f64,
+    dir: Direction,
+    h: f64,
+    tau: f64,
+    max_points: usize,
+    grid: &GridExp,
+) -> Result<DiscretePld> {
     debug_assert_eq!(grid.h, h);
     let (i_lo, n) = gaussian_range(q, sigma, dir, h, tau, max_points)?;
     let s2 = sigma * sigma;
@@ -669,20 +748,22 @@ fn gaussian_pld(
             };
             return s2 * e + 0.5;
         }
-        let [_, expm1_p, _, expm1_n] = grid.at(i);
         let eps = i as f64 * h;
-        // (e, e^{−e} − 1, e^e − 1) for e = ±ε_i.
-        let (e, expm1_neg_e, expm1_e) = match dir {
-            Direction::Remove => (eps, expm1_n, expm1_p),
-            Direction::Add => (-eps, expm1_p, expm1_n),
+        // e = ±ε_i; e^{−e} − 1 and e^e − 1 are the table's entries 3 and 1 (remove) or 1 and 3
+        // (add), only the one used being looked up.
+        let (e, neg_e_entry, e_entry) = match dir {
+            Direction::Remove => (eps, 3, 1),
+            Direction::Add => (-eps, 1, 3),
         };
         let y = if e > 0.0 {
+            let expm1_neg_e = grid.get(i, neg_e_entry);
             // y = ln((e^e − 1 + q)/q) = e + ln(1 + (1 − q)(1 − e^{−e})/q) (Mironov, Talwar &
             // Zhang 2019, §3, solved for y): a sum of non-negative terms, so y keeps its relative
             // accuracy for tiny e and q, where the form e + ln(1 − (1 − q)e^{−e}) − ln q cancels
             // (relative error u/(q + e) in its last logarithm; a refined grid meets such e).
             e + ((1.0 - q) * -expm1_neg_e / q).ln_1p()
         } else {
+            let expm1_e = grid.get(i, e_entry);
             let t = expm1_e / q;
             if t <= -1.0 {
                 f64::NEG_INFINITY
@@ -694,7 +775,12 @@ fn gaussian_pld(
     };
 
     // Tails of N(0,σ²) and N(1,σ²) at every boundary x_b(ε_i), in per-thread buffers reused
-    // from leaf to leaf (large short-lived allocations cost page faults and TLB flushes).
+    // from leaf to leaf (large short-lived allocations cost page faults and TLB flushes). The
+    // grid is walked in chunks of DISCRETISE_CHUNK points from the top down, so the per-point
+    // buffers stay in cache and only `probs` spans the leaf: every value is computed exactly as
+    // over the whole grid at once (the running maximum from the top carries the value above the
+    // chunk, the top interval of a chunk reads the point above it, and each entry of `probs`
+    // receives at most two non-negative terms added to 0, in either order the same sum).
     let mut scratch = DISCRETISE_SCRATCH.with(|c| c.take());
     let (xs, t0, t1, surv, probs) = (
         &mut scratch.xs,
@@ -703,78 +789,115 @@ fn gaussian_pld(
         &mut scratch.surv,
         &mut scratch.probs,
     );
-    xs.clear();
-    t0.clear();
-    t1.clear();
-    surv.clear();
-    probs.clear();
-    // Separate passes (each a tight loop of one kind of call) run faster than one fused loop.
-    xs.extend((0..n).map(|k| x_bound(i_lo + k as i64)));
-    t0.extend(xs.iter().map(|&x| Tails::at(x / sigma)));
-    t1.extend(xs.iter().map(|&x| Tails::at((x - 1.0) / sigma)));
-
-    // S_k = P(loss > ε_k), each rounded up, then made non-increasing from the top (raising only).
-    surv.extend((0..n).map(|k| {
-        let v = match dir {
-            Direction::Remove => (1.0 - q) * t0[k].upper + q * t1[k].upper,
-            Direction::Add => t0[k].lower,
-        };
-        let rel = match dir {
-            Direction::Remove => t0[k].upper_rel().max(t1[k].upper_rel()),
-            Direction::Add => t0[k].lower_rel(),
-        };
-        (v * (1.0 + rel)).min(1.0)
-    }));
-    for k in (0..n - 1).rev() {
-        if surv[k] < surv[k + 1] {
-            surv[k] = surv[k + 1];
-        }
-    }
-
+    let (zs, za, zb, zc) = (&mut scratch.zs, &mut scratch.za, &mut scratch.zb, &mut scratch.zc);
     // (A reused buffer: a fresh zeroed one is read before it is written, and every such page
     // costs a copy-on-write fault with a TLB shootdown across the worker threads.)
+    probs.clear();
     probs.resize(n, 0.0);
-    // Lower tail (loss ≤ ε_lo): all of it at ε_lo (rounding up).
-    probs[0] += 1.0 - surv[0];
     let one_minus_e_neg_h = -(-h).exp_m1();
-    for k in 0..n - 1 {
-        let p_int = (surv[k] - surv[k + 1]).max(0.0);
-        if p_int == 0.0 {
-            continue;
+    // (t0, t1, S) at the point just above the current chunk.
+    let mut above: Option<(Tails, Tails, f64)> = None;
+    let mut inf_mass = 0.0;
+    let mut end = n;
+    while end > 0 {
+        let start = end.saturating_sub(DISCRETISE_CHUNK);
+        xs.clear();
+        t0.clear();
+        t1.clear();
+        surv.clear();
+        // Separate passes (each a tight loop of one kind of call) run faster than one fused loop.
+        xs.extend((start..end).map(|k| x_bound(i_lo + k as i64)));
+        zs.clear();
+        zs.extend(xs.iter().map(|&x| x / sigma));
+        Tails::at_all(zs, za, zb, zc, t0);
+        zs.clear();
+        zs.extend(xs.iter().map(|&x| (x - 1.0) / sigma));
+        Tails::at_all(zs, za, zb, zc, t1);
+        let m = end - start;
+
+        // S_k = P(loss > ε_k), each rounded up, then made non-increasing from the top (raising only).
+        surv.extend((0..m).map(|j| {
+            let v = match dir {
+                Direction::Remove => (1.0 - q) * t0[j].upper + q * t1[j].upper,
+                Direction::Add => t0[j].lower,
+            };
+            let rel = match dir {
+                Direction::Remove => t0[j].upper_rel().max(t1[j].upper_rel()),
+                Direction::Add => t0[j].lower_rel(),
+            };
+            (v * (1.0 + rel)).min(1.0)
+        }));
+        if end == n {
+            inf_mass = surv[m - 1];
         }
-        let [exp_k, expm1_k, _, _] = grid.at(i_lo + k as i64);
-        // Interval masses of N(0,σ²) and N(1,σ²) over the x-interval of (ε_k, ε_{k+1}].
-        let (m0, e0, m1, e1) = match dir {
-            Direction::Remove => {
-                let (m0, e0) = nmass(&t0[k], &t0[k + 1]);
-                let (m1, e1) = nmass(&t1[k], &t1[k + 1]);
-                (m0, e0, m1, e1)
+        for j in (0..m).rev() {
+            let next = if j + 1 < m {
+                surv[j + 1]
+            } else {
+                match above {
+                    Some((_, _, s)) => s,
+                    None => continue,
+                }
+            };
+            if surv[j] < next {
+                surv[j] = next;
             }
-            Direction::Add => {
-                let (m0, e0) = nmass(&t0[k + 1], &t0[k]);
-                let (m1, e1) = nmass(&t1[k + 1], &t1[k]);
-                (m0, e0, m1, e1)
+        }
+
+        for j in 0..m {
+            let k = start + j;
+            // The point above k: in this chunk, or the one above it (none above the grid's top).
+            let (u0, u1, s_up) = if j + 1 < m {
+                (&t0[j + 1], &t1[j + 1], surv[j + 1])
+            } else {
+                match &above {
+                    Some((a0, a1, s)) => (a0, a1, *s),
+                    None => continue,
+                }
+            };
+            let p_int = (surv[j] - s_up).max(0.0);
+            if p_int == 0.0 {
+                continue;
             }
-        };
-        // num = P(I) − e^{ε_k} Q(I), written without the (1 − q) terms that cancel.
-        let (num, err) = match dir {
-            Direction::Remove => {
-                let c = expm1_k + q;
-                let num = q * m1 - c * m0;
-                (num, q * e1 + c.abs() * e0 + 4.0 * U * (q * m1 + c.abs() * m0))
-            }
-            Direction::Add => {
-                let d = q - (1.0 - q) * expm1_k;
-                let g = q * exp_k;
-                let num = d * m0 - g * m1;
-                (num, d.abs() * e0 + g * e1 + 4.0 * U * (d.abs() * m0 + g * m1))
-            }
-        };
-        let up = ((num + err).max(0.0) / one_minus_e_neg_h * (1.0 + 4.0 * U)).min(p_int);
-        probs[k + 1] += up;
-        probs[k] += p_int - up;
+            let expm1_k = grid.get(i_lo + k as i64, 1);
+            // Interval masses of N(0,σ²) and N(1,σ²) over the x-interval of (ε_k, ε_{k+1}].
+            let (m0, e0, m1, e1) = match dir {
+                Direction::Remove => {
+                    let (m0, e0) = nmass(&t0[j], u0);
+                    let (m1, e1) = nmass(&t1[j], u1);
+                    (m0, e0, m1, e1)
+                }
+                Direction::Add => {
+                    let (m0, e0) = nmass(u0, &t0[j]);
+                    let (m1, e1) = nmass(u1, &t1[j]);
+                    (m0, e0, m1, e1)
+                }
+            };
+            // num = P(I) − e^{ε_k} Q(I), written without the (1 − q) terms that cancel.
+            let (num, err) = match dir {
+                Direction::Remove => {
+                    let c = expm1_k + q;
+                    let num = q * m1 - c * m0;
+                    (num, q * e1 + c.abs() * e0 + 4.0 * U * (q * m1 + c.abs() * m0))
+                }
+                Direction::Add => {
+                    let d = q - (1.0 - q) * expm1_k;
+                    let g = q * grid.get(i_lo + k as i64, 0);
+                    let num = d * m0 - g * m1;
+                    (num, d.abs() * e0 + g * e1 + 4.0 * U * (d.abs() * m0 + g * m1))
+                }
+            };
+            let up = ((num + err).max(0.0) / one_minus_e_neg_h * (1.0 + 4.0 * U)).min(p_int);
+            probs[k + 1] += up;
+            probs[k] += p_int - up;
+        }
+        if start == 0 {
+            // Lower tail (loss ≤ ε_lo): all of it at ε_lo (rounding up).
+            probs[0] += 1.0 - surv[0];
+        }
+        above = Some((t0[0], t1[0], surv[0]));
+        end = start;
     }
-    let inf_mass = surv[n - 1];
     // The result holds only the support (no zeros at either end), copied out of the buffer.
     let d = match probs.iter().position(|&p| p > 0.0) {
         None => DiscretePld {
@@ -1305,75 +1428,141 @@ fn log_mgf(d: &DiscretePld, t: f64) -> f64 {
     }
 }
 
-/// [`log_mgf`] at up to [`MGF_BATCH`] exponents of one sign in one pass over the PLD (the Horner
-/// chains run side by side, so the probabilities are read once and the chains pipeline).
-fn log_mgf_batch(d: &DiscretePld, ts: &[f64], out: &mut [f64]) {
-    debug_assert!(ts.len() <= MGF_BATCH && ts.iter().all(|&t| (t >= 0.0) == (ts[0] >= 0.0)));
+/// [`log_mgf`] at up to [`MGF_BATCH`] positive exponents `tp` and as many negative ones `tn` in
+/// one pass over the PLD: the positive chains run Horner's rule from the bottom, the negative
+/// ones from the top, side by side (each chain is a sequence of dependent roundings, so more
+/// chains fill the pipeline; each computes exactly what it would alone). Unused lanes are
+/// computed and dropped. On x86-64 with AVX2 the same operations run on 256-bit vectors (a
+/// multiplication, then an addition: no fused multiply-add, so the same roundings, bit for bit).
+fn log_mgf_dual(d: &DiscretePld, tp: &[f64], tn: &[f64], out_p: &mut [f64], out_n: &mut [f64]) {
+    debug_assert!(tp.len() <= MGF_BATCH && tn.len() <= MGF_BATCH);
+    debug_assert!(tp.iter().all(|&t| t >= 0.0) && tn.iter().all(|&t| t < 0.0));
     if d.probs.is_empty() {
-        out.iter_mut().for_each(|o| *o = f64::NEG_INFINITY);
+        out_p.iter_mut().for_each(|o| *o = f64::NEG_INFINITY);
+        out_n.iter_mut().for_each(|o| *o = f64::NEG_INFINITY);
         return;
     }
-    let positive = ts[0] >= 0.0;
-    let mut f = [0.0f64; MGF_BATCH];
-    for (fi, &t) in f.iter_mut().zip(ts) {
-        *fi = if positive { (-t).exp() } else { t.exp() };
+    let mut fp = [0.0f64; MGF_BATCH];
+    let mut fn_ = [0.0f64; MGF_BATCH];
+    for (fi, &t) in fp.iter_mut().zip(tp) {
+        *fi = (-t).exp();
     }
-    let mut s = [0.0f64; MGF_BATCH];
-    let mut step = |p: f64| {
-        for j in 0..MGF_BATCH {
-            s[j] = s[j] * f[j] + p;
+    for (fi, &t) in fn_.iter_mut().zip(tn) {
+        *fi = t.exp();
+    }
+    #[inline(always)]
+    fn chains(probs: &[f64], fp: &[f64; MGF_BATCH], fn_: &[f64; MGF_BATCH]) -> ([f64; MGF_BATCH], [f64; MGF_BATCH]) {
+        let mut sp = [0.0f64; MGF_BATCH];
+        let mut sn = [0.0f64; MGF_BATCH];
+        for (&a, &b) in probs.iter().zip(probs.iter().rev()) {
+            for j in 0..MGF_BATCH {
+                sp[j] = sp[j] * fp[j] + a;
+                sn[j] = sn[j] * fn_[j] + b;
+            }
+        }
+        (sp, sn)
+    }
+    let (sp, sn) = {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2")]
+            fn fast(
+                probs: &[f64],
+                fp: &[f64; MGF_BATCH],
+                fn_: &[f64; MGF_BATCH],
+            ) -> ([f64; MGF_BATCH], [f64; MGF_BATCH]) {
+                chains(probs, fp, fn_)
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: `fast` only enables AVX2 (no FMA: the same roundings), and the CPU was
+                // just detected to have it; the code is otherwise safe Rust.
+                #[allow(unsafe_code)]
+                unsafe {
+                    fast(&d.probs, &fp, &fn_)
+                }
+            } else {
+                chains(&d.probs, &fp, &fn_)
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            chains(&d.probs, &fp, &fn_)
         }
     };
-    if positive {
-        d.probs.iter().for_each(|&p| step(p));
-    } else {
-        d.probs.iter().rev().for_each(|&p| step(p));
+    for (j, (o, &t)) in out_p.iter_mut().zip(tp).enumerate() {
+        // Σ p_i e^{−t(hi−i)}: Horner from the bottom ends with the top term at power 0.
+        *o = t * d.hi() as f64 + sp[j].ln();
     }
-    for (j, (o, &t)) in out.iter_mut().zip(ts).enumerate() {
-        *o = if positive {
-            t * d.hi() as f64 + s[j].ln()
-        } else {
-            t * d.lo as f64 + s[j].ln()
-        };
+    for (j, (o, &t)) in out_n.iter_mut().zip(tn).enumerate() {
+        // Σ p_i e^{t(i−lo)} (t < 0): Horner from the top ends with the bottom term at power 0.
+        *o = t * d.lo as f64 + sn[j].ln();
     }
 }
 
-/// Exponents evaluated together by [`log_mgf_batch`].
+/// Exponents of one sign evaluated together by [`log_mgf_dual`].
 const MGF_BATCH: usize = 16;
 
-/// Λ(t) = Σ_j T_j ln E[e^{t·K_j}] of the composition at every t in `ts` (all of one sign), one
-/// pass over each PLD per batch of exponents, leaves in parallel; T_j = ⌊count_j/`div`⌋ (a staged
-/// composition's block, without copying its leaves), leaves with T_j = 0 left out.
-fn cumulants(parts: &[(DiscretePld, u64)], div: u64, ts: &[f64]) -> Vec<f64> {
-    let mut out = vec![0.0f64; ts.len()];
-    for (chunk, o) in ts.chunks(MGF_BATCH).zip(out.chunks_mut(MGF_BATCH)) {
-        let sums = parts
+/// The coarse Chernoff exponents of [`chernoff_window_div`] (grid units): a geometric grid from
+/// 1e-7 to 1e-7·10^8.7.
+fn coarse_exponents() -> [f64; MGF_BATCH] {
+    std::array::from_fn(|i| 1e-7 * 10f64.powf(i as f64 * 8.7 / 15.0))
+}
+
+/// Each leaf's ln E[e^{tK_j}] at the coarse exponents t = +t_c (`[0]`) and t = −t_c (`[1]`),
+/// for the leaves of a window's composition in order. They do not depend on the counts, so a
+/// staged composition's block window (counts divided) reuses those of the one-stage window.
+pub(super) struct CoarseMgf(Vec<[[f64; MGF_BATCH]; 2]>);
+
+/// [`CoarseMgf`] of every leaf with ⌊count/`div`⌋ > 0, one pass per leaf, leaves in parallel.
+fn coarse_mgfs(parts: &[(DiscretePld, u64)], div: u64) -> CoarseMgf {
+    let tp = coarse_exponents();
+    let tn: [f64; MGF_BATCH] = std::array::from_fn(|i| -tp[i]);
+    CoarseMgf(
+        parts
             .par_iter()
-            .fold(
-                || vec![0.0f64; chunk.len()],
-                |mut acc, (d, c)| {
-                    let c = c / div;
-                    if c == 0 {
-                        return acc;
-                    }
-                    let mut v = [0.0f64; MGF_BATCH];
-                    log_mgf_batch(d, chunk, &mut v[..chunk.len()]);
-                    for (a, x) in acc.iter_mut().zip(v) {
-                        *a += c as f64 * x;
-                    }
-                    acc
-                },
-            )
-            .reduce(
-                || vec![0.0f64; chunk.len()],
-                |mut a, b| {
-                    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            );
-        o.copy_from_slice(&sums);
-    }
-    out
+            .filter(|(_, c)| c / div > 0)
+            .map(|(d, _)| {
+                let mut v = [[0.0f64; MGF_BATCH]; 2];
+                let [vp, vn] = &mut v;
+                log_mgf_dual(d, &tp, &tn, vp, vn);
+                v
+            })
+            .collect(),
+    )
+}
+
+/// Λ(t) = Σ_j T_j ln E[e^{t·K_j}] of the composition at every t of `tp` (positive) and `tn`
+/// (negative), at most [`MGF_BATCH`] each, one pass over each PLD, leaves in parallel;
+/// T_j = ⌊count_j/`div`⌋ (a staged composition's block, without copying its leaves), leaves with
+/// T_j = 0 left out.
+fn cumulants_dual(parts: &[(DiscretePld, u64)], div: u64, tp: &[f64], tn: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let (np, nn) = (tp.len(), tn.len());
+    let sums = parts
+        .par_iter()
+        .fold(
+            || vec![0.0f64; np + nn],
+            |mut acc, (d, c)| {
+                let c = c / div;
+                if c == 0 {
+                    return acc;
+                }
+                let mut vp = [0.0f64; MGF_BATCH];
+                let mut vn = [0.0f64; MGF_BATCH];
+                log_mgf_dual(d, tp, tn, &mut vp[..np], &mut vn[..nn]);
+                for (a, x) in acc.iter_mut().zip(vp[..np].iter().chain(&vn[..nn])) {
+                    *a += c as f64 * x;
+                }
+                acc
+            },
+        )
+        .reduce(
+            || vec![0.0f64; np + nn],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
+    (sums[..np].to_vec(), sums[np..].to_vec())
 }
 
 /// Smallest FFT-friendly length ≥ n: f·2^k with f ∈ {1, 3, 5, 7} (rustfft has vectorised
@@ -1420,6 +1609,10 @@ struct LeafPower {
     /// ≥ (1 − u)^{−(T−1)}: makes the computed m^T (repeated squaring, one rounding per product)
     /// an upper bound, including the rounding of this multiplication.
     infl_m: f64,
+    /// m ≤ this (and P(ω) ≤ 2 before the factor) already makes the updated bound P(ω)·m^T fall
+    /// below [`DEAD`], so [`FourierProduct::apply`] kills the frequency without forming m^T (the
+    /// same outcome as forming it: see there).
+    m_dead: f64,
 }
 
 impl LeafPower {
@@ -1432,6 +1625,12 @@ impl LeafPower {
             thr_r2: if t <= 1 { 0.0 } else { (-1380.0 / tf).exp() },
             rho: ((tf - 1.0).max(0.0) * CMUL_ERR).exp_m1() * (1.0 + 1e-6),
             infl_m: 1.0 + (2.0 * tf * U).exp_m1() * (1.0 + 1e-6) + 4.0 * U,
+            // (0, i.e. never, past 2⁵⁰: the argument in `apply` needs e^{4uT} < 8e.)
+            m_dead: if t <= 1 << 50 {
+                (((DEAD / 16.0).ln() - 1.0) / tf).exp()
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -1493,6 +1692,16 @@ impl FourierProduct {
         let r2 = a.norm_sqr();
         // m ≥ |Â| + e_a despite the rounding of |Â|² and √ (and an underflowing |Â|²).
         let m = (r2.sqrt() + lp.ea + 1e-150) * (1.0 + 4.0 * U);
+        // Most frequencies die at their first factor; there m ≤ m_dead = e^{(ln(DEAD/16) − 1)/T}
+        // (computed with relative error ≤ 3u in the exponent, ≤ 1 ulp in exp: m_dead^T ≤
+        // DEAD/16 · e^{−1 + 2e-12 + 2uT}) decides it without the ≈ 2 log₂T products of m^T: the
+        // bound below would be ≤ 2 · m^T(1 + u)^{128} · infl_m · (1 + 4u)² < DEAD (infl_m ≤
+        // e^{2uT} + 5u; the argument holds for T ≤ 2⁵⁰, and m_dead is 0 beyond), so it would
+        // kill the frequency too. Same result, bit for bit.
+        if m <= lp.m_dead && self.p[k] <= 2.0 {
+            self.kill(k);
+            return false;
+        }
         let p = self.p[k] * (powr(m, lp.t) * lp.infl_m) * (1.0 + 4.0 * U);
         if p.is_nan() || p < DEAD {
             self.kill(k);
@@ -1833,6 +2042,9 @@ pub(super) struct Window {
     upper: i64,
     window_tail_mass: f64,
     pub(super) uncapped_width: i64,
+    /// The leaves' coarse log-MGFs (those with count/div > 0, in order), for a later window of
+    /// the same leaves with counts divided.
+    coarse: Option<std::sync::Arc<CoarseMgf>>,
 }
 
 /// Composes discrete PLDs with counts (Fourier domain, one common cyclic grid). See the module
@@ -1882,11 +2094,19 @@ pub(super) fn compose(
 /// The Chernoff window of a composition: P(K ≥ U) ≤ exp(Λ(t) − tU), P(K ≤ L) ≤ exp(Λ(−t) + tL),
 /// minimised over t, with at most `tau_window`/2 outside on each side (at most `max_points` wide).
 pub(super) fn chernoff_window(parts: &[(DiscretePld, u64)], tau_window: f64, max_points: usize) -> Window {
-    chernoff_window_div(parts, 1, tau_window, max_points)
+    chernoff_window_div(parts, 1, tau_window, max_points, None)
 }
 
-/// [`chernoff_window`] of the composition with counts ⌊count_j/`div`⌋ (leaves with 0 left out).
-fn chernoff_window_div(parts: &[(DiscretePld, u64)], div: u64, tau_window: f64, max_points: usize) -> Window {
+/// [`chernoff_window`] of the composition with counts ⌊count_j/`div`⌋ (leaves with 0 left out);
+/// `coarse`: the leaves' log-MGFs at the coarse exponents when already computed (a one-stage
+/// window's, [`Window::coarse`], for its leaves with count ≥ `div`, in order).
+fn chernoff_window_div(
+    parts: &[(DiscretePld, u64)],
+    div: u64,
+    tau_window: f64,
+    max_points: usize,
+    coarse_done: Option<&CoarseMgf>,
+) -> Window {
     // Trivial support of the composition.
     let triv_lo: i64 = parts.iter().map(|(d, c)| d.lo * (*c / div) as i64).sum();
     let triv_hi: i64 = parts.iter().map(|(d, c)| d.hi() * (*c / div) as i64).sum();
@@ -1896,29 +2116,54 @@ fn chernoff_window_div(parts: &[(DiscretePld, u64)], div: u64, tau_window: f64, 
     let ln_tau = (tau_window / 2.0).ln();
     // Chernoff exponents: a coarse geometric grid of t (grid units), then a finer grid between
     // the neighbours of the best coarse point. Every evaluated t gives a valid bound.
-    let coarse: Vec<f64> = (0..16).map(|i| 1e-7 * 10f64.powf(i as f64 * 8.7 / 15.0)).collect();
-    let refine = |sign: f64| -> Vec<(f64, f64)> {
-        let score = |t: f64, l: f64| {
-            if sign > 0.0 {
-                (l - ln_tau) / t
-            } else {
-                -((ln_tau - l) / t)
+    let coarse = coarse_exponents();
+    // The leaves' coarse log-MGFs (given, or computed here), kept for a later window of the
+    // same leaves with counts divided: those with count/div > 0, in order.
+    let leaf_coarse: Vec<[[f64; MGF_BATCH]; 2]> = match coarse_done {
+        Some(c) => parts
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .zip(&c.0)
+            .filter(|((_, n), _)| n / div > 0)
+            .map(|(_, v)| *v)
+            .collect(),
+        None => coarse_mgfs(parts, div).0,
+    };
+    debug_assert_eq!(leaf_coarse.len(), parts.iter().filter(|(_, c)| c / div > 0).count());
+    // Λ(±t) at the coarse exponents: Σ_j T_j λ_j(±t).
+    let mut lam = [[0.0f64; MGF_BATCH]; 2];
+    for ((_, c), v) in parts.iter().filter(|(_, c)| c / div > 0).zip(&leaf_coarse) {
+        let c = (c / div) as f64;
+        for s in 0..2 {
+            for j in 0..MGF_BATCH {
+                lam[s][j] += c * v[s][j];
             }
-        };
-        let signed: Vec<f64> = coarse.iter().map(|&t| sign * t).collect();
-        let mut pts: Vec<(f64, f64)> = coarse.iter().copied().zip(cumulants(parts, div, &signed)).collect();
-        let best = (0..pts.len())
-            .min_by(|&a, &b| score(pts[a].0, pts[a].1).total_cmp(&score(pts[b].0, pts[b].1)))
+        }
+    }
+    let score = |sign: f64, t: f64, l: f64| {
+        if sign > 0.0 {
+            (l - ln_tau) / t
+        } else {
+            -((ln_tau - l) / t)
+        }
+    };
+    // The finer exponents between the neighbours of the best coarse point of each sign.
+    let fine_of = |sign: f64, l: &[f64; MGF_BATCH]| -> Vec<f64> {
+        let best = (0..MGF_BATCH)
+            .min_by(|&a, &b| score(sign, coarse[a], l[a]).total_cmp(&score(sign, coarse[b], l[b])))
             .unwrap();
         let lo_t = coarse[best.saturating_sub(1)];
-        let hi_t = coarse[(best + 1).min(coarse.len() - 1)];
-        let fine: Vec<f64> = (1..9).map(|i| lo_t * (hi_t / lo_t).powf(i as f64 / 9.0)).collect();
-        let signed: Vec<f64> = fine.iter().map(|&t| sign * t).collect();
-        pts.extend(fine.iter().copied().zip(cumulants(parts, div, &signed)));
-        pts
+        let hi_t = coarse[(best + 1).min(MGF_BATCH - 1)];
+        (1..9).map(|i| lo_t * (hi_t / lo_t).powf(i as f64 / 9.0)).collect()
     };
-    let pos = refine(1.0);
-    let neg = refine(-1.0);
+    let fine_p = fine_of(1.0, &lam[0]);
+    let fine_n = fine_of(-1.0, &lam[1]);
+    let signed_n: Vec<f64> = fine_n.iter().map(|&t| -t).collect();
+    let (lp, ln) = cumulants_dual(parts, div, &fine_p, &signed_n);
+    let mut pos: Vec<(f64, f64)> = coarse.iter().copied().zip(lam[0]).collect();
+    pos.extend(fine_p.iter().copied().zip(lp));
+    let mut neg: Vec<(f64, f64)> = coarse.iter().copied().zip(lam[1]).collect();
+    neg.extend(fine_n.iter().copied().zip(ln));
     let mut upper = triv_hi;
     for &(t, l) in &pos {
         let u = ((l - ln_tau) / t).ceil();
@@ -1971,6 +2216,7 @@ fn chernoff_window_div(parts: &[(DiscretePld, u64)], div: u64, tau_window: f64, 
         upper,
         window_tail_mass,
         uncapped_width,
+        coarse: Some(std::sync::Arc::new(CoarseMgf(leaf_coarse))),
     }
 }
 
@@ -2686,6 +2932,7 @@ impl PldAccountant {
                             plan.blocks,
                             tau_window / (2.0 * plan.blocks as f64),
                             self.max_grid_points,
+                            w.coarse.as_deref(),
                         );
                         // Transforms cost ≈ leaves × window points: the block's leaves on its
                         // window, and the remaining leaves plus the block on the second stage's.
@@ -3474,14 +3721,66 @@ mod tests {
             &GridExp::empty(1e-3),
         )
         .unwrap();
-        for sign in [1.0, -1.0] {
-            let ts: Vec<f64> = (0..MGF_BATCH).map(|i| sign * 1e-5 * 2f64.powi(i as i32)).collect();
-            let mut out = vec![0.0; ts.len()];
-            log_mgf_batch(&d, &ts, &mut out);
-            for (&t, &o) in ts.iter().zip(&out) {
+        // Both signs in one pass, full and partial batches (unused lanes dropped).
+        for len in [MGF_BATCH, 8, 1] {
+            let tp: Vec<f64> = (0..len).map(|i| 1e-5 * 2f64.powi(i as i32)).collect();
+            let tn: Vec<f64> = (0..len).map(|i| -3e-5 * 2f64.powi(i as i32)).collect();
+            let (mut op, mut on) = (vec![0.0; len], vec![0.0; len]);
+            log_mgf_dual(&d, &tp, &tn, &mut op, &mut on);
+            for (&t, &o) in tp.iter().zip(&op).chain(tn.iter().zip(&on)) {
                 let one = log_mgf(&d, t);
                 assert!((o - one).abs() <= 1e-12 * (1.0 + one.abs()), "t = {t}: {o} vs {one}");
             }
+        }
+        // The composition's Λ at the coarse exponents, from the leaves' stored values (counts
+        // divided, a leaf dropped) and from a fresh pass, agree.
+        let e = gaussian_pld(
+            0.02,
+            1.3,
+            Direction::Remove,
+            1e-3,
+            1e-15,
+            1 << 20,
+            &GridExp::empty(1e-3),
+        )
+        .unwrap();
+        let parts = vec![(d, 700u64), (e, 3u64)];
+        let w = chernoff_window(&parts, 1e-13, 1 << 22);
+        let shared = chernoff_window_div(&parts, 4, 1e-14, 1 << 22, w.coarse.as_deref());
+        let fresh = chernoff_window_div(&parts, 4, 1e-14, 1 << 22, None);
+        assert_eq!((shared.lower, shared.upper), (fresh.lower, fresh.upper));
+        assert_eq!(shared.window_tail_mass, fresh.window_tail_mass);
+    }
+
+    /// The fast kill in `FourierProduct::apply` fires only where the full computation kills too:
+    /// at m ≤ m_dead and P(ω) ≤ 2 the updated bound falls below DEAD, for counts up to 2⁵⁰.
+    #[test]
+    fn fast_kill_only_where_the_bound_falls_below_dead() {
+        for &t in &[
+            1u64,
+            2,
+            3,
+            16,
+            255,
+            256,
+            10_000,
+            1 << 20,
+            1 << 33,
+            1 << 50,
+            (1 << 50) + 1,
+        ] {
+            let lp = LeafPower::new(t, 0.0);
+            if t > 1 << 50 {
+                assert_eq!(lp.m_dead, 0.0);
+                continue;
+            }
+            for &f in &[1.0, 1.0 - 1e-15, 0.999, 0.5, 1e-3] {
+                let m = lp.m_dead * f;
+                let p = 2.0 * (powr(m, t) * lp.infl_m) * (1.0 + 4.0 * U);
+                assert!(p < DEAD, "t = {t}, m = {m}: {p}");
+            }
+            // Not far below the exact threshold (it only saves work where it fires).
+            assert!(lp.m_dead >= (DEAD.ln() / t as f64).exp() * (-5.0 / t as f64).exp());
         }
     }
 
