@@ -1359,26 +1359,33 @@ impl RdpAccountant {
                 let mut refined = best;
                 let known = |j: usize| if j < orders.len() { seen[j] } else { None };
                 let lo_s = if best_i == 0 { None } else { known(best_i - 1) };
-                brent_min(
-                    |a| match rdp(a) {
-                        Ok(r) => {
-                            let s = score(a, r);
-                            if s < refined.0 {
-                                refined = (s, a, r);
-                            }
-                            s
+                let mut eval = |a: f64| match rdp(a) {
+                    Ok(r) => {
+                        let s = score(a, r);
+                        if s < refined.0 {
+                            refined = (s, a, r);
                         }
-                        Err(e) => {
-                            err = Some(e);
-                            f64::INFINITY
-                        }
-                    },
+                        s
+                    }
+                    Err(e) => {
+                        err = Some(e);
+                        f64::INFINITY
+                    }
+                };
+                let (found, _) = brent_min(
+                    &mut eval,
                     (lo, hi),
                     (best.1, best.0),
                     [(lo, lo_s), (hi, known(hi_i))],
                     REFINE_REL_TOL,
                     REFINE_MAX_EVALS,
                 );
+                // No order better than the grid's: the curve may be flat around it with a narrow
+                // dip elsewhere (ln δ clamped at 0 on most of the bracket); the 40-step
+                // golden-section search, which leans to the lower end on ties, is tried then.
+                if found >= best.0 {
+                    golden_min(&mut eval, lo, hi, 40);
+                }
                 if let Some(e) = err {
                     return Err(e);
                 }
