@@ -19,6 +19,17 @@ fn bench(c: &mut Criterion) {
     c.bench_function("rdp_epsilon_dpsgd_1e6_steps_default", |b| {
         b.iter(|| default.epsilon(black_box(&ev), Neighbouring::AddRemove, 1e-5).unwrap())
     });
+    // Best order fractional (8.07) and near 1 (2.02): the cases where skipping orders behind
+    // lower bounds matters most.
+    for (name, s, q, t) in [
+        ("rdp_epsilon_dpsgd_sigma0.8_mnist_default", 0.8, 64.0 / 60000.0, 9375u64),
+        ("rdp_epsilon_dpsgd_sigma1.1_1e6_steps_default", 1.1, 0.004, 1_000_000),
+    ] {
+        let ev = DpEvent::dpsgd(s, q, t);
+        c.bench_function(name, |b| {
+            b.iter(|| default.epsilon(black_box(&ev), Neighbouring::AddRemove, 1e-5).unwrap())
+        });
+    }
     let compat = RdpAccountant::dp_accounting_compatible();
     c.bench_function("rdp_epsilon_dpsgd_1e6_steps_dp_accounting_grid", |b| {
         b.iter(|| compat.epsilon(black_box(&ev), Neighbouring::AddRemove, 1e-5).unwrap())

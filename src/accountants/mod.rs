@@ -423,7 +423,7 @@ pub trait Accountant: Send + Sync {
     /// composed RDP at each order) builds it once and converts every δ from it. A grid value is
     /// a sound bound of the same kind as `epsilon` at that δ and equals it wherever that δ needs
     /// no more than `delta` did (PLD: no precise composition of its own; RDP: the grid orders,
-    /// without the golden-section refinement between them), and is never below it otherwise.
+    /// without the refinement between them), and is never below it otherwise.
     /// The default asks `epsilon` once per δ (closed forms: exact for every δ).
     fn epsilon_profile(
         &self,
