@@ -266,8 +266,8 @@ fn op_check(req: &Map<String, Value>) -> Res<Value> {
 
 /// An accountant's answer as JSON: the record's own shape (the same keys as a report's
 /// `results`; ∞ as `"inf"`).
-fn result_json(r: &Evidence) -> Value {
-    serde_json::to_value(r).unwrap_or_else(|e| json!({ "error": e.to_string() }))
+fn result_json(r: &Evidence) -> Res<Value> {
+    serde_json::to_value(r).map_err(|e| Error::input(format!("result could not be serialised: {e}")))
 }
 
 fn op_calibrate(req: &Map<String, Value>) -> Res<Value> {
@@ -370,7 +370,7 @@ fn op_calibrate(req: &Map<String, Value>) -> Res<Value> {
     Ok(json!({
         "solve_for": key,
         "value": num(value),
-        "result": result_json(result),
+        "result": result_json(result)?,
         "event": event_json(event)?,
         "evaluations": evaluations,
         "note": note,

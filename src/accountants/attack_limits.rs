@@ -80,7 +80,7 @@ pub fn guarantees_for(event: &DpEvent, nb: Neighbouring, delta: f64) -> (Vec<Evi
     let skipped = s.unavailable.clone();
     for a in s.analyses.iter().filter(|a| a.is_upper()) {
         let Some(kind) = a.accountant else { continue };
-        let mut g = Evidence::new(kind.as_str(), a.epsilon, a.delta, a.kind).with_accountant(kind);
+        let mut g = Evidence::of(kind, a.epsilon, a.delta, a.kind);
         if kind == AccountantKind::Gdp && nb == Neighbouring::AddRemove {
             g.set_mu(gdp::composed_mu(event).ok());
         }

@@ -194,7 +194,7 @@ pub struct Diagnostic {
 /// only when one computed the number; ε and δ write ∞ as `"inf"` ([`crate::numeric::json`]);
 /// `note`, `details`, `diagnostics` and `mechanism` only when they say something.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(from = "EvidenceRow", into = "EvidenceRow")]
+#[serde(try_from = "EvidenceRow", into = "EvidenceRow")]
 pub struct Evidence {
     /// Short method name: the accountant's (`pld`, `rdp`, `gdp`, `clt`) or a closed form's or
     /// theorem's (`delta_floor`, `worst_case_pair`, `rapid_theorem_1`, …).
@@ -265,19 +265,20 @@ impl From<Evidence> for EvidenceRow {
     }
 }
 
-impl From<EvidenceRow> for Evidence {
-    /// A record read back; `method` defaults to the accountant's name (`unknown` when neither
-    /// is given, which no writer here produces).
-    fn from(r: EvidenceRow) -> Self {
+impl TryFrom<EvidenceRow> for Evidence {
+    type Error = String;
+    /// A record read back; `method` defaults to the accountant's name. A record naming neither
+    /// says nothing about who computed its ε, and is refused.
+    fn try_from(r: EvidenceRow) -> std::result::Result<Self, String> {
         let method = r
             .method
             .or_else(|| r.accountant.map(|a| a.as_str().to_string()))
-            .unwrap_or_else(|| "unknown".to_string());
+            .ok_or("an ε record must name its `method` or its `accountant`")?;
         let mut details = r.details;
         if let Some(mu) = r.mu {
             details.entry("mu".to_string()).or_insert(mu);
         }
-        Evidence {
+        Ok(Evidence {
             method,
             accountant: r.accountant,
             epsilon: r.epsilon,
@@ -287,7 +288,7 @@ impl From<EvidenceRow> for Evidence {
             details,
             diagnostics: r.diagnostics,
             mechanism: r.mechanism,
-        }
+        })
     }
 }
 
@@ -688,5 +689,34 @@ mod plain_reason_tests {
         );
         assert_eq!(plain_reason(AccountantKind::Pld, "event.events[2].event: x: y"), "x: y");
         assert_eq!(plain_reason(AccountantKind::Rdp, "rdp: no: reason"), "no: reason");
+    }
+}
+
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+
+    #[test]
+    fn an_epsilon_record_reads_back_and_names_who_computed_it() {
+        let acc = Evidence::of(AccountantKind::Rdp, f64::INFINITY, 1e-5, BoundKind::UpperBound).with_detail("mu", 2.0);
+        let v = serde_json::to_value(&acc).unwrap();
+        assert_eq!(
+            (v["method"].as_str(), v["accountant"].as_str(), v["epsilon"].as_str()),
+            (Some("rdp"), Some("rdp"), Some("inf"))
+        );
+        assert!(v.get("diagnostics").is_none() && v.get("note").is_none(), "{v}");
+        assert_eq!(serde_json::from_value::<Evidence>(v).unwrap(), acc);
+        let floor = Evidence::new("delta_floor", 0.5, 1e-5, BoundKind::LowerBound).with_note("why");
+        let v = serde_json::to_value(&floor).unwrap();
+        assert!(v.get("accountant").is_none(), "{v}");
+        assert_eq!(serde_json::from_value::<Evidence>(v).unwrap(), floor);
+        // Written before μ moved into details; and a record naming no one is refused.
+        let old: Evidence = serde_json::from_str(
+            r#"{"method": "gdp", "accountant": "gdp", "epsilon": 1.0, "delta": 1e-5, "kind": "exact", "mu": 0.3}"#,
+        )
+        .unwrap();
+        assert_eq!(old.mu(), Some(0.3));
+        let e = serde_json::from_str::<Evidence>(r#"{"epsilon": 1.0, "delta": 1e-5, "kind": "exact"}"#).unwrap_err();
+        assert!(e.to_string().contains("`method` or its `accountant`"), "{e}");
     }
 }

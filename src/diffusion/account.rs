@@ -443,13 +443,7 @@ impl From<LineRow> for AccountantLine {
     /// A line read back: an ε is the record (an ε without a kind reads as an estimate).
     fn from(r: LineRow) -> Self {
         let evidence = r.epsilon.map(|eps| {
-            let mut e = Evidence::new(
-                r.accountant.as_str(),
-                eps,
-                r.delta,
-                r.kind.unwrap_or(BoundKind::Estimate),
-            )
-            .with_accountant(r.accountant);
+            let mut e = Evidence::of(r.accountant, eps, r.delta, r.kind.unwrap_or(BoundKind::Estimate));
             e.set_mu(r.mu);
             e.note = r.note.unwrap_or_default();
             e
@@ -483,7 +477,7 @@ impl AccountantLine {
         mu: Option<f64>,
         diagnostics: Vec<Diagnostic>,
     ) -> Self {
-        let mut e = Evidence::new(a.as_str(), epsilon, delta, kind).with_accountant(a);
+        let mut e = Evidence::of(a, epsilon, delta, kind);
         e.set_mu(mu);
         AccountantLine {
             accountant: a,
