@@ -8,6 +8,7 @@ pub mod dd;
 pub mod format;
 pub mod json;
 pub mod normal_tail;
+pub(crate) mod pool;
 pub mod roots;
 pub mod tol;
 
