@@ -662,9 +662,13 @@ const SIGMA_MIN: f64 = 1e-4;
 const SIGMA_MAX: f64 = 1e6;
 const Q_MIN: f64 = 1e-12;
 const STEPS_MAX: u64 = 1 << 50;
-/// Grid interval of the PLD steering phase: ten times the default accountant's, so each
-/// evaluation is a fraction of a full one; its root lies within ≈ 0.05 % of the full one's.
-const PLD_STEERING_GRID: f64 = 1e-3;
+/// Grid interval of the PLD steering phase: twenty times the default accountant's, so each
+/// evaluation is a fraction of a full one (whose grid is sized for the answer's precision, often
+/// 4e-4–8e-4 itself). Coarser buys nothing: the PLD refines a grid whose window would be
+/// narrower than 2¹³ points, and at 2e-3 the steering windows are ≈ 2¹³–2¹⁴ points already.
+/// Measured on six DP-SGD calibrations (σ, q, steps; δ 1e-5 to 1e-8): the same number of full
+/// evaluations as at 1e-3 or fewer (steps at ε 8: 6 → 4), 10–25 % less CPU time.
+const PLD_STEERING_GRID: f64 = 2e-3;
 
 fn estimate_note(acc: &dyn Accountant) -> String {
     if acc.kind() == AccountantKind::Clt {
