@@ -2086,7 +2086,7 @@ fn fourier_precise(
 /// step s ← s·ẑ + p_i adds at most ‖p‖₁(|ẑ − z| + dd::CMUL_ERR(1 + |ẑ − z|) + dd::ADD_ERR) + ADD_ERR·p_i
 /// (|s| ≤ ‖p‖₁ up to these errors, |z| = 1), and the final product one more such term, so
 /// e ≤ (S + 2)·‖p‖₁·(TWIDDLE_ANY_ERR + CMUL_ERR + 2·ADD_ERR)·(1 + 1e-6) (≈ 1e-27 for S = 10⁴).
-/// At every frequency of `ks`, four at a time, each exactly as alone ([`dd::horner_many`]).
+/// At every frequency of `ks`, eight at a time, each exactly as alone ([`dd::horner_many`]).
 fn dd_transform_values(d: &DiscretePld, ks: &[usize], n: usize) -> Vec<(Cdd, f64)> {
     dd_transform_values_of(d.lo, &d.probs, ks, n)
 }
@@ -2500,6 +2500,12 @@ fn compose_in_window(
                     continue;
                 }
                 let m = (z.norm_sqr().sqrt() + ea + 1e-150) * (1.0 + 4.0 * U);
+                // The fast kill of `FourierProduct::apply` (same bound, same outcome, without
+                // forming m^T): most frequencies die here.
+                if m <= lp.m_dead && product.p[k] <= 2.0 {
+                    product.kill(k);
+                    continue;
+                }
                 let p = product.p[k] * (powr(m, count) * lp.infl_m) * (1.0 + 4.0 * U);
                 if p.is_nan() || p < DEAD {
                     product.kill(k);

@@ -244,23 +244,45 @@ fma_dispatch! {
 fma_dispatch! {
     /// `out[j]` = Σ_i p_i z_j^i by Horner's rule on double words, from the highest index:
     /// s ← s·z_j + p_i (one complex multiplication and one double-word addition per point; the
-    /// loaded p_i are exact). Four points z_j at a time, interleaved: each one's recurrence is a
-    /// chain of dependent roundings (latency-bound), and four independent chains fill the
-    /// pipeline. Every z_j sees the same operations in the same order as alone.
+    /// loaded p_i are exact). Eight points z_j at a time, interleaved: each one's recurrence is a
+    /// chain of dependent roundings (latency-bound); the eight chains run as two 4-wide vector
+    /// chains (with FMA, 256-bit registers), which fill the pipeline (measured: 10⁷ steps, 0.023
+    /// → 0.019 s CPU for the whole process against four scalar chains; sixteen lanes gain
+    /// nothing more). Every z_j sees the same operations in the same order as alone.
     pub fn horner_many(p: &[f64], z: &[Cdd], out: &mut [Cdd]) {
         assert_eq!(z.len(), out.len());
-        for (zc, oc) in z.chunks(4).zip(out.chunks_mut(4)) {
-            let mut zz = [Cdd::ONE; 4];
+        for (zc, oc) in z.chunks(8).zip(out.chunks_mut(8)) {
+            let mut zz = [Cdd::ONE; 8];
             zz[..zc.len()].copy_from_slice(zc);
-            let mut acc = [Cdd::ZERO; 4];
+            // The chains' words lane by lane (one array per word), so that each operation below
+            // runs as 4-wide vector instructions: the same operations, in the same order, on
+            // every chain as `acc * z + x` on `Cdd`, hence the same roundings bit for bit.
+            let (zrh, zrl) = (zz.map(|c| c.re.hi), zz.map(|c| c.re.lo));
+            let (zih, zil) = (zz.map(|c| c.im.hi), zz.map(|c| c.im.lo));
+            let (mut rh, mut rl, mut ih, mut il) = ([0.0f64; 8], [0.0f64; 8], [0.0f64; 8], [0.0f64; 8]);
             for &x in p.iter().rev() {
-                for j in 0..4 {
-                    acc[j] = acc[j] * zz[j];
-                    acc[j].re = acc[j].re + Dd::from_f64(x);
+                let (mut nrh, mut nrl, mut nih, mut nil) = ([0.0f64; 8], [0.0f64; 8], [0.0f64; 8], [0.0f64; 8]);
+                for j in 0..8 {
+                    let a = Cdd {
+                        re: Dd { hi: rh[j], lo: rl[j] },
+                        im: Dd { hi: ih[j], lo: il[j] },
+                    };
+                    let w = Cdd {
+                        re: Dd { hi: zrh[j], lo: zrl[j] },
+                        im: Dd { hi: zih[j], lo: zil[j] },
+                    };
+                    let mut v = a * w;
+                    v.re = v.re + Dd::from_f64(x);
+                    (nrh[j], nrl[j], nih[j], nil[j]) = (v.re.hi, v.re.lo, v.im.hi, v.im.lo);
                 }
+                (rh, rl, ih, il) = (nrh, nrl, nih, nil);
             }
-            let m = oc.len();
-            oc.copy_from_slice(&acc[..m]);
+            for (j, o) in oc.iter_mut().enumerate() {
+                *o = Cdd {
+                    re: Dd { hi: rh[j], lo: rl[j] },
+                    im: Dd { hi: ih[j], lo: il[j] },
+                };
+            }
         }
     }
 }
@@ -415,6 +437,29 @@ pub fn fft_err(n: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lane-wise, vectorised Horner gives every point exactly what one scalar chain gives,
+    /// whatever the number of points (a partial group of eight included).
+    #[test]
+    fn horner_many_equals_one_chain_per_point_bit_for_bit() {
+        let p: Vec<f64> = (0..3001).map(|i| ((i * 7919) % 1000) as f64 * 1e-3 + 1e-9).collect();
+        let n = 1u64 << 16;
+        for count in [1usize, 5, 8, 11, 16, 19] {
+            let z: Vec<Cdd> = (0..count as u64).map(|k| twiddle(k * 37 + 1, n)).collect();
+            let mut out = vec![Cdd::ZERO; count];
+            horner_many(&p, &z, &mut out);
+            for (zk, got) in z.iter().zip(&out) {
+                let mut acc = Cdd::ZERO;
+                for &x in p.iter().rev() {
+                    acc = acc * *zk;
+                    acc.re = acc.re + Dd::from_f64(x);
+                }
+                // (`mul_add` is correctly rounded with or without the FMA instruction, so the
+                // scalar chain here rounds as the vector lanes do.)
+                assert_eq!(acc, *got, "{count} points");
+            }
+        }
+    }
 
     #[test]
     fn twiddle_of_any_length_matches_the_table_and_the_platform() {
