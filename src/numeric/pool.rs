@@ -118,12 +118,13 @@ mod tests {
         let b = POOL.take(10, 0.0);
         assert_eq!(b.capacity(), cap);
         assert_eq!(&b[..], &[0.0; 10]);
-        // A larger request than any free vector grows the largest one.
+        // A request larger than every free vector grows the largest free one (none is free
+        // here, so it gets a new one), filled as asked.
         let c = POOL.take(5000, 2.0);
         assert_eq!(c.len(), 5000);
         assert!(c.iter().all(|&x| x == 2.0));
         drop((b, c));
-        // Over the byte limit: not kept.
+        // Over the byte limit (the 5,000-element vector grown past it): not kept.
         let big = POOL.take(POOL_MAX_BYTES / 8 + 1, 0.0);
         drop(big);
         let free = POOL.free.lock().unwrap();
