@@ -44,10 +44,10 @@
 // `models/unet2d/cpu/` (SIMD kernels) and `models/unet2d/cuda/` (CUDA, cuDNN, cuBLAS), plus two
 // system calls outside them (`models::device`'s CUDA memory-pool set-up and
 // `report::output`'s `renameat2`), and the accountants' copies compiled for an instruction set
-// and called after detecting it (`numeric::dd`'s FMA copies; the AVX2 copies of the PLD's
-// discretisation and Chernoff passes in `accountants::pld` and of `numeric::normal_tail`'s
-// batched tails, with their vector stores); every block states its invariant in a `// SAFETY:`
-// comment.
+// and called after detecting it (`numeric::dd`'s `feature_dispatch!`, which makes the
+// double-word FMA copies and the AVX2 copies of the PLD's discretisation and Chernoff passes, and
+// `numeric::normal_tail`'s AVX2 batched tails, with their vector stores); every block states its
+// invariant in a `// SAFETY:` comment.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 // Crate-private helpers that only the model and attack code calls are unused in the candle-free

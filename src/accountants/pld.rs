@@ -27,7 +27,7 @@ use super::{check_delta, check_epsilon, Accountant, AccountantKind, BoundKind, E
 use crate::error::{Error, Result};
 use crate::events::{Component, DpEvent, Mechanism, Neighbouring, Sampling};
 use crate::numeric;
-use crate::numeric::dd::{self, Cdd, Dd};
+use crate::numeric::dd::{self, feature_dispatch, Cdd, Dd};
 use crate::numeric::pool::{Pool, Pooled};
 
 /// Unit round-off of f64.
@@ -156,7 +156,7 @@ fn stage_plan(merged: &[(Leaf, u64)], width: i64) -> Option<StagePlan> {
 /// transform in the second stage (50 distinct leaves × 10⁴ steps: T₂ = 39 left 16 steps of every
 /// leaf, ≈ 10 % of the whole computation; T₂ = 40 leaves none). The second stage's
 /// connect-the-dots variance moves with T₂, by at most 1/8 of it (stage_plan's balance is a
-/// choice of precision, not of soundness). At most 2²⁰ leaf remainders are tried.
+/// choice of precision, not of soundness). At most 2²¹ remainders c_j mod T₂ are computed.
 fn fewest_remainders(merged: &[(Leaf, u64)], ideal: u64, c_min: u64) -> u64 {
     let lo = (ideal - ideal / 8).max(STAGE_MIN_BLOCKS);
     let hi = (ideal + ideal / 8).min(c_min);
@@ -751,56 +751,30 @@ fn sparse_top(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, i_lo: i64, n
     (intervals >= 2).then(|| (top - intervals * SPARSE_STRIDE as i64) as usize)
 }
 
-/// Pessimistic connect-the-dots PLD of Poisson(q) ∘ Gaussian(σ) (sensitivity 1) in one
-/// direction, on the grid i·h.
-///
-/// Remove: P = (1−q)N(0,σ²) + qN(1,σ²), Q = N(0,σ²), loss ℓ(x) = ln(1−q+q e^{(2x−1)/2σ²}),
-/// increasing in x. Add: P = N(0,σ²), Q = the mixture, loss −ℓ(x), decreasing in x.
-/// (Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy via characteristic
-/// function", Prop. 8: these pairs dominate the subsampled Gaussian under add/remove.)
-///
-/// Each interval (ε_i, ε_{i+1}] of true losses is split between its two grid ends so that both
-/// its P- and Q-mass are kept (Doroshenko et al. 2022, Alg. 1): the upper end gets P-mass
-/// num/(1 − e^{−h}) with num = P(I) − e^{ε_i}Q(I) ≥ 0. We round num up by its error bound and the
-/// tail mass above every grid boundary up by its error bound ([`tail_rel_err`]), so mass only moves to higher
-/// losses (see docs/pld.md, "Soundness"). In the far upper tail ([`sparse_top`]) the boundaries
-/// are every [`SPARSE_STRIDE`]-th grid point and each interval's P-mass goes to its upper end.
-fn gaussian_pld(
-    q: f64,
-    sigma: f64,
-    dir: Direction,
-    h: f64,
-    tau: f64,
-    max_points: usize,
-    grid: &GridExp,
-) -> Result<DiscretePld> {
-    // Compiled a second time with AVX2 (no FMA: the same operations and roundings, so the same
-    // PLD bit for bit), run where the CPU has it: the per-point passes use wider vectors.
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        fn fast(
-            q: f64,
-            sigma: f64,
-            dir: Direction,
-            h: f64,
-            tau: f64,
-            max_points: usize,
-            grid: &GridExp,
-        ) -> Result<DiscretePld> {
-            gaussian_pld_body(q, sigma, dir, h, tau, max_points, grid)
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: `fast` only enables AVX2, and the CPU was just detected to have it; the
-            // code is otherwise safe Rust.
-            #[allow(unsafe_code)]
-            return unsafe { fast(q, sigma, dir, h, tau, max_points, grid) };
-        }
+feature_dispatch! { "avx2";
+    /// Pessimistic connect-the-dots PLD of Poisson(q) ∘ Gaussian(σ) (sensitivity 1) in one
+    /// direction, on the grid i·h.
+    ///
+    /// Remove: P = (1−q)N(0,σ²) + qN(1,σ²), Q = N(0,σ²), loss ℓ(x) = ln(1−q+q e^{(2x−1)/2σ²}),
+    /// increasing in x. Add: P = N(0,σ²), Q = the mixture, loss −ℓ(x), decreasing in x.
+    /// (Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy via characteristic
+    /// function", Prop. 8: these pairs dominate the subsampled Gaussian under add/remove.)
+    ///
+    /// Each interval (ε_i, ε_{i+1}] of true losses is split between its two grid ends so that both
+    /// its P- and Q-mass are kept (Doroshenko et al. 2022, Alg. 1): the upper end gets P-mass
+    /// num/(1 − e^{−h}) with num = P(I) − e^{ε_i}Q(I) ≥ 0. We round num up by its error bound and the
+    /// tail mass above every grid boundary up by its error bound ([`tail_rel_err`]), so mass only moves to higher
+    /// losses (see docs/pld.md, "Soundness"). In the far upper tail ([`sparse_top`]) the boundaries
+    /// are every [`SPARSE_STRIDE`]-th grid point and each interval's P-mass goes to its upper end.
+    ///
+    /// Compiled a second time with AVX2 (no FMA: the same operations and roundings, so the same
+    /// PLD bit for bit), run where the CPU has it: the per-point passes use wider vectors.
+    fn gaussian_pld(q: f64, sigma: f64, dir: Direction, h: f64, tau: f64, max_points: usize, grid: &GridExp) -> Result<DiscretePld> {
+        gaussian_pld_body(q, sigma, dir, h, tau, max_points, grid)
     }
-    gaussian_pld_body(q, sigma, dir, h, tau, max_points, grid)
 }
 
-/// [`gaussian_pld`] (compiled twice: plain and with AVX2).
+/// The body of [`gaussian_pld`] (compiled twice: plain and with AVX2).
 #[inline(always)]
 fn gaussian_pld_body(
     q: f64,
@@ -1564,45 +1538,22 @@ fn log_mgf_dual(d: &DiscretePld, tp: &[f64], tn: &[f64], out_p: &mut [f64], out_
     for (fi, &t) in fn_.iter_mut().zip(tn) {
         *fi = t.exp();
     }
-    #[inline(always)]
-    fn chains(probs: &[f64], fp: &[f64; MGF_BATCH], fn_: &[f64; MGF_BATCH]) -> ([f64; MGF_BATCH], [f64; MGF_BATCH]) {
-        let mut sp = [0.0f64; MGF_BATCH];
-        let mut sn = [0.0f64; MGF_BATCH];
-        for (&a, &b) in probs.iter().zip(probs.iter().rev()) {
-            for j in 0..MGF_BATCH {
-                sp[j] = sp[j] * fp[j] + a;
-                sn[j] = sn[j] * fn_[j] + b;
-            }
-        }
-        (sp, sn)
-    }
-    let (sp, sn) = {
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx2")]
-            fn fast(
-                probs: &[f64],
-                fp: &[f64; MGF_BATCH],
-                fn_: &[f64; MGF_BATCH],
-            ) -> ([f64; MGF_BATCH], [f64; MGF_BATCH]) {
-                chains(probs, fp, fn_)
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: `fast` only enables AVX2 (no FMA: the same roundings), and the CPU was
-                // just detected to have it; the code is otherwise safe Rust.
-                #[allow(unsafe_code)]
-                unsafe {
-                    fast(&d.probs, &fp, &fn_)
+    feature_dispatch! { "avx2";
+        /// The 2·MGF_BATCH Horner chains over `probs` (compiled a second time with AVX2, no FMA:
+        /// the same roundings).
+        fn chains(probs: &[f64], fp: &[f64; MGF_BATCH], fn_: &[f64; MGF_BATCH]) -> ([f64; MGF_BATCH], [f64; MGF_BATCH]) {
+            let mut sp = [0.0f64; MGF_BATCH];
+            let mut sn = [0.0f64; MGF_BATCH];
+            for (&a, &b) in probs.iter().zip(probs.iter().rev()) {
+                for j in 0..MGF_BATCH {
+                    sp[j] = sp[j] * fp[j] + a;
+                    sn[j] = sn[j] * fn_[j] + b;
                 }
-            } else {
-                chains(&d.probs, &fp, &fn_)
             }
+            (sp, sn)
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            chains(&d.probs, &fp, &fn_)
-        }
-    };
+    }
+    let (sp, sn) = chains(&d.probs, &fp, &fn_);
     for (j, (o, &t)) in out_p.iter_mut().zip(tp).enumerate() {
         // Σ p_i e^{−t(hi−i)}: Horner from the bottom ends with the top term at power 0.
         *o = t * d.hi() as f64 + sp[j].ln();

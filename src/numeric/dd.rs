@@ -30,27 +30,29 @@ pub const TWIDDLE_ERR: f64 = 256.0 * U2;
 /// level's errors enter X_k through unit-modulus weights, over input cones that partition x).
 pub const LEVEL_ERR: f64 = 512.0 * U2;
 
-/// Defines a function whose body is compiled twice: as written, and with the FMA instruction
-/// enabled (x86-64), the copy run where the CPU has it (detected once, cached by `std`). The
-/// double-word algorithms call `f64::mul_add`, a correctly rounded fused multiply-add either way:
-/// without the target feature it is a call into the runtime's `fma` routine (≈ 70 % of a
-/// 10⁷-step PLD's CPU time went to those calls and the FFT around them), with it one instruction.
-/// Same operations, same roundings, so bit for bit the same results and the same error bounds.
-macro_rules! fma_dispatch {
-    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
+/// Defines a function whose body is compiled twice: as written, and with the target feature
+/// `$feature` enabled (x86-64), the copy run where the CPU has it (detected once, cached by `std`).
+/// Same operations, same roundings, so bit for bit the same results and the same error bounds:
+/// - `"fma"` for the double-word algorithms, which call `f64::mul_add`, a correctly rounded fused
+///   multiply-add either way: without the target feature it is a call into the runtime's `fma`
+///   routine (≈ 70 % of a 10⁷-step PLD's CPU time went to those calls and the FFT around them),
+///   with it one instruction;
+/// - `"avx2"` (no FMA) for the PLD's per-point passes, which then use 256-bit vectors.
+macro_rules! feature_dispatch {
+    ($feature:tt; $(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
         $(#[$doc])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "fma")]
+                #[target_feature(enable = $feature)]
                 fn fast($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("fma") {
-                    // SAFETY: `fast` only enables the FMA instructions, and the CPU was just
-                    // detected to have them; the code is otherwise safe Rust.
+                if std::arch::is_x86_feature_detected!($feature) {
+                    // SAFETY: `fast` only enables the target feature just detected on this CPU;
+                    // the code is otherwise safe Rust.
                     #[allow(unsafe_code)]
                     return unsafe { fast($($arg),*) };
                 }
@@ -59,6 +61,7 @@ macro_rules! fma_dispatch {
         }
     };
 }
+pub(crate) use feature_dispatch;
 
 /// h + l with |l| ≤ ulp(h)/2.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -234,14 +237,14 @@ impl Mul for Cdd {
     }
 }
 
-fma_dispatch! {
+feature_dispatch! { "fma";
     /// z^e by repeated squaring ([`Cdd::powu`]).
     fn powu(z: Cdd, e: u64) -> Cdd {
         super::pow_by_squaring(z, e, Cdd::ONE)
     }
 }
 
-fma_dispatch! {
+feature_dispatch! { "fma";
     /// `out[j]` = Σ_i p_i z_j^i by Horner's rule on double words, from the highest index:
     /// s ← s·z_j + p_i (one complex multiplication and one double-word addition per point; the
     /// loaded p_i are exact). Eight points z_j at a time, interleaved: each one's recurrence is a
@@ -329,7 +332,7 @@ pub fn twiddles(n: usize) -> Vec<Cdd> {
     twiddles_fma(n)
 }
 
-fma_dispatch! {
+feature_dispatch! { "fma";
     /// [`twiddles`].
     fn twiddles_fma(n: usize) -> Vec<Cdd> {
         assert!(n.is_power_of_two() && n >= 8);
@@ -368,7 +371,7 @@ fma_dispatch! {
 /// θ = 2πr/(8N), plus the division by 8N (≈ 3u²); doubled for margin.
 pub const TWIDDLE_ANY_ERR: f64 = 2.0 * TWIDDLE_ERR;
 
-fma_dispatch! {
+feature_dispatch! { "fma";
     /// One N-th root of unity e^{−2πij/N} on double words, for any N ≤ 2⁵⁰ (not only powers of
     /// two): j is reduced exactly to an octant, θ = 2πr/(8N) ∈ [0, π/4] is formed on double words and
     /// [`cos_sin`] gives the rest by exact symmetries. Relative error ≤ [`TWIDDLE_ANY_ERR`].
@@ -397,7 +400,7 @@ fma_dispatch! {
     }
 }
 
-fma_dispatch! {
+feature_dispatch! { "fma";
     /// In-place radix-2 FFT on double words: X_k = Σ_j x_j w^{jk} with w = e^{∓2πi/N} (`inverse`:
     /// the + sign, unnormalised). `tw` from [`twiddles`] for this N.
     pub fn fft(x: &mut [Cdd], tw: &[Cdd], inverse: bool) {
